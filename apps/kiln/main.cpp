@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("kiln " KILN_VERSION); return 0; }

@@ -1,0 +1,114 @@
+// The plugin ABI: version numbers, the descriptor every plugin exports, and the registrar through which
+// it registers factories for the five capability kinds.
+//
+// A plugin is a MODULE library exporting one alias, `kiln_plugin_descriptor`, that returns a pointer to a
+// POD KilnPluginDescriptor. The loader checks abi_major (must equal the host's), struct_size (lets minor
+// versions append fields) and abi_tag (the C++ ABI: factories return C++ objects, so plugin and host must
+// agree on the standard library ABI). Then it calls register_fn once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <boost/dll/alias.hpp>
+
+#include "kiln/device.h"
+#include "kiln/model_info.h"
+#include "kiln/recipe.h"
+#include "kiln/status.h"
+
+#define KILN_ABI_MAJOR 1
+#define KILN_ABI_MINOR 0
+
+#define KILN_STRINGIFY_INNER_(x) #x
+#define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)
+
+// Identifies the C++ ABI a library was built for. Itanium ABI version + which std::string/std::list
+// layout libstdc++ uses (or libc++). Two builds with different tags cannot share std:: types.
+#if defined(_LIBCPP_VERSION)
+#define KILN_STDLIB_TAG_ "libc++"
+#elif defined(_GLIBCXX_USE_CXX11_ABI)
+#define KILN_STDLIB_TAG_ "libstdc++-cxx11abi" KILN_STRINGIFY_(_GLIBCXX_USE_CXX11_ABI)
+#else
+#define KILN_STDLIB_TAG_ "unknown-stdlib"
+#endif
+#if defined(__GXX_ABI_VERSION)
+#define KILN_ABI_TAG "itanium-" KILN_STRINGIFY_(__GXX_ABI_VERSION) ";" KILN_STDLIB_TAG_
+#else
+#define KILN_ABI_TAG "msvc;" KILN_STDLIB_TAG_
+#endif
+
+#define KILN_PLUGIN_ENTRY_ALIAS "kiln_plugin_descriptor"
+
+namespace kiln {
+
+enum class PluginKind : uint32_t { kWeightFormat = 0, kKvLayout, kDrafter, kCollective, kModality };
+constexpr int kNumPluginKinds = 5;
+
+inline const char* plugin_kind_name(PluginKind k) {
+  switch (k) {
+    case PluginKind::kWeightFormat: return "weight_format";
+    case PluginKind::kKvLayout: return "kv_layout";
+    case PluginKind::kDrafter: return "drafter";
+    case PluginKind::kCollective: return "collective";
+    case PluginKind::kModality: return "modality";
+  }
+  return "?";
+}
+
+// What a factory is given: its own recipe section (already validated against the schema it registered),
+// the device to create on, and the model's dimensions (null where no model is loaded, e.g. `kiln plugins`).
+struct CreateContext {
+  const RecipeSection* section = nullptr;
+  Device device;
+  const ModelInfo* model = nullptr;
+};
+
+template <class Interface>
+using Factory = Result<std::unique_ptr<Interface>> (*)(const CreateContext&);
+
+class Registrar {
+ public:
+  // Registers `Interface` (WeightFormat, KvLayout, Drafter, Collective, Modality) under `name`.
+  // `schema` lists the keys this implementation adds to its recipe section.
+  template <class Interface>
+  Status add(const char* name, const char* description, Factory<Interface> factory, SectionSchema schema = {}) {
+    return add_erased(Interface::kKind, name, description, reinterpret_cast<ErasedFactory>(factory),
+                      std::move(schema));
+  }
+
+ protected:
+  using ErasedFactory = void (*)();
+  virtual ~Registrar() = default;
+  virtual Status add_erased(PluginKind kind, const char* name, const char* description, ErasedFactory factory,
+                            SectionSchema schema) = 0;
+};
+
+}  // namespace kiln
+
+extern "C" {
+// Fields may only be appended (abi_minor bump); struct_size tells the host how many the plugin has.
+struct KilnPluginDescriptor {
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t struct_size;
+  const char* name;
+  const char* version;
+  const char* abi_tag;
+  const char* description;
+  kiln::Status (*register_fn)(kiln::Registrar&);
+};
+}
+
+// Declares this library's descriptor and exports it. Use once per plugin, at namespace scope:
+//   KILN_PLUGIN("quant-exl3", "0.1.0", "EXL3 trellis-quantized weights", register_exl3)
+#define KILN_PLUGIN(name, version, description, register_fn)                                           \
+  namespace kiln_plugin_entry_ {                                                                     \
+  const KilnPluginDescriptor* descriptor() {                                                          \
+    static const KilnPluginDescriptor d = {KILN_ABI_MAJOR, KILN_ABI_MINOR, sizeof(KilnPluginDescriptor), \
+                                           name,           version,        KILN_ABI_TAG,                 \
+                                           description,    register_fn};                                 \
+    return &d;                                                                                        \
+  }                                                                                                   \
+  }                                                                                                   \
+  BOOST_DLL_ALIAS(kiln_plugin_entry_::descriptor, kiln_plugin_descriptor)
