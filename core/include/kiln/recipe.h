@@ -39,6 +39,7 @@ struct KeySpec {
   bool required = false;
   std::vector<std::string> allowed;  // for strings: the closed set of valid values (empty = any)
   std::optional<double> min, max;    // for numbers: inclusive bounds
+  bool is_path = false;              // relative paths resolve against the recipe file that set them
 };
 
 struct SectionSchema {

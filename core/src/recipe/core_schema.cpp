@@ -1,0 +1,131 @@
+#include "recipe/core_schema.h"
+
+namespace kiln {
+namespace {
+
+KeySpec str(std::string name, std::string def, std::string doc, std::vector<std::string> allowed = {}) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kString;
+  k.default_value = std::move(def);
+  k.doc = std::move(doc);
+  k.allowed = std::move(allowed);
+  return k;
+}
+KeySpec path(std::string name, std::string doc, bool required) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kString;
+  k.doc = std::move(doc);
+  k.required = required;
+  k.is_path = true;
+  if (!required) k.default_value = std::string();
+  return k;
+}
+KeySpec integer(std::string name, int64_t def, std::string doc, std::optional<double> min = {},
+                std::optional<double> max = {}) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kInteger;
+  k.default_value = def;
+  k.doc = std::move(doc);
+  k.min = min;
+  k.max = max;
+  return k;
+}
+KeySpec real(std::string name, double def, std::string doc, std::optional<double> min = {}, std::optional<double> max = {}) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kFloat;
+  k.default_value = def;
+  k.doc = std::move(doc);
+  k.min = min;
+  k.max = max;
+  return k;
+}
+KeySpec boolean(std::string name, bool def, std::string doc) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kBool;
+  k.default_value = def;
+  k.doc = std::move(doc);
+  return k;
+}
+KeySpec table(std::string name, std::string doc) {
+  KeySpec k;
+  k.name = std::move(name);
+  k.type = ValueType::kStringTable;
+  k.default_value = StringTable{};
+  k.doc = std::move(doc);
+  return k;
+}
+
+std::vector<CoreSection> build() {
+  std::vector<CoreSection> s;
+  s.push_back({"model", "the checkpoint to serve and how to load it",
+               {{path("path", "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)", true),
+                 str("revision", "", "revision or checksum the recipe was qualified with (informational)"),
+                 str("served_name", "", "model id reported by /v1/models (default: the directory name)"),
+                 str("dtype", "auto", "weight dtype to compute with", {"auto", "bf16", "fp16", "fp32"}),
+                 str("load", "mmap", "mmap = read the checkpoint; dummy = random weights of the config's shapes",
+                     {"mmap", "dummy"}),
+                 str("device", "auto", "where to run: auto = cuda when a GPU is present", {"auto", "cpu", "cuda"}),
+                 integer("threads", 0, "CPU threads (0 = all cores)", 0, 4096)}},
+               std::nullopt});
+  s.push_back({"weights", "weight format plugin", {{str("format", "dense", "weight format (plugin kind weight_format)")}},
+               "format", PluginKind::kWeightFormat});
+  s.push_back({"kv", "KV-cache layout plugin and paging",
+               {{str("layout", "bf16", "KV-cache layout (plugin kind kv_layout)"),
+                 integer("block_size", 64, "tokens per KV page", 1, 4096)}},
+               "layout", PluginKind::kKvLayout});
+  s.push_back({"speculative", "speculative decoding",
+               {{str("method", "none", "drafter (plugin kind drafter): none, mtp, dflash2, ..."),
+                 integer("depth", 3, "draft tokens proposed per step (K)", 0, 16),
+                 path("draft_model", "separate draft checkpoint directory (drafters that need one)", false),
+                 str("draft_kv_dtype", "bf16", "drafter KV-cache dtype", {"bf16", "fp8"})}},
+               "method", PluginKind::kDrafter});
+  s.push_back({"parallel", "parallelism",
+               {{integer("tensor", 1, "tensor-parallel ranks", 1, 64),
+                 integer("decode_context", 1, "decode-context-parallel ranks (must divide tensor)", 1, 64)}},
+               std::nullopt});
+  s.push_back({"transport", "collectives between ranks",
+               {{str("backend", "local", "collective (plugin kind collective): local, nccl"),
+                 str("custom_all_reduce", "auto", "CUDA-IPC one-shot all-reduce: auto = probe peer access",
+                     {"auto", "on", "off"}),
+                 table("env", "environment variables set before the backend initialises (e.g. NCCL_CUMEM_ENABLE)")}},
+               "backend", PluginKind::kCollective});
+  s.push_back({"scheduler", "continuous batching and memory",
+               {{integer("max_model_len", 0, "longest prompt + output per sequence (0 = the model's limit)", 0),
+                 integer("max_output_tokens", 4096, "default and cap for max_tokens", 1),
+                 integer("max_num_seqs", 16, "sequences running at once", 1, 4096),
+                 integer("max_num_batched_tokens", 2048, "tokens per engine step (bounds prefill chunks)", 1),
+                 real("gpu_memory_utilization", 0.9, "share of device memory kiln may use", 0.05, 1.0),
+                 boolean("prefix_caching", true, "reuse KV blocks of shared prompt prefixes")}},
+               std::nullopt});
+  s.push_back({"media", "non-text inputs",
+               {{str("modality", "text", "modality plugin: text, vision"),
+                 integer("max_images", 16, "images per request", 0, 1024), boolean("video", false, "accept video input")}},
+               "modality", PluginKind::kModality});
+  s.push_back({"server", "the OpenAI-compatible HTTP server",
+               {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port", 1, 65535),
+                 str("api_key_env", "", "environment variable holding the API key (empty = no auth)"),
+                 str("tool_parser", "glm47", "tool-call parser", {"glm47", "none"}),
+                 str("reasoning_parser", "glm45", "reasoning parser", {"glm45", "none"})}},
+               std::nullopt});
+  return s;
+}
+
+}  // namespace
+
+const std::vector<CoreSection>& core_sections() {
+  static const std::vector<CoreSection> sections = build();
+  return sections;
+}
+
+const CoreSection* find_core_section(const std::string& name) {
+  for (const auto& s : core_sections())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+}  // namespace kiln

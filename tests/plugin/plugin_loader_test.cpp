@@ -1,0 +1,119 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "kiln/collective.h"
+#include "plugin/plugin_loader.h"
+
+namespace kiln {
+namespace {
+namespace fs = std::filesystem;
+
+fs::path fixture(const std::string& name) { return fs::path(KILN_TEST_PLUGIN_DIR) / ("kiln-" + name + ".so"); }
+
+TEST(PluginLoader, LoadsGoodPluginAndCreatesObjects) {
+  Registry registry;
+  PluginLoader loader(registry);
+  ASSERT_TRUE(loader.load_file(fixture("test-good")).ok());
+  ASSERT_EQ(loader.loaded().size(), 1u);
+  EXPECT_EQ(loader.loaded()[0].name, "test-good");
+  EXPECT_EQ(loader.loaded()[0].version, "1.2.3");
+  ASSERT_EQ(loader.loaded()[0].provides.size(), 1u);
+  EXPECT_EQ(loader.loaded()[0].provides[0].first, PluginKind::kCollective);
+
+  const CapabilityEntry* e = registry.find(PluginKind::kCollective, "loopback");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->provider, "test-good");
+  ASSERT_NE(e->schema.find("loopback_world"), nullptr);
+
+  RecipeSection section("transport");
+  section.set("loopback_world", int64_t{3});
+  CreateContext ctx;
+  ctx.section = &section;
+  auto made = registry.create<Collective>("loopback", ctx);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  EXPECT_EQ((*made)->world_size(), 3);  // the plugin's code ran and read its recipe key
+  float in[2] = {1, 2}, out[2] = {};
+  EXPECT_TRUE((*made)->all_gather(in, out, 2, DType::kF32, {}).ok());
+  EXPECT_EQ(out[1], 2.0f);
+}
+
+TEST(PluginLoader, RefusesOtherAbiMajorNamingBothVersionsAndFile) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-wrong-abi"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("ABI 2.0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("ABI 1.0"), std::string::npos) << s.message();
+  ASSERT_EQ(loader.refused().size(), 1u);
+  EXPECT_NE(loader.refused()[0].path.find("kiln-test-wrong-abi.so"), std::string::npos);
+  EXPECT_TRUE(loader.loaded().empty());
+}
+
+TEST(PluginLoader, RefusesLibraryWithoutEntryPoint) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-no-entry"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("kiln_plugin_descriptor"), std::string::npos) << s.message();
+}
+
+TEST(PluginLoader, RefusesCorruptFile) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-corrupt"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot be loaded as a shared library"), std::string::npos) << s.message();
+}
+
+TEST(PluginLoader, RefusesDuplicateNameWholePlugin) {
+  Registry registry;
+  PluginLoader loader(registry);
+  ASSERT_TRUE(loader.load_file(fixture("test-good")).ok());
+  Status s = loader.load_file(fixture("test-duplicate"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("collective `loopback`"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("test-good"), std::string::npos) << s.message();
+  // All or nothing: the duplicate's other, non-clashing capability is not registered either.
+  EXPECT_EQ(registry.find(PluginKind::kCollective, "loopback-extra"), nullptr);
+  EXPECT_EQ(registry.find(PluginKind::kCollective, "loopback")->provider, "test-good");
+}
+
+TEST(PluginLoader, RefusesPluginThatThrows) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-throws"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("boom during registration"), std::string::npos) << s.message();
+}
+
+TEST(PluginLoader, DirectoryLoadsGoodFilesAndRecordsEveryRefusal) {
+  Registry registry;
+  PluginLoader loader(registry);
+  loader.load_directory(KILN_TEST_PLUGIN_DIR);
+  // test-good and test-duplicate clash: whichever sorts first wins, the other is refused.
+  EXPECT_EQ(loader.loaded().size(), 1u);
+  EXPECT_EQ(loader.refused().size(), 5u);  // corrupt, no-entry, wrong-abi, throws, and the loser of the clash
+  EXPECT_NE(registry.find(PluginKind::kCollective, "loopback"), nullptr);
+}
+
+TEST(PluginLoader, SearchPathOrder) {
+  ::setenv("KILN_PLUGIN_PATH", "/tmp/kiln-a:/tmp/kiln-b", 1);
+  auto dirs = plugin_search_path({"/tmp/kiln-cli"});
+  ::unsetenv("KILN_PLUGIN_PATH");
+  ASSERT_GE(dirs.size(), 4u);
+  EXPECT_EQ(dirs[0], fs::path("/tmp/kiln-cli"));
+  EXPECT_EQ(dirs[1], fs::path("/tmp/kiln-a"));
+  EXPECT_EQ(dirs[2], fs::path("/tmp/kiln-b"));
+  EXPECT_NE(dirs[3].string().find("lib/kiln/plugins"), std::string::npos);
+}
+
+TEST(PluginLoader, OnlyKilnNamedLibrariesAreCandidates) {
+  EXPECT_TRUE(is_plugin_file_name("/x/kiln-draft-mtp.so"));
+  EXPECT_FALSE(is_plugin_file_name("/x/libkiln_core.so"));
+  EXPECT_FALSE(is_plugin_file_name("/x/kiln-notes.txt"));
+}
+
+}  // namespace
+}  // namespace kiln
