@@ -1,2 +1,48 @@
-#include <cstdio>
-int main() { std::puts("kiln " KILN_VERSION); return 0; }
+// The `kiln` command: dispatches to subcommands, each with its own options and --help.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "commands.h"
+#include "kiln/plugin.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kiln <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  plugins             list built-in capabilities, loaded plugins and refused files\n"
+    "  recipe check FILE   validate a recipe (--set section.key=value to override keys)\n"
+    "  recipe show FILE    print the fully resolved recipe as TOML\n"
+    "\n"
+    "options:\n"
+    "  -h, --help          show this help (kiln <command> --help for a command's options)\n"
+    "  --version           print kiln's version and plugin ABI\n";
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+};
+
+constexpr Command kCommands[] = {
+    {"plugins", kiln::cli::cmd_plugins},
+    {"recipe", kiln::cli::cmd_recipe},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::cout << "kiln " KILN_VERSION " (plugin ABI " << KILN_ABI_MAJOR << "." << KILN_ABI_MINOR << ", " KILN_ABI_TAG ")\n";
+    return 0;
+  }
+  for (const auto& c : kCommands)
+    if (std::string(argv[1]) == c.name) return c.run(argc - 1, argv + 1);
+  std::cerr << "kiln: unknown command `" << argv[1] << "`\n\n" << kUsage;
+  return 2;
+}

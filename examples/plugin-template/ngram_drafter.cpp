@@ -1,0 +1,83 @@
+// Example third-party plugin: a prompt-lookup ("n-gram") drafter. It proposes the tokens that followed the
+// most recent earlier occurrence of the sequence's last `ngram_size` tokens — useful for code edits and
+// quoting, and needing no model. It includes only SDK headers, like every plugin must.
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "kiln/drafter.h"
+#include "kiln/plugin.h"
+
+namespace {
+
+class NgramDrafter final : public kiln::Drafter {
+ public:
+  explicit NgramDrafter(int ngram_size) : n_(ngram_size) {}
+
+  kiln::DrafterCapabilities capabilities() const override {
+    kiln::DrafterCapabilities caps;
+    caps.max_depth = 16;
+    caps.parallel_drafting = true;  // all K tokens come from one lookup
+    return caps;
+  }
+
+  kiln::Status propose(const std::vector<kiln::DraftInput>& batch, int depth,
+                       std::vector<kiln::DraftOutput>& out) override {
+    out.assign(batch.size(), {});
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const auto& in = batch[b];
+      auto& history = history_[in.seq_id];
+      if (in.start_position != static_cast<int64_t>(history.size()))
+        return kiln::invalid_argument("ngram drafter: sequence " + std::to_string(in.seq_id) + " skipped from position " +
+                                      std::to_string(history.size()) + " to " + std::to_string(in.start_position));
+      history.insert(history.end(), in.tokens, in.tokens + in.num_tokens);
+      out[b].tokens = lookup(history, depth);
+    }
+    return {};
+  }
+
+  kiln::Status rollback(int64_t seq_id, int64_t length) override {
+    auto& h = history_[seq_id];
+    if (length < static_cast<int64_t>(h.size())) h.resize(static_cast<size_t>(length));
+    return {};
+  }
+
+  void release(int64_t seq_id) override { history_.erase(seq_id); }
+
+ private:
+  // Tokens following the latest earlier match of the last n tokens; fewer than depth (or none) if no match.
+  std::vector<int32_t> lookup(const std::vector<int32_t>& h, int depth) const {
+    const int64_t len = static_cast<int64_t>(h.size());
+    if (len <= n_) return {};
+    for (int64_t start = len - n_ - 1; start >= 0; --start) {
+      if (!std::equal(h.begin() + start, h.begin() + start + n_, h.end() - n_)) continue;
+      int64_t from = start + n_;
+      int64_t to = std::min<int64_t>(from + depth, len);
+      return {h.begin() + from, h.begin() + to};
+    }
+    return {};
+  }
+
+  int n_;
+  std::map<int64_t, std::vector<int32_t>> history_;
+};
+
+kiln::Result<std::unique_ptr<kiln::Drafter>> make_ngram(const kiln::CreateContext& ctx) {
+  int64_t n = ctx.section ? ctx.section->get_int("ngram_size", 3) : 3;
+  return std::unique_ptr<kiln::Drafter>(new NgramDrafter(static_cast<int>(n)));
+}
+
+kiln::Status register_example(kiln::Registrar& registrar) {
+  kiln::KeySpec ngram;
+  ngram.name = "ngram_size";
+  ngram.type = kiln::ValueType::kInteger;
+  ngram.default_value = int64_t{3};
+  ngram.min = 1;
+  ngram.max = 64;
+  ngram.doc = "tokens matched to find a continuation";
+  return registrar.add<kiln::Drafter>("ngram", "prompt-lookup drafter (no model; example plugin)", &make_ngram, {{ngram}});
+}
+
+}  // namespace
+
+KILN_PLUGIN("example-ngram", "0.1.0", "example out-of-tree plugin: an n-gram prompt-lookup drafter", &register_example)
