@@ -25,6 +25,7 @@ struct Recipe {
 
 // Loads `file`, follows `extends`, applies `overrides` ("section.key=value"), validates every key against
 // the schema of its owner (core or the plugin named by the section's selector key, looked up in `registry`).
+// An empty `file` builds the recipe from the overrides and defaults alone (`kiln generate --model DIR`).
 Result<Recipe> load_recipe(const std::filesystem::path& file, const std::vector<std::string>& overrides,
                            const Registry& registry);
 

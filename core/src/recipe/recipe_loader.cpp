@@ -252,7 +252,7 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
   recipe.overrides = overrides;
   RawRecipe raw;
   std::vector<fs::path> stack;
-  KILN_RETURN_IF_ERROR(read_layer(file, stack, raw, recipe.sources, registry));
+  if (!file.empty()) KILN_RETURN_IF_ERROR(read_layer(file, stack, raw, recipe.sources, registry));
   for (const auto& o : overrides) KILN_RETURN_IF_ERROR(apply_override(o, raw));
 
   // Which plugin owns the rest of each selector section.
@@ -314,7 +314,8 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
     for (const KeySpec* k : specs) {
       if (rs.has(k->name)) continue;
       if (k->required)
-        return invalid_argument("missing required key `" + sec.name + "." + k->name + "` in " + file.string() + " (" +
+        return invalid_argument("missing required key `" + sec.name + "." + k->name + "` in " +
+                                (file.empty() ? std::string("the command line") : file.string()) + " (" +
                                 k->doc + ")");
       if (k->default_value) rs.set(k->name, *k->default_value, "default");
     }

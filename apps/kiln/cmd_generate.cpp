@@ -1,0 +1,125 @@
+// `kiln generate`: load a recipe's model and stream a completion to stdout.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/generator.h"
+#include "model/model_loader.h"
+#include "recipe/recipe.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/streaming_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::cli {
+namespace {
+
+// Token ids the model stops at: the config's eos ids plus the GLM chat turn ends when the vocabulary has them.
+std::vector<int32_t> stop_tokens(const ModelConfig& config, const Tokenizer& tok) {
+  std::vector<int32_t> stops;
+  for (int64_t id : config.eos_token_ids) stops.push_back(static_cast<int32_t>(id));
+  for (const char* t : {"<|endoftext|>", "<|user|>", "<|observation|>"})
+    if (auto id = tok.token_to_id(t)) stops.push_back(*id);
+  return stops;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  CommonOptions common;
+  std::string recipe_file, model_dir, prompt, chat;
+  std::vector<std::string> sets;
+  int64_t max_tokens = 64, top_k = 0;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+  bool thinking = false, show_stats = true;
+  po::options_description desc("kiln generate options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("recipe,r", po::value(&recipe_file), "recipe (TOML) naming the model and its plugins")
+      ("model,m", po::value(&model_dir), "model directory (instead of --recipe: defaults for everything else)")
+      ("set", po::value(&sets)->composing(), "override a recipe key: section.key=value (repeatable)")
+      ("prompt,p", po::value(&prompt), "raw prompt text (no chat template)")
+      ("chat,c", po::value(&chat), "a user message, wrapped in the model's chat template")
+      ("thinking", po::bool_switch(&thinking), "with --chat: let the model think first (<think>)")
+      ("max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate at most")
+      ("temperature,t", po::value(&temperature)->default_value(0.0f), "0 = greedy")
+      ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
+      ("top-k", po::value(&top_k)->default_value(0), "sample among the k likeliest tokens (0 = off)")
+      ("seed", po::value(&seed)->default_value(0), "seed for sampling")
+      ("no-stats", "do not print the prefill/decode speeds at the end");
+  add_common_options(desc, common);
+  po::positional_options_description pos;
+  po::variables_map vm;
+  const std::string usage =
+      "usage: kiln generate (--recipe FILE | --model DIR) (--prompt TEXT | --chat TEXT) [options]\n"
+      "Streams the completion to stdout; speeds go to stderr.";
+  int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
+  if (rc >= 0) return rc;
+  show_stats = !vm.count("no-stats");
+  if (recipe_file.empty() == model_dir.empty()) return fail("give exactly one of --recipe or --model\n" + usage);
+  if (prompt.empty() == chat.empty()) return fail("give exactly one of --prompt or --chat\n" + usage);
+  if (max_tokens < 1) return fail("--max-tokens must be at least 1");
+  if (temperature < 0) return fail("--temperature must be ≥ 0");
+  if (top_p <= 0 || top_p > 1) return fail("--top-p must be in (0, 1]");
+  if (!setup_logging(common)) return 2;
+  load_plugins(common);
+
+  // --model DIR is a recipe of one key.
+  if (!model_dir.empty()) sets.insert(sets.begin(), "model.path=" + nlohmann::json(std::filesystem::absolute(model_dir).string()).dump());
+  auto recipe = load_recipe(recipe_file, sets, global_registry());
+  if (!recipe.ok()) return fail(recipe.status().message());
+
+  auto loaded = load_model(*recipe, global_registry());
+  if (!loaded.ok()) return fail(loaded.status().message());
+  const std::filesystem::path dir = recipe->section("model").get_string("path");
+  auto tok = Tokenizer::load(dir / "tokenizer.json");
+  if (!tok.ok()) return fail(tok.status().message());
+
+  std::string text = prompt;
+  if (!chat.empty()) {
+    ChatMessage user;
+    user.role = "user";
+    user.content = chat;
+    ChatTemplateOptions opts;
+    opts.enable_thinking = thinking;
+    auto rendered = render_glm_chat({user}, opts);
+    if (!rendered.ok()) return fail(rendered.status().message());
+    text = *rendered;
+  }
+  std::vector<int32_t> ids = tok->encode(text, /*parse_special=*/!chat.empty());
+  if (ids.empty()) return fail("the prompt encodes to no tokens");
+
+  const RecipeSection& sched = recipe->section("scheduler");
+  GenerateOptions opts;
+  opts.max_new_tokens = max_tokens;
+  opts.prefill_chunk = sched.get_int("max_num_batched_tokens", 2048);
+  opts.stop_tokens = stop_tokens(loaded->model->config(), *tok);
+  opts.sampling = {temperature, top_k, top_p, seed};
+  auto kv = make_kv_cache(*loaded, static_cast<int64_t>(ids.size()) + max_tokens);
+  Generator gen(*loaded->model, *kv);
+  StreamingDecoder decoder(*tok);
+  GenerateStats stats;
+  if (prompt.size()) std::cout << prompt << std::flush;
+  auto result = gen.generate(ids, opts, [&](int32_t id) {
+    if (tok->is_special(id)) return true;  // turn markers and stop tokens are not text
+    std::cout << decoder.push(id) << std::flush;
+    return true;
+  }, &stats);
+  std::cout << decoder.flush() << std::endl;
+  if (!result.ok()) return fail(result.status().message());
+  if (show_stats) {
+    const double prefill_tps = stats.prompt_tokens / std::max(stats.prefill_seconds, 1e-9);
+    const int64_t decode_steps = std::max<int64_t>(stats.generated_tokens - 1, 0);
+    const double decode_tps = decode_steps / std::max(stats.decode_seconds, 1e-9);
+    std::fprintf(stderr, "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s%s\n",
+                 static_cast<long long>(stats.prompt_tokens), prefill_tps, static_cast<long long>(stats.generated_tokens),
+                 decode_tps, stats.stopped_by_token ? " (stopped at end of turn)" : "");
+  }
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,61 @@
+// The boundary between the HTTP server and the inference engine: requests in (token ids + sampling),
+// token events out. The server owns text (tokenizer, chat template, stop strings, parsers); the engine owns
+// sequences, KV blocks and batching. Events are delivered on the engine's thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kiln/status.h"
+
+namespace kiln {
+
+struct RequestParams {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 256;
+  SamplingOptions sampling;
+  std::vector<int32_t> stop_token_ids;  // generation ends after one of these (it is reported, with finished = true)
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+
+struct TokenEvent {
+  uint64_t request_id = 0;
+  int32_t token = -1;             // -1 when the event carries no token (abort, error)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;              // set with kError
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // including this token
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Returns false when the consumer is gone (client disconnected): the engine then frees the sequence at once.
+using TokenSink = std::function<bool(const TokenEvent&)>;
+
+struct EngineMetrics {
+  int64_t requests_running = 0, requests_waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_block_size = 0;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
+  int64_t preemptions_total = 0;
+  int64_t max_model_len = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Queues a request. Refuses at once (never hangs) with kInvalidArgument when it can never fit
+  // (prompt + max_tokens > max_model_len, or more KV than the whole pool) and kResourceExhausted when the
+  // waiting queue is full.
+  virtual Result<uint64_t> submit(RequestParams params, TokenSink sink) = 0;
+  virtual void cancel(uint64_t request_id) = 0;
+  virtual EngineMetrics metrics() const = 0;
+  // Stops admitting requests, finishes the running and waiting ones, then returns.
+  virtual void drain() = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,37 @@
+// Per-request sampling: greedy, or temperature → top-k → top-p with a seeded generator, so a request
+// with a seed is reproducible.
+#pragma once
+
+#include <cstdint>
+#include <random>
+
+#include "kernels/cpu/sampling.h"
+
+namespace kiln {
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0 = greedy
+  int64_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& o) : options_(o), rng_(o.seed) {}
+  bool greedy() const { return options_.temperature <= 0.0f; }
+  int32_t next(const float* logits, int64_t vocab) {
+    if (greedy()) return cpu::argmax(logits, vocab);
+    cpu::SamplingParams p;
+    p.temperature = options_.temperature;
+    p.top_k = options_.top_k;
+    p.top_p = options_.top_p;
+    return cpu::sample(logits, vocab, p, rng_);
+  }
+
+ private:
+  SamplingOptions options_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace kiln

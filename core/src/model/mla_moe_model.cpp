@@ -1,0 +1,359 @@
+#include "model/mla_moe_model.h"
+
+#include <cmath>
+#include <string>
+
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/dsa_indexer.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/half_float.h"
+#include "kernels/cpu/mla_attention.h"
+#include "kernels/cpu/moe_router.h"
+#include "kernels/cpu/norm.h"
+
+namespace kiln {
+namespace {
+
+// HF builds q_a_layernorm and kv_a_layernorm without passing rms_norm_eps: they keep the class default.
+constexpr float kLatentNormEps = 1e-6f;
+// The DSA indexer's key LayerNorm (nn.LayerNorm(head_dim, eps=1e-6) in HF).
+constexpr float kIndexerNormEps = 1e-6f;
+
+cpu::RopeConfig to_cpu_rope(const ModelConfig& c) {
+  cpu::RopeConfig r;
+  r.theta = c.rope.theta;
+  r.rotary_dim = c.qk_rope_head_dim;
+  r.yarn = c.rope.type == RopeType::kYarn;
+  if (r.yarn) {
+    r.factor = c.rope.factor;
+    r.original_max_position_embeddings = c.rope.original_max_position_embeddings;
+    r.max_position_embeddings = c.max_position_embeddings;
+    r.beta_fast = c.rope.beta_fast;
+    r.beta_slow = c.rope.beta_slow;
+    if (c.rope.mscale != 0) r.mscale = c.rope.mscale;
+    if (c.rope.mscale_all_dim != 0) r.mscale_all_dim = c.rope.mscale_all_dim;
+    r.truncate = c.rope.truncate;
+    r.attention_factor = c.rope.attention_factor;
+  }
+  return r;
+}
+
+void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
+                const float* cos, const float* sin) {
+  if (c.qk_rope_head_dim == 0) return;
+  if (c.rope.interleave)
+    cpu::apply_rope_interleaved(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
+  else
+    cpu::apply_rope_half_split(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
+}
+
+}  // namespace
+
+Status run_linear(const Linear& l, const float* x, int64_t n, float* y) {
+  TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::kF32, {n, l.in_features()});
+  TensorView yv = TensorView::contiguous(y, DType::kF32, {n, l.out_features()});
+  return l.forward(xv, yv, {});
+}
+
+MlaMoeModel::MlaMoeModel(ModelConfig config, ModelWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  rope_ = to_cpu_rope(config_);
+  if (config_.qk_rope_head_dim > 0) {
+    inv_freq_ = cpu::rope_inv_freq(rope_);
+    rope_attention_factor_ = cpu::rope_attention_factor(rope_);
+  }
+}
+
+void MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
+  const TensorView& e = weights_.embed_tokens;
+  const int64_t H = config_.hidden_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t row = static_cast<size_t>(ids[i]) * H;
+    float* dst = out + i * H;
+    switch (e.dtype) {
+      case DType::kF32: std::copy_n(e.as<const float>() + row, H, dst); break;
+      case DType::kBF16: cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, H); break;
+      default: cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, H); break;
+    }
+  }
+}
+
+Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const {
+  tl.seq_begin.assign(1, 0);
+  tl.positions.clear();
+  tl.slots.clear();
+  tl.steps.clear();
+  const int64_t bs = kv.block_size();
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const SequenceStep& st = steps[s];
+    const int64_t n = static_cast<int64_t>(st.tokens.size());
+    if (n == 0) return invalid_argument("sequence step " + std::to_string(s) + " has no tokens");
+    if (!st.block_table) return invalid_argument("sequence step " + std::to_string(s) + " has no block table");
+    const int64_t end = st.start_position + n;
+    if (static_cast<int64_t>(st.block_table->size()) * bs < end)
+      return invalid_argument("sequence step " + std::to_string(s) + ": block table covers " +
+                              std::to_string(st.block_table->size() * bs) + " positions, needs " + std::to_string(end));
+    if (config_.max_position_embeddings > 0 && end > config_.max_position_embeddings)
+      return out_of_range("position " + std::to_string(end - 1) + " is beyond the model's max_position_embeddings " +
+                          std::to_string(config_.max_position_embeddings));
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = st.tokens[i];
+      if (id < 0 || id >= config_.vocab_size)
+        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                std::to_string(config_.vocab_size) + ")");
+      const int64_t pos = st.start_position + i;
+      tl.positions.push_back(pos);
+      tl.slots.push_back(kv_slot(*st.block_table, bs, pos));
+    }
+    tl.seq_begin.push_back(static_cast<int64_t>(tl.positions.size()));
+    tl.steps.push_back(&st);
+  }
+  const int64_t N = static_cast<int64_t>(tl.positions.size());
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  tl.cos.resize(N * half);
+  tl.sin.resize(N * half);
+  if (half > 0)
+    cpu::rope_cos_sin(inv_freq_.data(), half, rope_attention_factor_, tl.positions.data(), N, tl.cos.data(), tl.sin.data());
+  return ok_status();
+}
+
+bool MlaMoeModel::use_expanded(int64_t new_tokens, int64_t kv_len) const {
+  if (form_ != MlaForm::kAuto) return form_ == MlaForm::kExpanded;
+  // Multiply-adds per call. Expanded: rebuild k/v of every visible token, then attention in head space.
+  // Absorbed: move queries into and outputs out of latent space, then attention in latent space.
+  const double H = static_cast<double>(config_.num_attention_heads), L = static_cast<double>(config_.kv_lora_rank);
+  const double R = static_cast<double>(config_.qk_rope_head_dim), nope = static_cast<double>(config_.qk_nope_head_dim);
+  const double v = static_cast<double>(config_.v_head_dim), n = static_cast<double>(new_tokens);
+  const double T = static_cast<double>(kv_len);
+  const double expanded = T * H * (nope + v) * L + n * T * H * (nope + R + v);
+  const double absorbed = n * H * (nope + v) * L + n * T * H * (L + R + L);
+  return expanded < absorbed;
+}
+
+Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
+                                   const float* h, const float* q_resid, std::vector<int32_t>& selected,
+                                   int64_t& selected_width) const {
+  const ModelConfig& c = config_;
+  const int64_t N = static_cast<int64_t>(tl.positions.size());
+  const int64_t Hi = c.index_n_heads, D = c.index_head_dim;
+  std::vector<float> q(N * Hi * D), k(N * D), wts(N * Hi);
+  KILN_RETURN_IF_ERROR(run_linear(*w.wq_b, q_resid, N, q.data()));
+  KILN_RETURN_IF_ERROR(run_linear(*w.wk, h, N, k.data()));
+  cpu::layernorm(k.data(), w.k_norm_weight.data(), w.k_norm_bias.data(), N, D, kIndexerNormEps, k.data());
+  // The indexer ropes the first qk_rope_head_dim values of q and k (rope part first, unlike MLA).
+  apply_rope(c, q.data(), N, Hi, Hi * D, D, tl.cos.data(), tl.sin.data());
+  apply_rope(c, k.data(), N, 1, D, D, tl.cos.data(), tl.sin.data());
+  KILN_RETURN_IF_ERROR(run_linear(*w.weights_proj, h, N, wts.data()));
+  const float head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
+  for (float& x : wts) x *= head_scale;
+
+  float* cache = kv.indexer_keys(kv_layer);
+  for (int64_t t = 0; t < N; ++t) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
+
+  selected_width = c.index_topk;
+  selected.assign(N * selected_width, -1);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t bs = kv.block_size();
+  for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
+    const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
+    const SequenceStep& st = *tl.steps[s];
+    const int64_t kv_len = st.start_position + n;
+    std::vector<float> keys(kv_len * D), scores(n * kv_len);
+    for (int64_t t = 0; t < kv_len; ++t)
+      std::copy_n(cache + kv_slot(*st.block_table, bs, t) * D, D, keys.data() + t * D);
+    cpu::dsa_indexer_scores(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale, scores.data());
+    cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
+  }
+  return ok_status();
+}
+
+Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
+                              const float* h, float* out, std::vector<int32_t>& selected,
+                              int64_t& selected_width) const {
+  const ModelConfig& c = config_;
+  const int64_t N = static_cast<int64_t>(tl.positions.size());
+  const int64_t H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = nope + R;
+
+  std::vector<float> q(N * H * qk), q_resid;
+  if (w.q_a) {
+    q_resid.resize(N * c.q_lora_rank);
+    KILN_RETURN_IF_ERROR(run_linear(*w.q_a, h, N, q_resid.data()));
+    cpu::rmsnorm(q_resid.data(), w.q_a_norm.data(), N, c.q_lora_rank, kLatentNormEps, q_resid.data());
+    KILN_RETURN_IF_ERROR(run_linear(*w.q_b, q_resid.data(), N, q.data()));
+  } else {
+    KILN_RETURN_IF_ERROR(run_linear(*w.q_proj, h, N, q.data()));
+  }
+  std::vector<float> ckv(N * (L + R)), latent(N * L), k_pe(N * R);
+  KILN_RETURN_IF_ERROR(run_linear(*w.kv_a, h, N, ckv.data()));
+  for (int64_t t = 0; t < N; ++t) {
+    std::copy_n(ckv.data() + t * (L + R), L, latent.data() + t * L);
+    std::copy_n(ckv.data() + t * (L + R) + L, R, k_pe.data() + t * R);
+  }
+  cpu::rmsnorm(latent.data(), w.kv_a_norm.data(), N, L, kLatentNormEps, latent.data());
+  apply_rope(c, q.data() + nope, N, H, H * qk, qk, tl.cos.data(), tl.sin.data());
+  apply_rope(c, k_pe.data(), N, 1, R, R, tl.cos.data(), tl.sin.data());
+
+  void* pages = kv.layer_pages(kv_layer);
+  const KvLayout& layout = kv.layout();
+  KILN_RETURN_IF_ERROR(layout.write(pages, tl.slots.data(), N, latent.data(), k_pe.data(), {}));
+
+  if (w.indexer) {
+    KILN_RETURN_IF_ERROR(indexer_select(*w.indexer, kv_layer, tl, kv, h, q_resid.data(), selected, selected_width));
+  }
+  // Selection matters only where a query sees more keys than the indexer keeps; elsewhere DSA is dense MLA.
+  const bool sparse = c.has_indexer() && !selected.empty();
+
+  const float scale = static_cast<float>(c.attention_scale());
+  const cpu::MlaAbsorbDims dims{H, nope, vd, L};
+  std::vector<float> attn(N * H * vd);
+  const int64_t bs = kv.block_size();
+  for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
+    const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
+    const SequenceStep& st = *tl.steps[s];
+    const int64_t kv_len = st.start_position + n;
+    const int32_t* sel = sparse ? selected.data() + b * selected_width : nullptr;
+    const int64_t sel_w = sparse ? selected_width : 0;
+    if (use_expanded(n, kv_len)) {
+      // Latents of earlier positions come from the cache; this step's are used as computed (not re-read
+      // through the layout), as a fresh prefill would.
+      const int64_t ctx = st.start_position;
+      std::vector<float> lat(kv_len * L), rope(kv_len * R);
+      if (ctx > 0) {
+        std::vector<int64_t> ctx_slots(ctx);
+        for (int64_t t = 0; t < ctx; ++t) ctx_slots[t] = kv_slot(*st.block_table, bs, t);
+        std::vector<float> rows(ctx * (L + R));
+        KILN_RETURN_IF_ERROR(layout.read(pages, ctx_slots.data(), ctx, rows.data(), {}));
+        for (int64_t t = 0; t < ctx; ++t) {
+          std::copy_n(rows.data() + t * (L + R), L, lat.data() + t * L);
+          std::copy_n(rows.data() + t * (L + R) + L, R, rope.data() + t * R);
+        }
+      }
+      std::copy_n(latent.data() + b * L, n * L, lat.data() + ctx * L);
+      std::copy_n(k_pe.data() + b * R, n * R, rope.data() + ctx * R);
+      std::vector<float> kvb(kv_len * H * (nope + vd)), k(kv_len * H * qk), v(kv_len * H * vd);
+      KILN_RETURN_IF_ERROR(run_linear(*w.kv_b, lat.data(), kv_len, kvb.data()));
+      for (int64_t t = 0; t < kv_len; ++t)
+        for (int64_t hh = 0; hh < H; ++hh) {
+          const float* src = kvb.data() + (t * H + hh) * (nope + vd);
+          std::copy_n(src, nope, k.data() + (t * H + hh) * qk);
+          std::copy_n(rope.data() + t * R, R, k.data() + (t * H + hh) * qk + nope);
+          std::copy_n(src + nope, vd, v.data() + (t * H + hh) * vd);
+        }
+      cpu::mla_attention_expanded(q.data() + b * H * qk, k.data(), v.data(), n, kv_len, H, qk, vd, scale, sel, sel_w,
+                                  attn.data() + b * H * vd);
+    } else {
+      std::vector<float> qa(n * H * (L + R)), o_lat(n * H * L);
+      cpu::mla_absorb_query(q.data() + b * H * qk, n, qk, w.kv_b_f32.data(), dims, qa.data(), L + R);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t hh = 0; hh < H; ++hh)
+          std::copy_n(q.data() + (b + t) * H * qk + hh * qk + nope, R, qa.data() + (t * H + hh) * (L + R) + L);
+      std::vector<int32_t> query_seq(n, 0), kv_lens(n);
+      for (int64_t t = 0; t < n; ++t) kv_lens[t] = static_cast<int32_t>(st.start_position + t + 1);
+      MlaAttendArgs args;
+      args.cache = pages;
+      args.num_queries = n;
+      args.num_heads = H;
+      args.q = qa.data();
+      args.block_tables = st.block_table->data();
+      args.max_blocks = static_cast<int64_t>(st.block_table->size());
+      args.query_seq = query_seq.data();
+      args.kv_len = kv_lens.data();
+      args.selected = sel;
+      args.selected_width = sel_w;
+      args.scale = scale;
+      args.out = o_lat.data();
+      KILN_RETURN_IF_ERROR(layout.attend(args, {}));
+      cpu::mla_unabsorb_output(o_lat.data(), n, w.kv_b_f32.data(), dims, attn.data() + b * H * vd);
+    }
+  }
+  return run_linear(*w.o_proj, attn.data(), N, out);
+}
+
+Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out) const {
+  const ModelConfig& c = config_;
+  const int64_t Hd = c.hidden_size;
+  auto dense = [&](const MlpWeights& m, float* y) -> Status {
+    const int64_t I = m.gate->out_features();
+    std::vector<float> g(n * I), u(n * I), a(n * I);
+    KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
+    KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+    cpu::swiglu(g.data(), u.data(), n, I, I, a.data());
+    return run_linear(*m.down, a.data(), n, y);
+  };
+  if (!w.is_moe) return dense(w.mlp, out);
+
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::vector<float> logits(n * E), weights(n * k);
+  std::vector<int32_t> ids(n * k);
+  cpu::gemm_f32(h, n, Hd, w.moe.router.data(), E, logits.data());
+  cpu::MoeRouterConfig rc;
+  rc.num_experts = E;
+  rc.top_k = k;
+  rc.n_group = c.n_group;
+  rc.topk_group = c.topk_group;
+  rc.norm_topk_prob = c.norm_topk_prob;
+  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data());
+  TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
+  TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});
+  KILN_RETURN_IF_ERROR(w.moe.experts->forward(xv, ids.data(), weights.data(), static_cast<int>(k), yv, {}));
+  if (w.moe.shared.gate) {
+    std::vector<float> shared(n * Hd);
+    KILN_RETURN_IF_ERROR(dense(w.moe.shared, shared.data()));
+    for (int64_t i = 0; i < n * Hd; ++i) out[i] += shared[i];
+  }
+  return ok_status();
+}
+
+Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
+                              float* x, std::vector<int32_t>& selected, int64_t& selected_width) const {
+  const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  std::vector<float> h(N * Hd), y(N * Hd);
+  cpu::rmsnorm(x, layer.input_norm.data(), N, Hd, eps, h.data());
+  KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, kv, h.data(), y.data(), selected, selected_width)
+                           .with_context("layer " + std::to_string(kv_layer) + " attention"));
+  cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
+  KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data()).with_context("layer " + std::to_string(kv_layer) + " mlp"));
+  for (int64_t i = 0; i < N * Hd; ++i) x[i] += y[i];
+  return ok_status();
+}
+
+Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden) const {
+  const ModelConfig& c = config_;
+  TokenLayout tl;
+  KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
+  const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;
+
+  std::vector<float> x(N * Hd);
+  std::vector<int32_t> flat_ids;
+  flat_ids.reserve(N);
+  for (const auto& st : steps) flat_ids.insert(flat_ids.end(), st.tokens.begin(), st.tokens.end());
+  embed(flat_ids.data(), N, x.data());
+
+  // DSA "shared" layers reuse the previous indexer layer's selection, so it lives across layers.
+  std::vector<int32_t> selected;
+  int64_t selected_width = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, kv, x.data(), selected, selected_width));
+
+  if (keep_hidden) out.hidden = x;
+  // Logits only for the rows asked for: the last token of each step, or all of them.
+  std::vector<int64_t> rows;
+  out.first_row.clear();
+  for (size_t s = 0; s < steps.size(); ++s) {
+    out.first_row.push_back(static_cast<int64_t>(rows.size()));
+    const int64_t b = tl.seq_begin[s], e = tl.seq_begin[s + 1];
+    for (int64_t t = steps[s].all_logits ? b : e - 1; t < e; ++t) rows.push_back(t);
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  std::vector<float> normed(R * Hd);
+  for (int64_t r = 0; r < R; ++r)
+    cpu::rmsnorm(x.data() + rows[r] * Hd, weights_.final_norm.data(), 1, Hd, static_cast<float>(c.rms_norm_eps),
+                 normed.data() + r * Hd);
+  out.logits.resize(R * c.vocab_size);
+  return run_linear(*weights_.lm_head, normed.data(), R, out.logits.data());
+}
+
+}  // namespace kiln

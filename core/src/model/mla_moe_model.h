@@ -1,0 +1,79 @@
+// The forward pass of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3) on the CPU:
+// batches of sequences at different positions in one call, KV in paged form through the recipe's KvLayout.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/cpu/rope.h"
+#include "model/kv_cache.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+
+namespace kiln {
+
+// Which MLA form attention runs in. kAuto picks per sequence by arithmetic cost: expanded (k/v rebuilt from
+// the latents, cheaper for long prefill chunks) or absorbed (attention in latent space over the paged cache).
+enum class MlaForm { kAuto, kExpanded, kAbsorbed };
+
+// New tokens of one sequence: positions start_position .. start_position + tokens.size() − 1.
+struct SequenceStep {
+  std::span<const int32_t> tokens;
+  int64_t start_position = 0;
+  const std::vector<int32_t>* block_table = nullptr;  // must cover start_position + tokens.size() positions
+  bool all_logits = false;                            // logits for every new token, not only the last
+};
+
+struct StepOutput {
+  std::vector<float> logits;      // [rows, vocab]
+  std::vector<int64_t> first_row; // per step: its first row in `logits`
+  std::vector<float> hidden;      // [tokens, hidden]: last layer's output (pre-norm), when asked for
+};
+
+class MlaMoeModel {
+ public:
+  MlaMoeModel(ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  void set_mla_form(MlaForm form) { form_ = form; }
+
+  // Runs all steps as one batch: writes their KV (and indexer keys) and returns logits.
+  Status forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden = false) const;
+
+  // Embedding rows as fp32 [n, hidden].
+  void embed(const int32_t* ids, int64_t n, float* out) const;
+
+  // One decoder layer over n tokens already flattened: x is the residual stream [n, hidden], updated in place.
+  // Exposed for the MTP drafter, which runs a decoder layer with its own KV.
+  struct TokenLayout {
+    std::vector<int64_t> positions, slots;
+    std::vector<int64_t> seq_begin;        // [steps + 1] token offsets
+    std::vector<const SequenceStep*> steps;
+    std::vector<float> cos, sin;           // [n, rope/2]
+  };
+  Status run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, float* x,
+                   std::vector<int32_t>& selected, int64_t& selected_width) const;
+  Status make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const;
+
+ private:
+  Status attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
+                   float* out, std::vector<int32_t>& selected, int64_t& selected_width) const;
+  Status indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
+                        const float* q_resid, std::vector<int32_t>& selected, int64_t& selected_width) const;
+  Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out) const;
+  bool use_expanded(int64_t new_tokens, int64_t kv_len) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  cpu::RopeConfig rope_;
+  std::vector<float> inv_freq_;
+  double rope_attention_factor_ = 1.0;
+  MlaForm form_ = MlaForm::kAuto;
+};
+
+// y[n, out] = x[n, in] · Wᵀ through a weight format's Linear.
+Status run_linear(const Linear& l, const float* x, int64_t n, float* y);
+
+}  // namespace kiln

@@ -1,0 +1,55 @@
+#include "model/model_loader.h"
+
+#include <filesystem>
+
+#include "kiln/log.h"
+
+namespace kiln {
+namespace fs = std::filesystem;
+
+Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, const ModelLoadOptions& options) {
+  const RecipeSection& model = recipe.section("model");
+  const fs::path dir = model.get_string("path");
+  if (model.get_string("load") == "dummy")
+    return unimplemented("`model.load = \"dummy\"` (random weights) is provided by the CUDA runtime; on the CPU set "
+                         "model.load = \"mmap\"");
+  if (!fs::is_directory(dir))
+    return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
+
+  LoadedModel m;
+  KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
+  KILN_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::open(dir));
+  m.info = config.to_model_info();
+
+  CreateContext ctx;
+  ctx.device = Device::cpu();
+  ctx.model = &m.info;
+  ctx.section = &recipe.section("weights");
+  KILN_ASSIGN_OR_RETURN(m.format, registry.create<WeightFormat>(recipe.section("weights").get_string("format"), ctx));
+  ctx.section = &recipe.section("kv");
+  KILN_ASSIGN_OR_RETURN(m.layout, registry.create<KvLayout>(recipe.section("kv").get_string("layout"), ctx));
+  KvGeometry g = m.layout->geometry();
+  if (g.latent_dim != config.kv_lora_rank || g.rope_dim != config.qk_rope_head_dim)
+    return failed_precondition("kv layout `" + recipe.section("kv").get_string("layout") + "` has geometry " +
+                               std::to_string(g.latent_dim) + "+" + std::to_string(g.rope_dim) + ", the model needs " +
+                               std::to_string(config.kv_lora_rank) + "+" + std::to_string(config.qk_rope_head_dim));
+
+  KILN_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp));
+  if (options.load_mtp && weights.mtp.empty())
+    return not_found(dir.string() + " has no MTP weights (model.layers." + std::to_string(config.num_hidden_layers) +
+                     ".eh_proj.weight); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");
+  log::info("loaded {} ({} layers, hidden {}, {} experts) from {}", config.model_type, config.num_hidden_layers,
+            config.hidden_size, config.n_routed_experts, dir.string());
+  m.model = std::make_unique<MlaMoeModel>(std::move(config), std::move(weights));
+  return m;
+}
+
+std::unique_ptr<KvCache> make_kv_cache(const LoadedModel& m, int64_t tokens) {
+  const ModelConfig& c = m.model->config();
+  const int64_t bs = m.layout->geometry().block_size;
+  const int64_t blocks = (tokens + bs - 1) / bs;
+  const int64_t layers = c.num_hidden_layers + static_cast<int64_t>(m.model->weights().mtp.size());
+  return std::make_unique<KvCache>(m.layout, layers, blocks, c.has_indexer() ? c.index_head_dim : 0);
+}
+
+}  // namespace kiln
