@@ -8,9 +8,9 @@
 namespace kiln {
 namespace {
 
+using testing::build_safetensors;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::build_safetensors;
 using testing::raw_bytes;
 using testing::ScratchDir;
 using testing::TensorSpec;
@@ -33,8 +33,9 @@ class CheckpointTest : public ::testing::Test {
     write_file(dir_ / "model-00001-of-00002.safetensors",
                build_safetensors({f32_tensor("model.embed_tokens.weight", {4, 2}, 1.f),
                                   f32_tensor("model.layers.0.w", {2, 2}, 2.f)}));
-    write_file(dir_ / "model-00002-of-00002.safetensors",
-               build_safetensors({f32_tensor("model.layers.1.w", {2, 2}, 3.f), f32_tensor("lm_head.weight", {4, 2}, 4.f)}));
+    write_file(
+        dir_ / "model-00002-of-00002.safetensors",
+        build_safetensors({f32_tensor("model.layers.1.w", {2, 2}, 3.f), f32_tensor("lm_head.weight", {4, 2}, 4.f)}));
   }
   nlohmann::json two_shard_map() const {
     return {{"model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
@@ -177,7 +178,8 @@ TEST_F(CheckpointTest, MissingTensorNamesTensorAndDirectory) {
   write_file(dir_ / "model.safetensors", build_safetensors({f32_tensor("a", {1}, 0.f)}));
   Result<std::unique_ptr<Checkpoint>> ckpt = Checkpoint::open(dir_.path());
   ASSERT_TRUE(ckpt.ok());
-  for (const Result<TensorView>& r : {(*ckpt)->get("model.layers.9.w"), (*ckpt)->get_checked("model.layers.9.w", {1})}) {
+  for (const Result<TensorView>& r :
+       {(*ckpt)->get("model.layers.9.w"), (*ckpt)->get_checked("model.layers.9.w", {1})}) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
     EXPECT_THAT(r.status().message(), HasSubstr("'model.layers.9.w'"));

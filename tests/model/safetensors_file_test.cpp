@@ -8,9 +8,9 @@
 namespace kiln {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::build_safetensors;
 using testing::frame;
+using ::testing::HasSubstr;
 using testing::raw_bytes;
 using testing::ScratchDir;
 using testing::TensorSpec;
@@ -46,18 +46,17 @@ TEST_F(SafetensorsFileTest, ReadsEveryDtypeWithShapesAndData) {
   const std::vector<int64_t> i64 = {-9000000000LL, 1};
   const std::vector<uint8_t> u8 = {255, 1};
   const std::vector<uint16_t> f16 = {0x3c00};
-  const std::string bytes = build_safetensors(
-      {{"model.embed.weight", "BF16", {2, 3}, raw_bytes(bf16)},
-       {"model.norm.weight", "F32", {2, 2}, raw_bytes(f32)},
-       {"q.i8", "I8", {3}, raw_bytes(i8)},
-       {"q.f8", "F8_E4M3", {1, 2, 2}, raw_bytes(f8)},
-       {"q.i16", "I16", {2}, raw_bytes(i16)},
-       {"q.i32", "I32", {}, raw_bytes(i32)},
-       {"q.i64", "I64", {2}, raw_bytes(i64)},
-       {"q.u8", "U8", {2, 1}, raw_bytes(u8)},
-       {"q.f16", "F16", {1}, raw_bytes(f16)},
-       {"empty", "F32", {0, 4}, ""}},
-      {{"format", "pt"}});
+  const std::string bytes = build_safetensors({{"model.embed.weight", "BF16", {2, 3}, raw_bytes(bf16)},
+                                               {"model.norm.weight", "F32", {2, 2}, raw_bytes(f32)},
+                                               {"q.i8", "I8", {3}, raw_bytes(i8)},
+                                               {"q.f8", "F8_E4M3", {1, 2, 2}, raw_bytes(f8)},
+                                               {"q.i16", "I16", {2}, raw_bytes(i16)},
+                                               {"q.i32", "I32", {}, raw_bytes(i32)},
+                                               {"q.i64", "I64", {2}, raw_bytes(i64)},
+                                               {"q.u8", "U8", {2, 1}, raw_bytes(u8)},
+                                               {"q.f16", "F16", {1}, raw_bytes(f16)},
+                                               {"empty", "F32", {0, 4}, ""}},
+                                              {{"format", "pt"}});
   Result<SafetensorsFile> file = open_bytes(bytes);
   ASSERT_TRUE(file.ok()) << file.status().to_string();
 
@@ -158,7 +157,8 @@ TEST_F(SafetensorsFileTest, RejectsDuplicateTensorNames) {
 TEST_F(SafetensorsFileTest, RejectsTruncatedData) {
   const std::vector<float> a(4, 1.f);
   const std::vector<float> b(8, 2.f);
-  std::string bytes = build_safetensors({{"layers.0.a", "F32", {4}, raw_bytes(a)}, {"layers.0.b", "F32", {8}, raw_bytes(b)}});
+  std::string bytes =
+      build_safetensors({{"layers.0.a", "F32", {4}, raw_bytes(a)}, {"layers.0.b", "F32", {8}, raw_bytes(b)}});
   bytes.resize(bytes.size() - 5);
   const std::string msg = expect_error(bytes, StatusCode::kDataLoss);
   EXPECT_THAT(msg, HasSubstr("tensor 'layers.0.b'"));
@@ -180,9 +180,8 @@ TEST_F(SafetensorsFileTest, RejectsOffsetsEndingBeforeTheyBegin) {
 }
 
 TEST_F(SafetensorsFileTest, RejectsOverlappingTensors) {
-  const std::string header =
-      R"({"first":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("second":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  const std::string header = R"({"first":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("second":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   const std::string msg = expect_error(frame(header, std::string(12, '\0')), StatusCode::kDataLoss);
   EXPECT_THAT(msg, HasSubstr("'second'"));
   EXPECT_THAT(msg, HasSubstr("overlaps tensor 'first'"));
@@ -205,11 +204,10 @@ TEST_F(SafetensorsFileTest, RejectsUnknownDtype) {
 TEST_F(SafetensorsFileTest, RejectsEntriesWithMissingOrMalformedFields) {
   EXPECT_THAT(expect_error(frame(R"({"w":{"shape":[1],"data_offsets":[0,1]}})", "x"), StatusCode::kDataLoss),
               HasSubstr("tensor 'w': missing string 'dtype'"));
-  EXPECT_THAT(expect_error(frame(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x"),
-                           StatusCode::kDataLoss),
-              HasSubstr("tensor 'w': shape entries must be non-negative integers"));
-  EXPECT_THAT(expect_error(frame(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", "x"),
-                           StatusCode::kDataLoss),
+  EXPECT_THAT(
+      expect_error(frame(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x"), StatusCode::kDataLoss),
+      HasSubstr("tensor 'w': shape entries must be non-negative integers"));
+  EXPECT_THAT(expect_error(frame(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", "x"), StatusCode::kDataLoss),
               HasSubstr("tensor 'w': 'data_offsets' must be two non-negative integers"));
   EXPECT_THAT(expect_error(frame(R"({"__metadata__":{"format":1}})", ""), StatusCode::kDataLoss),
               HasSubstr("__metadata__ entry 'format' must be a string"));

@@ -2,17 +2,17 @@
 // from a hand-written header.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-#include <stdlib.h>
 
 namespace kiln::testing {
 
@@ -45,7 +45,8 @@ inline std::string build_safetensors(const std::vector<TensorSpec>& tensors,
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string data;
   for (const TensorSpec& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
     data += t.bytes;
   }
   std::string text = header.dump();

@@ -40,9 +40,7 @@ Result<MappedFile> MappedFile::open(const std::filesystem::path& path) {
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+    : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -54,7 +52,9 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
-MappedFile::~MappedFile() { unmap(); }
+MappedFile::~MappedFile() {
+  unmap();
+}
 
 void MappedFile::unmap() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);

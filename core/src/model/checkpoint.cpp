@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <utility>
-
 #include <nlohmann/json.hpp>
+#include <utility>
 
 namespace kiln {
 namespace {
@@ -135,8 +134,8 @@ Result<TensorView> Checkpoint::get_checked(const std::string& name,
                                            std::initializer_list<int64_t> expected_shape) const {
   KILN_ASSIGN_OR_RETURN(TensorView view, get(name));
   if (!shape_equals(view, expected_shape)) {
-    return invalid_argument("tensor '" + name + "' in " + shards_[location_.at(name)].path().string() +
-                            " has shape " + view.shape_string() + ", expected " + shape_text(expected_shape) +
+    return invalid_argument("tensor '" + name + "' in " + shards_[location_.at(name)].path().string() + " has shape " +
+                            view.shape_string() + ", expected " + shape_text(expected_shape) +
                             " from the model config");
   }
   return view;

@@ -1,11 +1,10 @@
 #include "model/safetensors_file.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace kiln {
 namespace {
