@@ -1,4 +1,4 @@
-#include "builtin/bf16_kv_layout.h"
+#include "builtin/paged_mla_kv_layout.h"
 
 #include <gtest/gtest.h>
 
