@@ -1,0 +1,54 @@
+#include "kernels/cpu/dsa_indexer.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cpu/simd.h"
+
+// The vector helpers are always inlined into the cloned kernels; their by-value ABI never applies.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#include "kernels/cpu/topk.h"
+
+namespace kiln::cpu {
+namespace {
+
+float dot_base(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
+KILN_TARGET_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
+KILN_TARGET_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
+using DotFn = float (*)(const float*, const float*, int64_t);
+const DotFn dot = simd::pick_isa<DotFn>(dot_base, dot_avx2, dot_avx512);
+
+}  // namespace
+
+void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
+                        int64_t head_dim, float scale, float* scores) {
+  const int64_t offset = t_kv - t_q;
+#pragma omp parallel for schedule(dynamic, 1) if (t_q * t_kv * num_heads * head_dim >= (1 << 16))
+  for (int64_t s = 0; s < t_q; ++s) {
+    float* row = scores + s * t_kv;
+    const int64_t visible = std::min(t_kv, offset + s + 1);
+    for (int64_t t = 0; t < visible; ++t) {
+      float total = 0.f;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const float logit = dot(q + (s * num_heads + h) * head_dim, k + t * head_dim, head_dim) * scale;
+        total += w[s * num_heads + h] * std::max(logit, 0.0f);
+      }
+      row[t] = total;
+    }
+    std::fill(row + visible, row + t_kv, -std::numeric_limits<float>::infinity());
+  }
+}
+
+void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
+  const int64_t offset = t_kv - t_q;
+#pragma omp parallel for schedule(dynamic, 1) if (t_q * t_kv >= (1 << 16))
+  for (int64_t s = 0; s < t_q; ++s) {
+    const int64_t visible = std::min(t_kv, offset + s + 1);
+    const int64_t k = std::min(index_topk, visible);
+    int32_t* o = out + s * index_topk;
+    topk_indices(scores + s * t_kv, visible, k, o);
+    std::fill(o + k, o + index_topk, -1);
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,22 @@
+// DSA lightning indexer (GLM-5 / DeepSeek-V3.2): which keys each query attends to.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu {
+
+// I[s, t] = Σ_h w[s, h] · ReLU(scale · q[s, h, :]·k[t, :]) for the keys query s may see; −inf elsewhere.
+// q [t_q, H, d] and k [t_kv, d] are after RoPE (see rope.h: the GLM indexer ropes the first
+// qk_rope_head_dim values, interleaved); w [t_q, H] already includes HF's H^-0.5 factor
+// (weights_proj(x) · H^-0.5); scale is HF's softmax_scale = d^-0.5. Query s is at position t_kv − t_q + s
+// and sees keys at positions ≤ its own. scores [t_q, t_kv].
+void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
+                        int64_t head_dim, float scale, float* scores);
+
+// Per query s: the top min(index_topk, visible_s) key positions by score (descending; ties by lower
+// position, see topk.h), visible_s = t_kv − t_q + s + 1, then −1 up to index_topk. out [t_q, index_topk].
+// HF takes topk(min(index_topk, t_kv)) over the −inf-masked row and masks again in attention; the keys that
+// end up visible are the same.
+void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
+
+}  // namespace kiln::cpu

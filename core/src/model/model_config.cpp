@@ -1,0 +1,624 @@
+#include "model/model_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <tuple>
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kSupportedTypes = "glm4_moe_lite, glm_moe_dsa, deepseek_v3";
+
+// Reads typed fields of one JSON object; every error names the source file and the field's path.
+// transformers rejects a wrong JSON type for a declared field (e.g. "hidden_size": "64"), and so do we;
+// the one leniency is accepting an integer literal where a float is expected.
+class FieldReader {
+ public:
+  FieldReader(const json& object, std::string source, std::string prefix = "")
+      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
+
+  bool present(const char* key) const { return object_.contains(key); }
+  bool is_null(const char* key) const { return present(key) && object_.at(key).is_null(); }
+  const json& at(const char* key) const { return object_.at(key); }
+
+  Status type_error(const char* key, const char* expected) const {
+    const json& v = object_.at(key);
+    return invalid_argument(source_ + ": field '" + prefix_ + key + "' must be " + expected + ", got " + v.type_name() +
+                            " " + v.dump());
+  }
+  Status value_error(const char* key, const std::string& why) const {
+    return invalid_argument(source_ + ": field '" + prefix_ + key + "' " + why);
+  }
+
+  // Leaves `out` (the class default) alone when the key is absent.
+  Status read(const char* key, int64_t& out) const {
+    if (!present(key)) return ok_status();
+    const json& v = at(key);
+    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+      out = v.get<int64_t>();
+      return ok_status();
+    }
+    return type_error(key, "an integer");
+  }
+  Status read(const char* key, double& out) const {
+    if (!present(key)) return ok_status();
+    if (!at(key).is_number()) return type_error(key, "a number");
+    out = at(key).get<double>();
+    return ok_status();
+  }
+  Status read(const char* key, bool& out) const {
+    if (!present(key)) return ok_status();
+    if (!at(key).is_boolean()) return type_error(key, "true or false");
+    out = at(key).get<bool>();
+    return ok_status();
+  }
+  Status read(const char* key, std::string& out) const {
+    if (!present(key)) return ok_status();
+    if (!at(key).is_string()) return type_error(key, "a string");
+    out = at(key).get<std::string>();
+    return ok_status();
+  }
+  // int | null; null clears.
+  Status read(const char* key, std::optional<int64_t>& out) const {
+    if (!present(key)) return ok_status();
+    if (is_null(key)) {
+      out.reset();
+      return ok_status();
+    }
+    int64_t v = 0;
+    if (!at(key).is_number_integer()) return type_error(key, "an integer or null");
+    KILN_RETURN_IF_ERROR(read(key, v));
+    out = v;
+    return ok_status();
+  }
+  // int | list of int | null.
+  Status read_id_list(const char* key, std::vector<int64_t>& out) const {
+    if (!present(key)) return ok_status();
+    const json& v = at(key);
+    out.clear();
+    if (v.is_null()) return ok_status();
+    if (v.is_number_integer()) {
+      out.push_back(v.get<int64_t>());
+      return ok_status();
+    }
+    if (!v.is_array()) return type_error(key, "an integer, a list of integers or null");
+    for (const json& item : v) {
+      if (!item.is_number_integer()) return type_error(key, "an integer, a list of integers or null");
+      out.push_back(item.get<int64_t>());
+    }
+    return ok_status();
+  }
+  // A list of strings each from `allowed`; absent → nullopt.
+  Result<std::optional<std::vector<std::string>>> read_choices(const char* key,
+                                                               std::initializer_list<const char*> allowed) const {
+    if (!present(key) || is_null(key)) return std::optional<std::vector<std::string>>();
+    const json& v = at(key);
+    std::string expected = "a list of strings from {";
+    for (const char* a : allowed) expected += std::string(expected.back() == '{' ? "" : ", ") + a;
+    expected += "}";
+    if (!v.is_array()) return type_error(key, expected.c_str());
+    std::vector<std::string> out;
+    for (const json& item : v) {
+      const bool ok = item.is_string() && std::any_of(allowed.begin(), allowed.end(),
+                                                      [&](const char* a) { return item.get<std::string>() == a; });
+      if (!ok) return value_error(key, "must be " + expected + ", got element " + item.dump());
+      out.push_back(item.get<std::string>());
+    }
+    return std::optional<std::vector<std::string>>(std::move(out));
+  }
+
+  // Reads `out` from the first key present, then lets later aliases override it: transformers applies
+  // attribute_map aliases (e.g. num_local_experts → n_routed_experts) after the canonical field.
+  template <class T>
+  Status read_aliased(std::initializer_list<const char*> keys, T& out) const {
+    for (const char* key : keys) KILN_RETURN_IF_ERROR(read(key, out));
+    return ok_status();
+  }
+
+ private:
+  const json& object_;
+  std::string source_;
+  std::string prefix_;
+};
+
+// The transformers 5.17 class defaults for each supported architecture.
+ModelConfig glm4_moe_lite_defaults() {
+  ModelConfig c;
+  c.vocab_size = 154880;
+  c.hidden_size = 2048;
+  c.intermediate_size = 10240;
+  c.moe_intermediate_size = 1536;
+  c.num_hidden_layers = 47;
+  c.num_attention_heads = 20;
+  c.num_key_value_heads = 20;
+  c.n_shared_experts = 1;
+  c.n_routed_experts = 64;
+  c.routed_scaling_factor = 1.8;
+  c.kv_lora_rank = 512;
+  c.q_lora_rank = 768;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 256;
+  c.qk_nope_head_dim = 192;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.num_experts_per_tok = 4;
+  c.max_position_embeddings = 202752;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+ModelConfig glm_moe_dsa_defaults() {
+  ModelConfig c;
+  c.vocab_size = 154880;
+  c.hidden_size = 6144;
+  c.intermediate_size = 12288;
+  c.moe_intermediate_size = 2048;
+  c.num_hidden_layers = 78;
+  c.num_attention_heads = 64;
+  c.num_key_value_heads = 64;
+  c.n_shared_experts = 1;
+  c.n_routed_experts = 256;
+  c.routed_scaling_factor = 2.5;
+  c.kv_lora_rank = 512;
+  c.q_lora_rank = 2048;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 256;
+  c.qk_nope_head_dim = 192;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.num_experts_per_tok = 8;
+  c.max_position_embeddings = 202752;
+  c.rms_norm_eps = 1e-5;
+  c.index_topk = 2048;
+  c.index_head_dim = 128;
+  c.index_n_heads = 32;
+  return c;
+}
+
+ModelConfig deepseek_v3_defaults() {
+  ModelConfig c;
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.intermediate_size = 18432;
+  c.moe_intermediate_size = 2048;
+  c.num_hidden_layers = 61;
+  c.num_attention_heads = 128;
+  c.num_key_value_heads = 128;
+  c.n_shared_experts = 1;
+  c.n_routed_experts = 256;
+  c.routed_scaling_factor = 2.5;
+  c.kv_lora_rank = 512;
+  c.q_lora_rank = 1536;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.qk_nope_head_dim = 128;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.num_experts_per_tok = 8;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-6;
+  c.num_nextn_predict_layers = 1;  // the class field num_mtp_layers
+  return c;
+}
+
+double yarn_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// Resolves rope settings as transformers' convert_rope_params_to_dict / standardize_rope_params and
+// _compute_yarn_parameters do: a non-empty `rope_scaling` wins over `rope_parameters`; `rope_theta` and
+// `partial_rotary_factor` inside the dict win over top-level keys; `rope_type` falls back to legacy `type`.
+Status read_rope(const json& root, const FieldReader& top, ModelConfig& c) {
+  const char* dict_key = nullptr;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!top.present(key) || top.is_null(key)) continue;
+    if (!top.at(key).is_object()) return top.type_error(key, "an object or null");
+    if (!top.at(key).empty()) dict_key = key;
+  }
+  RopeConfig& rope = c.rope;
+  KILN_RETURN_IF_ERROR(top.read("rope_theta", rope.theta));
+  KILN_RETURN_IF_ERROR(top.read("partial_rotary_factor", rope.partial_rotary_factor));
+  if (dict_key == nullptr) return ok_status();
+
+  const std::string source_prefix = std::string(dict_key) + ".";
+  const json& dict = root.at(dict_key);
+  const std::string& source = c.source;
+  FieldReader r(dict, source, source_prefix);
+  KILN_RETURN_IF_ERROR(r.read("rope_theta", rope.theta));
+  KILN_RETURN_IF_ERROR(r.read("partial_rotary_factor", rope.partial_rotary_factor));
+  std::string type = "default";
+  KILN_RETURN_IF_ERROR(r.read_aliased({"type", "rope_type"}, type));
+  if (type == "default") return ok_status();
+  if (type != "yarn") {
+    return unimplemented(source + ": field '" + source_prefix + "rope_type' is '" + type +
+                         "'; kiln supports \"default\" and \"yarn\"");
+  }
+  rope.type = RopeType::kYarn;
+
+  if (!r.present("factor")) return invalid_argument(source + ": yarn rope needs field '" + source_prefix + "factor'");
+  rope.original_max_position_embeddings = c.max_position_embeddings;
+  KILN_RETURN_IF_ERROR(r.read("original_max_position_embeddings", rope.original_max_position_embeddings));
+  // A top-level original_max_position_embeddings takes precedence when transformers builds the rotary table.
+  KILN_RETURN_IF_ERROR(top.read("original_max_position_embeddings", rope.original_max_position_embeddings));
+  if (rope.original_max_position_embeddings <= 0) {
+    return r.value_error("original_max_position_embeddings", "must be positive");
+  }
+  if (r.is_null("factor")) {
+    rope.factor = static_cast<double>(c.max_position_embeddings) / rope.original_max_position_embeddings;
+  } else {
+    KILN_RETURN_IF_ERROR(r.read("factor", rope.factor));
+  }
+  if (!(rope.factor > 0)) return r.value_error("factor", "must be positive");
+
+  // `or` semantics in transformers: absent, null and 0 all mean "use the default".
+  auto read_or_default = [&](const char* key, double& out) -> Status {
+    if (!r.present(key) || r.is_null(key)) return ok_status();
+    double v = 0;
+    KILN_RETURN_IF_ERROR(r.read(key, v));
+    if (v != 0) out = v;
+    return ok_status();
+  };
+  KILN_RETURN_IF_ERROR(read_or_default("beta_fast", rope.beta_fast));
+  KILN_RETURN_IF_ERROR(read_or_default("beta_slow", rope.beta_slow));
+  KILN_RETURN_IF_ERROR(read_or_default("mscale", rope.mscale));
+  KILN_RETURN_IF_ERROR(read_or_default("mscale_all_dim", rope.mscale_all_dim));
+  KILN_RETURN_IF_ERROR(r.read("truncate", rope.truncate));
+
+  if (r.present("attention_factor") && !r.is_null("attention_factor")) {
+    KILN_RETURN_IF_ERROR(r.read("attention_factor", rope.attention_factor));
+  } else if (rope.mscale != 0 && rope.mscale_all_dim != 0) {
+    rope.attention_factor = yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim);
+  } else {
+    rope.attention_factor = yarn_mscale(rope.factor, 1.0);
+  }
+  return ok_status();
+}
+
+Status read_moe_layers(const FieldReader& r, ModelConfig& c) {
+  const int64_t n = c.num_hidden_layers;
+  KILN_ASSIGN_OR_RETURN(auto types, r.read_choices("mlp_layer_types", {"dense", "sparse"}));
+  std::optional<int64_t> first_k_dense;
+  if (r.present("first_k_dense_replace")) {
+    int64_t v = 0;
+    KILN_RETURN_IF_ERROR(r.read("first_k_dense_replace", v));
+    if (v < 0) return r.value_error("first_k_dense_replace", "must be ≥ 0, got " + std::to_string(v));
+    first_k_dense = v;
+  }
+
+  int64_t dense_prefix = 0;
+  if (c.model_type == "deepseek_v3") {
+    // DeepseekV3 decides by first_k_dense_replace alone (class default 3) and ignores mlp_layer_types.
+    types.reset();
+    dense_prefix = first_k_dense.value_or(3);
+  } else if (c.model_type == "glm_moe_dsa") {
+    dense_prefix = first_k_dense.value_or(3);
+  } else {
+    // Glm4MoeLite has no first_k_dense_replace field: without mlp_layer_types it makes layer 0 dense only.
+    // A config asking for a different dense prefix would silently get the wrong blocks, so refuse it.
+    if (!types && first_k_dense && *first_k_dense != 1) {
+      return r.value_error("first_k_dense_replace", "is " + std::to_string(*first_k_dense) +
+                                                        ", but glm4_moe_lite ignores it and makes only layer 0 dense; "
+                                                        "give mlp_layer_types explicitly");
+    }
+    dense_prefix = 1;
+  }
+
+  c.moe_layers.assign(static_cast<size_t>(n), true);
+  if (types) {
+    if (static_cast<int64_t>(types->size()) != n) {
+      return r.value_error("mlp_layer_types", "has " + std::to_string(types->size()) +
+                                                  " entries but num_hidden_layers is " + std::to_string(n));
+    }
+    for (int64_t i = 0; i < n; ++i) c.moe_layers[i] = (*types)[i] == "sparse";
+  } else {
+    for (int64_t i = 0; i < std::min(dense_prefix, n); ++i) c.moe_layers[i] = false;
+  }
+  return ok_status();
+}
+
+// GlmMoeDsa: explicit indexer_types, else index_topk_pattern ("FSSF…" or a list), else the
+// index_topk_freq / index_skip_topk_offset schedule (defaults 1 and 2: every layer runs its indexer).
+Status read_indexer_layers(const FieldReader& r, ModelConfig& c) {
+  const int64_t n = c.num_hidden_layers;
+  KILN_ASSIGN_OR_RETURN(auto types, r.read_choices("indexer_types", {"full", "shared"}));
+  const char* field = "indexer_types";
+  if (!types && r.present("index_topk_pattern") && !r.is_null("index_topk_pattern")) {
+    field = "index_topk_pattern";
+    const json& pattern = r.at(field);
+    if (pattern.is_string()) {
+      types.emplace();
+      for (char ch : pattern.get<std::string>()) {
+        if (ch != 'F' && ch != 'S') return r.value_error(field, "may contain only 'F' and 'S'");
+        types->push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      KILN_ASSIGN_OR_RETURN(types, r.read_choices(field, {"full", "shared"}));
+    }
+  }
+  c.indexer_shared_layers.assign(static_cast<size_t>(n), false);
+  if (types) {
+    if (static_cast<int64_t>(types->size()) != n) {
+      return r.value_error(
+          field, "has " + std::to_string(types->size()) + " entries but num_hidden_layers is " + std::to_string(n));
+    }
+    for (int64_t i = 0; i < n; ++i) c.indexer_shared_layers[i] = (*types)[i] == "shared";
+  } else {
+    int64_t freq = 1;
+    int64_t offset = 2;
+    KILN_RETURN_IF_ERROR(r.read("index_topk_freq", freq));
+    KILN_RETURN_IF_ERROR(r.read("index_skip_topk_offset", offset));
+    freq = std::max<int64_t>(freq, 1);
+    for (int64_t i = 0; i < n; ++i) c.indexer_shared_layers[i] = std::max<int64_t>(i - offset + 1, 0) % freq != 0;
+  }
+  if (n > 0 && c.indexer_shared_layers[0]) {
+    return r.value_error(field, "makes layer 0 \"shared\", but a shared layer needs an earlier full layer's top-k");
+  }
+  return ok_status();
+}
+
+Status validate(const FieldReader& r, const ModelConfig& c) {
+  auto require = [&](const char* key, int64_t value, int64_t min) -> Status {
+    if (value < min) {
+      return r.value_error(key, "must be ≥ " + std::to_string(min) + ", got " + std::to_string(value));
+    }
+    return ok_status();
+  };
+  for (const auto& [key, value, min] : std::initializer_list<std::tuple<const char*, int64_t, int64_t>>{
+           {"vocab_size", c.vocab_size, 1},
+           {"hidden_size", c.hidden_size, 1},
+           {"intermediate_size", c.intermediate_size, 1},
+           {"moe_intermediate_size", c.moe_intermediate_size, 1},
+           {"num_hidden_layers", c.num_hidden_layers, 1},
+           {"num_attention_heads", c.num_attention_heads, 1},
+           {"num_key_value_heads", c.num_key_value_heads, 1},
+           {"q_lora_rank", c.q_lora_rank, 0},
+           {"kv_lora_rank", c.kv_lora_rank, 1},
+           {"qk_nope_head_dim", c.qk_nope_head_dim, 0},
+           {"qk_rope_head_dim", c.qk_rope_head_dim, 0},
+           {"v_head_dim", c.v_head_dim, 1},
+           {"n_routed_experts", c.n_routed_experts, 1},
+           {"n_shared_experts", c.n_shared_experts, 0},
+           {"num_experts_per_tok", c.num_experts_per_tok, 1},
+           {"n_group", c.n_group, 1},
+           {"topk_group", c.topk_group, 1},
+           {"max_position_embeddings", c.max_position_embeddings, 1},
+           {"num_nextn_predict_layers", c.num_nextn_predict_layers, 0},
+       }) {
+    KILN_RETURN_IF_ERROR(require(key, value, min));
+  }
+  if (c.qk_nope_head_dim + c.qk_rope_head_dim < 1) {
+    return r.value_error("qk_nope_head_dim", "plus qk_rope_head_dim must be positive");
+  }
+  if (c.qk_rope_head_dim % 2 != 0) {
+    return r.value_error("qk_rope_head_dim",
+                         "must be even (rope rotates pairs), got " + std::to_string(c.qk_rope_head_dim));
+  }
+  if (c.num_experts_per_tok > c.n_routed_experts) {
+    return r.value_error("num_experts_per_tok", "(" + std::to_string(c.num_experts_per_tok) +
+                                                    ") exceeds n_routed_experts (" +
+                                                    std::to_string(c.n_routed_experts) + ")");
+  }
+  if (c.n_routed_experts % c.n_group != 0) {
+    return r.value_error("n_group", "(" + std::to_string(c.n_group) + ") must divide n_routed_experts (" +
+                                        std::to_string(c.n_routed_experts) + ")");
+  }
+  if (c.topk_group > c.n_group) {
+    return r.value_error("topk_group",
+                         "(" + std::to_string(c.topk_group) + ") exceeds n_group (" + std::to_string(c.n_group) + ")");
+  }
+  if (!(c.rms_norm_eps > 0)) return r.value_error("rms_norm_eps", "must be positive");
+  if (!(c.rope.theta > 0)) return r.value_error("rope_theta", "must be positive");
+  if (!(c.rope.partial_rotary_factor > 0 && c.rope.partial_rotary_factor <= 1)) {
+    return r.value_error("partial_rotary_factor", "must be in (0, 1]");
+  }
+  if (c.model_type == "glm_moe_dsa") {
+    KILN_RETURN_IF_ERROR(require("index_head_dim", c.index_head_dim, 1));
+    KILN_RETURN_IF_ERROR(require("index_topk", c.index_topk, 1));
+    KILN_RETURN_IF_ERROR(require("index_n_heads", c.index_n_heads, 1));
+  }
+  // The family's router is fixed in the reference implementation; a config naming another one describes a
+  // model this code would run wrongly.
+  if (c.scoring_func != "sigmoid") {
+    return unimplemented(c.source + ": field 'scoring_func' is '" + c.scoring_func + "'; kiln supports \"sigmoid\"");
+  }
+  if (c.topk_method != "noaux_tc") {
+    return unimplemented(c.source + ": field 'topk_method' is '" + c.topk_method + "'; kiln supports \"noaux_tc\"");
+  }
+  if (c.hidden_act != "silu") {
+    return unimplemented(c.source + ": field 'hidden_act' is '" + c.hidden_act + "'; kiln supports \"silu\"");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+std::vector<double> RopeConfig::inverse_frequencies(int64_t head_dim) const {
+  const int64_t dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  const int64_t pairs = dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i) inv_freq[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / dim);
+  if (type == RopeType::kDefault) return inv_freq;
+
+  // YaRN: high-frequency pairs keep their frequency (extrapolate), low-frequency pairs are divided by
+  // `factor` (interpolate), with a linear ramp between the pair indices where beta_fast and beta_slow
+  // rotations fit in the original context.
+  const double two_pi = 2.0 * std::numbers::pi;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original_max_position_embeddings / (rotations * two_pi)) / (2.0 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast);
+  double high = correction_dim(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // avoids a zero-width ramp
+  for (int64_t i = 0; i < pairs; ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation_weight = 1.0 - ramp;
+    inv_freq[i] = inv_freq[i] / factor * ramp + inv_freq[i] * extrapolation_weight;
+  }
+  return inv_freq;
+}
+
+Result<ModelConfig> ModelConfig::load(const std::filesystem::path& config_json) {
+  std::ifstream in(config_json);
+  if (!in) return not_found("cannot read model config " + config_json.string());
+  json parsed;
+  try {
+    parsed = json::parse(in);
+  } catch (const json::exception& e) {
+    return invalid_argument(config_json.string() + ": not valid JSON: " + e.what());
+  }
+  return from_json(parsed, config_json.string());
+}
+
+Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& source_name) {
+  if (!root.is_object()) return invalid_argument(source_name + ": config must be a JSON object");
+  FieldReader r(root, source_name);
+  if (!r.present("model_type")) {
+    return invalid_argument(source_name + ": no 'model_type' field; supported: " + kSupportedTypes);
+  }
+  std::string model_type;
+  KILN_RETURN_IF_ERROR(r.read("model_type", model_type));
+
+  ModelConfig c;
+  if (model_type == "glm4_moe_lite") {
+    c = glm4_moe_lite_defaults();
+  } else if (model_type == "glm_moe_dsa") {
+    c = glm_moe_dsa_defaults();
+  } else if (model_type == "deepseek_v3") {
+    c = deepseek_v3_defaults();
+  } else if (model_type == "deepseek_v32" || model_type == "glm5_next" || model_type == "glm5_next_text") {
+    return unimplemented(source_name + ": model_type '" + model_type +
+                         "' is recognised but not supported yet; supported: " + kSupportedTypes);
+  } else {
+    return invalid_argument(source_name + ": unsupported model_type '" + model_type +
+                            "'; supported: " + kSupportedTypes);
+  }
+  c.model_type = model_type;
+  c.source = source_name;
+
+  KILN_RETURN_IF_ERROR(r.read("vocab_size", c.vocab_size));
+  KILN_RETURN_IF_ERROR(r.read("hidden_size", c.hidden_size));
+  KILN_RETURN_IF_ERROR(r.read("intermediate_size", c.intermediate_size));
+  KILN_RETURN_IF_ERROR(r.read("moe_intermediate_size", c.moe_intermediate_size));
+  KILN_RETURN_IF_ERROR(r.read("num_hidden_layers", c.num_hidden_layers));
+  KILN_RETURN_IF_ERROR(r.read("num_attention_heads", c.num_attention_heads));
+  if (model_type == "deepseek_v3" && r.is_null("num_key_value_heads")) {
+    c.num_key_value_heads = c.num_attention_heads;
+  } else {
+    // Like transformers, a missing key keeps the class default even when num_attention_heads changed
+    // (MLA does not use it).
+    KILN_RETURN_IF_ERROR(r.read("num_key_value_heads", c.num_key_value_heads));
+  }
+  if (r.is_null("q_lora_rank")) {
+    c.q_lora_rank = 0;
+  } else {
+    KILN_RETURN_IF_ERROR(r.read("q_lora_rank", c.q_lora_rank));
+  }
+  KILN_RETURN_IF_ERROR(r.read("kv_lora_rank", c.kv_lora_rank));
+  KILN_RETURN_IF_ERROR(r.read("qk_nope_head_dim", c.qk_nope_head_dim));
+  KILN_RETURN_IF_ERROR(model_type == "glm4_moe_lite"
+                           ? r.read_aliased({"qk_rope_head_dim", "head_dim"}, c.qk_rope_head_dim)
+                           : r.read("qk_rope_head_dim", c.qk_rope_head_dim));
+  KILN_RETURN_IF_ERROR(r.read("v_head_dim", c.v_head_dim));
+
+  KILN_RETURN_IF_ERROR(
+      model_type == "glm_moe_dsa"
+          ? r.read_aliased({"n_routed_experts", "num_local_experts", "num_experts"}, c.n_routed_experts)
+          : r.read_aliased({"n_routed_experts", "num_local_experts"}, c.n_routed_experts));
+  KILN_RETURN_IF_ERROR(r.read("n_shared_experts", c.n_shared_experts));
+  KILN_RETURN_IF_ERROR(r.read("num_experts_per_tok", c.num_experts_per_tok));
+  KILN_RETURN_IF_ERROR(r.read("n_group", c.n_group));
+  KILN_RETURN_IF_ERROR(r.read("topk_group", c.topk_group));
+  KILN_RETURN_IF_ERROR(r.read("routed_scaling_factor", c.routed_scaling_factor));
+  KILN_RETURN_IF_ERROR(r.read("norm_topk_prob", c.norm_topk_prob));
+  KILN_RETURN_IF_ERROR(r.read("scoring_func", c.scoring_func));
+  KILN_RETURN_IF_ERROR(r.read("topk_method", c.topk_method));
+  KILN_RETURN_IF_ERROR(r.read("hidden_act", c.hidden_act));
+
+  KILN_RETURN_IF_ERROR(r.read("rms_norm_eps", c.rms_norm_eps));
+  KILN_RETURN_IF_ERROR(r.read("attention_bias", c.attention_bias));
+  KILN_RETURN_IF_ERROR(r.read("tie_word_embeddings", c.tie_word_embeddings));
+  KILN_RETURN_IF_ERROR(r.read("max_position_embeddings", c.max_position_embeddings));
+  KILN_RETURN_IF_ERROR(model_type == "deepseek_v3"
+                           ? r.read_aliased({"num_mtp_layers", "num_nextn_predict_layers"}, c.num_nextn_predict_layers)
+                           : r.read("num_nextn_predict_layers", c.num_nextn_predict_layers));
+
+  c.bos_token_id = 0;  // every supported class defaults to bos 0, eos 1, no pad
+  c.eos_token_ids = {1};
+  KILN_RETURN_IF_ERROR(r.read("bos_token_id", c.bos_token_id));
+  KILN_RETURN_IF_ERROR(r.read_id_list("eos_token_id", c.eos_token_ids));
+  KILN_RETURN_IF_ERROR(r.read("pad_token_id", c.pad_token_id));
+
+  // GlmMoeDsa always rotates interleaved pairs and has no switch for it.
+  if (model_type != "glm_moe_dsa") KILN_RETURN_IF_ERROR(r.read("rope_interleave", c.rope.interleave));
+  KILN_RETURN_IF_ERROR(read_rope(root, r, c));
+
+  if (model_type == "glm_moe_dsa") {
+    bool mlp_bias = false;
+    KILN_RETURN_IF_ERROR(r.read("mlp_bias", mlp_bias));
+    if (mlp_bias) return unimplemented(source_name + ": field 'mlp_bias' is true; kiln's MLPs have no bias");
+    KILN_RETURN_IF_ERROR(r.read("index_topk", c.index_topk));
+    KILN_RETURN_IF_ERROR(r.read("index_head_dim", c.index_head_dim));
+    KILN_RETURN_IF_ERROR(r.read("index_n_heads", c.index_n_heads));
+  }
+
+  KILN_RETURN_IF_ERROR(validate(r, c));
+  KILN_RETURN_IF_ERROR(read_moe_layers(r, c));
+  if (model_type == "glm_moe_dsa") KILN_RETURN_IF_ERROR(read_indexer_layers(r, c));
+  return c;
+}
+
+bool ModelConfig::is_moe(int64_t layer) const {
+  if (layer < 0) return false;
+  if (layer >= num_hidden_layers) return layer < num_hidden_layers + num_nextn_predict_layers;
+  return moe_layers[static_cast<size_t>(layer)];
+}
+
+bool ModelConfig::indexer_is_shared(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(indexer_shared_layers.size())) return false;
+  return indexer_shared_layers[static_cast<size_t>(layer)];
+}
+
+double ModelConfig::attention_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope.type == RopeType::kYarn && rope.mscale_all_dim != 0) {
+    const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+ModelInfo ModelConfig::to_model_info() const {
+  ModelInfo info;
+  info.model_type = model_type;
+  info.vocab_size = vocab_size;
+  info.hidden_size = hidden_size;
+  info.num_layers = num_hidden_layers;
+  info.num_mtp_layers = num_nextn_predict_layers;
+  info.num_heads = num_attention_heads;
+  info.q_lora_rank = q_lora_rank;
+  info.kv_lora_rank = kv_lora_rank;
+  info.qk_nope_head_dim = qk_nope_head_dim;
+  info.qk_rope_head_dim = qk_rope_head_dim;
+  info.v_head_dim = v_head_dim;
+  info.num_experts = n_routed_experts;
+  info.experts_per_token = num_experts_per_tok;
+  info.moe_intermediate_size = moe_intermediate_size;
+  info.index_head_dim = index_head_dim;
+  info.max_position_embeddings = max_position_embeddings;
+  return info;
+}
+
+}  // namespace kiln
