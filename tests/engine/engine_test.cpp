@@ -237,7 +237,8 @@ TEST(BatchEngine, DisconnectedClientFreesItsBlocksAtOnce) {
   ASSERT_TRUE(t.engine->submit(b, sink_b).ok());
   t.runner->open_gate();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!a_done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!a_done && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(a_done);
   EXPECT_EQ(b_calls_after, 0) << "the engine kept streaming to a client that had gone";
   EXPECT_GT(checked, 20);

@@ -32,7 +32,8 @@ inline uint64_t mix64(uint64_t h, uint64_t v) {
 inline void fake_logits(std::span<const int32_t> history, int64_t vocab, float* out) {
   uint64_t h = 1469598103934665603ull;
   for (int32_t t : history) h = mix64(h, static_cast<uint32_t>(t));
-  for (int64_t v = 0; v < vocab; ++v) out[v] = static_cast<float>(mix64(h, v) >> 40) / static_cast<float>(1 << 24) * 8.0f;
+  for (int64_t v = 0; v < vocab; ++v)
+    out[v] = static_cast<float>(mix64(h, v) >> 40) / static_cast<float>(1 << 24) * 8.0f;
 }
 
 // What one request yields run alone: the reference every batched run must reproduce.
@@ -60,8 +61,11 @@ struct RecordedStep {
 class FakeModelRunner final : public ModelRunner {
  public:
   FakeModelRunner(int64_t num_blocks, int64_t block_size, int64_t vocab)
-      : num_blocks_(num_blocks), block_size_(block_size), vocab_(vocab),
-        slot_token_(num_blocks * block_size, -1), slot_pos_(num_blocks * block_size, -1) {}
+      : num_blocks_(num_blocks),
+        block_size_(block_size),
+        vocab_(vocab),
+        slot_token_(num_blocks * block_size, -1),
+        slot_pos_(num_blocks * block_size, -1) {}
 
   int64_t vocab_size() const override { return vocab_; }
 

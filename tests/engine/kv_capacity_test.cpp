@@ -16,7 +16,8 @@ TEST(KvCapacity, ReportsTokensAndWindows) {
   c.max_model_len = 1048576;
   c.bytes = static_cast<uint64_t>(16.61 * kGiB);
   EXPECT_EQ(c.tokens(), 2917376);
-  EXPECT_EQ(c.report(), "KV cache: 2,917,376 tokens = 2.78 windows of 1,048,576 (45,584 blocks of 64 tokens, 16.61 GiB)");
+  EXPECT_EQ(c.report(),
+            "KV cache: 2,917,376 tokens = 2.78 windows of 1,048,576 (45,584 blocks of 64 tokens, 16.61 GiB)");
 }
 
 TEST(KvCapacity, SizesThePoolFromWhatTheWeightsLeave) {

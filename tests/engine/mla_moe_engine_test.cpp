@@ -16,7 +16,10 @@ namespace {
 Recipe tiny_recipe(std::vector<std::string> extra = {}) {
   std::vector<std::string> overrides = {
       "model.path=" + (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/models/glm4_moe_lite-tiny").string(),
-      "kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=128", "scheduler.max_num_seqs=4",
+      "kv.layout=fp32",
+      "kv.block_size=4",
+      "scheduler.max_model_len=128",
+      "scheduler.max_num_seqs=4",
       "scheduler.max_num_batched_tokens=16"};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   auto recipe = load_recipe("", overrides, global_registry());

@@ -120,8 +120,8 @@ void BatchEngine::step() {
   }
   const int64_t vocab = runner_->vocab_size();
   Status status = runner_->forward(steps_, output_);
-  if (status.ok() && (output_.first_row.size() != steps_.size() ||
-                      output_.logits.size() < steps_.size() * static_cast<size_t>(vocab)))
+  if (status.ok() &&
+      (output_.first_row.size() != steps_.size() || output_.logits.size() < steps_.size() * static_cast<size_t>(vocab)))
     status = internal_error("the model runner returned " + std::to_string(output_.first_row.size()) + " rows and " +
                             std::to_string(output_.logits.size()) + " logits for " + std::to_string(steps_.size()) +
                             " steps of vocabulary " + std::to_string(vocab));

@@ -55,13 +55,13 @@ class BatchEngine final : public Engine {
 
   // Hand-over from other threads to the loop.
   mutable std::mutex mutex_;
-  std::condition_variable wake_;     // the loop: work arrived or stop
-  std::condition_variable idle_;     // drain(): the loop has nothing left
+  std::condition_variable wake_;  // the loop: work arrived or stop
+  std::condition_variable idle_;  // drain(): the loop has nothing left
   std::deque<std::unique_ptr<Sequence>> inbox_;
   std::vector<uint64_t> cancels_;
   uint64_t next_id_ = 1;
   bool draining_ = false, stop_ = false, idle_now_ = true;
-  int64_t waiting_ = 0;              // scheduler's waiting count as of the last step, for the queue bound
+  int64_t waiting_ = 0;  // scheduler's waiting count as of the last step, for the queue bound
   EngineMetrics metrics_;
   int64_t prompt_tokens_total_ = 0, generation_tokens_total_ = 0;  // loop thread's running totals
 

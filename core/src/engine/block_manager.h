@@ -86,7 +86,7 @@ class BlockManager {
   std::vector<Block> blocks_;
   std::vector<int32_t> block_tokens_;  // [num_blocks, block_size]: the tokens of each cached block
   std::vector<int32_t> free_;
-  std::list<int32_t> evictable_;       // front = least recently released
+  std::list<int32_t> evictable_;  // front = least recently released
   std::unordered_map<uint64_t, int32_t> hash_to_block_;
   PrefixCacheStats stats_;
 };

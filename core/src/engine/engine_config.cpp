@@ -37,8 +37,8 @@ Result<EngineConfig> engine_config_from_recipe(const RecipeSection& s, int64_t m
   c.max_num_batched_tokens = s.get_int("max_num_batched_tokens", c.max_num_batched_tokens);
   c.prefix_caching = s.get_bool("prefix_caching", c.prefix_caching);
   if (c.max_num_batched_tokens < c.max_num_seqs)
-    return s.error("max_num_batched_tokens", std::to_string(c.max_num_batched_tokens) +
-                                                 " is below max_num_seqs (" + std::to_string(c.max_num_seqs) +
+    return s.error("max_num_batched_tokens", std::to_string(c.max_num_batched_tokens) + " is below max_num_seqs (" +
+                                                 std::to_string(c.max_num_seqs) +
                                                  "): every running sequence must be able to decode in one step");
   return c;
 }

@@ -23,7 +23,8 @@ uint64_t checkpoint_bytes(const LoadedModel& m) {
 // intermediates of attention and the MoE block come to a few dozen hidden-widths per token; plus one logits
 // row per running sequence. An estimate: the point is to leave room, not to account to the byte.
 uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
-  const uint64_t per_token = static_cast<uint64_t>(32 * c.hidden_size + c.num_attention_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
+  const uint64_t per_token =
+      static_cast<uint64_t>(32 * c.hidden_size + c.num_attention_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
   return 4 * (static_cast<uint64_t>(e.max_num_batched_tokens) * per_token +
               static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
 }
@@ -41,7 +42,8 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
   budget.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
   budget.weight_bytes = memory.weight_bytes != 0 ? memory.weight_bytes : checkpoint_bytes(m);
   budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(mc, config);
-  budget.bytes_per_token = kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
+  budget.bytes_per_token =
+      kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
   budget.block_size = m.layout->geometry().block_size;
   budget.max_model_len = config.max_model_len;
   if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;

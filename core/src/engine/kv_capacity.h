@@ -15,14 +15,14 @@
 namespace kiln {
 
 struct KvPoolBudget {
-  uint64_t memory_bytes = 0;      // device memory (CUDA) or physical RAM (CPU)
-  double utilization = 0.9;       // scheduler.gpu_memory_utilization
+  uint64_t memory_bytes = 0;  // device memory (CUDA) or physical RAM (CPU)
+  double utilization = 0.9;   // scheduler.gpu_memory_utilization
   uint64_t weight_bytes = 0;
-  uint64_t workspace_bytes = 0;   // activations, logits, scratch of the largest step
-  uint64_t bytes_per_token = 0;   // KV of one token over all layers (kv_bytes_per_token)
+  uint64_t workspace_bytes = 0;  // activations, logits, scratch of the largest step
+  uint64_t bytes_per_token = 0;  // KV of one token over all layers (kv_bytes_per_token)
   int64_t block_size = 0;
   int64_t max_model_len = 0;
-  int64_t max_tokens = 0;         // cap (the CPU rule above); 0 = none
+  int64_t max_tokens = 0;  // cap (the CPU rule above); 0 = none
 };
 
 struct KvCapacity {

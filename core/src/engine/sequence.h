@@ -28,7 +28,7 @@ struct Sequence {
   uint64_t id;
   std::vector<int32_t> tokens;
   int64_t prompt_len;
-  int64_t num_computed = 0;       // tokens whose KV is in the cache; reset to 0 by preemption (recompute)
+  int64_t num_computed = 0;  // tokens whose KV is in the cache; reset to 0 by preemption (recompute)
   int64_t max_tokens;
   std::vector<int32_t> stop_token_ids;
   Sampler sampler;
@@ -36,7 +36,7 @@ struct Sequence {
   BlockTable kv;
   int64_t cached_prompt_tokens = 0;  // from the prefix cache at first admission
   bool admitted_once = false;
-  uint64_t scheduled_step = 0;       // the last step that scheduled it (0 = never)
+  uint64_t scheduled_step = 0;  // the last step that scheduled it (0 = never)
 };
 
 }  // namespace kiln
