@@ -36,6 +36,7 @@ Result<EngineConfig> engine_config_from_recipe(const RecipeSection& s, int64_t m
   c.max_num_seqs = s.get_int("max_num_seqs", c.max_num_seqs);
   c.max_num_batched_tokens = s.get_int("max_num_batched_tokens", c.max_num_batched_tokens);
   c.prefix_caching = s.get_bool("prefix_caching", c.prefix_caching);
+  c.max_waiting = s.get_int("max_waiting", c.max_waiting);
   if (c.max_num_batched_tokens < c.max_num_seqs)
     return s.error("max_num_batched_tokens", std::to_string(c.max_num_batched_tokens) + " is below max_num_seqs (" +
                                                  std::to_string(c.max_num_seqs) +
