@@ -31,7 +31,7 @@ uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
 
 }  // namespace
 
-Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
   const ModelConfig& mc = m.model->config();
   const RecipeSection& scheduler = recipe.section("scheduler");
   KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
@@ -48,10 +48,15 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
   budget.max_model_len = config.max_model_len;
   if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
   KILN_ASSIGN_OR_RETURN(KvCapacity capacity, plan_kv_capacity(budget));
-  log::info("{}", capacity.report());
-
   config.num_blocks = capacity.num_blocks;
   config.block_size = capacity.block_size;
+  return EnginePlan{config, capacity};
+}
+
+Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, memory));
+  const auto& [config, capacity] = plan;
+  log::info("{}", capacity.report());
   auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BatchEngine> engine, BatchEngine::create(config, std::move(runner)));
   return StartedEngine{std::move(engine), capacity};

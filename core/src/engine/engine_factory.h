@@ -24,6 +24,14 @@ struct StartedEngine {
   KvCapacity capacity;  // for /metrics and `kiln recipe show`
 };
 
+// The engine settings and KV pool a recipe gets with this model and memory (what start_engine uses, and what
+// `kiln recipe show` reports).
+struct EnginePlan {
+  EngineConfig config;
+  KvCapacity capacity;
+};
+Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
+
 // `model` must outlive the engine.
 Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
 
