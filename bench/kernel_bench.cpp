@@ -111,38 +111,41 @@ int main() {
     float* q = device_random<float>(heads * row, 9);
     float* out = nullptr;
     CHECK_CUDA(cudaMalloc(&out, heads * 512 * 4));
-    const int splits = kiln::cuda::mla_decode_num_splits(1, heads, ctx, prop.multiProcessorCount);
-    void* ws = nullptr;
-    CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits))));
-    kiln::cuda::MlaDecodeParams p;
-    p.q = q;
-    p.num_queries = 1;
-    p.num_heads = heads;
-    p.cache = cache;
-    p.block_size = block;
-    p.block_tables = d_tables;
-    p.max_blocks = blocks;
-    p.kv_len = d_len;
-    p.scale = 1.0f / 16;
-    p.out = out;
-    p.num_splits = splits;
-    p.workspace = ws;
-    const float ms = median_ms(
-        [&](int i) {
-          p.query_seq = d_seq + (i % copies);
-          CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
-        },
-        100);
-    const double bytes = double(ctx) * row * 2;
-    std::printf("%8lld %7d %10.2f %10.2f %10.2f %7.1f%%\n", (long long)ctx, splits, ms * 1e3, bytes / bw * 1e6,
-                bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+    const int best = kiln::cuda::mla_decode_num_splits(1, heads, ctx, prop.multiProcessorCount);
+    for (int splits : {best, std::max(1, best / 2), std::max(1, best / 4)}) {
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits))));
+      kiln::cuda::MlaDecodeParams p;
+      p.q = q;
+      p.num_queries = 1;
+      p.num_heads = heads;
+      p.cache = cache;
+      p.block_size = block;
+      p.block_tables = d_tables;
+      p.max_blocks = blocks;
+      p.kv_len = d_len;
+      p.scale = 1.0f / 16;
+      p.out = out;
+      p.num_splits = splits;
+      p.workspace = ws;
+      const float ms = median_ms(
+          [&](int i) {
+            p.query_seq = d_seq + (i % copies);
+            CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
+          },
+          100);
+      const double bytes = double(ctx) * row * 2;
+      std::printf("%8lld %7d %10.2f %10.2f %10.2f %7.1f%%\n", (long long)ctx, splits, ms * 1e3, bytes / bw * 1e6,
+                  bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+      CHECK_CUDA(cudaFree(ws));
+      if (best == 1) break;
+    }
     CHECK_CUDA(cudaFree(cache));
     CHECK_CUDA(cudaFree(d_tables));
     CHECK_CUDA(cudaFree(d_seq));
     CHECK_CUDA(cudaFree(d_len));
     CHECK_CUDA(cudaFree(q));
     CHECK_CUDA(cudaFree(out));
-    CHECK_CUDA(cudaFree(ws));
   }
 
   // Expert GEMV for one decode token: 4 of 64 experts, gate_up + SwiGLU then down, weights 1.2 GB in all.

@@ -283,26 +283,58 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   }
 }
 
-// One block per (query, head): weights exp(lse_s − max) over the splits.
-__global__ void mla_combine_kernel(const float* __restrict__ part_out, const float* __restrict__ part_lse,
-                                   int64_t rows, int num_splits, float* __restrict__ out) {
+// One block per (query, head): split weights exp(lse_s − max) once into shared memory, then kCombineGroups
+// thread groups each sum a quarter of the splits over all 512 columns (float4 per thread), merged in shared memory.
+constexpr int kCombineGroups = 4;
+constexpr int kMaxSplits = 1024;
+
+__global__ void __launch_bounds__(kCombineGroups * 128) mla_combine_kernel(const float* __restrict__ part_out,
+                                                                           const float* __restrict__ part_lse,
+                                                                           int64_t rows, int num_splits,
+                                                                           float* __restrict__ out) {
+  __shared__ float s_weight[kMaxSplits];
+  __shared__ float4 s_acc[kCombineGroups][128];
+  __shared__ float s_inv_total;
   const int64_t qh = blockIdx.x;
-  float lse_max = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) lse_max = fmaxf(lse_max, part_lse[s * rows + qh]);
-  float total = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float lse = part_lse[s * rows + qh];
-    total += lse == -INFINITY ? 0.f : expf(lse - lse_max);
-  }
-  const float inv_total = total > 0.f ? 1.f / total : 0.f;
-  for (int col = threadIdx.x; col < kMlaLatentDim; col += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < num_splits; ++s) {
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    float lse_max = -INFINITY;
+    for (int s = tid; s < num_splits; s += 32) lse_max = fmaxf(lse_max, part_lse[s * rows + qh]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, off));
+    float total = 0.f;
+    for (int s = tid; s < num_splits; s += 32) {
       const float lse = part_lse[s * rows + qh];
-      if (lse == -INFINITY) continue;
-      acc += expf(lse - lse_max) * part_out[(s * rows + qh) * kMlaLatentDim + col];
+      const float w = lse == -INFINITY ? 0.f : expf(lse - lse_max);
+      s_weight[s] = w;
+      total += w;
     }
-    out[qh * kMlaLatentDim + col] = acc * inv_total;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(~0u, total, off);
+    if (tid == 0) s_inv_total = total > 0.f ? 1.f / total : 0.f;
+  }
+  __syncthreads();
+  const int group = tid / 128, col4 = tid % 128;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int s = group; s < num_splits; s += kCombineGroups) {
+    const float w = s_weight[s];
+    if (w == 0.f) continue;  // an empty split's partial is never read
+    const float4 v = reinterpret_cast<const float4*>(part_out + (s * rows + qh) * kMlaLatentDim)[col4];
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  s_acc[group][col4] = acc;
+  __syncthreads();
+  if (group == 0) {
+    float4 sum = s_acc[0][col4];
+#pragma unroll
+    for (int g = 1; g < kCombineGroups; ++g) {
+      const float4 v = s_acc[g][col4];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float inv = s_inv_total;
+    reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] =
+        make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
   }
 }
 
@@ -338,6 +370,7 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
     return invalid_argument("cuda::mla_decode_bf16: need num_heads > 0, block_size > 0 and num_splits ≥ 1");
   if (p.selected && p.selected_width <= 0)
     return invalid_argument("cuda::mla_decode_bf16: selected needs selected_width > 0");
+  if (p.num_splits > kMaxSplits) return invalid_argument("cuda::mla_decode_bf16: num_splits must be ≤ 1024");
   if (p.num_splits > 1 && !p.workspace)
     return invalid_argument("cuda::mla_decode_bf16: num_splits > 1 needs mla_decode_workspace_bytes of workspace");
   if (p.num_queries == 0) return ok_status();
@@ -349,7 +382,7 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
   else
     KILN_RETURN_IF_ERROR(launch<2>(p, stream, part_out, part_lse));
   if (p.num_splits > 1) {
-    mla_combine_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(part_out, part_lse, rows, p.num_splits, p.out);
+    mla_combine_kernel<<<static_cast<unsigned>(rows), kCombineGroups * 128, 0, stream>>>(part_out, part_lse, rows, p.num_splits, p.out);
     KILN_RETURN_IF_ERROR(check_launch("cuda::mla_decode_bf16 (combine)"));
   }
   return ok_status();

@@ -11,6 +11,7 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kItems = kMaxTopK / kThreads;
+constexpr int kNoPick = 0x7fffffff;  // atomicMin identity for the draw
 
 struct Best {
   float v;
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   const double max_scaled = static_cast<double>(l[greedy]) * inv_t;
   const bool use_top_k = pr.top_k > 0 && pr.top_k < vocab;
   const bool use_top_p = pr.top_p < 1.0f;
-  if (threadIdx.x == 0) s_pick = -1;
+  if (threadIdx.x == 0) s_pick = kNoPick;
 
   if (!use_top_k && !use_top_p) {
     // Whole vocabulary: weights, then probabilities as float (as the CPU stores them), then the draw.
@@ -117,14 +118,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
         if (i < vocab && p[j] > 0.0 && carry + run[j] > target) atomicMin(&s_pick, static_cast<int>(i));
       }
       __syncthreads();
-      if (s_pick >= 0) break;
+      if (s_pick != kNoPick) break;
       if (threadIdx.x == 0) s_carry = carry + chunk_total;
       __syncthreads();
     }
     if (threadIdx.x == 0) {
       int last = vocab - 1;
       while (last > 0 && prob(last) <= 0.0) --last;
-      out[row] = s_pick >= 0 ? s_pick : last;
+      out[row] = s_pick != kNoPick ? s_pick : last;
     }
     return;
   }
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
     // The last kept index when rounding leaves the sum below target: the largest kept id.
     int last = 0;
     for (int r = 0; r < keep; ++r) last = max(last, static_cast<int>(cand[r]));
-    out[row] = s_pick >= 0 ? s_pick : last;
+    out[row] = s_pick != kNoPick ? s_pick : last;
   }
 }
 
