@@ -8,8 +8,7 @@ namespace {
 
 constexpr int kRow = 576;             // latent + rope values per cached token
 constexpr int kRowStride = kRow + 8;  // smem row pitch in bf16: 1168 bytes, so fragment reads avoid bank conflicts
-constexpr int kTile = 32;             // tokens per pipeline stage
-constexpr int kStages = 4;            // cp.async stages: three tiles (110 KB) in flight while one is used
+constexpr int kTile = 64;             // tokens per pipeline stage
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunksPerRow = kRow * 2 / 16;  // 16-byte copies per cached row
@@ -22,11 +21,11 @@ struct Smem {
   static constexpr int kHeads = 16 * kMTiles;
   static constexpr size_t kQ = 0;
   static constexpr size_t kKv = kQ + sizeof(uint16_t) * kHeads * kRowStride;
-  static constexpr size_t kScores = kKv + sizeof(uint16_t) * kStages * kTile * kRowStride;
+  static constexpr size_t kScores = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
   static constexpr size_t kP = kScores + sizeof(float) * kHeads * kScoreStride;
   static constexpr size_t kStats = kP + sizeof(uint16_t) * kHeads * kPStride;  // m, l, alpha
   static constexpr size_t kSlots = kStats + sizeof(float) * 3 * kHeads;
-  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * kStages * kTile;
+  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * 2 * kTile;
 };
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -90,19 +89,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   const int64_t tile_begin = split * tiles_per_split;
   const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
 
-  // q → bf16 in shared memory, 16-byte loads all in flight at once; padding heads are zero (never written out).
-  constexpr int kQVecs = kHeads * kRow / 4;
-#pragma unroll
-  for (int i0 = 0; i0 < kQVecs; i0 += kThreads) {
-    const int i = i0 + tid;
-    const int h = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
-    const float4 v = head0 + h < p.num_heads
-                         ? *reinterpret_cast<const float4*>(p.q + (query * p.num_heads + head0 + h) * kRow + d)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
-    uint16_t* dst = s_q + h * kRowStride + d;
-    *reinterpret_cast<uint2*>(dst) =
-        make_uint2(static_cast<uint32_t>(float_to_bf16_bits(v.x)) | (static_cast<uint32_t>(float_to_bf16_bits(v.y)) << 16),
-                   static_cast<uint32_t>(float_to_bf16_bits(v.z)) | (static_cast<uint32_t>(float_to_bf16_bits(v.w)) << 16));
+  // q → bf16 in shared memory; padding heads are zero (their rows are never written out).
+  for (int i = tid; i < kHeads * kRow; i += kThreads) {
+    const int h = i / kRow, d = i % kRow;
+    const float v = head0 + h < p.num_heads ? p.q[(query * p.num_heads + head0 + h) * kRow + d] : 0.f;
+    s_q[h * kRowStride + d] = float_to_bf16_bits(v);
   }
   if (tid < kHeads) {
     s_m[tid] = -INFINITY;
@@ -112,22 +103,20 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   // Slot of key j of this row, −1 when not visible.
   auto slot_of = [&](int64_t j) -> int64_t {
     if (j >= n_keys) return -1;
-    const int pos = selected ? selected[j] : static_cast<int>(j);
+    const int64_t pos = selected ? selected[j] : j;
     if (pos < 0 || pos >= kv_len) return -1;
-    const int block = static_cast<int>(p.block_size);  // 32-bit division: positions < 2^31
-    return static_cast<int64_t>(block_table[pos / block]) * block + pos % block;
+    return static_cast<int64_t>(block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
   };
-  // Stage `stage` receives tile `tile`; the thread copying a row's first chunk records its slot for the mask.
-  auto issue_tile = [&](int64_t tile, int stage) {
-    int64_t* slots = s_slots + stage * kTile;
-    uint16_t* dst = s_kv + stage * kTile * kRowStride;
+  auto issue_tile = [&](int64_t tile, int buf) {
+    const int64_t* slots = s_slots + buf * kTile;
+    uint16_t* dst = s_kv + buf * kTile * kRowStride;
     for (int i = tid; i < kTile * kChunksPerRow; i += kThreads) {
       const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
-      const int64_t slot = slot_of(tile * kTile + r);
-      if (ch == 0) slots[r] = slot;
+      const int64_t slot = slots[r];
       const uint16_t* src = slot >= 0 ? p.cache + slot * kRow + ch * 8 : p.cache;
       cp_async_16(dst + r * kRowStride + ch * 8, src, slot >= 0);
     }
+    cp_async_commit();
   };
 
   float acc_o[kMTiles][8][4];
@@ -139,49 +128,57 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
       for (int k = 0; k < 4; ++k) acc_o[mt][nt][k] = 0.f;
 
   const float score_scale = p.scale * kLog2e;  // softmax in base 2
-  // Every step commits one group (possibly empty), so wait_group<kStages - 2> always means "this step's tile".
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (tile_begin + st < tile_end) issue_tile(tile_begin + st, st);
-    cp_async_commit();
+  if (tile_begin < tile_end) {
+    if (tid < kTile) s_slots[tid] = slot_of(tile_begin * kTile + tid);
+    __syncthreads();
+    issue_tile(tile_begin, 0);
   }
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const int64_t step = tile - tile_begin;
-    const int stage = static_cast<int>(step % kStages);
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // this tile landed; every warp is done with the previous step's stage, refilled next
-    if (tile + kStages - 1 < tile_end) issue_tile(tile + kStages - 1, static_cast<int>((step + kStages - 1) % kStages));
-    cp_async_commit();
-    const uint16_t* kv = s_kv + stage * kTile * kRowStride;
-    const int64_t* slots = s_slots + stage * kTile;
+    const int buf = static_cast<int>((tile - tile_begin) & 1);
+    const bool has_next = tile + 1 < tile_end;
+    if (has_next && tid < kTile) s_slots[(buf ^ 1) * kTile + tid] = slot_of((tile + 1) * kTile + tid);
+    __syncthreads();  // slots ready; every warp is done with the buffer the next tile goes to
+    if (has_next) {
+      issue_tile(tile + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* kv = s_kv + buf * kTile * kRowStride;
+    const int64_t* slots = s_slots + buf * kTile;
 
-    // Scores: warp w takes tokens 8·(w % 4)..+7 of m-tile w / 4 (warps past the last m-tile idle), K = 576.
-    if (warp / 4 < kMTiles) {
-      const int mt = warp / 4;
-      const int nt = warp % 4;
-      // Two accumulators (even / odd k-steps) halve the dependent mma chain.
-      float acc_s[4] = {0.f, 0.f, 0.f, 0.f}, acc_odd[4] = {0.f, 0.f, 0.f, 0.f};
-      const uint16_t* k_row = kv + (nt * 8 + g) * kRowStride + 2 * c;
-      const uint16_t* q_row = s_q + (mt * 16 + g) * kRowStride + 2 * c;
-#pragma unroll 3
-      for (int ks = 0; ks < kRow / 16; ks += 2) {
-        const uint32_t b0 = lds32(k_row + ks * 16), b1 = lds32(k_row + ks * 16 + 8);
-        const uint32_t b2 = lds32(k_row + ks * 16 + 16), b3 = lds32(k_row + ks * 16 + 24);
-        const uint16_t* qk = q_row + ks * 16;
-        const uint32_t a[4] = {lds32(qk), lds32(qk + 8 * kRowStride), lds32(qk + 8), lds32(qk + 8 * kRowStride + 8)};
-        const uint32_t a2[4] = {lds32(qk + 16), lds32(qk + 8 * kRowStride + 16), lds32(qk + 24),
-                                lds32(qk + 8 * kRowStride + 24)};
-        mma_bf16(acc_s, a, b0, b1);
-        mma_bf16(acc_odd, a2, b2, b3);
+    // Scores: warp w takes tokens 8w..8w+7 for every head of the group, K = 576.
+    {
+      float acc_s[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc_s[mt][k] = 0.f;
+      const uint16_t* k_row = kv + (warp * 8 + g) * kRowStride + 2 * c;
+#pragma unroll 4
+      for (int ks = 0; ks < kRow / 16; ++ks) {
+        const uint32_t b0 = lds32(k_row + ks * 16);
+        const uint32_t b1 = lds32(k_row + ks * 16 + 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint16_t* q_row = s_q + (mt * 16 + g) * kRowStride + ks * 16 + 2 * c;
+          const uint32_t a[4] = {lds32(q_row), lds32(q_row + 8 * kRowStride), lds32(q_row + 8),
+                                 lds32(q_row + 8 * kRowStride + 8)};
+          mma_bf16(acc_s[mt], a, b0, b1);
+        }
       }
-      const int t0 = nt * 8 + 2 * c;
+      const int t0 = warp * 8 + 2 * c;
       const bool v0 = slots[t0] >= 0, v1 = slots[t0 + 1] >= 0;
-      float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
-      float* row1 = row0 + 8 * kScoreStride;
-      row0[0] = v0 ? (acc_s[0] + acc_odd[0]) * score_scale : -INFINITY;
-      row0[1] = v1 ? (acc_s[1] + acc_odd[1]) * score_scale : -INFINITY;
-      row1[0] = v0 ? (acc_s[2] + acc_odd[2]) * score_scale : -INFINITY;
-      row1[1] = v1 ? (acc_s[3] + acc_odd[3]) * score_scale : -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
+        float* row1 = row0 + 8 * kScoreStride;
+        row0[0] = v0 ? acc_s[mt][0] * score_scale : -INFINITY;
+        row0[1] = v1 ? acc_s[mt][1] * score_scale : -INFINITY;
+        row1[0] = v0 ? acc_s[mt][2] * score_scale : -INFINITY;
+        row1[1] = v1 ? acc_s[mt][3] * score_scale : -INFINITY;
+      }
     }
     __syncthreads();
 
@@ -257,7 +254,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
       }
     }
   }
-  cp_async_wait<0>();
   __syncthreads();  // s_l final (also covers a split with no tiles)
 
   // Normalised output (or this split's normalised partial plus its log-sum-exp, natural log).
@@ -360,7 +356,7 @@ int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_ke
   const int64_t groups = num_heads <= 16 ? 1 : (num_heads + 31) / 32;
   const int64_t ctas = std::max<int64_t>(1, num_queries * groups);
   const int64_t by_occupancy = (sm_count + ctas - 1) / ctas;
-  const int64_t by_length = std::max<int64_t>(1, (max_keys + 4 * kTile - 1) / (4 * kTile));
+  const int64_t by_length = std::max<int64_t>(1, (max_keys + 2 * kTile - 1) / (2 * kTile));
   return static_cast<int>(std::max<int64_t>(1, std::min(by_occupancy, by_length)));
 }
 

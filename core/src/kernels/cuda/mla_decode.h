@@ -5,7 +5,7 @@
 // sequence lives at slot block_tables[seq, p / block_size] · block_size + p % block_size. Each query row is
 // one CTA column: its score and value products run on the tensor cores (bf16 operands, fp32 accumulation; q is
 // rounded to bf16), the cache is streamed once per head group through shared memory, and long contexts are
-// split over `num_splits` CTAs per row (a 4-stage cp.async pipeline of 32-token tiles inside each) whose partial results (fp32 output + log-sum-exp per head) a second
+// split over `num_splits` CTAs per row whose partial results (fp32 output + log-sum-exp per head) a second
 // kernel merges (flash-decoding).
 #pragma once
 
@@ -39,7 +39,7 @@ struct MlaDecodeParams {
 };
 
 // A split count that gives about one wave of CTAs on `sm_count` multiprocessors for rows of up to max_keys
-// keys (the longest context, or selected_width with DSA), with at least 128 keys per split.
+// keys (the longest context, or selected_width with DSA), with at least two 64-token tiles per split.
 int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_keys, int sm_count);
 
 size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits);
