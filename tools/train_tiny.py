@@ -410,7 +410,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="output directory (HF layout)")
     ap.add_argument("--steps", type=int, default=20000, help="at most this many steps")
-    ap.add_argument("--max-minutes", type=float, default=8.0,
+    ap.add_argument("--max-minutes", type=float, default=7.5,
                     help="training time budget: the schedule ends at the budget or the step count, whichever first")
     ap.add_argument("--batch", type=int, default=64, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512)
