@@ -44,7 +44,8 @@ TEST(PluginLoader, RefusesOtherAbiMajorNamingBothVersionsAndFile) {
   Status s = loader.load_file(fixture("test-wrong-abi"));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("ABI 2.0"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("ABI 1.0"), std::string::npos) << s.message();
+  const std::string host_abi = "ABI " + std::to_string(KILN_ABI_MAJOR) + "." + std::to_string(KILN_ABI_MINOR);
+  EXPECT_NE(s.message().find(host_abi), std::string::npos) << s.message();
   ASSERT_EQ(loader.refused().size(), 1u);
   EXPECT_NE(loader.refused()[0].path.find("kiln-test-wrong-abi.so"), std::string::npos);
   EXPECT_TRUE(loader.loaded().empty());
