@@ -69,7 +69,7 @@ class FakeModelRunner final : public ModelRunner {
 
   int64_t vocab_size() const override { return vocab_; }
 
-  Status forward(std::span<const SequenceStep> steps, StepOutput& out) override {
+  Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool /*keep_hidden*/) override {
     wait_gate();
     const int64_t call = calls_.fetch_add(1) + 1;
     if (call == fail_on_call_) return internal_error("injected failure on call " + std::to_string(call));

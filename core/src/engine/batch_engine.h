@@ -14,6 +14,8 @@
 
 #include "engine/block_manager.h"
 #include "engine/engine_api.h"
+#include "engine/speculative_metrics.h"
+#include "kiln/drafter.h"
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
@@ -24,7 +26,10 @@ class BatchEngine final : public Engine {
  public:
   // Validates the config and starts the loop thread. The runner's KV pool must have config.num_blocks
   // blocks of config.block_size tokens (the engine hands out their ids).
-  static Result<std::unique_ptr<BatchEngine>> create(const EngineConfig& config, std::unique_ptr<ModelRunner> runner);
+  // With a drafter and config.speculative_depth = K > 0, every decode step drafts up to K tokens per sequence
+  // and verifies them in the same forward pass as the other sequences' decodes and prefill chunks.
+  static Result<std::unique_ptr<BatchEngine>> create(const EngineConfig& config, std::unique_ptr<ModelRunner> runner,
+                                                     std::shared_ptr<Drafter> drafter = nullptr);
   // Aborts whatever is still queued or running (kAbort events) and joins the loop.
   ~BatchEngine() override;
 
@@ -38,11 +43,18 @@ class BatchEngine final : public Engine {
   const EngineConfig& config() const { return config_; }
 
  private:
-  BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner> runner);
+  BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner> runner, std::shared_ptr<Drafter> drafter);
   void loop();
   void step();
-  // Delivers an event; a false return (consumer gone) or a final event ends the sequence at once.
-  void emit(Sequence* seq, const TokenEvent& event);
+  // Proposes drafts for this step's decodes; fills verify_tokens_ (t_L then the drafts) per chunk.
+  Status draft(const ScheduledStep& plan);
+  // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
+  // then invalid). Returns whether the sequence is still running.
+  bool emit(Sequence* seq, const TokenEvent& event);
+  // Appends a sampled token and emits it with its stop / length check; false once the sequence has ended.
+  bool emit_token(Sequence* seq, int32_t token);
+  // Emits a token already in seq->tokens as the request's `completion_tokens`-th.
+  bool emit_accepted(Sequence* seq, int32_t token, int64_t completion_tokens);
   void end(Sequence* seq, FinishReason reason, const std::string& error = "");
   void publish_metrics();
 
@@ -52,6 +64,10 @@ class BatchEngine final : public Engine {
   Scheduler scheduler_;  // touched by the loop thread only
   StepOutput output_;
   std::vector<SequenceStep> steps_;
+  std::shared_ptr<Drafter> drafter_;  // null: no speculative decoding
+  std::vector<std::vector<int32_t>> verify_tokens_;  // per chunk of the step: [t_L, drafts...] or empty
+  std::vector<DraftOutput> drafts_;                  // per chunk: the drafter's output (probs for sampling)
+  SpeculativeMetrics spec_;
 
   // Hand-over from other threads to the loop.
   mutable std::mutex mutex_;

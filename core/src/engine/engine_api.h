@@ -43,6 +43,10 @@ struct EngineMetrics {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
   int64_t preemptions_total = 0;
   int64_t max_model_len = 0;
+  // Speculative decoding: verification passes that carried drafts, draft tokens proposed and accepted, and
+  // per draft position (0 = the first draft) how often it was proposed and accepted.
+  int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_drafted_per_pos, spec_accepted_per_pos;
 };
 
 class Engine {

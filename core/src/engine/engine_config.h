@@ -15,6 +15,7 @@ struct EngineConfig {
   int64_t max_waiting = 1024;             // queued requests beyond which submit answers kResourceExhausted
   bool prefix_caching = true;
   int64_t lookahead_slots = 0;  // extra KV positions reserved per running sequence (speculative decoding)
+  int64_t speculative_depth = 0;  // draft tokens per decode step (K); needs a drafter and lookahead_slots ≥ K
   int64_t num_blocks = 0;       // the KV pool
   int64_t block_size = 0;
 

@@ -3,6 +3,9 @@
 #include <filesystem>
 
 #include "engine/mla_moe_runner.h"
+#include "engine/speculative_drafter.h"
+#include "model/draft_host.h"
+#include "plugin/registry.h"
 #include "kiln/log.h"
 
 namespace kiln {
@@ -31,6 +34,12 @@ uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
 
 }  // namespace
 
+ModelLoadOptions model_load_options(const Recipe& recipe) {
+  ModelLoadOptions o;
+  o.load_mtp = recipe.section("speculative").get_string("method", "none") != "none";
+  return o;
+}
+
 Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
   const ModelConfig& mc = m.model->config();
   const RecipeSection& scheduler = recipe.section("scheduler");
@@ -47,6 +56,11 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   budget.block_size = m.layout->geometry().block_size;
   budget.max_model_len = config.max_model_len;
   if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
+  const RecipeSection& spec = recipe.section("speculative");
+  if (spec.get_string("method", "none") != "none") {
+    config.speculative_depth = spec.get_int("depth", 0);
+    config.lookahead_slots = config.speculative_depth;
+  }
   KILN_ASSIGN_OR_RETURN(KvCapacity capacity, plan_kv_capacity(budget));
   config.num_blocks = capacity.num_blocks;
   config.block_size = capacity.block_size;
@@ -57,9 +71,18 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
   KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, memory));
   const auto& [config, capacity] = plan;
   log::info("{}", capacity.report());
+  StartedEngine started;
+  started.capacity = capacity;
+  if (config.speculative_depth > 0) {
+    // The drafter's own KV pool: as many tokens as the target's (its sequences mirror the target's).
+    KILN_ASSIGN_OR_RETURN(started.draft_host, make_mtp_draft_host(m, recipe, global_registry(), capacity.tokens()));
+    KILN_ASSIGN_OR_RETURN(started.drafter, create_drafter(recipe, global_registry(), m.info, started.draft_host.get()));
+    log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
+              config.speculative_depth);
+  }
   auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BatchEngine> engine, BatchEngine::create(config, std::move(runner)));
-  return StartedEngine{std::move(engine), capacity};
+  KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(runner), started.drafter));
+  return started;
 }
 
 }  // namespace kiln

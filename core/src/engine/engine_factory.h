@@ -7,6 +7,7 @@
 
 #include "engine/batch_engine.h"
 #include "engine/kv_capacity.h"
+#include "kiln/drafter.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 
@@ -20,6 +21,9 @@ struct EngineMemory {
 };
 
 struct StartedEngine {
+  // Destroyed in reverse: the engine (which calls the drafter) first, then the drafter, then its host.
+  std::unique_ptr<DraftHost> draft_host;
+  std::shared_ptr<Drafter> drafter;
   std::unique_ptr<BatchEngine> engine;
   KvCapacity capacity;  // for /metrics and `kiln recipe show`
 };
@@ -32,7 +36,12 @@ struct EnginePlan {
 };
 Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
 
-// `model` must outlive the engine.
+// The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
+// (MTP) layers, so those are loaded too.
+ModelLoadOptions model_load_options(const Recipe& recipe);
+
+// `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created
+// through the registry with a DraftHost over the model's MTP layers, and decodes draft speculative.depth tokens.
 Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
 
 }  // namespace kiln

@@ -16,8 +16,8 @@ class MlaMoeRunner final : public ModelRunner {
   // `model` must outlive the runner.
   MlaMoeRunner(const MlaMoeModel& model, std::unique_ptr<KvCache> kv) : model_(model), kv_(std::move(kv)) {}
 
-  Status forward(std::span<const SequenceStep> steps, StepOutput& out) override {
-    return model_.forward(steps, *kv_, out);
+  Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool keep_hidden) override {
+    return model_.forward(steps, *kv_, out, keep_hidden);
   }
   int64_t vocab_size() const override { return model_.config().vocab_size; }
   const KvCache& kv() const { return *kv_; }

@@ -17,7 +17,9 @@ class ModelRunner {
   // Writes the KV of every step's tokens at the slots its block table gives (slot = block · block_size +
   // position % block_size) and returns, per step, its last token's logits row (every token's with all_logits):
   // out.logits is [rows, vocab_size()], out.first_row[i] the first row of step i.
-  virtual Status forward(std::span<const SequenceStep> steps, StepOutput& out) = 0;
+  // keep_hidden: also return every new token's final-normed hidden state (out.hidden), which drafters
+  // condition on.
+  virtual Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool keep_hidden) = 0;
   virtual int64_t vocab_size() const = 0;
 };
 

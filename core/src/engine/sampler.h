@@ -20,13 +20,19 @@ class Sampler {
  public:
   explicit Sampler(const SamplingOptions& o) : options_(o), rng_(o.seed) {}
   bool greedy() const { return options_.temperature <= 0.0f; }
-  int32_t next(const float* logits, int64_t vocab) {
-    if (greedy()) return cpu::argmax(logits, vocab);
+  const SamplingOptions& options() const { return options_; }
+  cpu::SamplingParams params() const {
     cpu::SamplingParams p;
     p.temperature = options_.temperature;
     p.top_k = options_.top_k;
     p.top_p = options_.top_p;
-    return cpu::sample(logits, vocab, p, rng_);
+    return p;
+  }
+  // The request's generator: speculative verification draws from it too, so a seed fixes the whole output.
+  std::mt19937_64& rng() { return rng_; }
+  int32_t next(const float* logits, int64_t vocab) {
+    if (greedy()) return cpu::argmax(logits, vocab);
+    return cpu::sample(logits, vocab, params(), rng_);
   }
 
  private:

@@ -37,6 +37,12 @@ struct Sequence {
   int64_t cached_prompt_tokens = 0;  // from the prefix cache at first admission
   bool admitted_once = false;
   uint64_t scheduled_step = 0;  // the last step that scheduled it (0 = never)
+
+  // Speculative decoding. The drafter has seen the target's rows [0, draft_start); draft_hidden holds the
+  // final-normed hidden states of rows [draft_start, num_computed), handed to it at the next drafting step.
+  int64_t draft_start = 0;
+  std::vector<float> draft_hidden;
+  bool drafter_knows = false;  // the drafter holds state for this sequence (release it at the end)
 };
 
 }  // namespace kiln
