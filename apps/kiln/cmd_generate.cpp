@@ -7,7 +7,11 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "engine/engine_factory.h"
 #include "engine/generator.h"
+#include "engine/speculative_drafter.h"
+#include "engine/speculative_generator.h"
+#include "model/draft_host.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 #include "tokenizer/chat_template.h"
@@ -73,7 +77,7 @@ int cmd_generate(int argc, char** argv) {
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
 
-  auto loaded = load_model(*recipe, global_registry());
+  auto loaded = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::filesystem::path dir = recipe->section("model").get_string("path");
   auto tok = Tokenizer::load(dir / "tokenizer.json");
@@ -106,24 +110,50 @@ int cmd_generate(int argc, char** argv) {
     return fail("prompt (" + std::to_string(ids.size()) + " tokens) + --max-tokens (" + std::to_string(max_tokens) +
                 ") exceeds the model's context of " + std::to_string(limit) + " tokens (scheduler.max_model_len)");
   auto kv = make_kv_cache(*loaded, needed);
-  Generator gen(*loaded->model, *kv);
+  // With a drafter in the recipe, generation is speculative (and, greedy or sampled, distributed exactly
+  // as without it).
+  const int depth = static_cast<int>(recipe->section("speculative").get_int("depth", 0));
+  const bool speculative = recipe->section("speculative").get_string("method") != "none" && depth > 0;
+  std::unique_ptr<MtpDraftHost> host;
+  std::shared_ptr<Drafter> drafter;
+  if (speculative) {
+    auto h = make_mtp_draft_host(*loaded, *recipe, global_registry(), needed);
+    if (!h.ok()) return fail(h.status().message());
+    host = std::move(h).value();
+    auto d = create_drafter(*recipe, global_registry(), loaded->info, host.get());
+    if (!d.ok()) return fail(d.status().message());
+    drafter = std::move(d).value();
+  }
   StreamingDecoder decoder(*tok);
   GenerateStats stats;
   if (prompt.size()) std::cout << prompt << std::flush;
-  auto result = gen.generate(ids, opts, [&](int32_t id) {
+  auto print = [&](int32_t id) {
     if (tok->is_special(id)) return true;  // turn markers and stop tokens are not text
     std::cout << decoder.feed(id) << std::flush;
     return true;
-  }, &stats);
+  };
+  Result<std::vector<int32_t>> result = std::vector<int32_t>{};
+  std::string acceptance;
+  if (speculative) {
+    SpeculativeGenerator gen(*loaded->model, *kv, *drafter, depth, /*seq_id=*/0);
+    result = gen.generate(ids, opts, print, &stats);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " | MTP depth %d: acceptance %.1f%%, mean acceptance length %.2f", depth,
+                  100.0 * gen.metrics().acceptance_rate(), gen.metrics().mean_acceptance_length());
+    acceptance = buf;
+  } else {
+    Generator gen(*loaded->model, *kv);
+    result = gen.generate(ids, opts, print, &stats);
+  }
   std::cout << decoder.flush() << std::endl;
   if (!result.ok()) return fail(result.status().message());
   if (show_stats) {
     const double prefill_tps = stats.prompt_tokens / std::max(stats.prefill_seconds, 1e-9);
     const int64_t decode_steps = std::max<int64_t>(stats.generated_tokens - 1, 0);
     const double decode_tps = decode_steps / std::max(stats.decode_seconds, 1e-9);
-    std::fprintf(stderr, "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s%s\n",
+    std::fprintf(stderr, "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s%s%s\n",
                  static_cast<long long>(stats.prompt_tokens), prefill_tps, static_cast<long long>(stats.generated_tokens),
-                 decode_tps, stats.stopped_by_token ? " (stopped at end of turn)" : "");
+                 decode_tps, acceptance.c_str(), stats.stopped_by_token ? " (stopped at end of turn)" : "");
   }
   return 0;
 }
