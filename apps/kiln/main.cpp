@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  plugins             list built-in capabilities, loaded plugins and refused files\n"
     "  recipe check FILE   validate a recipe (--set section.key=value to override keys)\n"
     "  recipe show FILE    print the fully resolved recipe as TOML\n"
+    "  ab RECIPE --a k=v --b k=v   A/B two variants, interleaved; writes a result card\n"
     "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
     "  generate            stream a completion: --recipe FILE (or --model DIR) --prompt TEXT | --chat TEXT\n"
     "\n"
@@ -32,6 +33,7 @@ constexpr Command kCommands[] = {
     {"recipe", kiln::cli::cmd_recipe},
     {"generate", kiln::cli::cmd_generate},
     {"bench", kiln::cli::cmd_bench},
+    {"ab", kiln::cli::cmd_ab},
 };
 
 }  // namespace

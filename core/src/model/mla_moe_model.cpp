@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include <omp.h>
+
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/dsa_indexer.h"
 #include "kernels/cpu/gemm.h"
@@ -80,6 +82,7 @@ void MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
 }
 
 Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const {
+  if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   tl.seq_begin.assign(1, 0);
   tl.positions.clear();
   tl.slots.clear();

@@ -41,6 +41,9 @@ class MlaMoeModel {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   void set_mla_form(MlaForm form) { form_ = form; }
+  // CPU threads for this model's kernels (0 = OpenMP's default). Applied by every forward call on the thread
+  // that makes it, since OpenMP's team size is a per-thread setting and engines run on their own threads.
+  void set_threads(int threads) { threads_ = threads; }
 
   // Runs all steps as one batch: writes their KV (and indexer keys) and returns logits.
   Status forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden = false) const;
@@ -84,6 +87,7 @@ class MlaMoeModel {
   std::vector<float> inv_freq_;
   double rope_attention_factor_ = 1.0;
   MlaForm form_ = MlaForm::kAuto;
+  int threads_ = 0;
 };
 
 // y[n, out] = x[n, in] · Wᵀ through a weight format's Linear.

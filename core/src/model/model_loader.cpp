@@ -2,8 +2,6 @@
 
 #include <filesystem>
 
-#include <omp.h>
-
 #include "kiln/log.h"
 
 namespace kiln {
@@ -17,10 +15,6 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
                          "model.load = \"mmap\"");
   if (!fs::is_directory(dir))
     return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
-
-  // model.threads: the CPU kernels' OpenMP team size (0 keeps OpenMP's default, one per core). Tiny models
-  // decode faster on one thread than on a team whose fork/join costs more than the work.
-  if (const int64_t threads = model.get_int("threads", 0); threads > 0) omp_set_num_threads(static_cast<int>(threads));
 
   LoadedModel m;
   KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
@@ -47,6 +41,8 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   log::info("loaded {} ({} layers, hidden {}, {} experts) from {}", config.model_type, config.num_hidden_layers,
             config.hidden_size, config.n_routed_experts, dir.string());
   m.model = std::make_unique<MlaMoeModel>(std::move(config), std::move(weights));
+  // model.threads: the CPU kernels' OpenMP team size (0 keeps OpenMP's default, one per core).
+  m.model->set_threads(static_cast<int>(model.get_int("threads", 0)));
   return m;
 }
 
