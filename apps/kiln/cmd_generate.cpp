@@ -106,7 +106,7 @@ int cmd_generate(int argc, char** argv) {
   if (prompt.size()) std::cout << prompt << std::flush;
   auto result = gen.generate(ids, opts, [&](int32_t id) {
     if (tok->is_special(id)) return true;  // turn markers and stop tokens are not text
-    std::cout << decoder.push(id) << std::flush;
+    std::cout << decoder.feed(id) << std::flush;
     return true;
   }, &stats);
   std::cout << decoder.flush() << std::endl;

@@ -104,4 +104,4 @@ class [[nodiscard]] Result {
   lhs = std::move(tmp).value()
 
 #define KILN_ASSIGN_OR_RETURN(lhs, expr) \
-  KILN_ASSIGN_OR_RETURN_IMPL_(KILN_CONCAT_(kiln_result_, __LINE__), lhs, expr)
+  KILN_ASSIGN_OR_RETURN_IMPL_(KILN_CONCAT_(kiln_result_, __COUNTER__), lhs, expr)

@@ -1,5 +1,6 @@
 #include "model/mla_moe_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 

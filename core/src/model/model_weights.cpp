@@ -1,5 +1,7 @@
 #include "model/model_weights.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/half_float.h"
 
 namespace kiln {
@@ -103,7 +105,9 @@ Result<MtpWeights> load_mtp(const ModelConfig& c, const WeightSource& src, Weigh
   KILN_ASSIGN_OR_RETURN(m.hnorm, load_f32(src, p + ".hnorm.weight", {c.hidden_size}));
   KILN_ASSIGN_OR_RETURN(m.head_norm, load_f32(src, p + ".shared_head.norm.weight", {c.hidden_size}));
   KILN_ASSIGN_OR_RETURN(m.eh_proj, linear(f, src, p + ".eh_proj", 2 * c.hidden_size, c.hidden_size));
-  if (has_own_head) KILN_ASSIGN_OR_RETURN(m.head, linear(f, src, p + ".shared_head.head", c.hidden_size, c.vocab_size));
+  if (has_own_head) {
+    KILN_ASSIGN_OR_RETURN(m.head, linear(f, src, p + ".shared_head.head", c.hidden_size, c.vocab_size));
+  }
   KILN_ASSIGN_OR_RETURN(m.layer, load_layer(c, src, f, layer));
   return m;
 }

@@ -108,24 +108,43 @@ void mla_unabsorb_output(const float* o_lat, int64_t n, const float* kv_b_weight
   }
 }
 
-void mla_attention_absorbed_bf16(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim,
-                                 const uint16_t* cache, const int64_t* slots, int64_t n_keys, float scale, float* out,
-                                 float* scratch) {
+namespace {
+
+// Shared body of the absorbed kernels; `widen(row_ptr, out, count)` turns cached elements into fp32.
+template <class Element, class Widen>
+void absorbed_attention(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim, const Element* cache,
+                        const int64_t* slots, int64_t n_keys, float scale, float* out, float* scratch, Widen widen) {
   const int64_t row_dim = latent_dim + rope_dim;
-  float* scores = scratch;                       // [H, n_keys]
-  float* row = scratch + num_heads * n_keys;     // one widened cache row
+  float* scores = scratch;                    // [H, n_keys]
+  float* row = scratch + num_heads * n_keys;  // one widened cache row
   std::fill(out, out + num_heads * latent_dim, 0.0f);
   if (n_keys == 0) return;
   // Each cached row is widened once per pass and used by every head.
   for (int64_t j = 0; j < n_keys; ++j) {
-    bf16_to_float(cache + slots[j] * row_dim, row, row_dim);
+    widen(cache + slots[j] * row_dim, row, row_dim);
     for (int64_t h = 0; h < num_heads; ++h) scores[h * n_keys + j] = scale * dot(q + h * row_dim, row, row_dim);
   }
   for (int64_t h = 0; h < num_heads; ++h) softmax_in_place(scores + h * n_keys, n_keys);
   for (int64_t j = 0; j < n_keys; ++j) {
-    bf16_to_float(cache + slots[j] * row_dim, row, latent_dim);
+    widen(cache + slots[j] * row_dim, row, latent_dim);
     for (int64_t h = 0; h < num_heads; ++h) axpy(scores[h * n_keys + j], row, out + h * latent_dim, latent_dim);
   }
+}
+
+}  // namespace
+
+void mla_attention_absorbed_bf16(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim,
+                                 const uint16_t* cache, const int64_t* slots, int64_t n_keys, float scale, float* out,
+                                 float* scratch) {
+  absorbed_attention(q, num_heads, latent_dim, rope_dim, cache, slots, n_keys, scale, out, scratch,
+                     [](const uint16_t* in, float* o, int64_t n) { bf16_to_float(in, o, n); });
+}
+
+void mla_attention_absorbed_f32(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim,
+                                const float* cache, const int64_t* slots, int64_t n_keys, float scale, float* out,
+                                float* scratch) {
+  absorbed_attention(q, num_heads, latent_dim, rope_dim, cache, slots, n_keys, scale, out, scratch,
+                     [](const float* in, float* o, int64_t n) { std::copy_n(in, n, o); });
 }
 
 }  // namespace kiln::cpu

@@ -40,5 +40,9 @@ void mla_unabsorb_output(const float* o_lat, int64_t n, const float* kv_b_weight
 void mla_attention_absorbed_bf16(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim,
                                  const uint16_t* cache, const int64_t* slots, int64_t n_keys, float scale, float* out,
                                  float* scratch);
+// The same over fp32 rows (the exact reference layout).
+void mla_attention_absorbed_f32(const float* q, int64_t num_heads, int64_t latent_dim, int64_t rope_dim,
+                                const float* cache, const int64_t* slots, int64_t n_keys, float scale, float* out,
+                                float* scratch);
 
 }  // namespace kiln::cpu

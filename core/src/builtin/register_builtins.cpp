@@ -1,0 +1,29 @@
+#include "builtin/register_builtins.h"
+
+#include "builtin/dense_weight_format.h"
+#include "builtin/local_collective.h"
+#include "builtin/none_drafter.h"
+#include "builtin/paged_mla_kv_layout.h"
+#include "builtin/text_modality.h"
+
+namespace kiln {
+
+Status register_builtin_capabilities(Registrar& registrar) {
+  KILN_RETURN_IF_ERROR(registrar.add<WeightFormat>("dense", "bf16/fp16/fp32 checkpoint weights used as stored (CPU)",
+                                                   &builtin::create_dense_weight_format));
+
+  // [kv] block_size is a core key (the block manager pages every layout), so the layouts add none.
+  KILN_RETURN_IF_ERROR(
+      registrar.add<KvLayout>("bf16", "MLA cache of bf16 [kv_lora_rank + qk_rope_head_dim] per token, paged (CPU)",
+                              &builtin::create_bf16_kv_layout));
+  KILN_RETURN_IF_ERROR(registrar.add<KvLayout>(
+      "fp32", "MLA cache of fp32 rows, paged (CPU): the exact reference layout", &builtin::create_fp32_kv_layout));
+
+  KILN_RETURN_IF_ERROR(registrar.add<Drafter>("none", "no speculative decoding", &builtin::create_none_drafter));
+  KILN_RETURN_IF_ERROR(
+      registrar.add<Collective>("local", "a single rank: no communication", &builtin::create_local_collective));
+  KILN_RETURN_IF_ERROR(registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality));
+  return ok_status();
+}
+
+}  // namespace kiln

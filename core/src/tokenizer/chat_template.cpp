@@ -1,0 +1,143 @@
+#include "tokenizer/chat_template.h"
+
+#include <string_view>
+
+#include "tokenizer/python_json.h"
+#include "tokenizer/utf8.h"
+
+namespace kiln {
+namespace {
+
+constexpr std::string_view kToolsPreamble =
+    "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n";
+constexpr std::string_view kToolsPostamble =
+    "</tools>\n\nFor each function call, output the function name and arguments within the following XML "
+    "format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value>"
+    "<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>";
+
+// Python's str.isspace, which str.strip() uses.
+bool is_python_space(char32_t c) {
+  return utf8::is_unicode_whitespace(c) || (c >= 0x1C && c <= 0x1F);
+}
+
+std::string_view python_strip(std::string_view s) {
+  std::size_t begin = 0;
+  while (begin < s.size()) {
+    std::size_t length = 1;
+    if (!is_python_space(utf8::decode_at(s, begin, length))) break;
+    begin += length;
+  }
+  std::size_t end = s.size();
+  while (end > begin) {
+    std::size_t start = end - 1;
+    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    std::size_t length = 1;
+    if (!is_python_space(utf8::decode_at(s, start, length))) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
+
+std::string_view strip_newlines_left(std::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+
+std::string_view strip_newlines_right(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+// Without reasoning_content, the template reads "…<think>R</think>C" out of the content.
+void split_reasoning(const ChatMessage& m, std::string& reasoning, std::string& content) {
+  content = m.content;
+  reasoning = m.reasoning_content;
+  if (!reasoning.empty()) return;
+  const std::size_t close = content.find("</think>");
+  if (close == std::string::npos) return;
+  std::string_view before = strip_newlines_right(std::string_view(content).substr(0, close));
+  const std::size_t open = before.rfind("<think>");
+  if (open != std::string_view::npos) before.remove_prefix(open + std::string_view("<think>").size());
+  reasoning = std::string(strip_newlines_left(before));
+  const std::size_t last_close = content.rfind("</think>");
+  content = std::string(strip_newlines_left(std::string_view(content).substr(last_close + 8)));
+}
+
+Status render_assistant(const ChatMessage& m, std::size_t index, bool keep_reasoning, std::string& out) {
+  out += "<|assistant|>";
+  std::string reasoning, content;
+  split_reasoning(m, reasoning, content);
+  if (keep_reasoning && !reasoning.empty()) {
+    out += "<think>";
+    out += python_strip(reasoning);
+    out += "</think>";
+  } else {
+    out += "</think>";
+  }
+  out += python_strip(content);
+  for (std::size_t c = 0; c < m.tool_calls.size(); ++c) {
+    const ToolCall& call = m.tool_calls[c];
+    if (!call.arguments.is_object()) {
+      return invalid_argument("messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(c) +
+                              "].function.arguments: expected a JSON object");
+    }
+    out += "<tool_call>";
+    out += call.name;
+    for (const auto& [key, value] : call.arguments.items()) {
+      out += "<arg_key>";
+      out += key;
+      out += "</arg_key><arg_value>";
+      out += value.is_string() ? value.get_ref<const std::string&>() : python_json_dumps(value);
+      out += "</arg_value>";
+    }
+    out += "</tool_call>";
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) {
+  std::string out = "[gMASK]<sop>";
+  if (!options.tools.is_null() && !options.tools.empty()) {
+    if (!options.tools.is_array()) return invalid_argument("tools: expected an array");
+    out += kToolsPreamble;
+    for (const auto& tool : options.tools) {
+      out += python_json_dumps(tool);
+      out += '\n';
+    }
+    out += kToolsPostamble;
+  }
+
+  std::ptrdiff_t last_user = -1;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "user") last_user = static_cast<std::ptrdiff_t>(i);
+  }
+
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      out += "<|user|>";
+      out += m.content;
+    } else if (m.role == "assistant") {
+      const bool keep_reasoning = !options.clear_thinking || static_cast<std::ptrdiff_t>(i) > last_user;
+      KILN_RETURN_IF_ERROR(render_assistant(m, i, keep_reasoning, out));
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|observation|>";
+      out += "<tool_response>";
+      out += m.content;
+      out += "</tool_response>";
+    } else if (m.role == "system") {
+      out += "<|system|>";
+      out += m.content;
+    } else {
+      return invalid_argument("messages[" + std::to_string(i) + "].role: '" + m.role +
+                              "' is not one of system, user, assistant, tool");
+    }
+  }
+  if (options.add_generation_prompt) out += options.enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>";
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,94 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "builtin/local_collective.h"
+#include "builtin/none_drafter.h"
+#include "builtin/register_builtins.h"
+#include "builtin/text_modality.h"
+
+namespace kiln::builtin {
+namespace {
+
+TEST(LocalCollective, WorldOfOne) {
+  auto c = std::move(create_local_collective(CreateContext{})).value();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->world_size(), 1);
+  float buf[3] = {1, 2, 3};
+  ASSERT_TRUE(c->all_reduce(buf, 3, DType::kF32, ReduceOp::kSum, Stream{}).ok());
+  EXPECT_EQ(buf[0], 1);
+  EXPECT_EQ(buf[2], 3);
+  ASSERT_TRUE(c->broadcast(buf, 3, DType::kF32, 0, Stream{}).ok());
+  EXPECT_EQ(c->broadcast(buf, 3, DType::kF32, 1, Stream{}).code(), StatusCode::kOutOfRange);
+  float out[3] = {};
+  ASSERT_TRUE(c->all_gather(buf, out, 3, DType::kF32, Stream{}).ok());
+  EXPECT_EQ(std::memcmp(buf, out, sizeof(buf)), 0);
+  uint16_t h_in[2] = {7, 9}, h_out[2] = {};
+  ASSERT_TRUE(c->reduce_scatter(h_in, h_out, 2, DType::kBF16, ReduceOp::kMax, Stream{}).ok());
+  EXPECT_EQ(h_out[1], 9);
+  EXPECT_EQ(c->all_gather(buf, out, 3, DType::kF32, Stream{Device::cuda(0), nullptr}).code(), StatusCode::kUnimplemented);
+}
+
+TEST(NoneDrafter, DoesNotDraft) {
+  auto d = std::move(create_none_drafter(CreateContext{})).value();
+  EXPECT_EQ(d->capabilities().max_depth, 0);
+  std::vector<DraftOutput> out;
+  const Status s = d->propose({}, 3, out);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("drafting is off"), std::string::npos);
+  EXPECT_TRUE(d->rollback(1, 5).ok());
+}
+
+TEST(TextModality, AcceptsNoMedia) {
+  auto m = std::move(create_text_modality(CreateContext{})).value();
+  EXPECT_TRUE(m->accepted_mime_types().empty());
+  auto r = m->encode(MediaItem{"image/png", {1, 2, 3}}, Stream{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(r.status().message().find("[media] modality"), std::string::npos);
+  EXPECT_NE(r.status().message().find("image/png"), std::string::npos);
+}
+
+class RecordingRegistrar : public Registrar {
+ public:
+  struct Entry {
+    std::string description;
+    ErasedFactory factory;
+    SectionSchema schema;
+  };
+  std::map<std::pair<PluginKind, std::string>, Entry> entries;
+
+ protected:
+  Status add_erased(PluginKind kind, const char* name, const char* description, ErasedFactory factory,
+                    SectionSchema schema) override {
+    if (!entries.emplace(std::make_pair(kind, std::string(name)), Entry{description, factory, std::move(schema)}).second)
+      return already_exists(name);
+    return ok_status();
+  }
+};
+
+TEST(RegisterBuiltins, RegistersTheReferenceCapabilities) {
+  RecordingRegistrar r;
+  ASSERT_TRUE(register_builtin_capabilities(r).ok());
+  ASSERT_EQ(r.entries.size(), 6u);
+  for (auto [kind, name] : {std::pair{PluginKind::kWeightFormat, "dense"}, {PluginKind::kKvLayout, "bf16"},
+                            {PluginKind::kKvLayout, "fp32"},
+                            {PluginKind::kDrafter, "none"}, {PluginKind::kCollective, "local"},
+                            {PluginKind::kModality, "text"}}) {
+    auto it = r.entries.find({kind, name});
+    ASSERT_NE(it, r.entries.end()) << name;
+    EXPECT_FALSE(it->second.description.empty());
+  }
+  // The erased factory is the real one: calling it through its registered type creates a drafter.
+  auto factory = reinterpret_cast<Factory<Drafter>>(r.entries.at({PluginKind::kDrafter, "none"}).factory);
+  auto drafter = factory(CreateContext{});
+  ASSERT_TRUE(drafter.ok());
+  EXPECT_EQ((*drafter)->capabilities().max_depth, 0);
+
+  EXPECT_EQ(register_builtin_capabilities(r).code(), StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace kiln::builtin

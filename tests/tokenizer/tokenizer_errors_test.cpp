@@ -1,0 +1,88 @@
+// Malformed and unsupported tokenizer.json files fail with a Status naming the file and the field.
+#include "tokenizer_test_support.h"
+
+namespace kiln {
+namespace {
+
+using Json = nlohmann::json;
+
+Json base_json() {
+  return Json::parse(testing::read_text(testing::tokenizer_data_dir() / "tokenizer.json"));
+}
+
+Status load_patched(const Json& patch) {
+  Json json = base_json();
+  json.merge_patch(patch);
+  return Tokenizer::from_json_text(json.dump(), "patched.json").status();
+}
+
+void expect_error(const Status& status, StatusCode code, std::initializer_list<std::string> fragments) {
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), code) << status.to_string();
+  for (const std::string& fragment : fragments) {
+    EXPECT_NE(status.message().find(fragment), std::string::npos)
+        << "'" << fragment << "' missing from: " << status.message();
+  }
+}
+
+TEST(TokenizerErrors, MissingFileNamesThePath) {
+  const auto result = Tokenizer::load("/nonexistent/dir/tokenizer.json");
+  expect_error(result.status(), StatusCode::kNotFound, {"/nonexistent/dir/tokenizer.json"});
+}
+
+TEST(TokenizerErrors, BadJsonNamesTheFile) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() / "kiln_bad_tokenizer.json";
+  std::ofstream(path) << "{\"model\": {\"vocab\": ";
+  const auto result = Tokenizer::load(path);
+  expect_error(result.status(), StatusCode::kDataLoss, {path.string(), "not valid JSON"});
+  std::filesystem::remove(path);
+}
+
+TEST(TokenizerErrors, MissingModelOrVocab) {
+  Json no_model = base_json();
+  no_model.erase("model");
+  expect_error(Tokenizer::from_json_text(no_model.dump(), "x.json").status(), StatusCode::kDataLoss,
+               {"x.json", "model"});
+  expect_error(load_patched({{"model", {{"vocab", nullptr}}}}), StatusCode::kDataLoss, {"patched.json", "model.vocab"});
+  expect_error(load_patched({{"model", {{"merges", 7}}}}), StatusCode::kDataLoss, {"model.merges"});
+}
+
+TEST(TokenizerErrors, MergeNamingAnUnknownToken) {
+  Json json = base_json();
+  json["model"]["merges"][3] = Json::array({"Ġ", "NOT_A_TOKEN"});
+  expect_error(Tokenizer::from_json_text(json.dump(), "m.json").status(), StatusCode::kDataLoss,
+               {"m.json", "model.merges[3]", "NOT_A_TOKEN"});
+  json["model"]["merges"][3] = "only-one-part";
+  expect_error(Tokenizer::from_json_text(json.dump(), "m.json").status(), StatusCode::kDataLoss,
+               {"model.merges[3]", "only-one-part"});
+}
+
+TEST(TokenizerErrors, UnsupportedComponentsNameTheirField) {
+  expect_error(load_patched({{"normalizer", {{"type", "Lowercase"}}}}), StatusCode::kUnimplemented,
+               {"normalizer.type", "Lowercase"});
+  expect_error(load_patched({{"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Metaspace"}}}}}}}),
+               StatusCode::kUnimplemented, {"pre_tokenizer.pretokenizers[0].type", "Metaspace"});
+  expect_error(load_patched({{"decoder", {{"type", "WordPiece"}}}}), StatusCode::kUnimplemented,
+               {"decoder.type", "WordPiece"});
+  expect_error(load_patched({{"model", {{"dropout", 0.1}}}}), StatusCode::kUnimplemented, {"model.dropout"});
+  expect_error(load_patched({{"model", {{"byte_fallback", true}}}}), StatusCode::kUnimplemented,
+               {"model.byte_fallback"});
+  expect_error(load_patched({{"model", {{"type", "WordPiece"}}}}), StatusCode::kUnimplemented, {"model.type"});
+}
+
+TEST(TokenizerErrors, BadRegexAndBehavior) {
+  const Json bad_regex = {
+      {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}}}};
+  expect_error(load_patched(bad_regex), StatusCode::kInvalidArgument, {"pre_tokenizer.pattern.Regex", "(unclosed"});
+  const Json bad_behavior = {
+      {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}}}};
+  expect_error(load_patched(bad_behavior), StatusCode::kDataLoss, {"pre_tokenizer.behavior", "Sideways"});
+}
+
+TEST(TokenizerErrors, MalformedAddedToken) {
+  expect_error(load_patched({{"added_tokens", {{{"content", "<x>"}}}}}), StatusCode::kDataLoss, {"added_tokens[0].id"});
+  expect_error(load_patched({{"added_tokens", {{{"id", 5000}}}}}), StatusCode::kDataLoss, {"added_tokens[0].content"});
+}
+
+}  // namespace
+}  // namespace kiln
