@@ -100,6 +100,8 @@ class FakeEngine : public Engine {
     draining_ = true;
     drained_calls_++;
     changed_.wait(lock, [&] { return active_.empty(); });
+    // Admits again once drained, so a test can put a second server in front of the same engine.
+    draining_ = false;
   }
 
   // Waits until the engine no longer holds any request (finished, cancelled or refused by its sink).

@@ -187,6 +187,25 @@ TEST(GlmToolCallParser, CallCutOffBeforeItsNameIsReturnedAsContent) {
   EXPECT_TRUE(parser.calls().empty());
 }
 
+TEST(GlmToolCallParser, ACallOpenedByThePromptStartsAtOnce) {
+  GlmToolCallParser parser(kTools, counter_ids());
+  OutputPieces start = parser.begin_call("get_weather");
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_EQ(start[0].kind, OutputPiece::Kind::kToolCallStart);
+  EXPECT_EQ(start[0].tool_name, "get_weather");
+  const std::string rest = "<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>";
+  for (size_t i = 0; i < rest.size(); i += 4) {
+    for (const auto& p : parser.feed(rest.substr(i, 4))) EXPECT_EQ(p.kind, OutputPiece::Kind::kToolCallArguments);
+  }
+  EXPECT_EQ(parser.calls()[0].arguments, R"({"city": "Rome"})");
+  EXPECT_TRUE(parser.calls()[0].complete);
+
+  GlmToolCallParser empty(kTools, counter_ids());
+  empty.begin_call("get_weather");
+  empty.feed("</tool_call>");
+  EXPECT_EQ(empty.calls()[0].arguments, "{}");
+}
+
 TEST(OutputPipeline, TokensThroughStopReasoningAndTools) {
   using testing::server_test_tokenizer;
   OutputPipelineOptions o;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,20 @@ class ServerTest : public ::testing::Test {
 
   httplib::Result post(const std::string& path, const nlohmann::json& body, httplib::Headers headers = {}) const {
     return client()->Post(path, headers, body.dump(), "application/json");
+  }
+
+  // POSTs and hands each received piece of the body to `on_data`; returning false drops the connection.
+  httplib::Result post_streaming(const std::string& path, const nlohmann::json& body,
+                                 std::function<bool(const std::string&)> on_data) const {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [on_data](const char* data, size_t n, uint64_t, uint64_t) {
+      return on_data(std::string(data, n));
+    };
+    return client()->send(req);
   }
 
   FakeEngine engine_;

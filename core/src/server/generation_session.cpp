@@ -32,7 +32,7 @@ GenerationSession::~GenerationSession() {
 
 Status GenerationSession::start(RequestParams params, const std::string& prefill) {
   usage_.prompt_tokens = static_cast<int64_t>(params.prompt.size());
-  if (!prefill.empty()) prefill_pieces_ = pipeline_.feed_text(prefill);
+  if (!prefill.empty()) prefill_pieces_ = pipeline_.start(prefill);
   auto id = engine_.submit(std::move(params), stream_->make_sink());
   if (!id.ok()) return id.status();
   request_id_ = *id;

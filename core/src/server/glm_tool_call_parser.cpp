@@ -79,6 +79,27 @@ void GlmToolCallParser::emit_arguments(OutputPieces& out, const std::string& tex
   append_piece(out, std::move(piece));
 }
 
+void GlmToolCallParser::start_call(OutputPieces& out, const std::string& name) {
+  ParsedToolCall call;
+  call.id = make_id_();
+  call.name = name;
+  calls_.push_back(call);
+  OutputPiece start;
+  start.kind = OutputPiece::Kind::kToolCallStart;
+  start.tool_index = static_cast<int>(calls_.size()) - 1;
+  start.tool_id = call.id;
+  start.tool_name = call.name;
+  append_piece(out, std::move(start));
+  args_in_call_ = 0;
+}
+
+OutputPieces GlmToolCallParser::begin_call(const std::string& name) {
+  OutputPieces out;
+  start_call(out, name);
+  state_ = State::kAfterValue;  // next: <arg_key> or </tool_call>
+  return out;
+}
+
 bool GlmToolCallParser::step(OutputPieces& out) {
   switch (state_) {
     case State::kText: {
@@ -98,17 +119,7 @@ bool GlmToolCallParser::step(OutputPieces& out) {
       size_t key = pending_.find(kKeyOpen), close = pending_.find(kCallClose);
       size_t end = std::min(key, close);
       if (end == std::string::npos) return false;
-      ParsedToolCall call;
-      call.id = make_id_();
-      call.name = trim(std::string_view(pending_).substr(0, end));
-      calls_.push_back(call);
-      OutputPiece start;
-      start.kind = OutputPiece::Kind::kToolCallStart;
-      start.tool_index = static_cast<int>(calls_.size()) - 1;
-      start.tool_id = call.id;
-      start.tool_name = call.name;
-      append_piece(out, std::move(start));
-      args_in_call_ = 0;
+      start_call(out, trim(std::string_view(pending_).substr(0, end)));
       if (end == key) {
         pending_.erase(0, key + kKeyOpen.size());
         state_ = State::kKey;
@@ -172,7 +183,7 @@ bool GlmToolCallParser::step(OutputPieces& out) {
       }
       if (pending_.compare(0, kCallClose.size(), kCallClose) == 0) {
         pending_.erase(0, kCallClose.size());
-        emit_arguments(out, "}");
+        emit_arguments(out, args_in_call_ == 0 ? "{}" : "}");
         calls_.back().complete = true;
         state_ = State::kText;
         return true;

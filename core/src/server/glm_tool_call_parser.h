@@ -34,6 +34,9 @@ class GlmToolCallParser {
   GlmToolCallParser(const nlohmann::ordered_json& tools, std::function<std::string()> make_id);
 
   OutputPieces feed(std::string_view text);
+  // The prompt already opened a call to `name` (tool_choice naming a function): the call starts now and the
+  // generated text continues with its arguments.
+  OutputPieces begin_call(const std::string& name);
   // End of generation: held-back text is content; a call cut off before its name is returned as content.
   OutputPieces flush();
 
@@ -43,6 +46,7 @@ class GlmToolCallParser {
   enum class State { kText, kName, kKey, kBeforeValue, kValue, kAfterValue };
   bool step(OutputPieces& out);  // consumes what it can from pending_; false when it needs more text
   void emit_arguments(OutputPieces& out, const std::string& text);
+  void start_call(OutputPieces& out, const std::string& name);
   bool value_is_string(const std::string& key) const;
 
   nlohmann::ordered_json tools_;

@@ -53,7 +53,14 @@ OutputPieces OutputPipeline::feed_token(int32_t id) {
   return route(stop_.feed(decoder_.feed(id)), false);
 }
 
-OutputPieces OutputPipeline::feed_text(const std::string& text) { return route(stop_.feed(text), false); }
+OutputPieces OutputPipeline::start(const std::string& prefill) {
+  static const std::string kCallOpen = "<tool_call>";
+  if (tools_ && prefill.rfind(kCallOpen, 0) == 0 && prefill.size() > kCallOpen.size()) {
+    // The name is fixed by the request, so the call starts now rather than when the model ends the name.
+    return tools_->begin_call(prefill.substr(kCallOpen.size()));
+  }
+  return route(prefill, false);
+}
 
 OutputPieces OutputPipeline::finish() {
   std::string tail = stop_.matched() ? std::string() : stop_.feed(decoder_.flush());

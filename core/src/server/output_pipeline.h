@@ -35,8 +35,9 @@ class OutputPipeline {
   OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions options);
 
   OutputPieces feed_token(int32_t id);
-  // Text that is part of the answer without being generated (a prompt prefill such as "<tool_call>name").
-  OutputPieces feed_text(const std::string& text);
+  // The answer text the prompt already ends with ("<tool_call>" for tool_choice required, "<tool_call>NAME"
+  // for a named function): parsed as output before the first token.
+  OutputPieces start(const std::string& prefill);
   // End of generation: everything still held back.
   OutputPieces finish();
 

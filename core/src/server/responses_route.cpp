@@ -170,8 +170,8 @@ class ResponsesWriter : public ResponseWriter {
 
   std::string stream_begin() override {
     ojson response = base("in_progress");
-    return event({{"type", "response.created"}, {"response", response}}) +
-           event({{"type", "response.in_progress"}, {"response", response}});
+    std::string out = event({{"type", "response.created"}, {"response", response}});
+    return out + event({{"type", "response.in_progress"}, {"response", response}});
   }
 
   std::string stream_pieces(const OutputPieces& pieces) override { return events(items_.add(pieces)); }

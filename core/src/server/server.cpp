@@ -250,14 +250,17 @@ Status HttpServer::start() {
   Impl& s = *impl_;
   std::lock_guard lock(s.lifecycle_mutex);
   if (s.started) return failed_precondition("HttpServer::start: already started");
-  const HttpServerOptions& o = s.options;
+  HttpServerOptions& o = s.options;
+  // The recipe spells "no parser" as "none".
+  if (o.tool_parser == "none") o.tool_parser.clear();
+  if (o.reasoning_parser == "none") o.reasoning_parser.clear();
   if (o.max_model_len <= 0) return invalid_argument("server: max_model_len must be positive");
   if (o.tool_parser != "" && o.tool_parser != "glm47") {
-    return invalid_argument("server.tool_parser: unknown parser \"" + o.tool_parser + "\" (known: glm47, or empty)");
+    return invalid_argument("server.tool_parser: unknown parser \"" + o.tool_parser + "\" (known: glm47, none)");
   }
   if (o.reasoning_parser != "" && o.reasoning_parser != "glm45") {
     return invalid_argument("server.reasoning_parser: unknown parser \"" + o.reasoning_parser +
-                            "\" (known: glm45, or empty)");
+                            "\" (known: glm45, none)");
   }
   if (o.max_concurrent_requests <= 0) return invalid_argument("server: max_concurrent_requests must be positive");
 
@@ -290,6 +293,8 @@ Status HttpServer::start() {
     s.bound_port = o.port;
   }
   s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  // httplib's stop() only closes a listener that is already running; wait for it so stop() can never miss it.
+  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   s.started = true;
   return ok_status();
 }

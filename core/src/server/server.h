@@ -26,8 +26,8 @@ struct HttpServerOptions {
   int64_t max_model_len = 0;     // prompt + completion limit, as the engine enforces it
   int64_t max_output_tokens = 0; // cap on a request's completion tokens; 0 = whatever the context leaves
   std::string api_key;           // empty = no authentication
-  std::string tool_parser = "glm47";      // "glm47" or "" (calls stay in the text)
-  std::string reasoning_parser = "glm45"; // "glm45" or "" (reasoning stays in the text)
+  std::string tool_parser = "glm47";      // "glm47", or "none"/"" (calls stay in the text)
+  std::string reasoning_parser = "glm45"; // "glm45", or "none"/"" (reasoning stays in the text)
   int max_concurrent_requests = 256;      // generation requests served at once; beyond: 429
   int http_threads = 0;                   // connection threads; 0 = max_concurrent_requests + 16
 };
