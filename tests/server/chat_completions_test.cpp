@@ -13,9 +13,13 @@ const json kWeatherTools = json::parse(R"([{"type": "function", "function": {"na
   "description": "Weather for a city", "parameters": {"type": "object", "properties": {
   "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}])");
 
-json user_says(const std::string& text) { return json::array({{{"role", "user"}, {"content", text}}}); }
+json user_says(const std::string& text) {
+  return json::array({{{"role", "user"}, {"content", text}}});
+}
 
-std::string decode(const std::vector<int32_t>& ids) { return server_test_tokenizer().decode(ids); }
+std::string decode(const std::vector<int32_t>& ids) {
+  return server_test_tokenizer().decode(ids);
+}
 
 std::vector<json> sse_chunks(const std::string& body, bool* saw_done) {
   std::vector<json> chunks;
@@ -55,7 +59,8 @@ TEST_F(ServerTest, ChatAnswerSplitsReasoningAndReportsUsage) {
   EXPECT_NE(prompt.find("<|user|>hi"), std::string::npos) << prompt;
   EXPECT_EQ(prompt.substr(prompt.size() - 20), "<|assistant|><think>");
   EXPECT_EQ(body["usage"]["prompt_tokens"], static_cast<int64_t>(p.prompt.size()));
-  EXPECT_EQ(body["usage"]["completion_tokens"], static_cast<int64_t>(reply_tokens("I should greet.</think>Hello there!").size()));
+  EXPECT_EQ(body["usage"]["completion_tokens"],
+            static_cast<int64_t>(reply_tokens("I should greet.</think>Hello there!").size()));
   EXPECT_EQ(body["usage"]["total_tokens"],
             body["usage"]["prompt_tokens"].get<int64_t>() + body["usage"]["completion_tokens"].get<int64_t>());
 }
@@ -133,8 +138,8 @@ TEST_F(ServerTest, ToolCallsStreamNameFirstThenArgumentDeltas) {
   engine_.script(reply_tokens(
       "Let me check.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>San Francisco</arg_value>"
       "<arg_key>days</arg_key><arg_value>5</arg_value></tool_call>"));
-  auto res = post("/v1/chat/completions", {{"messages", user_says("weather?")}, {"tools", kWeatherTools},
-                                           {"stream", true}});
+  auto res =
+      post("/v1/chat/completions", {{"messages", user_says("weather?")}, {"tools", kWeatherTools}, {"stream", true}});
   ASSERT_TRUE(res);
   bool done = false;
   auto chunks = sse_chunks(res->body, &done);
@@ -186,10 +191,10 @@ TEST_F(ServerTest, ToolResultsAreRenderedForTheNextTurn) {
 
 TEST_F(ServerTest, NamedToolChoiceStartsTheCall) {
   engine_.script(reply_tokens("<arg_key>city</arg_key><arg_value>Rome</arg_value></tool_call>"));
-  auto res = post("/v1/chat/completions",
-                  {{"messages", user_says("anything")},
-                   {"tools", kWeatherTools},
-                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  auto res =
+      post("/v1/chat/completions", {{"messages", user_says("anything")},
+                                    {"tools", kWeatherTools},
+                                    {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
   json message = json::parse(res->body)["choices"][0]["message"];
@@ -202,8 +207,8 @@ TEST_F(ServerTest, NamedToolChoiceStartsTheCall) {
 
 TEST_F(ServerTest, ToolChoiceNoneNeitherRendersNorParsesTools) {
   engine_.script(reply_tokens("</think><tool_call>get_weather</tool_call>"));
-  auto res = post("/v1/chat/completions",
-                  {{"messages", user_says("x")}, {"tools", kWeatherTools}, {"tool_choice", "none"}});
+  auto res =
+      post("/v1/chat/completions", {{"messages", user_says("x")}, {"tools", kWeatherTools}, {"tool_choice", "none"}});
   ASSERT_TRUE(res);
   json choice = json::parse(res->body)["choices"][0];
   EXPECT_FALSE(choice["message"].contains("tool_calls"));

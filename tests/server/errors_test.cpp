@@ -11,7 +11,9 @@ namespace {
 
 using nlohmann::json;
 
-json messages() { return json::array({{{"role", "user"}, {"content", "hi"}}}); }
+json messages() {
+  return json::array({{{"role", "user"}, {"content", "hi"}}});
+}
 
 json expect_error(const httplib::Result& res, int status, const std::string& param) {
   EXPECT_TRUE(res);
@@ -46,8 +48,8 @@ TEST_F(ServerTest, WrongTypesNameTheField) {
   expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"stream", "yes"}}), 400, "stream");
   expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"stop", json::array({1})}}), 400, "stop");
   expect_error(post("/v1/chat/completions", {{"messages", "hi"}}), 400, "messages");
-  expect_error(post("/v1/chat/completions", {{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}),
-               400, "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400,
+               "messages");
   expect_error(post("/v1/completions", {{"prompt", 42}}), 400, "prompt");
   EXPECT_TRUE(engine_.submitted().empty());
 }
@@ -69,8 +71,8 @@ TEST_F(ServerTest, EmptyOrMissingMessagesIs400) {
 }
 
 TEST_F(ServerTest, OversizedPromptNamesBothNumbers) {
-  json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"max_tokens", 10000}}), 400,
-                            "max_tokens");
+  json error =
+      expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"max_tokens", 10000}}), 400, "max_tokens");
   const std::string message = error["message"];
   EXPECT_NE(message.find("512"), std::string::npos) << message;    // max_model_len
   EXPECT_NE(message.find("10000"), std::string::npos) << message;  // the completion asked for
@@ -91,10 +93,9 @@ TEST_F(ServerTest, BadToolsAndToolChoice) {
   expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tools", "f"}}), 400, "tools");
   expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tools", tools}, {"tool_choice", "maybe"}}),
                400, "tool_choice");
-  expect_error(post("/v1/chat/completions",
-                    {{"messages", messages()},
-                     {"tools", tools},
-                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}),
+  expect_error(post("/v1/chat/completions", {{"messages", messages()},
+                                             {"tools", tools},
+                                             {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}),
                400, "tool_choice");
   expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tool_choice", "required"}}), 400,
                "tool_choice");
@@ -124,8 +125,7 @@ TEST_F(ServerTest, ApiKeyGuardsV1ButNotHealth) {
   start_server(options);
   json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}}), 401, "");
   EXPECT_EQ(error["code"], "invalid_api_key");
-  expect_error(post("/v1/chat/completions", {{"messages", messages()}}, {{"Authorization", "Bearer wrong!"}}), 401,
-               "");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}}, {{"Authorization", "Bearer wrong!"}}), 401, "");
   expect_error(client()->Get("/v1/models"), 401, "");
   auto ok = post("/v1/chat/completions", {{"messages", messages()}}, {{"Authorization", "Bearer sekrit"}});
   ASSERT_TRUE(ok);

@@ -1,6 +1,7 @@
 // The text-side parsers on their own: stop strings, the glm45 reasoning split, the glm47 tool-call parser
 // (whole and fed one character at a time), and the pipeline from token ids.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "server/glm_tool_call_parser.h"
@@ -158,8 +159,9 @@ TEST(GlmToolCallParser, CallWithoutArgumentsAndUnknownSchemaValues) {
   ordered_json no_schema = ordered_json::parse(R"([{"type": "function", "function": {"name": "ping"}}])");
   GlmToolCallParser parser(no_schema, counter_ids());
   ParsedStream s = run_parser(
-      parser, "<tool_call>ping</tool_call><tool_call>ping<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>w"
-              "</arg_key><arg_value>hello world</arg_value><arg_key>b</arg_key><arg_value>true</arg_value></tool_call>",
+      parser,
+      "<tool_call>ping</tool_call><tool_call>ping<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>w"
+      "</arg_key><arg_value>hello world</arg_value><arg_key>b</arg_key><arg_value>true</arg_value></tool_call>",
       3);
   ASSERT_EQ(s.arguments.size(), 2u);
   EXPECT_EQ(s.arguments[0], "{}");
@@ -168,8 +170,8 @@ TEST(GlmToolCallParser, CallWithoutArgumentsAndUnknownSchemaValues) {
 
 TEST(GlmToolCallParser, SchemaStringKeepsNumericLookingText) {
   GlmToolCallParser parser(kTools, counter_ids());
-  ParsedStream s = run_parser(
-      parser, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>1984</arg_value></tool_call>", 5);
+  ParsedStream s =
+      run_parser(parser, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>1984</arg_value></tool_call>", 5);
   EXPECT_EQ(ordered_json::parse(s.arguments[0])["city"], "1984");
 }
 

@@ -89,8 +89,8 @@ TEST_F(ServerTest, ResponsesInputItemsCarryToolOutputs) {
 }
 
 TEST_F(ServerTest, ResponsesStreamEmitsTypedEventsInOrder) {
-  engine_.script(reply_tokens(
-      "Hmm.</think>Answer text.<tool_call>f<arg_key>q</arg_key><arg_value>x y</arg_value></tool_call>"));
+  engine_.script(
+      reply_tokens("Hmm.</think>Answer text.<tool_call>f<arg_key>q</arg_key><arg_value>x y</arg_value></tool_call>"));
   json tools = json::parse(R"([{"type": "function", "name": "f", "parameters": {"type": "object",
     "properties": {"q": {"type": "string"}}}}])");
   auto res = post("/v1/responses", {{"input", "q"}, {"tools", tools}, {"stream", true}});

@@ -2,16 +2,16 @@
 // (tests/data/tokenizer/tokenizer.json, which has GLM's special tokens), plus SSE parsing for the tests.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <httplib.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "fake_engine.h"
 #include "server/server.h"

@@ -2,8 +2,10 @@
 
 namespace kiln {
 
-nlohmann::json ApiError::to_json() const {
-  auto or_null = [](const std::string& s) { return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s); };
+nlohmann::ordered_json ApiError::to_json() const {
+  auto or_null = [](const std::string& s) {
+    return s.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(s);
+  };
   return {{"error", {{"message", message}, {"type", type}, {"param", or_null(param)}, {"code", or_null(code)}}}};
 }
 

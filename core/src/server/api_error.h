@@ -3,9 +3,8 @@
 // refusal names the field at fault.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "kiln/status.h"
 
@@ -18,7 +17,7 @@ struct ApiError {
   std::string param;  // the request field at fault; empty = null
   std::string code;   // machine-readable reason; empty = null
 
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
 };
 
 ApiError bad_request(std::string message, std::string param = "");

@@ -36,8 +36,9 @@ class ChatWriter : public ResponseWriter {
                        nullptr);
           break;
         case OutputPiece::Kind::kToolCallArguments:
-          out += chunk({{"tool_calls", ojson::array({{{"index", p.tool_index}, {"function", {{"arguments", p.text}}}}})}},
-                       nullptr);
+          out +=
+              chunk({{"tool_calls", ojson::array({{{"index", p.tool_index}, {"function", {{"arguments", p.text}}}}})}},
+                    nullptr);
           break;
       }
     }
@@ -55,9 +56,7 @@ class ChatWriter : public ResponseWriter {
     return out + "data: [DONE]\n\n";
   }
 
-  std::string stream_error(const ApiError& error) override {
-    return sse_event(error.to_json()) + "data: [DONE]\n\n";
-  }
+  std::string stream_error(const ApiError& error) override { return sse_event(error.to_json()) + "data: [DONE]\n\n"; }
 
   ojson complete(const OutputPieces& pieces, const GenerationResult& result) override {
     std::string content, reasoning;
@@ -91,8 +90,10 @@ class ChatWriter : public ResponseWriter {
 
   std::string chunk(ojson delta, ojson finish_reason) const {
     ojson c = header();
-    c["choices"] = ojson::array(
-        {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", std::move(finish_reason)}}});
+    c["choices"] = ojson::array({{{"index", 0},
+                                  {"delta", std::move(delta)},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", std::move(finish_reason)}}});
     if (include_usage_) c["usage"] = nullptr;
     return sse_event(c);
   }

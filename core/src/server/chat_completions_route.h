@@ -3,9 +3,8 @@
 // reasoning in `reasoning_content` and calls in `tool_calls` (streamed: id+name first, then argument deltas).
 #pragma once
 
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "server/response_writer.h"
 

@@ -15,8 +15,7 @@ class CompletionWriter : public ResponseWriter {
   CompletionWriter(std::string model, bool include_usage)
       : id_(random_id("cmpl-")),
         model_(std::move(model)),
-        created_(std::chrono::duration_cast<std::chrono::seconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
+        created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                      .count()),
         include_usage_(include_usage) {}
 
@@ -84,9 +83,9 @@ std::optional<ApiError> read_prompt(const ServerContext& ctx, const ojson* promp
     }
     return std::nullopt;
   }
-  return bad_request("'prompt' must be a string or a list of token ids (one prompt per request), got " +
-                         json_type_phrase(*prompt),
-                     "prompt");
+  return bad_request(
+      "'prompt' must be a string or a list of token ids (one prompt per request), got " + json_type_phrase(*prompt),
+      "prompt");
 }
 
 }  // namespace

@@ -2,9 +2,8 @@
 // streamed as SSE when asked. No chat template, reasoning split or tool parsing.
 #pragma once
 
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "server/response_writer.h"
 

@@ -84,12 +84,13 @@ std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t
   if (request.requested_max_tokens) {
     int64_t asked = *request.requested_max_tokens;
     if (prompt_len + asked > ctx.max_model_len) {
-      ApiError e = bad_request("This model's maximum context length is " + std::to_string(ctx.max_model_len) +
-                                   " tokens. However, you requested " + std::to_string(prompt_len + asked) +
-                                   " tokens (" + std::to_string(prompt_len) + " in the prompt, " +
-                                   std::to_string(asked) + " for the completion). Please reduce the prompt or the "
-                                   "completion length.",
-                               "max_tokens");
+      ApiError e =
+          bad_request("This model's maximum context length is " + std::to_string(ctx.max_model_len) +
+                          " tokens. However, you requested " + std::to_string(prompt_len + asked) + " tokens (" +
+                          std::to_string(prompt_len) + " in the prompt, " + std::to_string(asked) +
+                          " for the completion). Please reduce the prompt or the "
+                          "completion length.",
+                      "max_tokens");
       e.code = "context_length_exceeded";
       return e;
     }
@@ -134,9 +135,9 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
     if (tool_choice->is_string()) {
       mode = tool_choice->get<std::string>();
       if (mode != "auto" && mode != "none" && mode != "required") {
-        return bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + mode +
-                               "\"",
-                           "tool_choice");
+        return bad_request(
+            "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + mode + "\"",
+            "tool_choice");
       }
     } else if (tool_choice->is_object() && tool_choice->value("type", "") == "function") {
       const auto fn = tool_choice->find("function");
@@ -145,15 +146,16 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
       } else if (tool_choice->contains("name") && (*tool_choice)["name"].is_string()) {
         forced_name = (*tool_choice)["name"].get<std::string>();
       } else {
-        return bad_request("'tool_choice' names no function (expected {\"type\": \"function\", \"function\": "
-                           "{\"name\": ...}})",
-                           "tool_choice");
+        return bad_request(
+            "'tool_choice' names no function (expected {\"type\": \"function\", \"function\": "
+            "{\"name\": ...}})",
+            "tool_choice");
       }
       mode = "named";
     } else {
-      return bad_request("'tool_choice' must be a string or {\"type\": \"function\", ...}, got " +
-                             json_type_phrase(*tool_choice),
-                         "tool_choice");
+      return bad_request(
+          "'tool_choice' must be a string or {\"type\": \"function\", ...}, got " + json_type_phrase(*tool_choice),
+          "tool_choice");
     }
   }
   if ((mode == "required" || mode == "named") && names.empty()) {
@@ -166,9 +168,9 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
   }
   if (mode == "none" || names.empty()) return std::nullopt;  // tools are neither shown to the model nor parsed
   if (ctx.tool_parser.empty() && mode != "auto") {
-    return bad_request("this server has no tool-call parser configured, so tool_choice \"" + mode +
-                           "\" cannot be honoured",
-                       "tool_choice");
+    return bad_request(
+        "this server has no tool-call parser configured, so tool_choice \"" + mode + "\" cannot be honoured",
+        "tool_choice");
   }
   setup.tools = *tools;
   setup.parse_tool_calls = !ctx.tool_parser.empty();

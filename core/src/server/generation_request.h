@@ -4,11 +4,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/engine_api.h"
 #include "server/api_error.h"
@@ -56,7 +55,7 @@ std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t
 struct ToolSetup {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // rendered into the prompt (chat format)
   bool parse_tool_calls = false;
-  std::string prefill;          // "<tool_call>" for required, "<tool_call>NAME" for a named function
+  std::string prefill;  // "<tool_call>" for required, "<tool_call>NAME" for a named function
 };
 
 // Validates OpenAI chat-format `tools` and `tool_choice` ("auto", "none", "required", {"type":"function",

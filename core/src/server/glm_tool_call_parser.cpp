@@ -12,7 +12,9 @@ const std::string kKeyClose = "</arg_key>";
 const std::string kValueOpen = "<arg_value>";
 const std::string kValueClose = "</arg_value>";
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
 
 std::string trim(std::string_view s) {
   size_t b = 0, e = s.size();
@@ -155,8 +157,8 @@ bool GlmToolCallParser::step(OutputPieces& out) {
     case State::kValue: {
       size_t close = pending_.find(kValueClose);
       if (streaming_string_) {
-        size_t end = close == std::string::npos ? utf8_boundary(pending_, partial_marker_start(pending_, kValueClose))
-                                                : close;
+        size_t end =
+            close == std::string::npos ? utf8_boundary(pending_, partial_marker_start(pending_, kValueClose)) : close;
         emit_arguments(out, json_escape(pending_.substr(0, end)));
         pending_.erase(0, end);
         if (close == std::string::npos) return false;

@@ -5,12 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "server/glm_tool_call_parser.h"
 #include "server/output_piece.h"

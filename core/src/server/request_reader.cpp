@@ -106,9 +106,9 @@ std::optional<std::vector<std::string>> RequestReader::string_or_list(const char
   } else if (v->is_array()) {
     for (size_t i = 0; i < v->size(); ++i) {
       if (!(*v)[i].is_string()) {
-        fail(bad_request(std::string("'") + key + "[" + std::to_string(i) + "]' must be a string, got " +
-                             json_type_phrase((*v)[i]),
-                         key));
+        fail(bad_request(
+            std::string("'") + key + "[" + std::to_string(i) + "]' must be a string, got " + json_type_phrase((*v)[i]),
+            key));
         return std::nullopt;
       }
       out.push_back((*v)[i].get<std::string>());

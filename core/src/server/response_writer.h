@@ -2,10 +2,9 @@
 // JSON body at the end. The server's generation driver is shared; only the shapes differ.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 #include "server/generation_request.h"

@@ -7,7 +7,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+bool is_blank(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
 
 // Builds the output items from pieces in order, and the stream events that describe each step. Streamed and
 // non-streamed responses both go through it, so the final `output` is the same either way.
@@ -21,11 +23,12 @@ class OutputItems {
         case OutputPiece::Kind::kReasoning:
           if (open_kind_ != "reasoning") {
             close(events);
-            open(events, {{"type", "reasoning"},
-                          {"id", random_id("rs_")},
-                          {"summary", ojson::array()},
-                          {"content", ojson::array()},
-                          {"status", "in_progress"}},
+            open(events,
+                 {{"type", "reasoning"},
+                  {"id", random_id("rs_")},
+                  {"summary", ojson::array()},
+                  {"content", ojson::array()},
+                  {"status", "in_progress"}},
                  "reasoning");
           }
           text_ += p.text;
@@ -41,11 +44,12 @@ class OutputItems {
             held_space_ += p.text;
             if (is_blank(held_space_)) break;
             close(events);
-            open(events, {{"type", "message"},
-                          {"id", random_id("msg_")},
-                          {"status", "in_progress"},
-                          {"role", "assistant"},
-                          {"content", ojson::array()}},
+            open(events,
+                 {{"type", "message"},
+                  {"id", random_id("msg_")},
+                  {"status", "in_progress"},
+                  {"role", "assistant"},
+                  {"content", ojson::array()}},
                  "message");
             events.push_back({{"type", "response.content_part.added"},
                               {"item_id", items_[open_]["id"]},
@@ -61,12 +65,13 @@ class OutputItems {
         case OutputPiece::Kind::kToolCallStart:
           close(events);
           held_space_.clear();
-          open(events, {{"type", "function_call"},
-                        {"id", random_id("fc_")},
-                        {"call_id", p.tool_id},
-                        {"name", p.tool_name},
-                        {"arguments", ""},
-                        {"status", "in_progress"}},
+          open(events,
+               {{"type", "function_call"},
+                {"id", random_id("fc_")},
+                {"call_id", p.tool_id},
+                {"name", p.tool_name},
+                {"arguments", ""},
+                {"status", "in_progress"}},
                "function_call");
           break;
         case OutputPiece::Kind::kToolCallArguments:
@@ -164,8 +169,8 @@ class ResponsesWriter : public ResponseWriter {
  public:
   ResponsesWriter(std::string model, ojson echo) : model_(std::move(model)), echo_(std::move(echo)) {
     id_ = random_id("resp_");
-    created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+    created_ =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
 
   std::string stream_begin() override {
@@ -377,9 +382,10 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
     }
   }
   if (reader.value("previous_response_id")) {
-    reader.fail(bad_request("previous_response_id is not supported: responses are not stored; send the whole "
-                            "conversation in 'input'",
-                            "previous_response_id"));
+    reader.fail(
+        bad_request("previous_response_id is not supported: responses are not stored; send the whole "
+                    "conversation in 'input'",
+                    "previous_response_id"));
   }
   if (const auto* text = reader.value("text")) {
     if (text->is_object() && text->contains("format") && (*text)["format"].value("type", "text") != "text") {
@@ -404,13 +410,14 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
     if (e->param == "messages") e->param = "input";
     return e;
   }
-  ojson echo = {{"instructions", instructions ? ojson(*instructions) : ojson(nullptr)},
-                {"max_output_tokens", request.requested_max_tokens ? ojson(*request.requested_max_tokens) : ojson(nullptr)},
-                {"temperature", request.params.sampling.temperature},
-                {"top_p", request.params.sampling.top_p},
-                {"tools", tools ? *tools : ojson::array()},
-                {"tool_choice", reader.value("tool_choice") ? *reader.value("tool_choice") : ojson("auto")},
-                {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}}};
+  ojson echo = {
+      {"instructions", instructions ? ojson(*instructions) : ojson(nullptr)},
+      {"max_output_tokens", request.requested_max_tokens ? ojson(*request.requested_max_tokens) : ojson(nullptr)},
+      {"temperature", request.params.sampling.temperature},
+      {"top_p", request.params.sampling.top_p},
+      {"tools", tools ? *tools : ojson::array()},
+      {"tool_choice", reader.value("tool_choice") ? *reader.value("tool_choice") : ojson("auto")},
+      {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}}};
   out.writer = std::make_unique<ResponsesWriter>(ctx.served_name, std::move(echo));
   return std::nullopt;
 }

@@ -5,9 +5,8 @@
 // Responses are not stored, so previous_response_id is refused.
 #pragma once
 
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "server/response_writer.h"
 

@@ -1,14 +1,14 @@
 #include "server/server.h"
 
+#include <httplib.h>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <functional>
 #include <mutex>
-#include <thread>
-
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "server/chat_completions_route.h"
 #include "server/completions_route.h"
@@ -117,9 +117,9 @@ struct HttpServer::Impl {
     if (auto e = prepare(ctx, body, prepared)) return send_error(res, *e);
     auto slot = acquire_slot();
     if (!slot) {
-      return send_error(res, api_error_from_status(resource_exhausted(
-                                 "the server is at capacity (" + std::to_string(options.max_concurrent_requests) +
-                                 " requests in flight); retry later")));
+      return send_error(res, api_error_from_status(resource_exhausted("the server is at capacity (" +
+                                                                      std::to_string(options.max_concurrent_requests) +
+                                                                      " requests in flight); retry later")));
     }
     auto session = std::make_shared<GenerationSession>(engine, metrics, tokenizer, prepared.request.output, arrival);
     Status submitted = session->start(std::move(prepared.request.params), prepared.request.prefill);
@@ -133,8 +133,8 @@ struct HttpServer::Impl {
         append_pieces(all, std::move(update.pieces));
       } while (!update.finished);
       if (update.finish_reason == "error") return send_error(res, generation_failed(update.error));
-      res.set_content(prepared.writer->complete(all, result_of(*session, update)).dump(-1, ' ', false,
-                                                                                      ojson::error_handler_t::replace),
+      res.set_content(prepared.writer->complete(all, result_of(*session, update))
+                          .dump(-1, ' ', false, ojson::error_handler_t::replace),
                       "application/json");
       return;
     }
@@ -187,17 +187,17 @@ struct HttpServer::Impl {
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
     });
-    http.set_error_handler(httplib::Server::HandlerWithResponse(
-        [this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      ApiError e;
-      e.http_status = res.status;
-      e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                    : "request failed with HTTP status " + std::to_string(res.status);
-      e.code = res.status == 404 ? "not_found" : "";
-      res.set_content(e.to_json().dump(), "application/json");
-      return httplib::Server::HandlerResponse::Handled;
-    }));
+    http.set_error_handler(
+        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          ApiError e;
+          e.http_status = res.status;
+          e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
+                                        : "request failed with HTTP status " + std::to_string(res.status);
+          e.code = res.status == 404 ? "not_found" : "";
+          res.set_content(e.to_json().dump(), "application/json");
+          return httplib::Server::HandlerResponse::Handled;
+        }));
     http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown exception";
       try {
@@ -223,8 +223,12 @@ struct HttpServer::Impl {
       serve_generation(req, res, prepare_response);
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      ojson model = {{"id", ctx.served_name},       {"object", "model"},          {"created", created},
-                     {"owned_by", "kiln"},          {"root", ctx.model_id},       {"parent", nullptr},
+      ojson model = {{"id", ctx.served_name},
+                     {"object", "model"},
+                     {"created", created},
+                     {"owned_by", "kiln"},
+                     {"root", ctx.model_id},
+                     {"parent", nullptr},
                      {"max_model_len", ctx.max_model_len}};
       res.set_content(ojson({{"object", "list"}, {"data", ojson::array({model})}}).dump(), "application/json");
     });
@@ -242,9 +246,13 @@ struct HttpServer::Impl {
 HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, HttpServerOptions options)
     : impl_(std::make_unique<Impl>(engine, tokenizer, std::move(options))) {}
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
-int HttpServer::port() const { return impl_->bound_port; }
+int HttpServer::port() const {
+  return impl_->bound_port;
+}
 
 Status HttpServer::start() {
   Impl& s = *impl_;

@@ -20,16 +20,16 @@ namespace kiln {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;               // 0 = any free port (see HttpServer::port())
-  std::string model_id;          // the checkpoint (path or hub id); accepted as "model" too
-  std::string served_name;       // the name clients send as "model" and see in responses (default: model_id)
-  int64_t max_model_len = 0;     // prompt + completion limit, as the engine enforces it
-  int64_t max_output_tokens = 0; // cap on a request's completion tokens; 0 = whatever the context leaves
-  std::string api_key;           // empty = no authentication
-  std::string tool_parser = "glm47";      // "glm47", or "none"/"" (calls stay in the text)
-  std::string reasoning_parser = "glm45"; // "glm45", or "none"/"" (reasoning stays in the text)
-  int max_concurrent_requests = 256;      // generation requests served at once; beyond: 429
-  int http_threads = 0;                   // connection threads; 0 = max_concurrent_requests + 16
+  int port = 8000;                         // 0 = any free port (see HttpServer::port())
+  std::string model_id;                    // the checkpoint (path or hub id); accepted as "model" too
+  std::string served_name;                 // the name clients send as "model" and see in responses (default: model_id)
+  int64_t max_model_len = 0;               // prompt + completion limit, as the engine enforces it
+  int64_t max_output_tokens = 0;           // cap on a request's completion tokens; 0 = whatever the context leaves
+  std::string api_key;                     // empty = no authentication
+  std::string tool_parser = "glm47";       // "glm47", or "none"/"" (calls stay in the text)
+  std::string reasoning_parser = "glm45";  // "glm45", or "none"/"" (reasoning stays in the text)
+  int max_concurrent_requests = 256;       // generation requests served at once; beyond: 429
+  int http_threads = 0;                    // connection threads; 0 = max_concurrent_requests + 16
 };
 
 class HttpServer {

@@ -31,12 +31,12 @@ void render_scalar(std::string& out, const std::string& name, const char* type, 
 }
 
 // Seconds; TTFT spans prefill of up to 1M-token prompts, hence the long tail.
-const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                                          2.5,   5.0,   7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 const std::vector<double> kItlBuckets = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
                                          0.075, 0.1,    0.15,  0.2,    0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0};
-const std::vector<double> kE2eBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kE2eBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 }  // namespace
 
@@ -88,8 +88,8 @@ std::string ServerMetrics::render(const EngineMetrics& e, const std::string& mod
                 static_cast<double>(e.requests_running));
   render_scalar(out, "kiln:num_requests_waiting", "gauge", "Requests waiting to be scheduled.", labels,
                 static_cast<double>(e.requests_waiting));
-  render_scalar(out, "kiln:http_requests_in_flight", "gauge", "Generation requests the HTTP server is serving.",
-                labels, static_cast<double>(in_flight));
+  render_scalar(out, "kiln:http_requests_in_flight", "gauge", "Generation requests the HTTP server is serving.", labels,
+                static_cast<double>(in_flight));
   double usage = e.kv_blocks_total > 0 ? static_cast<double>(e.kv_blocks_used) / e.kv_blocks_total : 0.0;
   render_scalar(out, "kiln:kv_cache_usage_ratio", "gauge", "Fraction of KV-cache blocks in use (0..1).", labels, usage);
   int64_t capacity = e.kv_blocks_total * e.kv_block_size;
@@ -113,8 +113,8 @@ std::string ServerMetrics::render(const EngineMetrics& e, const std::string& mod
     out += "# HELP kiln:request_success_total Finished requests by finish reason.\n";
     out += "# TYPE kiln:request_success_total counter\n";
     for (const auto& [reason, n] : finished_) {
-      out += "kiln:request_success_total{" + labels + ",finished_reason=\"" + reason + "\"} " + std::to_string(n) +
-             "\n";
+      out +=
+          "kiln:request_success_total{" + labels + ",finished_reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
     }
     out += "# HELP kiln:request_rejected_total Requests refused before generation, by HTTP status.\n";
     out += "# TYPE kiln:request_rejected_total counter\n";
