@@ -99,7 +99,13 @@ int cmd_generate(int argc, char** argv) {
   opts.prefill_chunk = sched.get_int("max_num_batched_tokens", 2048);
   opts.stop_tokens = stop_tokens(loaded->model->config(), *tok);
   opts.sampling = {temperature, top_k, top_p, seed};
-  auto kv = make_kv_cache(*loaded, static_cast<int64_t>(ids.size()) + max_tokens);
+  const int64_t needed = static_cast<int64_t>(ids.size()) + max_tokens;
+  int64_t limit = sched.get_int("max_model_len", 0);
+  if (limit <= 0) limit = loaded->model->config().max_position_embeddings;
+  if (limit > 0 && needed > limit)
+    return fail("prompt (" + std::to_string(ids.size()) + " tokens) + --max-tokens (" + std::to_string(max_tokens) +
+                ") exceeds the model's context of " + std::to_string(limit) + " tokens (scheduler.max_model_len)");
+  auto kv = make_kv_cache(*loaded, needed);
   Generator gen(*loaded->model, *kv);
   StreamingDecoder decoder(*tok);
   GenerateStats stats;

@@ -4,6 +4,8 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "engine/engine_factory.h"
+#include "model/model_loader.h"
 #include "recipe/core_schema.h"
 #include "recipe/recipe.h"
 
@@ -93,6 +95,14 @@ int cmd_recipe(int argc, char** argv) {
   auto recipe = load_recipe(file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
   if (action == "show") {
+    // The KV capacity this recipe gets on this machine, when its model can be loaded here.
+    auto model = load_model(*recipe, global_registry());
+    if (model.ok()) {
+      auto plan = plan_engine(*model, *recipe);
+      std::cout << "# " << (plan.ok() ? plan->capacity.report() : "KV cache: " + plan.status().message()) << "\n";
+    } else {
+      std::cout << "# KV cache: not planned (" << model.status().message() << ")\n";
+    }
     std::cout << recipe->to_toml();
     return 0;
   }

@@ -6,5 +6,6 @@ namespace kiln::cli {
 int cmd_plugins(int argc, char** argv);
 int cmd_recipe(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace kiln::cli

@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "  plugins             list built-in capabilities, loaded plugins and refused files\n"
     "  recipe check FILE   validate a recipe (--set section.key=value to override keys)\n"
     "  recipe show FILE    print the fully resolved recipe as TOML\n"
+    "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
     "  generate            stream a completion: --recipe FILE (or --model DIR) --prompt TEXT | --chat TEXT\n"
     "\n"
     "options:\n"
@@ -30,6 +31,7 @@ constexpr Command kCommands[] = {
     {"plugins", kiln::cli::cmd_plugins},
     {"recipe", kiln::cli::cmd_recipe},
     {"generate", kiln::cli::cmd_generate},
+    {"bench", kiln::cli::cmd_bench},
 };
 
 }  // namespace

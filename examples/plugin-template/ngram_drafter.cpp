@@ -31,7 +31,10 @@ class NgramDrafter final : public kiln::Drafter {
         return kiln::invalid_argument("ngram drafter: sequence " + std::to_string(in.seq_id) + " skipped from position " +
                                       std::to_string(history.size()) + " to " + std::to_string(in.start_position));
       history.insert(history.end(), in.tokens, in.tokens + in.num_tokens);
-      out[b].tokens = lookup(history, depth);
+      // The match ends at the newest token, which the target has not run yet.
+      std::vector<int32_t> context = history;
+      if (in.next_token >= 0) context.push_back(in.next_token);
+      out[b].tokens = lookup(context, depth);
     }
     return {};
   }

@@ -158,3 +158,52 @@ TEST(ModelLoad, ErrorsNameTheProblem) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The MTP layer against the fixture's reference (tools/README.md): row i conditions on the trunk's
+// final-normed hidden state h_i and token t_{i+1}, at position i of the MTP layer's own KV.
+TEST(MtpLayer, LogitsMatchReference) {
+  auto f = SafetensorsFile::open(model_dir("glm4_moe_lite-tiny") / "reference.safetensors");
+  ASSERT_TRUE(f.ok());
+  Reference ref{std::move(f).value()};
+  auto recipe = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "kv.layout=fp32"},
+                            global_registry());
+  ASSERT_TRUE(recipe.ok());
+  auto m = load_model(*recipe, global_registry(), {.load_mtp = true});
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->model->weights().mtp.size(), 1u);
+  const auto prompt = ref.ids("prompt_ids");
+  const auto expected = ref.floats("mtp_logits");
+  const int64_t T = static_cast<int64_t>(prompt.size()), H = m->model->config().hidden_size;
+  auto kv = make_kv_cache(*m, 128);  // two sequences' worth: the trunk's and the MTP layer's tables
+  std::vector<int32_t> table, mtp_table;
+  ASSERT_TRUE(kv->reserve(table, T).ok());
+  ASSERT_TRUE(kv->reserve(mtp_table, T).ok());
+  StepOutput trunk;
+  SequenceStep step{prompt, 0, &table, false};
+  ASSERT_TRUE(m->model->forward({&step, 1}, *kv, trunk, /*keep_hidden=*/true).ok());
+  ASSERT_EQ(static_cast<int64_t>(trunk.hidden.size()), T * H);
+  // Two chunks, to exercise the MTP layer's own KV across calls.
+  StepOutput out;
+  std::vector<float> got;
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 9}, {9, T - 1}}) {
+    SequenceStep mtp{std::span<const int32_t>(prompt.data() + begin + 1, end - begin), begin, &mtp_table, true};
+    ASSERT_TRUE(m->model->mtp_forward(0, {&mtp, 1}, trunk.hidden.data() + begin * H, *kv, out).ok());
+    got.insert(got.end(), out.logits.begin(), out.logits.end());
+  }
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_LT(relative_error(got.data(), expected.data(), expected.size()), 1e-4);
+}
+
+TEST(MtpLayer, MissingWeightsAreAClearError) {
+  auto recipe = load_recipe("", {"model.path=" + model_dir("deepseek_v3-tiny").string()}, global_registry());
+  ASSERT_TRUE(recipe.ok());
+  auto m = load_model(*recipe, global_registry(), {.load_mtp = true});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("has no MTP weights"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace kiln

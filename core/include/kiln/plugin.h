@@ -18,7 +18,7 @@
 #include "kiln/status.h"
 
 #define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 0
+#define KILN_ABI_MINOR 1  // 1.1: CreateContext::draft_host, DraftInput next_token/temperature/seed
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)
@@ -56,12 +56,16 @@ inline const char* plugin_kind_name(PluginKind k) {
   return "?";
 }
 
+class DraftHost;  // kiln/drafter.h
+
 // What a factory is given: its own recipe section (already validated against the schema it registered),
 // the device to create on, and the model's dimensions (null where no model is loaded, e.g. `kiln plugins`).
 struct CreateContext {
   const RecipeSection* section = nullptr;
   Device device;
   const ModelInfo* model = nullptr;
+  // Since ABI 1.1: for drafters, the target's next-n layers as a service (null where the engine offers none).
+  DraftHost* draft_host = nullptr;
 };
 
 template <class Interface>

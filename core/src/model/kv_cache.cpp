@@ -4,17 +4,19 @@
 
 namespace kiln {
 
-KvCache::KvCache(std::shared_ptr<KvLayout> layout, int64_t num_layers, int64_t num_blocks, int64_t index_head_dim)
+KvCache::KvCache(std::shared_ptr<KvLayout> layout, int64_t num_layers, int64_t num_blocks, int64_t index_head_dim,
+                 int64_t first_layer)
     : layout_(std::move(layout)),
       block_size_(layout_->geometry().block_size),
       num_blocks_(num_blocks),
       index_head_dim_(index_head_dim) {
   const size_t layer_bytes = static_cast<size_t>(num_blocks) * block_size_ * layout_->bytes_per_token();
   pages_.resize(num_layers);
-  for (auto& p : pages_) p.resize(layer_bytes);
+  for (int64_t l = first_layer; l < num_layers; ++l) pages_[l].resize(layer_bytes);
   if (index_head_dim > 0) {
     indexer_.resize(num_layers);
-    for (auto& k : indexer_) k.resize(static_cast<size_t>(num_blocks) * block_size_ * index_head_dim);
+    for (int64_t l = first_layer; l < num_layers; ++l)
+      indexer_[l].resize(static_cast<size_t>(num_blocks) * block_size_ * index_head_dim);
   }
   free_.reserve(num_blocks);
   // Hand out low block ids first (pop_back), so small runs touch the start of each layer's pages.

@@ -12,8 +12,10 @@ namespace kiln {
 
 class KvCache {
  public:
-  // index_head_dim = 0 for models without a DSA indexer.
-  KvCache(std::shared_ptr<KvLayout> layout, int64_t num_layers, int64_t num_blocks, int64_t index_head_dim);
+  // index_head_dim = 0 for models without a DSA indexer. Layers below `first_layer` get no pages: a pool for
+  // the MTP layers alone (indexed num_hidden_layers + i, as the model addresses them) skips the trunk's.
+  KvCache(std::shared_ptr<KvLayout> layout, int64_t num_layers, int64_t num_blocks, int64_t index_head_dim,
+          int64_t first_layer = 0);
 
   const KvLayout& layout() const { return *layout_; }
   int64_t block_size() const { return block_size_; }

@@ -339,7 +339,16 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, St
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, kv, x.data(), selected, selected_width));
 
-  if (keep_hidden) out.hidden = x;
+  if (keep_hidden) {
+    out.hidden.resize(N * Hd);
+    cpu::rmsnorm(x.data(), weights_.final_norm.data(), N, Hd, static_cast<float>(c.rms_norm_eps), out.hidden.data());
+  }
+  return logits(steps, tl, x.data(), weights_.final_norm, *weights_.lm_head, out);
+}
+
+Status MlaMoeModel::logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x,
+                           const std::vector<float>& norm, const Linear& head, StepOutput& out) const {
+  const int64_t Hd = config_.hidden_size;
   // Logits only for the rows asked for: the last token of each step, or all of them.
   std::vector<int64_t> rows;
   out.first_row.clear();
@@ -351,10 +360,40 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, St
   const int64_t R = static_cast<int64_t>(rows.size());
   std::vector<float> normed(R * Hd);
   for (int64_t r = 0; r < R; ++r)
-    cpu::rmsnorm(x.data() + rows[r] * Hd, weights_.final_norm.data(), 1, Hd, static_cast<float>(c.rms_norm_eps),
-                 normed.data() + r * Hd);
-  out.logits.resize(R * c.vocab_size);
-  return run_linear(*weights_.lm_head, normed.data(), R, out.logits.data());
+    cpu::rmsnorm(x + rows[r] * Hd, norm.data(), 1, Hd, static_cast<float>(config_.rms_norm_eps), normed.data() + r * Hd);
+  out.logits.resize(R * config_.vocab_size);
+  return run_linear(head, normed.data(), R, out.logits.data());
+}
+
+Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                                KvCache& kv, StepOutput& out) const {
+  const ModelConfig& c = config_;
+  if (mtp_index < 0 || mtp_index >= static_cast<int64_t>(weights_.mtp.size()))
+    return out_of_range("MTP layer " + std::to_string(mtp_index) + " is not loaded (" +
+                        std::to_string(weights_.mtp.size()) + " present)");
+  const MtpWeights& m = weights_.mtp[mtp_index];
+  TokenLayout tl;
+  KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
+  const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  std::vector<int32_t> ids;
+  ids.reserve(N);
+  for (const auto& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
+  std::vector<float> e(N * Hd), hn(N * Hd), cat(N * 2 * Hd), x(N * Hd);
+  embed(ids.data(), N, e.data());
+  cpu::rmsnorm(e.data(), m.enorm.data(), N, Hd, eps, e.data());
+  cpu::rmsnorm(prev_hidden, m.hnorm.data(), N, Hd, eps, hn.data());
+  for (int64_t t = 0; t < N; ++t) {  // the embedding first, then the hidden state
+    std::copy_n(e.data() + t * Hd, Hd, cat.data() + t * 2 * Hd);
+    std::copy_n(hn.data() + t * Hd, Hd, cat.data() + t * 2 * Hd + Hd);
+  }
+  KILN_RETURN_IF_ERROR(run_linear(*m.eh_proj, cat.data(), N, x.data()));
+  std::vector<int32_t> selected;
+  int64_t selected_width = 0;
+  KILN_RETURN_IF_ERROR(run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, kv, x.data(), selected, selected_width));
+  out.hidden = x;
+  return logits(steps, tl, x.data(), m.head_norm, m.head ? *m.head : *weights_.lm_head, out);
 }
 
 }  // namespace kiln

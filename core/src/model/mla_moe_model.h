@@ -28,7 +28,10 @@ struct SequenceStep {
 struct StepOutput {
   std::vector<float> logits;      // [rows, vocab]
   std::vector<int64_t> first_row; // per step: its first row in `logits`
-  std::vector<float> hidden;      // [tokens, hidden]: last layer's output (pre-norm), when asked for
+  // [tokens, hidden], when asked for. forward(): the final-normed hidden state of every new token (what an
+  // MTP drafter conditions on); mtp_forward(): the MTP block's output before shared_head.norm (what the
+  // next drafting step conditions on).
+  std::vector<float> hidden;
 };
 
 class MlaMoeModel {
@@ -41,6 +44,13 @@ class MlaMoeModel {
 
   // Runs all steps as one batch: writes their KV (and indexer keys) and returns logits.
   Status forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden = false) const;
+
+  // The next-n (MTP) layer `mtp_index` over the same kind of batch: token i of a step is t_{p+1} for
+  // position p = start_position + i, and row i of `prev_hidden` [tokens, hidden] is the hidden state the
+  // drafter conditions on for that position. Its KV lives in layer num_hidden_layers + mtp_index of `kv`.
+  // Logits come from shared_head.norm → shared_head.head (or the target's lm_head).
+  Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden, KvCache& kv,
+                     StepOutput& out) const;
 
   // Embedding rows as fp32 [n, hidden].
   void embed(const int32_t* ids, int64_t n, float* out) const;
@@ -64,6 +74,9 @@ class MlaMoeModel {
                         const float* q_resid, std::vector<int32_t>& selected, int64_t& selected_width) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out) const;
   bool use_expanded(int64_t new_tokens, int64_t kv_len) const;
+  // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
+  Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,
+                const Linear& head, StepOutput& out) const;
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include <omp.h>
+
 #include "kiln/log.h"
 
 namespace kiln {
@@ -15,6 +17,10 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
                          "model.load = \"mmap\"");
   if (!fs::is_directory(dir))
     return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
+
+  // model.threads: the CPU kernels' OpenMP team size (0 keeps OpenMP's default, one per core). Tiny models
+  // decode faster on one thread than on a team whose fork/join costs more than the work.
+  if (const int64_t threads = model.get_int("threads", 0); threads > 0) omp_set_num_threads(static_cast<int>(threads));
 
   LoadedModel m;
   KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));

@@ -21,6 +21,16 @@ constexpr size_t kMinDescriptorSize = offsetof(KilnPluginDescriptor, register_fn
 
 std::string field(const char* s) { return s ? s : ""; }
 
+// The first ABI minor in which each kind's interface took its current shape. A plugin built against an
+// older minor still loads, but not its capabilities of a kind whose structs have grown since.
+constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
+    0,  // weight_format
+    0,  // kv_layout
+    1,  // drafter: DraftInput grew next_token / temperature / seed, CreateContext gained draft_host (1.1)
+    0,  // collective
+    0,  // modality
+};
+
 }  // namespace
 
 bool is_plugin_file_name(const fs::path& p) {
@@ -138,6 +148,15 @@ Status PluginLoader::try_load(const fs::path& file) {
     return internal_error("register_fn threw a non-standard exception");
   }
   if (staging.entries().empty()) return invalid_argument("registered no capabilities");
+  for (const auto& e : staging.entries()) {
+    const uint32_t needed = kMinMinorForKind[static_cast<uint32_t>(e.kind)];
+    if (d->abi_minor < needed)
+      return failed_precondition(std::string(plugin_kind_name(e.kind)) + " `" + e.name + "` was built for ABI " +
+                                 std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) + "; the " +
+                                 plugin_kind_name(e.kind) + " interface changed in ABI " +
+                                 std::to_string(KILN_ABI_MAJOR) + "." + std::to_string(needed) +
+                                 ": rebuild the plugin against this kiln's SDK");
+  }
 
   LoadedPlugin info;
   info.path = file.string();

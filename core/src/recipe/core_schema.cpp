@@ -99,6 +99,7 @@ std::vector<CoreSection> build() {
                  integer("max_output_tokens", 4096, "default and cap for max_tokens", 1),
                  integer("max_num_seqs", 16, "sequences running at once", 1, 4096),
                  integer("max_num_batched_tokens", 2048, "tokens per engine step (bounds prefill chunks)", 1),
+                 integer("max_waiting", 1024, "requests queued beyond the running ones before new ones get 429", 1),
                  real("gpu_memory_utilization", 0.9, "share of device memory kiln may use", 0.05, 1.0),
                  boolean("prefix_caching", true, "reuse KV blocks of shared prompt prefixes")}},
                std::nullopt});

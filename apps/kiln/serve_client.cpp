@@ -1,0 +1,113 @@
+#include "serve_client.h"
+
+#include <chrono>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace kiln::cli {
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+httplib::Headers auth(const ServerAddress& s) {
+  if (s.api_key.empty()) return {};
+  return {{"Authorization", "Bearer " + s.api_key}};
+}
+}  // namespace
+
+bool parse_base_url(const std::string& url, ServerAddress& out) {
+  std::string s = url;
+  if (s.rfind("http://", 0) == 0) s = s.substr(7);
+  if (s.size() >= 3 && s.substr(s.size() - 3) == "/v1") s = s.substr(0, s.size() - 3);
+  if (!s.empty() && s.back() == '/') s.pop_back();
+  size_t colon = s.rfind(':');
+  if (colon == std::string::npos) {
+    out.host = s;
+    return !s.empty();
+  }
+  out.host = s.substr(0, colon);
+  try {
+    out.port = std::stoi(s.substr(colon + 1));
+  } catch (...) {
+    return false;
+  }
+  return !out.host.empty() && out.port > 0 && out.port < 65536;
+}
+
+std::string first_model(const ServerAddress& server) {
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(5);
+  auto res = cli.Get("/v1/models", auth(server));
+  if (!res || res->status != 200) return "";
+  auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || j["data"].empty()) return "";
+  return j["data"][0].value("id", "");
+}
+
+StreamTiming timed_completion(const ServerAddress& server, const std::string& model, const std::string& prompt,
+                              int64_t max_tokens, bool ignore_eos) {
+  StreamTiming t;
+  nlohmann::json body = {{"model", model},
+                         {"prompt", prompt},
+                         {"max_tokens", max_tokens},
+                         {"temperature", 0},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+  if (ignore_eos) body["ignore_eos"] = true;
+  httplib::Client cli(server.host, server.port);
+  cli.set_read_timeout(3600);
+  std::string buffer;
+  auto start = Clock::now();
+  Clock::time_point last;
+  bool first = true;
+  auto on_data = [&](const char* data, size_t len) {
+    buffer.append(data, len);
+    size_t pos;
+    while ((pos = buffer.find("\n\n")) != std::string::npos) {
+      std::string event = buffer.substr(0, pos);
+      buffer.erase(0, pos + 2);
+      if (event.rfind("data: ", 0) != 0) continue;
+      std::string payload = event.substr(6);
+      if (payload == "[DONE]") continue;
+      auto j = nlohmann::json::parse(payload, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("usage") && j["usage"].is_object()) {
+        t.prompt_tokens = j["usage"].value("prompt_tokens", 0);
+        t.completion_tokens = j["usage"].value("completion_tokens", 0);
+      }
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      const auto& text = j["choices"][0]["text"];
+      if (!text.is_string() || text.get<std::string>().empty()) continue;
+      auto now = Clock::now();
+      if (first) {
+        t.ttft = std::chrono::duration<double>(now - start).count();
+        first = false;
+      } else {
+        t.itl.push_back(std::chrono::duration<double>(now - last).count());
+      }
+      last = now;
+    }
+    return true;
+  };
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.headers = auth(server);
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) { return on_data(data, len); };
+  auto res = cli.send(req);
+  t.latency = since(start);
+  if (!res) {
+    t.error = "request failed: " + httplib::to_string(res.error());
+  } else if (res->status != 200) {
+    t.error = "HTTP " + std::to_string(res->status) + ": " + (res->body.empty() ? buffer : res->body);
+  } else {
+    t.ok = !first;
+    if (first) t.error = "the stream carried no text";
+  }
+  return t;
+}
+
+}  // namespace kiln::cli

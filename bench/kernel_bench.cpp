@@ -1,0 +1,206 @@
+// Kernel timings on one GPU beside their bytes-moved floor: MLA decode over the paged bf16 cache at several
+// contexts (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages) and the decode expert GEMV (64 experts,
+// top-4, hidden 2048, inter 1536). Times are CUDA-event medians; inputs are random and rotated so the L2 does
+// not serve them. Usage: kiln_bench_kernel_bench
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/moe_experts.h"
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                  \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+#define CHECK_OK(x)                                                     \
+  do {                                                                  \
+    kiln::Status s_ = (x);                                              \
+    if (!s_.ok()) {                                                     \
+      std::fprintf(stderr, "%s\n", s_.to_string().c_str());             \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+
+template <class T>
+T* device_random(size_t n, uint64_t seed) {
+  std::vector<T> host(n);
+  std::mt19937_64 rng(seed);
+  for (auto& v : host) {
+    if constexpr (sizeof(T) == 2)
+      v = static_cast<T>(0x3c00 + (rng() % 0x600) - 0x300 + ((rng() & 1) << 15));  // bf16 of modest magnitude
+    else
+      v = static_cast<T>(std::uniform_real_distribution<float>(-1, 1)(rng));
+  }
+  T* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, n * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(d, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class Fn>
+float median_ms(Fn&& fn, int iters) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) fn(i);
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    fn(i);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+  // Copy bandwidth (bytes read + written), the ceiling for everything below.
+  const size_t copy_bytes = size_t(2) << 30;
+  void *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  const float copy_ms = median_ms([&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 20);
+  const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);
+  std::printf("d2d copy: %.3f ms for 2 GiB -> %.2f TB/s (read + write)\n", copy_ms, bw / 1e12);
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+
+  // MLA decode, one query row, GLM-4.7-Flash shapes. Several sequences' pages, rotated, keep the L2 cold.
+  const int64_t heads = 20, block = 64, row = 576;
+  std::printf("\nMLA decode (1 query, %lld heads, bf16 cache, block %lld)\n", (long long)heads, (long long)block);
+  std::printf("%8s %7s %10s %10s %10s %8s\n", "context", "splits", "us", "floor_us", "TB/s", "%floor");
+  for (int64_t ctx : {4096, 32768, 131072}) {
+    const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(600) << 20) / (ctx * row * 2)));
+    const int64_t blocks = ctx / block;
+    uint16_t* cache = device_random<uint16_t>(size_t(copies) * blocks * block * row, 7);
+    std::vector<int32_t> tables(size_t(copies) * blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), std::mt19937_64(3));
+    int32_t *d_tables, *d_seq, *d_len;
+    CHECK_CUDA(cudaMalloc(&d_tables, tables.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<int32_t> seqs(copies);
+    std::iota(seqs.begin(), seqs.end(), 0);
+    CHECK_CUDA(cudaMalloc(&d_seq, copies * 4));
+    CHECK_CUDA(cudaMemcpy(d_seq, seqs.data(), copies * 4, cudaMemcpyHostToDevice));
+    const int32_t len = static_cast<int32_t>(ctx);
+    CHECK_CUDA(cudaMalloc(&d_len, 4));
+    CHECK_CUDA(cudaMemcpy(d_len, &len, 4, cudaMemcpyHostToDevice));
+    float* q = device_random<float>(heads * row, 9);
+    float* out = nullptr;
+    CHECK_CUDA(cudaMalloc(&out, heads * 512 * 4));
+    const int best = kiln::cuda::mla_decode_num_splits(1, heads, ctx, prop.multiProcessorCount);
+    for (int splits : {best, std::max(1, best / 2), std::max(1, best / 4)}) {
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits))));
+      kiln::cuda::MlaDecodeParams p;
+      p.q = q;
+      p.num_queries = 1;
+      p.num_heads = heads;
+      p.cache = cache;
+      p.block_size = block;
+      p.block_tables = d_tables;
+      p.max_blocks = blocks;
+      p.kv_len = d_len;
+      p.scale = 1.0f / 16;
+      p.out = out;
+      p.num_splits = splits;
+      p.workspace = ws;
+      const float ms = median_ms(
+          [&](int i) {
+            p.query_seq = d_seq + (i % copies);
+            CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
+          },
+          100);
+      const double bytes = double(ctx) * row * 2;
+      std::printf("%8lld %7d %10.2f %10.2f %10.2f %7.1f%%\n", (long long)ctx, splits, ms * 1e3, bytes / bw * 1e6,
+                  bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+      CHECK_CUDA(cudaFree(ws));
+      if (best == 1) break;
+    }
+    CHECK_CUDA(cudaFree(cache));
+    CHECK_CUDA(cudaFree(d_tables));
+    CHECK_CUDA(cudaFree(d_seq));
+    CHECK_CUDA(cudaFree(d_len));
+    CHECK_CUDA(cudaFree(q));
+    CHECK_CUDA(cudaFree(out));
+  }
+
+  // Expert GEMV for one decode token: 4 of 64 experts, gate_up + SwiGLU then down, weights 1.2 GB in all.
+  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
+  uint16_t* gate_up = device_random<uint16_t>(size_t(experts) * 2 * inter * hidden, 11);
+  uint16_t* down = device_random<uint16_t>(size_t(experts) * hidden * inter, 12);
+  uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
+  std::printf("\nMoE expert GEMV (64 experts, hidden 2048, inter 1536, top-4 per token)\n");
+  std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
+  for (int64_t tokens : {1, 4, 16}) {
+    const int64_t pairs = tokens * top_k;
+    std::mt19937_64 rng(5);
+    const int sets = 16;
+    std::vector<int32_t> ids(size_t(sets) * pairs);
+    std::vector<int> distinct(sets);
+    for (int s = 0; s < sets; ++s) {
+      std::vector<char> used(experts, 0);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<int32_t> all(experts);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int64_t j = 0; j < top_k; ++j) {
+          ids[s * pairs + t * top_k + j] = all[j];
+          used[all[j]] = 1;
+        }
+      }
+      distinct[s] = std::accumulate(used.begin(), used.end(), 0);
+    }
+    int32_t *d_ids, *offsets, *active, *order;
+    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&active, experts * 4));
+    CHECK_CUDA(cudaMalloc(&order, pairs * 4));
+    uint16_t *h, *outb;
+    float *y, *rw = device_random<float>(pairs, 14);
+    CHECK_CUDA(cudaMalloc(&h, pairs * inter * 2));
+    CHECK_CUDA(cudaMalloc(&y, pairs * hidden * 4));
+    CHECK_CUDA(cudaMalloc(&outb, tokens * hidden * 2));
+    const kiln::cuda::MoeDispatch d{offsets, active, order};
+    const float ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
+          CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY,
+                                                       h, nullptr));
+          CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+          CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, outb, nullptr));
+        },
+        100);
+    const double mean_experts = std::accumulate(distinct.begin(), distinct.end(), 0.0) / sets;
+    const double bytes = mean_experts * 3.0 * inter * hidden * 2;
+    std::printf("%7lld %8.1f %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, mean_experts, ms * 1e3,
+                bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+  return 0;
+}

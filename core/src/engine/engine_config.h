@@ -1,0 +1,29 @@
+// The serving engine's limits: the [scheduler] recipe section resolved against the model, plus the KV pool.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/recipe.h"
+#include "kiln/status.h"
+
+namespace kiln {
+
+struct EngineConfig {
+  int64_t max_model_len = 0;              // prompt + output tokens of one sequence
+  int64_t max_num_seqs = 16;              // sequences running (holding KV) at once
+  int64_t max_num_batched_tokens = 2048;  // tokens computed per step: decodes + prefill chunks
+  int64_t max_waiting = 1024;             // queued requests beyond which submit answers kResourceExhausted
+  bool prefix_caching = true;
+  int64_t lookahead_slots = 0;  // extra KV positions reserved per running sequence (speculative decoding)
+  int64_t num_blocks = 0;       // the KV pool
+  int64_t block_size = 0;
+
+  // Every limit positive, and one step able to hold a decode of every running sequence.
+  Status validate() const;
+};
+
+// Reads [scheduler] (max_model_len 0 = `model_max_len`, the model's max_position_embeddings; a recipe value
+// above it is refused). The pool fields are left for the caller, who sizes the pool (kv_capacity.h).
+Result<EngineConfig> engine_config_from_recipe(const RecipeSection& scheduler, int64_t model_max_len);
+
+}  // namespace kiln

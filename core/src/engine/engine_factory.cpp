@@ -1,0 +1,65 @@
+#include "engine/engine_factory.h"
+
+#include <filesystem>
+
+#include "engine/mla_moe_runner.h"
+#include "kiln/log.h"
+
+namespace kiln {
+namespace {
+
+uint64_t checkpoint_bytes(const LoadedModel& m) {
+  uint64_t total = 0;
+  if (!m.checkpoint) return 0;
+  for (const auto& f : m.checkpoint->files()) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(f, ec);
+    if (!ec) total += size;
+  }
+  return total;
+}
+
+// fp32 activations of one step of max_num_batched_tokens tokens: the residual stream and the widest
+// intermediates of attention and the MoE block come to a few dozen hidden-widths per token; plus one logits
+// row per running sequence. An estimate: the point is to leave room, not to account to the byte.
+uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
+  const uint64_t per_token =
+      static_cast<uint64_t>(32 * c.hidden_size + c.num_attention_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
+  return 4 * (static_cast<uint64_t>(e.max_num_batched_tokens) * per_token +
+              static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
+}
+
+}  // namespace
+
+Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+  const ModelConfig& mc = m.model->config();
+  const RecipeSection& scheduler = recipe.section("scheduler");
+  KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
+
+  const int64_t layers = mc.num_hidden_layers + static_cast<int64_t>(m.model->weights().mtp.size());
+  KvPoolBudget budget;
+  budget.memory_bytes = memory.memory_bytes != 0 ? memory.memory_bytes : physical_memory_bytes();
+  budget.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
+  budget.weight_bytes = memory.weight_bytes != 0 ? memory.weight_bytes : checkpoint_bytes(m);
+  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(mc, config);
+  budget.bytes_per_token =
+      kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
+  budget.block_size = m.layout->geometry().block_size;
+  budget.max_model_len = config.max_model_len;
+  if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
+  KILN_ASSIGN_OR_RETURN(KvCapacity capacity, plan_kv_capacity(budget));
+  config.num_blocks = capacity.num_blocks;
+  config.block_size = capacity.block_size;
+  return EnginePlan{config, capacity};
+}
+
+Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, memory));
+  const auto& [config, capacity] = plan;
+  log::info("{}", capacity.report());
+  auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BatchEngine> engine, BatchEngine::create(config, std::move(runner)));
+  return StartedEngine{std::move(engine), capacity};
+}
+
+}  // namespace kiln

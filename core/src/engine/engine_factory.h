@@ -1,0 +1,38 @@
+// From a loaded model and its recipe to a running engine: the [scheduler] limits, the KV pool sized from the
+// memory the weights leave (kv_capacity.h), the capacity report logged, the runner and the engine loop started.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/batch_engine.h"
+#include "engine/kv_capacity.h"
+#include "model/model_loader.h"
+#include "recipe/recipe.h"
+
+namespace kiln {
+
+struct EngineMemory {
+  bool cpu = true;               // CPU: the pool is also capped at max_num_seqs × max_model_len tokens
+  uint64_t memory_bytes = 0;     // device memory; 0 on the CPU = physical RAM
+  uint64_t weight_bytes = 0;     // 0 = the checkpoint's file sizes
+  uint64_t workspace_bytes = 0;  // 0 = an estimate of the largest step's activations (see engine_factory.cpp)
+};
+
+struct StartedEngine {
+  std::unique_ptr<BatchEngine> engine;
+  KvCapacity capacity;  // for /metrics and `kiln recipe show`
+};
+
+// The engine settings and KV pool a recipe gets with this model and memory (what start_engine uses, and what
+// `kiln recipe show` reports).
+struct EnginePlan {
+  EngineConfig config;
+  KvCapacity capacity;
+};
+Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
+
+// `model` must outlive the engine.
+Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
+
+}  // namespace kiln

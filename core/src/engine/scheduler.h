@@ -1,0 +1,71 @@
+// Continuous batching. Each step, in this order:
+//   1. every running sequence that is decoding gets its one token (decodes are never starved);
+//   2. running sequences part-way through their prompt get chunks from what is left of
+//      max_num_batched_tokens;
+//   3. waiting sequences (preempted ones first, then arrivals in order) are admitted while sequences,
+//      tokens and KV blocks allow, starting from their cached prefix.
+// When a running sequence cannot get a block, the newest running sequence not yet scheduled this step is
+// preempted by recompute: its blocks are freed and it returns to the front of the waiting queue, to be
+// prefilled again (its prompt and the tokens it generated) later. Waiting requests never preempt running ones.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/engine_config.h"
+#include "engine/sequence.h"
+
+namespace kiln {
+
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int64_t num_tokens = 0;  // tokens[seq->num_computed, + num_tokens) are computed this step
+};
+
+struct ScheduledStep {
+  std::vector<ScheduledChunk> chunks;  // decodes first
+  int64_t num_tokens = 0;
+  int64_t num_preempted = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const EngineConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {}
+
+  // Why a request can never run here (kInvalidArgument naming the numbers), or ok.
+  Status check_fits(const RequestParams& params) const;
+  void add(std::unique_ptr<Sequence> seq);
+
+  ScheduledStep schedule();
+  // After the step's forward pass: the chunk's tokens have KV now.
+  void on_computed(const ScheduledChunk& chunk);
+  // Frees the sequence's blocks and forgets it (finished, cancelled or its client gone).
+  void finish(Sequence* seq);
+
+  Sequence* find(uint64_t id) const;
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  bool empty() const { return sequences_.empty(); }
+  int64_t preemptions() const { return preemptions_; }
+  // Every sequence, for shutdown.
+  std::vector<Sequence*> all() const;
+
+ private:
+  bool reserve_running(Sequence* seq, int64_t tokens, int64_t& preempted);
+  bool admit(Sequence* seq, int64_t& budget, ScheduledStep& step);
+  void preempt(Sequence* seq);
+
+  EngineConfig config_;
+  BlockManager& blocks_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  std::vector<Sequence*> running_;  // in admission order: the back is the newest
+  std::deque<Sequence*> waiting_;
+  uint64_t step_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace kiln

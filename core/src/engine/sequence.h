@@ -1,0 +1,42 @@
+// One request inside the engine: its tokens (prompt, then what it generated), how many of them have KV in
+// the cache, its blocks, its sampler and where its events go.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/engine_api.h"
+#include "engine/sampler.h"
+
+namespace kiln {
+
+struct Sequence {
+  Sequence(uint64_t id_, RequestParams params, TokenSink sink_)
+      : id(id_),
+        tokens(std::move(params.prompt)),
+        prompt_len(static_cast<int64_t>(tokens.size())),
+        max_tokens(params.max_tokens),
+        stop_token_ids(std::move(params.stop_token_ids)),
+        sampler(params.sampling),
+        sink(std::move(sink_)) {}
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  // Tokens still to compute before the next sample (1 for a decoding sequence).
+  int64_t pending() const { return static_cast<int64_t>(tokens.size()) - num_computed; }
+
+  uint64_t id;
+  std::vector<int32_t> tokens;
+  int64_t prompt_len;
+  int64_t num_computed = 0;  // tokens whose KV is in the cache; reset to 0 by preemption (recompute)
+  int64_t max_tokens;
+  std::vector<int32_t> stop_token_ids;
+  Sampler sampler;
+  TokenSink sink;
+  BlockTable kv;
+  int64_t cached_prompt_tokens = 0;  // from the prefix cache at first admission
+  bool admitted_once = false;
+  uint64_t scheduled_step = 0;  // the last step that scheduled it (0 = never)
+};
+
+}  // namespace kiln

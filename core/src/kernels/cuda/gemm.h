@@ -1,0 +1,31 @@
+// Dense bf16 projections through cuBLAS (tensor cores, fp32 accumulation).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cuda/stream_handle.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
+
+namespace kiln::cuda {
+
+// One cuBLAS handle; use it from one host thread at a time.
+class CublasGemm {
+ public:
+  static Result<std::unique_ptr<CublasGemm>> create();
+  ~CublasGemm();
+  CublasGemm(const CublasGemm&) = delete;
+  CublasGemm& operator=(const CublasGemm&) = delete;
+
+  // y[n, out] = x[n, in] · Wᵀ (+ y when accumulate); x, W bf16 row-major (W as nn.Linear's [out, in]);
+  // y is bf16 or fp32 (y_dtype kBF16 / kF32).
+  Status linear(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y, DType y_dtype,
+                StreamHandle stream, bool accumulate = false);
+
+ private:
+  explicit CublasGemm(void* handle) : handle_(handle) {}
+  void* handle_;  // cublasHandle_t
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,391 @@
+#include <cmath>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mla_decode.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kRow = 576;             // latent + rope values per cached token
+constexpr int kRowStride = kRow + 8;  // smem row pitch in bf16: 1168 bytes, so fragment reads avoid bank conflicts
+constexpr int kTile = 64;             // tokens per pipeline stage
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunksPerRow = kRow * 2 / 16;  // 16-byte copies per cached row
+constexpr int kScoreStride = kTile + 4;
+constexpr int kPStride = kTile + 8;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kMTiles>
+struct Smem {
+  static constexpr int kHeads = 16 * kMTiles;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kKv = kQ + sizeof(uint16_t) * kHeads * kRowStride;
+  static constexpr size_t kScores = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
+  static constexpr size_t kP = kScores + sizeof(float) * kHeads * kScoreStride;
+  static constexpr size_t kStats = kP + sizeof(uint16_t) * kHeads * kPStride;  // m, l, alpha
+  static constexpr size_t kSlots = kStats + sizeof(float) * 3 * kHeads;
+  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * 2 * kTile;
+};
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// grid: (head groups, splits, queries). Each CTA: kMTiles·16 heads of one query row over one split's keys.
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams p, float* part_out,
+                                                                 float* part_lse) {
+  using L = Smem<kMTiles>;
+  constexpr int kHeads = L::kHeads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem + L::kQ);
+  uint16_t* s_kv = reinterpret_cast<uint16_t*>(smem + L::kKv);
+  float* s_scores = reinterpret_cast<float*>(smem + L::kScores);
+  uint16_t* s_p = reinterpret_cast<uint16_t*>(smem + L::kP);
+  float* s_m = reinterpret_cast<float*>(smem + L::kStats);
+  float* s_l = s_m + kHeads;
+  float* s_alpha = s_l + kHeads;
+  int64_t* s_slots = reinterpret_cast<int64_t*>(smem + L::kSlots);
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // mma group id
+  const int c = lane % 4;  // thread in group
+  const int head0 = blockIdx.x * kHeads;
+  const int split = blockIdx.y;
+  const int64_t query = blockIdx.z;
+  const int kv_len = p.kv_len[query];
+  const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[query]) * p.max_blocks;
+  const int32_t* selected = p.selected ? p.selected + query * p.selected_width : nullptr;
+  const int64_t n_keys = selected ? p.selected_width : kv_len;
+  const int64_t tiles_total = (n_keys + kTile - 1) / kTile;
+  const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
+  const int64_t tile_begin = split * tiles_per_split;
+  const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
+
+  // q → bf16 in shared memory; padding heads are zero (their rows are never written out).
+  for (int i = tid; i < kHeads * kRow; i += kThreads) {
+    const int h = i / kRow, d = i % kRow;
+    const float v = head0 + h < p.num_heads ? p.q[(query * p.num_heads + head0 + h) * kRow + d] : 0.f;
+    s_q[h * kRowStride + d] = float_to_bf16_bits(v);
+  }
+  if (tid < kHeads) {
+    s_m[tid] = -INFINITY;
+    s_l[tid] = 0.f;
+  }
+
+  // Slot of key j of this row, −1 when not visible.
+  auto slot_of = [&](int64_t j) -> int64_t {
+    if (j >= n_keys) return -1;
+    const int64_t pos = selected ? selected[j] : j;
+    if (pos < 0 || pos >= kv_len) return -1;
+    return static_cast<int64_t>(block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
+  };
+  auto issue_tile = [&](int64_t tile, int buf) {
+    const int64_t* slots = s_slots + buf * kTile;
+    uint16_t* dst = s_kv + buf * kTile * kRowStride;
+    for (int i = tid; i < kTile * kChunksPerRow; i += kThreads) {
+      const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
+      const int64_t slot = slots[r];
+      const uint16_t* src = slot >= 0 ? p.cache + slot * kRow + ch * 8 : p.cache;
+      cp_async_16(dst + r * kRowStride + ch * 8, src, slot >= 0);
+    }
+    cp_async_commit();
+  };
+
+  float acc_o[kMTiles][8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc_o[mt][nt][k] = 0.f;
+
+  const float score_scale = p.scale * kLog2e;  // softmax in base 2
+  if (tile_begin < tile_end) {
+    if (tid < kTile) s_slots[tid] = slot_of(tile_begin * kTile + tid);
+    __syncthreads();
+    issue_tile(tile_begin, 0);
+  }
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int buf = static_cast<int>((tile - tile_begin) & 1);
+    const bool has_next = tile + 1 < tile_end;
+    if (has_next && tid < kTile) s_slots[(buf ^ 1) * kTile + tid] = slot_of((tile + 1) * kTile + tid);
+    __syncthreads();  // slots ready; every warp is done with the buffer the next tile goes to
+    if (has_next) {
+      issue_tile(tile + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint16_t* kv = s_kv + buf * kTile * kRowStride;
+    const int64_t* slots = s_slots + buf * kTile;
+
+    // Scores: warp w takes tokens 8w..8w+7 for every head of the group, K = 576.
+    {
+      float acc_s[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc_s[mt][k] = 0.f;
+      const uint16_t* k_row = kv + (warp * 8 + g) * kRowStride + 2 * c;
+#pragma unroll 4
+      for (int ks = 0; ks < kRow / 16; ++ks) {
+        const uint32_t b0 = lds32(k_row + ks * 16);
+        const uint32_t b1 = lds32(k_row + ks * 16 + 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint16_t* q_row = s_q + (mt * 16 + g) * kRowStride + ks * 16 + 2 * c;
+          const uint32_t a[4] = {lds32(q_row), lds32(q_row + 8 * kRowStride), lds32(q_row + 8),
+                                 lds32(q_row + 8 * kRowStride + 8)};
+          mma_bf16(acc_s[mt], a, b0, b1);
+        }
+      }
+      const int t0 = warp * 8 + 2 * c;
+      const bool v0 = slots[t0] >= 0, v1 = slots[t0 + 1] >= 0;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
+        float* row1 = row0 + 8 * kScoreStride;
+        row0[0] = v0 ? acc_s[mt][0] * score_scale : -INFINITY;
+        row0[1] = v1 ? acc_s[mt][1] * score_scale : -INFINITY;
+        row1[0] = v0 ? acc_s[mt][2] * score_scale : -INFINITY;
+        row1[1] = v1 ? acc_s[mt][3] * score_scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: kThreads / kHeads consecutive threads share one head row.
+    {
+      constexpr int kPerRow = kThreads / kHeads;
+      constexpr int kCols = kTile / kPerRow;
+      const int row = tid / kPerRow;
+      const int part = tid % kPerRow;
+      const float* s = s_scores + row * kScoreStride + part * kCols;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) tile_max = fmaxf(tile_max, s[j]);
+#pragma unroll
+      for (int off = kPerRow / 2; off > 0; off /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
+      const float m_old = s_m[row];
+      const float m_new = fmaxf(m_old, tile_max);
+      float sum = 0.f;
+      uint16_t* prow = s_p + row * kPStride + part * kCols;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const float e = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
+        sum += e;
+        prow[j] = float_to_bf16_bits(e);
+      }
+#pragma unroll
+      for (int off = kPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
+      __syncwarp();
+      if (part == 0) {
+        const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
+        s_alpha[row] = alpha;
+        s_l[row] = s_l[row] * alpha + sum;
+        s_m[row] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // Values: warp w owns latent columns 64w..64w+63; P from shared memory, V = first 512 values of each row.
+    {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const float a0 = s_alpha[mt * 16 + g], a1 = s_alpha[mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          acc_o[mt][nt][0] *= a0;
+          acc_o[mt][nt][1] *= a0;
+          acc_o[mt][nt][2] *= a1;
+          acc_o[mt][nt][3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kTile / 16; ++ks) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint16_t* pr = s_p + (mt * 16 + g) * kPStride + ks * 16 + 2 * c;
+          a[mt][0] = lds32(pr);
+          a[mt][1] = lds32(pr + 8 * kPStride);
+          a[mt][2] = lds32(pr + 8);
+          a[mt][3] = lds32(pr + 8 * kPStride + 8);
+        }
+        const int v_row = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, kv + v_row * kRowStride + warp * 64 + np * 16 + (lane / 16) * 8);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // s_l final (also covers a split with no tiles)
+
+  // Normalised output (or this split's normalised partial plus its log-sum-exp, natural log).
+  const bool direct = p.num_splits == 1;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * 16 + g + 8 * half;
+      const int head = head0 + row;
+      if (head >= p.num_heads) continue;
+      const float l = s_l[row];
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const int64_t qh = query * p.num_heads + head;
+      float* dst = direct ? p.out + qh * kMlaLatentDim
+                          : part_out + (static_cast<int64_t>(split) * p.num_queries * p.num_heads + qh) * kMlaLatentDim;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = warp * 64 + nt * 8 + 2 * c;
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(acc_o[mt][nt][2 * half] * inv_l, acc_o[mt][nt][2 * half + 1] * inv_l);
+      }
+      if (!direct && c == 0 && warp == 0)
+        part_lse[static_cast<int64_t>(split) * p.num_queries * p.num_heads + qh] =
+            l > 0.f ? s_m[row] / kLog2e + logf(l) : -INFINITY;
+    }
+  }
+}
+
+// One block per (query, head): split weights exp(lse_s − max) once into shared memory, then kCombineGroups
+// thread groups each sum a quarter of the splits over all 512 columns (float4 per thread), merged in shared memory.
+constexpr int kCombineGroups = 4;
+constexpr int kMaxSplits = 1024;
+
+__global__ void __launch_bounds__(kCombineGroups * 128) mla_combine_kernel(const float* __restrict__ part_out,
+                                                                           const float* __restrict__ part_lse,
+                                                                           int64_t rows, int num_splits,
+                                                                           float* __restrict__ out) {
+  __shared__ float s_weight[kMaxSplits];
+  __shared__ float4 s_acc[kCombineGroups][128];
+  __shared__ float s_inv_total;
+  const int64_t qh = blockIdx.x;
+  const int tid = threadIdx.x;
+  if (tid < 32) {
+    float lse_max = -INFINITY;
+    for (int s = tid; s < num_splits; s += 32) lse_max = fmaxf(lse_max, part_lse[s * rows + qh]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, off));
+    float total = 0.f;
+    for (int s = tid; s < num_splits; s += 32) {
+      const float lse = part_lse[s * rows + qh];
+      const float w = lse == -INFINITY ? 0.f : expf(lse - lse_max);
+      s_weight[s] = w;
+      total += w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(~0u, total, off);
+    if (tid == 0) s_inv_total = total > 0.f ? 1.f / total : 0.f;
+  }
+  __syncthreads();
+  const int group = tid / 128, col4 = tid % 128;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int s = group; s < num_splits; s += kCombineGroups) {
+    const float w = s_weight[s];
+    if (w == 0.f) continue;  // an empty split's partial is never read
+    const float4 v = reinterpret_cast<const float4*>(part_out + (s * rows + qh) * kMlaLatentDim)[col4];
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  s_acc[group][col4] = acc;
+  __syncthreads();
+  if (group == 0) {
+    float4 sum = s_acc[0][col4];
+#pragma unroll
+    for (int g = 1; g < kCombineGroups; ++g) {
+      const float4 v = s_acc[g][col4];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float inv = s_inv_total;
+    reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] =
+        make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+  }
+}
+
+template <int kMTiles>
+Status launch(const MlaDecodeParams& p, StreamHandle stream, float* part_out, float* part_lse) {
+  constexpr size_t kBytes = Smem<kMTiles>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      mla_decode_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_decode_bf16: shared memory limit"));
+  const dim3 grid(static_cast<unsigned>((p.num_heads + 16 * kMTiles - 1) / (16 * kMTiles)),
+                  static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_queries));
+  mla_decode_kernel<kMTiles><<<grid, kThreads, kBytes, stream>>>(p, part_out, part_lse);
+  return check_launch("cuda::mla_decode_bf16");
+}
+
+}  // namespace
+
+int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_keys, int sm_count) {
+  const int64_t groups = num_heads <= 16 ? 1 : (num_heads + 31) / 32;
+  const int64_t ctas = std::max<int64_t>(1, num_queries * groups);
+  const int64_t by_occupancy = (sm_count + ctas - 1) / ctas;
+  const int64_t by_length = std::max<int64_t>(1, (max_keys + 2 * kTile - 1) / (2 * kTile));
+  return static_cast<int>(std::max<int64_t>(1, std::min(by_occupancy, by_length)));
+}
+
+size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return sizeof(float) * static_cast<size_t>(num_splits) * num_queries * num_heads * (kMlaLatentDim + 1);
+}
+
+Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
+  if (p.num_queries < 0 || p.num_heads <= 0 || p.block_size <= 0 || p.num_splits < 1)
+    return invalid_argument("cuda::mla_decode_bf16: need num_heads > 0, block_size > 0 and num_splits ≥ 1");
+  if (p.selected && p.selected_width <= 0)
+    return invalid_argument("cuda::mla_decode_bf16: selected needs selected_width > 0");
+  if (p.num_splits > kMaxSplits) return invalid_argument("cuda::mla_decode_bf16: num_splits must be ≤ 1024");
+  if (p.num_splits > 1 && !p.workspace)
+    return invalid_argument("cuda::mla_decode_bf16: num_splits > 1 needs mla_decode_workspace_bytes of workspace");
+  if (p.num_queries == 0) return ok_status();
+  const int64_t rows = p.num_queries * p.num_heads;
+  float* part_out = static_cast<float*>(p.workspace);
+  float* part_lse = p.num_splits > 1 ? part_out + static_cast<int64_t>(p.num_splits) * rows * kMlaLatentDim : nullptr;
+  if (p.num_heads <= 16)
+    KILN_RETURN_IF_ERROR(launch<1>(p, stream, part_out, part_lse));
+  else
+    KILN_RETURN_IF_ERROR(launch<2>(p, stream, part_out, part_lse));
+  if (p.num_splits > 1) {
+    mla_combine_kernel<<<static_cast<unsigned>(rows), kCombineGroups * 128, 0, stream>>>(part_out, part_lse, rows, p.num_splits, p.out);
+    KILN_RETURN_IF_ERROR(check_launch("cuda::mla_decode_bf16 (combine)"));
+  }
+  return ok_status();
+}
+
+}  // namespace kiln::cuda

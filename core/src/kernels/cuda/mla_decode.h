@@ -1,0 +1,49 @@
+// Absorbed MLA decode attention over the paged bf16 latent cache (the GPU form of KvLayout::attend for the
+// built-in bf16 layout; math of cpu::mla_attention_absorbed_bf16).
+//
+// Pages are bf16 [block_size, 576]: 512 latent values then 64 roped k_pe values per token; token p of a
+// sequence lives at slot block_tables[seq, p / block_size] · block_size + p % block_size. Each query row is
+// one CTA column: its score and value products run on the tensor cores (bf16 operands, fp32 accumulation; q is
+// rounded to bf16), the cache is streamed once per head group through shared memory, and long contexts are
+// split over `num_splits` CTAs per row whose partial results (fp32 output + log-sum-exp per head) a second
+// kernel merges (flash-decoding).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/stream_handle.h"
+#include "kiln/status.h"
+
+namespace kiln::cuda {
+
+inline constexpr int64_t kMlaLatentDim = 512;
+inline constexpr int64_t kMlaRopeDim = 64;
+
+struct MlaDecodeParams {
+  const float* q = nullptr;               // [num_queries, num_heads, 576]: absorbed q_lat then roped q_pe
+  int64_t num_queries = 0;
+  int64_t num_heads = 0;                  // any count; processed in groups of 16 or 32
+  const uint16_t* cache = nullptr;        // this layer's pages
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks]
+  int64_t max_blocks = 0;
+  const int32_t* query_seq = nullptr;     // [num_queries]: row of block_tables
+  const int32_t* kv_len = nullptr;        // [num_queries]: positions 0..kv_len-1 are visible
+  const int32_t* selected = nullptr;      // optional [num_queries, selected_width] DSA positions, −1 padded,
+  int64_t selected_width = 0;             //   each position at most once (top-k output); null = all visible
+  float scale = 1.0f;
+  float* out = nullptr;                   // [num_queries, num_heads, 512] fp32
+  int num_splits = 1;                     // ≥ 1; > 1 needs workspace
+  void* workspace = nullptr;              // mla_decode_workspace_bytes(...) bytes of device memory
+};
+
+// A split count that gives about one wave of CTAs on `sm_count` multiprocessors for rows of up to max_keys
+// keys (the longest context, or selected_width with DSA), with at least two 64-token tiles per split.
+int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_keys, int sm_count);
+
+size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits);
+
+Status mla_decode_bf16(const MlaDecodeParams& params, StreamHandle stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,198 @@
+// A stand-in model for engine tests. Its "KV cache" is the token ids themselves: each step writes its tokens
+// into the slots its block table names and reads the sequence's whole history back through the same table.
+// The logits are a hash of that history, so a sequence's tokens depend on nothing but its own past — any
+// paging mistake (a block shared while written, freed while in use, a position never computed) changes the
+// tokens or is reported as a contract violation.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+
+namespace kiln::testing {
+
+inline uint64_t mix64(uint64_t h, uint64_t v) {
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The fake model: logits of the next token after `history`.
+inline void fake_logits(std::span<const int32_t> history, int64_t vocab, float* out) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : history) h = mix64(h, static_cast<uint32_t>(t));
+  for (int64_t v = 0; v < vocab; ++v)
+    out[v] = static_cast<float>(mix64(h, v) >> 40) / static_cast<float>(1 << 24) * 8.0f;
+}
+
+// What one request yields run alone: the reference every batched run must reproduce.
+inline std::vector<int32_t> reference_tokens(std::vector<int32_t> history, int64_t max_tokens,
+                                             const std::vector<int32_t>& stop, int64_t vocab,
+                                             const SamplingOptions& sampling = {}) {
+  Sampler sampler(sampling);
+  std::vector<float> logits(vocab);
+  std::vector<int32_t> out;
+  while (static_cast<int64_t>(out.size()) < max_tokens) {
+    fake_logits(history, vocab, logits.data());
+    const int32_t t = sampler.next(logits.data(), vocab);
+    out.push_back(t);
+    history.push_back(t);
+    if (std::find(stop.begin(), stop.end(), t) != stop.end()) break;
+  }
+  return out;
+}
+
+struct RecordedStep {
+  const void* table = nullptr;  // identifies the sequence within one call
+  int64_t start = 0, tokens = 0;
+};
+
+class FakeModelRunner final : public ModelRunner {
+ public:
+  FakeModelRunner(int64_t num_blocks, int64_t block_size, int64_t vocab)
+      : num_blocks_(num_blocks),
+        block_size_(block_size),
+        vocab_(vocab),
+        slot_token_(num_blocks * block_size, -1),
+        slot_pos_(num_blocks * block_size, -1) {}
+
+  int64_t vocab_size() const override { return vocab_; }
+
+  Status forward(std::span<const SequenceStep> steps, StepOutput& out) override {
+    wait_gate();
+    const int64_t call = calls_.fetch_add(1) + 1;
+    if (call == fail_on_call_) return internal_error("injected failure on call " + std::to_string(call));
+    std::vector<RecordedStep> record;
+    std::map<int32_t, size_t> writer;  // block → the step writing into it
+    std::set<const void*> tables;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const SequenceStep& st = steps[s];
+      const int64_t n = static_cast<int64_t>(st.tokens.size());
+      if (n == 0 || !st.block_table) return violation("a step without tokens or block table");
+      if (!tables.insert(st.block_table).second) return violation("one sequence twice in a batch");
+      const auto& table = *st.block_table;
+      const int64_t end = st.start_position + n;
+      if (static_cast<int64_t>(table.size()) * block_size_ < end)
+        return violation("block table covers " + std::to_string(table.size() * block_size_) +
+                         " positions, step ends at " + std::to_string(end));
+      if (std::set<int32_t>(table.begin(), table.end()).size() != table.size())
+        return violation("a block twice in one table");
+      for (int32_t b : table)
+        if (b < 0 || b >= num_blocks_) return violation("block id " + std::to_string(b) + " outside the pool");
+      for (int64_t p = st.start_position; p < end; ++p) writer[table[p / block_size_]] = s;
+      record.push_back({st.block_table, st.start_position, n});
+    }
+    // A block being written belongs to its writer alone: no other sequence of the batch may hold it.
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const SequenceStep& st = steps[s];
+      const int64_t end = st.start_position + static_cast<int64_t>(st.tokens.size());
+      for (int64_t i = 0; i < (end + block_size_ - 1) / block_size_; ++i) {
+        auto it = writer.find((*st.block_table)[i]);
+        if (it != writer.end() && it->second != s)
+          return violation("block " + std::to_string(it->first) + " is written by one sequence and held by another");
+      }
+    }
+    out.first_row.clear();
+    std::vector<std::vector<int32_t>> histories;
+    for (const auto& st : steps) {
+      const auto& table = *st.block_table;
+      std::vector<int32_t> history;
+      for (int64_t p = 0; p < st.start_position; ++p) {
+        const int64_t slot = table[p / block_size_] * block_size_ + p % block_size_;
+        if (slot_pos_[slot] != p) return violation("position " + std::to_string(p) + " read before it was computed");
+        history.push_back(slot_token_[slot]);
+      }
+      for (size_t i = 0; i < st.tokens.size(); ++i) {
+        const int64_t p = st.start_position + static_cast<int64_t>(i);
+        const int64_t slot = table[p / block_size_] * block_size_ + p % block_size_;
+        slot_token_[slot] = st.tokens[i];
+        slot_pos_[slot] = p;
+        history.push_back(st.tokens[i]);
+      }
+      histories.push_back(std::move(history));
+    }
+    size_t rows = 0;
+    for (size_t s = 0; s < steps.size(); ++s) rows += steps[s].all_logits ? steps[s].tokens.size() : 1;
+    out.logits.resize(rows * vocab_);
+    size_t row = 0;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      out.first_row.push_back(static_cast<int64_t>(row));
+      const auto& h = histories[s];
+      const size_t n = steps[s].tokens.size();
+      for (size_t t = steps[s].all_logits ? 0 : n - 1; t < n; ++t, ++row)
+        fake_logits(std::span<const int32_t>(h.data(), h.size() - n + t + 1), vocab_, out.logits.data() + row * vocab_);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_.push_back(std::move(record));
+    return ok_status();
+  }
+
+  int64_t calls() const { return calls_.load(); }
+  std::vector<std::vector<RecordedStep>> records() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return records_;
+  }
+  std::vector<std::string> violations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return violations_;
+  }
+  void fail_on_call(int64_t call) { fail_on_call_ = call; }
+
+  // While closed, forward() blocks on entry (tests use it to hold the engine mid-step).
+  void close_gate() {
+    std::lock_guard<std::mutex> lock(gate_mutex_);
+    gate_open_ = false;
+  }
+  void open_gate() {
+    {
+      std::lock_guard<std::mutex> lock(gate_mutex_);
+      gate_open_ = true;
+    }
+    gate_cv_.notify_all();
+  }
+  // Waits until forward() is blocked at the closed gate.
+  void wait_until_blocked() {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    gate_cv_.wait(lock, [&] { return blocked_; });
+  }
+
+ private:
+  void wait_gate() {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    if (gate_open_) return;
+    blocked_ = true;
+    gate_cv_.notify_all();
+    gate_cv_.wait(lock, [&] { return gate_open_; });
+    blocked_ = false;
+  }
+  Status violation(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    violations_.push_back(what);
+    return internal_error("SequenceStep contract: " + what);
+  }
+
+  int64_t num_blocks_, block_size_, vocab_;
+  std::vector<int32_t> slot_token_;
+  std::vector<int64_t> slot_pos_;
+  std::atomic<int64_t> calls_{0};
+  int64_t fail_on_call_ = -1;
+  mutable std::mutex mutex_;
+  std::vector<std::vector<RecordedStep>> records_;
+  std::vector<std::string> violations_;
+  std::mutex gate_mutex_;
+  std::condition_variable gate_cv_;
+  bool gate_open_ = true, blocked_ = false;
+};
+
+}  // namespace kiln::testing
