@@ -1,0 +1,27 @@
+// OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}} with the HTTP status they travel with.
+// Clients (the openai package, LangChain, curl users) branch on the status and read `message`/`param`, so every
+// refusal names the field at fault.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "kiln/status.h"
+
+namespace kiln {
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the request field at fault; empty = null
+  std::string code;   // machine-readable reason; empty = null
+
+  nlohmann::ordered_json to_json() const;
+};
+
+ApiError bad_request(std::string message, std::string param = "");
+// Engine/tokenizer Status → HTTP: invalid argument 400, not found 404, resource exhausted 429, unavailable 503.
+ApiError api_error_from_status(const Status& status, std::string param = "");
+
+}  // namespace kiln

@@ -1,0 +1,141 @@
+#include "server/chat_completions_route.h"
+
+#include <chrono>
+
+namespace kiln {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class ChatWriter : public ResponseWriter {
+ public:
+  ChatWriter(std::string model, bool include_usage)
+      : id_(random_id("chatcmpl-")), model_(std::move(model)), created_(unix_now()), include_usage_(include_usage) {}
+
+  std::string stream_begin() override { return chunk({{"role", "assistant"}, {"content", ""}}, nullptr); }
+
+  std::string stream_pieces(const OutputPieces& pieces) override {
+    std::string out;
+    for (const auto& p : pieces) {
+      switch (p.kind) {
+        case OutputPiece::Kind::kReasoning:
+          out += chunk({{"reasoning_content", p.text}}, nullptr);
+          break;
+        case OutputPiece::Kind::kContent:
+          out += chunk({{"content", p.text}}, nullptr);
+          break;
+        case OutputPiece::Kind::kToolCallStart:
+          out += chunk({{"tool_calls", ojson::array({{{"index", p.tool_index},
+                                                      {"id", p.tool_id},
+                                                      {"type", "function"},
+                                                      {"function", {{"name", p.tool_name}, {"arguments", ""}}}}})}},
+                       nullptr);
+          break;
+        case OutputPiece::Kind::kToolCallArguments:
+          out +=
+              chunk({{"tool_calls", ojson::array({{{"index", p.tool_index}, {"function", {{"arguments", p.text}}}}})}},
+                    nullptr);
+          break;
+      }
+    }
+    return out;
+  }
+
+  std::string stream_end(const GenerationResult& result) override {
+    std::string out = chunk(ojson::object(), openai_finish_reason(result));
+    if (include_usage_) {
+      ojson last = header();
+      last["choices"] = ojson::array();
+      last["usage"] = usage_json(result.usage);
+      out += sse_event(last);
+    }
+    return out + "data: [DONE]\n\n";
+  }
+
+  std::string stream_error(const ApiError& error) override { return sse_event(error.to_json()) + "data: [DONE]\n\n"; }
+
+  ojson complete(const OutputPieces& pieces, const GenerationResult& result) override {
+    std::string content, reasoning;
+    for (const auto& p : pieces) {
+      if (p.kind == OutputPiece::Kind::kContent) content += p.text;
+      if (p.kind == OutputPiece::Kind::kReasoning) reasoning += p.text;
+    }
+    ojson message = {{"role", "assistant"}};
+    message["content"] = content.empty() && !result.tool_calls.empty() ? ojson(nullptr) : ojson(content);
+    if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+    if (!result.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const auto& call : result.tool_calls) {
+        calls.push_back({{"id", call.id},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      message["tool_calls"] = calls;
+    }
+    ojson body = {{"id", id_}, {"object", "chat.completion"}, {"created", created_}, {"model", model_}};
+    body["choices"] = ojson::array(
+        {{{"index", 0}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(result)}}});
+    body["usage"] = usage_json(result.usage);
+    return body;
+  }
+
+ private:
+  ojson header() const {
+    return {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_}};
+  }
+
+  std::string chunk(ojson delta, ojson finish_reason) const {
+    ojson c = header();
+    c["choices"] = ojson::array({{{"index", 0},
+                                  {"delta", std::move(delta)},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", std::move(finish_reason)}}});
+    if (include_usage_) c["usage"] = nullptr;
+    return sse_event(c);
+  }
+
+  std::string id_, model_;
+  int64_t created_;
+  bool include_usage_;
+};
+
+}  // namespace
+
+std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const ojson& body, PreparedGeneration& out) {
+  RequestReader reader(body);
+  if (auto e = check_model(ctx, reader)) return e;
+  GenerationRequest& request = out.request;
+  read_sampling_fields(reader, {"max_completion_tokens", "max_tokens"}, request);
+  bool enable_thinking = true, clear_thinking = true;
+  if (const auto* kwargs = reader.value("chat_template_kwargs")) {
+    if (!kwargs->is_object()) {
+      reader.fail(bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs"));
+    } else {
+      RequestReader kw(*kwargs);
+      enable_thinking = kw.boolean("enable_thinking").value_or(true);
+      clear_thinking = kw.boolean("clear_thinking").value_or(true);
+      if (!kw.ok()) reader.fail(bad_request(kw.error().message, "chat_template_kwargs." + kw.error().param));
+    }
+  }
+  if (const auto* format = reader.value("response_format")) {
+    if (!format->is_object() || format->value("type", "") != "text") {
+      reader.fail(bad_request("only response_format {\"type\": \"text\"} is supported", "response_format"));
+    }
+  }
+  reader.boolean("parallel_tool_calls");
+  if (!reader.ok()) return reader.error();
+  const ojson* messages = reader.value("messages");
+  if (!messages) return bad_request("'messages' is required", "messages");
+
+  ToolSetup tools;
+  if (auto e = setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), tools)) return e;
+  if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request)) return e;
+  out.writer = std::make_unique<ChatWriter>(ctx.served_name, request.include_usage);
+  return std::nullopt;
+}
+
+}  // namespace kiln

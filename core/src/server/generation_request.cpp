@@ -1,0 +1,207 @@
+#include "server/generation_request.h"
+
+#include <algorithm>
+#include <random>
+
+#include "tokenizer/chat_template.h"
+
+namespace kiln {
+namespace {
+
+constexpr size_t kMaxStopStrings = 16;
+
+ApiError model_not_found(const std::string& model) {
+  ApiError e;
+  e.http_status = 404;
+  e.message = "The model `" + model + "` does not exist.";
+  e.param = "model";
+  e.code = "model_not_found";
+  return e;
+}
+
+}  // namespace
+
+std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& reader) {
+  auto model = reader.string("model");
+  if (!reader.ok()) return reader.error();
+  if (model && *model != ctx.served_name && *model != ctx.model_id) return model_not_found(*model);
+  return std::nullopt;
+}
+
+void read_sampling_fields(RequestReader& reader, const std::vector<const char*>& max_tokens_keys,
+                          GenerationRequest& request) {
+  for (const char* key : max_tokens_keys) {
+    if (auto v = reader.integer(key, 1, INT64_MAX)) {
+      request.requested_max_tokens = *v;
+      break;
+    }
+  }
+  SamplingOptions& s = request.params.sampling;
+  // OpenAI's default temperature is 1; greedy only when asked (temperature 0).
+  s.temperature = static_cast<float>(reader.number("temperature", 0.0, 2.0).value_or(1.0));
+  s.top_p = static_cast<float>(reader.number("top_p", 1e-9, 1.0).value_or(1.0));
+  int64_t top_k = reader.integer("top_k", -1, INT32_MAX).value_or(0);
+  s.top_k = top_k < 0 ? 0 : top_k;  // -1 (vLLM) and 0 both mean off
+  if (auto seed = reader.integer("seed", INT64_MIN, INT64_MAX)) {
+    s.seed = static_cast<uint64_t>(*seed);
+  } else {
+    s.seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
+  }
+  if (auto stop = reader.string_or_list("stop", kMaxStopStrings)) request.output.stop_strings = *stop;
+  if (auto n = reader.integer("n", 1, INT32_MAX); n && *n != 1) {
+    reader.fail(bad_request("only n=1 is supported, got n=" + std::to_string(*n), "n"));
+  }
+  request.stream = reader.boolean("stream").value_or(false);
+  if (const auto* opts = reader.value("stream_options")) {
+    if (!opts->is_object()) {
+      reader.fail(bad_request("'stream_options' must be an object, got " + json_type_phrase(*opts), "stream_options"));
+    } else {
+      RequestReader options_reader(*opts);
+      request.include_usage = options_reader.boolean("include_usage").value_or(false);
+      if (!options_reader.ok()) {
+        ApiError e = options_reader.error();
+        e.param = "stream_options." + e.param;
+        reader.fail(e);
+      }
+    }
+  }
+  if (auto logprobs = reader.boolean("logprobs"); logprobs && *logprobs) {
+    reader.fail(bad_request("logprobs are not supported by this server", "logprobs"));
+  }
+}
+
+std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t> prompt, GenerationRequest& request) {
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len == 0) return bad_request("the prompt is empty", "prompt");
+  if (prompt_len >= ctx.max_model_len) {
+    return bad_request("This model's maximum context length is " + std::to_string(ctx.max_model_len) +
+                           " tokens. However, your prompt has " + std::to_string(prompt_len) +
+                           " tokens, leaving no room for the completion.",
+                       "messages");
+  }
+  int64_t max_tokens = ctx.max_model_len - prompt_len;
+  if (ctx.max_output_tokens > 0) max_tokens = std::min(max_tokens, ctx.max_output_tokens);
+  if (request.requested_max_tokens) {
+    int64_t asked = *request.requested_max_tokens;
+    if (prompt_len + asked > ctx.max_model_len) {
+      ApiError e =
+          bad_request("This model's maximum context length is " + std::to_string(ctx.max_model_len) +
+                          " tokens. However, you requested " + std::to_string(prompt_len + asked) + " tokens (" +
+                          std::to_string(prompt_len) + " in the prompt, " + std::to_string(asked) +
+                          " for the completion). Please reduce the prompt or the "
+                          "completion length.",
+                      "max_tokens");
+      e.code = "context_length_exceeded";
+      return e;
+    }
+    if (ctx.max_output_tokens > 0 && asked > ctx.max_output_tokens) {
+      return bad_request("max_tokens is " + std::to_string(asked) + " but this server allows at most " +
+                             std::to_string(ctx.max_output_tokens) + " output tokens",
+                         "max_tokens");
+    }
+    max_tokens = asked;
+  }
+  request.params.prompt = std::move(prompt);
+  request.params.max_tokens = max_tokens;
+  request.params.stop_token_ids = ctx.end_of_turn_ids;
+  request.output.stop_token_ids = ctx.end_of_turn_ids;
+  return std::nullopt;
+}
+
+std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
+                                    const nlohmann::ordered_json* tool_choice, ToolSetup& setup) {
+  std::vector<std::string> names;
+  if (tools) {
+    if (!tools->is_array()) return bad_request("'tools' must be an array, got " + json_type_phrase(*tools), "tools");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const auto& tool = (*tools)[i];
+      const std::string where = "tools[" + std::to_string(i) + "]";
+      if (!tool.is_object() || tool.value("type", "") != "function") {
+        return bad_request(where + ": only tools of type \"function\" are supported", "tools");
+      }
+      const auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+        return bad_request(where + ".function.name is required and must be a string", "tools");
+      }
+      if (fn->contains("parameters") && !(*fn)["parameters"].is_object() && !(*fn)["parameters"].is_null()) {
+        return bad_request(where + ".function.parameters must be an object", "tools");
+      }
+      names.push_back((*fn)["name"].get<std::string>());
+    }
+  }
+  std::string mode = names.empty() ? "none" : "auto";
+  std::string forced_name;
+  if (tool_choice) {
+    if (tool_choice->is_string()) {
+      mode = tool_choice->get<std::string>();
+      if (mode != "auto" && mode != "none" && mode != "required") {
+        return bad_request(
+            "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + mode + "\"",
+            "tool_choice");
+      }
+    } else if (tool_choice->is_object() && tool_choice->value("type", "") == "function") {
+      const auto fn = tool_choice->find("function");
+      if (fn != tool_choice->end() && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string()) {
+        forced_name = (*fn)["name"].get<std::string>();
+      } else if (tool_choice->contains("name") && (*tool_choice)["name"].is_string()) {
+        forced_name = (*tool_choice)["name"].get<std::string>();
+      } else {
+        return bad_request(
+            "'tool_choice' names no function (expected {\"type\": \"function\", \"function\": "
+            "{\"name\": ...}})",
+            "tool_choice");
+      }
+      mode = "named";
+    } else {
+      return bad_request(
+          "'tool_choice' must be a string or {\"type\": \"function\", ...}, got " + json_type_phrase(*tool_choice),
+          "tool_choice");
+    }
+  }
+  if ((mode == "required" || mode == "named") && names.empty()) {
+    return bad_request("'tool_choice' is \"" + (mode == "named" ? forced_name : mode) + "\" but no tools were given",
+                       "tool_choice");
+  }
+  if (mode == "named" && std::find(names.begin(), names.end(), forced_name) == names.end()) {
+    return bad_request("'tool_choice' names the function \"" + forced_name + "\", which is not in 'tools'",
+                       "tool_choice");
+  }
+  if (mode == "none" || names.empty()) return std::nullopt;  // tools are neither shown to the model nor parsed
+  if (ctx.tool_parser.empty() && mode != "auto") {
+    return bad_request(
+        "this server has no tool-call parser configured, so tool_choice \"" + mode + "\" cannot be honoured",
+        "tool_choice");
+  }
+  setup.tools = *tools;
+  setup.parse_tool_calls = !ctx.tool_parser.empty();
+  if (mode == "required") setup.prefill = "<tool_call>";
+  if (mode == "named") setup.prefill = "<tool_call>" + forced_name;
+  return std::nullopt;
+}
+
+std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
+                                          const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
+                                          GenerationRequest& request) {
+  if (!messages.is_array()) {
+    return bad_request("'messages' must be an array, got " + json_type_phrase(messages), "messages");
+  }
+  if (messages.empty()) return bad_request("'messages' must contain at least one message", "messages");
+  auto parsed = parse_chat_messages(messages);
+  if (!parsed.ok()) return bad_request(parsed.status().message(), "messages");
+  // A forced call starts the answer, so there is no room for reasoning before it.
+  const bool thinking = enable_thinking && tools.prefill.empty();
+  ChatTemplateOptions options;
+  options.enable_thinking = thinking;
+  options.clear_thinking = clear_thinking;
+  options.tools = tools.tools;
+  auto text = render_glm_chat(*parsed, options);
+  if (!text.ok()) return bad_request(text.status().message(), "messages");
+  request.prefill = tools.prefill;
+  request.output.split_reasoning = ctx.reasoning_parser == "glm45";
+  request.output.starts_in_reasoning = thinking;
+  request.output.parse_tool_calls = tools.parse_tool_calls;
+  request.output.tools = tools.tools;
+  return set_prompt(ctx, ctx.tokenizer->encode(*text + tools.prefill, /*parse_special=*/true), request);
+}
+
+}  // namespace kiln

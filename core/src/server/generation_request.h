@@ -1,0 +1,73 @@
+// What the three generation routes share: the request they hand to a GenerationSession, the server facts they
+// read (model names, limits, parsers), and the parsing of common fields, tools and chat prompts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine_api.h"
+#include "server/api_error.h"
+#include "server/output_pipeline.h"
+#include "server/request_reader.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+struct ServerContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::string model_id;
+  std::string served_name;
+  int64_t max_model_len = 0;
+  int64_t max_output_tokens = 0;  // 0 = whatever the context leaves
+  std::vector<int32_t> end_of_turn_ids;
+  std::string tool_parser;       // "glm47" or ""
+  std::string reasoning_parser;  // "glm45" or ""
+};
+
+struct GenerationRequest {
+  RequestParams params;
+  OutputPipelineOptions output;
+  std::string prefill;  // answer text the prompt already ends with
+  std::optional<int64_t> requested_max_tokens;
+  bool stream = false;
+  bool include_usage = false;
+  // Echoed in responses.
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tool_choice = "auto";
+};
+
+// 404 unless `model` is absent or names this server's model (served name or model id).
+std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& reader);
+
+// temperature, top_p, top_k, seed, stop, n, stream, stream_options, and the token limit under the first of
+// `max_tokens_keys` present (chat accepts max_tokens and max_completion_tokens).
+void read_sampling_fields(RequestReader& reader, const std::vector<const char*>& max_tokens_keys,
+                          GenerationRequest& request);
+
+// Sets the prompt and the final token limit: 400 naming both numbers when prompt + max_tokens exceeds
+// max_model_len (the engine would refuse it too; answering here keeps the message in HTTP terms).
+std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t> prompt, GenerationRequest& request);
+
+struct ToolSetup {
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // rendered into the prompt (chat format)
+  bool parse_tool_calls = false;
+  std::string prefill;  // "<tool_call>" for required, "<tool_call>NAME" for a named function
+};
+
+// Validates OpenAI chat-format `tools` and `tool_choice` ("auto", "none", "required", {"type":"function",
+// "function":{"name"}} or the Responses form {"type":"function","name"}). GLM cannot be constrained by a grammar
+// here, so "required" and a named function are enforced by starting the answer with the call.
+std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
+                                    const nlohmann::ordered_json* tool_choice, ToolSetup& setup);
+
+// Renders OpenAI chat messages with the GLM template, tokenizes, and fills prompt, prefill and output options.
+// `enable_thinking` comes from chat_template_kwargs (default on); a forced tool call turns it off.
+std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
+                                          const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
+                                          GenerationRequest& request);
+
+}  // namespace kiln

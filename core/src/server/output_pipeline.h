@@ -1,0 +1,60 @@
+// Turns one request's generated token ids into ordered output pieces:
+//   ids → StreamingDecoder (whole UTF-8 characters; special tokens kept as text so the parsers see <think>,
+//   <tool_call>, ...) → stop strings → reasoning split (glm45) → tool-call parsing (glm47).
+// Used the same way for streamed and non-streamed responses, so both produce identical text.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "server/glm_tool_call_parser.h"
+#include "server/output_piece.h"
+#include "server/reasoning_parser.h"
+#include "server/stop_string_matcher.h"
+#include "tokenizer/streaming_decoder.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+struct OutputPipelineOptions {
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_token_ids;  // end-of-turn tokens: they end generation and produce no text
+  bool split_reasoning = false;         // run the glm45 reasoning parser
+  bool starts_in_reasoning = false;     // the prompt ended inside <think>
+  bool parse_tool_calls = false;        // run the glm47 tool-call parser
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+};
+
+class OutputPipeline {
+ public:
+  OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions options);
+
+  OutputPieces feed_token(int32_t id);
+  // The answer text the prompt already ends with ("<tool_call>" for tool_choice required, "<tool_call>NAME"
+  // for a named function): parsed as output before the first token.
+  OutputPieces start(const std::string& prefill);
+  // End of generation: everything still held back.
+  OutputPieces finish();
+
+  bool stopped_by_string() const { return stop_.matched(); }
+  const std::vector<ParsedToolCall>& tool_calls() const;
+
+ private:
+  OutputPieces route(const std::string& text, bool final);
+
+  OutputPipelineOptions options_;
+  StreamingDecoder decoder_;
+  StopStringMatcher stop_;
+  std::unordered_set<int32_t> stop_ids_;
+  std::optional<ReasoningParser> reasoning_;
+  std::optional<GlmToolCallParser> tools_;
+};
+
+// "call_" + 24 random alphanumerics, like OpenAI's ids (also "chatcmpl-", "resp_", ... with other prefixes).
+std::string random_id(const std::string& prefix, int length = 24);
+
+}  // namespace kiln

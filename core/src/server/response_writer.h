@@ -1,0 +1,48 @@
+// How one route (chat, completions, responses) writes a generation: as SSE events while it streams, or as one
+// JSON body at the end. The server's generation driver is shared; only the shapes differ.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/api_error.h"
+#include "server/generation_request.h"
+#include "server/generation_session.h"
+#include "server/glm_tool_call_parser.h"
+#include "server/output_piece.h"
+
+namespace kiln {
+
+struct GenerationResult {
+  std::string finish_reason;  // stop, length, abort
+  Usage usage;
+  std::vector<ParsedToolCall> tool_calls;
+};
+
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  // SSE text (zero or more "event:/data:" blocks) for each stage of a stream.
+  virtual std::string stream_begin() = 0;
+  virtual std::string stream_pieces(const OutputPieces& pieces) = 0;
+  virtual std::string stream_end(const GenerationResult& result) = 0;
+  virtual std::string stream_error(const ApiError& error) = 0;
+  // The whole non-streamed body.
+  virtual nlohmann::ordered_json complete(const OutputPieces& pieces, const GenerationResult& result) = 0;
+};
+
+// A parsed request and the writer for its route.
+struct PreparedGeneration {
+  GenerationRequest request;
+  std::unique_ptr<ResponseWriter> writer;
+};
+
+nlohmann::ordered_json usage_json(const Usage& usage);
+// OpenAI's finish_reason: "tool_calls" when a stop ended a turn that called tools.
+std::string openai_finish_reason(const GenerationResult& result);
+
+// "data: <json>\n\n" (and "event: <name>\n" first when named).
+std::string sse_event(const nlohmann::ordered_json& data, const std::string& event_name = "");
+
+}  // namespace kiln

@@ -1,0 +1,324 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/chat_completions_route.h"
+#include "server/completions_route.h"
+#include "server/generation_session.h"
+#include "server/responses_route.h"
+#include "server/server_metrics.h"
+
+namespace kiln {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+using Preparer = std::function<std::optional<ApiError>(const ServerContext&, const ojson&, PreparedGeneration&)>;
+
+// How long a stream may stay silent (a long prefill) before an SSE comment probes whether the client is still there.
+constexpr auto kKeepAliveInterval = std::chrono::seconds(5);
+constexpr auto kStreamPoll = std::chrono::milliseconds(50);
+// Bound on waiting for drained responses to be written out during stop().
+constexpr auto kDrainFlushTimeout = std::chrono::seconds(30);
+
+// Compares without an early exit, so response time does not reveal how much of a guessed key was right.
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// Counts a generation request as in flight for as long as it lives.
+class InFlightSlot {
+ public:
+  explicit InFlightSlot(std::atomic<int64_t>& counter) : counter_(counter) {}
+  ~InFlightSlot() { --counter_; }
+
+ private:
+  std::atomic<int64_t>& counter_;
+};
+
+struct StreamState {
+  std::shared_ptr<GenerationSession> session;
+  std::unique_ptr<ResponseWriter> writer;
+  std::shared_ptr<InFlightSlot> slot;
+  bool begun = false;
+  Clock::time_point last_write = Clock::now();
+};
+
+GenerationResult result_of(const GenerationSession& session, const SessionUpdate& last) {
+  return {last.finish_reason, session.usage(), session.tool_calls()};
+}
+
+ApiError generation_failed(const std::string& message) {
+  ApiError e;
+  e.http_status = 500;
+  e.type = "server_error";
+  e.message = "generation failed: " + message;
+  return e;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(Engine& e, const Tokenizer& t, HttpServerOptions o) : engine(e), tokenizer(t), options(std::move(o)) {}
+
+  Engine& engine;
+  Tokenizer tokenizer;
+  HttpServerOptions options;
+  ServerContext ctx;
+  ServerMetrics metrics;
+  httplib::Server http;
+  std::thread listener;
+  int bound_port = 0;
+  int64_t created = unix_now();
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> in_flight{0};
+  std::mutex lifecycle_mutex;
+  bool started = false, stopped = false;
+
+  void send_error(httplib::Response& res, const ApiError& error) {
+    metrics.count_rejected(error.http_status);
+    res.status = error.http_status;
+    res.set_content(error.to_json().dump(), "application/json");
+  }
+
+  std::shared_ptr<InFlightSlot> acquire_slot() {
+    int64_t current = in_flight.load();
+    do {
+      if (current >= options.max_concurrent_requests) return nullptr;
+    } while (!in_flight.compare_exchange_weak(current, current + 1));
+    return std::make_shared<InFlightSlot>(in_flight);
+  }
+
+  void serve_generation(const httplib::Request& req, httplib::Response& res, const Preparer& prepare) {
+    const auto arrival = Clock::now();
+    if (draining) {
+      ApiError e = api_error_from_status(unavailable("the server is shutting down"));
+      return send_error(res, e);
+    }
+    ojson body;
+    ApiError error;
+    if (!parse_json_body(req.body, &body, &error)) return send_error(res, error);
+    PreparedGeneration prepared;
+    if (auto e = prepare(ctx, body, prepared)) return send_error(res, *e);
+    auto slot = acquire_slot();
+    if (!slot) {
+      return send_error(res, api_error_from_status(resource_exhausted("the server is at capacity (" +
+                                                                      std::to_string(options.max_concurrent_requests) +
+                                                                      " requests in flight); retry later")));
+    }
+    auto session = std::make_shared<GenerationSession>(engine, metrics, tokenizer, prepared.request.output, arrival);
+    Status submitted = session->start(std::move(prepared.request.params), prepared.request.prefill);
+    if (!submitted.ok()) return send_error(res, api_error_from_status(submitted));
+
+    if (!prepared.request.stream) {
+      OutputPieces all;
+      SessionUpdate update;
+      do {
+        update = session->next(std::chrono::seconds(1));
+        append_pieces(all, std::move(update.pieces));
+      } while (!update.finished);
+      if (update.finish_reason == "error") return send_error(res, generation_failed(update.error));
+      res.set_content(prepared.writer->complete(all, result_of(*session, update))
+                          .dump(-1, ' ', false, ojson::error_handler_t::replace),
+                      "application/json");
+      return;
+    }
+
+    auto state = std::make_shared<StreamState>();
+    state->session = session;
+    state->writer = std::move(prepared.writer);
+    state->slot = slot;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [state](size_t, httplib::DataSink& sink) {
+          std::string out;
+          if (!state->begun) {
+            out = state->writer->stream_begin();
+            state->begun = true;
+          }
+          SessionUpdate update = state->session->next(kStreamPoll);
+          out += state->writer->stream_pieces(update.pieces);
+          if (update.finished) {
+            out += update.finish_reason == "error" ? state->writer->stream_error(generation_failed(update.error))
+                                                   : state->writer->stream_end(result_of(*state->session, update));
+          }
+          const auto now = Clock::now();
+          if (out.empty() && now - state->last_write > kKeepAliveInterval) out = ": keep-alive\n\n";
+          if (!out.empty()) {
+            if (!sink.write(out.data(), out.size())) {
+              state->session->abandon();  // the client is gone: free the sequence now
+              return false;
+            }
+            state->last_write = now;
+          }
+          if (update.finished) sink.done();
+          return true;
+        },
+        [state](bool) { state->session->abandon(); });
+  }
+
+  void install_routes() {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      if (constant_time_equal(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      ApiError e;
+      e.http_status = 401;
+      e.message = "Incorrect or missing API key: send \"Authorization: Bearer <key>\".";
+      e.code = "invalid_api_key";
+      send_error(res, e);
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.set_error_handler(
+        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          ApiError e;
+          e.http_status = res.status;
+          e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
+                                        : "request failed with HTTP status " + std::to_string(res.status);
+          e.code = res.status == 404 ? "not_found" : "";
+          res.set_content(e.to_json().dump(), "application/json");
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& ex) {
+        what = ex.what();
+      } catch (...) {
+      }
+      ApiError e;
+      e.http_status = 500;
+      e.type = "server_error";
+      e.message = "internal error: " + what;
+      send_error(res, e);
+    });
+
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      serve_generation(req, res, prepare_chat_completion);
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      serve_generation(req, res, prepare_completion);
+    });
+    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+      serve_generation(req, res, prepare_response);
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      ojson model = {{"id", ctx.served_name},
+                     {"object", "model"},
+                     {"created", created},
+                     {"owned_by", "kiln"},
+                     {"root", ctx.model_id},
+                     {"parent", nullptr},
+                     {"max_model_len", ctx.max_model_len}};
+      res.set_content(ojson({{"object", "list"}, {"data", ojson::array({model})}}).dump(), "application/json");
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      res.status = draining ? 503 : 200;
+      res.set_content(ojson({{"status", draining ? "draining" : "ok"}}).dump(), "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(engine.metrics(), ctx.served_name, in_flight.load()),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
+  }
+};
+
+HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, tokenizer, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  stop();
+}
+
+int HttpServer::port() const {
+  return impl_->bound_port;
+}
+
+Status HttpServer::start() {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.lifecycle_mutex);
+  if (s.started) return failed_precondition("HttpServer::start: already started");
+  HttpServerOptions& o = s.options;
+  // The recipe spells "no parser" as "none".
+  if (o.tool_parser == "none") o.tool_parser.clear();
+  if (o.reasoning_parser == "none") o.reasoning_parser.clear();
+  if (o.max_model_len <= 0) return invalid_argument("server: max_model_len must be positive");
+  if (o.tool_parser != "" && o.tool_parser != "glm47") {
+    return invalid_argument("server.tool_parser: unknown parser \"" + o.tool_parser + "\" (known: glm47, none)");
+  }
+  if (o.reasoning_parser != "" && o.reasoning_parser != "glm45") {
+    return invalid_argument("server.reasoning_parser: unknown parser \"" + o.reasoning_parser +
+                            "\" (known: glm45, none)");
+  }
+  if (o.max_concurrent_requests <= 0) return invalid_argument("server: max_concurrent_requests must be positive");
+
+  s.ctx.tokenizer = &s.tokenizer;
+  s.ctx.model_id = o.model_id;
+  s.ctx.served_name = !o.served_name.empty() ? o.served_name : (!o.model_id.empty() ? o.model_id : "kiln");
+  s.ctx.max_model_len = o.max_model_len;
+  s.ctx.max_output_tokens = o.max_output_tokens;
+  s.ctx.tool_parser = o.tool_parser;
+  s.ctx.reasoning_parser = o.reasoning_parser;
+  for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>"}) {
+    if (auto id = s.tokenizer.token_to_id(token)) s.ctx.end_of_turn_ids.push_back(*id);
+  }
+
+  // A client that disconnects makes send() raise SIGPIPE, which would kill the process; the failed write is
+  // handled as a disconnect instead.
+  std::signal(SIGPIPE, SIG_IGN);
+  const size_t threads = o.http_threads > 0 ? o.http_threads : o.max_concurrent_requests + 16;
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.http.set_payload_max_length(size_t{256} << 20);
+  s.install_routes();
+  if (o.port == 0) {
+    s.bound_port = s.http.bind_to_any_port(o.host);
+    if (s.bound_port < 0) return unavailable("server: cannot bind a free port on " + o.host);
+  } else {
+    if (!s.http.bind_to_port(o.host, o.port)) {
+      return unavailable("server: cannot bind " + o.host + ":" + std::to_string(o.port) +
+                         " (in use, or not an address of this machine)");
+    }
+    s.bound_port = o.port;
+  }
+  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  // httplib's stop() only closes a listener that is already running; wait for it so stop() can never miss it.
+  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.started = true;
+  return ok_status();
+}
+
+void HttpServer::stop() {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.lifecycle_mutex);
+  if (!s.started || s.stopped) return;
+  s.stopped = true;
+  s.draining = true;
+  s.engine.drain();
+  // The drained requests' last chunks are written by their HTTP threads; closing the listener first would cut them.
+  const auto deadline = Clock::now() + kDrainFlushTimeout;
+  while (s.in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  s.http.stop();
+  if (s.listener.joinable()) s.listener.join();
+}
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+// The OpenAI-compatible HTTP server (cpp-httplib, a thread per connection from a bounded pool) in front of one
+// kiln::Engine. Routes:
+//   POST /v1/chat/completions  POST /v1/completions  POST /v1/responses   (SSE when "stream": true)
+//   GET /v1/models  GET /health  GET /metrics (Prometheus text)
+// With an API key, /v1/* needs "Authorization: Bearer <key>" (401 otherwise); /health and /metrics stay open for
+// probes and scrapers.
+// Engine events arrive on the engine thread and are handed to the request's HTTP thread through a small queue;
+// a client that disconnects makes the next write fail, and the request is cancelled in the engine at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine_api.h"
+#include "kiln/status.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                         // 0 = any free port (see HttpServer::port())
+  std::string model_id;                    // the checkpoint (path or hub id); accepted as "model" too
+  std::string served_name;                 // the name clients send as "model" and see in responses (default: model_id)
+  int64_t max_model_len = 0;               // prompt + completion limit, as the engine enforces it
+  int64_t max_output_tokens = 0;           // cap on a request's completion tokens; 0 = whatever the context leaves
+  std::string api_key;                     // empty = no authentication
+  std::string tool_parser = "glm47";       // "glm47", or "none"/"" (calls stay in the text)
+  std::string reasoning_parser = "glm45";  // "glm45", or "none"/"" (reasoning stays in the text)
+  int max_concurrent_requests = 256;       // generation requests served at once; beyond: 429
+  int http_threads = 0;                    // connection threads; 0 = max_concurrent_requests + 16
+};
+
+class HttpServer {
+ public:
+  // `engine` must outlive the server; the tokenizer is shared (cheap copy).
+  HttpServer(Engine& engine, const Tokenizer& tokenizer, HttpServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Validates the options, binds host:port and serves on a background thread. Fails (kInvalidArgument,
+  // kUnavailable) naming the option or the address.
+  Status start();
+  // The bound port (after start()).
+  int port() const;
+  // Graceful shutdown: new generation requests get 503 (and /health turns 503), engine.drain() finishes the
+  // requests in flight while their responses are still written, then the listener closes. Idempotent.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,163 @@
+// Every refusal path: OpenAI-shaped bodies with the right status, type, param and a message naming the problem.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "server_test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+using nlohmann::json;
+
+json messages() {
+  return json::array({{{"role", "user"}, {"content", "hi"}}});
+}
+
+json expect_error(const httplib::Result& res, int status, const std::string& param) {
+  EXPECT_TRUE(res);
+  if (!res) return {};
+  EXPECT_EQ(res->status, status) << res->body;
+  json body = json::parse(res->body);
+  EXPECT_TRUE(body["error"]["message"].is_string());
+  EXPECT_TRUE(body["error"]["type"].is_string());
+  EXPECT_TRUE(body["error"].contains("code"));
+  if (param.empty()) {
+    EXPECT_TRUE(body["error"]["param"].is_null()) << res->body;
+  } else {
+    EXPECT_EQ(body["error"]["param"], param) << res->body;
+  }
+  return body["error"];
+}
+
+TEST_F(ServerTest, MalformedJsonNamesThePosition) {
+  auto res = client()->Post("/v1/chat/completions", R"({"messages": [}, )", "application/json");
+  json error = expect_error(res, 400, "body");
+  EXPECT_NE(error["message"].get<std::string>().find("column 15"), std::string::npos) << error;
+  EXPECT_TRUE(engine_.submitted().empty());
+}
+
+TEST_F(ServerTest, WrongTypesNameTheField) {
+  json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"temperature", "hot"}}), 400,
+                            "temperature");
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  EXPECT_NE(error["message"].get<std::string>().find("number"), std::string::npos);
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"max_tokens", 1.5}}), 400, "max_tokens");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"top_p", 3}}), 400, "top_p");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"stream", "yes"}}), 400, "stream");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"stop", json::array({1})}}), 400, "stop");
+  expect_error(post("/v1/chat/completions", {{"messages", "hi"}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}}), 400,
+               "messages");
+  expect_error(post("/v1/completions", {{"prompt", 42}}), 400, "prompt");
+  EXPECT_TRUE(engine_.submitted().empty());
+}
+
+TEST_F(ServerTest, UnknownModelIs404) {
+  json error = expect_error(post("/v1/chat/completions", {{"model", "gpt-9"}, {"messages", messages()}}), 404, "model");
+  EXPECT_EQ(error["code"], "model_not_found");
+  EXPECT_NE(error["message"].get<std::string>().find("gpt-9"), std::string::npos);
+  // The checkpoint id is accepted as well as the served name.
+  engine_.script(reply_tokens("</think>ok"));
+  auto res = post("/v1/chat/completions", {{"model", "/models/tiny-glm"}, {"messages", messages()}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(ServerTest, EmptyOrMissingMessagesIs400) {
+  expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", json::object()), 400, "messages");
+}
+
+TEST_F(ServerTest, OversizedPromptNamesBothNumbers) {
+  json error =
+      expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"max_tokens", 10000}}), 400, "max_tokens");
+  const std::string message = error["message"];
+  EXPECT_NE(message.find("512"), std::string::npos) << message;    // max_model_len
+  EXPECT_NE(message.find("10000"), std::string::npos) << message;  // the completion asked for
+  EXPECT_EQ(error["code"], "context_length_exceeded");
+  std::string long_text;
+  for (int i = 0; i < 600; ++i) long_text += "word ";
+  expect_error(post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", long_text}}})}}),
+               400, "messages");
+  EXPECT_TRUE(engine_.submitted().empty());
+}
+
+TEST_F(ServerTest, OnlyNEqualsOne) {
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 2}}), 400, "n");
+}
+
+TEST_F(ServerTest, BadToolsAndToolChoice) {
+  json tools = json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tools", "f"}}), 400, "tools");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tools", tools}, {"tool_choice", "maybe"}}),
+               400, "tool_choice");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()},
+                                             {"tools", tools},
+                                             {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}),
+               400, "tool_choice");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"tool_choice", "required"}}), 400,
+               "tool_choice");
+}
+
+TEST_F(ServerTest, EngineRefusalsMapToHttpStatuses) {
+  engine_.refuse_next(invalid_argument("prompt + max_tokens exceeds the KV pool"));
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}}), 400, "");
+  engine_.refuse_next(resource_exhausted("waiting queue is full"));
+  json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}}), 429, "");
+  EXPECT_EQ(error["message"], "waiting queue is full");
+  engine_.refuse_next(unavailable("engine stopped"));
+  expect_error(post("/v1/completions", {{"prompt", "x"}}), 503, "");
+  engine_.refuse_next(not_found("no such adapter"));
+  expect_error(post("/v1/responses", {{"input", "x"}}), 404, "");
+}
+
+TEST_F(ServerTest, UnknownRouteIsOpenAiShaped404) {
+  auto res = client()->Get("/v1/nothing");
+  json error = expect_error(res, 404, "");
+  EXPECT_NE(error["message"].get<std::string>().find("/v1/nothing"), std::string::npos);
+}
+
+TEST_F(ServerTest, ApiKeyGuardsV1ButNotHealth) {
+  HttpServerOptions options;
+  options.api_key = "sekrit";
+  start_server(options);
+  json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}}), 401, "");
+  EXPECT_EQ(error["code"], "invalid_api_key");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}}, {{"Authorization", "Bearer wrong!"}}), 401, "");
+  expect_error(client()->Get("/v1/models"), 401, "");
+  auto ok = post("/v1/chat/completions", {{"messages", messages()}}, {{"Authorization", "Bearer sekrit"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto health = client()->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(ServerTest, OverloadIs429NotAQueue) {
+  HttpServerOptions options;
+  options.max_concurrent_requests = 1;
+  options.max_model_len = 100000;
+  start_server(options);
+  std::vector<int32_t> endless(50000, server_test_tokenizer().encode("a")[0]);
+  engine_.script(endless);
+  std::atomic<bool> streaming{false}, release{false};
+  std::thread holder([&] {
+    post_streaming("/v1/completions", {{"prompt", "x"}, {"stream", true}, {"max_tokens", 50000}},
+                   [&](const std::string&) {
+                     streaming = true;
+                     return !release.load();
+                   });
+  });
+  for (int i = 0; i < 500 && !streaming; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(streaming);
+  json error = expect_error(post("/v1/completions", {{"prompt", "y"}}), 429, "");
+  EXPECT_NE(error["message"].get<std::string>().find("capacity"), std::string::npos);
+  release = true;
+  holder.join();
+  EXPECT_TRUE(engine_.wait_idle(std::chrono::seconds(5)));
+}
+
+}  // namespace
+}  // namespace kiln::testing

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Drives a running `kiln serve` with the official `openai` package: models, chat (plain and streamed), a tool
+round trip (tool call -> tool result -> answer), the Responses API (plain, streamed, with a function tool) and one
+error path. Checks the shapes the client library relies on, not the model's wording, so it passes against a tiny
+random checkpoint as well as a real one. Exits 1 when any check fails.
+
+    python3 tools/openai_client_test.py --base-url http://127.0.0.1:8000/v1 [--api-key KEY] [--model NAME]
+"""
+import argparse
+import json
+import os
+import sys
+import traceback
+
+import openai
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+def test_models(client, model):
+    ids = [m.id for m in client.models.list().data]
+    check(model in ids, f"/v1/models lists {ids}, not {model}")
+
+
+def test_chat(client, model, max_tokens):
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                       max_tokens=max_tokens, temperature=0)
+    choice = r.choices[0]
+    check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason!r}")
+    text = (choice.message.content or "") + (getattr(choice.message, "reasoning_content", None) or "")
+    check(len(text) > 0 or r.usage.completion_tokens > 0, "empty answer")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,
+          f"usage {r.usage}")
+
+
+def test_chat_stream(client, model, max_tokens):
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count to five."}],
+                                            max_tokens=max_tokens, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    check(len(chunks) >= 2, f"only {len(chunks)} chunks")
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    check(finish and finish[-1] in ("stop", "length"), f"finish reasons {finish}")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, "no usage chunk")
+
+
+def test_tool_round_trip(client, model, max_tokens):
+    messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    # Naming the function makes the server start the call, so even a tiny random model produces one.
+    r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                       max_tokens=max_tokens)
+    choice = r.choices[0]
+    calls = choice.message.tool_calls or []
+    check(len(calls) >= 1, f"no tool call (finish_reason {choice.finish_reason})")
+    call = calls[0]
+    check(call.type == "function" and call.function.name == "get_weather", f"call {call}")
+    check(isinstance(call.function.arguments, str) and call.id, f"call {call}")
+    try:
+        json.loads(call.function.arguments)
+        arguments = call.function.arguments
+        check(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason!r} with a complete call")
+    except json.JSONDecodeError:
+        # A random model may run out of tokens mid-call; the round trip below still exercises the protocol.
+        check(choice.finish_reason == "length", f"invalid arguments {call.function.arguments!r} without hitting length")
+        arguments = json.dumps({"city": "Paris"})
+
+    stream = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0,
+                                            tool_choice="required", max_tokens=max_tokens, stream=True)
+    names = [tc.function.name for c in stream if c.choices and c.choices[0].delta.tool_calls
+             for tc in c.choices[0].delta.tool_calls if tc.function and tc.function.name]
+    check(len(names) >= 1, "streamed tool_choice=required produced no tool-call name delta")
+
+    messages.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]})
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"})
+    r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0,
+                                       max_tokens=max_tokens)
+    check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"answer {r.choices[0]}")
+    check(r.usage.prompt_tokens > 0, "no usage after the tool result")
+
+
+def test_responses(client, model, max_tokens):
+    r = client.responses.create(model=model, input="Say hi.", instructions="Be brief.", max_output_tokens=max_tokens,
+                                temperature=0)
+    check(r.status in ("completed", "incomplete"), f"status {r.status}")
+    check(r.usage.output_tokens > 0, f"usage {r.usage}")
+    check(isinstance(r.output_text, str), "output_text")
+
+    events = list(client.responses.create(model=model, input="Say hi.", max_output_tokens=max_tokens, temperature=0,
+                                          stream=True))
+    types = [e.type for e in events]
+    check(types[0] == "response.created", f"first event {types[:1]}")
+    check(types[-1] in ("response.completed", "response.incomplete"), f"last event {types[-1:]}")
+
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
+    r = client.responses.create(model=model, input="Weather in Paris?", tools=[tool], temperature=0,
+                                tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=max_tokens)
+    calls = [item for item in r.output if item.type == "function_call"]
+    check(calls and calls[0].name == "get_weather" and calls[0].call_id, f"output {r.output}")
+
+    events = list(client.responses.create(model=model, input="Weather in Paris?", tools=[tool], temperature=0,
+                                          tool_choice="required", max_output_tokens=max_tokens, stream=True))
+    types = [e.type for e in events]
+    check("response.function_call_arguments.delta" in types or "response.function_call_arguments.done" in types
+          or any(e.type == "response.output_item.added" and e.item.type == "function_call" for e in events),
+          f"no function-call events in {types}")
+
+
+def test_bad_request(client, model, max_tokens):
+    try:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], temperature="hot")
+    except openai.BadRequestError as e:
+        check("temperature" in str(e), f"error does not name the field: {e}")
+        return
+    raise AssertionError("temperature='hot' was accepted")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--api-key", default=os.environ.get("KILN_API_KEY", "none"))
+    parser.add_argument("--model", help="default: the first model the server lists")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    args = parser.parse_args()
+
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
+    model = args.model or client.models.list().data[0].id
+    tests = [test_models, test_chat, test_chat_stream, test_tool_round_trip, test_responses, test_bad_request]
+    failed = 0
+    for test in tests:
+        try:
+            test(client, model, args.max_tokens) if test is not test_models else test(client, model)
+            print(f"PASS {test.__name__}")
+        except Exception:  # noqa: BLE001 - every failure is reported, then the next test runs
+            failed += 1
+            print(f"FAIL {test.__name__}\n{traceback.format_exc()}")
+    print(f"{len(tests) - failed}/{len(tests)} passed against {args.base_url} ({model})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
