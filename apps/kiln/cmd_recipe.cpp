@@ -96,7 +96,7 @@ int cmd_recipe(int argc, char** argv) {
   if (!recipe.ok()) return fail(recipe.status().message());
   if (action == "show") {
     // The KV capacity this recipe gets on this machine, when its model can be loaded here.
-    auto model = load_model(*recipe, global_registry());
+    auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
     if (model.ok()) {
       auto plan = plan_engine(*model, *recipe);
       std::cout << "# " << (plan.ok() ? plan->capacity.report() : "KV cache: " + plan.status().message()) << "\n";

@@ -8,5 +8,6 @@ int cmd_recipe(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_ab(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace kiln::cli

@@ -16,6 +16,7 @@ constexpr const char* kUsage =
     "  recipe check FILE   validate a recipe (--set section.key=value to override keys)\n"
     "  recipe show FILE    print the fully resolved recipe as TOML\n"
     "  ab RECIPE --a k=v --b k=v   A/B two variants, interleaved; writes a result card\n"
+    "  serve RECIPE        the OpenAI-compatible server (chat, completions, responses, metrics)\n"
     "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
     "  generate            stream a completion: --recipe FILE (or --model DIR) --prompt TEXT | --chat TEXT\n"
     "\n"
@@ -34,6 +35,7 @@ constexpr Command kCommands[] = {
     {"generate", kiln::cli::cmd_generate},
     {"bench", kiln::cli::cmd_bench},
     {"ab", kiln::cli::cmd_ab},
+    {"serve", kiln::cli::cmd_serve},
 };
 
 }  // namespace

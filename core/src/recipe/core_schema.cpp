@@ -108,7 +108,7 @@ std::vector<CoreSection> build() {
                  integer("max_images", 16, "images per request", 0, 1024), boolean("video", false, "accept video input")}},
                "modality", PluginKind::kModality});
   s.push_back({"server", "the OpenAI-compatible HTTP server",
-               {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port", 1, 65535),
+               {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port (0 = any free port)", 0, 65535),
                  str("api_key_env", "", "environment variable holding the API key (empty = no auth)"),
                  str("tool_parser", "glm47", "tool-call parser", {"glm47", "none"}),
                  str("reasoning_parser", "glm45", "reasoning parser", {"glm45", "none"})}},

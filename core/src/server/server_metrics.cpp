@@ -108,6 +108,24 @@ std::string ServerMetrics::render(const EngineMetrics& e, const std::string& mod
                 static_cast<double>(e.prefix_cache_hits));
   render_scalar(out, "kiln:num_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", labels,
                 static_cast<double>(e.preemptions_total));
+  // Speculative decoding (vLLM's spec_decode_* names): acceptance rate = accepted / draft tokens, mean
+  // acceptance length = 1 + accepted / drafts, and acceptance per draft position.
+  render_scalar(out, "kiln:spec_decode_num_drafts_total", "counter", "Verification passes that carried drafts.", labels,
+                static_cast<double>(e.spec_drafts));
+  render_scalar(out, "kiln:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.", labels,
+                static_cast<double>(e.spec_draft_tokens));
+  render_scalar(out, "kiln:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", labels,
+                static_cast<double>(e.spec_accepted_tokens));
+  out += "# HELP kiln:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, by draft position.\n"
+         "# TYPE kiln:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+  for (size_t p = 0; p < e.spec_accepted_per_pos.size(); ++p)
+    out += "kiln:spec_decode_num_accepted_tokens_per_pos_total{" + labels + ",position=\"" + std::to_string(p) +
+           "\"} " + std::to_string(e.spec_accepted_per_pos[p]) + "\n";
+  out += "# HELP kiln:spec_decode_num_draft_tokens_per_pos_total Draft tokens proposed, by draft position.\n"
+         "# TYPE kiln:spec_decode_num_draft_tokens_per_pos_total counter\n";
+  for (size_t p = 0; p < e.spec_drafted_per_pos.size(); ++p)
+    out += "kiln:spec_decode_num_draft_tokens_per_pos_total{" + labels + ",position=\"" + std::to_string(p) +
+           "\"} " + std::to_string(e.spec_drafted_per_pos[p]) + "\n";
   {
     std::lock_guard lock(mutex_);
     out += "# HELP kiln:request_success_total Finished requests by finish reason.\n";

@@ -1,0 +1,106 @@
+// `kiln serve RECIPE`: load the recipe's model, start the engine and the OpenAI-compatible server; SIGTERM or
+// SIGINT drains the requests in flight, then exits.
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/engine_factory.h"
+#include "kiln/log.h"
+#include "model/model_loader.h"
+#include "recipe/recipe.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::cli {
+namespace {
+
+// The handler only records the signal; the main thread waits for it with sigwait, so no work runs in
+// signal context.
+sigset_t shutdown_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  CommonOptions common;
+  std::string recipe_file, host;
+  int port = 0;
+  std::vector<std::string> sets;
+  po::options_description desc("kiln serve options");
+  desc.add_options()
+      ("help,h", "show this help")
+      ("recipe", po::value(&recipe_file), "recipe (TOML)")
+      ("host", po::value(&host), "listen address (overrides server.host)")
+      ("port", po::value(&port), "listen port (overrides server.port; 0 = any free port)")
+      ("set", po::value(&sets)->composing(), "override a recipe key: section.key=value (repeatable)");
+  add_common_options(desc, common);
+  po::positional_options_description pos;
+  pos.add("recipe", 1);
+  po::variables_map vm;
+  const std::string usage =
+      "usage: kiln serve RECIPE [--host H] [--port P] [--set section.key=value]...\n"
+      "Serves the OpenAI API: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics.";
+  int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
+  if (rc >= 0) return rc;
+  if (recipe_file.empty()) return fail("missing RECIPE\n" + usage);
+  if (!host.empty()) sets.push_back("server.host=" + host);
+  if (vm.count("port")) sets.push_back("server.port=" + std::to_string(port));
+  if (!setup_logging(common)) return 2;
+  load_plugins(common);
+
+  // Block the shutdown signals before any thread starts, so every thread inherits the mask and only
+  // sigwait below receives them.
+  sigset_t signals = shutdown_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto recipe = load_recipe(recipe_file, sets, global_registry());
+  if (!recipe.ok()) return fail(recipe.status().message());
+  auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  if (!model.ok()) return fail(model.status().message());
+  const std::filesystem::path dir = recipe->section("model").get_string("path");
+  auto tokenizer = Tokenizer::load(dir / "tokenizer.json");
+  if (!tokenizer.ok()) return fail(tokenizer.status().message());
+  auto started = start_engine(*model, *recipe);
+  if (!started.ok()) return fail(started.status().message());
+
+  const RecipeSection& srv = recipe->section("server");
+  const RecipeSection& sched = recipe->section("scheduler");
+  HttpServerOptions opts;
+  opts.host = srv.get_string("host");
+  opts.port = static_cast<int>(srv.get_int("port"));
+  opts.model_id = dir.string();
+  opts.served_name = recipe->section("model").get_string("served_name");
+  if (opts.served_name.empty()) opts.served_name = dir.filename().string();
+  opts.max_model_len = started->capacity.max_model_len;
+  opts.max_output_tokens = sched.get_int("max_output_tokens");
+  opts.tool_parser = srv.get_string("tool_parser");
+  opts.reasoning_parser = srv.get_string("reasoning_parser");
+  const std::string key_env = srv.get_string("api_key_env");
+  if (!key_env.empty()) {
+    const char* key = std::getenv(key_env.c_str());
+    if (!key || !*key)
+      return fail("`server.api_key_env` (" + srv.origin("api_key_env") + ") names $" + key_env + ", which is not set");
+    opts.api_key = key;
+  }
+  HttpServer server(*started->engine, *tokenizer, opts);
+  Status s = server.start();
+  if (!s.ok()) return fail(s.message());
+  log::info("serving `{}` on http://{}:{}/v1", opts.served_name, opts.host, server.port());
+  std::cout << "listening on http://" << opts.host << ":" << server.port() << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  log::info("{} received: draining requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  server.stop();
+  log::info("drained; exiting");
+  return 0;
+}
+
+}  // namespace kiln::cli
