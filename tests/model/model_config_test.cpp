@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "model/rope_setup.h"
 #include "model/safetensors_writer.h"
 
 namespace kiln {
@@ -33,6 +34,9 @@ std::string config_error(const json& j, StatusCode code = StatusCode::kInvalidAr
   EXPECT_THAT(r.status().message(), HasSubstr("test.json"));
   return r.status().message();
 }
+
+// The frequencies the kernels rope with, derived from the parsed config (the path the model takes).
+std::vector<float> kernel_inv_freq(const ModelConfig& c) { return cpu::rope_inv_freq(kernel_rope_config(c)); }
 
 ModelConfig parse(const json& j) {
   Result<ModelConfig> c = ModelConfig::from_json(j, "test.json");
@@ -155,7 +159,7 @@ TEST(ModelConfig, DeepseekV3WithYarn) {
   EXPECT_NEAR(c.attention_scale(), 0.1352337788608801, 1e-15);
 
   // transformers' _compute_yarn_parameters for this config (float32), pairs 0, 5, 10, 15, 16, 20, 25, 31.
-  const std::vector<double> inv = c.rope.inverse_frequencies(c.qk_rope_head_dim);
+  const std::vector<float> inv = kernel_inv_freq(c);
   ASSERT_EQ(inv.size(), 32u);
   const std::vector<std::pair<int, double>> expected = {{0, 1.0},
                                                         {5, 0.23713736236095428},
@@ -190,7 +194,7 @@ TEST(ModelConfig, YarnWithNullFactorAndNoTruncation) {
                                         0.005141428206115961,
                                         0.0023643539752811193,
                                         0.0010872796410694718};
-  const std::vector<double> inv = c.rope.inverse_frequencies(16);
+  const std::vector<float> inv = kernel_inv_freq(c);
   ASSERT_EQ(inv.size(), expected.size());
   for (size_t i = 0; i < inv.size(); ++i) EXPECT_NEAR(inv[i], expected[i], expected[i] * 1e-6) << i;
   // No mscale_all_dim: the softmax scale stays qk_head_dim^-0.5.
@@ -208,7 +212,7 @@ TEST(ModelConfig, RopeScalingAndRopeParametersAgree) {
   const ModelConfig b = parse(saved);
   EXPECT_EQ(a.rope.type, RopeType::kYarn);
   EXPECT_TRUE(a.rope == b.rope);
-  EXPECT_EQ(a.rope.inverse_frequencies(64), b.rope.inverse_frequencies(64));
+  EXPECT_EQ(kernel_inv_freq(a), kernel_inv_freq(b));
   EXPECT_DOUBLE_EQ(a.attention_scale(), b.attention_scale());
 
   json glm_legacy = {{"model_type", "glm4_moe_lite"}, {"rope_theta", 1000000}};

@@ -13,6 +13,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
+#include "model/rope_setup.h"
 
 namespace kiln {
 namespace {
@@ -21,25 +22,6 @@ namespace {
 constexpr float kLatentNormEps = 1e-6f;
 // The DSA indexer's key LayerNorm (nn.LayerNorm(head_dim, eps=1e-6) in HF).
 constexpr float kIndexerNormEps = 1e-6f;
-
-cpu::RopeConfig to_cpu_rope(const ModelConfig& c) {
-  cpu::RopeConfig r;
-  r.theta = c.rope.theta;
-  r.rotary_dim = c.qk_rope_head_dim;
-  r.yarn = c.rope.type == RopeType::kYarn;
-  if (r.yarn) {
-    r.factor = c.rope.factor;
-    r.original_max_position_embeddings = c.rope.original_max_position_embeddings;
-    r.max_position_embeddings = c.max_position_embeddings;
-    r.beta_fast = c.rope.beta_fast;
-    r.beta_slow = c.rope.beta_slow;
-    if (c.rope.mscale != 0) r.mscale = c.rope.mscale;
-    if (c.rope.mscale_all_dim != 0) r.mscale_all_dim = c.rope.mscale_all_dim;
-    r.truncate = c.rope.truncate;
-    r.attention_factor = c.rope.attention_factor;
-  }
-  return r;
-}
 
 void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
                 const float* cos, const float* sin) {
@@ -60,7 +42,7 @@ Status run_linear(const Linear& l, const float* x, int64_t n, float* y) {
 
 MlaMoeModel::MlaMoeModel(ModelConfig config, ModelWeights weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
-  rope_ = to_cpu_rope(config_);
+  rope_ = kernel_rope_config(config_);
   if (config_.qk_rope_head_dim > 0) {
     inv_freq_ = cpu::rope_inv_freq(rope_);
     rope_attention_factor_ = cpu::rope_attention_factor(rope_);

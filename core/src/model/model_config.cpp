@@ -439,37 +439,6 @@ Status validate(const FieldReader& r, const ModelConfig& c) {
 
 }  // namespace
 
-std::vector<double> RopeConfig::inverse_frequencies(int64_t head_dim) const {
-  const int64_t dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
-  const int64_t pairs = dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(pairs));
-  for (int64_t i = 0; i < pairs; ++i) inv_freq[i] = 1.0 / std::pow(theta, static_cast<double>(2 * i) / dim);
-  if (type == RopeType::kDefault) return inv_freq;
-
-  // YaRN: high-frequency pairs keep their frequency (extrapolate), low-frequency pairs are divided by
-  // `factor` (interpolate), with a linear ramp between the pair indices where beta_fast and beta_slow
-  // rotations fit in the original context.
-  const double two_pi = 2.0 * std::numbers::pi;
-  auto correction_dim = [&](double rotations) {
-    return dim * std::log(original_max_position_embeddings / (rotations * two_pi)) / (2.0 * std::log(theta));
-  };
-  double low = correction_dim(beta_fast);
-  double high = correction_dim(beta_slow);
-  if (truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;  // avoids a zero-width ramp
-  for (int64_t i = 0; i < pairs; ++i) {
-    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
-    const double extrapolation_weight = 1.0 - ramp;
-    inv_freq[i] = inv_freq[i] / factor * ramp + inv_freq[i] * extrapolation_weight;
-  }
-  return inv_freq;
-}
-
 Result<ModelConfig> ModelConfig::load(const std::filesystem::path& config_json) {
   std::ifstream in(config_json);
   if (!in) return not_found("cannot read model config " + config_json.string());

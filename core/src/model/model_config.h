@@ -34,9 +34,6 @@ struct RopeConfig {
   // cos/sin multiplier: the JSON's attention_factor, else derived from factor, mscale and mscale_all_dim.
   double attention_factor = 1.0;
 
-  // The rotary inverse frequencies for a head of `head_dim` (rotated dims = head_dim·partial_rotary_factor),
-  // one per rotated pair, computed in double precision.
-  std::vector<double> inverse_frequencies(int64_t head_dim) const;
   bool operator==(const RopeConfig&) const = default;
 };
 
