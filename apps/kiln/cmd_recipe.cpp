@@ -15,16 +15,7 @@ namespace {
 std::string default_text(const KeySpec& k) {
   if (k.required) return "required";
   if (!k.default_value) return "";
-  const RecipeValue& v = *k.default_value;
-  if (auto* s = std::get_if<std::string>(&v)) return "\"" + *s + "\"";
-  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v)) {
-    std::ostringstream o;
-    o << *d;
-    return o.str();
-  }
-  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
-  return "{}";
+  return render_recipe_value(*k.default_value);
 }
 
 void print_key(const std::string& section, const KeySpec& k, const std::string& owner) {

@@ -13,6 +13,10 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   if (model.get_string("load") == "dummy")
     return unimplemented("`model.load = \"dummy\"` (random weights) is provided by the CUDA runtime; on the CPU set "
                          "model.load = \"mmap\"");
+  const RecipeSection& parallel = recipe.section("parallel");
+  for (const char* key : {"tensor", "decode_context"})
+    if (parallel.get_int(key, 1) > 1)
+      return parallel.error(key, "multi-GPU parallelism is not implemented yet; this kiln runs one rank (set it to 1)");
   if (!fs::is_directory(dir))
     return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
 

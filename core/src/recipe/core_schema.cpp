@@ -66,7 +66,7 @@ std::vector<CoreSection> build() {
                {{path("path", "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)", true),
                  str("revision", "", "revision or checksum the recipe was qualified with (informational)"),
                  str("served_name", "", "model id reported by /v1/models (default: the directory name)"),
-                 str("dtype", "auto", "weight dtype to compute with", {"auto", "bf16", "fp16", "fp32"}),
+                 str("dtype", "auto", "activation/weight dtype on the GPU path (the CPU reference always computes in fp32)", {"auto", "bf16", "fp16", "fp32"}),
                  str("load", "mmap", "mmap = read the checkpoint; dummy = random weights of the config's shapes",
                      {"mmap", "dummy"}),
                  str("device", "auto", "where to run: auto = cuda when a GPU is present", {"auto", "cpu", "cuda"}),
@@ -85,8 +85,8 @@ std::vector<CoreSection> build() {
                  str("draft_kv_dtype", "bf16", "drafter KV-cache dtype", {"bf16", "fp8"})}},
                "method", PluginKind::kDrafter});
   s.push_back({"parallel", "parallelism",
-               {{integer("tensor", 1, "tensor-parallel ranks", 1, 64),
-                 integer("decode_context", 1, "decode-context-parallel ranks (must divide tensor)", 1, 64)}},
+               {{integer("tensor", 1, "tensor-parallel ranks (only 1 runs today)", 1, 64),
+                 integer("decode_context", 1, "decode-context-parallel ranks, must divide tensor (only 1 runs today)", 1, 64)}},
                std::nullopt});
   s.push_back({"transport", "collectives between ranks",
                {{str("backend", "local", "collective (plugin kind collective): local, nccl"),

@@ -23,6 +23,9 @@ struct Recipe {
   std::string to_toml() const;
 };
 
+// A value as TOML writes it: "text", 3, 0.5, true, { A = "1" }.
+std::string render_recipe_value(const RecipeValue& v);
+
 // Loads `file`, follows `extends`, applies `overrides` ("section.key=value"), validates every key against
 // the schema of its owner (core or the plugin named by the section's selector key, looked up in `registry`).
 // An empty `file` builds the recipe from the overrides and defaults alone (`kiln generate --model DIR`).

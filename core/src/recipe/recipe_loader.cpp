@@ -152,18 +152,6 @@ Status apply_override(const std::string& arg, RawRecipe& out) {
   return ok_status();
 }
 
-std::string render(const RecipeValue& v) {
-  if (auto* s = std::get_if<std::string>(&v)) return "\"" + *s + "\"";
-  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v)) {
-    std::ostringstream o;
-    o << *d;
-    return o.str();
-  }
-  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
-  return "table";
-}
-
 // Type-checks and normalises one value against its KeySpec.
 Result<RecipeValue> check_value(const KeySpec& spec, RawValue raw, const std::string& full_key) {
   auto fail = [&](const std::string& what) { return invalid_argument("`" + full_key + "` in " + raw.origin + ": " + what); };
@@ -173,14 +161,14 @@ Result<RecipeValue> check_value(const KeySpec& spec, RawValue raw, const std::st
       if (!std::holds_alternative<std::string>(v)) return fail("expected a string, got " + raw.type_name);
       break;
     case ValueType::kInteger:
-      if (!std::holds_alternative<int64_t>(v)) return fail("expected an integer, got " + raw.type_name + " " + render(v));
+      if (!std::holds_alternative<int64_t>(v)) return fail("expected an integer, got " + raw.type_name + " " + render_recipe_value(v));
       break;
     case ValueType::kFloat:
       if (auto* i = std::get_if<int64_t>(&v)) v = static_cast<double>(*i);
-      else if (!std::holds_alternative<double>(v)) return fail("expected a number, got " + raw.type_name + " " + render(v));
+      else if (!std::holds_alternative<double>(v)) return fail("expected a number, got " + raw.type_name + " " + render_recipe_value(v));
       break;
     case ValueType::kBool:
-      if (!std::holds_alternative<bool>(v)) return fail("expected true or false, got " + raw.type_name + " " + render(v));
+      if (!std::holds_alternative<bool>(v)) return fail("expected true or false, got " + raw.type_name + " " + render_recipe_value(v));
       break;
     case ValueType::kStringTable:
       if (!std::holds_alternative<StringTable>(v)) return fail("expected a table of strings, got " + raw.type_name);
@@ -200,8 +188,8 @@ Result<RecipeValue> check_value(const KeySpec& spec, RawValue raw, const std::st
   }
   if (spec.min || spec.max) {
     double x = std::holds_alternative<int64_t>(v) ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
-    if (spec.min && x < *spec.min) return fail(render(v) + " is below the minimum " + render(RecipeValue(*spec.min)));
-    if (spec.max && x > *spec.max) return fail(render(v) + " is above the maximum " + render(RecipeValue(*spec.max)));
+    if (spec.min && x < *spec.min) return fail(render_recipe_value(v) + " is below the minimum " + render_recipe_value(RecipeValue(*spec.min)));
+    if (spec.max && x > *spec.max) return fail(render_recipe_value(v) + " is above the maximum " + render_recipe_value(RecipeValue(*spec.max)));
   }
   if (spec.is_path) {
     auto& s = std::get<std::string>(v);
@@ -211,6 +199,21 @@ Result<RecipeValue> check_value(const KeySpec& spec, RawValue raw, const std::st
 }
 
 }  // namespace
+
+std::string render_recipe_value(const RecipeValue& v) {
+  if (auto* s = std::get_if<std::string>(&v)) return "\"" + *s + "\"";
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) {
+    std::ostringstream o;
+    o << *d;
+    return o.str();
+  }
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  const auto& t = std::get<StringTable>(v);
+  std::string out = "{";
+  for (const auto& [k, val] : t) out += (out.size() > 1 ? ", " : " ") + k + " = \"" + val + "\"";
+  return out + (t.empty() ? "}" : " }");
+}
 
 const RecipeSection& Recipe::section(const std::string& name) const {
   static const RecipeSection kEmpty;

@@ -3,22 +3,10 @@
 #include <algorithm>
 #include <limits>
 
-#include "kernels/cpu/simd.h"
-
-// The vector helpers are always inlined into the cloned kernels; their by-value ABI never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/cpu/topk.h"
+#include "kernels/cpu/vector_ops.h"
 
 namespace kiln::cpu {
-namespace {
-
-float dot_base(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-KILN_TARGET_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-KILN_TARGET_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-using DotFn = float (*)(const float*, const float*, int64_t);
-const DotFn dot = simd::pick_isa<DotFn>(dot_base, dot_avx2, dot_avx512);
-
-}  // namespace
 
 void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
                         int64_t head_dim, float scale, float* scores) {

@@ -5,40 +5,16 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/activation.h"
 #include "kernels/cpu/half_float.h"
-#include "kernels/cpu/simd.h"
-
-// The vector helpers are always inlined into the cloned kernels; their by-value ABI never applies.
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "kernels/cpu/vector_ops.h"
 
 namespace kiln::cpu {
 namespace {
 
-float dot_base(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-KILN_TARGET_AVX2 float dot_avx2(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-KILN_TARGET_AVX512 float dot_avx512(const float* a, const float* b, int64_t n) { return simd::dot(a, b, n); }
-using DotFn = float (*)(const float*, const float*, int64_t);
-const DotFn dot = simd::pick_isa<DotFn>(dot_base, dot_avx2, dot_avx512);
-
-void axpy_base(float alpha, const float* x, float* y, int64_t n) { simd::axpy(alpha, x, y, n); }
-KILN_TARGET_AVX2 void axpy_avx2(float alpha, const float* x, float* y, int64_t n) { simd::axpy(alpha, x, y, n); }
-KILN_TARGET_AVX512 void axpy_avx512(float alpha, const float* x, float* y, int64_t n) { simd::axpy(alpha, x, y, n); }
-using AxpyFn = void (*)(float, const float*, float*, int64_t);
-const AxpyFn axpy = simd::pick_isa<AxpyFn>(axpy_base, axpy_avx2, axpy_avx512);
-
-// In-place softmax of n scores; returns false when all are −inf (nothing visible).
-bool softmax_in_place(float* s, int64_t n) {
-  float max_v = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) max_v = std::max(max_v, s[j]);
-  if (max_v == -std::numeric_limits<float>::infinity()) return false;
-  double sum = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] = std::exp(s[j] - max_v);
-    sum += s[j];
-  }
-  const auto inv = static_cast<float>(1.0 / sum);
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-  return true;
+// In-place softmax of n scores (activation.h's softmax reads each element before writing it).
+void softmax_in_place(float* s, int64_t n) {
+  softmax(s, 1, n, s);
 }
 
 }  // namespace
@@ -75,7 +51,8 @@ void mla_attention_expanded(const float* q, const float* k, const float* v, int6
       if (keys.empty()) continue;
       const float* qv = q + (i * num_heads + h) * qk_dim;
       scores.resize(keys.size());
-      for (size_t j = 0; j < keys.size(); ++j) scores[j] = scale * dot(qv, k + (keys[j] * num_heads + h) * qk_dim, qk_dim);
+      for (size_t j = 0; j < keys.size(); ++j)
+        scores[j] = scale * dot(qv, k + (keys[j] * num_heads + h) * qk_dim, qk_dim);
       softmax_in_place(scores.data(), static_cast<int64_t>(keys.size()));
       for (size_t j = 0; j < keys.size(); ++j) axpy(scores[j], v + (keys[j] * num_heads + h) * v_dim, o, v_dim);
     }
