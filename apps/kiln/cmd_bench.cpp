@@ -223,11 +223,17 @@ int bench_depth(int argc, char** argv) {
     return fail("--depths `" + depths + "` is not a list of integers");
   }
   nlohmann::json report = {{"model", model}, {"base_url", base_url}, {"output_len", output_len}, {"depths", nlohmann::json::array()}};
-  std::printf("| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms |\n|---|---|---|---|---|\n");
+  // Depths are in tokens, prompts are words: measure this server's tokens per word once and size prompts by it.
   std::mt19937_64 rng(1);
+  constexpr int64_t kProbeWords = 200;
+  StreamTiming probe = timed_completion(server, model, make_prompt(kProbeWords, rng), 1, true);
+  if (!probe.ok || probe.prompt_tokens <= 0) return fail("probe request failed: " + probe.error);
+  const double tokens_per_word = static_cast<double>(probe.prompt_tokens) / kProbeWords;
+  std::printf("| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms |\n|---|---|---|---|---|\n");
   for (int64_t d : ds) {
     if (max_depth > 0 && d + output_len > max_depth) continue;
-    StreamTiming t = timed_completion(server, model, make_prompt(d, rng), output_len, true);
+    const int64_t words = std::max<int64_t>(1, static_cast<int64_t>(d / tokens_per_word));
+    StreamTiming t = timed_completion(server, model, make_prompt(words, rng), output_len, true);
     if (!t.ok) {
       std::fprintf(stderr, "depth %lld: %s\n", static_cast<long long>(d), t.error.c_str());
       continue;
