@@ -7,6 +7,9 @@
 #include "model/draft_host.h"
 #include "plugin/registry.h"
 #include "kiln/log.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -40,7 +43,15 @@ ModelLoadOptions model_load_options(const Recipe& recipe) {
   return o;
 }
 
-Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& given) {
+  EngineMemory memory = given;
+#ifdef KILN_WITH_CUDA
+  if (m.gpu && memory.memory_bytes == 0) {  // the pool is sized from the device's memory and the uploaded weights
+    memory.cpu = false;
+    memory.memory_bytes = cuda::CudaMlaMoeModel::device_total_bytes();
+    memory.weight_bytes = m.gpu->weight_bytes();
+  }
+#endif
   const ModelConfig& mc = m.model->config();
   const RecipeSection& scheduler = recipe.section("scheduler");
   KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
@@ -80,6 +91,13 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
     log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
               config.speculative_depth);
   }
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> gpu_runner, m.gpu->make_runner(capacity.num_blocks, capacity.block_size));
+    KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(gpu_runner), started.drafter));
+    return started;
+  }
+#endif
   auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
   KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(runner), started.drafter));
   return started;

@@ -22,6 +22,17 @@ constexpr float kLatentNormEps = 1e-6f;
 // The DSA indexer's key LayerNorm (nn.LayerNorm(head_dim, eps=1e-6) in HF).
 constexpr float kIndexerNormEps = 1e-6f;
 
+void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
+                const float* cos, const float* sin) {
+  if (c.qk_rope_head_dim == 0) return;
+  if (c.rope.interleave)
+    cpu::apply_rope_interleaved(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
+  else
+    cpu::apply_rope_half_split(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
+}
+
+}  // namespace
+
 cpu::RopeConfig to_cpu_rope(const ModelConfig& c) {
   cpu::RopeConfig r;
   r.theta = c.rope.theta;
@@ -40,17 +51,6 @@ cpu::RopeConfig to_cpu_rope(const ModelConfig& c) {
   }
   return r;
 }
-
-void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_t token_stride, int64_t head_stride,
-                const float* cos, const float* sin) {
-  if (c.qk_rope_head_dim == 0) return;
-  if (c.rope.interleave)
-    cpu::apply_rope_interleaved(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
-  else
-    cpu::apply_rope_half_split(x, n, heads, token_stride, head_stride, cos, sin, c.qk_rope_head_dim);
-}
-
-}  // namespace
 
 Status run_linear(const Linear& l, const float* x, int64_t n, float* y) {
   TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::kF32, {n, l.in_features()});
@@ -326,6 +326,8 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
 
 Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden) const {
   const ModelConfig& c = config_;
+  if (static_cast<int64_t>(weights_.layers.size()) != c.num_hidden_layers)
+    return failed_precondition("this model has no CPU weights (model.load = \"dummy\" lives on the GPU only)");
   TokenLayout tl;
   KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;

@@ -90,6 +90,9 @@ class MlaMoeModel {
   int threads_ = 0;
 };
 
+// The rope settings of the CPU kernels for this config (the GPU runner derives its tables from the same).
+cpu::RopeConfig to_cpu_rope(const ModelConfig& c);
+
 // y[n, out] = x[n, in] · Wᵀ through a weight format's Linear.
 Status run_linear(const Linear& l, const float* x, int64_t n, float* y);
 

@@ -1,0 +1,171 @@
+// The CUDA runner against the CPU model on the committed fixtures. The GPU keeps weights and activations in
+// bf16 (fixtures are fp32) with an fp32 residual stream; the CPU path runs fp32 with the same bf16 KV layout.
+// Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row, and greedy continuations identical token for token.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "model/model_loader.h"
+#include "model/safetensors_file.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+#include "runtime/cuda/cuda_mla_moe_model.h"
+
+namespace kiln {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int64_t kBlockSize = 4;
+constexpr double kLogitsTolerance = 5e-2;
+
+fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
+
+LoadedModel load(const std::string& name, const std::string& device, const std::string& load = "mmap") {
+  auto recipe = load_recipe("", {"model.path=" + model_dir(name).string(), "kv.layout=bf16", "kv.block_size=4",
+                                 "model.device=" + device, "model.load=" + load},
+                            global_registry());
+  EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto m = load_model(*recipe, global_registry(), {});
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+std::vector<int32_t> prompt_of(const std::string& name) {
+  auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  auto t = f->get("prompt_ids");
+  EXPECT_TRUE(t.ok());
+  std::vector<int32_t> ids(t->numel());
+  for (int64_t i = 0; i < t->numel(); ++i)
+    ids[i] = t->dtype == DType::kI64 ? static_cast<int32_t>(t->as<const int64_t>()[i]) : t->as<const int32_t>()[i];
+  return ids;
+}
+
+double relative_error(const float* a, const float* b, size_t n) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / ref;
+}
+
+int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+// top-1 minus top-2 of a logits row: how near a tie the greedy choice was.
+double top_gap(const float* row, int64_t n) {
+  std::vector<float> v(row, row + n);
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+// Prefill then `steps` greedy decode steps through `forward`; every logits row is kept.
+template <typename Forward>
+std::vector<std::vector<float>> greedy(Forward&& forward, std::vector<int32_t> tokens, std::vector<int32_t>& table,
+                                       int64_t steps, std::vector<int32_t>& generated, int64_t vocab) {
+  std::vector<std::vector<float>> rows;
+  SequenceStep prefill{tokens, 0, &table, true};
+  StepOutput out;
+  EXPECT_TRUE(forward(prefill, out).ok());
+  for (size_t r = 0; r < tokens.size(); ++r) rows.emplace_back(out.logits.begin() + r * vocab, out.logits.begin() + (r + 1) * vocab);
+  int32_t next = argmax(rows.back().data(), vocab);
+  for (int64_t s = 0; s < steps; ++s) {
+    generated.push_back(next);
+    const int32_t t = next;
+    SequenceStep step{{&t, 1}, static_cast<int64_t>(tokens.size()), &table, false};
+    tokens.push_back(t);
+    EXPECT_TRUE(forward(step, out).ok());
+    rows.emplace_back(out.logits.begin(), out.logits.begin() + vocab);
+    next = argmax(out.logits.data(), vocab);
+  }
+  return rows;
+}
+
+class CudaModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModel, LogitsAndGreedyContinuationMatchTheCpuPath) {
+  constexpr int64_t kNew = 16;
+  LoadedModel cpu = load(GetParam(), "cpu");
+  LoadedModel gpu = load(GetParam(), "cuda");
+  ASSERT_EQ(cpu.gpu, nullptr);
+  ASSERT_NE(gpu.gpu, nullptr);
+  const int64_t vocab = cpu.model->config().vocab_size;
+  const std::vector<int32_t> prompt = prompt_of(GetParam());
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + kNew + 1;
+
+  auto kv = make_kv_cache(cpu, tokens);
+  std::vector<int32_t> cpu_table;
+  ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
+  std::vector<int32_t> cpu_tokens, gpu_tokens;
+  auto cpu_rows = greedy([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
+                         prompt, cpu_table, kNew, cpu_tokens, vocab);
+
+  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
+  auto runner = gpu.gpu->make_runner(blocks, kBlockSize);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  // Blocks in reverse order, so the paged addressing is exercised.
+  std::vector<int32_t> gpu_table(blocks - 3);
+  std::iota(gpu_table.rbegin(), gpu_table.rend(), 2);
+  auto gpu_rows = greedy([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
+                         prompt, gpu_table, kNew, gpu_tokens, vocab);
+
+  ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
+  double worst = 0;
+  for (size_t r = 0; r < cpu_rows.size(); ++r) {
+    const double e = relative_error(gpu_rows[r].data(), cpu_rows[r].data(), vocab);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, kLogitsTolerance) << "row " << r;
+  }
+  double min_gap = INFINITY;
+  for (size_t r = prompt.size() - 1; r < cpu_rows.size(); ++r) min_gap = std::min(min_gap, top_gap(cpu_rows[r].data(), vocab));
+  std::printf("%s: worst logits error %.3g of max|cpu|, smallest greedy top-1/top-2 gap %.4g\n", GetParam().c_str(),
+              worst, min_gap);
+  EXPECT_EQ(gpu_tokens, cpu_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny"));
+
+TEST(CudaModelDummy, RandomWeightsAreMadeOnTheDeviceAndRunDeterministically) {
+  LoadedModel a = load("glm4_moe_lite-tiny", "cuda", "dummy");
+  LoadedModel b = load("glm4_moe_lite-tiny", "cuda", "dummy");
+  ASSERT_NE(a.gpu, nullptr);
+  EXPECT_EQ(a.checkpoint, nullptr);
+  EXPECT_GT(a.gpu->weight_bytes(), 0u);
+  std::vector<int32_t> table = {0, 1, 2};
+  const std::vector<int32_t> ids = {5, 9, 100, 7, 3};
+  SequenceStep step{ids, 0, &table, false};
+  StepOutput oa, ob;
+  auto ra = a.gpu->make_runner(4, kBlockSize);
+  auto rb = b.gpu->make_runner(4, kBlockSize);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  ASSERT_TRUE((*ra)->forward({&step, 1}, oa, false).ok());
+  ASSERT_TRUE((*rb)->forward({&step, 1}, ob, false).ok());
+  ASSERT_EQ(oa.logits.size(), static_cast<size_t>(a.model->config().vocab_size));
+  EXPECT_TRUE(std::all_of(oa.logits.begin(), oa.logits.end(), [](float x) { return std::isfinite(x); }));
+  EXPECT_EQ(oa.logits, ob.logits);
+  EXPECT_GT(*std::max_element(oa.logits.begin(), oa.logits.end()), *std::min_element(oa.logits.begin(), oa.logits.end()));
+  // The CPU model of a dummy load has no weights and says so rather than reading them.
+  auto kv = make_kv_cache(a, 8);
+  std::vector<int32_t> cpu_table;
+  ASSERT_TRUE(kv->reserve(cpu_table, 5).ok());
+  SequenceStep cpu_step{ids, 0, &cpu_table, false};
+  StepOutput oc;
+  EXPECT_FALSE(a.model->forward({&cpu_step, 1}, *kv, oc).ok());
+}
+
+TEST(CudaModelDummy, DsaModelsAreRefusedClearly) {
+  auto recipe = load_recipe("", {"model.path=" + model_dir("glm_moe_dsa-tiny").string(), "kv.layout=bf16",
+                                 "model.device=cuda"},
+                            global_registry());
+  ASSERT_TRUE(recipe.ok());
+  auto m = load_model(*recipe, global_registry(), {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("DSA"), std::string::npos) << m.status().to_string();
+}
+
+}  // namespace
+}  // namespace kiln
