@@ -6,8 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <future>
+#include <mutex>
 #include <numeric>
 
+#include "engine/engine_factory.h"
+#include "engine/generator.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
 #include "plugin/registry.h"
@@ -155,6 +159,64 @@ TEST(CudaModelDummy, RandomWeightsAreMadeOnTheDeviceAndRunDeterministically) {
   SequenceStep cpu_step{ids, 0, &cpu_table, false};
   StepOutput oc;
   EXPECT_FALSE(a.model->forward({&cpu_step, 1}, *kv, oc).ok());
+}
+
+// The serving engine, unchanged, over the CUDA runner: concurrent requests (batched decode, chunked prefill)
+// produce what one sequence at a time through the same runner produces.
+TEST(CudaModelEngine, BatchedServingMatchesSingleSequenceGenerationOnTheGpu) {
+  auto recipe = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "kv.layout=bf16",
+                                 "kv.block_size=4", "model.device=cuda", "scheduler.max_model_len=128",
+                                 "scheduler.max_num_seqs=4", "scheduler.max_num_batched_tokens=16"},
+                            global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto loaded = load_model(*recipe, global_registry());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  const LoadedModel& m = *loaded;
+  ASSERT_NE(m.gpu, nullptr);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p;
+    for (int t = 0; t < 5 + 7 * i; ++t) p.push_back((37 * t + 101 * i + 3) % 4000 + 2);
+    prompts.push_back(p);
+  }
+  constexpr int64_t kNew = 8;
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) {
+    auto kv = make_kv_cache(m, 128);
+    auto runner = m.gpu->make_runner(kv->num_blocks(), kv->block_size());
+    ASSERT_TRUE(runner.ok());
+    Generator g(*m.model, *kv, runner->get());
+    GenerateOptions o;
+    o.max_new_tokens = kNew;
+    auto out = g.generate(p, o, nullptr);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    expected.push_back(*out);
+  }
+  auto started = start_engine(m, *recipe);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::mutex mu;
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<std::promise<FinishReason>> done(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams rp;
+    rp.prompt = prompts[i];
+    rp.max_tokens = kNew;
+    auto id = started->engine->submit(rp, [&, i](const TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e.token >= 0) got[i].push_back(e.token);
+      if (e.finished) done[i].set_value(e.finish_reason);
+      return true;
+    });
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto f = done[i].get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    EXPECT_EQ(f.get(), FinishReason::kLength);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(got[i], expected[i]) << "request " << i;
+  }
+  started->engine->drain();
 }
 
 TEST(CudaModelDummy, DsaModelsAreRefusedClearly) {

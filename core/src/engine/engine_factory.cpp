@@ -66,7 +66,9 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
       kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
   budget.block_size = m.layout->geometry().block_size;
   budget.max_model_len = config.max_model_len;
-  if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
+  // Also on the GPU for now: a pool past what max_num_seqs full-length sequences can use only grows the
+  // BlockManager's host tables (the prefix cache would use it, at the cost of host memory per block).
+  if (memory.cpu || m.gpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
   const RecipeSection& spec = recipe.section("speculative");
   if (spec.get_string("method", "none") != "none") {
     config.speculative_depth = spec.get_int("depth", 0);
