@@ -1,6 +1,7 @@
 // The CUDA runner against the CPU model on the committed fixtures. The GPU keeps weights and activations in
 // bf16 (fixtures are fp32) with an fp32 residual stream; the CPU path runs fp32 with the same bf16 KV layout.
-// Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row, and greedy continuations identical token for token.
+// Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row, and greedy continuations identical token for token up to
+// a step where the CPU's top-1 / top-2 gap is below twice the measured logits difference (a near-tie), which is reported.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,17 +119,28 @@ TEST_P(CudaModel, LogitsAndGreedyContinuationMatchTheCpuPath) {
                          prompt, gpu_table, kNew, gpu_tokens, vocab);
 
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
-  double worst = 0;
-  for (size_t r = 0; r < cpu_rows.size(); ++r) {
+  // Greedy tokens must agree until a step whose CPU top-1 / top-2 gap is inside the numerical difference of the
+  // two paths (a near-tie either may break); logits are compared on every row whose inputs are still identical.
+  const size_t P = prompt.size();
+  size_t diverged = 0;
+  while (diverged < cpu_tokens.size() && diverged < gpu_tokens.size() && cpu_tokens[diverged] == gpu_tokens[diverged])
+    ++diverged;
+  double worst = 0, worst_abs = 0;
+  for (size_t r = 0; r < P + diverged && r < cpu_rows.size(); ++r) {
     const double e = relative_error(gpu_rows[r].data(), cpu_rows[r].data(), vocab);
     worst = std::max(worst, e);
+    for (int64_t v = 0; v < vocab; ++v)
+      worst_abs = std::max(worst_abs, static_cast<double>(std::fabs(gpu_rows[r][v] - cpu_rows[r][v])));
     EXPECT_LE(e, kLogitsTolerance) << "row " << r;
   }
-  double min_gap = INFINITY;
-  for (size_t r = prompt.size() - 1; r < cpu_rows.size(); ++r) min_gap = std::min(min_gap, top_gap(cpu_rows[r].data(), vocab));
-  std::printf("%s: worst logits error %.3g of max|cpu|, smallest greedy top-1/top-2 gap %.4g\n", GetParam().c_str(),
-              worst, min_gap);
-  EXPECT_EQ(gpu_tokens, cpu_tokens);
+  std::printf("%s: %zu of %lld greedy tokens identical; worst logits error %.3g of max|cpu| (%.3g absolute)\n",
+              GetParam().c_str(), diverged, static_cast<long long>(kNew), worst, worst_abs);
+  if (diverged < cpu_tokens.size()) {
+    const double gap = top_gap(cpu_rows[P - 1 + diverged].data(), vocab);
+    std::printf("%s: step %zu is a near-tie: CPU top-1/top-2 gap %.4g (CPU %d, GPU %d)\n", GetParam().c_str(), diverged,
+                gap, cpu_tokens[diverged], gpu_tokens[diverged]);
+    EXPECT_LT(gap, 2 * worst_abs) << "greedy tokens differ at step " << diverged << " without a near-tie";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny"));
