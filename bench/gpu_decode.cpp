@@ -6,7 +6,7 @@
 // experts of every layer + the router (fp32) + one embedding row + lm_head.
 //
 //   kiln_bench_gpu_decode [--config PATH] [--contexts 4096,32768,131072] [--steps 64] [--prefill 4096]
-//                         [--bandwidth 4.26e12]
+//                         [--graphs 1] [--bandwidth 4.26e12]
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   std::string config_path = std::string(KILN_BENCH_SOURCE_DIR) + "/configs/models/glm-4.7-flash/config.json";
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t steps = 64;
+  bool graphs = true;       // replay decode steps from CUDA graphs
   int64_t prefill = 4096;  // one prompt of this many tokens, timed once (0: skip)
   double bandwidth = 4.26e12;  // device-to-device copy measured on the H200 here (bench/RESULTS.md)
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     else if (a == "--contexts") contexts = parse_list(v);
     else if (a == "--steps") steps = std::stoll(v);
     else if (a == "--prefill") prefill = std::stoll(v);
+    else if (a == "--graphs") graphs = v != "0";
     else if (a == "--bandwidth") bandwidth = std::stod(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
@@ -79,11 +81,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", model.status().to_string().c_str());
     return 1;
   }
+  (*model)->set_cuda_graphs(graphs);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const double weights = active_weight_bytes(c);
-  std::printf("%s on %s: %.2f GiB of dummy bf16 weights, %.1f MB active per token\n", config_path.c_str(), prop.name,
-              static_cast<double>((*model)->weight_bytes()) / (1 << 30), weights / 1e6);
+  std::printf("%s on %s: %.2f GiB of dummy bf16 weights, %.1f MB active per token, CUDA graphs %s\n",
+              config_path.c_str(), prop.name, static_cast<double>((*model)->weight_bytes()) / (1 << 30), weights / 1e6,
+              graphs ? "on" : "off");
 
   constexpr int64_t kBlock = 64;
   int64_t max_ctx = 0;

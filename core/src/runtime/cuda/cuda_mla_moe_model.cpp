@@ -66,7 +66,22 @@ class CudaRunner final : public ModelRunner {
   GpuKvPool pool_;
 };
 
+int64_t round_up_pow2(int64_t v, int64_t at_least) {
+  int64_t p = at_least;
+  while (p < v) p *= 2;
+  return p;
+}
+
 }  // namespace
+
+// What a captured step bakes in: buffer addresses (the scratch base and its layout) and launch shapes.
+struct GraphKey {
+  int64_t steps, rows, max_blocks, scores_kv;
+  int splits;
+  bool keep_hidden;
+  const void* scratch;
+  bool operator==(const GraphKey&) const = default;
+};
 
 struct CudaMlaMoeModel::Impl {
   cudaStream_t stream = nullptr;
@@ -79,8 +94,15 @@ struct CudaMlaMoeModel::Impl {
   int sm_count = 0;
   std::vector<int32_t> ids, query_seq, kv_len, tables, rows;
   std::vector<int64_t> positions, slots;
+  std::vector<std::pair<GraphKey, cudaGraphExec_t>> graphs;
+  static constexpr size_t kMaxGraphs = 32;
 
+  void drop_graphs() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+  }
   ~Impl() {
+    drop_graphs();
     gemm.reset();
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
@@ -166,6 +188,7 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
     if (!s.block_table) return invalid_argument("sequence step has no block table");
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(s.block_table->size()));
   }
+  max_blocks = round_up_pow2(max_blocks, 4);
   I.tables.assign(steps.size() * max_blocks, 0);
   for (size_t si = 0; si < steps.size(); ++si) {
     const SequenceStep& s = steps[si];
@@ -204,6 +227,8 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
   const int64_t N = static_cast<int64_t>(I.ids.size()), R = static_cast<int64_t>(I.rows.size()), S = steps.size();
   const bool fast_attention = L == kMlaLatentDim && Rr == kMlaRopeDim;
   const int splits = fast_attention ? mla_decode_num_splits(N, H, max_kv, I.sm_count) : 1;
+  // Widths rounded up to powers of two, so a growing context changes a captured graph's shape only rarely.
+  const int64_t scores_kv = fast_attention ? 0 : round_up_pow2(max_kv, 16);
 
   StepBuffers b{};
   auto carve = [&](StepScratch& sc) {
@@ -218,7 +243,7 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
     b.q_abs = sc.carve<float>(N * H * D), b.o_lat = sc.carve<float>(N * H * L), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
     b.attn = sc.carve<uint16_t>(N * H * vd);
     b.mla_workspace = splits > 1 ? sc.carve<char>(mla_decode_workspace_bytes(N, H, splits)) : nullptr;
-    b.scores = fast_attention ? nullptr : sc.carve<float>(N * H * max_kv);
+    b.scores = fast_attention ? nullptr : sc.carve<float>(N * H * scores_kv);
     b.gu = sc.carve<uint16_t>(N * 2 * dense_I), b.act = sc.carve<uint16_t>(N * dense_I), b.shared = sc.carve<uint16_t>(N * Hd);
     b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
     b.route_ids = sc.carve<int32_t>(N * topk), b.offsets = sc.carve<int32_t>(E + 1), b.active = sc.carve<int32_t>(E);
@@ -293,7 +318,7 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
       MlaReferenceParams p;
       p.q = b.q_abs, p.rows = N, p.heads = H, p.latent_dim = L, p.rope_dim = Rr, p.cache = pages, p.block_size = bs;
       p.block_tables = b.tables, p.max_blocks = max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
-      p.max_kv_len = max_kv, p.scale = scale, p.scores = b.scores, p.out = b.o_lat;
+      p.max_kv_len = scores_kv, p.scale = scale, p.scores = b.scores, p.out = b.o_lat;
       KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
     }
     // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
@@ -330,6 +355,8 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
     return moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st);
   };
 
+  // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
+  auto enqueue = [&]() -> Status {
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
   KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
   KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.resid, 0, N * Hd * sizeof(float), I.stream), "residual clear"));
@@ -341,15 +368,43 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
     KILN_RETURN_IF_ERROR(mlp(w).with_context("layer " + std::to_string(l) + " mlp (GPU)"));
   }
   KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, weights_.final_norm, N, Hd, eps, b.normed, st));
+  if (keep_hidden) KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, N * Hd, b.hidden, st));
+  // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
+  KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
+  return g.linear(b.row_states, R, Hd, weights_.lm_head.w, c.vocab_size, b.logits, DType::kF32, st);
+  };
+
+  if (graphs_ && N == S) {
+    const GraphKey key{S, R, max_blocks, scores_kv, splits, keep_hidden, I.scratch.base()};
+    cudaGraphExec_t exec = nullptr;
+    for (auto& [k, e] : I.graphs)
+      if (k == key) exec = e;
+    if (!exec) {
+      if (I.graphs.size() >= Impl::kMaxGraphs || (!I.graphs.empty() && I.graphs.front().first.scratch != key.scratch))
+        I.drop_graphs();
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
+      const Status captured = enqueue();
+      cudaGraph_t graph = nullptr;
+      const cudaError_t end = cudaStreamEndCapture(I.stream, &graph);
+      if (!captured.ok()) {
+        if (graph) cudaGraphDestroy(graph);
+        return captured;
+      }
+      KILN_RETURN_IF_ERROR(cuda_ok(end, "graph capture"));
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      KILN_RETURN_IF_ERROR(cuda_ok(inst, "graph instantiate"));
+      I.graphs.emplace_back(key, exec);
+    }
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaGraphLaunch(exec, I.stream), "graph launch"));
+  } else {
+    KILN_RETURN_IF_ERROR(enqueue());
+  }
   if (keep_hidden) {
-    KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, N * Hd, b.hidden, st));
     out.hidden.resize(N * Hd);
     KILN_RETURN_IF_ERROR(cuda_ok(
         cudaMemcpyAsync(out.hidden.data(), b.hidden, N * Hd * sizeof(float), cudaMemcpyDeviceToHost, I.stream), "hidden"));
   }
-  // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
-  KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
-  KILN_RETURN_IF_ERROR(g.linear(b.row_states, R, Hd, weights_.lm_head.w, c.vocab_size, b.logits, DType::kF32, st));
   out.logits.resize(R * c.vocab_size);
   KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.logits.data(), b.logits, R * c.vocab_size * sizeof(float),
                                                cudaMemcpyDeviceToHost, I.stream),

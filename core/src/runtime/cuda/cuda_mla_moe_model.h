@@ -31,6 +31,10 @@ class CudaMlaMoeModel {
   // Device memory the KV pool and activations may take: total memory minus what the process holds now.
   static size_t device_total_bytes();
 
+  // Decode-shaped steps (one token per sequence) replay a CUDA graph of the whole step, captured once per
+  // shape (sequences, logit rows, block-table width, attention splits); on by default.
+  void set_cuda_graphs(bool on) { graphs_ = on; }
+
   // A runner over a fresh KV pool of `num_blocks` blocks. The model must outlive it; one runner at a time
   // (runners share the model's stream and scratch).
   Result<std::unique_ptr<ModelRunner>> make_runner(int64_t num_blocks, int64_t block_size);
@@ -44,6 +48,7 @@ class CudaMlaMoeModel {
   ModelConfig config_;
   GpuWeights weights_;
   std::unique_ptr<Impl> impl_;
+  bool graphs_ = true;
 };
 
 }  // namespace kiln::cuda

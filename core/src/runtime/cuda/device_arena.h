@@ -55,6 +55,7 @@ class StepScratch {
     return measure_ ? nullptr : reinterpret_cast<T*>(base_ + at);
   }
   size_t offset() const { return offset_; }
+  const void* base() const { return base_; }
 
  private:
   char* base_ = nullptr;
