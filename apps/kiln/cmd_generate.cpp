@@ -9,6 +9,9 @@
 #include "commands.h"
 #include "engine/engine_factory.h"
 #include "engine/generator.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
 #include "engine/speculative_drafter.h"
 #include "engine/speculative_generator.h"
 #include "model/draft_host.h"
@@ -142,7 +145,16 @@ int cmd_generate(int argc, char** argv) {
                   100.0 * gen.metrics().acceptance_rate(), gen.metrics().mean_acceptance_length());
     acceptance = buf;
   } else {
-    Generator gen(*loaded->model, *kv);
+    // On the GPU the runner holds the pages; the CPU pool above only numbers the blocks.
+    std::unique_ptr<ModelRunner> gpu_runner;
+#ifdef KILN_WITH_CUDA
+    if (loaded->gpu) {
+      auto r = loaded->gpu->make_runner(kv->num_blocks(), kv->block_size());
+      if (!r.ok()) return fail(r.status().message());
+      gpu_runner = std::move(r).value();
+    }
+#endif
+    Generator gen(*loaded->model, *kv, gpu_runner.get());
     result = gen.generate(ids, opts, print, &stats);
   }
   std::cout << decoder.flush() << std::endl;

@@ -7,6 +7,9 @@
 #include "model/draft_host.h"
 #include "plugin/registry.h"
 #include "kiln/log.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -40,7 +43,15 @@ ModelLoadOptions model_load_options(const Recipe& recipe) {
   return o;
 }
 
-Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& given) {
+  EngineMemory memory = given;
+#ifdef KILN_WITH_CUDA
+  if (m.gpu && memory.memory_bytes == 0) {  // the pool is sized from the device's memory and the uploaded weights
+    memory.cpu = false;
+    memory.memory_bytes = cuda::CudaMlaMoeModel::device_total_bytes();
+    memory.weight_bytes = m.gpu->weight_bytes();
+  }
+#endif
   const ModelConfig& mc = m.model->config();
   const RecipeSection& scheduler = recipe.section("scheduler");
   KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
@@ -55,7 +66,9 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
       kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
   budget.block_size = m.layout->geometry().block_size;
   budget.max_model_len = config.max_model_len;
-  if (memory.cpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
+  // Also on the GPU for now: a pool past what max_num_seqs full-length sequences can use only grows the
+  // BlockManager's host tables (the prefix cache would use it, at the cost of host memory per block).
+  if (memory.cpu || m.gpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
   const RecipeSection& spec = recipe.section("speculative");
   if (spec.get_string("method", "none") != "none") {
     config.speculative_depth = spec.get_int("depth", 0);
@@ -80,6 +93,13 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
     log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
               config.speculative_depth);
   }
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> gpu_runner, m.gpu->make_runner(capacity.num_blocks, capacity.block_size));
+    KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(gpu_runner), started.drafter));
+    return started;
+  }
+#endif
   auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
   KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(runner), started.drafter));
   return started;

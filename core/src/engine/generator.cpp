@@ -31,7 +31,7 @@ Result<std::vector<int32_t>> Generator::generate(const std::vector<int32_t>& pro
   for (int64_t begin = 0; begin < st.prompt_tokens; begin += chunk) {
     const int64_t n = std::min(chunk, st.prompt_tokens - begin);
     SequenceStep step{std::span<const int32_t>(prompt.data() + begin, n), begin, &table_, false};
-    KILN_RETURN_IF_ERROR(model_.forward({&step, 1}, kv_, out));
+    KILN_RETURN_IF_ERROR((runner_ ? runner_->forward({&step, 1}, out, false) : model_.forward({&step, 1}, kv_, out)));
   }
   st.prefill_seconds = seconds_since(t0);
 
@@ -50,7 +50,7 @@ Result<std::vector<int32_t>> Generator::generate(const std::vector<int32_t>& pro
     if (static_cast<int64_t>(generated.size()) == options.max_new_tokens) break;
     KILN_RETURN_IF_ERROR(kv_.reserve(table_, pos + 1));
     SequenceStep step{std::span<const int32_t>(&generated.back(), 1), pos, &table_, false};
-    KILN_RETURN_IF_ERROR(model_.forward({&step, 1}, kv_, out));
+    KILN_RETURN_IF_ERROR((runner_ ? runner_->forward({&step, 1}, out, false) : model_.forward({&step, 1}, kv_, out)));
     ++pos;
   }
   st.decode_seconds = seconds_since(t1);

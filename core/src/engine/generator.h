@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "model/kv_cache.h"
 #include "model/mla_moe_model.h"
@@ -27,7 +28,10 @@ struct GenerateStats {
 
 class Generator {
  public:
-  Generator(const MlaMoeModel& model, KvCache& kv) : model_(model), kv_(kv) {}
+  // With `runner` (e.g. the CUDA runner, whose pages mirror kv's block ids), steps run through it and `kv` only
+  // hands out the block table; `model` then supplies the config.
+  Generator(const MlaMoeModel& model, KvCache& kv, ModelRunner* runner = nullptr)
+      : model_(model), kv_(kv), runner_(runner) {}
   ~Generator() { kv_.release(table_); }
 
   // Returns the generated ids (stop token included when one ended it). `on_token` sees each as it comes;
@@ -38,6 +42,7 @@ class Generator {
  private:
   const MlaMoeModel& model_;
   KvCache& kv_;
+  ModelRunner* runner_;
   std::vector<int32_t> table_;
 };
 

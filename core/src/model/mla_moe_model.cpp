@@ -308,6 +308,8 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
 
 Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden) const {
   const ModelConfig& c = config_;
+  if (static_cast<int64_t>(weights_.layers.size()) != c.num_hidden_layers)
+    return failed_precondition("this model has no CPU weights (model.load = \"dummy\" lives on the GPU only)");
   TokenLayout tl;
   KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;

@@ -3,6 +3,9 @@
 #include <filesystem>
 
 #include "kiln/log.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -10,19 +13,48 @@ namespace fs = std::filesystem;
 Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, const ModelLoadOptions& options) {
   const RecipeSection& model = recipe.section("model");
   const fs::path dir = model.get_string("path");
-  if (model.get_string("load") == "dummy")
-    return unimplemented("`model.load = \"dummy\"` (random weights) is provided by the CUDA runtime; on the CPU set "
-                         "model.load = \"mmap\"");
   const RecipeSection& parallel = recipe.section("parallel");
   for (const char* key : {"tensor", "decode_context"})
     if (parallel.get_int(key, 1) > 1)
       return parallel.error(key, "multi-GPU parallelism is not implemented yet; this kiln runs one rank (set it to 1)");
   if (!fs::is_directory(dir))
     return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
+  const bool dummy = model.get_string("load") == "dummy";
+  const std::string device = model.get_string("device", "auto");
+#ifdef KILN_WITH_CUDA
+  bool on_gpu = device == "cuda" || (device == "auto" && cuda::CudaMlaMoeModel::device_available());
+#else
+  if (device == "cuda")
+    return failed_precondition("`model.device = \"cuda\"` (" + model.origin("device") +
+                               "): this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+  const bool on_gpu = false;
+#endif
+  if (dummy && !on_gpu)
+    return unimplemented("`model.load = \"dummy\"` (random weights) is provided by the CUDA runtime; on the CPU set "
+                         "model.load = \"mmap\"");
 
   LoadedModel m;
   KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
-  KILN_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::open(dir));
+  if (!dummy) {
+    KILN_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::open(dir));
+  }
+#ifdef KILN_WITH_CUDA
+  if (on_gpu) {
+    // What the CUDA runner does not run yet: with device = "auto" that means the CPU, with "cuda" an error.
+    Status blocker = cuda::CudaMlaMoeModel::supports(config);
+    if (blocker.ok() && recipe.section("kv").get_string("layout") != "bf16")
+      blocker = unimplemented("the CUDA runner keeps KV in the built-in `bf16` layout; set kv.layout = \"bf16\" (" +
+                              recipe.section("kv").origin("layout") + ")");
+    if (blocker.ok() && options.load_mtp)
+      blocker = unimplemented("speculative decoding (MTP layers) does not run on the CUDA runner yet; set "
+                              "speculative.method = \"none\" or model.device = \"cpu\"");
+    if (!blocker.ok()) {
+      if (device == "cuda" || dummy) return blocker;
+      log::info("model.device = \"auto\": running on the CPU ({})", blocker.message());
+      on_gpu = false;
+    }
+  }
+#endif
   m.info = config.to_model_info();
 
   CreateContext ctx;
@@ -38,7 +70,17 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
                                std::to_string(g.latent_dim) + "+" + std::to_string(g.rope_dim) + ", the model needs " +
                                std::to_string(config.kv_lora_rank) + "+" + std::to_string(config.qk_rope_head_dim));
 
-  KILN_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp));
+#ifdef KILN_WITH_CUDA
+  if (on_gpu) {
+    KILN_ASSIGN_OR_RETURN(m.gpu, cuda::CudaMlaMoeModel::create(config, m.checkpoint.get()));
+    log::info("{} on the GPU: {:.2f} GiB of bf16 weights ({})", config.model_type,
+              static_cast<double>(m.gpu->weight_bytes()) / (1 << 30), dummy ? "dummy, random" : dir.string());
+  }
+#endif
+  ModelWeights weights;
+  if (!dummy) {
+    KILN_ASSIGN_OR_RETURN(weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp));
+  }
   if (options.load_mtp && weights.mtp.empty())
     return not_found(dir.string() + " has no MTP weights (model.layers." + std::to_string(config.num_hidden_layers) +
                      ".eh_proj.weight); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");

@@ -12,6 +12,10 @@
 
 namespace kiln {
 
+namespace cuda {
+class CudaMlaMoeModel;
+}
+
 struct LoadedModel {
   // Declaration order is destruction order reversed: the model's layers (plugin code, views into the
   // checkpoint's mapping) go first, then the plugins' objects, then the mapping.
@@ -19,7 +23,11 @@ struct LoadedModel {
   std::shared_ptr<WeightFormat> format;
   std::shared_ptr<KvLayout> layout;
   ModelInfo info;
+  // With model.load = "dummy" its weights are empty: only config() is usable, and forward() refuses.
   std::unique_ptr<MlaMoeModel> model;
+  // Set when the recipe runs the model on a CUDA device (model.device = "cuda", or "auto" with a GPU present):
+  // the engine then drives this model's runner instead of the CPU one.
+  std::shared_ptr<cuda::CudaMlaMoeModel> gpu;
 };
 
 struct ModelLoadOptions {

@@ -1,0 +1,54 @@
+// The MLA + MoE forward pass (glm4_moe_lite, deepseek_v3) on one CUDA device: the math of MlaMoeModel::forward
+// with bf16 weights and activations, an fp32 residual stream, and attention always in absorbed form over the
+// paged bf16 latent cache. Every query row, prefill included, goes through the decode attention kernel: correct
+// but not fast for long prompts (no tensor-core prefill kernel yet). DSA (glm_moe_dsa) and MTP are refused.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "engine/model_runner.h"
+#include "model/model_config.h"
+#include "runtime/cuda/device_arena.h"
+#include "runtime/cuda/gpu_kv_pool.h"
+#include "runtime/cuda/gpu_weights.h"
+
+namespace kiln::cuda {
+
+class CudaMlaMoeModel {
+ public:
+  // source == nullptr: dummy weights from `seed`. Uses the current CUDA device.
+  static Result<std::shared_ptr<CudaMlaMoeModel>> create(const ModelConfig& config, const WeightSource* source,
+                                                         uint64_t seed = 1);
+  ~CudaMlaMoeModel();
+
+  const ModelConfig& config() const { return config_; }
+  size_t weight_bytes() const { return weights_.bytes; }
+  // Why this model cannot run on the CUDA runner (DSA, half-split rope, odd MoE widths), or ok.
+  static Status supports(const ModelConfig& config);
+  // Whether a CUDA device is visible to this process.
+  static bool device_available();
+  // Device memory the KV pool and activations may take: total memory minus what the process holds now.
+  static size_t device_total_bytes();
+
+  // Decode-shaped steps (one token per sequence) replay a CUDA graph of the whole step, captured once per
+  // shape (sequences, logit rows, block-table width, attention splits); on by default.
+  void set_cuda_graphs(bool on) { graphs_ = on; }
+
+  // A runner over a fresh KV pool of `num_blocks` blocks. The model must outlive it; one runner at a time
+  // (runners share the model's stream and scratch).
+  Result<std::unique_ptr<ModelRunner>> make_runner(int64_t num_blocks, int64_t block_size);
+
+  // One batched forward over `kv` (the same contract as ModelRunner::forward).
+  Status forward(std::span<const SequenceStep> steps, const GpuKvPool& kv, StepOutput& out, bool keep_hidden);
+
+ private:
+  struct Impl;
+  explicit CudaMlaMoeModel(ModelConfig config);
+  ModelConfig config_;
+  GpuWeights weights_;
+  std::unique_ptr<Impl> impl_;
+  bool graphs_ = true;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,62 @@
+#include "runtime/cuda/device_arena.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+namespace kiln::cuda {
+namespace {
+constexpr size_t kAlign = 256;
+
+Status cuda_alloc_status(cudaError_t e, size_t bytes, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  size_t free_b = 0, total_b = 0;
+  cudaGetLastError();
+  cudaMemGetInfo(&free_b, &total_b);
+  return resource_exhausted(std::string("cudaMalloc of ") + std::to_string(bytes >> 20) + " MiB for " + what + ": " +
+                            cudaGetErrorString(e) + " (" + std::to_string(free_b >> 20) + " MiB free of " +
+                            std::to_string(total_b >> 20) + ")");
+}
+}  // namespace
+
+DeviceArena::~DeviceArena() {
+  for (Chunk& c : chunks_) cudaFree(c.base);
+}
+
+Result<void*> DeviceArena::allocate(size_t bytes, const char* what) {
+  bytes = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+  for (Chunk& c : chunks_)
+    if (c.size - c.offset >= bytes) {
+      void* p = c.base + c.offset;
+      c.offset += bytes;
+      used_ += bytes;
+      return p;
+    }
+  const size_t size = std::max(bytes, chunk_bytes_);
+  void* base = nullptr;
+  KILN_RETURN_IF_ERROR(cuda_alloc_status(cudaMalloc(&base, size), size, what));
+  chunks_.push_back({static_cast<char*>(base), size, bytes});
+  used_ += bytes;
+  reserved_ += size;
+  return base;
+}
+
+StepScratch::~StepScratch() {
+  if (base_) cudaFree(base_);
+}
+
+Status StepScratch::ensure(size_t bytes) {
+  if (bytes <= capacity_) return ok_status();
+  if (base_) cudaFree(base_);
+  base_ = nullptr;
+  capacity_ = 0;
+  const size_t want = bytes + bytes / 4;  // headroom so slowly growing contexts do not reallocate every step
+  void* p = nullptr;
+  KILN_RETURN_IF_ERROR(cuda_alloc_status(cudaMalloc(&p, want), want, "step activations"));
+  base_ = static_cast<char*>(p);
+  capacity_ = want;
+  return ok_status();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,66 @@
+// Device memory for the CUDA runtime: plain cudaMalloc chunks handed out by bumping a pointer (no managed
+// memory, nothing freed piecemeal: weights and KV pages live as long as the model), and a growable scratch
+// buffer for one step's activations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kiln/status.h"
+
+namespace kiln::cuda {
+
+class DeviceArena {
+ public:
+  explicit DeviceArena(size_t chunk_bytes = size_t{1} << 30) : chunk_bytes_(chunk_bytes) {}
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  // 256-byte aligned; a request larger than the chunk size gets a chunk of its own.
+  Result<void*> allocate(size_t bytes, const char* what);
+  template <typename T>
+  Result<T*> allocate_array(size_t count, const char* what) {
+    KILN_ASSIGN_OR_RETURN(void* p, allocate(count * sizeof(T), what));
+    return static_cast<T*>(p);
+  }
+  size_t bytes_used() const { return used_; }
+  size_t bytes_reserved() const { return reserved_; }
+
+ private:
+  struct Chunk {
+    char* base;
+    size_t size, offset;
+  };
+  size_t chunk_bytes_;
+  std::vector<Chunk> chunks_;
+  size_t used_ = 0, reserved_ = 0;
+};
+
+// One step's activations: carve() lays buffers out from the start each step. With no storage (measure pass)
+// it only counts bytes, so a step can size its buffers, ensure() them, then carve again for real.
+class StepScratch {
+ public:
+  ~StepScratch();
+  Status ensure(size_t bytes);
+  void begin(bool measure) {
+    measure_ = measure;
+    offset_ = 0;
+  }
+  template <typename T>
+  T* carve(size_t count) {
+    const size_t at = offset_;
+    offset_ += (count * sizeof(T) + 255) / 256 * 256;
+    return measure_ ? nullptr : reinterpret_cast<T*>(base_ + at);
+  }
+  size_t offset() const { return offset_; }
+  const void* base() const { return base_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t capacity_ = 0, offset_ = 0;
+  bool measure_ = true;
+};
+
+}  // namespace kiln::cuda

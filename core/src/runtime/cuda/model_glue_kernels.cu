@@ -1,0 +1,176 @@
+#include "runtime/cuda/model_glue_kernels.h"
+
+#include <cfloat>
+
+#include "kernels/cuda/launch_check.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 65535u * 32u ? (blocks == 0 ? 1 : blocks) : 65535u * 32u);
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_uniform_kernel(uint16_t* p, size_t n, float bound, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(splitmix64(seed ^ (i * 0xD1B54A32D192ED03ull)) >> 40) * (1.0f / 16777216.0f);
+    p[i] = float_to_bf16_bits((2.0f * u - 1.0f) * bound);
+  }
+}
+
+__global__ void fill_uniform_f32_kernel(float* p, size_t n, float bound, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(splitmix64(seed ^ (i * 0xD1B54A32D192ED03ull)) >> 40) * (1.0f / 16777216.0f);
+    p[i] = (2.0f * u - 1.0f) * bound;
+  }
+}
+
+__global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint16_t v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+__global__ void fill_f32_kernel(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+__global__ void f32_to_bf16_kernel(const float* in, size_t n, uint16_t* out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = float_to_bf16_bits(in[i]);
+}
+
+__global__ void bf16_to_f32_kernel(const uint16_t* in, size_t n, float* out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = bf16_bits_to_float(in[i]);
+}
+
+// Block-wide reduction of one value per thread; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : (kMax ? -FLT_MAX : 0.0f);
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  return v;
+}
+
+__global__ void mla_write_cache_kernel(const float* ckv, int64_t L, int64_t R, const uint16_t* w, float eps,
+                                       const int64_t* slots, uint16_t* cache) {
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const float* row = ckv + t * (L + R);
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += row[i] * row[i];
+  ss = block_reduce<false>(ss, red);
+  const float inv = rsqrtf(ss / static_cast<float>(L) + eps);
+  uint16_t* dst = cache + slots[t] * (L + R);
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) dst[i] = float_to_bf16_bits(row[i] * inv * bf16_bits_to_float(w[i]));
+  for (int64_t i = threadIdx.x; i < R; i += blockDim.x) dst[L + i] = float_to_bf16_bits(row[L + i]);
+}
+
+__global__ void mla_reference_kernel(MlaReferenceParams p) {
+  extern __shared__ float q[];
+  __shared__ float red[32];
+  const int64_t h = blockIdx.x, r = blockIdx.y, D = p.latent_dim + p.rope_dim;
+  const float* qr = p.q + (r * p.heads + h) * D;
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) q[i] = qr[i];
+  __syncthreads();
+  const int64_t len = p.kv_len[r];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(p.query_seq[r]) * p.max_blocks;
+  auto row_of = [&](int64_t t) {
+    return p.cache + (static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size) * D;
+  };
+  float* s = p.scores + (r * p.heads + h) * p.max_kv_len;
+  float m = -FLT_MAX;
+  for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
+    const uint16_t* k = row_of(t);
+    float dot = 0.0f;
+    for (int64_t i = 0; i < D; ++i) dot += q[i] * bf16_bits_to_float(k[i]);
+    s[t] = dot * p.scale;
+    m = fmaxf(m, s[t]);
+  }
+  m = block_reduce<true>(m, red);
+  float sum = 0.0f;
+  for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
+    s[t] = __expf(s[t] - m);
+    sum += s[t];
+  }
+  sum = block_reduce<false>(sum, red);
+  __syncthreads();
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float* out = p.out + (r * p.heads + h) * p.latent_dim;
+  for (int64_t l = threadIdx.x; l < p.latent_dim; l += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < len; ++t) acc += s[t] * bf16_bits_to_float(row_of(t)[l]);
+    out[l] = acc * inv;
+  }
+}
+
+}  // namespace
+
+Status fill_uniform_bf16(uint16_t* p, size_t n, float bound, uint64_t seed, StreamHandle stream) {
+  fill_uniform_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, bound, seed);
+  return check_launch("fill_uniform_bf16");
+}
+
+Status fill_uniform_f32(float* p, size_t n, float bound, uint64_t seed, StreamHandle stream) {
+  fill_uniform_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, bound, seed);
+  return check_launch("fill_uniform_f32");
+}
+
+Status fill_constant_bf16(uint16_t* p, size_t n, float value, StreamHandle stream) {
+  const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(value));
+  fill_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, bits);
+  return check_launch("fill_constant_bf16");
+}
+
+Status fill_constant_f32(float* p, size_t n, float value, StreamHandle stream) {
+  fill_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, value);
+  return check_launch("fill_constant_f32");
+}
+
+Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream) {
+  f32_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
+  return check_launch("f32_to_bf16");
+}
+
+Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream) {
+  bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
+  return check_launch("bf16_to_f32");
+}
+
+Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t rope_dim, const uint16_t* norm_weight,
+                       float eps, const int64_t* slots, uint16_t* cache, StreamHandle stream) {
+  if (n == 0) return ok_status();
+  mla_write_cache_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(ckv, latent_dim, rope_dim, norm_weight, eps,
+                                                                       slots, cache);
+  return check_launch("mla_write_cache");
+}
+
+Status mla_attention_reference(const MlaReferenceParams& p, StreamHandle stream) {
+  if (p.rows == 0) return ok_status();
+  const size_t smem = static_cast<size_t>(p.latent_dim + p.rope_dim) * sizeof(float);
+  if (smem > 48 * 1024) return invalid_argument("cuda::mla_attention_reference: latent + rope width too large");
+  mla_reference_kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.rows)), kThreads, smem, stream>>>(p);
+  return check_launch("mla_attention_reference");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,47 @@
+// The small kernels the CUDA model runner needs between the tested building blocks of kernels/cuda: dummy
+// weights made on the device, dtype casts, the MLA cache write, and an MLA attention for latent / rope widths
+// the tensor-core decode kernel does not take (it is built for 512 + 64).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/stream_handle.h"
+#include "kiln/status.h"
+
+namespace kiln::cuda {
+
+// p[i] = bf16(uniform in [−bound, bound)), a counter-based hash of (seed, i): the same seed gives the same weights.
+Status fill_uniform_bf16(uint16_t* p, size_t n, float bound, uint64_t seed, StreamHandle stream);
+Status fill_uniform_f32(float* p, size_t n, float bound, uint64_t seed, StreamHandle stream);
+Status fill_constant_bf16(uint16_t* p, size_t n, float value, StreamHandle stream);
+Status fill_constant_f32(float* p, size_t n, float value, StreamHandle stream);
+
+Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream);
+Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream);
+
+// For each of n tokens: cache[slots[t], 0:L] = bf16(rmsnorm(ckv[t, 0:L]) · norm_weight) and
+// cache[slots[t], L:L+R] = bf16(ckv[t, L:L+R]) (k_pe, already roped). ckv fp32 [n, L + R]; cache bf16 [slots, L + R].
+Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t rope_dim, const uint16_t* norm_weight,
+                       float eps, const int64_t* slots, uint16_t* cache, StreamHandle stream);
+
+// Plain (CUDA-core, fp32) absorbed MLA attention over the paged bf16 cache, any latent / rope width: for query
+// row r and head h, out[r, h, :] = softmax_t(scale · q[r, h, :]·cache[t, :]) · cache[t, 0:L] over t < kv_len[r].
+// q fp32 [rows, heads, L + R], out fp32 [rows, heads, L]; scores is fp32 scratch [rows · heads · max_kv_len].
+struct MlaReferenceParams {
+  const float* q = nullptr;
+  int64_t rows = 0, heads = 0, latent_dim = 0, rope_dim = 0;
+  const uint16_t* cache = nullptr;
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks = 0;
+  const int32_t* query_seq = nullptr;
+  const int32_t* kv_len = nullptr;
+  int64_t max_kv_len = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;
+  float* out = nullptr;
+};
+Status mla_attention_reference(const MlaReferenceParams& p, StreamHandle stream);
+
+}  // namespace kiln::cuda
