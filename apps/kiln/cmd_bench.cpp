@@ -82,6 +82,16 @@ struct LevelResult {
   std::string first_error;
 };
 
+// Resolves --base-url, the API key and the model id (the server's first when not given); an error message or "".
+std::string connect(const std::string& base_url, const std::string& api_key_env, ServerAddress& server, std::string& model) {
+  if (!parse_base_url(base_url, server)) return "--base-url `" + base_url + "` is not http://host:port";
+  if (!api_key_env.empty())
+    if (const char* k = std::getenv(api_key_env.c_str())) server.api_key = k;
+  if (model.empty()) model = first_model(server);
+  if (model.empty()) return "no server answered GET /v1/models at " + base_url;
+  return "";
+}
+
 LevelResult run_level(const ServerAddress& server, const std::string& model, int64_t concurrency, int64_t num_requests,
                       int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed) {
   LevelResult r;
@@ -147,11 +157,7 @@ int bench_serve(int argc, char** argv) {
                          "usage: kiln bench serve [--base-url URL] [--concurrency 1,2,4,...] [--input-len N] [--output-len N]");
   if (rc >= 0) return rc;
   ServerAddress server;
-  if (!parse_base_url(base_url, server)) return fail("--base-url `" + base_url + "` is not http://host:port");
-  if (!api_key_env.empty())
-    if (const char* k = std::getenv(api_key_env.c_str())) server.api_key = k;
-  if (model.empty()) model = first_model(server);
-  if (model.empty()) return fail("no server answered GET /v1/models at " + base_url);
+  if (std::string error = connect(base_url, api_key_env, server, model); !error.empty()) return fail(error);
   std::vector<int64_t> conc;
   try {
     conc = parse_list(levels);
@@ -211,11 +217,7 @@ int bench_depth(int argc, char** argv) {
   int rc = parse_or_exit(argc, argv, desc, {}, vm, "usage: kiln bench depth [--base-url URL] [--depths 4K,32K,...]");
   if (rc >= 0) return rc;
   ServerAddress server;
-  if (!parse_base_url(base_url, server)) return fail("--base-url `" + base_url + "` is not http://host:port");
-  if (!api_key_env.empty())
-    if (const char* k = std::getenv(api_key_env.c_str())) server.api_key = k;
-  if (model.empty()) model = first_model(server);
-  if (model.empty()) return fail("no server answered GET /v1/models at " + base_url);
+  if (std::string error = connect(base_url, api_key_env, server, model); !error.empty()) return fail(error);
   std::vector<int64_t> ds;
   try {
     ds = parse_list(depths);

@@ -34,6 +34,25 @@ void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_
 
 }  // namespace
 
+Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_size, const ModelConfig& config) {
+  const std::string name = "sequence step " + std::to_string(index);
+  const int64_t n = static_cast<int64_t>(st.tokens.size());
+  if (n == 0) return invalid_argument(name + " has no tokens");
+  if (!st.block_table) return invalid_argument(name + " has no block table");
+  const int64_t end = st.start_position + n;
+  if (static_cast<int64_t>(st.block_table->size()) * block_size < end)
+    return invalid_argument(name + ": block table covers " + std::to_string(st.block_table->size() * block_size) +
+                            " positions, needs " + std::to_string(end));
+  if (config.max_position_embeddings > 0 && end > config.max_position_embeddings)
+    return out_of_range("position " + std::to_string(end - 1) + " is beyond the model's max_position_embeddings " +
+                        std::to_string(config.max_position_embeddings));
+  for (const int32_t id : st.tokens)
+    if (id < 0 || id >= config.vocab_size)
+      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                              std::to_string(config.vocab_size) + ")");
+  return ok_status();
+}
+
 Status run_linear(const Linear& l, const float* x, int64_t n, float* y) {
   TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::kF32, {n, l.in_features()});
   TensorView yv = TensorView::contiguous(y, DType::kF32, {n, l.out_features()});
@@ -72,21 +91,9 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCac
   const int64_t bs = kv.block_size();
   for (size_t s = 0; s < steps.size(); ++s) {
     const SequenceStep& st = steps[s];
+    KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_));
     const int64_t n = static_cast<int64_t>(st.tokens.size());
-    if (n == 0) return invalid_argument("sequence step " + std::to_string(s) + " has no tokens");
-    if (!st.block_table) return invalid_argument("sequence step " + std::to_string(s) + " has no block table");
-    const int64_t end = st.start_position + n;
-    if (static_cast<int64_t>(st.block_table->size()) * bs < end)
-      return invalid_argument("sequence step " + std::to_string(s) + ": block table covers " +
-                              std::to_string(st.block_table->size() * bs) + " positions, needs " + std::to_string(end));
-    if (config_.max_position_embeddings > 0 && end > config_.max_position_embeddings)
-      return out_of_range("position " + std::to_string(end - 1) + " is beyond the model's max_position_embeddings " +
-                          std::to_string(config_.max_position_embeddings));
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = st.tokens[i];
-      if (id < 0 || id >= config_.vocab_size)
-        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                                std::to_string(config_.vocab_size) + ")");
       const int64_t pos = st.start_position + i;
       tl.positions.push_back(pos);
       tl.slots.push_back(kv_slot(*st.block_table, bs, pos));

@@ -25,6 +25,11 @@ struct SequenceStep {
   bool all_logits = false;                            // logits for every new token, not only the last
 };
 
+// Why a step cannot run (no tokens, no block table, a table that does not cover its positions, positions past
+// the model's limit, token ids outside the vocabulary), or ok. `index` names the step in messages. Shared by
+// the CPU and GPU forward passes so both refuse the same batches with the same words.
+Status check_sequence_step(const SequenceStep& step, size_t index, int64_t block_size, const ModelConfig& config);
+
 struct StepOutput {
   std::vector<float> logits;      // [rows, vocab]
   std::vector<int64_t> first_row; // per step: its first row in `logits`

@@ -194,13 +194,7 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
   for (size_t si = 0; si < steps.size(); ++si) {
     const SequenceStep& s = steps[si];
     const int64_t n = static_cast<int64_t>(s.tokens.size()), end = s.start_position + n;
-    if (n == 0) return invalid_argument("sequence step " + std::to_string(si) + " has no tokens");
-    if (static_cast<int64_t>(s.block_table->size()) * bs < end)
-      return invalid_argument("sequence step " + std::to_string(si) + ": block table covers " +
-                              std::to_string(s.block_table->size() * bs) + " positions, needs " + std::to_string(end));
-    if (c.max_position_embeddings > 0 && end > c.max_position_embeddings)
-      return out_of_range("position " + std::to_string(end - 1) + " is beyond the model's max_position_embeddings " +
-                          std::to_string(c.max_position_embeddings));
+    KILN_RETURN_IF_ERROR(check_sequence_step(s, si, bs, c));
     for (size_t b = 0; b < s.block_table->size(); ++b) {
       const int32_t blk = (*s.block_table)[b];
       if (blk < 0 || blk >= kv.num_blocks())
@@ -212,9 +206,6 @@ Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKv
     out.first_row.push_back(static_cast<int64_t>(I.rows.size()));
     for (int64_t i = 0; i < n; ++i) {
       const int32_t id = s.tokens[i];
-      if (id < 0 || id >= c.vocab_size)
-        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                                std::to_string(c.vocab_size) + ")");
       const int64_t pos = s.start_position + i;
       I.ids.push_back(id);
       I.positions.push_back(pos);
