@@ -1,0 +1,124 @@
+#include "runtime/cuda/mla_prefill_attention.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/mla_prefill.h"
+#include "runtime/cuda/mla_latent_gather.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Workspace layout, in this order, each part 256-byte aligned.
+struct Layout {
+  size_t seqs, table_rows, latent, kv, total;
+};
+
+Layout layout(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& d) {
+  Layout l{};
+  l.seqs = 0;
+  l.table_rows = align_up(sizeof(MlaPrefillSeq) * num_seqs);
+  l.latent = l.table_rows + align_up(sizeof(int32_t) * num_seqs);
+  l.kv = l.latent + align_up(sizeof(uint16_t) * total_keys * (d.latent_dim + d.rope_dim));
+  l.total = l.kv + align_up(sizeof(uint16_t) * total_keys * d.num_heads * (d.nope_dim + d.v_dim));
+  return l;
+}
+
+}  // namespace
+
+size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& dims) {
+  return layout(num_seqs, total_keys, dims).total;
+}
+
+Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, StreamHandle stream) {
+  const MlaPrefillDims& d = a.dims;
+  if (d.num_heads <= 0 || d.nope_dim <= 0 || d.rope_dim < 0 || d.v_dim <= 0 || d.latent_dim <= 0)
+    return invalid_argument("mla_prefill_attention: dims need num_heads, nope_dim, v_dim, latent_dim > 0");
+  if (a.seqs.empty()) return ok_status();
+  if (!a.q || !a.pages || !a.block_tables || !a.kv_b || !a.out || !a.workspace || a.block_size <= 0 ||
+      a.max_blocks <= 0)
+    return invalid_argument("mla_prefill_attention: q, pages, block_tables, kv_b, out, workspace and block shape must be set");
+
+  // The device sequence table: rows and keys of each sequence, its keys packed one sequence after another.
+  const int64_t n = static_cast<int64_t>(a.seqs.size());
+  std::vector<MlaPrefillSeq> seqs(n);
+  std::vector<int32_t> table_rows(n);
+  int64_t total_keys = 0, max_q_len = 0, max_kv_len = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const MlaPrefillSequence& s = a.seqs[i];
+    const std::string which = "mla_prefill_attention: sequence " + std::to_string(i);
+    if (s.q_len < 1 || s.q_len > s.kv_len) return invalid_argument(which + ": need 1 ≤ q_len ≤ kv_len");
+    if (s.q_row < 0 || s.q_row + s.q_len > INT32_MAX || s.kv_len > INT32_MAX)
+      return out_of_range(which + ": q_row / kv_len out of range");
+    if ((s.kv_len + a.block_size - 1) / a.block_size > a.max_blocks)
+      return out_of_range(which + ": kv_len needs more than max_blocks blocks");
+    if (s.table_row < 0 || s.table_row > INT32_MAX) return out_of_range(which + ": table_row out of range");
+    seqs[i] = MlaPrefillSeq{static_cast<int32_t>(s.q_row), static_cast<int32_t>(s.q_len),
+                            static_cast<int32_t>(total_keys), static_cast<int32_t>(s.kv_len)};
+    table_rows[i] = static_cast<int32_t>(s.table_row);
+    total_keys += s.kv_len;
+    max_q_len = std::max(max_q_len, s.q_len);
+    max_kv_len = std::max(max_kv_len, s.kv_len);
+  }
+  if (total_keys > INT32_MAX) return out_of_range("mla_prefill_attention: more than 2^31 keys in one batch");
+  const Layout l = layout(n, total_keys, d);
+  if (a.workspace_bytes < l.total)
+    return invalid_argument("mla_prefill_attention: workspace holds " + std::to_string(a.workspace_bytes) +
+                            " bytes, needs " + std::to_string(l.total));
+  char* ws = static_cast<char*>(a.workspace);
+  auto* d_seqs = reinterpret_cast<MlaPrefillSeq*>(ws + l.seqs);
+  auto* d_table_rows = reinterpret_cast<int32_t*>(ws + l.table_rows);
+  auto* latent = reinterpret_cast<uint16_t*>(ws + l.latent);
+  auto* kv = reinterpret_cast<uint16_t*>(ws + l.kv);
+  // Pageable host memory: the copies are staged before cudaMemcpyAsync returns, so the vectors may go.
+  cudaError_t e = cudaMemcpyAsync(d_seqs, seqs.data(), sizeof(MlaPrefillSeq) * n, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(d_table_rows, table_rows.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream);
+  if (e != cudaSuccess)
+    return internal_error(std::string("mla_prefill_attention: sequence table upload: ") + cudaGetErrorString(e));
+
+  const int64_t row_width = d.latent_dim + d.rope_dim;
+  MlaLatentGather g;
+  g.pages = a.pages, g.block_size = a.block_size, g.row_width = row_width;
+  g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
+  g.seqs = d_seqs, g.table_rows = d_table_rows, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
+  KILN_RETURN_IF_ERROR(mla_gather_latent_rows(g, stream));
+
+  // [keys, H·(nope + v)] = latent[:, :L] · kv_bᵀ; column-major view: kv_bᵀ-stored-as-col-major (lda = L) times
+  // the latent rows (ldb = L + R, the rope tail skipped), bf16 out with fp32 accumulation.
+  const int64_t kv_width = d.num_heads * (d.nope_dim + d.v_dim);
+  if (kv_width > INT32_MAX || row_width > INT32_MAX)
+    return out_of_range("mla_prefill_attention: kv_b too large for one GEMM");
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t bs = cublasSetStream(blas, stream);
+  if (bs == CUBLAS_STATUS_SUCCESS)
+    bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kv_width), static_cast<int>(total_keys),
+                      static_cast<int>(d.latent_dim), &one, a.kv_b, CUDA_R_16BF, static_cast<int>(d.latent_dim), latent,
+                      CUDA_R_16BF, static_cast<int>(row_width), &zero, kv, CUDA_R_16BF, static_cast<int>(kv_width),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (bs != CUBLAS_STATUS_SUCCESS)
+    return internal_error(std::string("mla_prefill_attention: kv_b expansion GEMM: ") + cublasGetStatusString(bs));
+
+  // K_nope and V stay interleaved per head in the GEMM output; k_rope is the latent rows' tail.
+  MlaPrefillParams p;
+  p.q = a.q, p.q_row_stride = d.num_heads * (d.nope_dim + d.rope_dim);
+  p.k_nope = kv, p.k_nope_key_stride = kv_width, p.k_nope_head_stride = d.nope_dim + d.v_dim;
+  p.k_rope = latent + d.latent_dim, p.k_rope_key_stride = row_width;
+  p.v = kv + d.nope_dim, p.v_key_stride = kv_width, p.v_head_stride = d.nope_dim + d.v_dim;
+  p.out = a.out, p.out_row_stride = d.num_heads * d.v_dim;
+  p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len;
+  p.num_heads = d.num_heads, p.nope_dim = d.nope_dim, p.rope_dim = d.rope_dim, p.v_dim = d.v_dim;
+  p.scale = a.scale;
+  return mla_prefill_bf16(p, stream);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,61 @@
+// MLA attention for the sequences that bring more than one new token in a step (prefill / chunked prefill), in
+// the expanded form: each sequence's cached latent rows are gathered from the paged bf16 cache, K_nope and V are
+// expanded from them by one cuBLAS GEMM against kv_b_proj, and the causal tensor-core kernel of
+// kernels/cuda/mla_prefill.h runs over the result. Per (query, key) pair and head this costs nope + rope + v
+// multiply-adds, against 2 · (latent + rope) in the absorbed decode form.
+//
+// The cache rows must already hold every position the rows attend to, the step's new tokens included (run
+// mla_write_cache first). Not graph-capturable (it uploads the sequence table), and not meant to be: prefill
+// steps are not graphed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "kernels/cuda/stream_handle.h"
+#include "kiln/status.h"
+
+struct cublasContext;
+
+namespace kiln::cuda {
+
+// One prefilling sequence, host side.
+struct MlaPrefillSequence {
+  int64_t q_row = 0;      // its first row in q / out (rows q_row .. q_row + q_len − 1)
+  int64_t q_len = 0;      // new tokens this step, at positions kv_len − q_len .. kv_len − 1; 1 ≤ q_len ≤ kv_len
+  int64_t kv_len = 0;     // start position + q_len: cache positions 0 .. kv_len − 1 are read
+  int64_t table_row = 0;  // its row of block_tables
+};
+
+struct MlaPrefillDims {
+  int64_t num_heads = 0;
+  int64_t nope_dim = 0;    // qk_nope_head_dim
+  int64_t rope_dim = 0;    // qk_rope_head_dim
+  int64_t v_dim = 0;       // v_head_dim
+  int64_t latent_dim = 0;  // kv_lora_rank
+};
+
+struct MlaPrefillArgs {
+  std::span<const MlaPrefillSequence> seqs;
+  MlaPrefillDims dims;
+  const float* q = nullptr;  // device fp32 [rows, H, nope + rope], q_pe already roped (rounded to bf16 inside)
+  const uint16_t* pages = nullptr;  // this layer's bf16 cache [num_blocks, block_size, latent + rope]
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;  // device [table rows, max_blocks]
+  int64_t max_blocks = 0;
+  const uint16_t* kv_b = nullptr;  // kv_b_proj.weight bf16 [H · (nope + v), latent] (per head: W_UK rows, then W_UV)
+  float scale = 1.0f;              // softmax scale, YaRN mscale included
+  uint16_t* out = nullptr;         // device bf16 [rows, H, v]; only the sequences' rows are written
+  void* workspace = nullptr;       // device, mla_prefill_workspace_bytes(...) bytes
+  size_t workspace_bytes = 0;
+};
+
+// Device scratch for a batch of `num_seqs` sequences whose kv_len sum to `total_keys`: the sequence table, the
+// gathered latent rows [total_keys, latent + rope] and the expanded K_nope / V [total_keys, H, nope + v] (bf16;
+// at 128K keys of GLM-4.7-Flash that is 2.3 GB).
+size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& dims);
+
+Status mla_prefill_attention(const MlaPrefillArgs& args, cublasContext* blas, StreamHandle stream);
+
+}  // namespace kiln::cuda
