@@ -1,7 +1,9 @@
 // Kernel timings on one GPU beside their bytes-moved floor: MLA decode over the paged bf16 cache at several
 // contexts (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages) and the decode expert GEMV (64 experts,
-// top-4, hidden 2048, inter 1536). Times are CUDA-event medians; inputs are random and rotated so the L2 does
-// not serve them. Usage: kiln_bench_kernel_bench
+// top-4, hidden 2048, inter 1536); then MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K /
+// 128K context) beside a cuBLAS bf16 GEMM's rate. Times are CUDA-event medians; inputs are random and rotated so
+// the L2 does not serve them. Usage: kiln_bench_kernel_bench
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,7 +13,10 @@
 #include <vector>
 
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
+#include "runtime/cuda/mla_prefill_attention.h"
+#include "runtime/cuda/model_glue_kernels.h"
 
 namespace {
 
@@ -66,6 +71,102 @@ float median_ms(Fn&& fn, int iters) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+uint16_t* device_bf16(size_t n, float bound, uint64_t seed) {
+  uint16_t* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, n * 2));
+  CHECK_OK(kiln::cuda::fill_uniform_bf16(d, n, bound, seed, nullptr));
+  return d;
+}
+
+// MLA prefill, GLM-4.7-Flash attention shapes: 4096 new rows of one sequence at the end of a 4K / 32K / 128K
+// context. "kernel" is the attention kernel over already expanded K / V; "path" adds the latent gather from 64-token
+// pages and the kv_b expansion GEMM (mla_prefill_attention). FLOPs count the causal pairs only:
+// 2 · H · (qk + v) · Σ over rows of the keys each sees. The reference rate is an 8192³ bf16 cublasGemmEx here.
+void bench_mla_prefill() {
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const int64_t g = 8192;
+  uint16_t *ga = device_bf16(g * g, 1.f, 21), *gb = device_bf16(g * g, 1.f, 22), *gc = device_bf16(g * g, 1.f, 23);
+  const float one = 1.f, zero = 0.f;
+  const float gemm_ms = median_ms(
+      [&](int) {
+        if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, g, g, g, &one, ga, CUDA_R_16BF, g, gb, CUDA_R_16BF, g, &zero, gc,
+                         CUDA_R_16BF, g, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+          std::exit(1);
+      },
+      20);
+  const double peak = 2.0 * g * g * g / (gemm_ms * 1e-3);
+  for (uint16_t* ptr : {ga, gb, gc}) CHECK_CUDA(cudaFree(ptr));
+  std::printf("\ncuBLAS bf16 GEMM 8192^3: %.3f ms -> %.1f TFLOP/s (the reference below)\n", gemm_ms, peak / 1e12);
+
+  const int64_t heads = 20, nope = 192, rope = 64, vd = 256, latent = 512, row = latent + rope, block = 64;
+  const int64_t q_len = 4096, kvw = heads * (nope + vd);
+  std::printf("\nMLA prefill (GLM-4.7-Flash: %lld heads, nope %lld + rope %lld, v %lld, latent %lld; %lld new rows)\n",
+              (long long)heads, (long long)nope, (long long)rope, (long long)vd, (long long)latent, (long long)q_len);
+  std::printf("%8s %7s %10s %9s %8s\n", "kv_len", "what", "us", "TFLOP/s", "%cublas");
+  float* q = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, q_len * heads * (nope + rope) * 4));
+  CHECK_OK(kiln::cuda::fill_uniform_f32(q, q_len * heads * (nope + rope), 1.f, 31, nullptr));
+  uint16_t* out = nullptr;
+  CHECK_CUDA(cudaMalloc(&out, q_len * heads * vd * 2));
+  for (int64_t kv_len : {4096, 32768, 131072}) {
+    double pairs = 0;
+    for (int64_t i = 0; i < q_len; ++i) pairs += double(kv_len - q_len + i + 1);
+    const double flops = 2.0 * heads * (nope + rope + vd) * pairs;
+    const int iters = kv_len > 32768 ? 10 : 20;
+    auto report = [&](const char* what, float ms) {
+      std::printf("%8lld %7s %10.1f %9.1f %7.1f%%\n", (long long)kv_len, what, ms * 1e3, flops / (ms * 1e-3) / 1e12,
+                  100.0 * flops / (ms * 1e-3) / peak);
+    };
+
+    // Kernel alone: K_nope / V interleaved per head as the expansion GEMM writes them, k_rope in latent rows.
+    {
+      uint16_t* kv = device_bf16(size_t(kv_len) * kvw, 1.f, 32);
+      uint16_t* lat = device_bf16(size_t(kv_len) * row, 1.f, 33);
+      const kiln::cuda::MlaPrefillSeq seq{0, static_cast<int32_t>(q_len), 0, static_cast<int32_t>(kv_len)};
+      kiln::cuda::MlaPrefillSeq* d_seq = nullptr;
+      CHECK_CUDA(cudaMalloc(&d_seq, sizeof(seq)));
+      CHECK_CUDA(cudaMemcpy(d_seq, &seq, sizeof(seq), cudaMemcpyHostToDevice));
+      kiln::cuda::MlaPrefillParams p;
+      p.q = q, p.q_row_stride = heads * (nope + rope);
+      p.k_nope = kv, p.k_nope_key_stride = kvw, p.k_nope_head_stride = nope + vd;
+      p.k_rope = lat + latent, p.k_rope_key_stride = row;
+      p.v = kv + nope, p.v_key_stride = kvw, p.v_head_stride = nope + vd;
+      p.out = out, p.out_row_stride = heads * vd;
+      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len;
+      p.num_heads = heads, p.nope_dim = nope, p.rope_dim = rope, p.v_dim = vd, p.scale = 0.0625f;
+      report("kernel", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      for (void* ptr : {(void*)kv, (void*)lat, (void*)d_seq}) CHECK_CUDA(cudaFree(ptr));
+    }
+
+    // The whole path from the paged cache (pages in shuffled order).
+    {
+      const int64_t blocks = kv_len / block;
+      uint16_t* pages = device_bf16(size_t(blocks) * block * row, 1.f, 34);
+      uint16_t* kv_b = device_bf16(size_t(kvw) * latent, 0.05f, 35);
+      std::vector<int32_t> tables(blocks);
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), std::mt19937_64(3));
+      int32_t* d_tables = nullptr;
+      CHECK_CUDA(cudaMalloc(&d_tables, blocks * 4));
+      CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), blocks * 4, cudaMemcpyHostToDevice));
+      const std::vector<kiln::cuda::MlaPrefillSequence> seqs{{0, q_len, kv_len, 0}};
+      const kiln::cuda::MlaPrefillDims dims{heads, nope, rope, vd, latent};
+      const size_t ws_bytes = kiln::cuda::mla_prefill_workspace_bytes(1, kv_len, dims);
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+      kiln::cuda::MlaPrefillArgs a;
+      a.seqs = seqs, a.dims = dims, a.q = q, a.pages = pages, a.block_size = block, a.block_tables = d_tables;
+      a.max_blocks = blocks, a.kv_b = kv_b, a.scale = 0.0625f, a.out = out, a.workspace = ws, a.workspace_bytes = ws_bytes;
+      report("path", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
+      for (void* ptr : {(void*)pages, (void*)kv_b, (void*)d_tables, ws}) CHECK_CUDA(cudaFree(ptr));
+    }
+  }
+  CHECK_CUDA(cudaFree(q));
+  CHECK_CUDA(cudaFree(out));
+  cublasDestroy(blas);
 }
 
 }  // namespace
@@ -202,5 +303,7 @@ int main() {
     for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
       CHECK_CUDA(cudaFree(ptr));
   }
+
+  bench_mla_prefill();
   return 0;
 }

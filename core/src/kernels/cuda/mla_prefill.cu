@@ -344,6 +344,7 @@ Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
   if (p.num_seqs < 0 || p.num_heads <= 0 || p.nope_dim < 0 || p.rope_dim < 0 || p.v_dim <= 0 ||
       p.nope_dim + p.rope_dim <= 0)
     return invalid_argument("cuda::mla_prefill_bf16: need num_heads > 0, v_dim > 0 and nope_dim + rope_dim > 0");
+  if (!(p.scale > 0.f)) return invalid_argument("cuda::mla_prefill_bf16: scale must be > 0");
   if (p.num_seqs > 65535 || p.num_heads > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 sequences and heads");
   if (p.num_seqs == 0 || p.max_q_len <= 0) return ok_status();

@@ -1,0 +1,241 @@
+// MLA prefill attention: the kernel against cpu::mla_attention_expanded, and the whole paged path (gather +
+// kv_b expansion + kernel) against the absorbed form (cpu absorb → cuda::mla_attention_reference → cpu unabsorb)
+// on the same cache.
+#include <cublas_v2.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include "device_buffer.h"
+#include "kernels/cpu/mla_attention.h"
+#include "kernels/cuda/mla_prefill.h"
+#include "runtime/cuda/mla_prefill_attention.h"
+#include "runtime/cuda/model_glue_kernels.h"
+
+namespace kiln::test {
+namespace {
+
+// Kernel vs CPU: q, K and V are bf16-exact, so the error is the softmax weights rounded to bf16 before the value
+// product plus the bf16 output. Full path vs absorbed: q, the expanded K_nope / V rounded to bf16 as well.
+// Both: rel ‖Δ‖/‖ref‖ < 1e-2.
+constexpr double kTolerance = 1e-2;
+constexpr uint16_t kPoison = 0xffff;  // DeviceBuffer::poison: a bf16 NaN
+
+struct SeqShape {
+  int64_t q_len, kv_len;
+};
+
+struct Dims {
+  int64_t heads, nope, rope, v;
+};
+
+// Query rows of sequence b start at q_row[b]; one unused row sits before every sequence, and must stay untouched.
+std::vector<int64_t> query_rows(const std::vector<SeqShape>& seqs, int64_t* total_rows) {
+  std::vector<int64_t> q_row;
+  int64_t next = 0;
+  for (const SeqShape& s : seqs) {
+    q_row.push_back(next + 1);
+    next += 1 + s.q_len;
+  }
+  *total_rows = next;
+  return q_row;
+}
+
+// Checks the sequences' rows of `got` (bf16 [rows, H, v]) against `want` (the same rows, packed) and that the gap
+// rows still hold the poison; returns the relative error.
+double compare_rows(const std::vector<uint16_t>& got, const std::vector<float>& want, const std::vector<SeqShape>& seqs,
+                    const std::vector<int64_t>& q_row, int64_t total_rows, int64_t row_width) {
+  std::vector<float> got_rows;
+  std::vector<char> used(total_rows, 0);
+  for (size_t b = 0; b < seqs.size(); ++b)
+    for (int64_t i = 0; i < seqs[b].q_len; ++i) {
+      used[q_row[b] + i] = 1;
+      for (int64_t k = 0; k < row_width; ++k) got_rows.push_back(cpu::bf16_to_float(got[(q_row[b] + i) * row_width + k]));
+    }
+  int64_t overwritten = 0;
+  for (int64_t r = 0; r < total_rows; ++r)
+    if (!used[r])
+      for (int64_t k = 0; k < row_width; ++k) overwritten += got[r * row_width + k] != kPoison;
+  EXPECT_EQ(overwritten, 0) << "values written outside the sequences' rows";
+  return rel_error(got_rows, want);
+}
+
+void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t H = d.heads, qk = d.nope + d.rope, kvw = d.nope + d.v, rope_pitch = d.rope + 8;
+  int64_t rows = 0;
+  const std::vector<int64_t> q_row = query_rows(seqs, &rows);
+  std::vector<cuda::MlaPrefillSeq> table;
+  int64_t keys = 0, max_q = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    table.push_back({int32_t(q_row[b]), int32_t(seqs[b].q_len), int32_t(keys), int32_t(seqs[b].kv_len)});
+    keys += seqs[b].kv_len;
+    max_q = std::max(max_q, seqs[b].q_len);
+  }
+  const Bf16Data q = random_bf16(size_t(rows * H * qk), rng);
+  const Bf16Data kv = random_bf16(size_t(keys * H * kvw), rng);        // [keys, H, nope | v]
+  const Bf16Data k_rope = random_bf16(size_t(keys * rope_pitch), rng);  // [keys, 8 unused | rope]
+  const float scale = 0.25f;
+
+  std::vector<float> want;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t ql = seqs[b].q_len, kl = seqs[b].kv_len, k0 = table[b].key_start;
+    std::vector<float> k(kl * H * qk), v(kl * H * d.v), o(ql * H * d.v);
+    for (int64_t t = 0; t < kl; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* src = kv.values.data() + ((k0 + t) * H + h) * kvw;
+        std::copy(src, src + d.nope, k.data() + (t * H + h) * qk);
+        std::copy(k_rope.values.data() + (k0 + t) * rope_pitch + 8, k_rope.values.data() + (k0 + t + 1) * rope_pitch,
+                  k.data() + (t * H + h) * qk + d.nope);
+        std::copy(src + d.nope, src + kvw, v.data() + (t * H + h) * d.v);
+      }
+    cpu::mla_attention_expanded(q.values.data() + q_row[b] * H * qk, k.data(), v.data(), ql, kl, H, qk, d.v, scale,
+                                nullptr, 0, o.data());
+    want.insert(want.end(), o.begin(), o.end());
+  }
+
+  DeviceBuffer<float> dq(q.values);
+  DeviceBuffer<uint16_t> dkv(kv.bits), drope(k_rope.bits), dout(size_t(rows * H * d.v));
+  DeviceBuffer<cuda::MlaPrefillSeq> dseqs(table);
+  dout.poison();
+  cuda::MlaPrefillParams p;
+  p.q = dq.get(), p.q_row_stride = H * qk;
+  p.k_nope = dkv.get(), p.k_nope_key_stride = H * kvw, p.k_nope_head_stride = kvw;
+  p.k_rope = drope.get() + 8, p.k_rope_key_stride = rope_pitch;
+  p.v = dkv.get() + d.nope, p.v_key_stride = H * kvw, p.v_head_stride = kvw;
+  p.out = dout.get(), p.out_row_stride = H * d.v;
+  p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q;
+  p.num_heads = H, p.nope_dim = d.nope, p.rope_dim = d.rope, p.v_dim = d.v, p.scale = scale;
+  KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
+  KILN_CUDA_OK(cudaDeviceSynchronize());
+  const double err = compare_rows(dout.download(), want, seqs, q_row, rows, H * d.v);
+  std::printf("  kernel H=%lld nope=%lld rope=%lld v=%lld: rel err %.3g\n", (long long)H, (long long)d.nope,
+              (long long)d.rope, (long long)d.v, err);
+  EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " rope " << d.rope << " v " << d.v;
+}
+
+TEST(GpuMlaPrefill, GlmKernelMatchesCpu) {
+  run_kernel_case({20, 192, 64, 256}, {{130, 1000}, {7, 7}, {1, 300}, {200, 263}}, 1);
+  run_kernel_case({20, 192, 64, 256}, {{129, 129}}, 2);
+}
+
+TEST(GpuMlaPrefill, DeepSeekKernelMatchesCpu) {
+  run_kernel_case({16, 128, 64, 128}, {{129, 129}, {64, 1000}, {1, 1}, {7, 70}}, 3);
+}
+
+TEST(GpuMlaPrefill, GenericDimsMatchCpu) {
+  run_kernel_case({4, 16, 8, 16}, {{7, 20}, {130, 130}, {1, 65}}, 4);
+  run_kernel_case({4, 32, 16, 32}, {{130, 700}, {3, 3}}, 5);
+}
+
+struct PathCase {
+  Dims d;
+  int64_t latent;
+  int64_t block_size;
+  std::vector<SeqShape> seqs;
+};
+
+// The paged path against the absorbed form: q_lat = W_UKᵀ q_nope, attention over the latent cache, out = W_UV o_lat.
+void run_path_case(const PathCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Dims& d = c.d;
+  const int64_t H = d.heads, qk = d.nope + d.rope, L = c.latent, D = L + d.rope, bs = c.block_size;
+  const int64_t n = static_cast<int64_t>(c.seqs.size());
+  int64_t rows = 0;
+  const std::vector<int64_t> q_row = query_rows(c.seqs, &rows);
+  int64_t max_kv = 0, total_keys = 0, packed_rows = 0;
+  for (const SeqShape& s : c.seqs) max_kv = std::max(max_kv, s.kv_len), total_keys += s.kv_len, packed_rows += s.q_len;
+  const int64_t max_blocks = (max_kv + bs - 1) / bs + 1;
+  // Sequence b uses table row n − 1 − b; pages handed out shuffled.
+  const int64_t pages = n * max_blocks;
+  std::vector<int32_t> page_ids(pages);
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  std::shuffle(page_ids.begin(), page_ids.end(), rng);
+  std::vector<int32_t> tables(n * max_blocks, -1);
+  for (int64_t b = 0, next = 0; b < n; ++b)
+    for (int64_t blk = 0; blk * bs < c.seqs[b].kv_len; ++blk) tables[(n - 1 - b) * max_blocks + blk] = page_ids[next++];
+  const Bf16Data cache = random_bf16(size_t(pages * bs * D), rng);
+  const Bf16Data kv_b = random_bf16(size_t(H * (d.nope + d.v) * L), rng, -0.1f, 0.1f);
+  const std::vector<float> q = random_f32(size_t(rows * H * qk), rng);
+  const float scale = 0.3f;
+
+  // Absorbed reference over the packed rows.
+  std::vector<float> q_packed, q_abs(packed_rows * H * D);
+  std::vector<int32_t> ref_seq, ref_len;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < c.seqs[b].q_len; ++i) {
+      q_packed.insert(q_packed.end(), q.begin() + (q_row[b] + i) * H * qk, q.begin() + (q_row[b] + i + 1) * H * qk);
+      ref_seq.push_back(int32_t(n - 1 - b));
+      ref_len.push_back(int32_t(c.seqs[b].kv_len - c.seqs[b].q_len + i + 1));
+    }
+  const cpu::MlaAbsorbDims ad{H, d.nope, d.v, L};
+  cpu::mla_absorb_query(q_packed.data(), packed_rows, qk, kv_b.values.data(), ad, q_abs.data(), D);
+  for (int64_t r = 0; r < packed_rows * H; ++r)
+    std::copy(q_packed.begin() + r * qk + d.nope, q_packed.begin() + (r + 1) * qk, q_abs.begin() + r * D + L);
+  DeviceBuffer<float> dq_abs(q_abs), dscores(size_t(packed_rows * H * max_kv)), do_lat(size_t(packed_rows * H * L));
+  DeviceBuffer<uint16_t> dcache(cache.bits);
+  DeviceBuffer<int32_t> dtables(tables), dref_seq(ref_seq), dref_len(ref_len);
+  cuda::MlaReferenceParams rp;
+  rp.q = dq_abs.get(), rp.rows = packed_rows, rp.heads = H, rp.latent_dim = L, rp.rope_dim = d.rope;
+  rp.cache = dcache.get(), rp.block_size = bs, rp.block_tables = dtables.get(), rp.max_blocks = max_blocks;
+  rp.query_seq = dref_seq.get(), rp.kv_len = dref_len.get(), rp.max_kv_len = max_kv, rp.scale = scale;
+  rp.scores = dscores.get(), rp.out = do_lat.get();
+  KILN_STATUS_OK(cuda::mla_attention_reference(rp, nullptr));
+  const std::vector<float> o_lat = do_lat.download();
+  std::vector<float> want(packed_rows * H * d.v);
+  cpu::mla_unabsorb_output(o_lat.data(), packed_rows, kv_b.values.data(), ad, want.data());
+
+  // The prefill path on the same cache.
+  std::vector<cuda::MlaPrefillSequence> seqs;
+  for (int64_t b = 0; b < n; ++b) seqs.push_back({q_row[b], c.seqs[b].q_len, c.seqs[b].kv_len, n - 1 - b});
+  const cuda::MlaPrefillDims dims{H, d.nope, d.rope, d.v, L};
+  const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(n, total_keys, dims);
+  DeviceBuffer<float> dq(q);
+  DeviceBuffer<uint16_t> dkv_b(kv_b.bits), dout(size_t(rows * H * d.v));
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  dout.poison();
+  ws.poison();
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  cuda::MlaPrefillArgs a;
+  a.seqs = seqs, a.dims = dims, a.q = dq.get(), a.pages = dcache.get(), a.block_size = bs;
+  a.block_tables = dtables.get(), a.max_blocks = max_blocks, a.kv_b = dkv_b.get(), a.scale = scale;
+  a.out = dout.get(), a.workspace = ws.get(), a.workspace_bytes = ws_bytes;
+  const Status st = cuda::mla_prefill_attention(a, blas, nullptr);
+  cudaDeviceSynchronize();
+  cublasDestroy(blas);
+  KILN_STATUS_OK(st);
+  const double err = compare_rows(dout.download(), want, c.seqs, q_row, rows, H * d.v);
+  std::printf("  path H=%lld nope=%lld rope=%lld v=%lld L=%lld: rel err %.3g\n", (long long)H, (long long)d.nope,
+              (long long)d.rope, (long long)d.v, (long long)L, err);
+  EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " L " << L;
+}
+
+TEST(GpuMlaPrefill, PagedPathMatchesAbsorbedGlm) {
+  run_path_case({{20, 192, 64, 256}, 512, 64, {{130, 400}, {7, 7}, {1, 50}}}, 11);
+}
+
+TEST(GpuMlaPrefill, PagedPathMatchesAbsorbedDeepSeekAndTiny) {
+  run_path_case({{8, 128, 64, 128}, 512, 16, {{70, 1000}, {33, 33}}}, 12);
+  run_path_case({{4, 16, 8, 16}, 32, 16, {{9, 40}, {130, 130}, {2, 2}}}, 13);   // the tiny fixtures' dims
+  run_path_case({{3, 16, 6, 12}, 30, 8, {{5, 17}}}, 14);                         // rows of 36 values: scalar gather
+}
+
+TEST(GpuMlaPrefill, RejectsSmallWorkspace) {
+  const std::vector<cuda::MlaPrefillSequence> seqs{{0, 4, 10, 0}};
+  const cuda::MlaPrefillDims dims{4, 16, 8, 16, 32};
+  DeviceBuffer<unsigned char> ws(64);
+  DeviceBuffer<float> q(4 * 4 * 24);
+  DeviceBuffer<uint16_t> pages(64 * 40), kv_b(4 * 32 * 32), out(4 * 4 * 16);
+  DeviceBuffer<int32_t> tables(std::vector<int32_t>{0, 1});
+  cuda::MlaPrefillArgs a;
+  a.seqs = seqs, a.dims = dims, a.q = q.get(), a.pages = pages.get(), a.block_size = 8, a.block_tables = tables.get();
+  a.max_blocks = 2, a.kv_b = kv_b.get(), a.out = out.get(), a.workspace = ws.get(), a.workspace_bytes = 64;
+  const Status st = cuda::mla_prefill_attention(a, nullptr, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+}
+
+}  // namespace
+}  // namespace kiln::test
