@@ -75,8 +75,8 @@ float median_ms(Fn&& fn, int iters) {
 }
 
 
-// The decode step's projections (GLM-4.7-Flash) at n rows: the skinny tensor-core GEMM that linear() runs for
-// n ≤ kSkinnyGemmMaxRows beside cuBLAS's GEMM on the same operands. Floor = (W + x + y bytes) ÷ copy rate.
+// The decode step's projections (GLM-4.7-Flash) at n rows: the skinny tensor-core GEMM that linear() runs where
+// skinny_gemm_preferred(n, out) beside cuBLAS's GEMM on the same operands. Floor = (W + x + y bytes) ÷ copy rate.
 void bench_skinny_gemm(const cudaDeviceProp& prop, double bw) {
   struct Proj {
     const char* name;
@@ -92,8 +92,8 @@ void bench_skinny_gemm(const cudaDeviceProp& prop, double bw) {
     std::fprintf(stderr, "cublasCreate failed\n");
     std::exit(1);
   }
-  std::printf("\nDecode projections: skinny GEMM (linear() for n <= %lld) vs cuBLAS GemmEx\n",
-              (long long)kiln::cuda::kSkinnyGemmMaxRows);
+  std::printf("\nDecode projections: skinny GEMM (linear() for n <= %lld, lm_head n <= %lld) vs cuBLAS GemmEx\n",
+              (long long)kiln::cuda::kSkinnyGemmMaxRows, (long long)kiln::cuda::kSkinnyGemmMaxRowsWideOut);
   std::printf("%-15s %4s %10s %10s %10s %8s %8s\n", "proj", "n", "skinny_us", "cublas_us", "floor_us", "%fl_sk",
               "%fl_cb");
   const int64_t ns[] = {1, 4, 16, 32, 64};

@@ -20,11 +20,12 @@ TEST(GpuMoeRouteGroup, MatchesCpuRouterAndTwoLaunchGrouping) {
   };
   const std::vector<Case> cases = {
       {{64, 4, 1, 1, true, 1.8f}, 1, true},     // GLM-4.7-Flash, one decode token
-      {{64, 4, 1, 1, true, 1.8f}, 64, true},    // the largest fused batch
-      {{64, 4, 1, 1, true, 1.8f}, 65, true},    // first batch on the two-launch path
+      {{64, 4, 1, 1, true, 1.8f}, 16, true},    // the largest fused batch
+      {{64, 4, 1, 1, true, 1.8f}, 17, true},    // first batch on the two-launch path
       {{256, 8, 8, 4, true, 2.5f}, 13, true},   // DeepSeek-V3 group-limited
       {{288, 8, 1, 1, false, 1.0f}, 7, false},  // no normalisation, E not a power of two
-      {{1024, 8, 1, 1, true, 1.0f}, 29, true},  // largest E: fewer routing warps than tokens
+      {{1024, 8, 1, 1, true, 1.0f}, 16, true},  // largest E: fewer routing warps (12) than tokens
+      {{1024, 8, 1, 1, true, 1.0f}, 29, true},  // the same on the two-launch path
       {{64, 4, 1, 1, true, 1.8f}, 300, true},   // prefill-sized
   };
   for (const auto& c : cases) {

@@ -77,14 +77,14 @@ TEST(GpuSkinnyGemm, RejectsWhatItCannotRun) {
   EXPECT_FALSE(cuda::skinny_gemm_bf16(buf.get(), 0, 64, buf.get(), 8, y, DType::kF32, false, 132, nullptr).ok());
 }
 
-// linear() keeps its contract whichever path runs: skinny for n ≤ kSkinnyGemmMaxRows, cuBLAS above it or for
-// operands the skinny kernel cannot take (in % 8 != 0, unaligned x).
+// linear() keeps its contract whichever path runs: skinny where skinny_gemm_preferred, cuBLAS elsewhere or for
+// operands the skinny kernel cannot take (in % 8 != 0).
 TEST(GpuSkinnyGemm, LinearDispatchMatchesCpu) {
   std::mt19937_64 rng(92);
   auto gemm = cuda::CublasGemm::create();
   ASSERT_TRUE(gemm.ok()) << gemm.status().to_string();
   for (auto [n, in, out] : {std::tuple{1, 2048, 3000}, {4, 5120, 2048}, {32, 768, 640}, {33, 512, 300},
-                            {5, 12, 50}, {2, 2048, 40000}}) {
+                            {5, 12, 50}, {2, 2048, 40000}, {16, 256, 20000}}) {
     const Bf16Data x = random_bf16(size_t(n) * in, rng);
     const Bf16Data w = random_bf16(size_t(out) * in, rng, -0.05f, 0.05f);
     const Bf16Data y0 = random_bf16(size_t(n) * out, rng);

@@ -33,7 +33,7 @@ Status CublasGemm::linear(const uint16_t* x, int64_t n, int64_t in, const uint16
   if (n < 0 || in <= 0 || out <= 0 || n > INT32_MAX || in > INT32_MAX || out > INT32_MAX)
     return invalid_argument("cuda::CublasGemm::linear: dimensions out of range");
   if (n == 0) return ok_status();
-  if (n <= kSkinnyGemmMaxRows && skinny_gemm_supported(x, n, in, w))
+  if (skinny_gemm_preferred(n, out) && skinny_gemm_supported(x, n, in, w))
     return skinny_gemm_bf16(x, n, in, w, out, y, y_dtype, accumulate, sm_count_, stream);
   auto h = static_cast<cublasHandle_t>(handle_);
   KILN_RETURN_IF_ERROR(check_cublas(cublasSetStream(h, stream), "cuda::CublasGemm: cublasSetStream"));

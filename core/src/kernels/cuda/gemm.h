@@ -20,8 +20,8 @@ class CublasGemm {
   CublasGemm& operator=(const CublasGemm&) = delete;
 
   // y[n, out] = x[n, in] · Wᵀ (+ y when accumulate); x, W bf16 row-major (W as nn.Linear's [out, in]);
-  // y is bf16 or fp32 (y_dtype kBF16 / kF32). n ≤ kSkinnyGemmMaxRows (with in % 8 == 0 and 16-byte aligned x, W)
-  // runs skinny_gemm_bf16, which reads W once at near the copy rate; larger n runs cuBLAS.
+  // y is bf16 or fp32 (y_dtype kBF16 / kF32). Few rows (skinny_gemm_preferred, with in % 8 == 0 and 16-byte
+  // aligned x, W) run skinny_gemm_bf16, which reads W once; the rest runs cuBLAS.
   Status linear(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y, DType y_dtype,
                 StreamHandle stream, bool accumulate = false);
 

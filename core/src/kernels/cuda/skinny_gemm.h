@@ -1,6 +1,6 @@
 // y[n, out] = x[n, in] · Wᵀ for few rows (decode: n ≤ 64) at the weight-streaming rate: W is read once with
 // 16-byte loads and applied to all n rows on the tensor cores (mma.sync m16n8k16, W rows as M, tokens as N,
-// fp32 accumulation). CublasGemm::linear dispatches here for n ≤ kSkinnyGemmMaxRows.
+// fp32 accumulation). CublasGemm::linear dispatches here where skinny_gemm_preferred(n, out).
 #pragma once
 
 #include <cstdint>
@@ -13,10 +13,16 @@ namespace kiln::cuda {
 
 // Largest n the kernel takes.
 inline constexpr int64_t kSkinnyGemmLimit = 64;
-// Largest n linear() sends here. Above it cuBLAS's tiled GEMM wins: at n = 64 each 16-byte weight load feeds 16
-// mma.sync per warp, which is about the SM's mma.sync issue rate at 4.26 TB/s, and the x operand (re-read from L2
-// by every block) grows to the weight's own size.
+// Where linear() sends few rows here rather than to cuBLAS (measured on the H200 at GLM-4.7-Flash's shapes, see
+// bench/kernel_bench.cpp): the per-layer projections (out ≤ 16384) are faster here up to n = 32 and slower at 64,
+// where each 16-byte weight load feeds 16 mma.sync per warp and every block re-reads x from L2; the lm_head
+// (out = 154880) is level with cuBLAS up to n = 4 and slower from n = 16, as its x re-reads then rival W itself.
 inline constexpr int64_t kSkinnyGemmMaxRows = 32;
+inline constexpr int64_t kSkinnyGemmMaxRowsWideOut = 8;
+inline constexpr int64_t kSkinnyGemmWideOut = 16384;
+inline bool skinny_gemm_preferred(int64_t n, int64_t out) {
+  return n <= (out <= kSkinnyGemmWideOut ? kSkinnyGemmMaxRows : kSkinnyGemmMaxRowsWideOut);
+}
 
 // True when the kernel can run these operands: 1 ≤ n ≤ kSkinnyGemmLimit, in % 8 == 0, x and w 16-byte aligned.
 bool skinny_gemm_supported(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w);
