@@ -1,8 +1,9 @@
-// Kernel timings on one GPU beside their bytes-moved floor: MLA decode over the paged bf16 cache at several
-// contexts (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages) and the decode expert GEMV (64 experts,
-// top-4, hidden 2048, inter 1536); then MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K /
-// 128K context) beside a cuBLAS bf16 GEMM's rate. Times are CUDA-event medians; inputs are random and rotated so
-// the L2 does not serve them. Usage: kiln_bench_kernel_bench
+// Kernel timings on one GPU beside their floors: MLA decode over the paged bf16 cache at several contexts
+// (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages), the decode expert GEMV (64 experts, top-4, hidden
+// 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) beside a
+// cuBLAS bf16 GEMM's rate, the decode projections (skinny GEMM vs cuBLAS at the step's shapes) and the fused MoE
+// gate + grouping. Times are CUDA-event medians; inputs are random and rotated so the L2 does not serve them.
+// Usage: kiln_bench_kernel_bench
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/mla_decode.h"
@@ -17,6 +19,9 @@
 #include "kernels/cuda/moe_experts.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "runtime/cuda/model_glue_kernels.h"
+#include "kernels/cuda/moe_route_group.h"
+#include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace {
 
@@ -169,6 +174,116 @@ void bench_mla_prefill() {
   cublasDestroy(blas);
 }
 
+
+// The decode step's projections (GLM-4.7-Flash) at n rows: the skinny tensor-core GEMM that linear() runs where
+// skinny_gemm_preferred(n, out) beside cuBLAS's GEMM on the same operands. Floor = (W + x + y bytes) ÷ copy rate.
+void bench_skinny_gemm(const cudaDeviceProp& prop, double bw) {
+  struct Proj {
+    const char* name;
+    int64_t out, in;
+    bool f32_out;  // as the runner stores it
+  };
+  const Proj projs[] = {{"q_a", 768, 2048, false},       {"q_b", 5120, 768, true},
+                        {"kv_a", 576, 2048, true},        {"o_proj", 2048, 5120, false},
+                        {"shared_gate_up", 3072, 2048, false}, {"shared_down", 2048, 1536, false},
+                        {"lm_head", 154880, 2048, true}};
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  std::printf("\nDecode projections: skinny GEMM (linear() for n <= %lld, lm_head n <= %lld) vs cuBLAS GemmEx\n",
+              (long long)kiln::cuda::kSkinnyGemmMaxRows, (long long)kiln::cuda::kSkinnyGemmMaxRowsWideOut);
+  std::printf("%-15s %4s %10s %10s %10s %8s %8s\n", "proj", "n", "skinny_us", "cublas_us", "floor_us", "%fl_sk",
+              "%fl_cb");
+  const int64_t ns[] = {1, 4, 16, 32, 64};
+  double layer_skinny[5] = {}, layer_cublas[5] = {}, layer_floor[5] = {};  // the six per-layer projections
+  for (const Proj& pj : projs) {
+    const size_t w_elems = size_t(pj.out) * pj.in;
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t(256) << 20) / (w_elems * 2)));
+    uint16_t* w = device_random<uint16_t>(w_elems * copies, 21);
+    uint16_t* x = device_random<uint16_t>(size_t(64) * pj.in, 22);
+    void* y = nullptr;
+    CHECK_CUDA(cudaMalloc(&y, size_t(64) * pj.out * 4));
+    const kiln::DType yt = pj.f32_out ? kiln::DType::kF32 : kiln::DType::kBF16;
+    for (int ni = 0; ni < 5; ++ni) {
+      const int64_t n = ns[ni];
+      const float skinny_ms = median_ms(
+          [&](int i) {
+            CHECK_OK(kiln::cuda::skinny_gemm_bf16(x, n, pj.in, w + (i % copies) * w_elems, pj.out, y, yt, false,
+                                                  prop.multiProcessorCount, nullptr));
+          },
+          100);
+      const float alpha = 1.f, beta = 0.f;
+      const float cublas_ms = median_ms(
+          [&](int i) {
+            const cublasStatus_t st = cublasGemmEx(
+                blas, CUBLAS_OP_T, CUBLAS_OP_N, int(pj.out), int(n), int(pj.in), &alpha, w + (i % copies) * w_elems,
+                CUDA_R_16BF, int(pj.in), x, CUDA_R_16BF, int(pj.in), &beta, y, pj.f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                int(pj.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (st != CUBLAS_STATUS_SUCCESS) std::exit(1);
+          },
+          100);
+      const double bytes = double(w_elems) * 2 + double(n) * pj.in * 2 + double(n) * pj.out * (pj.f32_out ? 4 : 2);
+      const double floor_us = bytes / bw * 1e6;
+      std::printf("%-15s %4lld %10.2f %10.2f %10.2f %7.1f%% %7.1f%%\n", pj.name, (long long)n, skinny_ms * 1e3,
+                  cublas_ms * 1e3, floor_us, 100.0 * floor_us / (skinny_ms * 1e3), 100.0 * floor_us / (cublas_ms * 1e3));
+      if (std::string(pj.name) != "lm_head") {
+        layer_skinny[ni] += skinny_ms * 1e3, layer_cublas[ni] += cublas_ms * 1e3, layer_floor[ni] += floor_us;
+      }
+    }
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(y));
+  }
+  for (int ni = 0; ni < 5; ++ni)
+    std::printf("%-15s %4lld %10.2f %10.2f %10.2f %7.1f%% %7.1f%%\n", "per-layer sum", (long long)ns[ni],
+                layer_skinny[ni], layer_cublas[ni], layer_floor[ni], 100.0 * layer_floor[ni] / layer_skinny[ni],
+                100.0 * layer_floor[ni] / layer_cublas[ni]);
+  cublasDestroy(blas);
+}
+
+// The MoE gate after its logits: moe_route + moe_group_by_expert (two launches) vs moe_route_and_group (one).
+// Floor = logits + ids + weights + dispatch bytes ÷ copy rate (a few KB: both are launch/latency bound).
+void bench_route_group(double bw) {
+  const int64_t experts = 64, top_k = 4;
+  kiln::cpu::MoeRouterConfig rc;
+  rc.num_experts = experts;
+  rc.top_k = top_k;
+  rc.routed_scaling_factor = 1.8f;
+  std::printf("\nMoE gate + grouping (64 experts, top-4)\n");
+  std::printf("%7s %12s %10s %10s\n", "tokens", "two_launch", "fused_us", "floor_us");
+  for (int64_t tokens : {1, 4, 16, 64}) {
+    const int sets = 16;
+    float* logits = device_random<float>(size_t(sets) * tokens * experts, 31);
+    float* bias = device_random<float>(experts, 32);
+    int32_t *ids, *offsets, *active, *order;
+    float* weights;
+    CHECK_CUDA(cudaMalloc(&ids, tokens * top_k * 4));
+    CHECK_CUDA(cudaMalloc(&weights, tokens * top_k * 4));
+    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&active, experts * 4));
+    CHECK_CUDA(cudaMalloc(&order, tokens * top_k * 4));
+    const kiln::cuda::MoeDispatch d{offsets, active, order};
+    const float two_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_route(logits + (i % sets) * tokens * experts, bias, tokens, rc, ids, weights, nullptr));
+          CHECK_OK(kiln::cuda::moe_group_by_expert(ids, tokens * top_k, experts, d, nullptr));
+        },
+        100);
+    const float fused_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_route_and_group(logits + (i % sets) * tokens * experts, bias, tokens, rc, ids,
+                                                   weights, d, nullptr));
+        },
+        100);
+    const double bytes = double(tokens) * experts * 4 + experts * 4 + double(tokens) * top_k * 12 + (2 * experts + 1) * 4;
+    std::printf("%7lld %12.2f %10.2f %10.3f\n", (long long)tokens, two_ms * 1e3, fused_ms * 1e3, bytes / bw * 1e6);
+    for (void* ptr : {(void*)logits, (void*)bias, (void*)ids, (void*)weights, (void*)offsets, (void*)active, (void*)order})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -256,7 +371,7 @@ int main() {
   uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
   std::printf("\nMoE expert GEMV (64 experts, hidden 2048, inter 1536, top-4 per token)\n");
   std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
-  for (int64_t tokens : {1, 4, 16}) {
+  for (int64_t tokens : {1, 4, 16, 64}) {
     const int64_t pairs = tokens * top_k;
     std::mt19937_64 rng(5);
     const int sets = 16;
@@ -305,5 +420,7 @@ int main() {
   }
 
   bench_mla_prefill();
+  bench_skinny_gemm(prop, bw);
+  bench_route_group(bw);
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace kiln::cuda {
 namespace {
@@ -14,9 +15,13 @@ Status check_cublas(cublasStatus_t s, const char* what) {
 }  // namespace
 
 Result<std::unique_ptr<CublasGemm>> CublasGemm::create() {
+  int device = 0, sm_count = 0;
+  KILN_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&device), "cuda::CublasGemm: cudaGetDevice"));
+  KILN_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
+                                  "cuda::CublasGemm: SM count"));
   cublasHandle_t handle = nullptr;
   KILN_RETURN_IF_ERROR(check_cublas(cublasCreate(&handle), "cuda::CublasGemm: cublasCreate"));
-  return std::unique_ptr<CublasGemm>(new CublasGemm(handle));
+  return std::unique_ptr<CublasGemm>(new CublasGemm(handle, sm_count));
 }
 
 CublasGemm::~CublasGemm() { cublasDestroy(static_cast<cublasHandle_t>(handle_)); }
@@ -28,6 +33,8 @@ Status CublasGemm::linear(const uint16_t* x, int64_t n, int64_t in, const uint16
   if (n < 0 || in <= 0 || out <= 0 || n > INT32_MAX || in > INT32_MAX || out > INT32_MAX)
     return invalid_argument("cuda::CublasGemm::linear: dimensions out of range");
   if (n == 0) return ok_status();
+  if (skinny_gemm_preferred(n, out) && skinny_gemm_supported(x, n, in, w))
+    return skinny_gemm_bf16(x, n, in, w, out, y, y_dtype, accumulate, sm_count_, stream);
   auto h = static_cast<cublasHandle_t>(handle_);
   KILN_RETURN_IF_ERROR(check_cublas(cublasSetStream(h, stream), "cuda::CublasGemm: cublasSetStream"));
   // Column-major view: Y^T[out, n] = W[out, in] · X^T[in, n], with W stored as W^T col-major (lda = in).

@@ -1,4 +1,5 @@
-// Dense bf16 projections through cuBLAS (tensor cores, fp32 accumulation).
+// Dense bf16 projections: cuBLAS (tensor cores, fp32 accumulation), or for few rows (decode) the weight-streaming
+// skinny GEMM of skinny_gemm.h.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,15 @@ class CublasGemm {
   CublasGemm& operator=(const CublasGemm&) = delete;
 
   // y[n, out] = x[n, in] · Wᵀ (+ y when accumulate); x, W bf16 row-major (W as nn.Linear's [out, in]);
-  // y is bf16 or fp32 (y_dtype kBF16 / kF32).
+  // y is bf16 or fp32 (y_dtype kBF16 / kF32). Few rows (skinny_gemm_preferred, with in % 8 == 0 and 16-byte
+  // aligned x, W) run skinny_gemm_bf16, which reads W once; the rest runs cuBLAS.
   Status linear(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y, DType y_dtype,
                 StreamHandle stream, bool accumulate = false);
 
  private:
-  explicit CublasGemm(void* handle) : handle_(handle) {}
+  CublasGemm(void* handle, int sm_count) : handle_(handle), sm_count_(sm_count) {}
   void* handle_;  // cublasHandle_t
+  int sm_count_;  // of the device current at create()
 };
 
 }  // namespace kiln::cuda

@@ -24,8 +24,7 @@ struct Smem {
   static constexpr size_t kScores = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
   static constexpr size_t kP = kScores + sizeof(float) * kHeads * kScoreStride;
   static constexpr size_t kStats = kP + sizeof(uint16_t) * kHeads * kPStride;  // m, l, alpha
-  static constexpr size_t kSlots = kStats + sizeof(float) * 3 * kHeads;
-  static constexpr size_t kBytes = kSlots + sizeof(int64_t) * 2 * kTile;
+  static constexpr size_t kBytes = kStats + sizeof(float) * 3 * kHeads;
 };
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -34,6 +33,13 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
@@ -54,8 +60,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 // grid: (head groups, splits, queries). Each CTA: kMTiles·16 heads of one query row over one split's keys.
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams p, float* part_out,
@@ -70,7 +74,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   float* s_m = reinterpret_cast<float*>(smem + L::kStats);
   float* s_l = s_m + kHeads;
   float* s_alpha = s_l + kHeads;
-  int64_t* s_slots = reinterpret_cast<int64_t*>(smem + L::kSlots);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -89,35 +92,53 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   const int64_t tile_begin = split * tiles_per_split;
   const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
 
-  // q → bf16 in shared memory; padding heads are zero (their rows are never written out).
-  for (int i = tid; i < kHeads * kRow; i += kThreads) {
-    const int h = i / kRow, d = i % kRow;
-    const float v = head0 + h < p.num_heads ? p.q[(query * p.num_heads + head0 + h) * kRow + d] : 0.f;
-    s_q[h * kRowStride + d] = float_to_bf16_bits(v);
+  // Warp w copies, and scores, rows 8w..8w+7 of each tile. Lane j < 8 looks up the slot of the warp's row j
+  // (one lookup per row, −1 when not visible); the copy of a row is 72 16-byte pieces over the warp's lanes.
+  constexpr int kRowsPerWarp = kTile / kWarps;
+  static_assert(kRowsPerWarp == 8, "the score phase gives each warp one n8 tile of keys");
+  auto slot_of = [&](int64_t tile) -> int64_t {
+    const int64_t j = tile * kTile + warp * kRowsPerWarp + lane;
+    if (lane >= kRowsPerWarp || j >= n_keys) return -1;
+    const int64_t pos = selected ? selected[j] : j;
+    if (pos < 0 || pos >= kv_len) return -1;
+    return static_cast<int64_t>(block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
+  };
+  auto issue_rows = [&](int64_t slot_lane, int buf) {
+    uint16_t* dst = s_kv + (buf * kTile + warp * kRowsPerWarp) * kRowStride;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int64_t slot = __shfl_sync(~0u, slot_lane, r);
+      const uint16_t* src = slot >= 0 ? p.cache + slot * kRow : p.cache;
+#pragma unroll
+      for (int k = 0; k < (kChunksPerRow + 31) / 32; ++k) {
+        const int ch = lane + 32 * k;
+        if (ch < kChunksPerRow) cp_async_16(dst + r * kRowStride + ch * 8, src + ch * 8, slot >= 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  int64_t slot_cur = -1;
+  if (tile_begin < tile_end) {
+    slot_cur = slot_of(tile_begin);
+    issue_rows(slot_cur, 0);
+  }
+
+  // q → bf16 in shared memory while the first tile streams in; padding heads are zero (never written out).
+  for (int i = tid; i < kHeads * kRow / 4; i += kThreads) {
+    const int h = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
+    const float4 v = head0 + h < p.num_heads
+                         ? *reinterpret_cast<const float4*>(p.q + (query * p.num_heads + head0 + h) * kRow + d)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+    uint2 packed;
+    packed.x = float_to_bf16_bits(v.x) | static_cast<uint32_t>(float_to_bf16_bits(v.y)) << 16;
+    packed.y = float_to_bf16_bits(v.z) | static_cast<uint32_t>(float_to_bf16_bits(v.w)) << 16;
+    *reinterpret_cast<uint2*>(s_q + h * kRowStride + d) = packed;
   }
   if (tid < kHeads) {
     s_m[tid] = -INFINITY;
     s_l[tid] = 0.f;
   }
-
-  // Slot of key j of this row, −1 when not visible.
-  auto slot_of = [&](int64_t j) -> int64_t {
-    if (j >= n_keys) return -1;
-    const int64_t pos = selected ? selected[j] : j;
-    if (pos < 0 || pos >= kv_len) return -1;
-    return static_cast<int64_t>(block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
-  };
-  auto issue_tile = [&](int64_t tile, int buf) {
-    const int64_t* slots = s_slots + buf * kTile;
-    uint16_t* dst = s_kv + buf * kTile * kRowStride;
-    for (int i = tid; i < kTile * kChunksPerRow; i += kThreads) {
-      const int r = i / kChunksPerRow, ch = i % kChunksPerRow;
-      const int64_t slot = slots[r];
-      const uint16_t* src = slot >= 0 ? p.cache + slot * kRow + ch * 8 : p.cache;
-      cp_async_16(dst + r * kRowStride + ch * 8, src, slot >= 0);
-    }
-    cp_async_commit();
-  };
 
   float acc_o[kMTiles][8][4];
 #pragma unroll
@@ -128,48 +149,45 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
       for (int k = 0; k < 4; ++k) acc_o[mt][nt][k] = 0.f;
 
   const float score_scale = p.scale * kLog2e;  // softmax in base 2
-  if (tile_begin < tile_end) {
-    if (tid < kTile) s_slots[tid] = slot_of(tile_begin * kTile + tid);
-    __syncthreads();
-    issue_tile(tile_begin, 0);
-  }
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int buf = static_cast<int>((tile - tile_begin) & 1);
     const bool has_next = tile + 1 < tile_end;
-    if (has_next && tid < kTile) s_slots[(buf ^ 1) * kTile + tid] = slot_of((tile + 1) * kTile + tid);
-    __syncthreads();  // slots ready; every warp is done with the buffer the next tile goes to
+    const int64_t slot_next = has_next ? slot_of(tile + 1) : -1;
+    __syncthreads();  // every warp is done with the buffer the next tile goes to (and q / stats are written)
     if (has_next) {
-      issue_tile(tile + 1, buf ^ 1);
+      issue_rows(slot_next, buf ^ 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
     const uint16_t* kv = s_kv + buf * kTile * kRowStride;
-    const int64_t* slots = s_slots + buf * kTile;
 
-    // Scores: warp w takes tokens 8w..8w+7 for every head of the group, K = 576.
+    // Scores: warp w takes tokens 8w..8w+7 for every head of the group, K = 576, two k16 steps per round:
+    // one ldmatrix.x4 gives the K fragments of both steps, one per m-tile and step gives Q's.
     {
       float acc_s[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
         for (int k = 0; k < 4; ++k) acc_s[mt][k] = 0.f;
-      const uint16_t* k_row = kv + (warp * 8 + g) * kRowStride + 2 * c;
-#pragma unroll 4
-      for (int ks = 0; ks < kRow / 16; ++ks) {
-        const uint32_t b0 = lds32(k_row + ks * 16);
-        const uint32_t b1 = lds32(k_row + ks * 16 + 8);
+      const uint16_t* k_src = kv + (warp * 8 + lane % 8) * kRowStride + (lane / 8) * 8;
+      const uint16_t* q_src = s_q + (lane % 16) * kRowStride + (lane / 16) * 8;
+#pragma unroll 3
+      for (int ks = 0; ks < kRow / 16; ks += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_src + ks * 16);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          const uint16_t* q_row = s_q + (mt * 16 + g) * kRowStride + ks * 16 + 2 * c;
-          const uint32_t a[4] = {lds32(q_row), lds32(q_row + 8 * kRowStride), lds32(q_row + 8),
-                                 lds32(q_row + 8 * kRowStride + 8)};
-          mma_bf16(acc_s[mt], a, b0, b1);
+          uint32_t a0[4], a1[4];
+          ldmatrix_x4(a0, q_src + mt * 16 * kRowStride + ks * 16);
+          ldmatrix_x4(a1, q_src + mt * 16 * kRowStride + ks * 16 + 16);
+          mma_bf16(acc_s[mt], a0, b[0], b[1]);
+          mma_bf16(acc_s[mt], a1, b[2], b[3]);
         }
       }
       const int t0 = warp * 8 + 2 * c;
-      const bool v0 = slots[t0] >= 0, v1 = slots[t0 + 1] >= 0;
+      const bool v0 = __shfl_sync(~0u, slot_cur, 2 * c) >= 0, v1 = __shfl_sync(~0u, slot_cur, 2 * c + 1) >= 0;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
@@ -180,6 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
         row1[1] = v1 ? acc_s[mt][3] * score_scale : -INFINITY;
       }
     }
+    slot_cur = slot_next;
     __syncthreads();
 
     // Online softmax: kThreads / kHeads consecutive threads share one head row.
@@ -229,17 +248,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
           acc_o[mt][nt][3] *= a1;
         }
       }
+      const uint16_t* p_src = s_p + (lane % 16) * kPStride + (lane / 16) * 8;
 #pragma unroll
       for (int ks = 0; ks < kTile / 16; ++ks) {
         uint32_t a[kMTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          const uint16_t* pr = s_p + (mt * 16 + g) * kPStride + ks * 16 + 2 * c;
-          a[mt][0] = lds32(pr);
-          a[mt][1] = lds32(pr + 8 * kPStride);
-          a[mt][2] = lds32(pr + 8);
-          a[mt][3] = lds32(pr + 8 * kPStride + 8);
-        }
+        for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], p_src + mt * 16 * kPStride + ks * 16);
         const int v_row = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -373,6 +387,8 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
   if (p.num_splits > kMaxSplits) return invalid_argument("cuda::mla_decode_bf16: num_splits must be ≤ 1024");
   if (p.num_splits > 1 && !p.workspace)
     return invalid_argument("cuda::mla_decode_bf16: num_splits > 1 needs mla_decode_workspace_bytes of workspace");
+  if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0)
+    return invalid_argument("cuda::mla_decode_bf16: q must be 16-byte aligned (it is read as float4)");
   if (p.num_queries == 0) return ok_status();
   const int64_t rows = p.num_queries * p.num_heads;
   float* part_out = static_cast<float*>(p.workspace);

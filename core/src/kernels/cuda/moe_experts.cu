@@ -1,49 +1,26 @@
-#include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_group_device.cuh"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kWarps = 4;          // per GEMV block
-constexpr int kUnitsPerWarp = 4;   // a unit = two weight rows
+constexpr int kUnitsPerWarp = 4;   // a unit = two weight rows (the narrow grid: many pairs)
+constexpr int kLoadsInFlight = 8;  // the wide grid: 16-byte weight loads per lane and row before the first is used
+// Up to this many pairs (one or two decode tokens) the wide grid runs: one unit per warp, 4× the blocks. Measured on
+// the H200 (group + gate_up + down + combine): one token 45.6 µs wide vs 56.1 narrow; 4 and 16 tokens 108.5 / 304.8
+// wide vs 100.5 / 223.8 narrow, where the narrow grid already has ≥ 10 blocks per SM.
+constexpr int64_t kWideGridMaxPairs = 8;
 constexpr int kTokensPerPass = 4;  // tokens of one expert sharing each weight load
 
-// One block: counts, offsets and the active list by block scans; then thread e lists its own pairs in pair
-// order (deterministic, O(pairs) per expert: decode has a few hundred pairs).
-__global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __restrict__ ids, int64_t pairs,
-                                                            int experts, MoeDispatch d) {
-  using Scan = cub::BlockScan<int, kMaxExperts>;
-  __shared__ typename Scan::TempStorage temp;
-  __shared__ int counts[kMaxExperts];
-  const int e = threadIdx.x;
-  counts[e] = 0;
-  __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < experts) atomicAdd(&counts[id], 1);
-  }
-  __syncthreads();
-  const int count = e < experts ? counts[e] : 0;
-  int offset = 0, total = 0;
-  Scan(temp).ExclusiveSum(count, offset, total);
-  __syncthreads();
-  int rank = 0;
-  Scan(temp).ExclusiveSum(count > 0 ? 1 : 0, rank);
-  if (e < experts) {
-    d.expert_offsets[e] = offset;
-    d.active_experts[e] = -1;
-  }
-  if (e == 0) d.expert_offsets[experts] = total;
-  __syncthreads();
-  if (e < experts && count > 0) {
-    d.active_experts[rank] = e;
-    int out = offset;
-    for (int64_t p = 0; p < pairs; ++p)
-      if (ids[p] == e) d.pair_order[out++] = static_cast<int32_t>(p);
-  }
+__global__ void __launch_bounds__(moe_detail::kGroupThreads) group_kernel(const int32_t* ids, int64_t pairs,
+                                                                          int experts, MoeDispatch d) {
+  __shared__ moe_detail::GroupSmem smem;
+  moe_detail::group_pairs(ids, pairs, experts, d, smem);
 }
 
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
@@ -62,38 +39,55 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// grid: (row blocks, active-expert slot). Each warp owns kUnitsPerWarp units of two rows; per pass it streams
-// those rows once (16-byte loads, lanes on consecutive words) against up to kTokensPerPass input rows.
-// kGateUp: rows (r, inter + r) → silu·up into h; else rows (2u, 2u + 1) → scaled fp32 outputs.
-template <bool kGateUp>
-__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(
-    const uint16_t* __restrict__ x, int64_t top_k, int64_t in_dim, int64_t units, const uint16_t* __restrict__ w,
-    int64_t weight_rows, MoeDispatch d, const float* __restrict__ route_weight, float limit, void* out,
-    int64_t out_dim) {
-  const int e = d.active_experts[blockIdx.y];
-  if (e < 0) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
-  const uint16_t* we = w + static_cast<int64_t>(e) * weight_rows * in_dim;
+// One unit of two weight rows of expert e against the expert's pairs [begin, end), kTokensPerPass input rows per
+// pass over the rows (16-byte loads, lanes on consecutive words). kGateUp: rows (r, inter + r) → silu·up into h;
+// else rows (2u, 2u + 1) → scaled fp32 outputs. kWide: all kLoadsInFlight loads of a lane are issued before the
+// first is used (the one-token grid has few warps, each must keep many bytes in flight); else the loop is
+// unrolled 4 deep and each warp runs kUnitsPerWarp units in turn.
+template <bool kGateUp, bool kWide>
+__device__ __forceinline__ void expert_unit(const uint16_t* __restrict__ x, int64_t top_k, int64_t in_dim,
+                                            int64_t unit, const uint16_t* __restrict__ we, const MoeDispatch& d,
+                                            int begin, int end, const float* __restrict__ route_weight, float limit,
+                                            void* out, int64_t out_dim, int lane) {
   const int64_t chunks = in_dim / 8;
-  for (int uu = 0; uu < kUnitsPerWarp; ++uu) {
-    const int64_t unit = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kUnitsPerWarp + uu;
-    if (unit >= units) return;
-    const int64_t r0 = kGateUp ? unit : 2 * unit;
-    const int64_t r1 = kGateUp ? out_dim + unit : min(2 * unit + 1, out_dim - 1);
-    const uint4* w0 = reinterpret_cast<const uint4*>(we + r0 * in_dim);
-    const uint4* w1 = reinterpret_cast<const uint4*>(we + r1 * in_dim);
-    for (int base = begin; base < end; base += kTokensPerPass) {
-      const int count = min(kTokensPerPass, end - base);
-      const uint4* xr[kTokensPerPass];
-      int pair[kTokensPerPass];
+  const int64_t r0 = kGateUp ? unit : 2 * unit;
+  const int64_t r1 = kGateUp ? out_dim + unit : min(2 * unit + 1, out_dim - 1);
+  const uint4* w0 = reinterpret_cast<const uint4*>(we + r0 * in_dim);
+  const uint4* w1 = reinterpret_cast<const uint4*>(we + r1 * in_dim);
+  for (int base = begin; base < end; base += kTokensPerPass) {
+    const int count = min(kTokensPerPass, end - base);
+    const uint4* xr[kTokensPerPass];
+    int pair[kTokensPerPass];
 #pragma unroll
-      for (int k = 0; k < kTokensPerPass; ++k) {
-        pair[k] = d.pair_order[base + min(k, count - 1)];
-        const int64_t xrow = kGateUp ? pair[k] / top_k : pair[k];
-        xr[k] = reinterpret_cast<const uint4*>(x + xrow * in_dim);
+    for (int k = 0; k < kTokensPerPass; ++k) {
+      pair[k] = d.pair_order[base + min(k, count - 1)];
+      const int64_t xrow = kGateUp ? pair[k] / top_k : pair[k];
+      xr[k] = reinterpret_cast<const uint4*>(x + xrow * in_dim);
+    }
+    float acc0[kTokensPerPass] = {}, acc1[kTokensPerPass] = {};
+    if constexpr (kWide) {
+      for (int64_t ch0 = lane; ch0 < chunks; ch0 += 32 * kLoadsInFlight) {
+        uint4 a[kLoadsInFlight], b[kLoadsInFlight];
+#pragma unroll
+        for (int i = 0; i < kLoadsInFlight; ++i) {
+          const int64_t ch = ch0 + 32 * i;
+          a[i] = ch < chunks ? __ldg(w0 + ch) : make_uint4(0, 0, 0, 0);
+          b[i] = ch < chunks ? __ldg(w1 + ch) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < kTokensPerPass; ++k) {
+          if (k >= count) break;
+#pragma unroll
+          for (int i = 0; i < kLoadsInFlight; ++i) {
+            const int64_t ch = ch0 + 32 * i;
+            if (ch >= chunks) break;
+            const uint4 xv = __ldg(xr[k] + ch);
+            acc0[k] += dot8(a[i], xv);
+            acc1[k] += dot8(b[i], xv);
+          }
+        }
       }
-      float acc0[kTokensPerPass] = {}, acc1[kTokensPerPass] = {};
+    } else {
 #pragma unroll 4
       for (int64_t ch = lane; ch < chunks; ch += 32) {
         const uint4 a = __ldg(w0 + ch);
@@ -107,25 +101,49 @@ __global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(
           }
         }
       }
+    }
 #pragma unroll
-      for (int k = 0; k < kTokensPerPass; ++k) {
-        if (k >= count) break;
-        const float s0 = warp_sum(acc0[k]);
-        const float s1 = warp_sum(acc1[k]);
-        if (lane != 0) continue;
-        if constexpr (kGateUp) {
-          const float gv = fminf(s0, limit);
-          const float uv = fminf(fmaxf(s1, -limit), limit);
-          static_cast<uint16_t*>(out)[static_cast<int64_t>(pair[k]) * out_dim + unit] =
-              float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
-        } else {
-          const float scale = route_weight ? route_weight[pair[k]] : 1.0f;
-          float* y = static_cast<float*>(out) + static_cast<int64_t>(pair[k]) * out_dim;
-          y[r0] = s0 * scale;
-          if (r1 != r0) y[r1] = s1 * scale;
-        }
+    for (int k = 0; k < kTokensPerPass; ++k) {
+      if (k >= count) break;
+      const float s0 = warp_sum(acc0[k]);
+      const float s1 = warp_sum(acc1[k]);
+      if (lane != 0) continue;
+      if constexpr (kGateUp) {
+        const float gv = fminf(s0, limit);
+        const float uv = fminf(fmaxf(s1, -limit), limit);
+        static_cast<uint16_t*>(out)[static_cast<int64_t>(pair[k]) * out_dim + unit] =
+            float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
+      } else {
+        const float scale = route_weight ? route_weight[pair[k]] : 1.0f;
+        float* y = static_cast<float*>(out) + static_cast<int64_t>(pair[k]) * out_dim;
+        y[r0] = s0 * scale;
+        if (r1 != r0) y[r1] = s1 * scale;
       }
     }
+  }
+}
+
+template <bool kWide>
+constexpr int64_t units_per_block() {
+  return kWarps * (kWide ? 1 : kUnitsPerWarp);
+}
+
+// grid: (row blocks, active-expert slot); each warp owns units_per_block / kWarps consecutive units.
+template <bool kGateUp, bool kWide>
+__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(
+    const uint16_t* __restrict__ x, int64_t top_k, int64_t in_dim, int64_t units, const uint16_t* __restrict__ w,
+    int64_t weight_rows, MoeDispatch d, const float* __restrict__ route_weight, float limit, void* out,
+    int64_t out_dim) {
+  const int e = d.active_experts[blockIdx.y];
+  if (e < 0) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
+  const uint16_t* we = w + static_cast<int64_t>(e) * weight_rows * in_dim;
+  constexpr int64_t kUnits = units_per_block<kWide>() / kWarps;
+  for (int64_t uu = 0; uu < kUnits; ++uu) {
+    const int64_t unit = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kUnits + uu;
+    if (unit >= units) return;
+    expert_unit<kGateUp, kWide>(x, top_k, in_dim, unit, we, d, begin, end, route_weight, limit, out, out_dim, lane);
   }
 }
 
@@ -151,7 +169,7 @@ Status moe_group_by_expert(const int32_t* ids, int64_t pairs, int64_t num_expert
   if (num_experts <= 0 || num_experts > kMaxExperts)
     return invalid_argument("cuda::moe_group_by_expert: num_experts must be in [1, 1024]");
   if (pairs < 0) return invalid_argument("cuda::moe_group_by_expert: pairs < 0");
-  group_kernel<<<1, kMaxExperts, 0, stream>>>(ids, pairs, static_cast<int>(num_experts), d);
+  group_kernel<<<1, moe_detail::kGroupThreads, 0, stream>>>(ids, pairs, static_cast<int>(num_experts), d);
   return check_launch("cuda::moe_group_by_expert");
 }
 
@@ -161,11 +179,18 @@ Status moe_gate_up_swiglu_bf16(const uint16_t* x, int64_t n, int64_t top_k, int6
   if (hidden % 8 != 0 || inter <= 0 || top_k <= 0 || !aligned16(x) || !aligned16(gate_up))
     return invalid_argument("cuda::moe_gate_up_swiglu_bf16: hidden must be a multiple of 8 and x / weights 16-byte aligned");
   if (n <= 0) return ok_status();
-  const int64_t per_block = kWarps * kUnitsPerWarp;
-  const dim3 grid(static_cast<unsigned>((inter + per_block - 1) / per_block),
-                  static_cast<unsigned>(active_slots(n * top_k, num_experts)));
-  expert_gemv_kernel<true><<<grid, kWarps * 32, 0, stream>>>(x, top_k, hidden, inter, gate_up, 2 * inter, d, nullptr,
-                                                             limit, h, inter);
+  const int64_t slots = active_slots(n * top_k, num_experts);
+  auto launch = [&](auto wide) {
+    constexpr bool kWide = decltype(wide)::value;
+    const dim3 grid(static_cast<unsigned>((inter + units_per_block<kWide>() - 1) / units_per_block<kWide>()),
+                    static_cast<unsigned>(slots));
+    expert_gemv_kernel<true, kWide><<<grid, kWarps * 32, 0, stream>>>(x, top_k, hidden, inter, gate_up, 2 * inter, d,
+                                                                      nullptr, limit, h, inter);
+  };
+  if (n * top_k <= kWideGridMaxPairs)
+    launch(std::true_type{});
+  else
+    launch(std::false_type{});
   return check_launch("cuda::moe_gate_up_swiglu_bf16");
 }
 
@@ -176,11 +201,18 @@ Status moe_down_bf16(const uint16_t* h, int64_t pairs, int64_t inter, int64_t hi
     return invalid_argument("cuda::moe_down_bf16: inter must be a multiple of 8 and h / weights 16-byte aligned");
   if (pairs <= 0) return ok_status();
   const int64_t units = (hidden + 1) / 2;
-  const int64_t per_block = kWarps * kUnitsPerWarp;
-  const dim3 grid(static_cast<unsigned>((units + per_block - 1) / per_block),
-                  static_cast<unsigned>(active_slots(pairs, num_experts)));
-  expert_gemv_kernel<false><<<grid, kWarps * 32, 0, stream>>>(h, 1, inter, units, down, hidden, d, route_weight,
-                                                              0.f, y, hidden);
+  const int64_t slots = active_slots(pairs, num_experts);
+  auto launch = [&](auto wide) {
+    constexpr bool kWide = decltype(wide)::value;
+    const dim3 grid(static_cast<unsigned>((units + units_per_block<kWide>() - 1) / units_per_block<kWide>()),
+                    static_cast<unsigned>(slots));
+    expert_gemv_kernel<false, kWide><<<grid, kWarps * 32, 0, stream>>>(h, 1, inter, units, down, hidden, d,
+                                                                       route_weight, 0.f, y, hidden);
+  };
+  if (pairs <= kWideGridMaxPairs)
+    launch(std::true_type{});
+  else
+    launch(std::false_type{});
   return check_launch("cuda::moe_down_bf16");
 }
 

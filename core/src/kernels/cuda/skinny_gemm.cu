@@ -1,0 +1,157 @@
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/skinny_gemm.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kUnroll = 4;       // 32-wide k chunks each warp has in flight per round
+constexpr int kMaxWarps = 16;
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weights are read once: keep them out of L1.
+__device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// A block owns kM·16 output rows and all n rows of x; its warps split k into 32-wide chunks (warp w takes
+// chunks w, w + warps, ...). Lane (g = lane / 4, c = lane % 4) loads 8 consecutive k of W rows g and g + 8 and
+// of x row g; the mma's k order is a permutation of those (logical k {2c, 2c+1, 2c+8, 2c+9} of the first mma =
+// physical 8c..8c+3, of the second = 8c+4..8c+7), the same for both operands, so the sums are the plain dot
+// products. Per-warp partials meet in shared memory in warp order (deterministic).
+// Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
+template <int kM, int kNT>
+__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256) skinny_gemm_kernel(const uint16_t* __restrict__ x, int n, int in, const uint16_t* __restrict__ w,
+                                   int out, void* __restrict__ y, bool y_f32, bool accumulate) {
+  extern __shared__ float s_part[];  // [warps][kM][kNT][4][32]
+  const int warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int row0 = blockIdx.x * kM * 16;
+  const int chunks = (in + 31) / 32;
+
+  const uint16_t* w_row[kM][2];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)  // rows past `out` re-read the last row; their results are dropped
+      w_row[mt][h] = w + static_cast<int64_t>(min(row0 + mt * 16 + g + 8 * h, out - 1)) * in + 8 * c;
+  const uint16_t* x_row[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, n - 1)) * in + 8 * c;
+
+  float acc[kM][kNT][4] = {};
+  for (int base = warp; base < chunks; base += kUnroll * warps) {
+    uint4 wv[kUnroll][kM][2];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * warps) * 32;
+      valid[u] = k + 8 * c < in;  // in % 8 == 0: a lane's 8 values are all inside or all outside
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wv[u][mt][h] = valid[u] ? load_stream(w_row[mt][h] + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * warps) * 32;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int mt = 0; mt < kM; ++mt) {
+          const uint4 a = wv[u][mt][0], b = wv[u][mt][1];
+          mma_bf16(acc[mt][nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
+          mma_bf16(acc[mt][nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
+        }
+      }
+    }
+  }
+
+  constexpr int kPerWarp = kM * kNT * 4 * 32;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + ((mt * kNT + nt) * 4 + r) * 32 + lane] = acc[mt][nt][r];
+  __syncthreads();
+  // Element (row rr of the block, token j): consecutive threads take consecutive rows, so y stores coalesce.
+  constexpr int kRows = kM * 16;
+  for (int e = threadIdx.x; e < kRows * kNT * 8; e += blockDim.x) {
+    const int rr = e % kRows, j = e / kRows;
+    const int row = row0 + rr;
+    if (row >= out || j >= n) continue;
+    const int mt = rr / 16, gg = rr % 8, half = (rr % 16) / 8;
+    const int nt = j / 8, cc = (j % 8) / 2, sub = j % 2;
+    const int idx = ((mt * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
+    float s = 0.f;
+    for (int wi = 0; wi < warps; ++wi) s += s_part[wi * kPerWarp + idx];
+    const int64_t o = static_cast<int64_t>(j) * out + row;
+    if (y_f32) {
+      float* yf = static_cast<float*>(y);
+      yf[o] = accumulate ? yf[o] + s : s;
+    } else {
+      uint16_t* yb = static_cast<uint16_t*>(y);
+      yb[o] = float_to_bf16_bits(accumulate ? bf16_bits_to_float(yb[o]) + s : s);
+    }
+  }
+}
+
+template <int kM, int kNT>
+Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, bool y_f32, bool accumulate,
+              int warps, StreamHandle stream) {
+  const unsigned blocks = static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16));
+  const size_t smem = sizeof(float) * warps * kM * kNT * 4 * 32;
+  skinny_gemm_kernel<kM, kNT><<<blocks, warps * 32, smem, stream>>>(x, n, in, w, out, y, y_f32, accumulate);
+  return check_launch("cuda::skinny_gemm_bf16");
+}
+
+template <int kNT>
+Status launch_rows(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, bool y_f32,
+                   bool accumulate, int sm_count, StreamHandle stream) {
+  // Two 16-row tiles per block share each x load once there are blocks enough to fill the chip twice over;
+  // small matrices get one tile and, below one block per SM, 16 warps per block so more loads are in flight.
+  // (Partials stay ≤ 32 KB of shared memory: warps · kM · kNT ≤ 64.)
+  const int64_t tiles = (out + 15) / 16;
+  if constexpr (kNT <= 4)
+    if (tiles >= 4LL * sm_count) return launch<2, kNT>(x, n, in, w, out, y, y_f32, accumulate, 8, stream);
+  const int warps = tiles < sm_count && kNT <= 4 ? kMaxWarps : 8;
+  return launch<1, kNT>(x, n, in, w, out, y, y_f32, accumulate, warps, stream);
+}
+
+}  // namespace
+
+bool skinny_gemm_supported(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w) {
+  return n >= 1 && n <= kSkinnyGemmLimit && in > 0 && in % 8 == 0 && in <= INT32_MAX &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+Status skinny_gemm_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y,
+                        DType y_dtype, bool accumulate, int sm_count, StreamHandle stream) {
+  if (y_dtype != DType::kBF16 && y_dtype != DType::kF32)
+    return invalid_argument("cuda::skinny_gemm_bf16: y must be bf16 or fp32");
+  if (!skinny_gemm_supported(x, n, in, w) || out <= 0 || out > INT32_MAX)
+    return invalid_argument("cuda::skinny_gemm_bf16: need 1 ≤ n ≤ 64, in % 8 == 0, x and W 16-byte aligned");
+  const bool f32 = y_dtype == DType::kF32;
+  const int ni = static_cast<int>(n), ii = static_cast<int>(in), oi = static_cast<int>(out);
+  const int sms = std::max(sm_count, 1);
+  if (n <= 8) return launch_rows<1>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
+  if (n <= 16) return launch_rows<2>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
+  if (n <= 32) return launch_rows<4>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
+  return launch_rows<8>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
+}
+
+}  // namespace kiln::cuda

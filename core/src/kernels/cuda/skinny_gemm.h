@@ -1,0 +1,35 @@
+// y[n, out] = x[n, in] · Wᵀ for few rows (decode: n ≤ 64) at the weight-streaming rate: W is read once with
+// 16-byte loads and applied to all n rows on the tensor cores (mma.sync m16n8k16, W rows as M, tokens as N,
+// fp32 accumulation). CublasGemm::linear dispatches here where skinny_gemm_preferred(n, out).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/stream_handle.h"
+#include "kiln/status.h"
+#include "kiln/tensor.h"
+
+namespace kiln::cuda {
+
+// Largest n the kernel takes.
+inline constexpr int64_t kSkinnyGemmLimit = 64;
+// Where linear() sends few rows here rather than to cuBLAS (measured on the H200 at GLM-4.7-Flash's shapes, see
+// bench/kernel_bench.cpp): the per-layer projections (out ≤ 16384) are faster here up to n = 32 and slower at 64,
+// where each 16-byte weight load feeds 16 mma.sync per warp and every block re-reads x from L2; the lm_head
+// (out = 154880) is level with cuBLAS up to n = 4 and slower from n = 16, as its x re-reads then rival W itself.
+inline constexpr int64_t kSkinnyGemmMaxRows = 32;
+inline constexpr int64_t kSkinnyGemmMaxRowsWideOut = 8;
+inline constexpr int64_t kSkinnyGemmWideOut = 16384;
+inline bool skinny_gemm_preferred(int64_t n, int64_t out) {
+  return n <= (out <= kSkinnyGemmWideOut ? kSkinnyGemmMaxRows : kSkinnyGemmMaxRowsWideOut);
+}
+
+// True when the kernel can run these operands: 1 ≤ n ≤ kSkinnyGemmLimit, in % 8 == 0, x and w 16-byte aligned.
+bool skinny_gemm_supported(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w);
+
+// Semantics of CublasGemm::linear: x bf16 [n, in], W bf16 [out, in], y bf16 or fp32 [n, out] (y_dtype kBF16 /
+// kF32), y = x·Wᵀ (+ y when accumulate, summed in fp32 before rounding). sm_count sizes the grid.
+Status skinny_gemm_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y,
+                        DType y_dtype, bool accumulate, int sm_count, StreamHandle stream);
+
+}  // namespace kiln::cuda
