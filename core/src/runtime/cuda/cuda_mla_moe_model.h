@@ -42,8 +42,10 @@ class CudaMlaMoeModel {
   // One batched forward over `kv` (the same contract as ModelRunner::forward).
   Status forward(std::span<const SequenceStep> steps, const GpuKvPool& kv, StepOutput& out, bool keep_hidden);
 
- private:
+ // Device state shared by the step's building blocks (cuda_model_step.h); not for use outside runtime/cuda.
   struct Impl;
+
+ private:
   explicit CudaMlaMoeModel(ModelConfig config);
   ModelConfig config_;
   GpuWeights weights_;
