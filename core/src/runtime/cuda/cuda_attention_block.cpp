@@ -8,7 +8,7 @@ namespace kiln::cuda {
 
 // Attention always runs in absorbed form over the paged bf16 latent cache: queries move into latent space
 // through W_UK, attend there, and come back out through W_UV.
-Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages) {
+Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys) {
   const ModelConfig& c = x.c;
   CudaMlaMoeModel::Impl& I = x.I;
   const StepBuffers& b = x.b;
@@ -31,6 +31,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages)
     KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.ckv + L, N, 1, D, Rr, b.positions, I.inv_freq, I.rope_factor, Rr, st));
   }
   KILN_RETURN_IF_ERROR(mla_write_cache(b.ckv, N, L, Rr, w.kv_a_norm, kLatentNormEps, b.slots, pages, st));
+  if (w.has_indexer) KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
   KILN_RETURN_IF_ERROR(f32_to_bf16(b.q, N * H * qk, b.q_bf, st));
   KILN_RETURN_IF_ERROR(blas_ok(
@@ -53,7 +54,10 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages)
     MlaReferenceParams p;
     p.q = b.q_abs, p.rows = N, p.heads = H, p.latent_dim = L, p.rope_dim = Rr, p.cache = pages, p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
-    p.max_kv_len = x.shape.scores_kv, p.scale = scale, p.scores = b.scores, p.out = b.o_lat;
+    p.max_kv_len = x.shape.attn_width, p.scale = scale, p.scores = b.scores, p.out = b.o_lat;
+    // A DSA model always attends through the selection, as the CPU model does (all visible keys while they
+    // number at most index_topk).
+    p.selected = b.selected, p.selected_width = b.selected ? c.index_topk : 0;
     KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
   }
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].

@@ -47,6 +47,9 @@ struct StepShape {
   bool fast_attention = false;  // the tensor-core decode kernel's widths (latent 512 + rope 64)
   int splits = 1;               // its split-KV factor
   int64_t scores_kv = 0;        // the reference attention's score row width (0 with the fast kernel)
+  bool mtp = false;             // an MTP layer's step (its input is built from the previous hidden states)
+  // The reference attention's score rows: scores_kv, or with a DSA selection at least index_topk wide.
+  int64_t attn_width = 0;
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -62,6 +65,12 @@ struct StepBuffers {
   int32_t *route_ids, *offsets, *active, *order;
   uint16_t *moe_h, *normed, *row_states;
   float *logits, *hidden;
+  // DSA: indexer queries [N, heads·dim], keys [N, dim], head weights [N, heads], scores [N, scores_kv], and the
+  // selected key positions [N, index_topk] (kept across layers: shared-indexer layers reuse them).
+  float *idx_q, *idx_k, *idx_w, *idx_scores;
+  int32_t* selected;
+  float* prev;    // MTP: the hidden states the rows condition on [N, hidden]
+  uint16_t* cat;  // MTP: cat(enorm(embedding), hnorm(prev)) [N, 2·hidden]
 };
 
 // Lays the step's buffers out in `scratch` (see StepScratch: a measuring pass, then the real one).
@@ -74,6 +83,7 @@ Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, cudaSt
 // What a captured step bakes in: buffer addresses (the scratch base and its layout, the KV pages) and launch
 // shapes.
 struct GraphKey {
+  int64_t variant;  // −1 the trunk, i MTP layer i
   int64_t steps, rows, max_blocks, scores_kv;
   int splits;
   bool keep_hidden;
@@ -138,8 +148,13 @@ struct StepContext {
   int64_t block_size;
 };
 
-// The MLA block: b.h (the normed input) → b.y, writing the layer's latent cache `pages`.
-Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages);
+// The MLA block: b.h (the normed input) → b.y, writing the layer's latent cache `pages` (and for a DSA layer
+// with its own indexer, its keys `index_keys`, refreshing b.selected).
+Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys);
+
+// The DSA lightning indexer of layer `w`: writes this step's keys into `index_keys` and selects, per query
+// row, the index_topk key positions attention may see (b.selected, −1 padded as cpu::dsa_select_topk).
+Status indexer_block(const StepContext& x, const GpuIndexer& w, float* index_keys);
 
 // The MLP block: b.h → b.y (dense SwiGLU MLP, or routed experts plus shared experts).
 Status mlp_block(const StepContext& x, const GpuLayer& w);

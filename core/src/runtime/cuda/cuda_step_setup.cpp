@@ -80,7 +80,7 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.q_abs = sc.carve<float>(N * H * D), b.o_lat = sc.carve<float>(N * H * L), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
   b.attn = sc.carve<uint16_t>(N * H * vd);
   b.mla_workspace = sh.splits > 1 ? sc.carve<char>(mla_decode_workspace_bytes(N, H, sh.splits)) : nullptr;
-  b.scores = sh.fast_attention ? nullptr : sc.carve<float>(N * H * sh.scores_kv);
+  b.scores = sh.fast_attention ? nullptr : sc.carve<float>(N * H * sh.attn_width);
   b.gu = sc.carve<uint16_t>(N * 2 * dense_I), b.act = sc.carve<uint16_t>(N * dense_I), b.shared = sc.carve<uint16_t>(N * Hd);
   b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
   b.route_ids = sc.carve<int32_t>(N * topk), b.offsets = sc.carve<int32_t>(E + 1), b.active = sc.carve<int32_t>(E);
@@ -88,6 +88,13 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.moe_y = sc.carve<float>(N * topk * Hd);
   b.normed = sc.carve<uint16_t>(N * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
   b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = keep_hidden ? sc.carve<float>(N * Hd) : nullptr;
+  const bool dsa = c.has_indexer();
+  b.idx_q = dsa ? sc.carve<float>(N * c.index_n_heads * c.index_head_dim) : nullptr;
+  b.idx_k = dsa ? sc.carve<float>(N * c.index_head_dim) : nullptr;
+  b.idx_w = dsa ? sc.carve<float>(N * c.index_n_heads) : nullptr;
+  b.idx_scores = dsa ? sc.carve<float>(N * sh.scores_kv) : nullptr;
+  b.selected = dsa ? sc.carve<int32_t>(N * c.index_topk) : nullptr;
+  b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
 }
 
 Status upload_step_layout(const StepLayout& L, const StepBuffers& b, cudaStream_t stream) {
