@@ -49,6 +49,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 }
 
 TEST(CudaMtpDraftHost, RunsTheMtpLayerLikeTheCpuHost) {
+  load_mtp_plugin();
   auto cpu_made = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "model.device=cpu",
                                    "kv.layout=bf16", "kv.block_size=4", "speculative.method=mtp", "speculative.depth=3",
                                    "speculative.draft_kv_dtype=bf16"},
