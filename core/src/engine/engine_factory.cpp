@@ -8,6 +8,7 @@
 #include "plugin/registry.h"
 #include "kiln/log.h"
 #ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_draft_host.h"
 #include "runtime/cuda/cuda_mla_moe_model.h"
 #endif
 
@@ -35,7 +36,32 @@ uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
               static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
 }
 
+// Next-n layers the engine's drafter can run: those on the device the model runs on.
+int64_t mtp_layers(const LoadedModel& m) {
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) return m.gpu->num_mtp_layers();
+#endif
+  return static_cast<int64_t>(m.model->weights().mtp.size());
+}
+
 }  // namespace
+
+Result<std::unique_ptr<DraftHost>> make_draft_host(const LoadedModel& m, const Recipe& recipe, const Registry& registry,
+                                                   int64_t capacity_tokens) {
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) {
+    const RecipeSection& spec = recipe.section("speculative");
+    if (spec.get_string("draft_kv_dtype", "bf16") != "bf16")
+      return unimplemented("`speculative.draft_kv_dtype` (" + spec.origin("draft_kv_dtype") +
+                           "): the CUDA runner keeps the drafter's KV in bf16; set it to \"bf16\"");
+    KILN_ASSIGN_OR_RETURN(auto host, cuda::CudaMtpDraftHost::create(*m.gpu, capacity_tokens,
+                                                                    m.layout->geometry().block_size));
+    return std::unique_ptr<DraftHost>(std::move(host));
+  }
+#endif
+  KILN_ASSIGN_OR_RETURN(auto host, make_mtp_draft_host(m, recipe, registry, capacity_tokens));
+  return std::unique_ptr<DraftHost>(std::move(host));
+}
 
 ModelLoadOptions model_load_options(const Recipe& recipe) {
   ModelLoadOptions o;
@@ -56,7 +82,7 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   const RecipeSection& scheduler = recipe.section("scheduler");
   KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
 
-  const int64_t layers = mc.num_hidden_layers + static_cast<int64_t>(m.model->weights().mtp.size());
+  const int64_t layers = mc.num_hidden_layers + mtp_layers(m);
   KvPoolBudget budget;
   budget.memory_bytes = memory.memory_bytes != 0 ? memory.memory_bytes : physical_memory_bytes();
   budget.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
@@ -88,7 +114,7 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
   started.capacity = capacity;
   if (config.speculative_depth > 0) {
     // The drafter's own KV pool: as many tokens as the target's (its sequences mirror the target's).
-    KILN_ASSIGN_OR_RETURN(started.draft_host, make_mtp_draft_host(m, recipe, global_registry(), capacity.tokens()));
+    KILN_ASSIGN_OR_RETURN(started.draft_host, make_draft_host(m, recipe, global_registry(), capacity.tokens()));
     KILN_ASSIGN_OR_RETURN(started.drafter, create_drafter(recipe, global_registry(), m.info, started.draft_host.get()));
     log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
               config.speculative_depth);

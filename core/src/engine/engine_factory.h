@@ -40,6 +40,11 @@ Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, c
 // (MTP) layers, so those are loaded too.
 ModelLoadOptions model_load_options(const Recipe& recipe);
 
+// The DraftHost over the model's MTP layers with room for `capacity_tokens` tokens: on the GPU (bf16 pages in
+// device memory) when the model runs there, else on the CPU in the `speculative.draft_kv_dtype` layout.
+Result<std::unique_ptr<DraftHost>> make_draft_host(const LoadedModel& model, const Recipe& recipe,
+                                                   const Registry& registry, int64_t capacity_tokens);
+
 // `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created
 // through the registry with a DraftHost over the model's MTP layers, and decodes draft speculative.depth tokens.
 Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});

@@ -9,35 +9,25 @@ namespace {
 std::string seq_name(int64_t seq_id) { return "drafter sequence " + std::to_string(seq_id); }
 }  // namespace
 
-MtpDraftHost::MtpDraftHost(const MlaMoeModel& model, std::unique_ptr<KvCache> kv) : model_(model), kv_(std::move(kv)) {}
-
-MtpDraftHost::~MtpDraftHost() {
-  for (auto& [id, s] : sequences_) kv_->release(s.table);
-}
-
-int64_t MtpDraftHost::num_draft_layers() const { return static_cast<int64_t>(model_.weights().mtp.size()); }
-int64_t MtpDraftHost::hidden_size() const { return model_.config().hidden_size; }
-int64_t MtpDraftHost::vocab_size() const { return model_.config().vocab_size; }
-
-Status MtpDraftHost::allocate(int64_t seq_id) {
+Status PagedDraftHost::allocate(int64_t seq_id) {
   if (!sequences_.emplace(seq_id, Sequence{}).second) return already_exists(seq_name(seq_id) + " is already allocated");
   return ok_status();
 }
 
-Result<MtpDraftHost::Sequence*> MtpDraftHost::find(int64_t seq_id) {
+Result<PagedDraftHost::Sequence*> PagedDraftHost::find(int64_t seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return not_found(seq_name(seq_id) + " is not allocated");
   return &it->second;
 }
 
-Status MtpDraftHost::run(int64_t layer, const std::vector<DraftLayerRows>& batch, DraftLayerOutput& out) {
+Status PagedDraftHost::run(int64_t layer, const std::vector<DraftLayerRows>& batch, DraftLayerOutput& out) {
   if (layer < 0 || layer >= num_draft_layers())
     return out_of_range("draft layer " + std::to_string(layer) + " does not exist (the checkpoint has " +
                         std::to_string(num_draft_layers()) + ")");
   if (batch.empty()) return invalid_argument("draft layer run with an empty batch");
   const int64_t H = hidden_size();
   // Validate everything before touching any KV, so a bad entry leaves every sequence as it was.
-  std::vector<Sequence*> seqs;
+  batch_seqs_.clear();
   std::set<int64_t> seen;
   int64_t rows = 0;
   for (const DraftLayerRows& r : batch) {
@@ -48,53 +38,70 @@ Status MtpDraftHost::run(int64_t layer, const std::vector<DraftLayerRows>& batch
     if (r.start_position < 0 || r.start_position > s->length)
       return invalid_argument(seq_name(r.seq_id) + " holds " + std::to_string(s->length) +
                               " positions; rows cannot start at " + std::to_string(r.start_position));
-    seqs.push_back(s);
+    batch_seqs_.push_back(s);
     rows += r.num_rows;
   }
-  std::vector<float> hidden(rows * H);
-  std::vector<SequenceStep> steps;
-  steps.reserve(batch.size());
+  hidden_.resize(rows * H);
+  steps_.clear();
   int64_t offset = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     const DraftLayerRows& r = batch[b];
-    KILN_RETURN_IF_ERROR(kv_->reserve(seqs[b]->table, r.start_position + r.num_rows).with_context(seq_name(r.seq_id)));
-    std::copy_n(r.hidden, r.num_rows * H, hidden.data() + offset * H);
+    KILN_RETURN_IF_ERROR(
+        reserve_blocks(batch_seqs_[b]->table, r.start_position + r.num_rows).with_context(seq_name(r.seq_id)));
+    std::copy_n(r.hidden, r.num_rows * H, hidden_.data() + offset * H);
     offset += r.num_rows;
-    steps.push_back({std::span<const int32_t>(r.tokens, r.num_rows), r.start_position, &seqs[b]->table, r.all_logits});
+    steps_.push_back({std::span<const int32_t>(r.tokens, r.num_rows), r.start_position, &batch_seqs_[b]->table, r.all_logits});
   }
-  StepOutput so;
-  KILN_RETURN_IF_ERROR(model_.mtp_forward(layer, steps, hidden.data(), *kv_, so));
-  for (size_t b = 0; b < batch.size(); ++b) seqs[b]->length = batch[b].start_position + batch[b].num_rows;
-  out.logits = std::move(so.logits);
-  out.first_row = std::move(so.first_row);
-  out.hidden = std::move(so.hidden);
+  KILN_RETURN_IF_ERROR(run_layer(layer, steps_, hidden_.data(), step_out_));
+  for (size_t b = 0; b < batch.size(); ++b) batch_seqs_[b]->length = batch[b].start_position + batch[b].num_rows;
+  // Swapped rather than moved, so both sides keep their capacity for the next call.
+  out.logits.swap(step_out_.logits);
+  out.first_row.swap(step_out_.first_row);
+  out.hidden.swap(step_out_.hidden);
   return ok_status();
 }
 
-Result<int64_t> MtpDraftHost::length(int64_t seq_id) const {
+Result<int64_t> PagedDraftHost::length(int64_t seq_id) const {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return not_found(seq_name(seq_id) + " is not allocated");
   return it->second.length;
 }
 
-Status MtpDraftHost::truncate(int64_t seq_id, int64_t length) {
+Status PagedDraftHost::truncate(int64_t seq_id, int64_t length) {
   if (length < 0) return invalid_argument(seq_name(seq_id) + ": cannot truncate to a negative length");
   KILN_ASSIGN_OR_RETURN(Sequence * s, find(seq_id));
   s->length = std::min(s->length, length);
-  const size_t keep = static_cast<size_t>((s->length + kv_->block_size() - 1) / kv_->block_size());
+  const size_t keep = static_cast<size_t>((s->length + block_size() - 1) / block_size());
   if (keep < s->table.size()) {
     std::vector<int32_t> tail(s->table.begin() + static_cast<std::ptrdiff_t>(keep), s->table.end());
     s->table.resize(keep);
-    kv_->release(tail);
+    release_blocks(tail);
   }
   return ok_status();
 }
 
-void MtpDraftHost::release(int64_t seq_id) {
+void PagedDraftHost::release(int64_t seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;
-  kv_->release(it->second.table);
+  release_blocks(it->second.table);
   sequences_.erase(it);
+}
+
+void PagedDraftHost::release_all() {
+  for (auto& [id, s] : sequences_) release_blocks(s.table);
+  sequences_.clear();
+}
+
+MtpDraftHost::MtpDraftHost(const MlaMoeModel& model, std::unique_ptr<KvCache> kv) : model_(model), kv_(std::move(kv)) {}
+
+MtpDraftHost::~MtpDraftHost() { release_all(); }
+
+int64_t MtpDraftHost::num_draft_layers() const { return static_cast<int64_t>(model_.weights().mtp.size()); }
+int64_t MtpDraftHost::hidden_size() const { return model_.config().hidden_size; }
+int64_t MtpDraftHost::vocab_size() const { return model_.config().vocab_size; }
+
+Status MtpDraftHost::run_layer(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, StepOutput& out) {
+  return model_.mtp_forward(layer, steps, hidden, *kv_, out);
 }
 
 Result<std::shared_ptr<KvLayout>> create_draft_kv_layout(const Recipe& recipe, const Registry& registry,

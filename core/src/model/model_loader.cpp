@@ -45,9 +45,6 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
     if (blocker.ok() && recipe.section("kv").get_string("layout") != "bf16")
       blocker = unimplemented("the CUDA runner keeps KV in the built-in `bf16` layout; set kv.layout = \"bf16\" (" +
                               recipe.section("kv").origin("layout") + ")");
-    if (blocker.ok() && options.load_mtp)
-      blocker = unimplemented("speculative decoding (MTP layers) does not run on the CUDA runner yet; set "
-                              "speculative.method = \"none\" or model.device = \"cpu\"");
     if (!blocker.ok()) {
       if (device == "cuda" || dummy) return blocker;
       log::info("model.device = \"auto\": running on the CPU ({})", blocker.message());
@@ -72,7 +69,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
 
 #ifdef KILN_WITH_CUDA
   if (on_gpu) {
-    KILN_ASSIGN_OR_RETURN(m.gpu, cuda::CudaMlaMoeModel::create(config, m.checkpoint.get()));
+    KILN_ASSIGN_OR_RETURN(m.gpu, cuda::CudaMlaMoeModel::create(config, m.checkpoint.get(), 1, options.load_mtp));
     log::info("{} on the GPU: {:.2f} GiB of bf16 weights ({})", config.model_type,
               static_cast<double>(m.gpu->weight_bytes()) / (1 << 30), dummy ? "dummy, random" : dir.string());
   }
@@ -81,7 +78,11 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   if (!dummy) {
     KILN_ASSIGN_OR_RETURN(weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp));
   }
-  if (options.load_mtp && weights.mtp.empty())
+  bool has_mtp = !weights.mtp.empty();
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) has_mtp = m.gpu->num_mtp_layers() > 0;
+#endif
+  if (options.load_mtp && !has_mtp)
     return not_found(dir.string() + " has no MTP weights (model.layers." + std::to_string(config.num_hidden_layers) +
                      ".eh_proj.weight); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");
   log::info("loaded {} ({} layers, hidden {}, {} experts) from {}", config.model_type, config.num_hidden_layers,

@@ -1,7 +1,9 @@
 // The MLA + MoE forward pass (glm4_moe_lite, deepseek_v3) on one CUDA device: the math of MlaMoeModel::forward
 // with bf16 weights and activations, an fp32 residual stream, and attention always in absorbed form over the
 // paged bf16 latent cache. Every query row, prefill included, goes through the decode attention kernel: correct
-// but not fast for long prompts (no tensor-core prefill kernel yet). DSA (glm_moe_dsa) and MTP are refused.
+// but not fast for long prompts (no tensor-core prefill kernel yet). The checkpoint's next-n (MTP) layers run
+// through mtp_forward() over a KV pool of their own (CudaMtpDraftHost). DSA (glm_moe_dsa) runs its lightning
+// indexer over an fp32 key cache in the pool and attends through the reference kernel with the selection.
 #pragma once
 
 #include <memory>
@@ -17,14 +19,16 @@ namespace kiln::cuda {
 
 class CudaMlaMoeModel {
  public:
-  // source == nullptr: dummy weights from `seed`. Uses the current CUDA device.
+  // source == nullptr: dummy weights from `seed`. Uses the current CUDA device. With `load_mtp`, the next-n
+  // layers are uploaded too (see load_gpu_weights).
   static Result<std::shared_ptr<CudaMlaMoeModel>> create(const ModelConfig& config, const WeightSource* source,
-                                                         uint64_t seed = 1);
+                                                         uint64_t seed = 1, bool load_mtp = false);
   ~CudaMlaMoeModel();
 
   const ModelConfig& config() const { return config_; }
   size_t weight_bytes() const { return weights_.bytes; }
-  // Why this model cannot run on the CUDA runner (DSA, half-split rope, odd MoE widths), or ok.
+  int64_t num_mtp_layers() const { return static_cast<int64_t>(weights_.mtp.size()); }
+  // Why this model cannot run on the CUDA runner (half-split rope, odd MoE widths, indexer shapes), or ok.
   static Status supports(const ModelConfig& config);
   // Whether a CUDA device is visible to this process.
   static bool device_available();
@@ -42,9 +46,20 @@ class CudaMlaMoeModel {
   // One batched forward over `kv` (the same contract as ModelRunner::forward).
   Status forward(std::span<const SequenceStep> steps, const GpuKvPool& kv, StepOutput& out, bool keep_hidden);
 
- private:
+  // The next-n layer `mtp_index` (MlaMoeModel::mtp_forward's contract): token i of a step is t_{p+1} for
+  // position p, row i of `prev_hidden` (host fp32 [tokens, hidden]) the state it conditions on. Its KV is
+  // layer `mtp_index` of `kv`. out.hidden is always filled: the layer's output before shared_head.norm.
+  Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                     const GpuKvPool& kv, StepOutput& out);
+
+ // Device state shared by the step's building blocks (cuda_model_step.h); not for use outside runtime/cuda.
   struct Impl;
+
+ private:
   explicit CudaMlaMoeModel(ModelConfig config);
+  // One step of the trunk (mtp_index < 0) or of an MTP layer.
+  Status run_step(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden, const GpuKvPool& kv,
+                  StepOutput& out, bool keep_hidden);
   ModelConfig config_;
   GpuWeights weights_;
   std::unique_ptr<Impl> impl_;

@@ -7,7 +7,7 @@
 namespace kiln::cuda {
 
 Result<GpuKvPool> GpuKvPool::create(DeviceArena& arena, int64_t num_layers, int64_t num_blocks, int64_t block_size,
-                                    int64_t row_width) {
+                                    int64_t row_width, int64_t index_head_dim) {
   if (num_layers <= 0 || num_blocks <= 0 || block_size <= 0 || row_width <= 0)
     return invalid_argument("GPU KV pool: layers, blocks, block_size and row width must be positive (got " +
                             std::to_string(num_layers) + ", " + std::to_string(num_blocks) + ", " +
@@ -23,6 +23,13 @@ Result<GpuKvPool> GpuKvPool::create(DeviceArena& arena, int64_t num_layers, int6
     const cudaError_t e = cudaMemset(p, 0, per_layer * sizeof(uint16_t));
     if (e != cudaSuccess) return internal_error(std::string("clearing KV pages: ") + cudaGetErrorString(e));
     pool.pages_.push_back(p);
+    if (index_head_dim > 0) {
+      const size_t keys = static_cast<size_t>(num_blocks * block_size * index_head_dim);
+      KILN_ASSIGN_OR_RETURN(float* k, arena.allocate_array<float>(keys, "indexer keys"));
+      const cudaError_t ke = cudaMemset(k, 0, keys * sizeof(float));
+      if (ke != cudaSuccess) return internal_error(std::string("clearing indexer keys: ") + cudaGetErrorString(ke));
+      pool.index_keys_.push_back(k);
+    }
   }
   return pool;
 }

@@ -139,6 +139,20 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(w.kv_a_norm, norm(a + ".kv_a_layernorm.weight", c.kv_lora_rank));
     KILN_ASSIGN_OR_RETURN(w.kv_b, linear(a + ".kv_b_proj", c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)));
     KILN_ASSIGN_OR_RETURN(w.o_proj, linear(a + ".o_proj", H * c.v_head_dim, hd));
+    if (c.has_indexer() && !c.indexer_is_shared(l)) {
+      const std::string ip = a + ".indexer";
+      const int64_t D = c.index_head_dim;
+      w.has_indexer = true;
+      KILN_ASSIGN_OR_RETURN(w.indexer.wq_b, linear(ip + ".wq_b", c.q_lora_rank, c.index_n_heads * D));
+      KILN_ASSIGN_OR_RETURN(w.indexer.wk, linear(ip + ".wk", hd, D));
+      KILN_ASSIGN_OR_RETURN(w.indexer.weights_proj, linear(ip + ".weights_proj", hd, c.index_n_heads));
+      KILN_ASSIGN_OR_RETURN(float* kn, arena.allocate_array<float>(static_cast<size_t>(2 * D), "indexer k_norm"));
+      KILN_RETURN_IF_ERROR(fill.f32(ip + ".k_norm.weight", 1, D, kn, Init::kOne));
+      KILN_RETURN_IF_ERROR(fill.f32(ip + ".k_norm.bias", 1, D, kn + D, Init::kZero));
+      bytes += static_cast<size_t>(2 * D) * 4;
+      w.indexer.k_norm_weight = kn;
+      w.indexer.k_norm_bias = kn + D;
+    }
     w.is_moe = c.is_moe(l);
     if (!w.is_moe) {
       KILN_RETURN_IF_ERROR(swiglu_mlp(p + ".mlp", c.intermediate_size, w.gate_up, w.down));
@@ -173,7 +187,7 @@ struct Loader {
 }  // namespace
 
 Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource* source, DeviceArena& arena, uint64_t seed,
-                                    StreamHandle stream) {
+                                    StreamHandle stream, bool load_mtp) {
   Filler fill(source, seed, stream);
   Loader ld{c, fill, arena};
   GpuWeights w;
@@ -189,6 +203,23 @@ Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource* so
     w.lm_head = GpuLinear{embed, c.hidden_size, c.vocab_size};
   } else {
     KILN_ASSIGN_OR_RETURN(w.lm_head, ld.linear("lm_head", c.hidden_size, c.vocab_size));
+  }
+  for (int64_t i = 0; load_mtp && i < c.num_nextn_predict_layers; ++i) {
+    const int64_t l = c.num_hidden_layers + i;
+    const std::string p = "model.layers." + std::to_string(l);
+    if (!fill.dummy() && !fill.has(p + ".eh_proj.weight")) break;  // as the CPU loader: exports may drop them
+    GpuMtpLayer m;
+    KILN_ASSIGN_OR_RETURN(m.enorm, ld.norm(p + ".enorm.weight", c.hidden_size));
+    KILN_ASSIGN_OR_RETURN(m.hnorm, ld.norm(p + ".hnorm.weight", c.hidden_size));
+    KILN_ASSIGN_OR_RETURN(m.head_norm, ld.norm(p + ".shared_head.norm.weight", c.hidden_size));
+    KILN_ASSIGN_OR_RETURN(m.eh_proj, ld.linear(p + ".eh_proj", 2 * c.hidden_size, c.hidden_size));
+    if (fill.has(p + ".shared_head.head.weight")) {
+      KILN_ASSIGN_OR_RETURN(m.head, ld.linear(p + ".shared_head.head", c.hidden_size, c.vocab_size));
+    } else {
+      m.head = w.lm_head;
+    }
+    KILN_ASSIGN_OR_RETURN(m.layer, ld.layer(l));
+    w.mtp.push_back(m);
   }
   w.bytes = ld.bytes;
   const cudaError_t e = cudaStreamSynchronize(stream);

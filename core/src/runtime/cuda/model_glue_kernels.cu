@@ -1,5 +1,6 @@
 #include "runtime/cuda/model_glue_kernels.h"
 
+#include <algorithm>
 #include <cfloat>
 
 #include "kernels/cuda/launch_check.cuh"
@@ -95,23 +96,35 @@ __global__ void mla_reference_kernel(MlaReferenceParams p) {
   __syncthreads();
   const int64_t len = p.kv_len[r];
   const int32_t* table = p.block_tables + static_cast<int64_t>(p.query_seq[r]) * p.max_blocks;
+  // Candidate j is key position j, or with a selection the j-th selected position (−1: none).
+  const int32_t* sel = p.selected ? p.selected + r * p.selected_width : nullptr;
+  const int64_t candidates = sel ? p.selected_width : len;
+  auto key_of = [&](int64_t j) -> int64_t {
+    const int64_t t = sel ? sel[j] : j;
+    return t >= 0 && t < len ? t : -1;
+  };
   auto row_of = [&](int64_t t) {
     return p.cache + (static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size) * D;
   };
   float* s = p.scores + (r * p.heads + h) * p.max_kv_len;
   float m = -FLT_MAX;
-  for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
+  for (int64_t j = threadIdx.x; j < candidates; j += blockDim.x) {
+    const int64_t t = key_of(j);
+    if (t < 0) {
+      s[j] = -INFINITY;
+      continue;
+    }
     const uint16_t* k = row_of(t);
     float dot = 0.0f;
     for (int64_t i = 0; i < D; ++i) dot += q[i] * bf16_bits_to_float(k[i]);
-    s[t] = dot * p.scale;
-    m = fmaxf(m, s[t]);
+    s[j] = dot * p.scale;
+    m = fmaxf(m, s[j]);
   }
   m = block_reduce<true>(m, red);
   float sum = 0.0f;
-  for (int64_t t = threadIdx.x; t < len; t += blockDim.x) {
-    s[t] = __expf(s[t] - m);
-    sum += s[t];
+  for (int64_t j = threadIdx.x; j < candidates; j += blockDim.x) {
+    s[j] = key_of(j) < 0 ? 0.0f : __expf(s[j] - m);
+    sum += s[j];
   }
   sum = block_reduce<false>(sum, red);
   __syncthreads();
@@ -119,8 +132,54 @@ __global__ void mla_reference_kernel(MlaReferenceParams p) {
   float* out = p.out + (r * p.heads + h) * p.latent_dim;
   for (int64_t l = threadIdx.x; l < p.latent_dim; l += blockDim.x) {
     float acc = 0.0f;
-    for (int64_t t = 0; t < len; ++t) acc += s[t] * bf16_bits_to_float(row_of(t)[l]);
+    for (int64_t j = 0; j < candidates; ++j) {
+      const int64_t t = key_of(j);
+      if (t >= 0) acc += s[j] * bf16_bits_to_float(row_of(t)[l]);
+    }
     out[l] = acc * inv;
+  }
+}
+
+__global__ void layernorm_f32_kernel(const float* x, const float* w, const float* b, int64_t dim, float eps, float* out) {
+  __shared__ float red[32];
+  const float* row = x + blockIdx.x * dim;
+  float* o = out + blockIdx.x * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += row[i];
+  const float mean = block_reduce<false>(sum, red) / static_cast<float>(dim);
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sq += (row[i] - mean) * (row[i] - mean);
+  const float inv = rsqrtf(block_reduce<false>(sq, red) / static_cast<float>(dim) + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (row[i] - mean) * inv * w[i] + b[i];
+}
+
+__global__ void scatter_rows_f32_kernel(const float* x, int64_t dim, const int64_t* slots, float* cache) {
+  const float* row = x + blockIdx.x * dim;
+  float* dst = cache + slots[blockIdx.x] * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = row[i];
+}
+
+__global__ void dsa_indexer_scores_kernel(DsaIndexerParams p) {
+  extern __shared__ float qw[];  // the row's queries [heads · dim], then its head weights [heads]
+  const int64_t r = blockIdx.y, HD = p.heads * p.dim;
+  for (int64_t i = threadIdx.x; i < HD; i += blockDim.x) qw[i] = p.q[r * HD + i];
+  for (int64_t i = threadIdx.x; i < p.heads; i += blockDim.x) qw[HD + i] = p.w[r * p.heads + i] * p.head_scale;
+  __syncthreads();
+  const int64_t len = p.kv_len[r];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(p.query_seq[r]) * p.max_blocks;
+  for (int64_t t = blockIdx.x * blockDim.x + threadIdx.x; t < p.width; t += gridDim.x * blockDim.x) {
+    if (t >= len) {
+      p.scores[r * p.width + t] = -INFINITY;
+      continue;
+    }
+    const float* k = p.keys + (static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size) * p.dim;
+    float total = 0.0f;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      float dot = 0.0f;
+      for (int64_t i = 0; i < p.dim; ++i) dot += qw[h * p.dim + i] * k[i];
+      total += qw[HD + h] * fmaxf(dot * p.scale, 0.0f);
+    }
+    p.scores[r * p.width + t] = total;
   }
 }
 
@@ -167,10 +226,35 @@ Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t 
 
 Status mla_attention_reference(const MlaReferenceParams& p, StreamHandle stream) {
   if (p.rows == 0) return ok_status();
+  if (p.selected && p.selected_width > p.max_kv_len)
+    return invalid_argument("cuda::mla_attention_reference: the score rows are narrower than the selection");
   const size_t smem = static_cast<size_t>(p.latent_dim + p.rope_dim) * sizeof(float);
   if (smem > 48 * 1024) return invalid_argument("cuda::mla_attention_reference: latent + rope width too large");
   mla_reference_kernel<<<dim3(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.rows)), kThreads, smem, stream>>>(p);
   return check_launch("mla_attention_reference");
+}
+
+Status layernorm_f32(const float* x, const float* weight, const float* bias, int64_t n, int64_t dim, float eps,
+                     float* out, StreamHandle stream) {
+  if (n == 0) return ok_status();
+  layernorm_f32_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, weight, bias, dim, eps, out);
+  return check_launch("layernorm_f32");
+}
+
+Status scatter_rows_f32(const float* x, int64_t n, int64_t dim, const int64_t* slots, float* cache, StreamHandle stream) {
+  if (n == 0) return ok_status();
+  scatter_rows_f32_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(x, dim, slots, cache);
+  return check_launch("scatter_rows_f32");
+}
+
+Status dsa_indexer_scores_paged(const DsaIndexerParams& p, StreamHandle stream) {
+  if (p.rows == 0) return ok_status();
+  if (p.heads * p.dim > 8192)
+    return invalid_argument("cuda::dsa_indexer_scores_paged: index_n_heads · index_head_dim exceeds 8192");
+  const size_t smem = static_cast<size_t>(p.heads * p.dim + p.heads) * sizeof(float);
+  const unsigned col_blocks = static_cast<unsigned>(std::min<int64_t>((p.width + kThreads - 1) / kThreads, 64));
+  dsa_indexer_scores_kernel<<<dim3(col_blocks, static_cast<unsigned>(p.rows)), kThreads, smem, stream>>>(p);
+  return check_launch("dsa_indexer_scores_paged");
 }
 
 }  // namespace kiln::cuda

@@ -28,6 +28,8 @@ Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t 
 // Plain (CUDA-core, fp32) absorbed MLA attention over the paged bf16 cache, any latent / rope width: for query
 // row r and head h, out[r, h, :] = softmax_t(scale · q[r, h, :]·cache[t, :]) · cache[t, 0:L] over t < kv_len[r].
 // q fp32 [rows, heads, L + R], out fp32 [rows, heads, L]; scores is fp32 scratch [rows · heads · max_kv_len].
+// With `selected` (DSA), t runs over selected[r, 0:selected_width] instead, skipping entries outside
+// [0, kv_len[r]) (−1 padding); then max_kv_len ≥ selected_width.
 struct MlaReferenceParams {
   const float* q = nullptr;
   int64_t rows = 0, heads = 0, latent_dim = 0, rope_dim = 0;
@@ -38,10 +40,39 @@ struct MlaReferenceParams {
   const int32_t* query_seq = nullptr;
   const int32_t* kv_len = nullptr;
   int64_t max_kv_len = 0;
+  const int32_t* selected = nullptr;
+  int64_t selected_width = 0;
   float scale = 1.0f;
   float* scores = nullptr;
   float* out = nullptr;
 };
 Status mla_attention_reference(const MlaReferenceParams& p, StreamHandle stream);
+
+// out = LayerNorm(x) · weight + bias over [n, dim] fp32 rows (two-pass mean / variance, as cpu::layernorm).
+Status layernorm_f32(const float* x, const float* weight, const float* bias, int64_t n, int64_t dim, float eps,
+                     float* out, StreamHandle stream);
+
+// cache[slots[t], :] = x[t, :] for n rows of `dim` fp32 values (the DSA indexer's key cache write).
+Status scatter_rows_f32(const float* x, int64_t n, int64_t dim, const int64_t* slots, float* cache, StreamHandle stream);
+
+// The DSA lightning indexer's scores over a paged fp32 key cache, for batched rows of several sequences:
+// scores[r, t] = Σ_h (w[r, h] · head_scale) · ReLU(scale · q[r, h, :]·key(t)) for t < kv_len[r], −inf for
+// kv_len[r] ≤ t < width (cpu::dsa_indexer_scores per row). q fp32 [rows, heads, dim] (after RoPE), w fp32
+// [rows, heads], keys [slots, dim] addressed through block_tables[query_seq[r]]; heads · dim ≤ 8192.
+struct DsaIndexerParams {
+  const float* q = nullptr;
+  const float* w = nullptr;
+  int64_t rows = 0, heads = 0, dim = 0;
+  float scale = 1.0f, head_scale = 1.0f;
+  const float* keys = nullptr;
+  int64_t block_size = 0;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks = 0;
+  const int32_t* query_seq = nullptr;
+  const int32_t* kv_len = nullptr;
+  int64_t width = 0;
+  float* scores = nullptr;
+};
+Status dsa_indexer_scores_paged(const DsaIndexerParams& p, StreamHandle stream);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,73 @@
+#include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "runtime/cuda/cuda_model_step.h"
+#include "runtime/cuda/model_glue_kernels.h"
+
+namespace kiln::cuda {
+
+// Attention always runs in absorbed form over the paged bf16 latent cache: queries move into latent space
+// through W_UK, attend there, and come back out through W_UV.
+Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys) {
+  const ModelConfig& c = x.c;
+  CudaMlaMoeModel::Impl& I = x.I;
+  const StepBuffers& b = x.b;
+  const StreamHandle st = I.s();
+  CublasGemm& g = *I.gemm;
+  const int64_t N = x.shape.N, Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank;
+  const int64_t Rr = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = nope + Rr, D = L + Rr;
+  const float one = 1.0f, zero = 0.0f;
+  if (w.q_a.w) {
+    KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.q_a.w, c.q_lora_rank, b.q_res, DType::kBF16, st));
+    KILN_RETURN_IF_ERROR(rmsnorm_bf16(b.q_res, w.q_a_norm, N, c.q_lora_rank, kLatentNormEps, b.q_res_n, st));
+    KILN_RETURN_IF_ERROR(g.linear(b.q_res_n, N, c.q_lora_rank, w.q_b.w, H * qk, b.q, DType::kF32, st));
+  } else {
+    KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.q_proj.w, H * qk, b.q, DType::kF32, st));
+  }
+  KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.kv_a.w, D, b.ckv, DType::kF32, st));
+  if (Rr > 0) {
+    KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.q + nope, N, H, H * qk, qk, b.positions, I.inv_freq,
+                                                    I.rope_factor, Rr, st));
+    KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.ckv + L, N, 1, D, Rr, b.positions, I.inv_freq, I.rope_factor, Rr, st));
+  }
+  KILN_RETURN_IF_ERROR(mla_write_cache(b.ckv, N, L, Rr, w.kv_a_norm, kLatentNormEps, b.slots, pages, st));
+  if (w.has_indexer) KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
+  // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
+  KILN_RETURN_IF_ERROR(f32_to_bf16(b.q, N * H * qk, b.q_bf, st));
+  KILN_RETURN_IF_ERROR(blas_ok(
+      cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, L, N, nope, &one, w.kv_b.w, CUDA_R_16BF, L,
+                                 (nope + vd) * L, b.q_bf, CUDA_R_16BF, H * qk, qk, &zero, b.q_abs, CUDA_R_32F, H * D, D,
+                                 H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "MLA query absorption"));
+  if (Rr > 0)
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.q_abs + L, D * sizeof(float), b.q + nope, qk * sizeof(float),
+                                                   Rr * sizeof(float), N * H, cudaMemcpyDeviceToDevice, I.stream),
+                                 "q_pe copy"));
+  const float scale = static_cast<float>(c.attention_scale());
+  if (x.shape.fast_attention) {
+    MlaDecodeParams p;
+    p.q = b.q_abs, p.num_queries = N, p.num_heads = H, p.cache = pages, p.block_size = x.block_size;
+    p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
+    p.scale = scale, p.out = b.o_lat, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
+    KILN_RETURN_IF_ERROR(mla_decode_bf16(p, st));
+  } else {
+    MlaReferenceParams p;
+    p.q = b.q_abs, p.rows = N, p.heads = H, p.latent_dim = L, p.rope_dim = Rr, p.cache = pages, p.block_size = x.block_size;
+    p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
+    p.max_kv_len = x.shape.attn_width, p.scale = scale, p.scores = b.scores, p.out = b.o_lat;
+    // A DSA model always attends through the selection, as the CPU model does (all visible keys while they
+    // number at most index_topk).
+    p.selected = b.selected, p.selected_width = b.selected ? c.index_topk : 0;
+    KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
+  }
+  // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
+  KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
+  KILN_RETURN_IF_ERROR(blas_ok(
+      cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, vd, N, L, &one, w.kv_b.w + nope * L, CUDA_R_16BF,
+                                 L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, b.attn, CUDA_R_16BF,
+                                 H * vd, vd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "MLA output un-absorption"));
+  return g.linear(b.attn, N, H * vd, w.o_proj.w, Hd, b.y, DType::kBF16, st);
+}
+
+}  // namespace kiln::cuda

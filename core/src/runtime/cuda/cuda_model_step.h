@@ -1,0 +1,162 @@
+// The pieces one forward step of CudaMlaMoeModel is built from, shared by the files that implement it:
+// the model's device state (Impl), the step's host layout and device buffers (StepLayout, StepBuffers), and the
+// blocks a step enqueues (attention, MLP / MoE) over a StepContext. Internal to runtime/cuda.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/gemm.h"
+#include "model/mla_moe_model.h"
+#include "runtime/cuda/cuda_mla_moe_model.h"
+
+namespace kiln::cuda {
+
+// As the CPU model: HF builds q_a_layernorm and kv_a_layernorm with the class default eps.
+inline constexpr float kLatentNormEps = 1e-6f;
+
+Status cuda_ok(cudaError_t e, const char* what);
+Status blas_ok(cublasStatus_t s, const char* what);
+
+// The smallest power of two ≥ v, and ≥ at_least.
+int64_t round_up_pow2(int64_t v, int64_t at_least);
+
+// One step's token layout on the host: the flattened tokens, their positions and slots, one query row per
+// token, the padded block tables, the rows that get logits.
+struct StepLayout {
+  std::vector<int32_t> ids, query_seq, kv_len, tables, rows;
+  std::vector<int64_t> positions, slots;
+  int64_t max_blocks = 1, max_kv = 1;
+  int64_t tokens() const { return static_cast<int64_t>(ids.size()); }
+  int64_t logit_rows() const { return static_cast<int64_t>(rows.size()); }
+};
+
+// Fills `layout` (and out.first_row) from the steps, checking each against the pool's block count.
+Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
+                         StepLayout& layout, StepOutput& out);
+
+// Launch shapes of one step, fixed before any buffer is carved.
+struct StepShape {
+  int64_t N = 0, R = 0, S = 0, max_blocks = 1;
+  bool fast_attention = false;  // the tensor-core decode kernel's widths (latent 512 + rope 64)
+  int splits = 1;               // its split-KV factor
+  int64_t scores_kv = 0;        // the reference attention's score row width (0 with the fast kernel)
+  bool mtp = false;             // an MTP layer's step (its input is built from the previous hidden states)
+  // The reference attention's score rows: scores_kv, or with a DSA selection at least index_topk wide.
+  int64_t attn_width = 0;
+};
+
+// One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
+struct StepBuffers {
+  int32_t *ids, *query_seq, *kv_len, *tables, *rows;
+  int64_t *positions, *slots;
+  float* resid;
+  uint16_t *h, *y, *q_res, *q_res_n, *q_bf, *o_lat_bf, *attn;
+  float *q, *ckv, *q_abs, *o_lat, *scores;
+  void* mla_workspace;
+  uint16_t *gu, *act, *shared;
+  float *h32, *router_logits, *route_w, *moe_y;
+  int32_t *route_ids, *offsets, *active, *order;
+  uint16_t *moe_h, *normed, *row_states;
+  float *logits, *hidden;
+  // DSA: indexer queries [N, heads·dim], keys [N, dim], head weights [N, heads], scores [N, scores_kv], and the
+  // selected key positions [N, index_topk] (kept across layers: shared-indexer layers reuse them).
+  float *idx_q, *idx_k, *idx_w, *idx_scores;
+  int32_t* selected;
+  float* prev;    // MTP: the hidden states the rows condition on [N, hidden]
+  uint16_t* cat;  // MTP: cat(enorm(embedding), hnorm(prev)) [N, 2·hidden]
+};
+
+// Lays the step's buffers out in `scratch` (see StepScratch: a measuring pass, then the real one).
+void carve_step_buffers(const ModelConfig& c, const StepShape& shape, bool keep_hidden, StepScratch& scratch,
+                        StepBuffers& b);
+
+// Copies the layout's index arrays into the step's buffers on `stream`.
+Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, cudaStream_t stream);
+
+// What a captured step bakes in: buffer addresses (the scratch base and its layout, the KV pages) and launch
+// shapes.
+struct GraphKey {
+  int64_t variant;  // −1 the trunk, i MTP layer i
+  int64_t steps, rows, max_blocks, scores_kv;
+  int splits;
+  bool keep_hidden;
+  const void* scratch;
+  const void* pages;
+  bool operator==(const GraphKey&) const = default;
+};
+
+// Captured decode steps, replayed by shape; at most kMaxGraphs, all dropped when the scratch moves.
+class StepGraphs {
+ public:
+  static constexpr size_t kMaxGraphs = 32;
+  ~StepGraphs() { clear(); }
+  // Replays the graph of `key`, capturing `enqueue` into it first when there is none.
+  template <typename Enqueue>
+  Status run(const GraphKey& key, cudaStream_t stream, Enqueue&& enqueue) {
+    cudaGraphExec_t exec = find(key);
+    if (!exec) {
+      prepare_for(key);
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "graph capture"));
+      const Status captured = enqueue();
+      KILN_ASSIGN_OR_RETURN(exec, finish_capture(key, stream, captured));
+    }
+    return cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+  }
+  void clear();
+
+ private:
+  cudaGraphExec_t find(const GraphKey& key) const;
+  void prepare_for(const GraphKey& key);
+  Result<cudaGraphExec_t> finish_capture(const GraphKey& key, cudaStream_t stream, const Status& captured);
+  std::vector<std::pair<GraphKey, cudaGraphExec_t>> graphs_;
+};
+
+struct CudaMlaMoeModel::Impl {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  std::unique_ptr<CublasGemm> gemm;
+  DeviceArena arena;
+  StepScratch scratch;
+  float* inv_freq = nullptr;
+  float rope_factor = 1.0f;
+  int sm_count = 0;
+  StepLayout layout;
+  StepGraphs graphs;
+
+  ~Impl() {
+    graphs.clear();
+    gemm.reset();
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  StreamHandle s() const { return stream; }
+};
+
+// Everything a block of one step needs: the model's state, the step's shape and buffers.
+struct StepContext {
+  const ModelConfig& c;
+  CudaMlaMoeModel::Impl& I;
+  const StepShape& shape;
+  const StepBuffers& b;
+  int64_t block_size;
+};
+
+// The MLA block: b.h (the normed input) → b.y, writing the layer's latent cache `pages` (and for a DSA layer
+// with its own indexer, its keys `index_keys`, refreshing b.selected).
+Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys);
+
+// The DSA lightning indexer of layer `w`: writes this step's keys into `index_keys` and selects, per query
+// row, the index_topk key positions attention may see (b.selected, −1 padded as cpu::dsa_select_topk).
+Status indexer_block(const StepContext& x, const GpuIndexer& w, float* index_keys);
+
+// The MLP block: b.h → b.y (dense SwiGLU MLP, or routed experts plus shared experts).
+Status mlp_block(const StepContext& x, const GpuLayer& w);
+
+}  // namespace kiln::cuda

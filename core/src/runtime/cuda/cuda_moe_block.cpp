@@ -1,0 +1,57 @@
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_router.h"
+#include "runtime/cuda/cuda_model_step.h"
+#include "runtime/cuda/model_glue_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+// y = down(silu(gate(x)) · up(x)) for a dense MLP / shared expert with fused gate_up.
+Status dense_mlp(const StepContext& x, const GpuLinear& gate_up, const GpuLinear& down, const uint16_t* in,
+                 uint16_t* y) {
+  CublasGemm& g = *x.I.gemm;
+  const StreamHandle st = x.I.s();
+  const int64_t N = x.shape.N, Hd = x.c.hidden_size, inter = down.in;
+  KILN_RETURN_IF_ERROR(g.linear(in, N, Hd, gate_up.w, 2 * inter, x.b.gu, DType::kBF16, st));
+  KILN_RETURN_IF_ERROR(swiglu_bf16(x.b.gu, x.b.gu + inter, N, inter, 2 * inter, x.b.act, st));
+  return g.linear(x.b.act, N, inter, down.w, Hd, y, DType::kBF16, st);
+}
+
+}  // namespace
+
+Status mlp_block(const StepContext& x, const GpuLayer& w) {
+  const ModelConfig& c = x.c;
+  const StepBuffers& b = x.b;
+  const StreamHandle st = x.I.s();
+  if (!w.is_moe) return dense_mlp(x, w.gate_up, w.down, b.h, b.y);
+  const int64_t N = x.shape.N, Hd = c.hidden_size;
+  const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
+  const float one = 1.0f, zero = 0.0f;
+  // The gate in fp32, as the CPU model runs it.
+  KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
+  KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd, b.h32, Hd,
+                                           &zero, b.router_logits, E),
+                               "MoE router"));
+  cpu::MoeRouterConfig rc;
+  rc.num_experts = E;
+  rc.top_k = topk;
+  rc.n_group = c.n_group;
+  rc.topk_group = c.topk_group;
+  rc.norm_topk_prob = c.norm_topk_prob;
+  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  KILN_RETURN_IF_ERROR(moe_route(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, st));
+  const MoeDispatch d{b.offsets, b.active, b.order};
+  KILN_RETURN_IF_ERROR(moe_group_by_expert(b.route_ids, N * topk, E, d, st));
+  KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, c.moe_intermediate_size, w.experts_gate_up, E, d,
+                                               std::numeric_limits<float>::infinity(), b.moe_h, st));
+  KILN_RETURN_IF_ERROR(
+      moe_down_bf16(b.moe_h, N * topk, c.moe_intermediate_size, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
+  if (w.has_shared) KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.shared));
+  return moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,114 @@
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/mla_decode.h"
+#include "runtime/cuda/cuda_model_step.h"
+
+namespace kiln::cuda {
+
+Status cuda_ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+Status blas_ok(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
+  return internal_error(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+}
+
+int64_t round_up_pow2(int64_t v, int64_t at_least) {
+  int64_t p = at_least;
+  while (p < v) p *= 2;
+  return p;
+}
+
+Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
+                         StepLayout& L, StepOutput& out) {
+  const int64_t bs = kv.block_size();
+  L.ids.clear(), L.positions.clear(), L.slots.clear(), L.query_seq.clear(), L.kv_len.clear(), L.rows.clear();
+  out.first_row.clear();
+  L.max_blocks = 1, L.max_kv = 1;
+  for (const SequenceStep& s : steps) {
+    if (!s.block_table) return invalid_argument("sequence step has no block table");
+    L.max_blocks = std::max<int64_t>(L.max_blocks, static_cast<int64_t>(s.block_table->size()));
+  }
+  // Rounded up to a power of two, so a growing context changes a captured graph's shape only rarely.
+  L.max_blocks = round_up_pow2(L.max_blocks, 4);
+  L.tables.assign(steps.size() * L.max_blocks, 0);
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const SequenceStep& s = steps[si];
+    const int64_t n = static_cast<int64_t>(s.tokens.size()), end = s.start_position + n;
+    KILN_RETURN_IF_ERROR(check_sequence_step(s, si, bs, c));
+    for (size_t blk_i = 0; blk_i < s.block_table->size(); ++blk_i) {
+      const int32_t blk = (*s.block_table)[blk_i];
+      if (blk < 0 || blk >= kv.num_blocks())
+        return out_of_range("block " + std::to_string(blk) + " is outside the GPU KV pool (" +
+                            std::to_string(kv.num_blocks()) + " blocks)");
+      L.tables[si * L.max_blocks + blk_i] = blk;
+    }
+    const int64_t first = L.tokens();
+    out.first_row.push_back(L.logit_rows());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = s.start_position + i;
+      L.ids.push_back(s.tokens[i]);
+      L.positions.push_back(pos);
+      L.slots.push_back(kv_slot(*s.block_table, bs, pos));
+      L.query_seq.push_back(static_cast<int32_t>(si));
+      L.kv_len.push_back(static_cast<int32_t>(pos + 1));
+      if (s.all_logits || i == n - 1) L.rows.push_back(static_cast<int32_t>(first + i));
+    }
+    L.max_kv = std::max(L.max_kv, end);
+  }
+  return ok_status();
+}
+
+void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hidden, StepScratch& sc, StepBuffers& b) {
+  const int64_t N = sh.N, R = sh.R, S = sh.S;
+  const int64_t Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, Rr = c.qk_rope_head_dim;
+  const int64_t qk = c.qk_nope_head_dim + Rr, D = L + Rr, vd = c.v_head_dim;
+  const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
+  const int64_t moe_I = c.moe_intermediate_size;
+  const int64_t dense_I = std::max(c.intermediate_size, moe_I * c.n_shared_experts);
+  b.ids = sc.carve<int32_t>(N), b.query_seq = sc.carve<int32_t>(N), b.kv_len = sc.carve<int32_t>(N);
+  b.tables = sc.carve<int32_t>(S * sh.max_blocks), b.rows = sc.carve<int32_t>(R);
+  b.positions = sc.carve<int64_t>(N), b.slots = sc.carve<int64_t>(N);
+  b.resid = sc.carve<float>(N * Hd);
+  b.h = sc.carve<uint16_t>(N * Hd), b.y = sc.carve<uint16_t>(N * Hd);
+  b.q_res = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
+  b.q_res_n = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
+  b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk), b.ckv = sc.carve<float>(N * D);
+  b.q_abs = sc.carve<float>(N * H * D), b.o_lat = sc.carve<float>(N * H * L), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
+  b.attn = sc.carve<uint16_t>(N * H * vd);
+  b.mla_workspace = sh.splits > 1 ? sc.carve<char>(mla_decode_workspace_bytes(N, H, sh.splits)) : nullptr;
+  b.scores = sh.fast_attention ? nullptr : sc.carve<float>(N * H * sh.attn_width);
+  b.gu = sc.carve<uint16_t>(N * 2 * dense_I), b.act = sc.carve<uint16_t>(N * dense_I), b.shared = sc.carve<uint16_t>(N * Hd);
+  b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
+  b.route_ids = sc.carve<int32_t>(N * topk), b.offsets = sc.carve<int32_t>(E + 1), b.active = sc.carve<int32_t>(E);
+  b.order = sc.carve<int32_t>(N * topk), b.moe_h = sc.carve<uint16_t>(N * topk * std::max<int64_t>(moe_I, 1));
+  b.moe_y = sc.carve<float>(N * topk * Hd);
+  b.normed = sc.carve<uint16_t>(N * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
+  b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = keep_hidden ? sc.carve<float>(N * Hd) : nullptr;
+  const bool dsa = c.has_indexer();
+  b.idx_q = dsa ? sc.carve<float>(N * c.index_n_heads * c.index_head_dim) : nullptr;
+  b.idx_k = dsa ? sc.carve<float>(N * c.index_head_dim) : nullptr;
+  b.idx_w = dsa ? sc.carve<float>(N * c.index_n_heads) : nullptr;
+  b.idx_scores = dsa ? sc.carve<float>(N * sh.scores_kv) : nullptr;
+  b.selected = dsa ? sc.carve<int32_t>(N * c.index_topk) : nullptr;
+  b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
+}
+
+Status upload_step_layout(const StepLayout& L, const StepBuffers& b, cudaStream_t stream) {
+  auto upload = [&](void* dst, const void* src, size_t bytes) {
+    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "step upload");
+  };
+  const size_t N = L.ids.size(), R = L.rows.size();
+  KILN_RETURN_IF_ERROR(upload(b.ids, L.ids.data(), N * 4));
+  KILN_RETURN_IF_ERROR(upload(b.query_seq, L.query_seq.data(), N * 4));
+  KILN_RETURN_IF_ERROR(upload(b.kv_len, L.kv_len.data(), N * 4));
+  KILN_RETURN_IF_ERROR(upload(b.tables, L.tables.data(), L.tables.size() * 4));
+  KILN_RETURN_IF_ERROR(upload(b.rows, L.rows.data(), R * 4));
+  KILN_RETURN_IF_ERROR(upload(b.positions, L.positions.data(), N * 8));
+  return upload(b.slots, L.slots.data(), N * 8);
+}
+
+}  // namespace kiln::cuda
