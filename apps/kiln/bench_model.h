@@ -18,9 +18,9 @@ namespace kiln::cli {
 
 // The shapes a sweep needs the KV pool and the step buffers to hold.
 struct BenchShape {
-  int64_t sequences = 1;      // at once
-  int64_t positions = 1;      // per sequence
-  int64_t step_tokens = 1;    // in one forward
+  int64_t sequences = 1;    // at once
+  int64_t positions = 1;    // per sequence
+  int64_t step_tokens = 1;  // in one forward
 };
 
 // A recipe's model and a runner over a KV pool the engine factory sized for `BenchShape` (as much of
@@ -41,8 +41,8 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
 struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   std::vector<int64_t> batches = {1, 4, 16, 64};
-  int64_t steps = 64;   // timed
-  int64_t warmup = 4;   // untimed, before them (the first ones capture CUDA graphs and size buffers)
+  int64_t steps = 64;          // timed
+  int64_t warmup = 4;          // untimed, before them (the first ones capture CUDA graphs and size buffers)
   double bandwidth = 4.26e12;  // bytes/s: the H200's device-to-device copy rate measured here
 };
 
@@ -65,8 +65,8 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& target, const Dec
 
 struct PrefillBenchOptions {
   std::vector<int64_t> lengths = {4096, 32768, 131072};
-  int64_t chunk = 8192;        // tokens per forward, as the scheduler splits a long prompt
-  double peak_tflops = 790;    // dense bf16 rate (cuBLAS) measured on the H200 here
+  int64_t chunk = 8192;      // tokens per forward, as the scheduler splits a long prompt
+  double peak_tflops = 790;  // dense bf16 rate (cuBLAS) measured on the H200 here
 };
 
 struct PrefillPoint {
