@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <sstream>
+#include <stdexcept>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -63,6 +65,25 @@ int parse_or_exit(int argc, char** argv, const po::options_description& desc, co
 int fail(const std::string& message) {
   std::cerr << "kiln: " << message << "\n";
   return 1;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int64_t mult = 1;
+    if (item.back() == 'K' || item.back() == 'k') {
+      mult = 1024;
+      item.pop_back();
+    }
+    size_t used = 0;
+    const int64_t v = std::stoll(item, &used);
+    if (used != item.size()) throw std::invalid_argument("`" + item + "` is not an integer");
+    out.push_back(v * mult);
+  }
+  return out;
 }
 
 }  // namespace kiln::cli

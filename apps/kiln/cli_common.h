@@ -1,6 +1,7 @@
 // What every `kiln` subcommand shares: logging flags, plugin discovery flags, and loading them.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,8 @@ int parse_or_exit(int argc, char** argv, const po::options_description& desc, co
                   po::variables_map& vm, const std::string& usage);
 
 int fail(const std::string& message);
+
+// "1,4,16" or "4K,32K" (K = 1024) as integers; throws std::invalid_argument / std::out_of_range on anything else.
+std::vector<int64_t> parse_int_list(const std::string& text);
 
 }  // namespace kiln::cli

@@ -1,5 +1,6 @@
 // `kiln bench serve` and `kiln bench depth`: clients that measure a running `kiln serve` (or any
 // OpenAI-compatible server) the way serving campaigns do (vLLM's bench serve; the seeds' depth sweep).
+// `kiln bench decode|prefill` time a recipe's model in-process (cmd_bench_model.cpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -8,7 +9,6 @@
 #include <iostream>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -56,22 +56,6 @@ std::string make_prompt(int64_t words, std::mt19937_64& rng) {
   std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
   for (int64_t i = 0; i < words; ++i) s += (i ? " " : "") + std::string(kWords[pick(rng)]);
   return s;
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    int64_t mult = 1;
-    if (item.back() == 'K' || item.back() == 'k') {
-      mult = 1024;
-      item.pop_back();
-    }
-    out.push_back(std::stoll(item) * mult);
-  }
-  return out;
 }
 
 struct LevelResult {
@@ -160,7 +144,7 @@ int bench_serve(int argc, char** argv) {
   if (std::string error = connect(base_url, api_key_env, server, model); !error.empty()) return fail(error);
   std::vector<int64_t> conc;
   try {
-    conc = parse_list(levels);
+    conc = parse_int_list(levels);
   } catch (...) {
     return fail("--concurrency `" + levels + "` is not a list of integers");
   }
@@ -220,7 +204,7 @@ int bench_depth(int argc, char** argv) {
   if (std::string error = connect(base_url, api_key_env, server, model); !error.empty()) return fail(error);
   std::vector<int64_t> ds;
   try {
-    ds = parse_list(depths);
+    ds = parse_int_list(depths);
   } catch (...) {
     return fail("--depths `" + depths + "` is not a list of integers");
   }
@@ -257,7 +241,9 @@ int bench_depth(int argc, char** argv) {
 int cmd_bench(int argc, char** argv) {
   const std::string usage =
       "usage: kiln bench serve [options]   drive a running server at several concurrency levels\n"
-      "       kiln bench depth [options]   single-request decode speed and TTFT at several context depths";
+      "       kiln bench depth [options]   single-request decode speed and TTFT at several context depths\n"
+      "       kiln bench decode RECIPE     the recipe's model in-process: decode tok/s at contexts × batch sizes\n"
+      "       kiln bench prefill RECIPE    the recipe's model in-process: prefill tok/s and FLOP rate at prompt lengths";
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << usage << "\n";
     return argc < 2 ? 2 : 0;
@@ -265,6 +251,8 @@ int cmd_bench(int argc, char** argv) {
   std::string what = argv[1];
   if (what == "serve") return bench_serve(argc - 1, argv + 1);
   if (what == "depth") return bench_depth(argc - 1, argv + 1);
+  if (what == "decode") return bench_decode(argc - 1, argv + 1);
+  if (what == "prefill") return bench_prefill(argc - 1, argv + 1);
   std::cerr << "kiln bench: unknown benchmark `" << what << "`\n" << usage << "\n";
   return 2;
 }

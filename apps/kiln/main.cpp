@@ -18,6 +18,7 @@ constexpr const char* kUsage =
     "  ab RECIPE --a k=v --b k=v   A/B two variants, interleaved; writes a result card\n"
     "  serve RECIPE        the OpenAI-compatible server (chat, completions, responses, metrics)\n"
     "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
+    "  bench decode|prefill RECIPE   time the recipe's model in-process against its roofline\n"
     "  generate            stream a completion: --recipe FILE (or --model DIR) --prompt TEXT | --chat TEXT\n"
     "\n"
     "options:\n"

@@ -119,16 +119,16 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
     log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
               config.speculative_depth);
   }
-#ifdef KILN_WITH_CUDA
-  if (m.gpu) {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> gpu_runner, m.gpu->make_runner(capacity.num_blocks, capacity.block_size));
-    KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(gpu_runner), started.drafter));
-    return started;
-  }
-#endif
-  auto runner = std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, capacity.tokens()));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, make_model_runner(m, capacity.num_blocks, capacity.block_size));
   KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(runner), started.drafter));
   return started;
+}
+
+Result<std::unique_ptr<ModelRunner>> make_model_runner(const LoadedModel& m, int64_t num_blocks, int64_t block_size) {
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) return m.gpu->make_runner(num_blocks, block_size);
+#endif
+  return std::unique_ptr<ModelRunner>(std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, num_blocks * block_size)));
 }
 
 }  // namespace kiln

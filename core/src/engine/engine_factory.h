@@ -45,6 +45,10 @@ ModelLoadOptions model_load_options(const Recipe& recipe);
 Result<std::unique_ptr<DraftHost>> make_draft_host(const LoadedModel& model, const Recipe& recipe,
                                                    const Registry& registry, int64_t capacity_tokens);
 
+// The runner the engine drives for this model: the CUDA runner over a fresh GPU pool when the model is on the GPU,
+// else the CPU one over a KvCache. `model` must outlive it.
+Result<std::unique_ptr<ModelRunner>> make_model_runner(const LoadedModel& model, int64_t num_blocks, int64_t block_size);
+
 // `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created
 // through the registry with a DraftHost over the model's MTP layers, and decodes draft speculative.depth tokens.
 Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});

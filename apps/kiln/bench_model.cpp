@@ -1,0 +1,256 @@
+#include "bench_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "engine/engine_factory.h"
+#include "kiln/log.h"
+#include "model/model_cost.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+#ifdef KILN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
+
+namespace kiln::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string format(const char* fmt, double a, double b = 0) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, fmt, a, b);
+  return buf;
+}
+
+std::string gib(double bytes) { return format("%.2f GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+// Token ids spread over the vocabulary (their values do not change the work; varied so embedding rows differ).
+int32_t token_at(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 7919 + 13) % vocab); }
+
+std::string device_name(const LoadedModel& m, const Recipe& recipe) {
+#ifdef KILN_WITH_CUDA
+  if (m.gpu) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+      return std::string(prop.name) + " (" + gib(static_cast<double>(prop.totalGlobalMem)) + ")";
+    return "CUDA device";
+  }
+#endif
+  int64_t threads = recipe.section("model").get_int("threads", 0);
+  if (threads <= 0) threads = std::thread::hardware_concurrency();
+  return "CPU (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
+}
+
+// Blocks [first, first + count) as one sequence's block table.
+std::vector<int32_t> block_range(int64_t first, int64_t count) {
+  std::vector<int32_t> table(count);
+  for (int64_t b = 0; b < count; ++b) table[b] = static_cast<int32_t>(first + b);
+  return table;
+}
+
+int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + block_size - 1) / block_size; }
+
+}  // namespace
+
+Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
+                                      const BenchShape& shape, bool cuda_graphs) {
+  KILN_ASSIGN_OR_RETURN(Recipe recipe, load_recipe(recipe_file, sets, global_registry()));
+  BenchTarget t;
+  // The target model only: a recipe's drafter is not part of what these benchmarks time.
+  KILN_ASSIGN_OR_RETURN(t.model, load_model(recipe, global_registry(), ModelLoadOptions{}));
+  const ModelConfig& c = t.model.model->config();
+  if (c.max_position_embeddings > 0 && shape.positions > c.max_position_embeddings)
+    return out_of_range("the benchmark needs " + std::to_string(shape.positions) + " positions per sequence, beyond the "
+                        "model's " + std::to_string(c.max_position_embeddings) + " (max_position_embeddings in " +
+                        c.source + ")");
+  // The engine factory sizes the KV pool and the step workspace from [scheduler]: set it to the sweep's shapes,
+  // each sequence on whole pages of its own.
+  const int64_t bs = t.model.layout->geometry().block_size;
+  int64_t window = blocks_for(shape.positions, bs) * bs;
+  if (c.max_position_embeddings > 0) window = std::min(window, c.max_position_embeddings);
+  std::vector<std::string> sized = sets;
+  sized.push_back("scheduler.max_model_len=" + std::to_string(window));
+  sized.push_back("scheduler.max_num_seqs=" + std::to_string(shape.sequences));
+  sized.push_back("scheduler.max_num_batched_tokens=" + std::to_string(std::max(shape.step_tokens, shape.sequences)));
+  KILN_ASSIGN_OR_RETURN(Recipe sized_recipe, load_recipe(recipe_file, sized, global_registry()));
+  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(t.model, sized_recipe));
+  t.capacity = plan.capacity;
+  t.device = device_name(t.model, recipe);
+#ifdef KILN_WITH_CUDA
+  if (t.model.gpu) {
+    t.model.gpu->set_cuda_graphs(cuda_graphs);
+    t.weight_gib = static_cast<double>(t.model.gpu->weight_bytes()) / (1 << 30);
+  }
+#endif
+  log::info("{}", t.capacity.report());
+  KILN_ASSIGN_OR_RETURN(t.runner, make_model_runner(t.model, t.capacity.num_blocks, t.capacity.block_size));
+  return t;
+}
+
+int64_t decode_positions(int64_t context, const DecodeBenchOptions& o) { return context + o.warmup + o.steps; }
+
+Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBenchOptions& o) {
+  const ModelConfig& c = t.model.model->config();
+  const int64_t bs = t.capacity.block_size;
+  std::vector<DecodePoint> points;
+  StepOutput out;
+  for (int64_t context : o.contexts)
+    for (int64_t batch : o.batches) {
+      DecodePoint p;
+      p.context = context;
+      p.batch = batch;
+      const int64_t per_seq = blocks_for(decode_positions(context, o), bs);
+      if (batch * per_seq > t.capacity.num_blocks) {
+        p.skipped = "KV of " + std::to_string(batch) + " × " + std::to_string(per_seq * bs) + " tokens (" +
+                    gib(static_cast<double>(t.capacity.bytes) / t.capacity.num_blocks * batch * per_seq) +
+                    ") exceeds the pool (" + gib(static_cast<double>(t.capacity.bytes)) + ")";
+        log::warn("decode context {} batch {}: skipped, {}", context, batch, p.skipped);
+        points.push_back(p);
+        continue;
+      }
+      std::vector<std::vector<int32_t>> tables(batch);
+      std::vector<int32_t> tokens(batch);
+      std::vector<SequenceStep> steps(batch);
+      for (int64_t b = 0; b < batch; ++b) {
+        tables[b] = block_range(b * per_seq, per_seq);
+        tokens[b] = token_at(b, c.vocab_size);
+        steps[b] = SequenceStep{{&tokens[b], 1}, 0, &tables[b], false};
+      }
+      int64_t step_index = 0;
+      auto step = [&](int64_t position) -> Status {
+        for (int64_t b = 0; b < batch; ++b) {
+          steps[b].start_position = position;
+          tokens[b] = token_at(++step_index, c.vocab_size);
+        }
+        return t.runner->forward(steps, out, false).with_context("decode at context " + std::to_string(context) +
+                                                                 ", batch " + std::to_string(batch));
+      };
+      for (int64_t w = 0; w < o.warmup; ++w) KILN_RETURN_IF_ERROR(step(context + w));
+      const auto t0 = Clock::now();
+      for (int64_t i = 0; i < o.steps; ++i) KILN_RETURN_IF_ERROR(step(context + o.warmup + i));
+      p.seconds = seconds_since(t0);
+      p.ms_per_step = 1e3 * p.seconds / o.steps;
+      p.tok_s = static_cast<double>(batch * o.steps) / p.seconds;
+      // A step at position q attends over q + 1 keys; the mean over the timed steps.
+      const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
+      p.weight_bytes = decode_weight_bytes(c, batch);
+      p.kv_bytes = decode_kv_bytes(c, batch, keys);
+      p.roofline_tok_s = batch * o.bandwidth / (p.weight_bytes + p.kv_bytes);
+      log::info("decode context {} batch {}: {:.1f} tok/s", context, batch, p.tok_s);
+      points.push_back(p);
+    }
+  return points;
+}
+
+Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& t, const PrefillBenchOptions& o) {
+  const ModelConfig& c = t.model.model->config();
+  const int64_t bs = t.capacity.block_size;
+  const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  std::vector<int32_t> prompt(longest);
+  for (int64_t i = 0; i < longest; ++i) prompt[i] = token_at(i, c.vocab_size);
+  // open_bench_target sized the pool for at least the longest prompt.
+  const std::vector<int32_t> table = block_range(0, blocks_for(longest, bs));
+  StepOutput out;
+  {  // One untimed chunk first: the runner sizes its step buffers on the first pass of a shape.
+    SequenceStep s{{prompt.data(), static_cast<size_t>(std::min(o.chunk, longest))}, 0, &table, false};
+    KILN_RETURN_IF_ERROR(t.runner->forward({&s, 1}, out, false).with_context("prefill warm-up"));
+  }
+  std::vector<PrefillPoint> points;
+  for (int64_t length : o.lengths) {
+    PrefillPoint p;
+    p.length = length;
+    p.chunks = (length + o.chunk - 1) / o.chunk;
+    const auto t0 = Clock::now();
+    auto last_report = t0;
+    for (int64_t start = 0; start < length; start += o.chunk) {
+      const int64_t n = std::min(o.chunk, length - start);
+      SequenceStep s{{prompt.data() + start, static_cast<size_t>(n)}, start, &table, false};
+      KILN_RETURN_IF_ERROR(
+          t.runner->forward({&s, 1}, out, false).with_context("prefill of " + std::to_string(length) + " at " + std::to_string(start)));
+      if (seconds_since(last_report) > 10) {  // long prompts on slow paths: show that it is moving
+        log::info("prefill {}: {} of {} tokens in {:.1f} s", length, start + n, length, seconds_since(t0));
+        last_report = Clock::now();
+      }
+    }
+    p.seconds = seconds_since(t0);
+    p.tok_s = static_cast<double>(length) / p.seconds;
+    p.flops = prefill_flops(c, length, o.chunk);
+    p.tflops = p.flops / p.seconds / 1e12;
+    log::info("prefill {}: {:.1f} tok/s", length, p.tok_s);
+    points.push_back(p);
+  }
+  return points;
+}
+
+std::string decode_table(const std::vector<DecodePoint>& points) {
+  std::string s =
+      "| context | batch | tok/s | ms/step | roofline tok/s | % of roofline | weights GB/step | KV GB/step |\n"
+      "|---|---|---|---|---|---|---|---|\n";
+  for (const DecodePoint& p : points) {
+    s += "| " + std::to_string(p.context) + " | " + std::to_string(p.batch) + " | ";
+    if (!p.skipped.empty()) {
+      s += "skipped: " + p.skipped + " | | | | | |\n";
+      continue;
+    }
+    s += format("%.1f | %.3f | ", p.tok_s, p.ms_per_step) + format("%.1f | %.1f %% | ", p.roofline_tok_s, 100 * p.tok_s / p.roofline_tok_s) +
+         format("%.4g | %.4g |\n", p.weight_bytes / 1e9, p.kv_bytes / 1e9);
+  }
+  return s;
+}
+
+std::string prefill_table(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& o) {
+  std::string s =
+      "| prompt tokens | chunks | seconds | tok/s | model TFLOP | TFLOP/s | % of peak |\n"
+      "|---|---|---|---|---|---|---|\n";
+  for (const PrefillPoint& p : points) {
+    s += "| " + std::to_string(p.length) + " | " + std::to_string(p.chunks) + " | ";
+    s += format("%.3f | %.1f | ", p.seconds, p.tok_s) + format("%.4g | %.4g | ", p.flops / 1e12, p.tflops) +
+         format("%.3g %% |\n", 100 * p.tflops / o.peak_tflops);
+  }
+  return s;
+}
+
+nlohmann::json decode_json(const std::vector<DecodePoint>& points, const DecodeBenchOptions& o) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const DecodePoint& p : points) {
+    nlohmann::json r = {{"context", p.context}, {"batch", p.batch}};
+    if (!p.skipped.empty()) {
+      r["skipped"] = p.skipped;
+    } else {
+      r.update({{"seconds", p.seconds},
+                {"steps", o.steps},
+                {"tok_s", p.tok_s},
+                {"ms_per_step", p.ms_per_step},
+                {"weight_bytes_per_step", p.weight_bytes},
+                {"kv_bytes_per_step", p.kv_bytes},
+                {"roofline_tok_s", p.roofline_tok_s},
+                {"roofline_fraction", p.tok_s / p.roofline_tok_s}});
+    }
+    rows.push_back(r);
+  }
+  return {{"steps", o.steps}, {"warmup", o.warmup}, {"bandwidth_bytes_per_s", o.bandwidth}, {"points", rows}};
+}
+
+nlohmann::json prefill_json(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& o) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const PrefillPoint& p : points) {
+    rows.push_back({{"length", p.length},
+                    {"chunks", p.chunks},
+                    {"seconds", p.seconds},
+                    {"tok_s", p.tok_s},
+                    {"model_flops", p.flops},
+                    {"tflops", p.tflops},
+                    {"peak_fraction", p.tflops / o.peak_tflops}});
+  }
+  return {{"chunk", o.chunk}, {"peak_tflops", o.peak_tflops}, {"points", rows}};
+}
+
+}  // namespace kiln::cli

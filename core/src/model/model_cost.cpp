@@ -1,0 +1,70 @@
+#include "model/model_cost.h"
+
+#include <cmath>
+
+namespace kiln {
+namespace {
+
+constexpr double kBf16 = 2, kF32 = 4;
+
+// Attention projections of one layer: q (direct, or q_a → q_b), kv_a (latent + rope key), kv_b (latent →
+// per-head nope key and value), o_proj.
+double attention_params(const ModelConfig& c) {
+  const double Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  const double qk = static_cast<double>(c.qk_head_dim()), vd = c.v_head_dim;
+  const double q = c.q_lora_rank > 0 ? Hd * c.q_lora_rank + c.q_lora_rank * H * qk : Hd * H * qk;
+  return q + Hd * (L + R) + L * H * (c.qk_nope_head_dim + vd) + H * vd * Hd;
+}
+
+double expert_params(const ModelConfig& c) { return 3.0 * c.hidden_size * c.moe_intermediate_size; }
+double dense_mlp_params(const ModelConfig& c) { return 3.0 * c.hidden_size * c.intermediate_size; }
+double router_params(const ModelConfig& c) { return static_cast<double>(c.hidden_size) * c.n_routed_experts; }
+
+}  // namespace
+
+double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens) {
+  if (experts <= 0 || top_k <= 0 || tokens <= 0) return 0;
+  const double E = static_cast<double>(experts), k = static_cast<double>(top_k);
+  return E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(tokens)));
+}
+
+double decode_weight_bytes(const ModelConfig& c, int64_t batch) {
+  const double experts = expected_distinct_experts(c.n_routed_experts, c.num_experts_per_tok, batch);
+  double total = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    total += attention_params(c) * kBf16;
+    if (!c.is_moe(l))
+      total += dense_mlp_params(c) * kBf16;
+    else
+      total += expert_params(c) * (experts + c.n_shared_experts) * kBf16 + router_params(c) * kF32;
+  }
+  const double Hd = c.hidden_size;
+  return total + static_cast<double>(batch) * Hd * kBf16 + static_cast<double>(c.vocab_size) * Hd * kBf16;
+}
+
+double decode_kv_bytes(const ModelConfig& c, int64_t batch, double context) {
+  return static_cast<double>(batch) * context * c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * kBf16;
+}
+
+double active_params_per_token(const ModelConfig& c) {
+  double total = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    total += attention_params(c);
+    total += c.is_moe(l) ? expert_params(c) * (c.num_experts_per_tok + c.n_shared_experts) + router_params(c)
+                         : dense_mlp_params(c);
+  }
+  return total;
+}
+
+double prefill_flops(const ModelConfig& c, int64_t tokens, int64_t chunk) {
+  if (tokens <= 0 || chunk <= 0) return 0;
+  const double T = static_cast<double>(tokens);
+  const double chunks = static_cast<double>((tokens + chunk - 1) / chunk);
+  const double keys_seen = T * (T + 1) / 2;
+  const double attention = 2.0 * c.num_hidden_layers * c.num_attention_heads *
+                           static_cast<double>(c.qk_head_dim() + c.v_head_dim) * keys_seen;
+  return 2.0 * active_params_per_token(c) * T + 2.0 * c.hidden_size * static_cast<double>(c.vocab_size) * chunks +
+         attention;
+}
+
+}  // namespace kiln
