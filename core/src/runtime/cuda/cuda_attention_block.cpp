@@ -6,8 +6,9 @@
 
 namespace kiln::cuda {
 
-// Attention always runs in absorbed form over the paged bf16 latent cache: queries move into latent space
-// through W_UK, attend there, and come back out through W_UV.
+// Decode-shaped rows attend in absorbed form over the paged bf16 latent cache: queries move into latent space
+// through W_UK, attend there, and come back out through W_UV. Rows of prefilling sequences (x.prefill) are then
+// overwritten by the expanded-form prefill kernel, which is far cheaper per (query, key) pair.
 Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys) {
   const ModelConfig& c = x.c;
   CudaMlaMoeModel::Impl& I = x.I;
@@ -67,6 +68,15 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
                                  L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, b.attn, CUDA_R_16BF,
                                  H * vd, vd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA output un-absorption"));
+  if (!x.prefill.empty()) {
+    MlaPrefillArgs p;
+    p.seqs = x.prefill;
+    p.dims = {H, nope, Rr, vd, L};
+    p.q = b.q, p.pages = pages, p.block_size = x.block_size, p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks;
+    p.kv_b = w.kv_b.w, p.scale = scale, p.out = b.attn;
+    p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;
+    KILN_RETURN_IF_ERROR(mla_prefill_attention(p, I.blas, st));
+  }
   return g.linear(b.attn, N, H * vd, w.o_proj.w, Hd, b.y, DType::kBF16, st);
 }
 

@@ -124,6 +124,10 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   sh.scores_kv = sh.fast_attention ? 0 : round_up_pow2(lay.max_kv, 16);
   sh.attn_width = c.has_indexer() ? std::max(sh.scores_kv, c.index_topk) : sh.scores_kv;
   sh.mtp = mtp != nullptr;
+  if (!lay.prefill.empty())
+    sh.prefill_workspace = mla_prefill_workspace_bytes(
+        static_cast<int64_t>(lay.prefill.size()), lay.prefill_keys,
+        {H, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank});
   const int64_t N = sh.N, R = sh.R;
   // The MTP layer's hidden output is its residual stream, read straight from b.resid.
   const bool normed_hidden = keep_hidden && !mtp;
@@ -139,7 +143,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     KILN_RETURN_IF_ERROR(cuda_ok(
         cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyHostToDevice, I.stream), "MTP hidden upload"));
 
-  const StepContext x{c, I, sh, b, kv.block_size()};
+  const StepContext x{c, I, sh, b, kv.block_size(), lay.prefill};
   CublasGemm& g = *I.gemm;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, int64_t name) -> Status {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "runtime/cuda/mla_prefill_attention.h"
 #include "model/mla_moe_model.h"
 #include "runtime/cuda/cuda_mla_moe_model.h"
 
@@ -33,9 +34,18 @@ struct StepLayout {
   std::vector<int32_t> ids, query_seq, kv_len, tables, rows;
   std::vector<int64_t> positions, slots;
   int64_t max_blocks = 1, max_kv = 1;
+  // Sequences whose rows attend through the expanded-form prefill kernel (see kPrefillMinTokens); their rows
+  // get kv_len 1 in `kv_len`, so the absorbed decode kernel's pass over them is one key, overwritten after.
+  std::vector<MlaPrefillSequence> prefill;
+  int64_t prefill_keys = 0;  // Σ kv_len over `prefill`
   int64_t tokens() const { return static_cast<int64_t>(ids.size()); }
   int64_t logit_rows() const { return static_cast<int64_t>(rows.size()); }
 };
+
+// A sequence bringing at least this many tokens in a step (a prompt chunk) attends through the expanded-form
+// prefill kernel; fewer (decode, speculative verification of 1 + K ≤ 6 rows) through the absorbed decode
+// kernel, so a sequence's decode-time rows always take the same arithmetic path, whatever else the step holds.
+inline constexpr int64_t kPrefillMinTokens = 16;
 
 // Fills `layout` (and out.first_row) from the steps, checking each against the pool's block count.
 Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
@@ -50,6 +60,7 @@ struct StepShape {
   bool mtp = false;             // an MTP layer's step (its input is built from the previous hidden states)
   // The reference attention's score rows: scores_kv, or with a DSA selection at least index_topk wide.
   int64_t attn_width = 0;
+  size_t prefill_workspace = 0;  // bytes for mla_prefill_attention (0: no sequence prefills this step)
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -69,6 +80,7 @@ struct StepBuffers {
   // selected key positions [N, index_topk] (kept across layers: shared-indexer layers reuse them).
   float *idx_q, *idx_k, *idx_w, *idx_scores;
   int32_t* selected;
+  void* prefill_workspace;  // mla_prefill_attention's scratch (null without prefilling sequences)
   float* prev;    // MTP: the hidden states the rows condition on [N, hidden]
   uint16_t* cat;  // MTP: cat(enorm(embedding), hnorm(prev)) [N, 2·hidden]
 };
@@ -146,6 +158,7 @@ struct StepContext {
   const StepShape& shape;
   const StepBuffers& b;
   int64_t block_size;
+  std::span<const MlaPrefillSequence> prefill;  // sequences attending through the prefill kernel
 };
 
 // The MLA block: b.h (the normed input) → b.y, writing the layer's latent cache `pages` (and for a DSA layer

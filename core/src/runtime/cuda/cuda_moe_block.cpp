@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -43,9 +44,8 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   rc.topk_group = c.topk_group;
   rc.norm_topk_prob = c.norm_topk_prob;
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  KILN_RETURN_IF_ERROR(moe_route(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, st));
   const MoeDispatch d{b.offsets, b.active, b.order};
-  KILN_RETURN_IF_ERROR(moe_group_by_expert(b.route_ids, N * topk, E, d, st));
+  KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
   KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, c.moe_intermediate_size, w.experts_gate_up, E, d,
                                                std::numeric_limits<float>::infinity(), b.moe_h, st));
   KILN_RETURN_IF_ERROR(

@@ -26,6 +26,9 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
                          StepLayout& L, StepOutput& out) {
   const int64_t bs = kv.block_size();
   L.ids.clear(), L.positions.clear(), L.slots.clear(), L.query_seq.clear(), L.kv_len.clear(), L.rows.clear();
+  L.prefill.clear(), L.prefill_keys = 0;
+  // DSA attends through its top-k selection, which the expanded prefill kernel does not take.
+  const bool expanded_prefill = !c.has_indexer();
   out.first_row.clear();
   L.max_blocks = 1, L.max_kv = 1;
   for (const SequenceStep& s : steps) {
@@ -47,6 +50,11 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
       L.tables[si * L.max_blocks + blk_i] = blk;
     }
     const int64_t first = L.tokens();
+    const bool prefills = expanded_prefill && n >= kPrefillMinTokens;
+    if (prefills) {
+      L.prefill.push_back({first, n, end, static_cast<int64_t>(si)});
+      L.prefill_keys += end;
+    }
     out.first_row.push_back(L.logit_rows());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = s.start_position + i;
@@ -54,7 +62,7 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
       L.positions.push_back(pos);
       L.slots.push_back(kv_slot(*s.block_table, bs, pos));
       L.query_seq.push_back(static_cast<int32_t>(si));
-      L.kv_len.push_back(static_cast<int32_t>(pos + 1));
+      L.kv_len.push_back(prefills ? 1 : static_cast<int32_t>(pos + 1));
       if (s.all_logits || i == n - 1) L.rows.push_back(static_cast<int32_t>(first + i));
     }
     L.max_kv = std::max(L.max_kv, end);
@@ -94,6 +102,7 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.idx_w = dsa ? sc.carve<float>(N * c.index_n_heads) : nullptr;
   b.idx_scores = dsa ? sc.carve<float>(N * sh.scores_kv) : nullptr;
   b.selected = dsa ? sc.carve<int32_t>(N * c.index_topk) : nullptr;
+  b.prefill_workspace = sh.prefill_workspace ? sc.carve<char>(sh.prefill_workspace) : nullptr;
   b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
 }
 
