@@ -2,11 +2,10 @@
 #include <gtest/gtest.h>
 
 #include "device_buffer.h"
-#include "kernels/cpu/activation.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
+#include "moe_reference.h"
 
 namespace kiln::test {
 namespace {
@@ -58,23 +57,11 @@ TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
     const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
     const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
 
-    // CPU: per pair gate_up GEMM, SwiGLU, h rounded to bf16 (as the GPU stores it), down, weighted sum.
     const int64_t pairs = n * top_k;
-    std::vector<float> want_h(size_t(pairs) * inter), want(size_t(n) * hidden);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] = shared.values[t * hidden + i];
-      for (int64_t j = 0; j < top_k; ++j) {
-        const int64_t p = t * top_k + j, e = ids[p];
-        std::vector<float> gu(2 * inter), h(inter), y(hidden);
-        cpu::gemm_f32(x.values.data() + t * hidden, 1, hidden, gate_up.values.data() + e * 2 * inter * hidden,
-                      2 * inter, gu.data());
-        cpu::swiglu(gu.data(), gu.data() + inter, 1, inter, 2 * inter, h.data());
-        for (auto& v : h) v = cpu::bf16_to_float(cpu::float_to_bf16(v));
-        std::copy(h.begin(), h.end(), want_h.begin() + p * inter);
-        cpu::gemm_f32(h.data(), 1, inter, down.values.data() + e * hidden * inter, hidden, y.data());
-        for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += route_w[p] * y[i];
-      }
-    }
+    const MoeReference ref = moe_reference(x.values, n, top_k, hidden, inter, gate_up.values, down.values, ids,
+                                           route_w, shared.values, INFINITY);
+    const std::vector<float>& want_h = ref.h;
+    const std::vector<float>& want = ref.out;
 
     DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
     DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);
