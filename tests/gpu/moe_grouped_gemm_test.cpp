@@ -1,6 +1,7 @@
 // The tensor-core grouped expert path (gate_up + SwiGLU, down, then moe_combine_bf16) against the CPU reference and
 // the GEMV path, on routings that give multi-tile experts, experts with no tokens, one expert with every token,
-// and shapes whose inter / hidden are not multiples of the tile sizes.
+// and shapes whose inter / hidden are not multiples of the tile sizes; both row-block sizes (64 rows while the mean
+// pairs per expert is ≤ 64, else 128) are taken.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,7 +48,8 @@ TEST(GpuMoeGroupedGemm, MatchesCpuAndGemvPath) {
       {"multi-tile experts, inter 200, clamped", 8, 2, 301, 512, 200, {}, 0.5f},
       {"k tails: hidden 264, inter 104", 16, 4, 9, 264, 104, {}, INFINITY},
       {"most experts empty", 32, 2, 50, 256, 128, {1, 5, 6, 30}, INFINITY},
-      {"every token on one expert", 8, 1, 257, 128, 64, {3}, INFINITY},
+      {"every token on one expert (64-row blocks)", 8, 1, 257, 128, 64, {3}, INFINITY},
+      {"every token on one expert (128-row blocks)", 2, 1, 300, 256, 136, {1}, INFINITY},
       {"one token", 64, 4, 1, 2048, 1536, {}, INFINITY},
   };
   for (const GroupedCase& c : cases) {

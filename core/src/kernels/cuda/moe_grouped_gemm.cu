@@ -7,19 +7,25 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kBlockM = 128;         // grouped rows (pairs of one expert) per CTA
 constexpr int kBlockN = 128;         // weight rows per CTA; gate_up: 64 gate rows and the matching 64 up rows
 constexpr int kBlockK = 32;
 constexpr int kStages = 4;           // cp.async pipeline depth
-constexpr int kThreads = 256;        // 8 warps: 4 along M × 2 along N, each 32 rows × 64 weight rows
+constexpr int kThreads = 256;        // 8 warps: 4 along M × 2 along N, each 16·kMi rows × 64 weight rows
 constexpr int kPitch = kBlockK + 8;  // 80-byte smem rows: the 8 rows one ldmatrix reads fall in distinct bank groups
-constexpr int kStageElems = (kBlockM + kBlockN) * kPitch;
-constexpr size_t kSmemBytes = sizeof(uint16_t) * kStages * kStageElems;  // 80 KiB: two CTAs per SM
 constexpr int kChunksPerRow = kBlockK / 8;
 constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-constexpr int kLoadsA = kBlockM / kRowsPerPass;
 constexpr int kLoadsB = kBlockN / kRowsPerPass;
 static_assert(kLoadsB == 2 && kRowsPerPass == kBlockN / 2, "gate_up tiles load gate rows in pass 0, up rows in pass 1");
+
+// kMi m16 tiles per warp: 128-row blocks (kMi = 2) when experts have hundreds of rows; 64-row blocks (kMi = 1)
+// halve the padding rows when they have tens (short prefills), where the weights' bytes bound the time anyway.
+template <int kMi>
+struct Shape {
+  static constexpr int kBlockM = 4 * 16 * kMi;  // grouped rows (pairs of one expert) per CTA
+  static constexpr int kLoadsA = kBlockM / kRowsPerPass;
+  static constexpr int kStageElems = (kBlockM + kBlockN) * kPitch;
+  static constexpr size_t kSmemBytes = sizeof(uint16_t) * kStages * kStageElems;  // ≤ 80 KiB: two CTAs per SM
+};
 
 struct Tile {
   int expert;  // −1: past the last tile
@@ -28,6 +34,7 @@ struct Tile {
 
 // The tile-th (expert, row block) in expert order, by a warp scan over the per-expert block counts: every warp
 // finds its CTA's tile from expert_offsets alone, so the grid needs only an upper bound on the tile count.
+template <int kBlockM>
 __device__ Tile find_tile(const int32_t* __restrict__ offsets, int experts, int tile) {
   const int lane = threadIdx.x % 32;
   for (int base = 0; base < experts; base += 32) {
@@ -56,16 +63,18 @@ __device__ __forceinline__ float swiglu(float gate, float up, float limit) {
   return g / (1.0f + expf(-g)) * u;
 }
 
-// grid: (output column blocks, row-block upper bound). C = A_e · W_eᵀ for the CTA's 128 rows of expert e.
+// grid: (output column blocks, row-block upper bound). C = A_e · W_eᵀ for the CTA's kBlockM rows of expert e.
 // kGateUp: A rows gathered from x through pair_order (the token permutation), W = gate_up_e, epilogue SwiGLU →
 // bf16 h in grouped order, n_dim = inter. Else: A = h in grouped order, W = down_e, epilogue route weight →
 // fp32 y in pair order, n_dim = hidden.
-template <bool kGateUp>
+template <bool kGateUp, int kMi>
 __global__ void __launch_bounds__(kThreads, 2)
     grouped_gemm_kernel(const uint16_t* __restrict__ a, int64_t top_k, int64_t k_dim, const uint16_t* __restrict__ w,
                         int64_t n_dim, MoeDispatch d, int experts, const float* __restrict__ route_weight, float limit,
                         void* __restrict__ out) {
-  const Tile tile = find_tile(d.expert_offsets, experts, static_cast<int>(blockIdx.y));
+  using S = Shape<kMi>;
+  constexpr int kBlockM = S::kBlockM, kLoadsA = S::kLoadsA, kStageElems = S::kStageElems;
+  const Tile tile = find_tile<kBlockM>(d.expert_offsets, experts, static_cast<int>(blockIdx.y));
   if (tile.expert < 0) return;
   const int begin = d.expert_offsets[tile.expert] + tile.m0;
   const int rows = min(kBlockM, d.expert_offsets[tile.expert + 1] - begin);
@@ -120,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   };
 
   const int wm = warp % 4, wn = warp / 4;
-  const int a_off = (wm * 32 + lane % 16) * kPitch + (lane / 16) * 8;
+  const int a_off = (wm * 16 * kMi + lane % 16) * kPitch + (lane / 16) * 8;
   const int b_lane = ((lane / 16) * 8 + lane % 8) * kPitch + ((lane / 8) % 2) * 8;
   // The warp's 64 weight rows in 16-row pairs of n-tiles; gate_up: two of gate, then the two matching up rows, so
   // acc[.][j] (gate) and acc[.][j + 4] (up) hold the same h columns.
@@ -130,9 +139,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     b_off[np] = (kGateUp ? (np < 2 ? 32 * wn + 16 * np : kBlockN / 2 + 32 * wn + 16 * (np - 2)) : 64 * wn + 16 * np) *
                     kPitch + b_lane;
 
-  float acc[2][8][4];
+  float acc[kMi][8][4];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+  for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -148,15 +157,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint16_t* sb = sa + kBlockM * kPitch;
 #pragma unroll
     for (int ks = 0; ks < kBlockK / 16; ++ks) {
-      uint32_t af[2][4];
+      uint32_t af[kMi][4];
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) ldmatrix_x4(af[mi], sa + a_off + mi * 16 * kPitch + ks * 16);
+      for (int mi = 0; mi < kMi; ++mi) ldmatrix_x4(af[mi], sa + a_off + mi * 16 * kPitch + ks * 16);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, sb + b_off[np] + ks * 16);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
+        for (int mi = 0; mi < kMi; ++mi) {
           mma_bf16_16816(acc[mi][2 * np], af[mi], b[0], b[1]);
           mma_bf16_16816(acc[mi][2 * np + 1], af[mi], b[2], b[3]);
         }
@@ -167,10 +176,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < kMi; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = wm * 32 + mi * 16 + g + 8 * half;
+      const int r = wm * 16 * kMi + mi * 16 + g + 8 * half;
       if (r >= rows) continue;
       const int s = begin + r;
       if constexpr (kGateUp) {
@@ -201,26 +210,42 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Σ_e ⌈m_e / kBlockM⌉ ≤ ⌈pairs / kBlockM⌉ + (experts with pairs) − 1.
-int64_t row_block_bound(int64_t pairs, int64_t num_experts) {
-  return (pairs + kBlockM - 1) / kBlockM + std::min(pairs, num_experts);
+// Σ_e ⌈m_e / block_m⌉ ≤ ⌈pairs / block_m⌉ + (experts with pairs) − 1.
+int64_t row_block_bound(int64_t pairs, int64_t num_experts, int block_m) {
+  return (pairs + block_m - 1) / block_m + std::min(pairs, num_experts);
 }
 
+template <bool kGateUp, int kMi>
+Status launch_shape(const char* name, const uint16_t* a, int64_t pairs, int64_t top_k, int64_t k_dim,
+                    const uint16_t* w, int64_t n_dim, int64_t num_experts, const MoeDispatch& d,
+                    const float* route_weight, float limit, void* out, StreamHandle stream) {
+  using S = Shape<kMi>;
+  // Per call, not once: the attribute is per device.
+  KILN_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(grouped_gemm_kernel<kGateUp, kMi>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(S::kSmemBytes)),
+                                  name));
+  const int64_t block_n = kGateUp ? kBlockN / 2 : kBlockN;
+  const int64_t col_blocks = (n_dim + block_n - 1) / block_n;
+  const int64_t row_blocks = row_block_bound(pairs, num_experts, S::kBlockM);
+  if (row_blocks > 65535 || col_blocks > 65535)
+    return invalid_argument(std::string(name) + ": too many pairs or columns for one launch");
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
+  grouped_gemm_kernel<kGateUp, kMi><<<grid, kThreads, S::kSmemBytes, stream>>>(
+      a, top_k, k_dim, w, n_dim, d, static_cast<int>(num_experts), route_weight, limit, out);
+  return check_launch(name);
+}
+
+// The row block from the mean rows per expert (the host does not see the routing): 64 rows while that mean is ≤ 64.
 template <bool kGateUp>
 Status launch(const char* name, const uint16_t* a, int64_t pairs, int64_t top_k, int64_t k_dim, const uint16_t* w,
               int64_t n_dim, int64_t num_experts, const MoeDispatch& d, const float* route_weight, float limit,
               void* out, StreamHandle stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      grouped_gemm_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-  KILN_RETURN_IF_ERROR(check_cuda(attr, name));
-  const int64_t col_blocks = (n_dim + (kGateUp ? kBlockN / 2 : kBlockN) - 1) / (kGateUp ? kBlockN / 2 : kBlockN);
-  const int64_t row_blocks = row_block_bound(pairs, num_experts);
-  if (row_blocks > 65535 || col_blocks > 65535)
-    return invalid_argument(std::string(name) + ": too many pairs or columns for one launch");
-  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
-  grouped_gemm_kernel<kGateUp><<<grid, kThreads, kSmemBytes, stream>>>(
-      a, top_k, k_dim, w, n_dim, d, static_cast<int>(num_experts), route_weight, limit, out);
-  return check_launch(name);
+  if (pairs <= 64 * num_experts)
+    return launch_shape<kGateUp, 1>(name, a, pairs, top_k, k_dim, w, n_dim, num_experts, d, route_weight, limit, out,
+                                    stream);
+  return launch_shape<kGateUp, 2>(name, a, pairs, top_k, k_dim, w, n_dim, num_experts, d, route_weight, limit, out,
+                                  stream);
 }
 
 }  // namespace
