@@ -1,6 +1,10 @@
 // MoE router and the grouped expert GEMV path (gate_up+SwiGLU, down, combine) against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
 #include "device_buffer.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cuda/moe_experts.h"
@@ -37,6 +41,34 @@ TEST(GpuMoeRouter, IdsExactWeightsCloseToCpu) {
     KILN_STATUS_OK(cuda::moe_route(dl.get(), c.bias ? db.get() : nullptr, c.n, c.config, dids.get(), dw.get(), nullptr));
     EXPECT_EQ(dids.download(), want_ids) << "E " << e;
     EXPECT_LT(rel_error(dw.download(), want_w), 1e-5);
+  }
+}
+
+// The dispatch is exactly a stable counting sort of the pairs by expert: decode sizes, prefill sizes (tens of
+// thousands of pairs over the grouping's slices), 1024 experts, and every pair on one expert.
+TEST(GpuMoeExperts, GroupingIsAStableSortByExpert) {
+  std::mt19937_64 rng(63);
+  for (auto [pairs, experts, one_expert] : {std::tuple{int64_t(1), 8, false}, {int64_t(37), 64, false},
+                                            {int64_t(65536), 64, false}, {int64_t(16387), 1024, false},
+                                            {int64_t(4099), 16, true}}) {
+    std::vector<int32_t> ids(pairs);
+    for (auto& id : ids) id = one_expert ? 7 : static_cast<int32_t>(rng() % experts);
+    std::vector<int32_t> want_offsets(experts + 1, 0), want_active(experts, -1), want_order(pairs);
+    for (int32_t id : ids) ++want_offsets[id + 1];
+    for (int e = 0, a = 0; e < experts; ++e) {
+      if (want_offsets[e + 1] > 0) want_active[a++] = e;
+      want_offsets[e + 1] += want_offsets[e];
+    }
+    std::iota(want_order.begin(), want_order.end(), 0);
+    std::stable_sort(want_order.begin(), want_order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+
+    DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
+    for (auto* b : {&offsets, &active, &order}) b->poison();
+    KILN_STATUS_OK(cuda::moe_group_by_expert(dids.get(), pairs, experts, {offsets.get(), active.get(), order.get()},
+                                             nullptr));
+    EXPECT_EQ(offsets.download(), want_offsets) << pairs << " pairs, " << experts << " experts";
+    EXPECT_EQ(active.download(), want_active) << pairs << " pairs, " << experts << " experts";
+    EXPECT_EQ(order.download(), want_order) << pairs << " pairs, " << experts << " experts";
   }
 }
 

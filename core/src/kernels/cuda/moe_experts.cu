@@ -11,22 +11,42 @@ constexpr int kWarps = 4;          // per GEMV block
 constexpr int kUnitsPerWarp = 4;   // a unit = two weight rows
 constexpr int kTokensPerPass = 4;  // tokens of one expert sharing each weight load
 
-// One block: counts, offsets and the active list by block scans; then thread e lists its own pairs in pair
-// order (deterministic, O(pairs) per expert: decode has a few hundred pairs).
+// One block; warp w < kSlices owns the w-th contiguous slice of the pairs. Pass 1: each of those warps counts its
+// slice per expert (lanes with the same id found by __match_any_sync). Then thread e turns the counts into each
+// slice's first slot in expert e's group, and block scans give offsets and the active list. Pass 2: each slice's
+// warp writes its pairs at its cursors. Slices in pair order and lanes in pair order keep pair order within an
+// expert (deterministic), and a warp reads pairs / kSlices ids: prefill's tens of thousands of pairs stay cheap.
+// kSlices · kMaxExperts ints stay within the 48 KiB of static shared memory.
+constexpr int kSlices = 8;
+
 __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __restrict__ ids, int64_t pairs,
                                                             int experts, MoeDispatch d) {
   using Scan = cub::BlockScan<int, kMaxExperts>;
   __shared__ typename Scan::TempStorage temp;
-  __shared__ int counts[kMaxExperts];
-  const int e = threadIdx.x;
-  counts[e] = 0;
+  __shared__ int cursor[kSlices * kMaxExperts];  // [slice][expert]: the slice's pair count, then its write cursor
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < kSlices * experts; i += blockDim.x) cursor[i] = 0;
   __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < experts) atomicAdd(&counts[id], 1);
+  const int64_t slice = (pairs + kSlices - 1) / kSlices;
+  // Warps past the last slice get an empty one.
+  const int64_t slice_begin = min(pairs, warp * slice), slice_end = warp < kSlices ? min(pairs, slice_begin + slice) : 0;
+  int* mine = cursor + min(warp, kSlices - 1) * experts;
+  auto id_at = [&](int64_t p) {
+    const int id = p < slice_end ? ids[p] : -1;
+    return id >= 0 && id < experts ? id : -1;  // out-of-range ids are left out
+  };
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
   }
   __syncthreads();
-  const int count = e < experts ? counts[e] : 0;
+
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < experts)
+    for (int w = 0; w < kSlices; ++w) count += cursor[w * experts + e];
   int offset = 0, total = 0;
   Scan(temp).ExclusiveSum(count, offset, total);
   __syncthreads();
@@ -38,11 +58,25 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
   }
   if (e == 0) d.expert_offsets[experts] = total;
   __syncthreads();
-  if (e < experts && count > 0) {
-    d.active_experts[rank] = e;
-    int out = offset;
-    for (int64_t p = 0; p < pairs; ++p)
-      if (ids[p] == e) d.pair_order[out++] = static_cast<int32_t>(p);
+  if (e < experts) {
+    if (count > 0) d.active_experts[rank] = e;
+    int next = offset;
+    for (int w = 0; w < kSlices; ++w) {
+      const int c = cursor[w * experts + e];
+      cursor[w * experts + e] = next;
+      next += c;
+    }
+  }
+  __syncthreads();
+
+  const unsigned lanes_below = (1u << lane) - 1;
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0) d.pair_order[mine[id] + __popc(same & lanes_below)] = static_cast<int32_t>(base + lane);
+    __syncwarp();
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
   }
 }
 
