@@ -103,6 +103,53 @@ TEST(GpuMoeGroupedGemm, MatchesCpuAndGemvPath) {
   }
 }
 
+// No host sync inside: the grouping and both grouped GEMMs capture into a CUDA graph (global capture mode) and the
+// replay on new routing equals an eager run bit for bit (the path is deterministic).
+TEST(GpuMoeGroupedGemm, CapturesIntoACudaGraph) {
+  std::mt19937_64 rng(72);
+  const int64_t experts = 16, top_k = 4, n = 200, hidden = 256, inter = 128, pairs = n * top_k;
+  const GroupedCase c{"graph", experts, top_k, n, hidden, inter, {}, INFINITY};
+  const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
+  const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
+  const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
+  const std::vector<float> route_w = random_f32(pairs, rng, 0.1f, 1.f);
+  DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dh(size_t(pairs) * inter);
+  DeviceBuffer<uint16_t> dout(size_t(n) * hidden);
+  DeviceBuffer<int32_t> dids(random_routing(c, rng)), offsets(experts + 1), active(experts), order(pairs);
+  DeviceBuffer<float> drw(route_w), dy(size_t(pairs) * hidden);
+  const cuda::MoeDispatch d{offsets.get(), active.get(), order.get()};
+  cudaStream_t stream = nullptr;
+  KILN_CUDA_OK(cudaStreamCreate(&stream));
+  auto run = [&]() -> Status {
+    KILN_RETURN_IF_ERROR(cuda::moe_group_by_expert(dids.get(), pairs, experts, d, stream));
+    KILN_RETURN_IF_ERROR(cuda::moe_gate_up_swiglu_grouped_bf16(dx.get(), n, top_k, hidden, inter, dgu.get(), experts,
+                                                               d, INFINITY, dh.get(), stream));
+    KILN_RETURN_IF_ERROR(cuda::moe_down_grouped_bf16(dh.get(), pairs, inter, hidden, ddown.get(), experts, d,
+                                                     drw.get(), dy.get(), stream));
+    return cuda::moe_combine_bf16(dy.get(), n, top_k, hidden, nullptr, dout.get(), stream);
+  };
+  cudaGraph_t graph = nullptr;
+  KILN_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status captured = run();
+  KILN_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  KILN_STATUS_OK(captured);
+  cudaGraphExec_t exec = nullptr;
+  KILN_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  dids.upload(random_routing(c, rng));  // the graph reads the routing on the device at replay
+  dout.poison();
+  KILN_CUDA_OK(cudaGraphLaunch(exec, stream));
+  KILN_CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<uint16_t> replayed = dout.download();
+  dout.poison();
+  KILN_STATUS_OK(run());
+  KILN_CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(replayed, dout.download());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST(GpuMoeGroupedGemm, RejectsUnsupportedShapes) {
   const cuda::MoeDispatch d{};
   EXPECT_FALSE(cuda::moe_gate_up_swiglu_grouped_bf16(nullptr, 4, 2, 100, 64, nullptr, 8, d, INFINITY, nullptr, nullptr)
