@@ -1,8 +1,9 @@
 // Kernel timings on one GPU beside their floors: MLA decode over the paged bf16 cache at several contexts
 // (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages), the decode expert GEMV (64 experts, top-4, hidden
-// 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) beside a
-// cuBLAS bf16 GEMM's rate, the decode projections (skinny GEMM vs cuBLAS at the step's shapes) and the fused MoE
-// gate + grouping. Times are CUDA-event medians; inputs are random and rotated so the L2 does not serve them.
+// 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) and the
+// prefill routed experts (grouped tensor-core GEMM vs the GEMV path) beside a cuBLAS bf16 GEMM's rate, the decode
+// projections (skinny GEMM vs cuBLAS at the step's shapes) and the fused MoE gate + grouping. Times are CUDA-event
+// medians; inputs are random and rotated so the L2 does not serve them.
 // Usage: kiln_bench_kernel_bench
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_grouped_gemm.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "runtime/cuda/model_glue_kernels.h"
 #include "kernels/cuda/moe_route_group.h"
@@ -85,13 +87,8 @@ uint16_t* device_bf16(size_t n, float bound, uint64_t seed) {
   return d;
 }
 
-// MLA prefill, GLM-4.7-Flash attention shapes: 4096 new rows of one sequence at the end of a 4K / 32K / 128K
-// context. "kernel" is the attention kernel over already expanded K / V; "path" adds the latent gather from 64-token
-// pages and the kv_b expansion GEMM (mla_prefill_attention). FLOPs count the causal pairs only:
-// 2 · H · (qk + v) · Σ over rows of the keys each sees. The reference rate is an 8192³ bf16 cublasGemmEx here.
-void bench_mla_prefill() {
-  cublasHandle_t blas = nullptr;
-  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+// The rate the prefill sections are measured against: an 8192³ bf16 cublasGemmEx (fp32 accumulation), FLOP/s.
+double cublas_reference_rate(cublasHandle_t blas) {
   const int64_t g = 8192;
   uint16_t *ga = device_bf16(g * g, 1.f, 21), *gb = device_bf16(g * g, 1.f, 22), *gc = device_bf16(g * g, 1.f, 23);
   const float one = 1.f, zero = 0.f;
@@ -105,7 +102,14 @@ void bench_mla_prefill() {
   const double peak = 2.0 * g * g * g / (gemm_ms * 1e-3);
   for (uint16_t* ptr : {ga, gb, gc}) CHECK_CUDA(cudaFree(ptr));
   std::printf("\ncuBLAS bf16 GEMM 8192^3: %.3f ms -> %.1f TFLOP/s (the reference below)\n", gemm_ms, peak / 1e12);
+  return peak;
+}
 
+// MLA prefill, GLM-4.7-Flash attention shapes: 4096 new rows of one sequence at the end of a 4K / 32K / 128K
+// context. "kernel" is the attention kernel over already expanded K / V; "path" adds the latent gather from 64-token
+// pages and the kv_b expansion GEMM (mla_prefill_attention). FLOPs count the causal pairs only:
+// 2 · H · (qk + v) · Σ over rows of the keys each sees. `peak` is cublas_reference_rate's.
+void bench_mla_prefill(cublasHandle_t blas, double peak) {
   const int64_t heads = 20, nope = 192, rope = 64, vd = 256, latent = 512, row = latent + rope, block = 64;
   const int64_t q_len = 4096, kvw = heads * (nope + vd);
   std::printf("\nMLA prefill (GLM-4.7-Flash: %lld heads, nope %lld + rope %lld, v %lld, latent %lld; %lld new rows)\n",
@@ -171,7 +175,96 @@ void bench_mla_prefill() {
   }
   CHECK_CUDA(cudaFree(q));
   CHECK_CUDA(cudaFree(out));
-  cublasDestroy(blas);
+}
+
+// Routed experts for prefill, GLM-4.7-Flash shapes (64 experts, top-4, hidden 2048, inter 1536), random distinct
+// routing: the tensor-core grouped path (moe_grouped_gemm.h) beside the GEMV path of moe_experts.h. FLOPs:
+// 2 · pairs · 3 · inter · hidden. "grouped" is the two grouped GEMMs alone; "path" / "gemv" add the grouping and the
+// combine, as the runner's MoE block runs them; "dense" is cuBLAS on the same FLOPs as two plain GEMMs over all pairs
+// (no routing), the ceiling a grouped GEMM can hope for. `peak` is cublas_reference_rate's.
+void bench_moe_prefill(cublasHandle_t blas, double peak) {
+  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
+  std::printf("\nMoE prefill experts (64 experts, top-4, hidden 2048, inter 1536)\n");
+  std::printf("%7s %8s %10s %9s %8s\n", "tokens", "what", "us", "TFLOP/s", "%cublas");
+  uint16_t* gate_up = device_bf16(size_t(experts) * 2 * inter * hidden, 0.05f, 41);
+  uint16_t* down = device_bf16(size_t(experts) * hidden * inter, 0.05f, 42);
+  for (int64_t tokens : {32, 128, 512, 4096, 16384}) {
+    const int64_t pairs = tokens * top_k;
+    const double flops = 2.0 * pairs * 3 * inter * hidden;
+    std::vector<int32_t> ids(pairs);
+    std::mt19937_64 rng(6);
+    std::vector<int32_t> all(experts);
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::shuffle(all.begin(), all.end(), rng);
+      std::copy(all.begin(), all.begin() + top_k, ids.begin() + t * top_k);
+    }
+    int32_t *d_ids, *offsets, *active, *order;
+    CHECK_CUDA(cudaMalloc(&d_ids, pairs * 4));
+    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), pairs * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&active, experts * 4));
+    CHECK_CUDA(cudaMalloc(&order, pairs * 4));
+    uint16_t* x = device_bf16(size_t(tokens) * hidden, 1.f, 43);
+    uint16_t *h = nullptr, *out = nullptr;
+    float* y = nullptr;
+    float* rw = device_random<float>(pairs, 44);
+    CHECK_CUDA(cudaMalloc(&h, size_t(pairs) * 2 * inter * 2));  // 2·inter: also the dense GEMM's output
+    CHECK_CUDA(cudaMalloc(&y, size_t(pairs) * hidden * 4));
+    CHECK_CUDA(cudaMalloc(&out, size_t(tokens) * hidden * 2));
+    const kiln::cuda::MoeDispatch d{offsets, active, order};
+    auto report = [&](const char* what, float ms) {
+      std::printf("%7lld %8s %10.1f %9.1f %7.1f%%\n", (long long)tokens, what, ms * 1e3, flops / (ms * 1e-3) / 1e12,
+                  100.0 * flops / (ms * 1e-3) / peak);
+    };
+    const int iters = tokens >= 4096 ? 10 : 30;
+    const float group_ms =
+        median_ms([&](int) { CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids, pairs, experts, d, nullptr)); }, iters);
+    std::printf("%7lld %8s %10.1f\n", (long long)tokens, "group", group_ms * 1e3);
+    auto grouped = [&]() {
+      CHECK_OK(kiln::cuda::moe_gate_up_swiglu_grouped_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d,
+                                                           INFINITY, h, nullptr));
+      CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+    };
+    report("grouped", median_ms([&](int) { grouped(); }, iters));
+    report("path", median_ms(
+                       [&](int) {
+                         CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids, pairs, experts, d, nullptr));
+                         grouped();
+                         CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, out, nullptr));
+                       },
+                       iters));
+    report("gemv", median_ms(
+                       [&](int) {
+                         CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids, pairs, experts, d, nullptr));
+                         CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up,
+                                                                      experts, d, INFINITY, h, nullptr));
+                         CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+                         CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, out, nullptr));
+                       },
+                       tokens >= 4096 ? 3 : iters));
+    if (tokens >= 512) {
+      // Dense stand-in operands: [pairs, hidden] rows (y's bytes reused), one expert's weights for every pair.
+      uint16_t* xp = reinterpret_cast<uint16_t*>(y);
+      const float one = 1.f, zero = 0.f;
+      report("dense", median_ms(
+                          [&](int) {
+                            if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 2 * inter, pairs, hidden, &one, gate_up,
+                                             CUDA_R_16BF, hidden, xp, CUDA_R_16BF, hidden, &zero, h, CUDA_R_16BF,
+                                             2 * inter, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+                                cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, hidden, pairs, inter, &one, down,
+                                             CUDA_R_16BF, inter, h, CUDA_R_16BF, inter, &zero, xp, CUDA_R_16BF, hidden,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                              std::exit(1);
+                          },
+                          iters));
+    }
+    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)x, (void*)h, (void*)y,
+                      (void*)rw, (void*)out})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+  CHECK_CUDA(cudaFree(gate_up));
+  CHECK_CUDA(cudaFree(down));
 }
 
 
@@ -419,7 +512,12 @@ int main() {
       CHECK_CUDA(cudaFree(ptr));
   }
 
-  bench_mla_prefill();
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const double peak = cublas_reference_rate(blas);
+  bench_mla_prefill(blas, peak);
+  bench_moe_prefill(blas, peak);
+  cublasDestroy(blas);
   bench_skinny_gemm(prop, bw);
   bench_route_group(bw);
   return 0;

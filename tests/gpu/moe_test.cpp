@@ -1,12 +1,15 @@
 // MoE router and the grouped expert GEMV path (gate_up+SwiGLU, down, combine) against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+
 #include "device_buffer.h"
-#include "kernels/cpu/activation.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_router.h"
+#include "moe_reference.h"
 
 namespace kiln::test {
 namespace {
@@ -41,6 +44,34 @@ TEST(GpuMoeRouter, IdsExactWeightsCloseToCpu) {
   }
 }
 
+// The dispatch is exactly a stable counting sort of the pairs by expert: decode sizes, prefill sizes (tens of
+// thousands of pairs over the grouping's slices), 1024 experts, and every pair on one expert.
+TEST(GpuMoeExperts, GroupingIsAStableSortByExpert) {
+  std::mt19937_64 rng(63);
+  for (auto [pairs, experts, one_expert] : {std::tuple{int64_t(1), 8, false}, {int64_t(37), 64, false},
+                                            {int64_t(65536), 64, false}, {int64_t(16387), 1024, false},
+                                            {int64_t(4099), 16, true}}) {
+    std::vector<int32_t> ids(pairs);
+    for (auto& id : ids) id = one_expert ? 7 : static_cast<int32_t>(rng() % experts);
+    std::vector<int32_t> want_offsets(experts + 1, 0), want_active(experts, -1), want_order(pairs);
+    for (int32_t id : ids) ++want_offsets[id + 1];
+    for (int e = 0, a = 0; e < experts; ++e) {
+      if (want_offsets[e + 1] > 0) want_active[a++] = e;
+      want_offsets[e + 1] += want_offsets[e];
+    }
+    std::iota(want_order.begin(), want_order.end(), 0);
+    std::stable_sort(want_order.begin(), want_order.end(), [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+
+    DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
+    for (auto* b : {&offsets, &active, &order}) b->poison();
+    KILN_STATUS_OK(cuda::moe_group_by_expert(dids.get(), pairs, experts, {offsets.get(), active.get(), order.get()},
+                                             nullptr));
+    EXPECT_EQ(offsets.download(), want_offsets) << pairs << " pairs, " << experts << " experts";
+    EXPECT_EQ(active.download(), want_active) << pairs << " pairs, " << experts << " experts";
+    EXPECT_EQ(order.download(), want_order) << pairs << " pairs, " << experts << " experts";
+  }
+}
+
 TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
   std::mt19937_64 rng(62);
   // ≤ 8 pairs run the wide grid (the first and last shapes; the last one's hidden exceeds one round of in-flight
@@ -61,23 +92,11 @@ TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
     const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
     const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
 
-    // CPU: per pair gate_up GEMM, SwiGLU, h rounded to bf16 (as the GPU stores it), down, weighted sum.
     const int64_t pairs = n * top_k;
-    std::vector<float> want_h(size_t(pairs) * inter), want(size_t(n) * hidden);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] = shared.values[t * hidden + i];
-      for (int64_t j = 0; j < top_k; ++j) {
-        const int64_t p = t * top_k + j, e = ids[p];
-        std::vector<float> gu(2 * inter), h(inter), y(hidden);
-        cpu::gemm_f32(x.values.data() + t * hidden, 1, hidden, gate_up.values.data() + e * 2 * inter * hidden,
-                      2 * inter, gu.data());
-        cpu::swiglu(gu.data(), gu.data() + inter, 1, inter, 2 * inter, h.data());
-        for (auto& v : h) v = cpu::bf16_to_float(cpu::float_to_bf16(v));
-        std::copy(h.begin(), h.end(), want_h.begin() + p * inter);
-        cpu::gemm_f32(h.data(), 1, inter, down.values.data() + e * hidden * inter, hidden, y.data());
-        for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += route_w[p] * y[i];
-      }
-    }
+    const MoeReference ref = moe_reference(x.values, n, top_k, hidden, inter, gate_up.values, down.values, ids,
+                                           route_w, shared.values, INFINITY);
+    const std::vector<float>& want_h = ref.h;
+    const std::vector<float>& want = ref.out;
 
     DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
     DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);

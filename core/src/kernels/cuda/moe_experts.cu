@@ -1,8 +1,8 @@
+#include <cub/block/block_scan.cuh>
 #include <type_traits>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_group_device.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -17,10 +17,73 @@ constexpr int kLoadsInFlight = 8;  // the wide grid: 16-byte weight loads per la
 constexpr int64_t kWideGridMaxPairs = 8;
 constexpr int kTokensPerPass = 4;  // tokens of one expert sharing each weight load
 
-__global__ void __launch_bounds__(moe_detail::kGroupThreads) group_kernel(const int32_t* ids, int64_t pairs,
-                                                                          int experts, MoeDispatch d) {
-  __shared__ moe_detail::GroupSmem smem;
-  moe_detail::group_pairs(ids, pairs, experts, d, smem);
+// One block; warp w < kSlices owns the w-th contiguous slice of the pairs. Pass 1: each of those warps counts its
+// slice per expert (lanes with the same id found by __match_any_sync). Then thread e turns the counts into each
+// slice's first slot in expert e's group, and block scans give offsets and the active list. Pass 2: each slice's
+// warp writes its pairs at its cursors. Slices in pair order and lanes in pair order keep pair order within an
+// expert (deterministic), and a warp reads pairs / kSlices ids: prefill's tens of thousands of pairs stay cheap.
+// kSlices · kMaxExperts ints stay within the 48 KiB of static shared memory.
+constexpr int kSlices = 8;
+
+__global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __restrict__ ids, int64_t pairs,
+                                                            int experts, MoeDispatch d) {
+  using Scan = cub::BlockScan<int, kMaxExperts>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ int cursor[kSlices * kMaxExperts];  // [slice][expert]: the slice's pair count, then its write cursor
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < kSlices * experts; i += blockDim.x) cursor[i] = 0;
+  __syncthreads();
+  const int64_t slice = (pairs + kSlices - 1) / kSlices;
+  // Warps past the last slice get an empty one.
+  const int64_t slice_begin = min(pairs, warp * slice), slice_end = warp < kSlices ? min(pairs, slice_begin + slice) : 0;
+  int* mine = cursor + min(warp, kSlices - 1) * experts;
+  auto id_at = [&](int64_t p) {
+    const int id = p < slice_end ? ids[p] : -1;
+    return id >= 0 && id < experts ? id : -1;  // out-of-range ids are left out
+  };
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
+  }
+  __syncthreads();
+
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < experts)
+    for (int w = 0; w < kSlices; ++w) count += cursor[w * experts + e];
+  int offset = 0, total = 0;
+  Scan(temp).ExclusiveSum(count, offset, total);
+  __syncthreads();
+  int rank = 0;
+  Scan(temp).ExclusiveSum(count > 0 ? 1 : 0, rank);
+  if (e < experts) {
+    d.expert_offsets[e] = offset;
+    d.active_experts[e] = -1;
+  }
+  if (e == 0) d.expert_offsets[experts] = total;
+  __syncthreads();
+  if (e < experts) {
+    if (count > 0) d.active_experts[rank] = e;
+    int next = offset;
+    for (int w = 0; w < kSlices; ++w) {
+      const int c = cursor[w * experts + e];
+      cursor[w * experts + e] = next;
+      next += c;
+    }
+  }
+  __syncthreads();
+
+  const unsigned lanes_below = (1u << lane) - 1;
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0) d.pair_order[mine[id] + __popc(same & lanes_below)] = static_cast<int32_t>(base + lane);
+    __syncwarp();
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
+  }
 }
 
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
@@ -169,7 +232,7 @@ Status moe_group_by_expert(const int32_t* ids, int64_t pairs, int64_t num_expert
   if (num_experts <= 0 || num_experts > kMaxExperts)
     return invalid_argument("cuda::moe_group_by_expert: num_experts must be in [1, 1024]");
   if (pairs < 0) return invalid_argument("cuda::moe_group_by_expert: pairs < 0");
-  group_kernel<<<1, moe_detail::kGroupThreads, 0, stream>>>(ids, pairs, static_cast<int>(num_experts), d);
+  group_kernel<<<1, kMaxExperts, 0, stream>>>(ids, pairs, static_cast<int>(num_experts), d);
   return check_launch("cuda::moe_group_by_expert");
 }
 
