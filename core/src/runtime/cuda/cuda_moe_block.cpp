@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
 #include "runtime/cuda/cuda_model_step.h"
@@ -46,10 +47,18 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   const MoeDispatch d{b.offsets, b.active, b.order};
   KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
-  KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, c.moe_intermediate_size, w.experts_gate_up, E, d,
-                                               std::numeric_limits<float>::infinity(), b.moe_h, st));
-  KILN_RETURN_IF_ERROR(
-      moe_down_bf16(b.moe_h, N * topk, c.moe_intermediate_size, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
+  const int64_t moe_I = c.moe_intermediate_size;
+  const float no_limit = std::numeric_limits<float>::infinity();
+  if (moe_prefers_grouped_gemm(N * topk, E)) {
+    // Prompt-sized steps: tens of rows per expert, so tensor-core tiles beat streaming each weight row.
+    KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_grouped_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit,
+                                                         b.moe_h, st));
+    KILN_RETURN_IF_ERROR(moe_down_grouped_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
+  } else {
+    KILN_RETURN_IF_ERROR(
+        moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit, b.moe_h, st));
+    KILN_RETURN_IF_ERROR(moe_down_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
+  }
   if (w.has_shared) KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.shared));
   return moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st);
 }
