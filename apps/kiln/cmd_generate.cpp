@@ -117,10 +117,20 @@ int cmd_generate(int argc, char** argv) {
   // as without it).
   const int depth = static_cast<int>(recipe->section("speculative").get_int("depth", 0));
   const bool speculative = recipe->section("speculative").get_string("method") != "none" && depth > 0;
-  std::unique_ptr<MtpDraftHost> host;
+  // On the GPU the runner holds the pages; the CPU pool above only numbers the blocks.
+  std::unique_ptr<ModelRunner> gpu_runner;
+#ifdef KILN_WITH_CUDA
+  if (loaded->gpu) {
+    auto r = loaded->gpu->make_runner(kv->num_blocks(), kv->block_size());
+    if (!r.ok()) return fail(r.status().message());
+    gpu_runner = std::move(r).value();
+  }
+#endif
+  std::unique_ptr<DraftHost> host;
   std::shared_ptr<Drafter> drafter;
   if (speculative) {
-    auto h = make_mtp_draft_host(*loaded, *recipe, global_registry(), needed);
+    // The MTP layers run where the model runs (the GPU host keeps its draft pages in device memory).
+    auto h = make_draft_host(*loaded, *recipe, global_registry(), needed);
     if (!h.ok()) return fail(h.status().message());
     host = std::move(h).value();
     auto d = create_drafter(*recipe, global_registry(), loaded->info, host.get());
@@ -138,22 +148,13 @@ int cmd_generate(int argc, char** argv) {
   Result<std::vector<int32_t>> result = std::vector<int32_t>{};
   std::string acceptance;
   if (speculative) {
-    SpeculativeGenerator gen(*loaded->model, *kv, *drafter, depth, /*seq_id=*/0);
+    SpeculativeGenerator gen(*loaded->model, *kv, *drafter, depth, /*seq_id=*/0, gpu_runner.get());
     result = gen.generate(ids, opts, print, &stats);
     char buf[160];
     std::snprintf(buf, sizeof buf, " | MTP depth %d: acceptance %.1f%%, mean acceptance length %.2f", depth,
                   100.0 * gen.metrics().acceptance_rate(), gen.metrics().mean_acceptance_length());
     acceptance = buf;
   } else {
-    // On the GPU the runner holds the pages; the CPU pool above only numbers the blocks.
-    std::unique_ptr<ModelRunner> gpu_runner;
-#ifdef KILN_WITH_CUDA
-    if (loaded->gpu) {
-      auto r = loaded->gpu->make_runner(kv->num_blocks(), kv->block_size());
-      if (!r.ok()) return fail(r.status().message());
-      gpu_runner = std::move(r).value();
-    }
-#endif
     Generator gen(*loaded->model, *kv, gpu_runner.get());
     result = gen.generate(ids, opts, print, &stats);
   }

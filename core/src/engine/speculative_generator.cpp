@@ -14,9 +14,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 SpeculativeGenerator::SpeculativeGenerator(const MlaMoeModel& model, KvCache& kv, Drafter& drafter, int depth,
-                                           int64_t seq_id)
+                                           int64_t seq_id, ModelRunner* runner)
     : model_(model),
       kv_(kv),
+      runner_(runner),
       drafter_(drafter),
       depth_(std::clamp(depth, 0, drafter.capabilities().max_depth)),
       seq_id_(seq_id) {}
@@ -58,11 +59,14 @@ Result<std::vector<int32_t>> SpeculativeGenerator::generate(const std::vector<in
   std::vector<float> new_hidden;
   int64_t new_start = 0;
   StepOutput out;
+  auto forward = [&](const SequenceStep& step) {
+    return runner_ ? runner_->forward({&step, 1}, out, depth_ > 0) : model_.forward({&step, 1}, kv_, out, depth_ > 0);
+  };
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   for (int64_t begin = 0; begin < P; begin += chunk) {
     const int64_t n = std::min(chunk, P - begin);
     SequenceStep step{std::span<const int32_t>(prompt.data() + begin, n), begin, &table_, false};
-    KILN_RETURN_IF_ERROR(model_.forward({&step, 1}, kv_, out, /*keep_hidden=*/depth_ > 0));
+    KILN_RETURN_IF_ERROR(forward(step));
     new_hidden.insert(new_hidden.end(), out.hidden.begin(), out.hidden.end());
   }
   new_tokens = prompt;
@@ -115,7 +119,7 @@ Result<std::vector<int32_t>> SpeculativeGenerator::generate(const std::vector<in
     const int64_t K = static_cast<int64_t>(pass.size()) - 1;
     KILN_RETURN_IF_ERROR(kv_.reserve(table_, length + K + 1));
     SequenceStep step{pass, length, &table_, /*all_logits=*/true};
-    KILN_RETURN_IF_ERROR(model_.forward({&step, 1}, kv_, out, /*keep_hidden=*/depth_ > 0));
+    KILN_RETURN_IF_ERROR(forward(step));
 
     std::span<const int32_t> drafts(pass.data() + 1, K);
     const bool have_q = !greedy && static_cast<int64_t>(draft.probs.size()) == K * vocab;

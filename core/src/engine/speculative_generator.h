@@ -22,8 +22,10 @@ namespace kiln {
 
 class SpeculativeGenerator {
  public:
-  // depth = K, capped by the drafter's max_depth; `seq_id` names the sequence to the drafter.
-  SpeculativeGenerator(const MlaMoeModel& model, KvCache& kv, Drafter& drafter, int depth, int64_t seq_id = 0);
+  // depth = K, capped by the drafter's max_depth; `seq_id` names the sequence to the drafter. With `runner`
+  // (the CUDA runner, whose pages mirror kv's block ids) the target runs through it, as in Generator.
+  SpeculativeGenerator(const MlaMoeModel& model, KvCache& kv, Drafter& drafter, int depth, int64_t seq_id = 0,
+                       ModelRunner* runner = nullptr);
   ~SpeculativeGenerator();
 
   // As Generator::generate: the generated ids (stop token included when one ended it); `on_token` sees each.
@@ -38,6 +40,7 @@ class SpeculativeGenerator {
 
   const MlaMoeModel& model_;
   KvCache& kv_;
+  ModelRunner* runner_;
   Drafter& drafter_;
   int depth_;
   int64_t seq_id_;
