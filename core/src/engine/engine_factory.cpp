@@ -1,5 +1,6 @@
 #include "engine/engine_factory.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "engine/mla_moe_runner.h"
@@ -74,8 +75,10 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
 #ifdef KILN_WITH_CUDA
   if (m.gpu && memory.memory_bytes == 0) {  // the pool is sized from the device's memory and the uploaded weights
     memory.cpu = false;
+    // What the device holds already (the weights with their arena's slack, the CUDA context, cuBLAS, other
+    // processes) is measured rather than summed from tensor sizes, which undercount it by gigabytes.
     memory.memory_bytes = cuda::CudaMlaMoeModel::device_total_bytes();
-    memory.weight_bytes = m.gpu->weight_bytes();
+    memory.weight_bytes = std::max(m.gpu->weight_bytes(), cuda::CudaMlaMoeModel::device_used_bytes());
   }
 #endif
   const ModelConfig& mc = m.model->config();

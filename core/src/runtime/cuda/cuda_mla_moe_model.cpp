@@ -42,6 +42,11 @@ bool CudaMlaMoeModel::device_available() {
   return ok;
 }
 
+size_t CudaMlaMoeModel::device_used_bytes() {
+  size_t free_b = 0, total_b = 0;
+  return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? total_b - free_b : 0;
+}
+
 size_t CudaMlaMoeModel::device_total_bytes() {
   size_t free_b = 0, total_b = 0;
   return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? total_b : 0;

@@ -32,8 +32,9 @@ class CudaMlaMoeModel {
   static Status supports(const ModelConfig& config);
   // Whether a CUDA device is visible to this process.
   static bool device_available();
-  // Device memory the KV pool and activations may take: total memory minus what the process holds now.
+  // The current device's memory: all of it, and what is in use now (by this process or any other).
   static size_t device_total_bytes();
+  static size_t device_used_bytes();
 
   // Decode-shaped steps (one token per sequence) replay a CUDA graph of the whole step, captured once per
   // shape (sequences, logit rows, block-table width, attention splits); on by default.
