@@ -115,7 +115,15 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
   std::vector<int32_t> cpu_table;
   ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
   std::vector<int32_t> cpu_tokens;
-  auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
+  // Per row, the CPU's smallest MoE routing margin over the layers: the bf16 GPU may route such a row differently.
+  std::vector<float> margins;
+  auto cpu_forward = [&](const SequenceStep& s, StepOutput& o) {
+    o.record_router_margin = true;
+    Status st = cpu.model->forward({&s, 1}, *kv, o);
+    margins.insert(margins.end(), o.router_margin.begin(), o.router_margin.end());
+    return st;
+  };
+  auto cpu_rows = decode_rows(cpu_forward,
                               prompt, cpu_table, kNew, cpu_tokens, true, vocab);
 
   const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;

@@ -80,6 +80,22 @@ TEST(MoeRouter, GroupLimitExcludesBestSingleExpertOfWeakGroup) {
   EXPECT_NEAR(w, 1.0 / (1.0 + std::exp(-2.0)), 1e-7);
 }
 
+TEST(MoeRouter, MarginIsTheSmallestGapToAChoiceLeftOut) {
+  // Groups {0, 1} and {2, 3}: group scores s(3)+s(-9) vs s(2)+s(2); within group 1, expert 2 (s(2.1)) beats 3 (s(2)).
+  const MoeRouterConfig c{4, 1, 2, 1, false, 1.0f};
+  const float logits[] = {3.0f, -9.0f, 2.1f, 2.0f};
+  auto s = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  int32_t id = -1;
+  float w = 0, margin = 1e9f;
+  moe_route(logits, nullptr, 1, c, &id, &w, &margin);
+  EXPECT_EQ(id, 2);
+  const double group_gap = (s(2.1) + s(2.0)) - (s(3.0) + s(-9.0)), expert_gap = s(2.1) - s(2.0);
+  EXPECT_NEAR(margin, std::min(group_gap, expert_gap), 1e-6);
+  float tighter = 1e-7f;  // only ever lowered
+  moe_route(logits, nullptr, 1, c, &id, &w, &tighter);
+  EXPECT_EQ(tighter, 1e-7f);
+}
+
 TEST(MoeRouter, BiasChoosesButDoesNotWeigh) {
   const MoeRouterConfig c{4, 2, 1, 1, true, 2.0f};
   const float logits[] = {1.0f, 0.0f, -1.0f, 0.5f};

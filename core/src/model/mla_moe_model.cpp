@@ -1,5 +1,6 @@
 #include "model/mla_moe_model.h"
 
+#include <limits>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -263,7 +264,7 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   return run_linear(*w.o_proj, attn.data(), N, out);
 }
 
-Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out) const {
+Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
   const ModelConfig& c = config_;
   const int64_t Hd = c.hidden_size;
   auto dense = [&](const MlpWeights& m, float* y) -> Status {
@@ -287,7 +288,7 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   rc.topk_group = c.topk_group;
   rc.norm_topk_prob = c.norm_topk_prob;
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data());
+  cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data(), router_margin);
   TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
   TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});
   KILN_RETURN_IF_ERROR(w.moe.experts->forward(xv, ids.data(), weights.data(), static_cast<int>(k), yv, {}));
@@ -300,7 +301,8 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
 }
 
 Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
-                              float* x, std::vector<int32_t>& selected, int64_t& selected_width) const {
+                              float* x, std::vector<int32_t>& selected, int64_t& selected_width,
+                              float* router_margin) const {
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> h(N * Hd), y(N * Hd);
@@ -308,7 +310,7 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
   KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, kv, h.data(), y.data(), selected, selected_width)
                            .with_context("layer " + std::to_string(kv_layer) + " attention"));
   cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
-  KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data()).with_context("layer " + std::to_string(kv_layer) + " mlp"));
+  KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data(), router_margin).with_context("layer " + std::to_string(kv_layer) + " mlp"));
   for (int64_t i = 0; i < N * Hd; ++i) x[i] += y[i];
   return ok_status();
 }
@@ -330,8 +332,11 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, St
   // DSA "shared" layers reuse the previous indexer layer's selection, so it lives across layers.
   std::vector<int32_t> selected;
   int64_t selected_width = 0;
+  out.router_margin.clear();
+  if (out.record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
+  float* margin = out.record_router_margin ? out.router_margin.data() : nullptr;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, kv, x.data(), selected, selected_width));
+    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, kv, x.data(), selected, selected_width, margin));
 
   if (keep_hidden) {
     out.hidden.resize(N * Hd);

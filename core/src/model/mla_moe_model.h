@@ -37,6 +37,10 @@ struct StepOutput {
   // MTP drafter conditions on); mtp_forward(): the MTP block's output before shared_head.norm (what the
   // next drafting step conditions on).
   std::vector<float> hidden;
+  // Set before forward() to get, per token, the smallest MoE routing margin over the layers (see cpu::moe_route)
+  // in router_margin (CPU reference only; for comparisons at lower precision).
+  bool record_router_margin = false;
+  std::vector<float> router_margin;
 };
 
 class MlaMoeModel {
@@ -72,7 +76,7 @@ class MlaMoeModel {
     std::vector<float> cos, sin;           // [n, rope/2]
   };
   Status run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, float* x,
-                   std::vector<int32_t>& selected, int64_t& selected_width) const;
+                   std::vector<int32_t>& selected, int64_t& selected_width, float* router_margin = nullptr) const;
   Status make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const;
 
  private:
@@ -80,7 +84,7 @@ class MlaMoeModel {
                    float* out, std::vector<int32_t>& selected, int64_t& selected_width) const;
   Status indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
                         const float* q_resid, std::vector<int32_t>& selected, int64_t& selected_width) const;
-  Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out) const;
+  Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
   bool use_expanded(int64_t new_tokens, int64_t kv_len) const;
   // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
   Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "kernels/cpu/moe_router.h"
 
 #include <cmath>
@@ -9,7 +10,7 @@
 namespace kiln::cpu {
 
 void moe_route(const float* logits, const float* bias, int64_t n, const MoeRouterConfig& c, int32_t* ids,
-               float* weights) {
+               float* weights, float* margin) {
   const int64_t experts = c.num_experts;
   const int64_t group_size = experts / c.n_group;
 #pragma omp parallel for schedule(static) if (n * experts >= (1 << 14))
@@ -31,12 +32,24 @@ void moe_route(const float* logits, const float* bias, int64_t n, const MoeRoute
       topk_indices(group_scores.data(), c.n_group, c.topk_group, kept.data());
       std::vector<char> keep(static_cast<size_t>(c.n_group), 0);
       for (int32_t g : kept) keep[g] = 1;
+      if (margin) {
+        float best_out = -std::numeric_limits<float>::infinity();
+        for (int64_t g = 0; g < c.n_group; ++g)
+          if (!keep[g]) best_out = std::max(best_out, group_scores[g]);
+        margin[t] = std::min(margin[t], group_scores[kept[c.topk_group - 1]] - best_out);
+      }
       for (int64_t e = 0; e < experts; ++e)
         if (!keep[e / group_size]) choice[e] = -std::numeric_limits<float>::infinity();
     }
     int32_t* id = ids + t * c.top_k;
     float* w = weights + t * c.top_k;
     topk_indices(choice.data(), experts, c.top_k, id);
+    if (margin) {
+      float best_out = -std::numeric_limits<float>::infinity();
+      for (int64_t e = 0; e < experts; ++e)
+        if (std::find(id, id + c.top_k, static_cast<int32_t>(e)) == id + c.top_k) best_out = std::max(best_out, choice[e]);
+      if (std::isfinite(best_out)) margin[t] = std::min(margin[t], choice[id[c.top_k - 1]] - best_out);
+    }
     float sum = 0.0f;
     for (int64_t j = 0; j < c.top_k; ++j) {
       w[j] = probs[id[j]];

@@ -18,7 +18,10 @@ struct MoeRouterConfig {
 // group score = sum of the two largest c in the group; keep the topk_group best groups; ids = top_k experts
 // by c within them (descending c, ties by lower id; see topk.h); weights = p at ids, divided by
 // (Σ + 1e-20) when norm_topk_prob, times routed_scaling_factor. logits [n, E], ids/weights [n, top_k].
+// margin (may be null) [n]: lowered to each token's decision margin — the smallest gap between the last group /
+// expert chosen and the first one left out — so a comparison at lower precision can tell a flipped near-tie
+// from an error.
 void moe_route(const float* logits, const float* bias, int64_t n, const MoeRouterConfig& config, int32_t* ids,
-               float* weights);
+               float* weights, float* margin = nullptr);
 
 }  // namespace kiln::cpu
