@@ -1,8 +1,8 @@
 // The CUDA runner against the CPU model on the committed fixtures (glm4_moe_lite, deepseek_v3 and the DSA model
 // glm_moe_dsa, whose index_topk = 8 makes the indexer's selection matter). The GPU keeps weights and activations in
 // bf16 (fixtures are fp32) with an fp32 residual stream; the CPU path runs fp32 with the same bf16 KV layout.
-// Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row; teacher-forced argmax identical at every step but
-// measured near-ties (reported); on the trained bf16 tiny-glm, free-running greedy output identical outright.
+// Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row but rows the CPU routed by a near-tie (MoE margin
+// < 1e-2, reported); teacher-forced argmax identical at every step but measured near-ties (reported).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kBlockSize = 4;
 constexpr double kLogitsTolerance = 5e-2;
+// A routing margin (cpu::moe_route) below this is within reach of bf16 activations' error in the sigmoid scores.
+constexpr float kRouterNearTie = 1e-2f;
 
 fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
 
@@ -139,7 +141,8 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
   const size_t P = prompt.size();
   const ModelConfig& c = cpu.model->config();
   double worst = 0, worst_abs = 0;
-  int64_t near_ties = 0, broken_ties = 0, sparse_rows = 0;
+  int64_t near_ties = 0, broken_ties = 0, sparse_rows = 0, routing_ties = 0;
+  ASSERT_EQ(margins.size(), cpu_rows.size());
   for (size_t r = 0; r < cpu_rows.size(); ++r) {
     const double e = relative_error(gpu_rows[r].data(), cpu_rows[r].data(), vocab);
     double diff = 0;
@@ -149,6 +152,10 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
     // the GPU's row errors), so only the argmax rule below holds for them; their count is reported.
     if (c.has_indexer() && static_cast<int64_t>(r) + 1 > c.index_topk) {
       ++sparse_rows;
+    } else if (r < margins.size() && margins[r] < kRouterNearTie) {
+      // The CPU itself chose its experts (or expert group) by less than the bf16 path's error in the router's
+      // scores: the GPU may pick the other one, a discrete change of the row's output, not an error.
+      ++routing_ties;
     } else {
       worst = std::max(worst, e);
       worst_abs = std::max(worst_abs, diff);
@@ -166,9 +173,11 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
     }
   }
   std::printf("%s: %lld teacher-forced steps; worst logits error %.3g of max|cpu| (%.3g absolute) over %lld dense "
-              "rows; %lld DSA-selected rows; %lld near-tie steps (gap < 2·|Δ|), %lld of them decided differently\n",
+              "rows; %lld DSA-selected rows; %lld rows routed by a near-tie (margin < 1e-2); %lld near-tie steps "
+              "(gap < 2·|Δ|), %lld of them decided differently\n",
               GetParam().c_str(), static_cast<long long>(kNew + 1), worst, worst_abs,
-              static_cast<long long>(cpu_rows.size()) - sparse_rows, static_cast<long long>(sparse_rows),
+              static_cast<long long>(cpu_rows.size()) - sparse_rows - routing_ties, static_cast<long long>(sparse_rows),
+              static_cast<long long>(routing_ties),
               static_cast<long long>(near_ties), static_cast<long long>(broken_ties));
 }
 
