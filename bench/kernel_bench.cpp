@@ -18,6 +18,7 @@
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_gate_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -377,6 +378,97 @@ void bench_route_group(double bw) {
   }
 }
 
+// The batch-invariant replacements of the decode step's cuBLAS calls, GLM-4.7-Flash shapes, vs those calls: MLA's
+// per-head absorption products (q_lat = W_UK[h]ᵀ·q_nope through the transposed W_UK, attn = W_UV[h]·o_lat; the
+// skinny GEMM as a strided batch over 20 heads vs cublasGemmStridedBatchedEx on kv_b) and the MoE router (the fp32
+// gate GEMV on the bf16 input vs bf16→fp32 cast + cublasSgemm). Weights rotate over copies to keep the L2 cold.
+// Floor = weight bytes ÷ copy rate.
+void bench_invariant_decode_products(const cudaDeviceProp& prop, double bw) {
+  const int64_t H = 20, nope = 192, rope = 64, v = 256, L = 512, qk = nope + rope, D = L + rope;
+  const int64_t hidden = 2048, experts = 64;
+  const size_t kv_b_elems = size_t(H) * (nope + v) * L, uk_elems = size_t(H) * L * nope;
+  const int copies = 16;
+  uint16_t* kv_b = device_random<uint16_t>(kv_b_elems * copies, 41);
+  uint16_t* uk_t = device_random<uint16_t>(uk_elems * copies, 42);
+  float* router = device_random<float>(size_t(experts) * hidden * copies, 43);
+  uint16_t* q = device_random<uint16_t>(size_t(32) * H * qk, 44);
+  uint16_t* o = device_random<uint16_t>(size_t(32) * H * L, 45);
+  uint16_t* x = device_random<uint16_t>(size_t(32) * hidden, 46);
+  float *q_abs, *x32, *logits;
+  uint16_t* attn;
+  CHECK_CUDA(cudaMalloc(&q_abs, size_t(32) * H * D * 4));
+  CHECK_CUDA(cudaMalloc(&attn, size_t(32) * H * v * 2));
+  CHECK_CUDA(cudaMalloc(&x32, size_t(32) * hidden * 4));
+  CHECK_CUDA(cudaMalloc(&logits, size_t(32) * experts * 4));
+  cublasHandle_t blas = nullptr;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+  const float one = 1.f, zero = 0.f;
+  std::printf("\nBatch-invariant decode products (20 heads, nope 192, v 256, latent 512; router 64 x 2048 fp32)\n");
+  std::printf("%4s %11s %11s %11s %11s %9s %10s %10s %9s\n", "n", "absorb_us", "cb_absorb", "unabsorb", "cb_unabs",
+              "floor_us", "gate_us", "cb_gate", "floor_us");
+  for (int64_t n : {1, 2, 4, 6, 8, 12, 16, 24, 32}) {
+    kiln::cuda::SkinnyStrides a, u;
+    a.batches = H, a.x_row = H * qk, a.x_batch = qk, a.w_batch = L * nope, a.y_row = H * D, a.y_batch = D;
+    u.batches = H, u.x_row = H * L, u.x_batch = L, u.w_batch = (nope + v) * L, u.y_row = H * v, u.y_batch = v;
+    const float absorb_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(q, n, nope, uk_t + (i % copies) * uk_elems, L, q_abs,
+                                                                kiln::DType::kF32, a, false,
+                                                                prop.multiProcessorCount, nullptr));
+        },
+        100);
+    const float cb_absorb_ms = median_ms(
+        [&](int i) {
+          if (cublasGemmStridedBatchedEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, L, n, nope, &one, kv_b + (i % copies) * kv_b_elems,
+                                         CUDA_R_16BF, L, (nope + v) * L, q, CUDA_R_16BF, H * qk, qk, &zero, q_abs,
+                                         CUDA_R_32F, H * D, D, H, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+            std::exit(1);
+        },
+        100);
+    const float unabsorb_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(o, n, L, kv_b + (i % copies) * kv_b_elems + nope * L,
+                                                                v, attn, kiln::DType::kBF16, u, false,
+                                                                prop.multiProcessorCount, nullptr));
+        },
+        100);
+    const float cb_unabsorb_ms = median_ms(
+        [&](int i) {
+          if (cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, v, n, L, &one,
+                                         kv_b + (i % copies) * kv_b_elems + nope * L, CUDA_R_16BF, L, (nope + v) * L, o,
+                                         CUDA_R_16BF, H * L, L, &zero, attn, CUDA_R_16BF, H * v, v, H,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+            std::exit(1);
+        },
+        100);
+    const float gate_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_gate_logits_bf16(x, n, hidden, router + (i % copies) * experts * hidden, experts,
+                                                    logits, nullptr));
+        },
+        100);
+    const float cb_gate_ms = median_ms(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::bf16_to_f32(x, size_t(n) * hidden, x32, nullptr));
+          if (cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, experts, n, hidden, &one,
+                          router + (i % copies) * experts * hidden, hidden, x32, hidden, &zero, logits,
+                          experts) != CUBLAS_STATUS_SUCCESS)
+            std::exit(1);
+        },
+        100);
+    const double floor_mla = double(uk_elems + size_t(H) * v * L) * 2 / bw * 1e6;
+    const double floor_gate = double(experts) * hidden * 4 / bw * 1e6;
+    std::printf("%4lld %11.2f %11.2f %11.2f %11.2f %9.2f %10.2f %10.2f %9.2f\n", (long long)n, absorb_ms * 1e3,
+                cb_absorb_ms * 1e3, unabsorb_ms * 1e3, cb_unabsorb_ms * 1e3, floor_mla, gate_ms * 1e3,
+                cb_gate_ms * 1e3, floor_gate);
+  }
+  cublasDestroy(blas);
+  for (void* ptr : {(void*)kv_b, (void*)uk_t, (void*)router, (void*)q, (void*)o, (void*)x, (void*)q_abs, (void*)attn,
+                    (void*)x32, (void*)logits})
+    CHECK_CUDA(cudaFree(ptr));
+}
+
 }  // namespace
 
 int main() {
@@ -520,5 +612,6 @@ int main() {
   cublasDestroy(blas);
   bench_skinny_gemm(prop, bw);
   bench_route_group(bw);
+  bench_invariant_decode_products(prop, bw);
   return 0;
 }

@@ -1,8 +1,10 @@
 // MTP speculative decoding on the CUDA runner. The GPU draft host runs the next-n layer as the CPU host does
 // (logits and hidden states within the bf16 tolerance of the fixture tests), keeps its own paged KV (rollback
 // frees pages), and through the engine greedy output with drafting at K = 1..5 equals plain decoding on the
-// same GPU token for token: on the trained tiny-glm (bf16) and on the glm4_moe_lite-tiny fixture, with
-// concurrent requests of several prompt and output lengths.
+// same GPU token for token, exactly (no near-tie allowance): on the trained tiny-glm (bf16) and on the
+// glm4_moe_lite-tiny fixture, with concurrent requests of several prompt and output lengths, and with a long
+// prompt through the prefill kernel. That rests on the runner's batch invariance (kBatchInvariantMaxRows in
+// cuda_model_step.h, tested row by row in batch_invariance_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +26,20 @@ fs::path model_path(const std::string& name) {
   return name == "tiny-glm" ? fs::path(KILN_SOURCE_DIR) / "models/tiny-glm" : model_dir(name);
 }
 
-Recipe gpu_recipe(const std::string& model, int depth) {
+// Drafting is exactly lossless where every row a sequence brings to a step is computed as plain decoding computes
+// it. The runner guarantees that for decode-path rows (decode, verification, prompt chunks under
+// kPrefillMinTokens = 16 tokens) in steps of at most kBatchInvariantMaxRows = 32 rows, whatever shares the step;
+// not for steps beyond 32 rows (cuBLAS picks its summation order by the row count) nor for prompt chunks of 16
+// or more, whose prefill kernel expands the keys of all of the step's prefilling sequences in one cuBLAS GEMM.
+// With drafting, steps carry other rows than without (and which requests a step admits depends on thread timing),
+// so the engine settings keep every step inside the guarantee: `max_num_seqs` sequences, `batched` scheduled
+// tokens a step, and at most K = 5 draft rows per decoding sequence give ≤ batched + 5 · max_num_seqs rows.
+Recipe gpu_recipe(const std::string& model, int depth, int64_t max_num_seqs = 4, int64_t batched = 12) {
   load_mtp_plugin();
   std::vector<std::string> o = {"model.path=" + model_path(model).string(), "model.device=cuda", "kv.layout=bf16",
-                                "kv.block_size=4", "scheduler.max_model_len=160", "scheduler.max_num_seqs=4",
-                                "scheduler.max_num_batched_tokens=32"};
+                                "kv.block_size=4", "scheduler.max_model_len=160",
+                                "scheduler.max_num_seqs=" + std::to_string(max_num_seqs),
+                                "scheduler.max_num_batched_tokens=" + std::to_string(batched)};
   if (depth > 0) {
     o.push_back("speculative.method=mtp");
     o.push_back("speculative.depth=" + std::to_string(depth));
@@ -141,27 +152,10 @@ std::vector<std::vector<int32_t>> plain_gpu_generation(const LoadedModel& m,
   return expected;
 }
 
-class CudaSpeculativeEngine : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
-
-TEST_P(CudaSpeculativeEngine, GreedyOutputEqualsNoDrafting) {
-  const auto& [model, depth] = GetParam();
-  const Recipe recipe = gpu_recipe(model, depth);
-  auto loaded = load_model(recipe, global_registry(), model_load_options(recipe));
-  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  const LoadedModel& m = *loaded;
-  ASSERT_NE(m.gpu, nullptr);
-  ASSERT_EQ(m.gpu->num_mtp_layers(), 1);
-  const int64_t vocab = m.model->config().vocab_size;
-
-  std::mt19937 rng(200 + depth);
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int64_t> lengths;
-  for (int i = 0; i < 6; ++i) {
-    prompts.push_back(random_prompt(rng, 2 + 7 * i, vocab));
-    lengths.push_back(1 + 6 * i);  // 1 .. 31 tokens: budgets shorter than K, and many passes
-  }
-  const auto expected = plain_gpu_generation(m, prompts, lengths);
-
+// Serves `prompts` through the engine of `recipe` (drafting) and expects exactly `expected` for each.
+void expect_engine_output(const LoadedModel& m, const Recipe& recipe, const std::string& model, int depth,
+                          const std::vector<std::vector<int32_t>>& prompts, const std::vector<int64_t>& lengths,
+                          const std::vector<std::vector<int32_t>>& expected) {
   auto started = start_engine(m, recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
   ASSERT_NE(started->drafter, nullptr);
@@ -187,6 +181,47 @@ TEST_P(CudaSpeculativeEngine, GreedyOutputEqualsNoDrafting) {
               static_cast<long long>(metrics.spec_accepted_tokens), static_cast<long long>(metrics.spec_draft_tokens));
   if (model == "tiny-glm") EXPECT_GT(metrics.spec_accepted_tokens, 0);  // a trained MTP layer drafts usefully
   started->engine->drain();
+}
+
+LoadedModel load_gpu(const Recipe& recipe) {
+  auto loaded = load_model(recipe, global_registry(), model_load_options(recipe));
+  EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+  return std::move(loaded).value();
+}
+
+class CudaSpeculativeEngine : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// Concurrent requests whose prompts (2 .. 12 tokens) run the decode path, in steps of at most 12 + 5 · 4 = 32 rows.
+TEST_P(CudaSpeculativeEngine, GreedyOutputEqualsNoDrafting) {
+  const auto& [model, depth] = GetParam();
+  const Recipe recipe = gpu_recipe(model, depth);
+  const LoadedModel m = load_gpu(recipe);
+  ASSERT_NE(m.gpu, nullptr);
+  ASSERT_EQ(m.gpu->num_mtp_layers(), 1);
+  const int64_t vocab = m.model->config().vocab_size;
+
+  std::mt19937 rng(200 + depth);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_prompt(rng, 2 + 2 * i, vocab));
+    lengths.push_back(1 + 6 * i);  // 1 .. 31 tokens: budgets shorter than K, and many passes
+  }
+  expect_engine_output(m, recipe, model, depth, prompts, lengths, plain_gpu_generation(m, prompts, lengths));
+}
+
+// One request with a 45-token prompt: it is the engine's only sequence, so its prompt runs as one chunk through
+// the prefill kernel in a step of its own, as in plain generation (one forward of the whole prompt); then
+// verification steps of 1 + K ≤ 6 rows.
+TEST_P(CudaSpeculativeEngine, LongPromptGreedyOutputEqualsNoDrafting) {
+  const auto& [model, depth] = GetParam();
+  const Recipe recipe = gpu_recipe(model, depth, 1, 64);
+  const LoadedModel m = load_gpu(recipe);
+  ASSERT_NE(m.gpu, nullptr);
+  std::mt19937 rng(300 + depth);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 45, m.model->config().vocab_size)};
+  const std::vector<int64_t> lengths = {40};
+  expect_engine_output(m, recipe, model, depth, prompts, lengths, plain_gpu_generation(m, prompts, lengths));
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndDepths, CudaSpeculativeEngine,

@@ -3,12 +3,15 @@
 // tails, bf16 / fp32 outputs, accumulate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <tuple>
 
 #include "device_buffer.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::test {
 namespace {
@@ -98,6 +101,151 @@ TEST(GpuSkinnyGemm, LinearDispatchMatchesCpu) {
     EXPECT_LT(rel_error(widen(dy16.download()), want), kTolBf16) << n << "/" << in << "/" << out;
     EXPECT_LT(rel_error(dy32.download(), want), 1e-4) << n << "/" << in << "/" << out;  // cuBLAS: 1e-4 as before
   }
+}
+
+// Batch invariance (what makes GPU speculative verification lossless): up to kSkinnyGemmMaxRows rows, a row's
+// outputs are bitwise those of the row computed alone, wherever it sits among the others, for every block shape.
+TEST(GpuSkinnyGemm, EachRowIsBitwiseIndependentOfTheOtherRows) {
+  std::mt19937_64 rng(93);
+  constexpr int64_t kRows = cuda::kSkinnyGemmMaxRows;
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{2048, 768}, {520, 17}, {5120, 64}, {96, 2048}, {2048, 16384}}) {
+    const Bf16Data x = random_bf16(size_t(kRows) * in, rng);
+    const Bf16Data w = random_bf16(size_t(out) * in, rng, -0.05f, 0.05f);
+    DeviceBuffer<uint16_t> dx(x.bits), dw(w.bits), dy16(size_t(kRows) * out);
+    DeviceBuffer<float> dy32(size_t(kRows) * out);
+    for (int sms : {1, 132, 100000}) {
+      // Row r alone (x row r is x + r·in).
+      std::vector<float> alone32(size_t(kRows) * out);
+      std::vector<uint16_t> alone16(alone32.size());
+      for (int64_t r = 0; r < kRows; ++r) {
+        KILN_STATUS_OK(cuda::skinny_gemm_bf16(dx.get() + r * in, 1, in, dw.get(), out, dy32.get(), DType::kF32, false,
+                                              sms, nullptr));
+        KILN_STATUS_OK(cuda::skinny_gemm_bf16(dx.get() + r * in, 1, in, dw.get(), out, dy16.get(), DType::kBF16,
+                                              false, sms, nullptr));
+        const auto y32 = dy32.download();
+        const auto y16 = dy16.download();
+        std::copy_n(y32.begin(), out, alone32.begin() + r * out);
+        std::copy_n(y16.begin(), out, alone16.begin() + r * out);
+      }
+      for (int64_t n : {2, 3, 7, 8, 9, 16, 17, 24, 31, 32}) {
+        KILN_STATUS_OK(cuda::skinny_gemm_bf16(dx.get(), n, in, dw.get(), out, dy32.get(), DType::kF32, false, sms,
+                                              nullptr));
+        KILN_STATUS_OK(cuda::skinny_gemm_bf16(dx.get(), n, in, dw.get(), out, dy16.get(), DType::kBF16, false, sms,
+                                              nullptr));
+        const auto y32 = dy32.download();
+        const auto y16 = dy16.download();
+        for (int64_t r = 0; r < n; ++r) {
+          EXPECT_EQ(0, std::memcmp(y32.data() + r * out, alone32.data() + r * out, out * sizeof(float)))
+              << "fp32: row " << r << " of " << n << ", in " << in << " out " << out << " sms " << sms;
+          EXPECT_EQ(0, std::memcmp(y16.data() + r * out, alone16.data() + r * out, out * sizeof(uint16_t)))
+              << "bf16: row " << r << " of " << n << ", in " << in << " out " << out << " sms " << sms;
+        }
+      }
+    }
+  }
+}
+
+struct MlaShape {
+  int64_t heads, nope, rope, v, latent;
+};
+
+// MLA's per-head absorption products as the CUDA runner runs them in batch-invariant steps: the strided batch over
+// heads against the CPU (q_lat[t, h] = W_UK[h]ᵀ·q_nope[t, h] through the transposed W_UK, fp32 out;
+// attn[t, h] = W_UV[h]·o_lat[t, h], bf16 out), and every row bitwise equal to the row run alone.
+TEST(GpuSkinnyGemm, PerHeadAbsorptionProductsMatchCpuAndAreBatchInvariant) {
+  std::mt19937_64 rng(94);
+  // GLM-4.7-Flash, tiny-glm and the glm4_moe_lite-tiny fixture.
+  for (const MlaShape& m : {MlaShape{20, 192, 64, 256, 512}, MlaShape{8, 32, 16, 32, 128}, MlaShape{4, 16, 8, 16, 32}}) {
+    const int64_t H = m.heads, qk = m.nope + m.rope, D = m.latent + m.rope, L = m.latent;
+    const Bf16Data kv_b = random_bf16(size_t(H * (m.nope + m.v)) * L, rng, -0.05f, 0.05f);
+    DeviceBuffer<uint16_t> d_kv_b(kv_b.bits), d_uk_t(size_t(H) * L * m.nope);
+    KILN_STATUS_OK(cuda::mla_transpose_w_uk(d_kv_b.get(), H, m.nope, m.v, L, d_uk_t.get(), nullptr));
+    const auto uk_t = d_uk_t.download();
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t i = 0; i < m.nope; ++i)
+          ASSERT_EQ(uk_t[(h * L + l) * m.nope + i], kv_b.bits[(h * (m.nope + m.v) + i) * L + l]) << h << " " << l << " " << i;
+
+    constexpr int64_t kMaxRows = cuda::kSkinnyGemmMaxRows;
+    const Bf16Data q = random_bf16(size_t(kMaxRows) * H * qk, rng);
+    const Bf16Data o = random_bf16(size_t(kMaxRows) * H * L, rng);
+    DeviceBuffer<uint16_t> dq(q.bits), d_o(o.bits), d_attn(size_t(kMaxRows) * H * m.v);
+    DeviceBuffer<float> d_qabs(size_t(kMaxRows) * H * D);
+    auto absorb = [&](int64_t n, int64_t first_row) {
+      cuda::SkinnyStrides s;
+      s.batches = H, s.x_row = H * qk, s.x_batch = qk, s.w_batch = L * m.nope, s.y_row = H * D, s.y_batch = D;
+      return cuda::skinny_gemm_strided_batched_bf16(dq.get() + first_row * H * qk, n, m.nope, d_uk_t.get(), L,
+                                                    d_qabs.get(), DType::kF32, s, false, 132, nullptr);
+    };
+    auto unabsorb = [&](int64_t n, int64_t first_row) {
+      cuda::SkinnyStrides s;
+      s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (m.nope + m.v) * L, s.y_row = H * m.v,
+      s.y_batch = m.v;
+      return cuda::skinny_gemm_strided_batched_bf16(d_o.get() + first_row * H * L, n, L, d_kv_b.get() + m.nope * L,
+                                                    m.v, d_attn.get(), DType::kBF16, s, false, 132, nullptr);
+    };
+    // Row t alone, then batches of n rows.
+    std::vector<float> alone_q(size_t(kMaxRows) * H * L);
+    std::vector<uint16_t> alone_attn(size_t(kMaxRows) * H * m.v);
+    for (int64_t t = 0; t < kMaxRows; ++t) {
+      KILN_STATUS_OK(absorb(1, t));
+      KILN_STATUS_OK(unabsorb(1, t));
+      const auto qa = d_qabs.download();
+      const auto at = d_attn.download();
+      for (int64_t h = 0; h < H; ++h) std::copy_n(qa.begin() + h * D, L, alone_q.begin() + (t * H + h) * L);
+      std::copy_n(at.begin(), H * m.v, alone_attn.begin() + t * H * m.v);
+    }
+    for (int64_t n : {1, 5, 8, 17, 32}) {
+      d_qabs.poison();
+      d_attn.poison();
+      KILN_STATUS_OK(absorb(n, 0));
+      KILN_STATUS_OK(unabsorb(n, 0));
+      const auto qa = d_qabs.download();
+      const auto at = d_attn.download();
+      std::vector<float> got_q, want_q, got_a, want_a;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t l = 0; l < L; ++l) {
+            double acc = 0;
+            for (int64_t i = 0; i < m.nope; ++i)
+              acc += double(kv_b.values[(h * (m.nope + m.v) + i) * L + l]) * q.values[t * H * qk + h * qk + i];
+            want_q.push_back(static_cast<float>(acc));
+            got_q.push_back(qa[(t * H + h) * D + l]);
+          }
+          for (int64_t j = 0; j < m.v; ++j) {
+            double acc = 0;
+            for (int64_t l = 0; l < L; ++l)
+              acc += double(kv_b.values[(h * (m.nope + m.v) + m.nope + j) * L + l]) * o.values[(t * H + h) * L + l];
+            want_a.push_back(static_cast<float>(acc));
+            got_a.push_back(cpu::bf16_to_float(at[(t * H + h) * m.v + j]));
+          }
+        }
+      const std::string what = "heads " + std::to_string(H) + " latent " + std::to_string(L) + " n " + std::to_string(n);
+      EXPECT_LT(rel_error(got_q, want_q), kTolF32) << what;
+      EXPECT_LT(rel_error(got_a, want_a), kTolBf16) << what;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < H; ++h)
+          EXPECT_EQ(0, std::memcmp(qa.data() + (t * H + h) * D, alone_q.data() + (t * H + h) * L, L * sizeof(float)))
+              << what << ": q_lat row " << t << " head " << h;
+        EXPECT_EQ(0, std::memcmp(at.data() + t * H * m.v, alone_attn.data() + t * H * m.v, H * m.v * sizeof(uint16_t)))
+            << what << ": attn row " << t;
+      }
+    }
+  }
+}
+
+TEST(GpuSkinnyGemm, StridedBatchRejectsMisalignedStrides) {
+  DeviceBuffer<uint16_t> buf(4096);
+  DeviceBuffer<float> y(4096);
+  cuda::SkinnyStrides s;
+  s.batches = 2, s.x_row = 68, s.x_batch = 4, s.w_batch = 64, s.y_row = 8, s.y_batch = 8;
+  EXPECT_FALSE(cuda::skinny_gemm_strided_batched_bf16(buf.get(), 2, 64, buf.get(), 8, y.get(), DType::kF32, s, false,
+                                                      132, nullptr)
+                   .ok());  // x_row % 8 != 0
+  s.x_row = 64, s.x_batch = 8, s.y_row = 4;
+  EXPECT_FALSE(cuda::skinny_gemm_strided_batched_bf16(buf.get(), 2, 64, buf.get(), 8, y.get(), DType::kF32, s, false,
+                                                      132, nullptr)
+                   .ok());  // y_row < out
 }
 
 }  // namespace

@@ -31,10 +31,15 @@ __device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
 // physical 8c..8c+3, of the second = 8c+4..8c+7), the same for both operands, so the sums are the plain dot
 // products. Per-warp partials meet in shared memory in warp order (deterministic).
 // Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
+// Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
 template <int kM, int kNT>
-__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256) skinny_gemm_kernel(const uint16_t* __restrict__ x, int n, int in, const uint16_t* __restrict__ w,
-                                   int out, void* __restrict__ y, bool y_f32, bool accumulate) {
+__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
+    skinny_gemm_kernel(const uint16_t* __restrict__ x, int n, int in, const uint16_t* __restrict__ w, int out,
+                       void* __restrict__ y, SkinnyStrides st, bool y_f32, bool accumulate) {
   extern __shared__ float s_part[];  // [warps][kM][kNT][4][32]
+  const int64_t batch = blockIdx.y;
+  x += batch * st.x_batch;
+  w += batch * st.w_batch;
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -49,7 +54,7 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256) sk
       w_row[mt][h] = w + static_cast<int64_t>(min(row0 + mt * 16 + g + 8 * h, out - 1)) * in + 8 * c;
   const uint16_t* x_row[kNT];
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, n - 1)) * in + 8 * c;
+  for (int nt = 0; nt < kNT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, n - 1)) * st.x_row + 8 * c;
 
   float acc[kM][kNT][4] = {};
   for (int base = warp; base < chunks; base += kUnroll * warps) {
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256) sk
     const int idx = ((mt * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
     float s = 0.f;
     for (int wi = 0; wi < warps; ++wi) s += s_part[wi * kPerWarp + idx];
-    const int64_t o = static_cast<int64_t>(j) * out + row;
+    const int64_t o = batch * st.y_batch + static_cast<int64_t>(j) * st.y_row + row;
     if (y_f32) {
       float* yf = static_cast<float*>(y);
       yf[o] = accumulate ? yf[o] + s : s;
@@ -111,25 +116,42 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256) sk
 }
 
 template <int kM, int kNT>
-Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, bool y_f32, bool accumulate,
-              int warps, StreamHandle stream) {
-  const unsigned blocks = static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16));
+Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, const SkinnyStrides& st,
+              bool y_f32, bool accumulate, int warps, StreamHandle stream) {
+  const dim3 grid(static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16)), static_cast<unsigned>(st.batches));
   const size_t smem = sizeof(float) * warps * kM * kNT * 4 * 32;
-  skinny_gemm_kernel<kM, kNT><<<blocks, warps * 32, smem, stream>>>(x, n, in, w, out, y, y_f32, accumulate);
+  skinny_gemm_kernel<kM, kNT><<<grid, warps * 32, smem, stream>>>(x, n, in, w, out, y, st, y_f32, accumulate);
   return check_launch("cuda::skinny_gemm_bf16");
 }
 
+// The block shape for n ≤ kSkinnyGemmMaxRows (kNT ≤ 4): a function of the output tiles (out and batches) and
+// the SM count only, never of n, so every output's k split (warp w sums chunks w, w + warps, ... in order) and
+// the order the warp partials meet in are the same whatever rows share the call; the token tiles only change
+// which mma column a row occupies, and an mma column's sums do not depend on the other columns. Hence a row's
+// results are bitwise independent of the other rows for n ≤ 32 (batch invariance). Two 16-row tiles per block
+// share each x load once there are blocks enough to fill the chip twice over; small matrices get one tile and,
+// below one block per SM, 16 warps so more loads are in flight. (Partials stay ≤ 32 KB of shared memory:
+// warps · kM · kNT ≤ 64.)
+struct BlockShape {
+  bool two_tiles;
+  int warps;
+};
+BlockShape block_shape(int64_t tiles, int sm_count) {
+  if (tiles >= 4LL * sm_count) return {true, 8};
+  return {false, tiles < sm_count ? kMaxWarps : 8};
+}
+
 template <int kNT>
-Status launch_rows(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, bool y_f32,
-                   bool accumulate, int sm_count, StreamHandle stream) {
-  // Two 16-row tiles per block share each x load once there are blocks enough to fill the chip twice over;
-  // small matrices get one tile and, below one block per SM, 16 warps per block so more loads are in flight.
-  // (Partials stay ≤ 32 KB of shared memory: warps · kM · kNT ≤ 64.)
-  const int64_t tiles = (out + 15) / 16;
-  if constexpr (kNT <= 4)
-    if (tiles >= 4LL * sm_count) return launch<2, kNT>(x, n, in, w, out, y, y_f32, accumulate, 8, stream);
-  const int warps = tiles < sm_count && kNT <= 4 ? kMaxWarps : 8;
-  return launch<1, kNT>(x, n, in, w, out, y, y_f32, accumulate, warps, stream);
+Status launch_rows(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, const SkinnyStrides& st,
+                   bool y_f32, bool accumulate, int sm_count, StreamHandle stream) {
+  const BlockShape shape = block_shape((out + 15) / 16 * st.batches, sm_count);
+  if constexpr (kNT <= 4) {
+    if (shape.two_tiles) return launch<2, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
+    return launch<1, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
+  } else {
+    // 33..64 rows: one tile of 8 warps (the partials' shared-memory bound), so not batch invariant.
+    return launch<1, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, 8, stream);
+  }
 }
 
 }  // namespace
@@ -141,17 +163,30 @@ bool skinny_gemm_supported(const uint16_t* x, int64_t n, int64_t in, const uint1
 
 Status skinny_gemm_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y,
                         DType y_dtype, bool accumulate, int sm_count, StreamHandle stream) {
+  SkinnyStrides st;
+  st.x_row = in, st.y_row = out;
+  return skinny_gemm_strided_batched_bf16(x, n, in, w, out, y, y_dtype, st, accumulate, sm_count, stream);
+}
+
+Status skinny_gemm_strided_batched_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out,
+                                        void* y, DType y_dtype, const SkinnyStrides& st, bool accumulate,
+                                        int sm_count, StreamHandle stream) {
   if (y_dtype != DType::kBF16 && y_dtype != DType::kF32)
     return invalid_argument("cuda::skinny_gemm_bf16: y must be bf16 or fp32");
   if (!skinny_gemm_supported(x, n, in, w) || out <= 0 || out > INT32_MAX)
     return invalid_argument("cuda::skinny_gemm_bf16: need 1 ≤ n ≤ 64, in % 8 == 0, x and W 16-byte aligned");
+  if (st.batches < 1 || st.batches > 65535 || st.x_row < in || st.x_row % 8 != 0 || st.x_batch % 8 != 0 ||
+      st.w_batch % 8 != 0 || st.y_row < out)
+    return invalid_argument(
+        "cuda::skinny_gemm_bf16: need 1 ≤ batches ≤ 65535, x_row ≥ in, y_row ≥ out, x_row / x_batch / w_batch "
+        "multiples of 8 (16-byte loads)");
   const bool f32 = y_dtype == DType::kF32;
   const int ni = static_cast<int>(n), ii = static_cast<int>(in), oi = static_cast<int>(out);
   const int sms = std::max(sm_count, 1);
-  if (n <= 8) return launch_rows<1>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
-  if (n <= 16) return launch_rows<2>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
-  if (n <= 32) return launch_rows<4>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
-  return launch_rows<8>(x, ni, ii, w, oi, y, f32, accumulate, sms, stream);
+  if (n <= 8) return launch_rows<1>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
+  if (n <= 16) return launch_rows<2>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
+  if (n <= 32) return launch_rows<4>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
+  return launch_rows<8>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
 }
 
 }  // namespace kiln::cuda

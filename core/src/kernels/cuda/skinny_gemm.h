@@ -13,6 +13,10 @@ namespace kiln::cuda {
 
 // Largest n the kernel takes.
 inline constexpr int64_t kSkinnyGemmLimit = 64;
+// Batch invariance: for n ≤ kSkinnyGemmMaxRows every output's summation order depends on (in, out, batches,
+// sm_count) only, so a row's results are bitwise the same whatever other rows share the call (the CUDA runner
+// relies on it to make speculative verification lossless; skinny_gemm.cu says why). 33..64 rows are not.
+//
 // Where linear() sends few rows here rather than to cuBLAS (measured on the H200 at GLM-4.7-Flash's shapes, see
 // bench/kernel_bench.cpp): the per-layer projections (out ≤ 16384) are faster here up to n = 32 and slower at 64,
 // where each 16-byte weight load feeds 16 mma.sync per warp and every block re-reads x from L2; the lm_head
@@ -27,9 +31,23 @@ inline bool skinny_gemm_preferred(int64_t n, int64_t out) {
 // True when the kernel can run these operands: 1 ≤ n ≤ kSkinnyGemmLimit, in % 8 == 0, x and w 16-byte aligned.
 bool skinny_gemm_supported(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w);
 
+// A strided batch of GEMMs sharing n, in and out (strides in elements): batch b computes
+// y_b[n, out] = x_b[n, in] · W_bᵀ with x_b = x + b·x_batch (rows x_row apart), W_b = w + b·w_batch ([out, in],
+// rows `in` apart) and y_b = y + b·y_batch (rows y_row apart). x_row, x_batch and w_batch must be multiples
+// of 8 (16-byte loads); batches ≤ 65535.
+struct SkinnyStrides {
+  int64_t batches = 1;
+  int64_t x_row = 0, x_batch = 0, w_batch = 0, y_row = 0, y_batch = 0;
+};
+
 // Semantics of CublasGemm::linear: x bf16 [n, in], W bf16 [out, in], y bf16 or fp32 [n, out] (y_dtype kBF16 /
 // kF32), y = x·Wᵀ (+ y when accumulate, summed in fp32 before rounding). sm_count sizes the grid.
 Status skinny_gemm_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out, void* y,
                         DType y_dtype, bool accumulate, int sm_count, StreamHandle stream);
+
+// skinny_gemm_bf16 over a strided batch (e.g. MLA's per-head absorption products: batches = heads).
+Status skinny_gemm_strided_batched_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out,
+                                        void* y, DType y_dtype, const SkinnyStrides& strides, bool accumulate,
+                                        int sm_count, StreamHandle stream);
 
 }  // namespace kiln::cuda

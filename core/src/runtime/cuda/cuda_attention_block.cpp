@@ -5,6 +5,16 @@
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
+namespace {
+
+// The per-head absorption products of a batch-invariant step run the skinny GEMM as a strided batch over heads
+// (cuBLAS's batched GEMM picks its algorithm by the row count); it needs 16-byte aligned rows.
+bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  return rows <= kBatchInvariantMaxRows && qk % 8 == 0 && c.qk_nope_head_dim % 8 == 0 && c.kv_lora_rank % 8 == 0;
+}
+
+}  // namespace
 
 // Decode-shaped rows attend in absorbed form over the paged bf16 latent cache: queries move into latent space
 // through W_UK, attend there, and come back out through W_UV. Rows of prefilling sequences (x.prefill) are then
@@ -35,11 +45,20 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
   if (w.has_indexer) KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
   KILN_RETURN_IF_ERROR(f32_to_bf16(b.q, N * H * qk, b.q_bf, st));
-  KILN_RETURN_IF_ERROR(blas_ok(
+  const bool skinny = absorbs_with_skinny_gemm(c, N);
+  if (skinny) {
+    SkinnyStrides s;
+    s.batches = H, s.x_row = H * qk, s.x_batch = qk, s.w_batch = L * nope, s.y_row = H * D, s.y_batch = D;
+    KILN_RETURN_IF_ERROR(
+        skinny_gemm_strided_batched_bf16(b.q_bf, N, nope, w.w_uk_t, L, b.q_abs, DType::kF32, s, false, I.sm_count, st)
+            .with_context("MLA query absorption"));
+  } else {
+    KILN_RETURN_IF_ERROR(blas_ok(
       cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, L, N, nope, &one, w.kv_b.w, CUDA_R_16BF, L,
                                  (nope + vd) * L, b.q_bf, CUDA_R_16BF, H * qk, qk, &zero, b.q_abs, CUDA_R_32F, H * D, D,
                                  H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA query absorption"));
+  }
   if (Rr > 0)
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.q_abs + L, D * sizeof(float), b.q + nope, qk * sizeof(float),
                                                    Rr * sizeof(float), N * H, cudaMemcpyDeviceToDevice, I.stream),
@@ -63,11 +82,19 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
   }
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
   KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
-  KILN_RETURN_IF_ERROR(blas_ok(
+  if (skinny) {
+    SkinnyStrides s;
+    s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + vd) * L, s.y_row = H * vd, s.y_batch = vd;
+    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(b.o_lat_bf, N, L, w.kv_b.w + nope * L, vd, b.attn,
+                                                          DType::kBF16, s, false, I.sm_count, st)
+                             .with_context("MLA output un-absorption"));
+  } else {
+    KILN_RETURN_IF_ERROR(blas_ok(
       cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, vd, N, L, &one, w.kv_b.w + nope * L, CUDA_R_16BF,
                                  L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, b.attn, CUDA_R_16BF,
                                  H * vd, vd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA output un-absorption"));
+  }
   if (!x.prefill.empty()) {
     MlaPrefillArgs p;
     p.seqs = x.prefill;

@@ -125,7 +125,10 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   sh.N = lay.tokens(), sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
   // The tensor-core decode kernel takes no DSA selection yet: DSA models attend through the reference kernel.
   sh.fast_attention = c.kv_lora_rank == kMlaLatentDim && c.qk_rope_head_dim == kMlaRopeDim && !c.has_indexer();
-  sh.splits = sh.fast_attention ? mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count) : 1;
+  // Up to kBatchInvariantMaxRows rows the split count must not depend on the step (see kInvariantSplitKeys).
+  if (sh.fast_attention)
+    sh.splits = sh.N <= kBatchInvariantMaxRows ? mla_decode_num_splits(1, H, kInvariantSplitKeys, I.sm_count)
+                                               : mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count);
   sh.scores_kv = sh.fast_attention ? 0 : round_up_pow2(lay.max_kv, 16);
   sh.attn_width = c.has_indexer() ? std::max(sh.scores_kv, c.index_topk) : sh.scores_kv;
   sh.mtp = mtp != nullptr;

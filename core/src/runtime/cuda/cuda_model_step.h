@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "model/mla_moe_model.h"
 #include "runtime/cuda/cuda_mla_moe_model.h"
@@ -46,6 +47,23 @@ struct StepLayout {
 // prefill kernel; fewer (decode, speculative verification of 1 + K ≤ 6 rows) through the absorbed decode
 // kernel, so a sequence's decode-time rows always take the same arithmetic path, whatever else the step holds.
 inline constexpr int64_t kPrefillMinTokens = 16;
+
+// Batch invariance: in a step of at most this many rows, each decode-shaped row's results (its KV cache entry,
+// hidden state and logits) are bitwise the same whatever other rows share the step, so speculative verification
+// (1 + K rows a sequence) reproduces plain decoding exactly. Every reduction a row goes through then has an
+// order fixed by the model and the GPU alone: the skinny GEMM for the projections and the per-head absorption
+// products, the gate GEMV for the MoE router, per-expert GEMVs for the routed experts, a split-KV count that
+// does not depend on the step for the tensor-core attention, and per-row kernels for the rest. Beyond it the
+// GEMMs run on cuBLAS (and the routed experts on the grouped GEMM), whose order follows the row count. The
+// lm_head is the exception inside the bound: a vocabulary wider than kSkinnyGemmWideOut goes to cuBLAS past
+// kSkinnyGemmMaxRowsWideOut (8) logit rows, so there the logits are invariant up to 8 logit rows a step.
+// Prompt chunks of kPrefillMinTokens or more are not covered (their attention runs the prefill kernel).
+inline constexpr int64_t kBatchInvariantMaxRows = kSkinnyGemmMaxRows;
+
+// The tensor-core decode attention's split-KV count in batch-invariant steps: fixed per model and GPU, so a row's
+// keys are split (into ceil(tiles / splits) 64-key tiles per split) and merged the same way in every step. Sized
+// so that one row of this many keys fills the GPU the way mla_decode_num_splits would.
+inline constexpr int64_t kInvariantSplitKeys = 4096;
 
 // Fills `layout` (and out.first_row) from the steps, checking each against the pool's block count.
 Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/moe_gate_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
@@ -33,11 +34,15 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   const int64_t N = x.shape.N, Hd = c.hidden_size;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const float one = 1.0f, zero = 0.0f;
-  // The gate in fp32, as the CPU model runs it.
-  KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
-  KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd, b.h32, Hd,
-                                           &zero, b.router_logits, E),
-                               "MoE router"));
+  // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV, larger ones cuBLAS.
+  if (N <= kBatchInvariantMaxRows) {
+    KILN_RETURN_IF_ERROR(moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
+  } else {
+    KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
+    KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd, b.h32,
+                                             Hd, &zero, b.router_logits, E),
+                                 "MoE router"));
+  }
   cpu::MoeRouterConfig rc;
   rc.num_experts = E;
   rc.top_k = topk;
@@ -49,8 +54,10 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
   const int64_t moe_I = c.moe_intermediate_size;
   const float no_limit = std::numeric_limits<float>::infinity();
-  if (moe_prefers_grouped_gemm(N * topk, E)) {
-    // Prompt-sized steps: tens of rows per expert, so tensor-core tiles beat streaming each weight row.
+  if (N > kBatchInvariantMaxRows && moe_prefers_grouped_gemm(N * topk, E)) {
+    // Prompt-sized steps: tens of rows per expert, so tensor-core tiles beat streaming each weight row. Not in
+    // batch-invariant steps (a pair's sums would depend on how many pairs its expert gets); at GLM-4.7-Flash's
+    // 64 experts and top-4 the grouped GEMM starts at 64 tokens anyway.
     KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_grouped_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit,
                                                          b.moe_h, st));
     KILN_RETURN_IF_ERROR(moe_down_grouped_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));

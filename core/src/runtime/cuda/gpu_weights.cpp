@@ -94,6 +94,7 @@ struct Loader {
   const ModelConfig& c;
   Filler& fill;
   DeviceArena& arena;
+  StreamHandle stream;
   size_t bytes = 0;
 
   Result<uint16_t*> bf16_buffer(size_t n, const std::string& name) {
@@ -138,6 +139,14 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(w.kv_a, linear(a + ".kv_a_proj_with_mqa", hd, c.kv_lora_rank + c.qk_rope_head_dim));
     KILN_ASSIGN_OR_RETURN(w.kv_a_norm, norm(a + ".kv_a_layernorm.weight", c.kv_lora_rank));
     KILN_ASSIGN_OR_RETURN(w.kv_b, linear(a + ".kv_b_proj", c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)));
+    KILN_ASSIGN_OR_RETURN(uint16_t * uk_t, bf16_buffer(static_cast<size_t>(H * c.kv_lora_rank * c.qk_nope_head_dim),
+                                                       a + ".kv_b_proj W_UK transposed"));
+    // A checkpoint's kv_b arrives by cudaMemcpy from pageable memory, which may return before the DMA lands.
+    const cudaError_t landed = cudaDeviceSynchronize();
+    if (landed != cudaSuccess) return internal_error(a + ".kv_b_proj upload: " + cudaGetErrorString(landed));
+    KILN_RETURN_IF_ERROR(
+        mla_transpose_w_uk(w.kv_b.w, H, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank, uk_t, stream));
+    w.w_uk_t = uk_t;
     KILN_ASSIGN_OR_RETURN(w.o_proj, linear(a + ".o_proj", H * c.v_head_dim, hd));
     if (c.has_indexer() && !c.indexer_is_shared(l)) {
       const std::string ip = a + ".indexer";
@@ -189,7 +198,7 @@ struct Loader {
 Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource* source, DeviceArena& arena, uint64_t seed,
                                     StreamHandle stream, bool load_mtp) {
   Filler fill(source, seed, stream);
-  Loader ld{c, fill, arena};
+  Loader ld{c, fill, arena, stream};
   GpuWeights w;
   KILN_ASSIGN_OR_RETURN(uint16_t * embed, ld.bf16_buffer(static_cast<size_t>(c.vocab_size * c.hidden_size), "embed_tokens"));
   KILN_RETURN_IF_ERROR(fill.bf16("model.embed_tokens.weight", c.vocab_size, c.hidden_size, embed));

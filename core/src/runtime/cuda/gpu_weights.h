@@ -32,7 +32,10 @@ struct GpuLayer {
   bool has_indexer = false;  // DSA: runs its own indexer; other layers of a DSA model reuse the previous selection
   GpuIndexer indexer;
   // kv_b is [H, nope + v, L]: W_UK of head h is rows h·(nope+v) .. +nope, W_UV the v rows after them; the
-  // absorption GEMMs address both as strided batches over heads, so no split copy is needed.
+  // absorption GEMMs address both as strided batches over heads. The batch-invariant (skinny) query absorption
+  // needs W_UK[h]ᵀ with rows contiguous in k: w_uk_t, bf16 [H, L, nope] (H·L·nope·2 bytes a layer, 3.9 MB at
+  // GLM-4.7-Flash's shapes).
+  const uint16_t* w_uk_t = nullptr;
   bool is_moe = false;
   GpuLinear gate_up, down;  // the dense MLP, or the shared expert(s) of a MoE layer ([2·I, hidden], gate rows first)
   bool has_shared = false;

@@ -73,6 +73,16 @@ __device__ float block_reduce(float v, float* shared) {
   return v;
 }
 
+__global__ void transpose_w_uk_kernel(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,
+                                      uint16_t* out) {
+  const int64_t total = heads * latent * nope;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = o % nope, l = (o / nope) % latent, h = o / (nope * latent);
+    out[o] = kv_b[(h * (nope + v) + i) * latent + l];
+  }
+}
+
 __global__ void mla_write_cache_kernel(const float* ckv, int64_t L, int64_t R, const uint16_t* w, float eps,
                                        const int64_t* slots, uint16_t* cache) {
   __shared__ float red[32];
@@ -214,6 +224,15 @@ Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream
 Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream) {
   bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
   return check_launch("bf16_to_f32");
+}
+
+Status mla_transpose_w_uk(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,
+                          uint16_t* w_uk_t, StreamHandle stream) {
+  const int64_t total = heads * latent * nope;
+  if (total == 0) return ok_status();
+  transpose_w_uk_kernel<<<static_cast<unsigned>(std::min<int64_t>(blocks_for(total, kThreads), 4096)), kThreads, 0,
+                          stream>>>(kv_b, heads, nope, v, latent, w_uk_t);
+  return check_launch("mla_transpose_w_uk");
 }
 
 Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t rope_dim, const uint16_t* norm_weight,

@@ -20,6 +20,12 @@ Status fill_constant_f32(float* p, size_t n, float value, StreamHandle stream);
 Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream);
 Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream);
 
+// W_UK of every head transposed, for the skinny absorption GEMM (its weight rows must be contiguous in k):
+// w_uk_t[h, l, i] = kv_b[h·(nope + v) + i, l] for kv_b bf16 [heads·(nope + v), latent], w_uk_t bf16
+// [heads, latent, nope].
+Status mla_transpose_w_uk(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,
+                          uint16_t* w_uk_t, StreamHandle stream);
+
 // For each of n tokens: cache[slots[t], 0:L] = bf16(rmsnorm(ckv[t, 0:L]) · norm_weight) and
 // cache[slots[t], L:L+R] = bf16(ckv[t, L:L+R]) (k_pe, already roped). ckv fp32 [n, L + R]; cache bf16 [slots, L + R].
 Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t rope_dim, const uint16_t* norm_weight,
