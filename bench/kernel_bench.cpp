@@ -3,7 +3,7 @@
 // 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) beside a
 // cuBLAS bf16 GEMM's rate, the decode projections (skinny GEMM vs cuBLAS at the step's shapes) and the fused MoE
 // gate + grouping. Times are CUDA-event medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (one section; none: all)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -76,6 +76,18 @@ float median_ms(Fn&& fn, int iters) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Per-call time of `reps` back-to-back calls between one event pair (median over `iters` batches), so the
+// ~8 µs launch latency of a lone call drops out and the figure is the GPU time of a call inside a stream.
+template <class Fn>
+float median_ms_per_call(Fn&& fn, int reps, int iters) {
+  return median_ms(
+             [&](int i) {
+               for (int r = 0; r < reps; ++r) fn(i * reps + r);
+             },
+             iters) /
+         reps;
 }
 
 uint16_t* device_bf16(size_t n, float bound, uint64_t seed) {
@@ -284,9 +296,70 @@ void bench_route_group(double bw) {
   }
 }
 
+
+// The routed-expert path of one decode step (group + gate_up/SwiGLU + down + combine, 64 experts, top-4, hidden
+// 2048, inter 1536) at 1 / 4 / 16 / 64 tokens, 20 back-to-back steps per event pair; routes drawn per step from 16
+// random sets so consecutive steps read different experts (1.2 GB of weights: the L2 does not serve them).
+void bench_moe_batched(double bw) {
+  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
+  uint16_t* gate_up = device_random<uint16_t>(size_t(experts) * 2 * inter * hidden, 11);
+  uint16_t* down = device_random<uint16_t>(size_t(experts) * hidden * inter, 12);
+  uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
+  std::printf("\nMoE expert path, 20 steps per event pair (64 experts, hidden 2048, inter 1536, top-4)\n");
+  std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
+  for (int64_t tokens : {1, 4, 16, 64}) {
+    const int64_t pairs = tokens * top_k;
+    std::mt19937_64 rng(5);
+    const int sets = 16;
+    std::vector<int32_t> ids(size_t(sets) * pairs);
+    std::vector<int> distinct(sets);
+    for (int s = 0; s < sets; ++s) {
+      std::vector<char> used(experts, 0);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<int32_t> all(experts);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int64_t j = 0; j < top_k; ++j) {
+          ids[s * pairs + t * top_k + j] = all[j];
+          used[all[j]] = 1;
+        }
+      }
+      distinct[s] = std::accumulate(used.begin(), used.end(), 0);
+    }
+    int32_t *d_ids, *offsets, *active, *order;
+    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&active, experts * 4));
+    CHECK_CUDA(cudaMalloc(&order, pairs * 4));
+    uint16_t *h, *outb;
+    float *y, *rw = device_random<float>(pairs, 14);
+    CHECK_CUDA(cudaMalloc(&h, pairs * inter * 2));
+    CHECK_CUDA(cudaMalloc(&y, pairs * hidden * 4));
+    CHECK_CUDA(cudaMalloc(&outb, tokens * hidden * 2));
+    const kiln::cuda::MoeDispatch d{offsets, active, order};
+    const float ms = median_ms_per_call(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
+          CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY,
+                                                       h, nullptr));
+          CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+          CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, outb, nullptr));
+        },
+        20, 30);
+    const double mean_experts = std::accumulate(distinct.begin(), distinct.end(), 0.0) / sets;
+    const double bytes = mean_experts * 3.0 * inter * hidden * 2;
+    std::printf("%7lld %8.1f %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, mean_experts, ms * 1e3,
+                bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+  for (void* ptr : {(void*)gate_up, (void*)down, (void*)x}) CHECK_CUDA(cudaFree(ptr));
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -302,6 +375,13 @@ int main() {
   std::printf("d2d copy: %.3f ms for 2 GiB -> %.2f TB/s (read + write)\n", copy_ms, bw / 1e12);
   CHECK_CUDA(cudaFree(src));
   CHECK_CUDA(cudaFree(dst));
+
+  // One argument names the only section to run ("moe_batched", "mla_rows"); none runs them all.
+  const std::string only = argc > 1 ? argv[1] : "";
+  if (only == "moe_batched") {
+    bench_moe_batched(bw);
+    return 0;
+  }
 
   // MLA decode, one query row, GLM-4.7-Flash shapes. Several sequences' pages, rotated, keep the L2 cold.
   const int64_t heads = 20, block = 64, row = 576;
@@ -422,5 +502,6 @@ int main() {
   bench_mla_prefill();
   bench_skinny_gemm(prop, bw);
   bench_route_group(bw);
+  bench_moe_batched(bw);
   return 0;
 }
