@@ -1,6 +1,10 @@
 // MoE router and the grouped expert GEMV path (gate_up+SwiGLU, down, combine) against the CPU reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
 #include "device_buffer.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/gemm.h"
@@ -41,49 +45,56 @@ TEST(GpuMoeRouter, IdsExactWeightsCloseToCpu) {
   }
 }
 
-TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
-  std::mt19937_64 rng(62);
-  // ≤ 8 pairs run the wide grid (the first and last shapes; the last one's hidden exceeds one round of in-flight
-  // loads, 32 lanes × 8 loads × 8 values), more pairs the narrow one.
-  for (auto [experts, top_k, n, hidden, inter] :
-       {std::tuple{8, 2, 1, 256, 96}, {16, 4, 9, 512, 200}, {16, 4, 3, 2048, 1536}, {4, 4, 6, 64, 8},
-        {8, 2, 5, 2056, 136}, {8, 4, 2, 2056, 136}}) {
-    const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
-    const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
-    const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
-    std::vector<int32_t> ids(size_t(n) * top_k);
-    for (int64_t t = 0; t < n; ++t) {  // distinct experts per token, as the router gives
-      std::vector<int32_t> all(experts);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      std::copy(all.begin(), all.begin() + top_k, ids.begin() + t * top_k);
-    }
-    const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
-    const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
+struct ExpertCase {
+  int64_t experts, top_k, n, hidden, inter;
+  int32_t hot_expert;  // ≥ 0: every token routes to it (one expert with n rows, more than a 64-row pass when n > 64)
+};
 
-    // CPU: per pair gate_up GEMM, SwiGLU, h rounded to bf16 (as the GPU stores it), down, weighted sum.
-    const int64_t pairs = n * top_k;
-    std::vector<float> want_h(size_t(pairs) * inter), want(size_t(n) * hidden);
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] = shared.values[t * hidden + i];
-      for (int64_t j = 0; j < top_k; ++j) {
-        const int64_t p = t * top_k + j, e = ids[p];
-        std::vector<float> gu(2 * inter), h(inter), y(hidden);
-        cpu::gemm_f32(x.values.data() + t * hidden, 1, hidden, gate_up.values.data() + e * 2 * inter * hidden,
-                      2 * inter, gu.data());
-        cpu::swiglu(gu.data(), gu.data() + inter, 1, inter, 2 * inter, h.data());
-        for (auto& v : h) v = cpu::bf16_to_float(cpu::float_to_bf16(v));
-        std::copy(h.begin(), h.end(), want_h.begin() + p * inter);
-        cpu::gemm_f32(h.data(), 1, inter, down.values.data() + e * hidden * inter, hidden, y.data());
-        for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += route_w[p] * y[i];
-      }
-    }
+// The grouped path (group, gate_up + SwiGLU, down, combine) vs the CPU; run twice, bit-identical (the per-warp
+// partials are summed in a fixed order). Outputs are poisoned (NaN) first, so an element not written fails.
+void run_expert_case(const ExpertCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto [experts, top_k, n, hidden, inter, hot] = c;
+  const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
+  const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
+  const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
+  std::vector<int32_t> ids(size_t(n) * top_k);
+  for (int64_t t = 0; t < n; ++t) {  // distinct experts per token, as the router gives
+    std::vector<int32_t> all(experts);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    if (hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), hot));
+    std::copy(all.begin(), all.begin() + top_k, ids.begin() + t * top_k);
+  }
+  const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
+  const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
 
-    DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
-    DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);
-    DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
-    DeviceBuffer<float> drw(route_w), dy(size_t(pairs) * hidden);
-    for (auto* b : {&dh, &dout}) b->poison();
+  // CPU: per pair gate_up GEMM, SwiGLU, h rounded to bf16 (as the GPU stores it), down, weighted sum.
+  const int64_t pairs = n * top_k;
+  std::vector<float> want_h(size_t(pairs) * inter), want(size_t(n) * hidden);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] = shared.values[t * hidden + i];
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t p = t * top_k + j, e = ids[p];
+      std::vector<float> gu(2 * inter), h(inter), y(hidden);
+      cpu::gemm_f32(x.values.data() + t * hidden, 1, hidden, gate_up.values.data() + e * 2 * inter * hidden,
+                    2 * inter, gu.data());
+      cpu::swiglu(gu.data(), gu.data() + inter, 1, inter, 2 * inter, h.data());
+      for (auto& v : h) v = cpu::bf16_to_float(cpu::float_to_bf16(v));
+      std::copy(h.begin(), h.end(), want_h.begin() + p * inter);
+      cpu::gemm_f32(h.data(), 1, inter, down.values.data() + e * hidden * inter, hidden, y.data());
+      for (int64_t i = 0; i < hidden; ++i) want[t * hidden + i] += route_w[p] * y[i];
+    }
+  }
+
+  DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
+  DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);
+  DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
+  DeviceBuffer<float> drw(route_w), dy(size_t(pairs) * hidden);
+  std::vector<uint16_t> first_h, first_out;
+  for (int run = 0; run < 2; ++run) {
+    dh.poison();
+    dout.poison();
     dy.poison();
     const cuda::MoeDispatch d{offsets.get(), active.get(), order.get()};
     KILN_STATUS_OK(cuda::moe_group_by_expert(dids.get(), pairs, experts, d, nullptr));
@@ -93,13 +104,36 @@ TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
                                        nullptr));
     KILN_STATUS_OK(cuda::moe_combine_bf16(dy.get(), n, top_k, hidden, dshared.get(), dout.get(), nullptr));
     KILN_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_LT(rel_error(widen(dh.download()), want_h), 1e-2) << experts << "/" << hidden << "/" << inter;
-    EXPECT_LT(rel_error(widen(dout.download()), want), 1e-2) << experts << "/" << hidden << "/" << inter;
+    const std::vector<uint16_t> got_h = dh.download(), got_out = dout.download();
+    if (run == 0) {
+      EXPECT_LT(rel_error(widen(got_h), want_h), 1e-2) << experts << "/" << n << "/" << hidden << "/" << inter;
+      EXPECT_LT(rel_error(widen(got_out), want), 1e-2) << experts << "/" << n << "/" << hidden << "/" << inter;
+      for (float v : widen(got_out)) ASSERT_TRUE(std::isfinite(v)) << "an output element was not written";
+      first_h = got_h, first_out = got_out;
+    } else {
+      EXPECT_EQ(got_h, first_h) << "h differs between two identical runs";
+      EXPECT_EQ(got_out, first_out) << "output differs between two identical runs";
+    }
     // The grouping lists every pair exactly once.
     std::vector<int32_t> seen = order.download();
     std::sort(seen.begin(), seen.end());
     for (int64_t p = 0; p < pairs; ++p) ASSERT_EQ(seen[p], p);
   }
+}
+
+TEST(GpuMoeExperts, GroupedPathMatchesCpu) {
+  // Odd sizes: hidden 2056 / 520 / 264 are not multiples of the 16-row down tile nor of the 32-wide k chunk.
+  const std::vector<ExpertCase> cases = {
+      {8, 2, 1, 256, 96, -1},    {16, 4, 9, 512, 200, -1}, {16, 4, 3, 2048, 1536, -1}, {4, 4, 6, 64, 8, -1},
+      {8, 2, 5, 2056, 136, -1},  {8, 4, 2, 2056, 136, -1}, {64, 4, 16, 520, 136, -1},  // most experts: 0 rows
+  };
+  for (size_t i = 0; i < cases.size(); ++i) run_expert_case(cases[i], 62 + i);
+}
+
+TEST(GpuMoeExperts, ManyRowsOnOneExpertMatchCpu) {
+  run_expert_case({64, 4, 64, 520, 136, 0}, 80);  // expert 0 has all 64 tokens (one full pass), the rest few
+  run_expert_case({8, 1, 64, 264, 72, 3}, 81);    // all 64 tokens to expert 3 only; the other experts idle
+  run_expert_case({8, 4, 70, 136, 40, 5}, 82);    // 70 rows: two passes over each weight tile
 }
 
 }  // namespace
