@@ -435,7 +435,7 @@ void bench_mla_rows(const cudaDeviceProp& prop, double bw) {
   std::printf("%5s %8s %5s %14s %14s %10s\n", "seqs", "context", "rows", "per-row us", "grouped us", "floor_us");
   for (int64_t seqs : {1, 4}) {
     for (int64_t ctx : {4096, 32768}) {
-      const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(600) << 20) / (seqs * ctx * row * 2)));
+      const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(300) << 20) / (seqs * ctx * row * 2)));
       const int64_t blocks = ctx / block;
       const int64_t tables_n = int64_t(copies) * seqs;  // copy k holds sequences k·seqs .. k·seqs + seqs − 1
       uint16_t* cache = device_random<uint16_t>(size_t(tables_n) * blocks * block * row, 7);
@@ -496,6 +496,7 @@ void bench_mla_rows(const cudaDeviceProp& prop, double bw) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a redirected log even if the run is cut short
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);

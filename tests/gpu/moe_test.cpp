@@ -119,6 +119,30 @@ void run_expert_case(const ExpertCase& c, uint64_t seed) {
     std::sort(seen.begin(), seen.end());
     for (int64_t p = 0; p < pairs; ++p) ASSERT_EQ(seen[p], p);
   }
+
+  // Batch invariance (the serving engine relies on it): the last token alone gives bit for bit what it got in
+  // the batch, whatever the other rows of its experts.
+  const int64_t t = n - 1;
+  const std::vector<int32_t> ids1(ids.begin() + t * top_k, ids.begin() + (t + 1) * top_k);
+  const std::vector<float> rw1(route_w.begin() + t * top_k, route_w.begin() + (t + 1) * top_k);
+  DeviceBuffer<uint16_t> dx1(std::vector<uint16_t>(x.bits.begin() + t * hidden, x.bits.begin() + (t + 1) * hidden));
+  DeviceBuffer<uint16_t> dshared1(
+      std::vector<uint16_t>(shared.bits.begin() + t * hidden, shared.bits.begin() + (t + 1) * hidden));
+  DeviceBuffer<uint16_t> dh1(size_t(top_k) * inter), dout1(hidden);
+  DeviceBuffer<int32_t> dids1(ids1), order1(top_k);
+  DeviceBuffer<float> drw1(rw1), dy1(size_t(top_k) * hidden);
+  const cuda::MoeDispatch d1{offsets.get(), active.get(), order1.get()};
+  KILN_STATUS_OK(cuda::moe_group_by_expert(dids1.get(), top_k, experts, d1, nullptr));
+  KILN_STATUS_OK(cuda::moe_gate_up_swiglu_bf16(dx1.get(), 1, top_k, hidden, inter, dgu.get(), experts, d1, INFINITY,
+                                               dh1.get(), nullptr));
+  KILN_STATUS_OK(cuda::moe_down_bf16(dh1.get(), top_k, inter, hidden, ddown.get(), experts, d1, drw1.get(),
+                                     dy1.get(), nullptr));
+  KILN_STATUS_OK(cuda::moe_combine_bf16(dy1.get(), 1, top_k, hidden, dshared1.get(), dout1.get(), nullptr));
+  EXPECT_EQ(dh1.download(), std::vector<uint16_t>(first_h.begin() + t * top_k * inter,
+                                                  first_h.begin() + (t + 1) * top_k * inter))
+      << "h of a token alone differs from the batch";
+  EXPECT_EQ(dout1.download(), std::vector<uint16_t>(first_out.begin() + t * hidden, first_out.begin() + (t + 1) * hidden))
+      << "output of a token alone differs from the batch";
 }
 
 TEST(GpuMoeExperts, GroupedPathMatchesCpu) {
@@ -126,6 +150,7 @@ TEST(GpuMoeExperts, GroupedPathMatchesCpu) {
   const std::vector<ExpertCase> cases = {
       {8, 2, 1, 256, 96, -1},    {16, 4, 9, 512, 200, -1}, {16, 4, 3, 2048, 1536, -1}, {4, 4, 6, 64, 8, -1},
       {8, 2, 5, 2056, 136, -1},  {8, 4, 2, 2056, 136, -1}, {64, 4, 16, 520, 136, -1},  // most experts: 0 rows
+      {4, 2, 40, 136, 40, -1},  // 20 rows per expert: 4 n8 tiles per pass
   };
   for (size_t i = 0; i < cases.size(); ++i) run_expert_case(cases[i], 62 + i);
 }

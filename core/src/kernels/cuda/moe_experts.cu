@@ -45,16 +45,17 @@ __device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
 // epilogue has both halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive
 // rows of down and the epilogue writes route_weight · y.
 template <bool kGateUp, int kNT>
-__global__ void __launch_bounds__(kWarps * 32) expert_tile_kernel(
+__global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_kernel(
     const uint16_t* __restrict__ x, int top_k, int in_dim, const uint16_t* __restrict__ w, int out_dim,
     MoeDispatch d, const float* __restrict__ route_weight, float limit, void* __restrict__ out) {
   extern __shared__ float s_part[];  // [kWarps][kNT][4][32]
+  __shared__ int s_pair[kNT * 8];     // this pass's pairs and their output scales, for the epilogue
+  __shared__ float s_scale[kNT * 8];
   constexpr int kPerWarp = kNT * 4 * 32;
   const int e = d.active_experts[blockIdx.y];
   if (e < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
   const int weight_rows = kGateUp ? 2 * out_dim : out_dim;
   const uint16_t* we = w + static_cast<int64_t>(e) * weight_rows * in_dim;
   // Rows past the end re-read the last row; their results are dropped.
@@ -70,10 +71,31 @@ __global__ void __launch_bounds__(kWarps * 32) expert_tile_kernel(
       w_row[h] = we + static_cast<int64_t>(min(tile_row0 + g + 8 * h, out_dim - 1)) * in_dim + 8 * c;
   }
   const int chunks = (in_dim + 31) / 32;
+  uint4 wv[kUnroll][2];
+  bool valid[kUnroll];
+  auto load_round = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * kWarps) * 32;
+      valid[u] = k + 8 * c < in_dim;  // in_dim % 8 == 0: a lane's 8 values are all inside or all outside
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wv[u][h] = valid[u] ? load_stream(w_row[h] + k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The first round's weight loads go out before the expert's row list is read (an active expert has rows), so
+  // the two dependent index loads overlap the weight latency.
+  load_round(warp);
+  bool loaded = true;
+  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
 
   for (int pass = begin; pass < end; pass += kNT * 8) {
     const int count = min(kNT * 8, end - pass);
     const int ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
+    if (threadIdx.x < count) {
+      const int pair = d.pair_order[pass + threadIdx.x];
+      s_pair[threadIdx.x] = pair;
+      s_scale[threadIdx.x] = !kGateUp && route_weight ? route_weight[pair] : 1.0f;
+    }
     const uint16_t* x_row[kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
@@ -82,15 +104,8 @@ __global__ void __launch_bounds__(kWarps * 32) expert_tile_kernel(
     }
     float acc[kNT][4] = {};
     for (int base = warp; base < chunks; base += kUnroll * kWarps) {
-      uint4 wv[kUnroll][2];
-      bool valid[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int k = (base + u * kWarps) * 32;
-        valid[u] = k + 8 * c < in_dim;  // in_dim % 8 == 0: a lane's 8 values are all inside or all outside
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wv[u][h] = valid[u] ? load_stream(w_row[h] + k) : make_uint4(0, 0, 0, 0);
-      }
+      if (!loaded) load_round(base);
+      loaded = false;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int k = (base + u * kWarps) * 32;
@@ -126,8 +141,7 @@ __global__ void __launch_bounds__(kWarps * 32) expert_tile_kernel(
         if (unit >= out_dim) continue;
         const float gv = fminf(part_sum(u, j), limit);
         const float uv = fminf(fmaxf(part_sum(u + 8, j), -limit), limit);
-        const int pair = d.pair_order[pass + j];
-        static_cast<uint16_t*>(out)[static_cast<int64_t>(pair) * out_dim + unit] =
+        static_cast<uint16_t*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + unit] =
             float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
       }
     } else {
@@ -135,23 +149,24 @@ __global__ void __launch_bounds__(kWarps * 32) expert_tile_kernel(
         const int rr = i % 16, j = i / 16;
         const int row = tile_row0 + rr;
         if (row >= out_dim) continue;
-        const int pair = d.pair_order[pass + j];
-        const float scale = route_weight ? route_weight[pair] : 1.0f;
-        static_cast<float*>(out)[static_cast<int64_t>(pair) * out_dim + row] = part_sum(rr, j) * scale;
+        static_cast<float*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + row] = part_sum(rr, j) * s_scale[j];
       }
     }
-    __syncthreads();  // the partials are read before the next pass overwrites them
+    __syncthreads();  // the partials and pairs are read before the next pass overwrites them
   }
 }
 
-// n8 tiles per pass: enough for the most rows one expert can have (every pair), at most kMaxTokenTiles.
+// n8 tiles per pass, sized by the mean rows per active expert (a decode step's experts have a few rows each;
+// one with more takes several passes over its weight tile, the later ones served by the L2). Few tiles keep the
+// registers low enough for 3 blocks of 8 warps per SM.
 template <bool kGateUp>
 void launch_tiles(const uint16_t* x, int64_t pairs, int64_t top_k, int64_t in_dim, const uint16_t* w,
                   int64_t out_dim, int64_t num_experts, const MoeDispatch& d, const float* route_weight, float limit,
                   void* out, StreamHandle stream) {
   const int64_t tiles = kGateUp ? (out_dim + 7) / 8 : (out_dim + 15) / 16;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(pairs, num_experts)));
-  const int64_t token_tiles = std::min<int64_t>((pairs + 7) / 8, kMaxTokenTiles);
+  const int64_t mean_rows = pairs / std::min(pairs, num_experts);
+  const int64_t token_tiles = pairs <= 8 ? 1 : std::min<int64_t>(std::max<int64_t>(2, (mean_rows + 7) / 8), kMaxTokenTiles);
   auto go = [&](auto nt) {
     constexpr int kNT = decltype(nt)::value;
     const size_t smem = sizeof(float) * kWarps * kNT * 4 * 32;
