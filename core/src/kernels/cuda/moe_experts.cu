@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe_experts.h"
