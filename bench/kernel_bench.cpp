@@ -2,9 +2,11 @@
 // (GLM-4.7-Flash: 20 heads, 512 + 64 latent, 64-token pages), the decode expert GEMV (64 experts, top-4, hidden
 // 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) and the
 // prefill routed experts (grouped tensor-core GEMM vs the GEMV path) beside a cuBLAS bf16 GEMM's rate, the decode
-// projections (skinny GEMM vs cuBLAS at the step's shapes) and the fused MoE gate + grouping. Times are CUDA-event
+// projections (skinny GEMM vs cuBLAS at the step's shapes), the fused MoE gate + grouping, the batch-invariant
+// decode products, the batched expert path and MLA decode with several rows per sequence. Times are CUDA-event
 // medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (moe_batched: the expert path in batches of steps;
+// mla_rows: one-row MLA decode and several rows per sequence; none: everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -79,6 +81,18 @@ float median_ms(Fn&& fn, int iters) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Per-call time of `reps` back-to-back calls between one event pair (median over `iters` batches), so the
+// ~8 µs launch latency of a lone call drops out and the figure is the GPU time of a call inside a stream.
+template <class Fn>
+float median_ms_per_call(Fn&& fn, int reps, int iters) {
+  return median_ms(
+             [&](int i) {
+               for (int r = 0; r < reps; ++r) fn(i * reps + r);
+             },
+             iters) /
+         reps;
 }
 
 uint16_t* device_bf16(size_t n, float bound, uint64_t seed) {
@@ -469,26 +483,71 @@ void bench_invariant_decode_products(const cudaDeviceProp& prop, double bw) {
     CHECK_CUDA(cudaFree(ptr));
 }
 
-}  // namespace
 
-int main() {
-  cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+// The routed-expert path of one decode step (group + gate_up/SwiGLU + down + combine, 64 experts, top-4, hidden
+// 2048, inter 1536) at 1 / 4 / 16 / 64 tokens, 20 back-to-back steps per event pair; routes drawn per step from 16
+// random sets so consecutive steps read different experts (1.2 GB of weights: the L2 does not serve them).
+void bench_moe_batched(double bw) {
+  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
+  uint16_t* gate_up = device_random<uint16_t>(size_t(experts) * 2 * inter * hidden, 11);
+  uint16_t* down = device_random<uint16_t>(size_t(experts) * hidden * inter, 12);
+  uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
+  std::printf("\nMoE expert path, 20 steps per event pair (64 experts, hidden 2048, inter 1536, top-4)\n");
+  std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
+  for (int64_t tokens : {1, 4, 16, 64}) {
+    const int64_t pairs = tokens * top_k;
+    std::mt19937_64 rng(5);
+    const int sets = 16;
+    std::vector<int32_t> ids(size_t(sets) * pairs);
+    std::vector<int> distinct(sets);
+    for (int s = 0; s < sets; ++s) {
+      std::vector<char> used(experts, 0);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<int32_t> all(experts);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        for (int64_t j = 0; j < top_k; ++j) {
+          ids[s * pairs + t * top_k + j] = all[j];
+          used[all[j]] = 1;
+        }
+      }
+      distinct[s] = std::accumulate(used.begin(), used.end(), 0);
+    }
+    int32_t *d_ids, *offsets, *active, *order;
+    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
+    CHECK_CUDA(cudaMalloc(&active, experts * 4));
+    CHECK_CUDA(cudaMalloc(&order, pairs * 4));
+    uint16_t *h, *outb;
+    float *y, *rw = device_random<float>(pairs, 14);
+    CHECK_CUDA(cudaMalloc(&h, pairs * inter * 2));
+    CHECK_CUDA(cudaMalloc(&y, pairs * hidden * 4));
+    CHECK_CUDA(cudaMalloc(&outb, tokens * hidden * 2));
+    const kiln::cuda::MoeDispatch d{offsets, active, order};
+    const float ms = median_ms_per_call(
+        [&](int i) {
+          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
+          CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY,
+                                                       h, nullptr));
+          CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+          CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, outb, nullptr));
+        },
+        20, 30);
+    const double mean_experts = std::accumulate(distinct.begin(), distinct.end(), 0.0) / sets;
+    const double bytes = mean_experts * 3.0 * inter * hidden * 2;
+    std::printf("%7lld %8.1f %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, mean_experts, ms * 1e3,
+                bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
+      CHECK_CUDA(cudaFree(ptr));
+  }
+  for (void* ptr : {(void*)gate_up, (void*)down, (void*)x}) CHECK_CUDA(cudaFree(ptr));
+}
 
-  // Copy bandwidth (bytes read + written), the ceiling for everything below.
-  const size_t copy_bytes = size_t(2) << 30;
-  void *src = nullptr, *dst = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
-  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
-  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
-  const float copy_ms = median_ms([&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 20);
-  const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);
-  std::printf("d2d copy: %.3f ms for 2 GiB -> %.2f TB/s (read + write)\n", copy_ms, bw / 1e12);
-  CHECK_CUDA(cudaFree(src));
-  CHECK_CUDA(cudaFree(dst));
 
-  // MLA decode, one query row, GLM-4.7-Flash shapes. Several sequences' pages, rotated, keep the L2 cold.
+// MLA decode, one query row, GLM-4.7-Flash shapes, one call per event pair. Several sequences' pages, rotated,
+// keep the L2 cold.
+void bench_mla_decode(const cudaDeviceProp& prop, double bw) {
   const int64_t heads = 20, block = 64, row = 576;
   std::printf("\nMLA decode (1 query, %lld heads, bf16 cache, block %lld)\n", (long long)heads, (long long)block);
   std::printf("%8s %7s %10s %10s %10s %8s\n", "context", "splits", "us", "floor_us", "TB/s", "%floor");
@@ -548,6 +607,111 @@ int main() {
     CHECK_CUDA(cudaFree(q));
     CHECK_CUDA(cudaFree(out));
   }
+
+}
+
+// MLA decode with several query rows per sequence (speculative verification: row i of r sees ctx − (r − 1 − i)
+// keys), 1 or 4 sequences, 4K / 32K context: each row its own CTA column ("per-row": the cache read once per
+// row) vs row groups ("grouped": once per sequence). 10 back-to-back calls per event pair; cache copies rotated
+// past the L2. Floor: the cache bytes of the sequences once ÷ the copy rate.
+void bench_mla_rows(const cudaDeviceProp& prop, double bw) {
+  const int64_t heads = 20, block = 64, row = 576;
+  std::printf("\nMLA decode, rows per sequence, 10 calls per event pair (%lld heads, block %lld)\n", (long long)heads,
+              (long long)block);
+  std::printf("%5s %8s %5s %14s %14s %10s\n", "seqs", "context", "rows", "per-row us", "grouped us", "floor_us");
+  for (int64_t seqs : {1, 4}) {
+    for (int64_t ctx : {4096, 32768}) {
+      const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(300) << 20) / (seqs * ctx * row * 2)));
+      const int64_t blocks = ctx / block;
+      const int64_t tables_n = int64_t(copies) * seqs;  // copy k holds sequences k·seqs .. k·seqs + seqs − 1
+      uint16_t* cache = device_random<uint16_t>(size_t(tables_n) * blocks * block * row, 7);
+      std::vector<int32_t> tables(size_t(tables_n) * blocks);
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), std::mt19937_64(3));
+      int32_t* d_tables = nullptr;
+      CHECK_CUDA(cudaMalloc(&d_tables, tables.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+      for (int64_t rows : {1, 2, 4, 6}) {
+        const int64_t nq = seqs * rows;
+        std::vector<int32_t> seq_ids(size_t(copies) * nq), lens(nq);
+        for (int k = 0; k < copies; ++k)
+          for (int64_t q = 0; q < nq; ++q) seq_ids[k * nq + q] = static_cast<int32_t>(k * seqs + q / rows);
+        for (int64_t q = 0; q < nq; ++q) lens[q] = static_cast<int32_t>(ctx - (rows - 1 - q % rows));
+        const std::vector<int32_t> groups = kiln::cuda::mla_decode_row_groups(seq_ids.data(), nq);
+        int32_t *d_seq, *d_len, *d_groups;
+        CHECK_CUDA(cudaMalloc(&d_seq, seq_ids.size() * 4));
+        CHECK_CUDA(cudaMemcpy(d_seq, seq_ids.data(), seq_ids.size() * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_len, nq * 4));
+        CHECK_CUDA(cudaMemcpy(d_len, lens.data(), nq * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&d_groups, groups.size() * 4));
+        CHECK_CUDA(cudaMemcpy(d_groups, groups.data(), groups.size() * 4, cudaMemcpyHostToDevice));
+        float* q = device_random<float>(nq * heads * row, 9);
+        float* out = nullptr;
+        CHECK_CUDA(cudaMalloc(&out, nq * heads * 512 * 4));
+        float us[2];
+        for (int grouped = 0; grouped < 2; ++grouped) {
+          const int splits =
+              grouped ? kiln::cuda::mla_decode_grouped_num_splits(seqs, rows, heads, ctx, prop.multiProcessorCount)
+                      : kiln::cuda::mla_decode_num_splits(nq, heads, ctx, prop.multiProcessorCount);
+          void* ws = nullptr;
+          CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(nq, heads, splits))));
+          kiln::cuda::MlaDecodeParams p;
+          p.q = q, p.num_queries = nq, p.num_heads = heads, p.cache = cache, p.block_size = block;
+          p.block_tables = d_tables, p.max_blocks = blocks, p.kv_len = d_len, p.scale = 1.0f / 16, p.out = out;
+          p.num_splits = splits, p.workspace = ws;
+          if (grouped) p.row_groups = d_groups, p.num_groups = seqs, p.max_group_rows = rows;
+          us[grouped] = 1e3f * median_ms_per_call(
+                                   [&](int i) {
+                                     p.query_seq = d_seq + (i % copies) * nq;
+                                     CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
+                                   },
+                                   10, 30);
+          CHECK_CUDA(cudaFree(ws));
+        }
+        const double bytes = double(seqs) * ctx * row * 2;
+        std::printf("%5lld %8lld %5lld %14.2f %14.2f %10.2f\n", (long long)seqs, (long long)ctx, (long long)rows, us[0],
+                    us[1], bytes / bw * 1e6);
+        for (void* ptr : {(void*)d_seq, (void*)d_len, (void*)d_groups, (void*)q, (void*)out}) CHECK_CUDA(cudaFree(ptr));
+      }
+      CHECK_CUDA(cudaFree(cache));
+      CHECK_CUDA(cudaFree(d_tables));
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a redirected log even if the run is cut short
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+  // Copy bandwidth (bytes read + written), the ceiling for everything below.
+  const size_t copy_bytes = size_t(2) << 30;
+  void *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  const float copy_ms = median_ms([&](int) { CHECK_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); }, 20);
+  const double bw = 2.0 * copy_bytes / (copy_ms * 1e-3);
+  std::printf("d2d copy: %.3f ms for 2 GiB -> %.2f TB/s (read + write)\n", copy_ms, bw / 1e12);
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+
+  // One argument names the only section to run ("moe_batched", "mla_rows"); none runs them all.
+  const std::string only = argc > 1 ? argv[1] : "";
+  if (only == "moe_batched") {
+    bench_moe_batched(bw);
+    return 0;
+  }
+  if (only == "mla_rows") {
+    bench_mla_decode(prop, bw);
+    bench_mla_rows(prop, bw);
+    return 0;
+  }
+
+  bench_mla_decode(prop, bw);
 
   // Expert GEMV for one decode token: 4 of 64 experts, gate_up + SwiGLU then down, weights 1.2 GB in all.
   const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
@@ -613,5 +777,7 @@ int main() {
   bench_skinny_gemm(prop, bw);
   bench_route_group(bw);
   bench_invariant_decode_products(prop, bw);
+  bench_moe_batched(bw);
+  bench_mla_rows(prop, bw);
   return 0;
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "device_buffer.h"
@@ -18,36 +19,47 @@ constexpr double kTolerance = 1e-2;
 struct Case {
   int64_t heads;
   int64_t block_size;
-  std::vector<int32_t> kv_lens;  // one query row per sequence
+  std::vector<int32_t> kv_lens;  // per sequence: its last row's kv_len
   int num_splits;
   int64_t selected_width;  // 0: dense
+  // Query rows per sequence (empty: one each), consecutive; row i of r sees kv_len − (r − 1 − i) keys, as the
+  // 1 + K rows of a speculative verification do.
+  std::vector<int32_t> rows = {};
+  bool grouped = false;  // pass row_groups from mla_decode_row_groups
 };
 
 void run_case(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  const int64_t nq = static_cast<int64_t>(c.kv_lens.size());
+  const int64_t num_seqs = static_cast<int64_t>(c.kv_lens.size());
+  std::vector<int32_t> query_seq, row_len;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t r = c.rows.empty() ? 1 : c.rows[s];
+    for (int32_t i = 0; i < r; ++i) {
+      query_seq.push_back(static_cast<int32_t>(s));
+      row_len.push_back(c.kv_lens[s] - (r - 1 - i));
+    }
+  }
+  const int64_t nq = static_cast<int64_t>(query_seq.size());
   const int64_t max_len = *std::max_element(c.kv_lens.begin(), c.kv_lens.end());
   const int64_t max_blocks = (max_len + c.block_size - 1) / c.block_size;
-  const int64_t pages = nq * max_blocks + 3;
+  const int64_t pages = num_seqs * max_blocks + 3;
   // Pages handed out in a shuffled order so the block tables matter.
   std::vector<int32_t> page_ids(pages);
   std::iota(page_ids.begin(), page_ids.end(), 0);
   std::shuffle(page_ids.begin(), page_ids.end(), rng);
-  std::vector<int32_t> tables(nq * max_blocks, -1);
-  for (int64_t s = 0, next = 0; s < nq; ++s)
+  std::vector<int32_t> tables(num_seqs * max_blocks, -1);
+  for (int64_t s = 0, next = 0; s < num_seqs; ++s)
     for (int64_t b = 0; b * c.block_size < c.kv_lens[s]; ++b) tables[s * max_blocks + b] = page_ids[next++];
   const Bf16Data cache = random_bf16(size_t(pages * c.block_size) * kRow, rng, -2.f, 2.f);
   const Bf16Data q = random_bf16(size_t(nq * c.heads) * kRow, rng, -1.f, 1.f);  // bf16-exact q
-  std::vector<int32_t> query_seq(nq);
-  std::iota(query_seq.begin(), query_seq.end(), 0);
   std::vector<int32_t> selected;
   if (c.selected_width > 0) {
     selected.assign(nq * c.selected_width, -1);
     for (int64_t s = 0; s < nq; ++s) {
-      std::vector<int32_t> pos(c.kv_lens[s]);
+      std::vector<int32_t> pos(row_len[s]);
       std::iota(pos.begin(), pos.end(), 0);
       std::shuffle(pos.begin(), pos.end(), rng);
-      const int64_t k = std::min<int64_t>(c.selected_width, c.kv_lens[s]);
+      const int64_t k = std::min<int64_t>(c.selected_width, row_len[s]);
       std::copy(pos.begin(), pos.begin() + k, selected.begin() + s * c.selected_width);
     }
   }
@@ -56,12 +68,13 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<float> want(size_t(nq * c.heads) * 512);
   for (int64_t s = 0; s < nq; ++s) {
     std::vector<int64_t> slots;
-    auto slot_of = [&](int64_t p) { return int64_t(tables[s * max_blocks + p / c.block_size]) * c.block_size + p % c.block_size; };
+    const int64_t seq = query_seq[s];
+    auto slot_of = [&](int64_t p) { return int64_t(tables[seq * max_blocks + p / c.block_size]) * c.block_size + p % c.block_size; };
     if (c.selected_width > 0) {
       for (int64_t j = 0; j < c.selected_width; ++j)
         if (int32_t p = selected[s * c.selected_width + j]; p >= 0) slots.push_back(slot_of(p));
     } else {
-      for (int64_t p = 0; p < c.kv_lens[s]; ++p) slots.push_back(slot_of(p));
+      for (int64_t p = 0; p < row_len[s]; ++p) slots.push_back(slot_of(p));
     }
     std::vector<float> scratch(c.heads * slots.size() + kRow);
     cpu::mla_attention_absorbed_bf16(q.values.data() + s * c.heads * kRow, c.heads, 512, 64, cache.bits.data(),
@@ -71,7 +84,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   DeviceBuffer<float> dq(q.values), dout(want.size());
   DeviceBuffer<uint16_t> dcache(cache.bits);
-  DeviceBuffer<int32_t> dtables(tables), dseq(query_seq), dlen(c.kv_lens), dsel(selected.empty() ? std::vector<int32_t>{0} : selected);
+  DeviceBuffer<int32_t> dtables(tables), dseq(query_seq), dlen(row_len), dsel(selected.empty() ? std::vector<int32_t>{0} : selected);
   DeviceBuffer<unsigned char> workspace(std::max<size_t>(1, cuda::mla_decode_workspace_bytes(nq, c.heads, c.num_splits)));
   workspace.poison();
   dout.poison();
@@ -91,10 +104,21 @@ void run_case(const Case& c, uint64_t seed) {
   p.out = dout.get();
   p.num_splits = c.num_splits;
   p.workspace = workspace.get();
+  const std::vector<int32_t> groups = cuda::mla_decode_row_groups(query_seq.data(), nq);
+  DeviceBuffer<int32_t> dgroups(groups);
+  if (c.grouped) {
+    p.row_groups = dgroups.get();
+    p.num_groups = static_cast<int64_t>(groups.size()) - 1;
+    for (size_t i = 0; i + 1 < groups.size(); ++i)
+      p.max_group_rows = std::max<int64_t>(p.max_group_rows, groups[i + 1] - groups[i]);
+  }
   KILN_STATUS_OK(cuda::mla_decode_bf16(p, nullptr));
   KILN_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_LT(rel_error(dout.download(), want), kTolerance)
-      << "heads " << c.heads << " block " << c.block_size << " splits " << c.num_splits << " sel " << c.selected_width;
+  const std::vector<float> got = dout.download();
+  for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "an output element was not written";
+  EXPECT_LT(rel_error(got, want), kTolerance) << "heads " << c.heads << " block " << c.block_size << " splits "
+                                              << c.num_splits << " sel " << c.selected_width << " rows "
+                                              << nq << (c.grouped ? " grouped" : "");
 }
 
 TEST(GpuMlaDecode, OneSplitMatchesCpu) {
@@ -113,6 +137,27 @@ TEST(GpuMlaDecode, SplitKvMatchesCpu) {
 TEST(GpuMlaDecode, SelectedTokensMatchCpu) {
   run_case({20, 64, {3000, 50}, 1, 2048}, 8);
   run_case({64, 64, {5000}, 5, 2048}, 9);
+}
+
+TEST(GpuMlaDecode, GroupedRowsMatchCpu) {
+  // Sequences of 1..6 rows, one split and split-KV (with more splits than some groups have tiles).
+  run_case({20, 64, {300, 1000, 77, 64, 5000, 129}, 1, 0, {1, 2, 3, 4, 5, 6}, true}, 10);
+  run_case({20, 64, {300, 1000, 77, 64, 5000, 129}, 8, 0, {6, 1, 5, 2, 4, 3}, true}, 11);
+  run_case({20, 64, {4099, 50}, 16, 0, {6, 1}, true}, 12);
+  run_case({64, 64, {700, 900}, 3, 0, {3, 2}, true}, 13);   // 192 pairs: 4 CTAs of 48
+  run_case({16, 16, {33, 12}, 1, 0, {10, 2}, true}, 14);    // 10 rows: groups of 8 and 2
+  run_case({7, 64, {200, 5}, 2, 0, {5, 3}, true}, 15);      // 35 pairs in one CTA
+  run_case({20, 64, {300, 77}, 4, 0, {3, 2}, false}, 16);   // the same rows without groups: one CTA column each
+}
+
+TEST(GpuMlaDecode, RowGroupsFollowSequences) {
+  const std::vector<int32_t> seq = {0, 0, 1, 1, 1, 2};
+  EXPECT_EQ(cuda::mla_decode_row_groups(seq.data(), 6), (std::vector<int32_t>{0, 2, 5, 6}));
+  const std::vector<int32_t> one(10, 4);
+  EXPECT_EQ(cuda::mla_decode_row_groups(one.data(), 10), (std::vector<int32_t>{0, 8, 10}));
+  EXPECT_EQ(cuda::mla_decode_row_groups(nullptr, 0), (std::vector<int32_t>{0}));
+  EXPECT_EQ(cuda::mla_decode_grouped_num_splits(1, 6, 20, 32768, 132), 44);  // 3 CTAs per group of 6 rows
+  EXPECT_EQ(cuda::mla_decode_grouped_num_splits(4, 1, 20, 32768, 132), 33);  // one row per group: as ungrouped
 }
 
 TEST(GpuMlaDecode, SplitHeuristicFillsTheChip) {

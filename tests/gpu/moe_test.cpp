@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <tuple>
 
@@ -72,37 +73,44 @@ TEST(GpuMoeExperts, GroupingIsAStableSortByExpert) {
   }
 }
 
-TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
-  std::mt19937_64 rng(62);
-  // ≤ 8 pairs run the wide grid (the first and last shapes; the last one's hidden exceeds one round of in-flight
-  // loads, 32 lanes × 8 loads × 8 values), more pairs the narrow one.
-  for (auto [experts, top_k, n, hidden, inter] :
-       {std::tuple{8, 2, 1, 256, 96}, {16, 4, 9, 512, 200}, {16, 4, 3, 2048, 1536}, {4, 4, 6, 64, 8},
-        {8, 2, 5, 2056, 136}, {8, 4, 2, 2056, 136}}) {
-    const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
-    const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
-    const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
-    std::vector<int32_t> ids(size_t(n) * top_k);
-    for (int64_t t = 0; t < n; ++t) {  // distinct experts per token, as the router gives
-      std::vector<int32_t> all(experts);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      std::copy(all.begin(), all.begin() + top_k, ids.begin() + t * top_k);
-    }
-    const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
-    const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
+struct ExpertCase {
+  int64_t experts, top_k, n, hidden, inter;
+  int32_t hot_expert;  // ≥ 0: every token routes to it (one expert with n rows, more than a 64-row pass when n > 64)
+};
 
-    const int64_t pairs = n * top_k;
-    const MoeReference ref = moe_reference(x.values, n, top_k, hidden, inter, gate_up.values, down.values, ids,
-                                           route_w, shared.values, INFINITY);
-    const std::vector<float>& want_h = ref.h;
-    const std::vector<float>& want = ref.out;
+// The grouped path (group, gate_up + SwiGLU, down, combine) vs the CPU; run twice, bit-identical (the per-warp
+// partials are summed in a fixed order). Outputs are poisoned (NaN) first, so an element not written fails.
+void run_expert_case(const ExpertCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto [experts, top_k, n, hidden, inter, hot] = c;
+  const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
+  const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
+  const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
+  std::vector<int32_t> ids(size_t(n) * top_k);
+  for (int64_t t = 0; t < n; ++t) {  // distinct experts per token, as the router gives
+    std::vector<int32_t> all(experts);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    if (hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), hot));
+    std::copy(all.begin(), all.begin() + top_k, ids.begin() + t * top_k);
+  }
+  const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
+  const Bf16Data shared = random_bf16(size_t(n) * hidden, rng);
 
-    DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
-    DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);
-    DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
-    DeviceBuffer<float> drw(route_w), dy(size_t(pairs) * hidden);
-    for (auto* b : {&dh, &dout}) b->poison();
+  const int64_t pairs = n * top_k;
+  const MoeReference ref = moe_reference(x.values, n, top_k, hidden, inter, gate_up.values, down.values, ids, route_w,
+                                         shared.values, INFINITY);
+  const std::vector<float>& want_h = ref.h;
+  const std::vector<float>& want = ref.out;
+
+  DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits), dshared(shared.bits);
+  DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(n) * hidden);
+  DeviceBuffer<int32_t> dids(ids), offsets(experts + 1), active(experts), order(pairs);
+  DeviceBuffer<float> drw(route_w), dy(size_t(pairs) * hidden);
+  std::vector<uint16_t> first_h, first_out;
+  for (int run = 0; run < 2; ++run) {
+    dh.poison();
+    dout.poison();
     dy.poison();
     const cuda::MoeDispatch d{offsets.get(), active.get(), order.get()};
     KILN_STATUS_OK(cuda::moe_group_by_expert(dids.get(), pairs, experts, d, nullptr));
@@ -112,13 +120,61 @@ TEST(GpuMoeExperts, GroupedGemvPathMatchesCpu) {
                                        nullptr));
     KILN_STATUS_OK(cuda::moe_combine_bf16(dy.get(), n, top_k, hidden, dshared.get(), dout.get(), nullptr));
     KILN_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_LT(rel_error(widen(dh.download()), want_h), 1e-2) << experts << "/" << hidden << "/" << inter;
-    EXPECT_LT(rel_error(widen(dout.download()), want), 1e-2) << experts << "/" << hidden << "/" << inter;
+    const std::vector<uint16_t> got_h = dh.download(), got_out = dout.download();
+    if (run == 0) {
+      EXPECT_LT(rel_error(widen(got_h), want_h), 1e-2) << experts << "/" << n << "/" << hidden << "/" << inter;
+      EXPECT_LT(rel_error(widen(got_out), want), 1e-2) << experts << "/" << n << "/" << hidden << "/" << inter;
+      for (float v : widen(got_out)) ASSERT_TRUE(std::isfinite(v)) << "an output element was not written";
+      first_h = got_h, first_out = got_out;
+    } else {
+      EXPECT_EQ(got_h, first_h) << "h differs between two identical runs";
+      EXPECT_EQ(got_out, first_out) << "output differs between two identical runs";
+    }
     // The grouping lists every pair exactly once.
     std::vector<int32_t> seen = order.download();
     std::sort(seen.begin(), seen.end());
     for (int64_t p = 0; p < pairs; ++p) ASSERT_EQ(seen[p], p);
   }
+
+  // Batch invariance (the serving engine relies on it): the last token alone gives bit for bit what it got in
+  // the batch, whatever the other rows of its experts.
+  const int64_t t = n - 1;
+  const std::vector<int32_t> ids1(ids.begin() + t * top_k, ids.begin() + (t + 1) * top_k);
+  const std::vector<float> rw1(route_w.begin() + t * top_k, route_w.begin() + (t + 1) * top_k);
+  DeviceBuffer<uint16_t> dx1(std::vector<uint16_t>(x.bits.begin() + t * hidden, x.bits.begin() + (t + 1) * hidden));
+  DeviceBuffer<uint16_t> dshared1(
+      std::vector<uint16_t>(shared.bits.begin() + t * hidden, shared.bits.begin() + (t + 1) * hidden));
+  DeviceBuffer<uint16_t> dh1(size_t(top_k) * inter), dout1(hidden);
+  DeviceBuffer<int32_t> dids1(ids1), order1(top_k);
+  DeviceBuffer<float> drw1(rw1), dy1(size_t(top_k) * hidden);
+  const cuda::MoeDispatch d1{offsets.get(), active.get(), order1.get()};
+  KILN_STATUS_OK(cuda::moe_group_by_expert(dids1.get(), top_k, experts, d1, nullptr));
+  KILN_STATUS_OK(cuda::moe_gate_up_swiglu_bf16(dx1.get(), 1, top_k, hidden, inter, dgu.get(), experts, d1, INFINITY,
+                                               dh1.get(), nullptr));
+  KILN_STATUS_OK(cuda::moe_down_bf16(dh1.get(), top_k, inter, hidden, ddown.get(), experts, d1, drw1.get(),
+                                     dy1.get(), nullptr));
+  KILN_STATUS_OK(cuda::moe_combine_bf16(dy1.get(), 1, top_k, hidden, dshared1.get(), dout1.get(), nullptr));
+  EXPECT_EQ(dh1.download(), std::vector<uint16_t>(first_h.begin() + t * top_k * inter,
+                                                  first_h.begin() + (t + 1) * top_k * inter))
+      << "h of a token alone differs from the batch";
+  EXPECT_EQ(dout1.download(), std::vector<uint16_t>(first_out.begin() + t * hidden, first_out.begin() + (t + 1) * hidden))
+      << "output of a token alone differs from the batch";
+}
+
+TEST(GpuMoeExperts, GroupedPathMatchesCpu) {
+  // Odd sizes: hidden 2056 / 520 / 264 are not multiples of the 16-row down tile nor of the 32-wide k chunk.
+  const std::vector<ExpertCase> cases = {
+      {8, 2, 1, 256, 96, -1},    {16, 4, 9, 512, 200, -1}, {16, 4, 3, 2048, 1536, -1}, {4, 4, 6, 64, 8, -1},
+      {8, 2, 5, 2056, 136, -1},  {8, 4, 2, 2056, 136, -1}, {64, 4, 16, 520, 136, -1},  // most experts: 0 rows
+      {4, 2, 40, 136, 40, -1},  // 20 rows per expert: 4 n8 tiles per pass
+  };
+  for (size_t i = 0; i < cases.size(); ++i) run_expert_case(cases[i], 62 + i);
+}
+
+TEST(GpuMoeExperts, ManyRowsOnOneExpertMatchCpu) {
+  run_expert_case({64, 4, 64, 520, 136, 0}, 80);  // expert 0 has all 64 tokens (one full pass), the rest few
+  run_expert_case({8, 1, 64, 264, 72, 3}, 81);    // all 64 tokens to expert 3 only; the other experts idle
+  run_expert_case({8, 4, 70, 136, 40, 5}, 82);    // 70 rows: two passes over each weight tile
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include <climits>
 #include <cmath>
 
 #include "kernels/cuda/launch_check.cuh"
@@ -60,7 +61,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// grid: (head groups, splits, queries). Each CTA: kMTiles·16 heads of one query row over one split's keys.
+// grid: (CTAs per row group, splits, row groups). A group's rows · heads (row, head) pairs, row-major, are spread
+// evenly over the fewest CTAs of kMTiles·16 pairs (the rest of blockIdx.x exits); each CTA streams one split of
+// the keys its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
+// One row per group is the plain decode case: CTA x takes heads 16·kMTiles·x onward.
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams p, float* part_out,
                                                                  float* part_lse) {
@@ -80,13 +84,31 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   const int lane = tid % 32;
   const int g = lane / 4;  // mma group id
   const int c = lane % 4;  // thread in group
-  const int head0 = blockIdx.x * kHeads;
   const int split = blockIdx.y;
-  const int64_t query = blockIdx.z;
-  const int kv_len = p.kv_len[query];
-  const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[query]) * p.max_blocks;
-  const int32_t* selected = p.selected ? p.selected + query * p.selected_width : nullptr;
+  const int64_t first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
+  const int heads = static_cast<int>(p.num_heads);
+  const int pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(first_row) : 1) * heads;
+  const int ctas = (pairs + kHeads - 1) / kHeads;
+  if (static_cast<int>(blockIdx.x) >= ctas) return;  // whole CTA: before any barrier
+  const int chunk = (pairs + ctas - 1) / ctas;
+  const int m0 = blockIdx.x * chunk;               // this CTA's (row, head) pairs: m0 .. m_end − 1 of the group
+  const int m_end = min(m0 + chunk, pairs);
+  const int64_t pair_base = first_row * heads;     // flat (row, head) index of the group's pair 0
+  int kv_len = 0;                                  // the longest row among this CTA's
+  for (int r = m0 / heads; r <= (m_end - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
+  const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[first_row]) * p.max_blocks;
+  const int32_t* selected = p.selected ? p.selected + first_row * p.selected_width : nullptr;
   const int64_t n_keys = selected ? p.selected_width : kv_len;
+  // Keys visible to this thread's accumulator rows g and g + 8 of each m-tile: its row's kv_len (dense; with
+  // selected positions the slot lookup already masks), 0 for padding pairs.
+  int row_keys[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m0 + mt * 16 + g + 8 * half;
+      row_keys[mt][half] = m >= m_end ? 0 : selected ? INT_MAX : p.kv_len[first_row + m / heads];
+    }
   const int64_t tiles_total = (n_keys + kTile - 1) / kTile;
   const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
   const int64_t tile_begin = split * tiles_per_split;
@@ -124,12 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
     issue_rows(slot_cur, 0);
   }
 
-  // q → bf16 in shared memory while the first tile streams in; padding heads are zero (never written out).
+  // q → bf16 in shared memory while the first tile streams in; padding pairs are zero (never written out).
   for (int i = tid; i < kHeads * kRow / 4; i += kThreads) {
     const int h = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
-    const float4 v = head0 + h < p.num_heads
-                         ? *reinterpret_cast<const float4*>(p.q + (query * p.num_heads + head0 + h) * kRow + d)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 v = m0 + h < m_end ? *reinterpret_cast<const float4*>(p.q + (pair_base + m0 + h) * kRow + d)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
     uint2 packed;
     packed.x = float_to_bf16_bits(v.x) | static_cast<uint32_t>(float_to_bf16_bits(v.y)) << 16;
     packed.y = float_to_bf16_bits(v.z) | static_cast<uint32_t>(float_to_bf16_bits(v.w)) << 16;
@@ -187,23 +208,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
         }
       }
       const int t0 = warp * 8 + 2 * c;
+      const int j0 = static_cast<int>(tile * kTile) + t0;  // key index of column t0 (its position when dense)
       const bool v0 = __shfl_sync(~0u, slot_cur, 2 * c) >= 0, v1 = __shfl_sync(~0u, slot_cur, 2 * c + 1) >= 0;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
         float* row1 = row0 + 8 * kScoreStride;
-        row0[0] = v0 ? acc_s[mt][0] * score_scale : -INFINITY;
-        row0[1] = v1 ? acc_s[mt][1] * score_scale : -INFINITY;
-        row1[0] = v0 ? acc_s[mt][2] * score_scale : -INFINITY;
-        row1[1] = v1 ? acc_s[mt][3] * score_scale : -INFINITY;
+        const int k0 = row_keys[mt][0], k1 = row_keys[mt][1];
+        row0[0] = v0 && j0 < k0 ? acc_s[mt][0] * score_scale : -INFINITY;
+        row0[1] = v1 && j0 + 1 < k0 ? acc_s[mt][1] * score_scale : -INFINITY;
+        row1[0] = v0 && j0 < k1 ? acc_s[mt][2] * score_scale : -INFINITY;
+        row1[1] = v1 && j0 + 1 < k1 ? acc_s[mt][3] * score_scale : -INFINITY;
       }
     }
     slot_cur = slot_next;
     __syncthreads();
 
-    // Online softmax: kThreads / kHeads consecutive threads share one head row.
-    {
-      constexpr int kPerRow = kThreads / kHeads;
+    // Online softmax: kPerRow consecutive threads share one pair row (48 rows: 4 each, the last two warps idle).
+    constexpr int kPerRow = kHeads == 16 ? 16 : kHeads == 32 ? 8 : 4;
+    static_assert(kHeads * kPerRow <= kThreads && (kHeads * kPerRow) % 32 == 0, "whole warps per softmax row set");
+    if (tid < kHeads * kPerRow) {
       constexpr int kCols = kTile / kPerRow;
       const int row = tid / kPerRow;
       const int part = tid % kPerRow;
@@ -277,11 +301,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = mt * 16 + g + 8 * half;
-      const int head = head0 + row;
-      if (head >= p.num_heads) continue;
+      if (m0 + row >= m_end) continue;
       const float l = s_l[row];
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const int64_t qh = query * p.num_heads + head;
+      const int64_t qh = pair_base + m0 + row;
       float* dst = direct ? p.out + qh * kMlaLatentDim
                           : part_out + (static_cast<int64_t>(split) * p.num_queries * p.num_heads + qh) * kMlaLatentDim;
 #pragma unroll
@@ -352,23 +375,50 @@ __global__ void __launch_bounds__(kCombineGroups * 128) mla_combine_kernel(const
   }
 }
 
+// M tiles per CTA for groups of up to `rows` rows: one row keeps the plain decode shape (16 heads, or 32 per CTA);
+// several rows take 48 pairs (3 tiles: Q, two 64-token stages, scores and P fill 221 KB of shared memory).
+int mtiles_for(int64_t rows, int64_t heads) {
+  const int64_t pairs = rows * heads;
+  if (pairs <= 16) return 1;
+  if (pairs <= 32 || rows == 1) return 2;
+  return 3;
+}
+
+int64_t ctas_per_group(int64_t rows, int64_t heads) {
+  const int64_t per_cta = 16 * mtiles_for(rows, heads);
+  return (rows * heads + per_cta - 1) / per_cta;
+}
+
 template <int kMTiles>
 Status launch(const MlaDecodeParams& p, StreamHandle stream, float* part_out, float* part_lse) {
   constexpr size_t kBytes = Smem<kMTiles>::kBytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
       mla_decode_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_decode_bf16: shared memory limit"));
-  const dim3 grid(static_cast<unsigned>((p.num_heads + 16 * kMTiles - 1) / (16 * kMTiles)),
-                  static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.num_queries));
+  const int64_t rows = p.row_groups ? p.max_group_rows : 1;
+  const dim3 grid(static_cast<unsigned>(ctas_per_group(rows, p.num_heads)), static_cast<unsigned>(p.num_splits),
+                  static_cast<unsigned>(p.row_groups ? p.num_groups : p.num_queries));
   mla_decode_kernel<kMTiles><<<grid, kThreads, kBytes, stream>>>(p, part_out, part_lse);
   return check_launch("cuda::mla_decode_bf16");
 }
 
 }  // namespace
 
+std::vector<int32_t> mla_decode_row_groups(const int32_t* query_seq, int64_t num_queries) {
+  std::vector<int32_t> first{0};
+  for (int64_t i = 1; i < num_queries; ++i)
+    if (query_seq[i] != query_seq[i - 1] || i - first.back() >= kMlaMaxGroupRows) first.push_back(static_cast<int32_t>(i));
+  if (num_queries > 0) first.push_back(static_cast<int32_t>(num_queries));
+  return first;
+}
+
 int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_keys, int sm_count) {
-  const int64_t groups = num_heads <= 16 ? 1 : (num_heads + 31) / 32;
-  const int64_t ctas = std::max<int64_t>(1, num_queries * groups);
+  return mla_decode_grouped_num_splits(num_queries, 1, num_heads, max_keys, sm_count);
+}
+
+int mla_decode_grouped_num_splits(int64_t num_groups, int64_t max_group_rows, int64_t num_heads, int64_t max_keys,
+                                  int sm_count) {
+  const int64_t ctas = std::max<int64_t>(1, num_groups * ctas_per_group(std::max<int64_t>(1, max_group_rows), num_heads));
   const int64_t by_occupancy = (sm_count + ctas - 1) / ctas;
   const int64_t by_length = std::max<int64_t>(1, (max_keys + 2 * kTile - 1) / (2 * kTile));
   return static_cast<int>(std::max<int64_t>(1, std::min(by_occupancy, by_length)));
@@ -389,14 +439,17 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
     return invalid_argument("cuda::mla_decode_bf16: num_splits > 1 needs mla_decode_workspace_bytes of workspace");
   if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0)
     return invalid_argument("cuda::mla_decode_bf16: q must be 16-byte aligned (it is read as float4)");
+  if (p.row_groups && (p.selected || p.num_groups < 1 || p.max_group_rows < 1))
+    return invalid_argument("cuda::mla_decode_bf16: row_groups needs dense attention, num_groups ≥ 1 and max_group_rows ≥ 1");
   if (p.num_queries == 0) return ok_status();
   const int64_t rows = p.num_queries * p.num_heads;
   float* part_out = static_cast<float*>(p.workspace);
   float* part_lse = p.num_splits > 1 ? part_out + static_cast<int64_t>(p.num_splits) * rows * kMlaLatentDim : nullptr;
-  if (p.num_heads <= 16)
-    KILN_RETURN_IF_ERROR(launch<1>(p, stream, part_out, part_lse));
-  else
-    KILN_RETURN_IF_ERROR(launch<2>(p, stream, part_out, part_lse));
+  const int mtiles = mtiles_for(p.row_groups ? p.max_group_rows : 1, p.num_heads);
+  const Status launched = mtiles == 1   ? launch<1>(p, stream, part_out, part_lse)
+                          : mtiles == 2 ? launch<2>(p, stream, part_out, part_lse)
+                                        : launch<3>(p, stream, part_out, part_lse);
+  KILN_RETURN_IF_ERROR(launched);
   if (p.num_splits > 1) {
     mla_combine_kernel<<<static_cast<unsigned>(rows), kCombineGroups * 128, 0, stream>>>(part_out, part_lse, rows, p.num_splits, p.out);
     KILN_RETURN_IF_ERROR(check_launch("cuda::mla_decode_bf16 (combine)"));

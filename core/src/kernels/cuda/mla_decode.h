@@ -7,10 +7,16 @@
 // rounded to bf16), the cache is streamed once per head group through shared memory, and long contexts are
 // split over `num_splits` CTAs per row whose partial results (fp32 output + log-sum-exp per head) a second
 // kernel merges (flash-decoding).
+//
+// Row groups: consecutive rows of one sequence (speculative verification's 1 + K rows, a prefill chunk) can share
+// each cache tile: their (row, head) pairs are packed into the tensor-core M dimension (up to 48 per CTA, the
+// pairs of a group spread evenly over ceil(rows · heads / 48) CTAs), every row masked by its own kv_len, so the
+// cache is read once per group instead of once per row.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/stream_handle.h"
 #include "kiln/status.h"
@@ -36,11 +42,29 @@ struct MlaDecodeParams {
   float* out = nullptr;                   // [num_queries, num_heads, 512] fp32
   int num_splits = 1;                     // ≥ 1; > 1 needs workspace
   void* workspace = nullptr;              // mla_decode_workspace_bytes(...) bytes of device memory
+  // Optional row groups (dense attention only, selected must be null): [num_groups + 1] ascending first rows,
+  // row_groups[0] = 0 and row_groups[num_groups] = num_queries; the rows of a group share one query_seq.
+  // Null: every row is its own group.
+  const int32_t* row_groups = nullptr;
+  int64_t num_groups = 0;
+  int64_t max_group_rows = 1;             // the largest group (sizes the grid)
 };
+
+// Group size cap used by mla_decode_row_groups (the kernel takes any size).
+inline constexpr int64_t kMlaMaxGroupRows = 8;
+
+// Host helper: the row_groups array for a host copy of query_seq — runs of consecutive rows of one sequence,
+// cut every kMlaMaxGroupRows rows. Returns num_groups + 1 entries.
+std::vector<int32_t> mla_decode_row_groups(const int32_t* query_seq, int64_t num_queries);
 
 // A split count that gives about one wave of CTAs on `sm_count` multiprocessors for rows of up to max_keys
 // keys (the longest context, or selected_width with DSA), with at least two 64-token tiles per split.
 int mla_decode_num_splits(int64_t num_queries, int64_t num_heads, int64_t max_keys, int sm_count);
+
+// The same for row groups (num_groups groups of at most max_group_rows rows); workspace is still sized by
+// mla_decode_workspace_bytes(num_queries, ...), one partial per row and split.
+int mla_decode_grouped_num_splits(int64_t num_groups, int64_t max_group_rows, int64_t num_heads, int64_t max_keys,
+                                  int sm_count);
 
 size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits);
 

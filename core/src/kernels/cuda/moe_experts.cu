@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
@@ -8,14 +9,9 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
-constexpr int kWarps = 4;          // per GEMV block
-constexpr int kUnitsPerWarp = 4;   // a unit = two weight rows (the narrow grid: many pairs)
-constexpr int kLoadsInFlight = 8;  // the wide grid: 16-byte weight loads per lane and row before the first is used
-// Up to this many pairs (one or two decode tokens) the wide grid runs: one unit per warp, 4× the blocks. Measured on
-// the H200 (group + gate_up + down + combine): one token 45.6 µs wide vs 56.1 narrow; 4 and 16 tokens 108.5 / 304.8
-// wide vs 100.5 / 223.8 narrow, where the narrow grid already has ≥ 10 blocks per SM.
-constexpr int64_t kWideGridMaxPairs = 8;
-constexpr int kTokensPerPass = 4;  // tokens of one expert sharing each weight load
+constexpr int kWarps = 8;          // per expert-tile block; the warps split k
+constexpr int kUnroll = 4;         // 32-wide k chunks each warp has in flight per round (8 16-byte loads per lane)
+constexpr int kMaxTokenTiles = 8;  // n8 tiles per pass over a weight tile: up to 64 rows of one expert at once
 
 // One block; warp w < kSlices owns the w-th contiguous slice of the pairs. Pass 1: each of those warps counts its
 // slice per expert (lanes with the same id found by __match_any_sync). Then thread e turns the counts into each
@@ -86,128 +82,170 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
   }
 }
 
-__device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
-  float wf[8], xf[8];
-  bf16x8_to_float(w, wf);
-  bf16x8_to_float(x, xf);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(wf[i], xf[i], s);
-  return s;
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(~0u, v, off);
+// Expert weights are read once per step: keep them out of L1.
+__device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
-// One unit of two weight rows of expert e against the expert's pairs [begin, end), kTokensPerPass input rows per
-// pass over the rows (16-byte loads, lanes on consecutive words). kGateUp: rows (r, inter + r) → silu·up into h;
-// else rows (2u, 2u + 1) → scaled fp32 outputs. kWide: all kLoadsInFlight loads of a lane are issued before the
-// first is used (the one-token grid has few warps, each must keep many bytes in flight); else the loop is
-// unrolled 4 deep and each warp runs kUnitsPerWarp units in turn.
-template <bool kGateUp, bool kWide>
-__device__ __forceinline__ void expert_unit(const uint16_t* __restrict__ x, int64_t top_k, int64_t in_dim,
-                                            int64_t unit, const uint16_t* __restrict__ we, const MoeDispatch& d,
-                                            int begin, int end, const float* __restrict__ route_weight, float limit,
-                                            void* out, int64_t out_dim, int lane) {
-  const int64_t chunks = in_dim / 8;
-  const int64_t r0 = kGateUp ? unit : 2 * unit;
-  const int64_t r1 = kGateUp ? out_dim + unit : min(2 * unit + 1, out_dim - 1);
-  const uint4* w0 = reinterpret_cast<const uint4*>(we + r0 * in_dim);
-  const uint4* w1 = reinterpret_cast<const uint4*>(we + r1 * in_dim);
-  for (int base = begin; base < end; base += kTokensPerPass) {
-    const int count = min(kTokensPerPass, end - base);
-    const uint4* xr[kTokensPerPass];
-    int pair[kTokensPerPass];
-#pragma unroll
-    for (int k = 0; k < kTokensPerPass; ++k) {
-      pair[k] = d.pair_order[base + min(k, count - 1)];
-      const int64_t xrow = kGateUp ? pair[k] / top_k : pair[k];
-      xr[k] = reinterpret_cast<const uint4*>(x + xrow * in_dim);
-    }
-    float acc0[kTokensPerPass] = {}, acc1[kTokensPerPass] = {};
-    if constexpr (kWide) {
-      for (int64_t ch0 = lane; ch0 < chunks; ch0 += 32 * kLoadsInFlight) {
-        uint4 a[kLoadsInFlight], b[kLoadsInFlight];
-#pragma unroll
-        for (int i = 0; i < kLoadsInFlight; ++i) {
-          const int64_t ch = ch0 + 32 * i;
-          a[i] = ch < chunks ? __ldg(w0 + ch) : make_uint4(0, 0, 0, 0);
-          b[i] = ch < chunks ? __ldg(w1 + ch) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int k = 0; k < kTokensPerPass; ++k) {
-          if (k >= count) break;
-#pragma unroll
-          for (int i = 0; i < kLoadsInFlight; ++i) {
-            const int64_t ch = ch0 + 32 * i;
-            if (ch >= chunks) break;
-            const uint4 xv = __ldg(xr[k] + ch);
-            acc0[k] += dot8(a[i], xv);
-            acc1[k] += dot8(b[i], xv);
-          }
-        }
-      }
-    } else {
-#pragma unroll 4
-      for (int64_t ch = lane; ch < chunks; ch += 32) {
-        const uint4 a = __ldg(w0 + ch);
-        const uint4 b = __ldg(w1 + ch);
-#pragma unroll
-        for (int k = 0; k < kTokensPerPass; ++k) {
-          if (k < count) {
-            const uint4 xv = __ldg(xr[k] + ch);
-            acc0[k] += dot8(a, xv);
-            acc1[k] += dot8(b, xv);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kTokensPerPass; ++k) {
-      if (k >= count) break;
-      const float s0 = warp_sum(acc0[k]);
-      const float s1 = warp_sum(acc1[k]);
-      if (lane != 0) continue;
-      if constexpr (kGateUp) {
-        const float gv = fminf(s0, limit);
-        const float uv = fminf(fmaxf(s1, -limit), limit);
-        static_cast<uint16_t*>(out)[static_cast<int64_t>(pair[k]) * out_dim + unit] =
-            float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
-      } else {
-        const float scale = route_weight ? route_weight[pair[k]] : 1.0f;
-        float* y = static_cast<float*>(out) + static_cast<int64_t>(pair[k]) * out_dim;
-        y[r0] = s0 * scale;
-        if (r1 != r0) y[r1] = s1 * scale;
-      }
-    }
-  }
-}
-
-template <bool kWide>
-constexpr int64_t units_per_block() {
-  return kWarps * (kWide ? 1 : kUnitsPerWarp);
-}
-
-// grid: (row blocks, active-expert slot); each warp owns units_per_block / kWarps consecutive units.
-template <bool kGateUp, bool kWide>
-__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(
-    const uint16_t* __restrict__ x, int64_t top_k, int64_t in_dim, int64_t units, const uint16_t* __restrict__ w,
-    int64_t weight_rows, MoeDispatch d, const float* __restrict__ route_weight, float limit, void* out,
-    int64_t out_dim) {
+// One block = one 16-row weight tile of one active expert (grid: tiles × active-expert slots), applied to all of
+// that expert's rows, up to kNT·8 per pass: the skinny-GEMM scheme (skinny_gemm.cu) with W rows as the mma's M
+// and the expert's token rows as N. Lane (g, c) loads 8 consecutive k of tile rows g and g + 8 per 32-wide chunk
+// (one 16-byte load each) and of input row g of each n8 tile; the mma k order is the same permutation for both
+// operands. Warps split k; their partials are summed in shared memory in warp order, so results do not depend
+// on timing. kGateUp: tile row g is gate row u0 + g and row g + 8 is up row u0 + g (u0 = 8 · tile), so the
+// epilogue has both halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive
+// rows of down and the epilogue writes route_weight · y.
+template <bool kGateUp, int kNT>
+__global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_kernel(
+    const uint16_t* __restrict__ x, int top_k, int in_dim, const uint16_t* __restrict__ w, int out_dim,
+    MoeDispatch d, const float* __restrict__ route_weight, float limit, void* __restrict__ out) {
+  extern __shared__ float s_part[];  // [kWarps][kNT][4][32]
+  __shared__ int s_pair[kNT * 8];     // this pass's pairs and their output scales, for the epilogue
+  __shared__ float s_scale[kNT * 8];
+  constexpr int kPerWarp = kNT * 4 * 32;
   const int e = d.active_experts[blockIdx.y];
   if (e < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
+  const int g = lane / 4, c = lane % 4;
+  const int weight_rows = kGateUp ? 2 * out_dim : out_dim;
   const uint16_t* we = w + static_cast<int64_t>(e) * weight_rows * in_dim;
-  constexpr int64_t kUnits = units_per_block<kWide>() / kWarps;
-  for (int64_t uu = 0; uu < kUnits; ++uu) {
-    const int64_t unit = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kUnits + uu;
-    if (unit >= units) return;
-    expert_unit<kGateUp, kWide>(x, top_k, in_dim, unit, we, d, begin, end, route_weight, limit, out, out_dim, lane);
+  // Rows past the end re-read the last row; their results are dropped.
+  const int tile_row0 = blockIdx.x * (kGateUp ? 8 : 16);
+  const uint16_t* w_row[2];
+  if constexpr (kGateUp) {
+    const int unit = min(tile_row0 + g, out_dim - 1);
+    w_row[0] = we + static_cast<int64_t>(unit) * in_dim + 8 * c;
+    w_row[1] = we + static_cast<int64_t>(out_dim + unit) * in_dim + 8 * c;
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      w_row[h] = we + static_cast<int64_t>(min(tile_row0 + g + 8 * h, out_dim - 1)) * in_dim + 8 * c;
   }
+  const int chunks = (in_dim + 31) / 32;
+  uint4 wv[kUnroll][2];
+  bool valid[kUnroll];
+  auto load_round = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * kWarps) * 32;
+      valid[u] = k + 8 * c < in_dim;  // in_dim % 8 == 0: a lane's 8 values are all inside or all outside
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wv[u][h] = valid[u] ? load_stream(w_row[h] + k) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  // The first round's weight loads go out before the expert's row list is read (an active expert has rows), so
+  // the two dependent index loads overlap the weight latency.
+  load_round(warp);
+  bool loaded = true;
+  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
+
+  for (int pass = begin; pass < end; pass += kNT * 8) {
+    const int count = min(kNT * 8, end - pass);
+    const int ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
+    if (threadIdx.x < count) {
+      const int pair = d.pair_order[pass + threadIdx.x];
+      s_pair[threadIdx.x] = pair;
+      s_scale[threadIdx.x] = !kGateUp && route_weight ? route_weight[pair] : 1.0f;
+    }
+    const uint16_t* x_row[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int pair = d.pair_order[pass + min(nt * 8 + g, count - 1)];
+      x_row[nt] = x + static_cast<int64_t>(kGateUp ? pair / top_k : pair) * in_dim + 8 * c;
+    }
+    float acc[kNT][4] = {};
+    for (int base = warp; base < chunks; base += kUnroll * kWarps) {
+      if (!loaded) load_round(base);
+      loaded = false;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = (base + u * kWarps) * 32;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (nt >= ntiles) break;
+          const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
+          const uint4 a = wv[u][0], b = wv[u][1];
+          mma_bf16(acc[nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
+          mma_bf16(acc[nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      if (nt >= ntiles) break;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + (nt * 4 + r) * 32 + lane] = acc[nt][r];
+    }
+    __syncthreads();
+    // Accumulator element (tile row rr, token j) sits at fragment ((j/8)·4 + (rr/8)·2 + j%2, lane (rr%8)·4 + (j%8)/2).
+    auto part_sum = [&](int rr, int j) {
+      const int idx = ((j / 8) * 4 + (rr / 8) * 2 + j % 2) * 32 + (rr % 8) * 4 + (j % 8) / 2;
+      float s = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) s += s_part[wi * kPerWarp + idx];
+      return s;
+    };
+    if constexpr (kGateUp) {
+      for (int i = threadIdx.x; i < 8 * count; i += kWarps * 32) {
+        const int u = i % 8, j = i / 8;
+        const int unit = tile_row0 + u;
+        if (unit >= out_dim) continue;
+        const float gv = fminf(part_sum(u, j), limit);
+        const float uv = fminf(fmaxf(part_sum(u + 8, j), -limit), limit);
+        static_cast<uint16_t*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + unit] =
+            float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
+      }
+    } else {
+      for (int i = threadIdx.x; i < 16 * count; i += kWarps * 32) {
+        const int rr = i % 16, j = i / 16;
+        const int row = tile_row0 + rr;
+        if (row >= out_dim) continue;
+        static_cast<float*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + row] = part_sum(rr, j) * s_scale[j];
+      }
+    }
+    __syncthreads();  // the partials and pairs are read before the next pass overwrites them
+  }
+}
+
+// n8 tiles per pass, sized by the mean rows per active expert (a decode step's experts have a few rows each;
+// one with more takes several passes over its weight tile, the later ones served by the L2). Few tiles keep the
+// registers low enough for 3 blocks of 8 warps per SM.
+template <bool kGateUp>
+void launch_tiles(const uint16_t* x, int64_t pairs, int64_t top_k, int64_t in_dim, const uint16_t* w,
+                  int64_t out_dim, int64_t num_experts, const MoeDispatch& d, const float* route_weight, float limit,
+                  void* out, StreamHandle stream) {
+  const int64_t tiles = kGateUp ? (out_dim + 7) / 8 : (out_dim + 15) / 16;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(pairs, num_experts)));
+  const int64_t mean_rows = pairs / std::min(pairs, num_experts);
+  const int64_t token_tiles = pairs <= 8 ? 1 : std::min<int64_t>(std::max<int64_t>(2, (mean_rows + 7) / 8), kMaxTokenTiles);
+  auto go = [&](auto nt) {
+    constexpr int kNT = decltype(nt)::value;
+    const size_t smem = sizeof(float) * kWarps * kNT * 4 * 32;
+    expert_tile_kernel<kGateUp, kNT><<<grid, kWarps * 32, smem, stream>>>(
+        x, static_cast<int>(top_k), static_cast<int>(in_dim), w, static_cast<int>(out_dim), d, route_weight, limit,
+        out);
+  };
+  if (token_tiles <= 1)
+    go(std::integral_constant<int, 1>{});
+  else if (token_tiles <= 2)
+    go(std::integral_constant<int, 2>{});
+  else if (token_tiles <= 4)
+    go(std::integral_constant<int, 4>{});
+  else
+    go(std::integral_constant<int, kMaxTokenTiles>{});
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t top_k, int64_t hidden,
@@ -223,7 +261,7 @@ __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t t
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int64_t active_slots(int64_t pairs, int64_t num_experts) { return std::min<int64_t>(pairs, num_experts); }
+bool fits_int(int64_t v) { return v > 0 && v <= INT32_MAX; }
 
 }  // namespace
 
@@ -239,43 +277,24 @@ Status moe_group_by_expert(const int32_t* ids, int64_t pairs, int64_t num_expert
 Status moe_gate_up_swiglu_bf16(const uint16_t* x, int64_t n, int64_t top_k, int64_t hidden, int64_t inter,
                                const uint16_t* gate_up, int64_t num_experts, const MoeDispatch& d, float limit,
                                uint16_t* h, StreamHandle stream) {
-  if (hidden % 8 != 0 || inter <= 0 || top_k <= 0 || !aligned16(x) || !aligned16(gate_up))
-    return invalid_argument("cuda::moe_gate_up_swiglu_bf16: hidden must be a multiple of 8 and x / weights 16-byte aligned");
+  if (hidden % 8 != 0 || !fits_int(hidden) || !fits_int(2 * inter) || top_k <= 0 || !aligned16(x) ||
+      !aligned16(gate_up))
+    return invalid_argument(
+        "cuda::moe_gate_up_swiglu_bf16: hidden must be a multiple of 8, inter > 0 and x / weights 16-byte aligned");
   if (n <= 0) return ok_status();
-  const int64_t slots = active_slots(n * top_k, num_experts);
-  auto launch = [&](auto wide) {
-    constexpr bool kWide = decltype(wide)::value;
-    const dim3 grid(static_cast<unsigned>((inter + units_per_block<kWide>() - 1) / units_per_block<kWide>()),
-                    static_cast<unsigned>(slots));
-    expert_gemv_kernel<true, kWide><<<grid, kWarps * 32, 0, stream>>>(x, top_k, hidden, inter, gate_up, 2 * inter, d,
-                                                                      nullptr, limit, h, inter);
-  };
-  if (n * top_k <= kWideGridMaxPairs)
-    launch(std::true_type{});
-  else
-    launch(std::false_type{});
+  if (!fits_int(n * top_k)) return invalid_argument("cuda::moe_gate_up_swiglu_bf16: too many pairs");
+  launch_tiles<true>(x, n * top_k, top_k, hidden, gate_up, inter, num_experts, d, nullptr, limit, h, stream);
   return check_launch("cuda::moe_gate_up_swiglu_bf16");
 }
 
 Status moe_down_bf16(const uint16_t* h, int64_t pairs, int64_t inter, int64_t hidden, const uint16_t* down,
                      int64_t num_experts, const MoeDispatch& d, const float* route_weight, float* y,
                      StreamHandle stream) {
-  if (inter % 8 != 0 || hidden <= 0 || !aligned16(h) || !aligned16(down))
+  if (inter % 8 != 0 || !fits_int(inter) || !fits_int(hidden) || !aligned16(h) || !aligned16(down))
     return invalid_argument("cuda::moe_down_bf16: inter must be a multiple of 8 and h / weights 16-byte aligned");
   if (pairs <= 0) return ok_status();
-  const int64_t units = (hidden + 1) / 2;
-  const int64_t slots = active_slots(pairs, num_experts);
-  auto launch = [&](auto wide) {
-    constexpr bool kWide = decltype(wide)::value;
-    const dim3 grid(static_cast<unsigned>((units + units_per_block<kWide>() - 1) / units_per_block<kWide>()),
-                    static_cast<unsigned>(slots));
-    expert_gemv_kernel<false, kWide><<<grid, kWarps * 32, 0, stream>>>(h, 1, inter, units, down, hidden, d,
-                                                                       route_weight, 0.f, y, hidden);
-  };
-  if (pairs <= kWideGridMaxPairs)
-    launch(std::true_type{});
-  else
-    launch(std::false_type{});
+  if (!fits_int(pairs)) return invalid_argument("cuda::moe_down_bf16: too many pairs");
+  launch_tiles<false>(h, pairs, 1, inter, down, hidden, num_experts, d, route_weight, 0.f, y, stream);
   return check_launch("cuda::moe_down_bf16");
 }
 
