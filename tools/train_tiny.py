@@ -25,6 +25,44 @@ num_nextn_predict_layers = 1 and first_k_dense_replace, and tokenizer.json.
 
   python3 tools/train_tiny.py --out /tmp/tiny                 # the real run (one H200, under 10 minutes)
   python3 tools/train_tiny.py --out /tmp/t --steps 20 --tiny  # CPU smoke test (a minute)
+
+Recursive MTP fine-tuning (--finetune-mtp MODEL_DIR): kiln's `mtp` drafter runs the one MTP layer K times per
+step (plugins/draft-mtp/mtp_drafter.cpp): step 1 on the target's h_p and t_{p+1}; step k ≥ 2 on the layer's own
+previous block output (before shared_head.norm: DraftLayerOutput::hidden) and the previous draft, attending over
+the draft KV, whose positions ≤ p hold rows computed from the target's hidden states and p + 1 .. p + k − 1 this
+step's recursive rows (dropped afterwards). Joint training taught depth 1 only, so drafts 2..K were rarely right.
+This mode loads an export (the trunk frozen: its tensors are copied from the source and checked byte-identical),
+and trains only the MTP layer on Σ_k w_k · CE(depth k), k = 1..D (--mtp-depth): for every chain start p of a
+window at once, depth k's row p takes depth k−1's block output at row p and the text token t_{p+k}, sits at
+position p + k − 1, attends to the depth-1 rows ≤ p and its own chain's rows of depths 2..k (exactly the draft
+KV's contents; checked against a step-by-step re-run of the drafter before training) and predicts t_{p+k+1};
+gradients flow through the whole unrolled chain. Depth weights w_k ∝ Σ_{m=k}^{D} γ^{m−1} (--depth-gamma,
+0.8): the derivative of the expected accepted length Σ_m Π_{j≤m} a_j with respect to depth k's conditional
+acceptance a_k when every a_j is γ, because a draft only counts when all earlier ones were accepted; deeper
+depths are worth less and depth 1 keeps the largest weight (0.39 / 0.27 / 0.18 / 0.11 / 0.05 at D = 5).
+Where training differs from kiln's inference:
+  - inputs and targets are the text (teacher forcing); kiln feeds back its own drafts and is judged against the
+    target's greedy tokens. For acceptance only drafts after an accepted prefix count, and there the drafts fed
+    back are the greedy tokens, so the two agree wherever the trunk's greedy continuation is the text (nearly
+    always on the training split, which the trunk has memorised);
+  - windows start anywhere in the token stream (mid-document, 256 chain starts); kiln's start at the prompt;
+  - bf16 autocast for the trunk's hidden states and the MTP layer; kiln computes in fp32 from the bf16 weights
+    with a bf16 (or fp8) draft KV; RoPE positions are offset by one (relative, so the same attention);
+  - every chain start weighs the same; kiln drafts from the starts its acceptances lead to;
+  - greedy targets only: at temperature > 0 kiln samples drafts from the same logits.
+Before and after, it reports per-depth teacher-forced top-1 and CE on the validation split and kiln's metric,
+simulated: per-position acceptance at K = D (drafts 1..k all equal the trunk's greedy tokens) over the trunk's
+128-token greedy continuations of `kiln ab`'s 8 built-in prompts and of 32 validation prompts. On the model
+trained by the joint run it gives 0.944 0.260 0.052 0.010 0.003 for the ab prompts, where `kiln ab` measured
+0.95 0.26 0.04 0.01 0.00 (bench/RESULTS.md). Output: the full export (model.safetensors: the source's trunk
+tensors and metadata plus the new MTP tensors and a `kiln_finetune_mtp` record; config.json and tokenizer.json
+copied), verified as above, plus mtp.safetensors (the MTP tensors alone, ≈ 2.5 MB, with the full tensors'
+sha256) from which --merge-mtp rebuilds model.safetensors elsewhere.
+
+  python3 tools/train_tiny.py --finetune-mtp models/tiny-glm --mtp-depth 5 --out /tmp/tiny-mtp  # one H200, < 4 min
+  python3 tools/train_tiny.py --finetune-mtp models/tiny-glm --merge-mtp /tmp/tiny-mtp/mtp.safetensors \
+      --out models/tiny-glm                                    # rebuild model.safetensors from the MTP file
+  python3 tools/train_tiny.py --finetune-mtp /tmp/t --out /tmp/t2 --steps 10 --tiny  # CPU smoke (after the above)
 """
 
 from __future__ import annotations
@@ -727,7 +765,7 @@ def verify_export(model: Glm4MoeLiteForCausalLM, mtp_layer: MtpLayer, out: Path,
 # Defaults that differ between training the whole model and fine-tuning the MTP layer (--finetune-mtp).
 DEFAULTS = {
     "train": dict(steps=20000, max_minutes=7.5, batch=64, seq_len=512, lr=2e-3, warmup=200),
-    "finetune": dict(steps=20000, max_minutes=2.5, batch=64, seq_len=256, lr=1e-3, warmup=50),
+    "finetune": dict(steps=20000, max_minutes=2.25, batch=64, seq_len=256, lr=1e-3, warmup=50),
 }
 
 
@@ -745,7 +783,7 @@ def parse_args():
     ap.add_argument("--steps", type=int, help="at most this many steps (default 20000)")
     ap.add_argument("--max-minutes", type=float,
                     help="training time budget: the schedule ends at the budget or the step count, whichever "
-                         "first (default 7.5; --finetune-mtp 2.5)")
+                         "first (default 7.5; --finetune-mtp 2.25)")
     ap.add_argument("--batch", type=int, help="sequences per step (default 64)")
     ap.add_argument("--seq-len", type=int, help="tokens per sequence (default 512; --finetune-mtp 256 chain starts)")
     ap.add_argument("--lr", type=float, help="peak learning rate (default 2e-3; --finetune-mtp 1e-3)")
