@@ -95,7 +95,9 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   return t;
 }
 
-int64_t decode_positions(int64_t context, const DecodeBenchOptions& o) { return context + o.warmup + o.steps; }
+int64_t decode_positions(int64_t context, const DecodeBenchOptions& o) {
+  return context + o.warmup + o.steps + *std::max_element(o.rows.begin(), o.rows.end()) - 1;
+}
 
 Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBenchOptions& o) {
   const ModelConfig& c = t.model.model->config();
@@ -103,10 +105,12 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
   std::vector<DecodePoint> points;
   StepOutput out;
   for (int64_t context : o.contexts)
-    for (int64_t batch : o.batches) {
+    for (int64_t batch : o.batches)
+      for (int64_t rows : o.rows) {
       DecodePoint p;
       p.context = context;
       p.batch = batch;
+      p.rows = rows;
       const int64_t per_seq = blocks_for(decode_positions(context, o), bs);
       if (batch * per_seq > t.capacity.num_blocks) {
         p.skipped = "KV of " + std::to_string(batch) + " × " + std::to_string(per_seq * bs) + " tokens (" +
@@ -117,19 +121,16 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
         continue;
       }
       std::vector<std::vector<int32_t>> tables(batch);
-      std::vector<int32_t> tokens(batch);
+      std::vector<int32_t> tokens(batch * rows);
       std::vector<SequenceStep> steps(batch);
       for (int64_t b = 0; b < batch; ++b) {
         tables[b] = block_range(b * per_seq, per_seq);
-        tokens[b] = token_at(b, c.vocab_size);
-        steps[b] = SequenceStep{{&tokens[b], 1}, 0, &tables[b], false};
+        steps[b] = SequenceStep{{tokens.data() + b * rows, static_cast<size_t>(rows)}, 0, &tables[b], rows > 1};
       }
       int64_t step_index = 0;
       auto step = [&](int64_t position) -> Status {
-        for (int64_t b = 0; b < batch; ++b) {
-          steps[b].start_position = position;
-          tokens[b] = token_at(++step_index, c.vocab_size);
-        }
+        for (int64_t b = 0; b < batch; ++b) steps[b].start_position = position;
+        for (int32_t& t : tokens) t = token_at(++step_index, c.vocab_size);
         return t.runner->forward(steps, out, false).with_context("decode at context " + std::to_string(context) +
                                                                  ", batch " + std::to_string(batch));
       };
@@ -138,15 +139,15 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
       for (int64_t i = 0; i < o.steps; ++i) KILN_RETURN_IF_ERROR(step(context + o.warmup + i));
       p.seconds = seconds_since(t0);
       p.ms_per_step = 1e3 * p.seconds / o.steps;
-      p.tok_s = static_cast<double>(batch * o.steps) / p.seconds;
+      p.tok_s = static_cast<double>(batch * rows * o.steps) / p.seconds;  // rows run (= tokens when rows = 1)
       // A step at position q attends over q + 1 keys; the mean over the timed steps.
       const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
-      p.weight_bytes = decode_weight_bytes(c, batch);
+      p.weight_bytes = decode_weight_bytes(c, batch * rows);
       p.kv_bytes = decode_kv_bytes(c, batch, keys);
-      p.roofline_tok_s = batch * o.bandwidth / (p.weight_bytes + p.kv_bytes);
-      log::info("decode context {} batch {}: {:.1f} tok/s", context, batch, p.tok_s);
+      p.roofline_tok_s = batch * rows * o.bandwidth / (p.weight_bytes + p.kv_bytes);
+      log::info("decode context {} batch {} rows {}: {:.1f} tok/s", context, batch, rows, p.tok_s);
       points.push_back(p);
-    }
+      }
   return points;
 }
 
@@ -192,10 +193,10 @@ Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& t, const Prefil
 
 std::string decode_table(const std::vector<DecodePoint>& points) {
   std::string s =
-      "| context | batch | tok/s | ms/step | roofline tok/s | % of roofline | weights GB/step | KV GB/step |\n"
-      "|---|---|---|---|---|---|---|---|\n";
+      "| context | batch | rows/seq | tok/s | ms/step | roofline tok/s | % of roofline | weights GB/step | KV GB/step |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
   for (const DecodePoint& p : points) {
-    s += "| " + std::to_string(p.context) + " | " + std::to_string(p.batch) + " | ";
+    s += "| " + std::to_string(p.context) + " | " + std::to_string(p.batch) + " | " + std::to_string(p.rows) + " | ";
     if (!p.skipped.empty()) {
       s += "skipped: " + p.skipped + " | | | | | |\n";
       continue;
@@ -221,7 +222,7 @@ std::string prefill_table(const std::vector<PrefillPoint>& points, const Prefill
 nlohmann::json decode_json(const std::vector<DecodePoint>& points, const DecodeBenchOptions& o) {
   nlohmann::json rows = nlohmann::json::array();
   for (const DecodePoint& p : points) {
-    nlohmann::json r = {{"context", p.context}, {"batch", p.batch}};
+    nlohmann::json r = {{"context", p.context}, {"batch", p.batch}, {"rows_per_sequence", p.rows}};
     if (!p.skipped.empty()) {
       r["skipped"] = p.skipped;
     } else {

@@ -41,16 +41,20 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
 struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   std::vector<int64_t> batches = {1, 4, 16, 64};
+  // Query rows per sequence per step: 1 = decode; 1 + K = a speculative verification pass of K drafts (every
+  // row's logits), the step the target runs per drafting round.
+  std::vector<int64_t> rows = {1};
   int64_t steps = 64;          // timed
   int64_t warmup = 4;          // untimed, before them (the first ones capture CUDA graphs and size buffers)
   double bandwidth = 4.26e12;  // bytes/s: the H200's device-to-device copy rate measured here
 };
 
-// Positions one sequence of a decode point needs: the context, then warm-up and timed steps.
+// Positions one sequence of a decode point needs: the context, then warm-up and timed steps (and the verification
+// rows past the last one).
 int64_t decode_positions(int64_t context, const DecodeBenchOptions& options);
 
 struct DecodePoint {
-  int64_t context = 0, batch = 0;
+  int64_t context = 0, batch = 0, rows = 1;
   std::string skipped;  // why it did not run; empty when it did
   double seconds = 0;   // the timed steps
   double tok_s = 0, ms_per_step = 0;

@@ -1,5 +1,6 @@
 // `kiln bench decode` and `kiln bench prefill`: the options, the report header (date, device, model, command,
 // roofline) and the output of bench_model.h's sweeps.
+#include <algorithm>
 #include <ctime>
 #include <tuple>
 #include <fstream>
@@ -95,13 +96,15 @@ int write_json(const std::string& path, const nlohmann::json& report) {
 int bench_decode(int argc, char** argv) {
   Common c;
   DecodeBenchOptions o;
-  std::string contexts = "4096,32768,131072", batches = "1,4,16,64";
+  std::string contexts = "4096,32768,131072", batches = "1,4,16,64", rows = "1";
   bool no_graphs = false;
   po::options_description desc("kiln bench decode options");
   add_options(desc, c);
   desc.add_options()
       ("contexts", po::value(&contexts)->default_value(contexts), "context lengths to decode at (K = 1024)")
       ("batch", po::value(&batches)->default_value(batches), "sequences decoding together, one token each per step")
+      ("verify-rows", po::value(&rows)->default_value(rows),
+       "query rows per sequence per step: 1 = decode, 1 + K = the verification pass of K drafts")
       ("steps", po::value(&o.steps)->default_value(o.steps), "timed steps per point")
       ("warmup", po::value(&o.warmup)->default_value(o.warmup), "untimed steps before them")
       ("bandwidth", po::value(&o.bandwidth)->default_value(o.bandwidth, "4.26e12"), "memory bandwidth for the roofline, bytes/s")
@@ -114,7 +117,9 @@ int bench_decode(int argc, char** argv) {
       "Decode tok/s of the recipe's model at each context × batch, beside the memory roofline.";
   if (int rc = parse_or_exit(argc, argv, desc, pos, vm, usage); rc >= 0) return rc;
   if (c.recipe_file.empty()) return fail("give a recipe\n" + usage);
-  for (const auto& [flag, text, list] : {std::tuple{"--contexts", &contexts, &o.contexts}, std::tuple{"--batch", &batches, &o.batches}})
+  for (const auto& [flag, text, list] : {std::tuple{"--contexts", &contexts, &o.contexts},
+                                         std::tuple{"--batch", &batches, &o.batches},
+                                         std::tuple{"--verify-rows", &rows, &o.rows}})
     if (std::string e = parse_positive_list(flag, *text, *list); !e.empty()) return fail(e);
   if (o.steps < 1) return fail("--steps must be at least 1");
   if (o.warmup < 0) return fail("--warmup must not be negative");
@@ -125,7 +130,7 @@ int bench_decode(int argc, char** argv) {
   BenchShape shape;
   for (int64_t ctx : o.contexts) shape.positions = std::max(shape.positions, decode_positions(ctx, o));
   for (int64_t b : o.batches) shape.sequences = std::max(shape.sequences, b);
-  shape.step_tokens = shape.sequences;
+  shape.step_tokens = shape.sequences * *std::max_element(o.rows.begin(), o.rows.end());
   auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs);
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);

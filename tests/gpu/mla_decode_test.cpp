@@ -26,6 +26,7 @@ struct Case {
   // 1 + K rows of a speculative verification do.
   std::vector<int32_t> rows = {};
   bool grouped = false;  // pass row_groups from mla_decode_row_groups
+  bool split_by_length = false;  // num_splits is then taken from mla_decode_length_splits(longest row)
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -103,6 +104,7 @@ void run_case(const Case& c, uint64_t seed) {
   p.scale = scale;
   p.out = dout.get();
   p.num_splits = c.num_splits;
+  p.split_by_length = c.split_by_length;
   p.workspace = workspace.get();
   const std::vector<int32_t> groups = cuda::mla_decode_row_groups(query_seq.data(), nq);
   DeviceBuffer<int32_t> dgroups(groups);
@@ -158,6 +160,20 @@ TEST(GpuMlaDecode, RowGroupsFollowSequences) {
   EXPECT_EQ(cuda::mla_decode_row_groups(nullptr, 0), (std::vector<int32_t>{0}));
   EXPECT_EQ(cuda::mla_decode_grouped_num_splits(1, 6, 20, 32768, 132), 44);  // 3 CTAs per group of 6 rows
   EXPECT_EQ(cuda::mla_decode_grouped_num_splits(4, 1, 20, 32768, 132), 33);  // one row per group: as ungrouped
+}
+
+// Splits sized by each row's own length (the batch-invariant steps): rows of very different lengths in one launch,
+// the longest needing the whole split dimension and the shortest a single split.
+TEST(GpuMlaDecode, SplitByLengthMatchesCpu) {
+  for (auto [lens, seed] : {std::pair{std::vector<int32_t>{9000, 70, 1}, 8}, {{131, 4096}, 9}, {{20000}, 10}}) {
+    const int splits = cuda::mla_decode_length_splits(*std::max_element(lens.begin(), lens.end()));
+    Case c{20, 64, lens, splits, 0};
+    c.split_by_length = true;
+    run_case(c, seed);
+  }
+  EXPECT_EQ(cuda::mla_decode_length_splits(4096), 32);     // two tiles a split
+  EXPECT_EQ(cuda::mla_decode_length_splits(131072), 128);  // 16 tiles a split
+  EXPECT_EQ(cuda::mla_decode_length_splits(100), 1);
 }
 
 TEST(GpuMlaDecode, SplitHeuristicFillsTheChip) {

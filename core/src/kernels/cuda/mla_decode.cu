@@ -7,6 +7,12 @@
 namespace kiln::cuda {
 namespace {
 
+// Tiles per split under split_by_length: a function of the row's own tile count only.
+__host__ __device__ inline int64_t tiles_per_length_split(int64_t tiles) {
+  const int64_t spread = (tiles + kMlaLengthSplits - 1) / kMlaLengthSplits;
+  return spread > 2 ? spread : 2;
+}
+
 constexpr int kRow = 576;             // latent + rope values per cached token
 constexpr int kRowStride = kRow + 8;  // smem row pitch in bf16: 1168 bytes, so fragment reads avoid bank conflicts
 constexpr int kTile = 64;             // tokens per pipeline stage
@@ -110,7 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
       row_keys[mt][half] = m >= m_end ? 0 : selected ? INT_MAX : p.kv_len[first_row + m / heads];
     }
   const int64_t tiles_total = (n_keys + kTile - 1) / kTile;
-  const int64_t tiles_per_split = (tiles_total + p.num_splits - 1) / p.num_splits;
+  const int64_t tiles_per_split =
+      p.split_by_length ? tiles_per_length_split(tiles_total) : (tiles_total + p.num_splits - 1) / p.num_splits;
   const int64_t tile_begin = split * tiles_per_split;
   const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
 
@@ -422,6 +429,11 @@ int mla_decode_grouped_num_splits(int64_t num_groups, int64_t max_group_rows, in
   const int64_t by_occupancy = (sm_count + ctas - 1) / ctas;
   const int64_t by_length = std::max<int64_t>(1, (max_keys + 2 * kTile - 1) / (2 * kTile));
   return static_cast<int>(std::max<int64_t>(1, std::min(by_occupancy, by_length)));
+}
+
+int mla_decode_length_splits(int64_t max_keys) {
+  const int64_t tiles = std::max<int64_t>(1, (max_keys + kTile - 1) / kTile);
+  return static_cast<int>((tiles + tiles_per_length_split(tiles) - 1) / tiles_per_length_split(tiles));
 }
 
 size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits) {

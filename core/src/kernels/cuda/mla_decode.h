@@ -41,6 +41,10 @@ struct MlaDecodeParams {
   float scale = 1.0f;
   float* out = nullptr;                   // [num_queries, num_heads, 512] fp32
   int num_splits = 1;                     // ≥ 1; > 1 needs workspace
+  // false: a row's tiles are cut into num_splits equal parts. true: into parts of
+  // mla_decode_tiles_per_split(its own tile count) tiles, so a row is split and merged the same way whatever
+  // else shares the step (batch invariance); num_splits must then be mla_decode_length_splits(max_keys) or more.
+  bool split_by_length = false;
   void* workspace = nullptr;              // mla_decode_workspace_bytes(...) bytes of device memory
   // Optional row groups (dense attention only, selected must be null): [num_groups + 1] ascending first rows,
   // row_groups[0] = 0 and row_groups[num_groups] = num_queries; the rows of a group share one query_seq.
@@ -67,6 +71,12 @@ int mla_decode_grouped_num_splits(int64_t num_groups, int64_t max_group_rows, in
                                   int sm_count);
 
 size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int num_splits);
+
+// split_by_length: at least two 64-key tiles per split and at most kMlaLengthSplits splits per row — the split
+// count mla_decode_num_splits gives one row on a 132-SM GPU, as a function of the row's length alone.
+inline constexpr int64_t kMlaLengthSplits = 128;
+// The splits a row of max_keys keys needs under split_by_length (the grid's split dimension).
+int mla_decode_length_splits(int64_t max_keys);
 
 Status mla_decode_bf16(const MlaDecodeParams& params, StreamHandle stream);
 

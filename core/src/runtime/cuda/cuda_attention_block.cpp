@@ -69,6 +69,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     p.q = b.q_abs, p.num_queries = N, p.num_heads = H, p.cache = pages, p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
     p.scale = scale, p.out = b.o_lat, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
+    p.split_by_length = x.shape.split_by_length;
     KILN_RETURN_IF_ERROR(mla_decode_bf16(p, st));
   } else {
     MlaReferenceParams p;

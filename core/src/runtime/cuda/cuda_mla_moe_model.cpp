@@ -125,10 +125,12 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   sh.N = lay.tokens(), sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
   // The tensor-core decode kernel takes no DSA selection yet: DSA models attend through the reference kernel.
   sh.fast_attention = c.kv_lora_rank == kMlaLatentDim && c.qk_rope_head_dim == kMlaRopeDim && !c.has_indexer();
-  // Up to kBatchInvariantMaxRows rows the split count must not depend on the step (see kInvariantSplitKeys).
+  // Up to kBatchInvariantMaxRows rows each row is split by its own length (batch invariance); past it the split
+  // count follows the step's rows and longest context.
+  sh.split_by_length = sh.N <= kBatchInvariantMaxRows;
   if (sh.fast_attention)
-    sh.splits = sh.N <= kBatchInvariantMaxRows ? mla_decode_num_splits(1, H, kInvariantSplitKeys, I.sm_count)
-                                               : mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count);
+    sh.splits = sh.split_by_length ? mla_decode_length_splits(lay.max_kv)
+                                   : mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count);
   sh.scores_kv = sh.fast_attention ? 0 : round_up_pow2(lay.max_kv, 16);
   sh.attn_width = c.has_indexer() ? std::max(sh.scores_kv, c.index_topk) : sh.scores_kv;
   sh.mtp = mtp != nullptr;

@@ -52,18 +52,14 @@ inline constexpr int64_t kPrefillMinTokens = 16;
 // hidden state and logits) are bitwise the same whatever other rows share the step, so speculative verification
 // (1 + K rows a sequence) reproduces plain decoding exactly. Every reduction a row goes through then has an
 // order fixed by the model and the GPU alone: the skinny GEMM for the projections and the per-head absorption
-// products, the gate GEMV for the MoE router, per-expert GEMVs for the routed experts, a split-KV count that
-// does not depend on the step for the tensor-core attention, and per-row kernels for the rest. Beyond it the
+// products, the gate GEMV for the MoE router, per-expert GEMVs for the routed experts, split-KV partitions that
+// follow each row's own length in the tensor-core attention, and per-row kernels for the rest. Beyond it the
 // GEMMs run on cuBLAS (and the routed experts on the grouped GEMM), whose order follows the row count. The
 // lm_head is the exception inside the bound: a vocabulary wider than kSkinnyGemmWideOut goes to cuBLAS past
 // kSkinnyGemmMaxRowsWideOut (8) logit rows, so there the logits are invariant up to 8 logit rows a step.
 // Prompt chunks of kPrefillMinTokens or more are not covered (their attention runs the prefill kernel).
 inline constexpr int64_t kBatchInvariantMaxRows = kSkinnyGemmMaxRows;
 
-// The tensor-core decode attention's split-KV count in batch-invariant steps: fixed per model and GPU, so a row's
-// keys are split (into ceil(tiles / splits) 64-key tiles per split) and merged the same way in every step. Sized
-// so that one row of this many keys fills the GPU the way mla_decode_num_splits would.
-inline constexpr int64_t kInvariantSplitKeys = 4096;
 
 // Fills `layout` (and out.first_row) from the steps, checking each against the pool's block count.
 Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
@@ -74,6 +70,7 @@ struct StepShape {
   int64_t N = 0, R = 0, S = 0, max_blocks = 1;
   bool fast_attention = false;  // the tensor-core decode kernel's widths (latent 512 + rope 64)
   int splits = 1;               // its split-KV factor
+  bool split_by_length = false; // rows split by their own length (MlaDecodeParams::split_by_length)
   int64_t scores_kv = 0;        // the reference attention's score row width (0 with the fast kernel)
   bool mtp = false;             // an MTP layer's step (its input is built from the previous hidden states)
   // The reference attention's score rows: scores_kv, or with a DSA selection at least index_topk wide.
