@@ -7,6 +7,7 @@
 // cuda_model_step.h, tested row by row in batch_invariance_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -21,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr double kTolerance = 5e-2;  // max|Δ| / max|cpu|, as the fixture tests of the CUDA runner
+constexpr float kRouterNearTie = 1e-2f;  // as there: a routing margin within reach of bf16's error
 
 fs::path model_path(const std::string& name) {
   return name == "tiny-glm" ? fs::path(KILN_SOURCE_DIR) / "models/tiny-glm" : model_dir(name);
@@ -102,8 +104,39 @@ TEST(CudaMtpDraftHost, RunsTheMtpLayerLikeTheCpuHost) {
   ASSERT_TRUE(c.run(0, batch, co).ok());
   ASSERT_TRUE(g.run(0, batch, go).ok());
   ASSERT_EQ(go.first_row, co.first_row);
-  EXPECT_LE(relative_error(go.logits, co.logits), kTolerance);
-  EXPECT_LE(relative_error(go.hidden, co.hidden), kTolerance);
+  // The same rows through the CPU model's MTP layer on a fresh cache, for each row's MoE routing margin: a row the
+  // CPU routed by less than the bf16 path's error in the router scores may take the other expert on the GPU.
+  const std::vector<float> margins = [&] {
+    auto kv = make_kv_cache(cpu, 64);
+    std::vector<std::vector<int32_t>> tables(2);
+    std::vector<SequenceStep> steps;
+    std::vector<float> prev;
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_TRUE(kv->reserve(tables[s], static_cast<int64_t>(tokens[s].size())).ok());
+      steps.push_back({tokens[s], 0, &tables[s], true});
+      prev.insert(prev.end(), hidden[s].begin(), hidden[s].end());
+    }
+    StepOutput out;
+    out.record_router_margin = true;
+    EXPECT_TRUE(cpu.model->mtp_forward(0, steps, prev.data(), *kv, out).ok());
+    EXPECT_LE(relative_error(out.logits, co.logits), 1e-4);  // the host runs the same layer
+    return out.router_margin;
+  }();
+  const int64_t vocab = c.vocab_size(), rows = static_cast<int64_t>(margins.size());
+  ASSERT_EQ(static_cast<int64_t>(co.logits.size()), rows * vocab);
+  auto close_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width) {
+    std::vector<float> g2, w2;
+    for (int64_t r = 0; r < rows; ++r)
+      if (margins[r] >= kRouterNearTie) {
+        g2.insert(g2.end(), got.begin() + r * width, got.begin() + (r + 1) * width);
+        w2.insert(w2.end(), want.begin() + r * width, want.begin() + (r + 1) * width);
+      }
+    return relative_error(g2, w2);
+  };
+  const int64_t ties = std::count_if(margins.begin(), margins.end(), [](float m) { return m < kRouterNearTie; });
+  EXPECT_LE(ties, 2) << "rows routed by a near-tie";
+  EXPECT_LE(close_rows(go.logits, co.logits, vocab), kTolerance) << ties << " near-tie rows left out";
+  EXPECT_LE(close_rows(go.hidden, co.hidden, H), kTolerance) << ties << " near-tie rows left out";
   std::vector<int64_t> len = {13, 5};
   std::vector<int64_t> last_row = {12, 17};  // each sequence's newest row in the previous run's hidden output
   for (int step = 0; step < 4; ++step) {

@@ -390,7 +390,10 @@ Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep>
   KILN_RETURN_IF_ERROR(run_linear(*m.eh_proj, cat.data(), N, x.data()));
   std::vector<int32_t> selected;
   int64_t selected_width = 0;
-  KILN_RETURN_IF_ERROR(run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, kv, x.data(), selected, selected_width));
+  out.router_margin.clear();
+  if (out.record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
+  KILN_RETURN_IF_ERROR(run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, kv, x.data(), selected, selected_width,
+                                 out.record_router_margin ? out.router_margin.data() : nullptr));
   out.hidden = x;
   return logits(steps, tl, x.data(), m.head_norm, m.head ? *m.head : *weights_.lm_head, out);
 }

@@ -37,7 +37,7 @@ struct StepOutput {
   // MTP drafter conditions on); mtp_forward(): the MTP block's output before shared_head.norm (what the
   // next drafting step conditions on).
   std::vector<float> hidden;
-  // Set before forward() to get, per token, the smallest MoE routing margin over the layers (see cpu::moe_route)
+  // Set before forward() / mtp_forward() to get, per token, the smallest MoE routing margin over the layers (see cpu::moe_route)
   // in router_margin (CPU reference only; for comparisons at lower precision).
   bool record_router_margin = false;
   std::vector<float> router_margin;
