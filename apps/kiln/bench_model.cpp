@@ -135,10 +135,23 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
                                                                  ", batch " + std::to_string(batch));
       };
       for (int64_t w = 0; w < o.warmup; ++w) KILN_RETURN_IF_ERROR(step(context + w));
+#ifdef KILN_WITH_CUDA
+      if (t.model.gpu) {
+        t.model.gpu->set_step_profiling(o.profile);
+        t.model.gpu->clear_step_profile();
+      }
+#endif
       const auto t0 = Clock::now();
       for (int64_t i = 0; i < o.steps; ++i) KILN_RETURN_IF_ERROR(step(context + o.warmup + i));
       p.seconds = seconds_since(t0);
       p.ms_per_step = 1e3 * p.seconds / o.steps;
+#ifdef KILN_WITH_CUDA
+      if (t.model.gpu && o.profile && t.model.gpu->profiled_steps() > 0) {
+        for (auto [stage, ms] : t.model.gpu->step_profile())
+          p.stages.emplace_back(stage, ms / static_cast<double>(t.model.gpu->profiled_steps()));
+        t.model.gpu->set_step_profiling(false);
+      }
+#endif
       p.tok_s = static_cast<double>(batch * rows * o.steps) / p.seconds;  // rows run (= tokens when rows = 1)
       // A step at position q attends over q + 1 keys; the mean over the timed steps.
       const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
@@ -203,6 +216,21 @@ std::string decode_table(const std::vector<DecodePoint>& points) {
     }
     s += format("%.1f | %.3f | ", p.tok_s, p.ms_per_step) + format("%.1f | %.1f %% | ", p.roofline_tok_s, 100 * p.tok_s / p.roofline_tok_s) +
          format("%.4g | %.4g |\n", p.weight_bytes / 1e9, p.kv_bytes / 1e9);
+  }
+  return s;
+}
+
+std::string stage_tables(const std::vector<DecodePoint>& points) {
+  std::string s;
+  for (const DecodePoint& p : points) {
+    if (p.stages.empty()) continue;
+    double total = 0;
+    for (const auto& [stage, ms] : p.stages) total += ms;
+    s += "\nWhere a step's GPU time goes: context " + std::to_string(p.context) + ", batch " + std::to_string(p.batch) +
+         ", " + std::to_string(p.rows) + " rows/seq (" +
+         format("%.3f ms of stream time per step, %.3f ms wall)\n\n| stage | ms/step | share |\n|---|---|---|\n", total,
+                p.ms_per_step);
+    for (const auto& [stage, ms] : p.stages) s += "| " + stage + format(" | %.3f | %.1f %% |\n", ms, 100 * ms / total);
   }
   return s;
 }

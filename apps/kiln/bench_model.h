@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -44,6 +45,7 @@ struct DecodeBenchOptions {
   // Query rows per sequence per step: 1 = decode; 1 + K = a speculative verification pass of K drafts (every
   // row's logits), the step the target runs per drafting round.
   std::vector<int64_t> rows = {1};
+  bool profile = false;        // CUDA: per-stage GPU time of the timed steps (launched directly, no graphs)
   int64_t steps = 64;          // timed
   int64_t warmup = 4;          // untimed, before them (the first ones capture CUDA graphs and size buffers)
   double bandwidth = 4.26e12;  // bytes/s: the H200's device-to-device copy rate measured here
@@ -60,6 +62,7 @@ struct DecodePoint {
   double tok_s = 0, ms_per_step = 0;
   double weight_bytes = 0, kv_bytes = 0;  // read per step (model_cost.h)
   double roofline_tok_s = 0;
+  std::vector<std::pair<std::string, double>> stages;  // with profile: ms per step by stage
 };
 
 // Every (context, batch) pair: `batch` sequences, each on its own pages, decode one token per step at positions
@@ -86,6 +89,8 @@ Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& target, const P
 
 // Markdown tables (header + rows) and JSON records of the points.
 std::string decode_table(const std::vector<DecodePoint>& points);
+// With profile: one table per point, the step's stages with ms per step and their share.
+std::string stage_tables(const std::vector<DecodePoint>& points);
 std::string prefill_table(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& options);
 nlohmann::json decode_json(const std::vector<DecodePoint>& points, const DecodeBenchOptions& options);
 nlohmann::json prefill_json(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& options);

@@ -108,7 +108,9 @@ int bench_decode(int argc, char** argv) {
       ("steps", po::value(&o.steps)->default_value(o.steps), "timed steps per point")
       ("warmup", po::value(&o.warmup)->default_value(o.warmup), "untimed steps before them")
       ("bandwidth", po::value(&o.bandwidth)->default_value(o.bandwidth, "4.26e12"), "memory bandwidth for the roofline, bytes/s")
-      ("no-graphs", po::bool_switch(&no_graphs), "CUDA: launch every kernel of a step instead of replaying a CUDA graph");
+      ("no-graphs", po::bool_switch(&no_graphs), "CUDA: launch every kernel of a step instead of replaying a CUDA graph")
+      ("profile", po::bool_switch(&o.profile),
+       "CUDA: also print where each point's step time goes, by stage (implies --no-graphs)");
   po::positional_options_description pos;
   pos.add("recipe", 1);
   po::variables_map vm;
@@ -131,7 +133,7 @@ int bench_decode(int argc, char** argv) {
   for (int64_t ctx : o.contexts) shape.positions = std::max(shape.positions, decode_positions(ctx, o));
   for (int64_t b : o.batches) shape.sequences = std::max(shape.sequences, b);
   shape.step_tokens = shape.sequences * *std::max_element(o.rows.begin(), o.rows.end());
-  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs);
+  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile);
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
@@ -145,7 +147,7 @@ int bench_decode(int argc, char** argv) {
   std::fflush(stdout);
   auto points = run_decode_bench(*target, o);
   if (!points.ok()) return fail(points.status().message());
-  std::cout << decode_table(*points) << std::flush;
+  std::cout << decode_table(*points) << stage_tables(*points) << std::flush;
   nlohmann::json report = report_header("decode", *target, command);
   report.update(decode_json(*points, o));
   return write_json(c.json_file, report);

@@ -42,7 +42,11 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.ckv + L, N, 1, D, Rr, b.positions, I.inv_freq, I.rope_factor, Rr, st));
   }
   KILN_RETURN_IF_ERROR(mla_write_cache(b.ckv, N, L, Rr, w.kv_a_norm, kLatentNormEps, b.slots, pages, st));
-  if (w.has_indexer) KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
+  I.timer.mark("attention: projections, rope, cache write");
+  if (w.has_indexer) {
+    KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
+    I.timer.mark("attention: DSA indexer");
+  }
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
   KILN_RETURN_IF_ERROR(f32_to_bf16(b.q, N * H * qk, b.q_bf, st));
   const bool skinny = absorbs_with_skinny_gemm(c, N);
@@ -63,6 +67,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.q_abs + L, D * sizeof(float), b.q + nope, qk * sizeof(float),
                                                    Rr * sizeof(float), N * H, cudaMemcpyDeviceToDevice, I.stream),
                                  "q_pe copy"));
+  I.timer.mark("attention: query absorption");
   const float scale = static_cast<float>(c.attention_scale());
   if (x.shape.fast_attention) {
     MlaDecodeParams p;
@@ -81,6 +86,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     p.selected = b.selected, p.selected_width = b.selected ? c.index_topk : 0;
     KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
   }
+  I.timer.mark("attention: MLA decode kernel");
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
   KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
   if (skinny) {
@@ -96,6 +102,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
                                  H * vd, vd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA output un-absorption"));
   }
+  I.timer.mark("attention: un-absorption");
   if (!x.prefill.empty()) {
     MlaPrefillArgs p;
     p.seqs = x.prefill;
@@ -104,8 +111,11 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     p.kv_b = w.kv_b.w, p.scale = scale, p.out = b.attn;
     p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;
     KILN_RETURN_IF_ERROR(mla_prefill_attention(p, I.blas, st));
+    I.timer.mark("attention: prefill kernel (expanded form)");
   }
-  return g.linear(b.attn, N, H * vd, w.o_proj.w, Hd, b.y, DType::kBF16, st);
+  KILN_RETURN_IF_ERROR(g.linear(b.attn, N, H * vd, w.o_proj.w, Hd, b.y, DType::kBF16, st));
+  I.timer.mark("attention: o_proj");
+  return ok_status();
 }
 
 }  // namespace kiln::cuda

@@ -42,6 +42,11 @@ bool CudaMlaMoeModel::device_available() {
   return ok;
 }
 
+void CudaMlaMoeModel::set_step_profiling(bool on) { impl_->timer.enabled = on; }
+std::vector<std::pair<std::string, double>> CudaMlaMoeModel::step_profile() const { return impl_->timer.totals(); }
+int64_t CudaMlaMoeModel::profiled_steps() const { return impl_->timer.steps(); }
+void CudaMlaMoeModel::clear_step_profile() { impl_->timer.clear(); }
+
 size_t CudaMlaMoeModel::device_used_bytes() {
   size_t free_b = 0, total_b = 0;
   return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? total_b - free_b : 0;
@@ -156,11 +161,14 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   const StepContext x{c, I, sh, b, kv.block_size(), lay.prefill};
   CublasGemm& g = *I.gemm;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  StepTimer& timer = I.timer;
   auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, int64_t name) -> Status {
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
+    timer.mark("residual add + RMSNorm");
     KILN_RETURN_IF_ERROR(attention_block(x, w, kv.layer_pages(kv_layer), kv.index_keys(kv_layer))
                              .with_context("layer " + std::to_string(name) + " attention (GPU)"));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
+    timer.mark("residual add + RMSNorm");
     return mlp_block(x, w).with_context("layer " + std::to_string(name) + " mlp (GPU)");
   };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
@@ -168,6 +176,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   auto enqueue_trunk = [&]() -> Status {
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.resid, 0, N * Hd * sizeof(float), I.stream), "residual clear"));
+    timer.mark("embedding");
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l));
     return add_rmsnorm_bf16(b.y, b.resid, weights_.final_norm, N, Hd, eps, b.normed, st);
   };
@@ -193,7 +202,9 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
     const GpuLinear& head = mtp ? mtp->head : weights_.lm_head;
-    return g.linear(b.row_states, R, Hd, head.w, c.vocab_size, b.logits, DType::kF32, st);
+    KILN_RETURN_IF_ERROR(g.linear(b.row_states, R, Hd, head.w, c.vocab_size, b.logits, DType::kF32, st));
+    timer.mark("final norm + lm_head");
+    return ok_status();
   };
 
   if (graphs_ && N == sh.S) {
@@ -201,7 +212,12 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
                        kv.layer_pages(0)};
     KILN_RETURN_IF_ERROR(I.graphs.run(key, I.stream, enqueue));
   } else {
-    KILN_RETURN_IF_ERROR(enqueue());
+    timer.begin(I.stream);
+    const Status enqueued = enqueue();
+    if (!enqueued.ok()) {
+      timer.finish();
+      return enqueued;
+    }
   }
   if (keep_hidden) {
     out.hidden.resize(N * Hd);
@@ -213,7 +229,9 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.logits.data(), b.logits, R * c.vocab_size * sizeof(float),
                                                cudaMemcpyDeviceToHost, I.stream),
                                "logits"));
-  return cuda_ok(cudaStreamSynchronize(I.stream), "forward step");
+  KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
+  timer.finish();
+  return ok_status();
 }
 
 }  // namespace kiln::cuda

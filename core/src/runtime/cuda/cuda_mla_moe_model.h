@@ -8,6 +8,9 @@
 
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/model_runner.h"
 #include "model/model_config.h"
@@ -39,6 +42,13 @@ class CudaMlaMoeModel {
   // Decode-shaped steps (one token per sequence) replay a CUDA graph of the whole step, captured once per
   // shape (sequences, logit rows, block-table width, attention splits); on by default.
   void set_cuda_graphs(bool on) { graphs_ = on; }
+
+  // Per-stage GPU time of the steps launched directly (not from a graph): see StepTimer. Off by default.
+  void set_step_profiling(bool on);
+  // Milliseconds per stage label summed over the profiled steps since the last clear, and their count.
+  std::vector<std::pair<std::string, double>> step_profile() const;
+  int64_t profiled_steps() const;
+  void clear_step_profile();
 
   // A runner over a fresh KV pool of `num_blocks` blocks. The model must outlive it; one runner at a time
   // (runners share the model's stream and scratch).

@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "runtime/cuda/mla_prefill_attention.h"
+#include "runtime/cuda/step_timer.h"
 #include "model/mla_moe_model.h"
 #include "runtime/cuda/cuda_mla_moe_model.h"
 
@@ -156,6 +157,7 @@ struct CudaMlaMoeModel::Impl {
   int sm_count = 0;
   StepLayout layout;
   StepGraphs graphs;
+  StepTimer timer;
 
   ~Impl() {
     graphs.clear();

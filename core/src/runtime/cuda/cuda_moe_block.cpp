@@ -30,7 +30,12 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   const ModelConfig& c = x.c;
   const StepBuffers& b = x.b;
   const StreamHandle st = x.I.s();
-  if (!w.is_moe) return dense_mlp(x, w.gate_up, w.down, b.h, b.y);
+  StepTimer& timer = x.I.timer;
+  if (!w.is_moe) {
+    KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.y));
+    timer.mark("dense MLP");
+    return ok_status();
+  }
   const int64_t N = x.shape.N, Hd = c.hidden_size;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const float one = 1.0f, zero = 0.0f;
@@ -52,6 +57,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   const MoeDispatch d{b.offsets, b.active, b.order};
   KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
+  timer.mark("MoE: router + grouping");
   const int64_t moe_I = c.moe_intermediate_size;
   const float no_limit = std::numeric_limits<float>::infinity();
   if (N > kBatchInvariantMaxRows && moe_prefers_grouped_gemm(N * topk, E)) {
@@ -66,8 +72,11 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
         moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit, b.moe_h, st));
     KILN_RETURN_IF_ERROR(moe_down_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
   }
+  timer.mark("MoE: routed experts");
   if (w.has_shared) KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.shared));
-  return moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st);
+  KILN_RETURN_IF_ERROR(moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st));
+  timer.mark("MoE: shared expert + combine");
+  return ok_status();
 }
 
 }  // namespace kiln::cuda
