@@ -134,7 +134,9 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   // count follows the step's rows and longest context.
   sh.split_by_length = sh.N <= kBatchInvariantMaxRows;
   if (sh.fast_attention)
-    sh.splits = sh.split_by_length ? mla_decode_length_splits(lay.max_kv)
+    // Split-by-length grids are rounded up to 16 splits (the extra ones are empty), so a growing context
+    // re-captures the step's graph every 1,024 keys rather than every 64.
+    sh.splits = sh.split_by_length ? static_cast<int>((mla_decode_length_splits(lay.max_kv) + 15) / 16 * 16)
                                    : mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count);
   sh.scores_kv = sh.fast_attention ? 0 : round_up_pow2(lay.max_kv, 16);
   sh.attn_width = c.has_indexer() ? std::max(sh.scores_kv, c.index_topk) : sh.scores_kv;
