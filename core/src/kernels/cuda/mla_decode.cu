@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/mla_decode.h"
 
 namespace kiln::cuda {
@@ -33,39 +34,6 @@ struct Smem {
   static constexpr size_t kStats = kP + sizeof(uint16_t) * kHeads * kPStride;  // m, l, alpha
   static constexpr size_t kBytes = kStats + sizeof(float) * 3 * kHeads;
 };
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 
 // grid: (CTAs per row group, splits, row groups). A group's rows · heads (row, head) pairs, row-major, are spread
 // evenly over the fewest CTAs of kMTiles·16 pairs (the rest of blockIdx.x exits); each CTA streams one split of
@@ -210,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
           uint32_t a0[4], a1[4];
           ldmatrix_x4(a0, q_src + mt * 16 * kRowStride + ks * 16);
           ldmatrix_x4(a1, q_src + mt * 16 * kRowStride + ks * 16 + 16);
-          mma_bf16(acc_s[mt], a0, b[0], b[1]);
-          mma_bf16(acc_s[mt], a1, b[2], b[3]);
+          mma_bf16_16816(acc_s[mt], a0, b[0], b[1]);
+          mma_bf16_16816(acc_s[mt], a1, b[2], b[3]);
         }
       }
       const int t0 = warp * 8 + 2 * c;
@@ -292,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
           ldmatrix_x4_trans(b, kv + v_row * kRowStride + warp * 64 + np * 16 + (lane / 16) * 8);
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
-            mma_bf16(acc_o[mt][2 * np], a[mt], b[0], b[1]);
-            mma_bf16(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+            mma_bf16_16816(acc_o[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16_16816(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
           }
         }
       }

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/mla_prefill.h"
 
 namespace kiln::cuda {
@@ -25,41 +26,6 @@ struct Tile {
   static constexpr size_t kVOff = kK + sizeof(uint16_t) * kBlockN * kQkPitch;
   static constexpr size_t kBytes = kVOff + sizeof(uint16_t) * kBlockN * kVPitch;
 };
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const int src_bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-// Two floats as one bf16x2 operand register (first value in the low half, as the mma fragments expect).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
-}
 
 // grid: (query tiles, heads, sequences). Warp w owns query rows 16w..16w+15 of the CTA's 128; mma fragment
 // layout: thread (g = lane/4, c = lane%4) holds rows g and g+8, columns 2c and 2c+1 of each 8-wide n-tile.
@@ -159,8 +125,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
         for (int np = 0; np < kNTiles / 2; ++np) {
           uint32_t b[4];
           ldmatrix_x4(b, k_ptr + np * 16 * T::kQkPitch + ks * 16);
-          mma_bf16(s[2 * np], a, b[0], b[1]);
-          mma_bf16(s[2 * np + 1], a, b[2], b[3]);
+          mma_bf16_16816(s[2 * np], a, b[0], b[1]);
+          mma_bf16_16816(s[2 * np + 1], a, b[2], b[3]);
         }
       }
     }
@@ -223,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
         for (int np = 0; np < kOTiles / 2; ++np) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_ptr + kk * 16 * T::kVPitch + np * 16);
-          mma_bf16(acc_o[2 * np], a, b[0], b[1]);
-          mma_bf16(acc_o[2 * np + 1], a, b[2], b[3]);
+          mma_bf16_16816(acc_o[2 * np], a, b[0], b[1]);
+          mma_bf16_16816(acc_o[2 * np + 1], a, b[2], b[3]);
         }
       }
     }

@@ -24,6 +24,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(addr));
 }
 
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // 16 bytes global → shared, bypassing L1; valid = false zero-fills the destination and reads nothing.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
@@ -35,6 +42,7 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 // Two floats as one bf16x2 register (first value in the low half, as the mma fragments and memory order expect).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
