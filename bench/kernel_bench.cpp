@@ -713,61 +713,6 @@ int main(int argc, char** argv) {
 
   bench_mla_decode(prop, bw);
 
-  // Expert GEMV for one decode token: 4 of 64 experts, gate_up + SwiGLU then down, weights 1.2 GB in all.
-  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
-  uint16_t* gate_up = device_random<uint16_t>(size_t(experts) * 2 * inter * hidden, 11);
-  uint16_t* down = device_random<uint16_t>(size_t(experts) * hidden * inter, 12);
-  uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
-  std::printf("\nMoE expert GEMV (64 experts, hidden 2048, inter 1536, top-4 per token)\n");
-  std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
-  for (int64_t tokens : {1, 4, 16, 64}) {
-    const int64_t pairs = tokens * top_k;
-    std::mt19937_64 rng(5);
-    const int sets = 16;
-    std::vector<int32_t> ids(size_t(sets) * pairs);
-    std::vector<int> distinct(sets);
-    for (int s = 0; s < sets; ++s) {
-      std::vector<char> used(experts, 0);
-      for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<int32_t> all(experts);
-        std::iota(all.begin(), all.end(), 0);
-        std::shuffle(all.begin(), all.end(), rng);
-        for (int64_t j = 0; j < top_k; ++j) {
-          ids[s * pairs + t * top_k + j] = all[j];
-          used[all[j]] = 1;
-        }
-      }
-      distinct[s] = std::accumulate(used.begin(), used.end(), 0);
-    }
-    int32_t *d_ids, *offsets, *active, *order;
-    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
-    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
-    CHECK_CUDA(cudaMalloc(&active, experts * 4));
-    CHECK_CUDA(cudaMalloc(&order, pairs * 4));
-    uint16_t *h, *outb;
-    float *y, *rw = device_random<float>(pairs, 14);
-    CHECK_CUDA(cudaMalloc(&h, pairs * inter * 2));
-    CHECK_CUDA(cudaMalloc(&y, pairs * hidden * 4));
-    CHECK_CUDA(cudaMalloc(&outb, tokens * hidden * 2));
-    const kiln::cuda::MoeDispatch d{offsets, active, order};
-    const float ms = median_ms(
-        [&](int i) {
-          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
-          CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY,
-                                                       h, nullptr));
-          CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
-          CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, outb, nullptr));
-        },
-        100);
-    const double mean_experts = std::accumulate(distinct.begin(), distinct.end(), 0.0) / sets;
-    const double bytes = mean_experts * 3.0 * inter * hidden * 2;
-    std::printf("%7lld %8.1f %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, mean_experts, ms * 1e3,
-                bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
-    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
-      CHECK_CUDA(cudaFree(ptr));
-  }
-
   cublasHandle_t blas = nullptr;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
   const double peak = cublas_reference_rate(blas);
