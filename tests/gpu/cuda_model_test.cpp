@@ -337,7 +337,8 @@ TEST(CudaModelEngine, BatchedServingMatchesSingleSequenceGenerationOnTheGpu) {
 
 // With the production attention widths (latent 512 + rope 64, so the tensor-core decode kernel runs), decode
 // steps replayed from captured CUDA graphs give the logits of the same steps launched one kernel at a time.
-TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
+// A two-layer model with the tensor-core decode kernel's widths (latent 512 + rope 64), dummy weights.
+fs::path two_layer_model_dir() {
   const fs::path dir = fs::temp_directory_path() / "kiln_gpu_graph_model";
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << R"({"model_type": "glm4_moe_lite", "hidden_size": 256, "intermediate_size": 512,
@@ -346,7 +347,11 @@ TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
     "norm_topk_prob": true, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512,
     "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32, "rope_theta": 1000000.0, "rope_interleave": true,
     "rms_norm_eps": 1e-05, "max_position_embeddings": 4096, "vocab_size": 1024, "tie_word_embeddings": false})";
-  LoadedModel m = load_path(dir, "cuda", "dummy");
+  return dir;
+}
+
+TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
+  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy");
   ASSERT_NE(m.gpu, nullptr);
   const int64_t vocab = 1024;
   std::vector<std::vector<float>> runs[2];
@@ -376,6 +381,40 @@ TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
     ASSERT_EQ(runs[0][i].size(), runs[1][i].size());
     EXPECT_LE(relative_error(runs[1][i].data(), runs[0][i].data(), runs[0][i].size()), 1e-5) << "step " << i;
   }
+}
+
+// The per-stage profile of directly launched steps: every block of the step is charged to a stage, the stages
+// sum to the stream time, and graph replays (which cannot hold the events) are not profiled.
+TEST(CudaModelProfile, StagesCoverTheStep) {
+  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy");
+  ASSERT_NE(m.gpu, nullptr);
+  m.gpu->set_cuda_graphs(false);
+  m.gpu->set_step_profiling(true);
+  auto runner = m.gpu->make_runner(16, 64);
+  ASSERT_TRUE(runner.ok());
+  std::vector<int32_t> table = {2, 0};
+  int32_t token = 5;
+  StepOutput out;
+  for (int64_t pos = 0; pos < 3; ++pos) {
+    SequenceStep step{{&token, 1}, pos, &table, false};
+    ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
+  }
+  EXPECT_EQ(m.gpu->profiled_steps(), 3);
+  std::vector<std::string> stages;
+  for (const auto& [stage, ms] : m.gpu->step_profile()) {
+    stages.push_back(stage);
+    EXPECT_GE(ms, 0.0) << stage;
+  }
+  for (const char* want : {"embedding", "residual add + RMSNorm", "attention: projections, rope, cache write",
+                           "attention: MLA decode kernel", "attention: o_proj", "dense MLP", "MoE: routed experts",
+                           "final norm + lm_head"})
+    EXPECT_NE(std::find(stages.begin(), stages.end(), want), stages.end()) << want;
+  m.gpu->clear_step_profile();
+  m.gpu->set_cuda_graphs(true);
+  SequenceStep step{{&token, 1}, 3, &table, false};
+  ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
+  EXPECT_EQ(m.gpu->profiled_steps(), 0);
+  m.gpu->set_step_profiling(false);
 }
 
 }  // namespace
