@@ -4,6 +4,7 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_gate_gemv.h"
+#include "kernels/cuda/moe_gate_route_group.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
@@ -46,15 +47,6 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   const int64_t N = x.shape.N, Hd = c.hidden_size;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const float one = 1.0f, zero = 0.0f;
-  // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV, larger ones cuBLAS.
-  if (N <= kBatchInvariantMaxRows) {
-    KILN_RETURN_IF_ERROR(moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
-  } else {
-    KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
-    KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd, b.h32,
-                                             Hd, &zero, b.router_logits, E),
-                                 "MoE router"));
-  }
   cpu::MoeRouterConfig rc;
   rc.num_experts = E;
   rc.top_k = topk;
@@ -63,7 +55,24 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   rc.norm_topk_prob = c.norm_topk_prob;
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   const MoeDispatch d{b.offsets, b.active, b.order};
-  KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
+  // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV (up to 16 tokens
+  // fused with routing and grouping: one launch, the same logits), larger ones cuBLAS.
+  if (moe_gate_route_and_group_supported(b.h, N, Hd, w.router, rc)) {
+    KILN_RETURN_IF_ERROR(moe_gate_route_and_group(b.h, N, Hd, w.router, b.router_logits, w.router_bias, rc,
+                                                  b.route_ids, b.route_w, d, x.I.route_done, st)
+                             .with_context("MoE router"));
+  } else {
+    if (N <= kBatchInvariantMaxRows) {
+      KILN_RETURN_IF_ERROR(
+          moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
+    } else {
+      KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
+      KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd,
+                                               b.h32, Hd, &zero, b.router_logits, E),
+                                   "MoE router"));
+    }
+    KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
+  }
   timer.mark("MoE: router + grouping");
   const int64_t moe_I = c.moe_intermediate_size;
   const float no_limit = std::numeric_limits<float>::infinity();
