@@ -2,6 +2,8 @@
 // kGroupThreads threads turns the router's ids into the MoeDispatch lists.
 #pragma once
 
+#include <algorithm>
+
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/moe_experts.h"
@@ -9,6 +11,14 @@
 namespace kiln::cuda::moe_detail {
 
 inline constexpr int kGroupThreads = 1024;  // one thread per expert: E ≤ 1024
+
+// A one-block route + group kernel routes with this many of its warps, each with its prob / choice rows in
+// shared memory (2·E floats): E ≤ 1024 still gets 12 warps.
+inline constexpr size_t kRouteSmemBudget = 96 * 1024;
+inline int route_warps(int experts) {
+  return static_cast<int>(
+      std::clamp<size_t>(kRouteSmemBudget / (size_t(experts) * 2 * sizeof(float)), 1, kGroupThreads / 32));
+}
 using GroupScan = cub::BlockScan<int, kGroupThreads>;
 
 struct GroupSmem {

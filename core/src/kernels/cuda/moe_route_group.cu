@@ -11,13 +11,6 @@ namespace {
 
 using namespace moe_detail;
 
-constexpr int kWarps = kGroupThreads / 32;
-constexpr size_t kRouteSmemBudget = 96 * 1024;  // per-warp prob / choice rows: E ≤ 1024 still gets 12 warps
-
-int route_warps(int experts) {
-  return static_cast<int>(std::clamp<size_t>(kRouteSmemBudget / (size_t(experts) * 2 * sizeof(float)), 1, kWarps));
-}
-
 // One block: route_warps warps route the tokens (warp w takes tokens w, w + route_warps, ...) into ids / weights,
 // then all kGroupThreads threads group the pairs.
 __global__ void __launch_bounds__(kGroupThreads) route_group_kernel(const float* __restrict__ logits,

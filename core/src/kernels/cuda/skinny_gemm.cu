@@ -32,10 +32,15 @@ __device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
 // products. Per-warp partials meet in shared memory in warp order (deterministic).
 // Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
 // Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
-template <int kM, int kNT>
+// kSwiGlu (kM == 2): W is a fused [2·out, in] gate|up weight; the block's tile 0 is gate rows row0.., its tile 1
+// the up rows out + row0.. (each k-reduced exactly as a plain tile), and the epilogue writes
+// y = bf16(silu(min(gate, limit)) · clamp(up, ±limit)) over [n, out] from the bf16-rounded gate and up, as
+// swiglu_bf16 does after a bf16 gate_up GEMM.
+template <int kM, int kNT, bool kSwiGlu = false>
 __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
     skinny_gemm_kernel(const uint16_t* __restrict__ x, int n, int in, const uint16_t* __restrict__ w, int out,
-                       void* __restrict__ y, SkinnyStrides st, bool y_f32, bool accumulate) {
+                       void* __restrict__ y, SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
+  static_assert(!kSwiGlu || kM == 2, "a SwiGLU block owns one gate tile and the matching up tile");
   extern __shared__ float s_part[];  // [warps][kM][kNT][4][32]
   const int64_t batch = blockIdx.y;
   x += batch * st.x_batch;
@@ -43,15 +48,19 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
   const int warps = blockDim.x / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  const int row0 = blockIdx.x * kM * 16;
+  constexpr int kRows = kSwiGlu ? 16 : kM * 16;  // output rows a block owns
+  const int row0 = blockIdx.x * kRows;
   const int chunks = (in + 31) / 32;
 
   const uint16_t* w_row[kM][2];
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)  // rows past `out` re-read the last row; their results are dropped
-      w_row[mt][h] = w + static_cast<int64_t>(min(row0 + mt * 16 + g + 8 * h, out - 1)) * in + 8 * c;
+    for (int h = 0; h < 2; ++h) {  // rows past `out` re-read the last row; their results are dropped
+      const int64_t r = kSwiGlu ? static_cast<int64_t>(mt) * out + min(row0 + g + 8 * h, out - 1)
+                                : min(row0 + mt * 16 + g + 8 * h, out - 1);
+      w_row[mt][h] = w + r * in + 8 * c;
+    }
   const uint16_t* x_row[kNT];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, n - 1)) * st.x_row + 8 * c;
@@ -94,7 +103,27 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
       for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + ((mt * kNT + nt) * 4 + r) * 32 + lane] = acc[mt][nt][r];
   __syncthreads();
   // Element (row rr of the block, token j): consecutive threads take consecutive rows, so y stores coalesce.
-  constexpr int kRows = kM * 16;
+  if constexpr (kSwiGlu) {
+    for (int e = threadIdx.x; e < kRows * kNT * 8; e += blockDim.x) {
+      const int rr = e % kRows, j = e / kRows;
+      const int row = row0 + rr;
+      if (row >= out || j >= n) continue;
+      const int gg = rr % 8, half = rr / 8;
+      const int nt = j / 8, cc = (j % 8) / 2, sub = j % 2;
+      const int gate_idx = ((0 * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
+      const int up_idx = ((1 * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
+      float sg = 0.f, su = 0.f;
+      for (int wi = 0; wi < warps; ++wi) {
+        sg += s_part[wi * kPerWarp + gate_idx];
+        su += s_part[wi * kPerWarp + up_idx];
+      }
+      const float gv = fminf(bf16_bits_to_float(float_to_bf16_bits(sg)), limit);
+      const float uv = fminf(fmaxf(bf16_bits_to_float(float_to_bf16_bits(su)), -limit), limit);
+      static_cast<uint16_t*>(y)[static_cast<int64_t>(j) * st.y_row + row] =
+          float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kRows * kNT * 8; e += blockDim.x) {
     const int rr = e % kRows, j = e / kRows;
     const int row = row0 + rr;
@@ -120,8 +149,26 @@ Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void
               bool y_f32, bool accumulate, int warps, StreamHandle stream) {
   const dim3 grid(static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16)), static_cast<unsigned>(st.batches));
   const size_t smem = sizeof(float) * warps * kM * kNT * 4 * 32;
-  skinny_gemm_kernel<kM, kNT><<<grid, warps * 32, smem, stream>>>(x, n, in, w, out, y, st, y_f32, accumulate);
+  skinny_gemm_kernel<kM, kNT><<<grid, warps * 32, smem, stream>>>(x, n, in, w, out, y, st, y_f32, accumulate, 0.f);
   return check_launch("cuda::skinny_gemm_bf16");
+}
+
+// The SwiGLU form: one block per 16 act columns (a gate tile and its up tile), always 8 warps, so the block
+// shape depends on nothing but `inter` and a row's results on nothing but its own x row (batch invariance).
+// Each output's k split is that of a plain 8-warp tile: where the two-kernel path runs 8 warps too (at least
+// sm_count gate_up tiles), act is bitwise what linear + swiglu_bf16 give.
+constexpr int kSwiGluWarps = 8;
+
+template <int kNT>
+Status launch_swiglu(const uint16_t* x, int n, int in, const uint16_t* w, int inter, uint16_t* act, float limit,
+                     StreamHandle stream) {
+  SkinnyStrides st;
+  st.x_row = in, st.y_row = inter;
+  const dim3 grid(static_cast<unsigned>((inter + 15) / 16));
+  const size_t smem = sizeof(float) * kSwiGluWarps * 2 * kNT * 4 * 32;
+  skinny_gemm_kernel<2, kNT, true>
+      <<<grid, kSwiGluWarps * 32, smem, stream>>>(x, n, in, w, inter, act, st, false, false, limit);
+  return check_launch("cuda::skinny_gemm_swiglu_bf16");
 }
 
 // The block shape for n ≤ kSkinnyGemmMaxRows (kNT ≤ 4): a function of the output tiles (out and batches) and
@@ -187,6 +234,17 @@ Status skinny_gemm_strided_batched_bf16(const uint16_t* x, int64_t n, int64_t in
   if (n <= 16) return launch_rows<2>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
   if (n <= 32) return launch_rows<4>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
   return launch_rows<8>(x, ni, ii, w, oi, y, st, f32, accumulate, sms, stream);
+}
+
+Status skinny_gemm_swiglu_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t inter,
+                               uint16_t* act, StreamHandle stream, float limit) {
+  if (!skinny_gemm_supported(x, n, in, w) || n > kSkinnyGemmMaxRows || inter <= 0 || 2 * inter > INT32_MAX)
+    return invalid_argument(
+        "cuda::skinny_gemm_swiglu_bf16: need 1 ≤ n ≤ 32, in % 8 == 0, x and W 16-byte aligned, 0 < inter");
+  const int ni = static_cast<int>(n), ii = static_cast<int>(in), wi = static_cast<int>(inter);
+  if (n <= 8) return launch_swiglu<1>(x, ni, ii, w, wi, act, limit, stream);
+  if (n <= 16) return launch_swiglu<2>(x, ni, ii, w, wi, act, limit, stream);
+  return launch_swiglu<4>(x, ni, ii, w, wi, act, limit, stream);
 }
 
 }  // namespace kiln::cuda

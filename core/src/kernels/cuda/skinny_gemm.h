@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "kernels/cuda/stream_handle.h"
 #include "kiln/status.h"
@@ -49,5 +50,14 @@ Status skinny_gemm_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t
 Status skinny_gemm_strided_batched_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t out,
                                         void* y, DType y_dtype, const SkinnyStrides& strides, bool accumulate,
                                         int sm_count, StreamHandle stream);
+
+// A fused gate_up projection with SwiGLU in its epilogue (decode's shared expert and dense MLP):
+// act[n, inter] = bf16(silu(min(g, limit)) · clamp(u, −limit, limit)) where g | u = bf16(x · Wᵀ) and W bf16
+// [2·inter, in] holds the gate rows, then the up rows — what linear() into a bf16 [n, 2·inter] buffer followed by
+// swiglu_bf16 computes, in one kernel. 1 ≤ n ≤ kSkinnyGemmMaxRows (batch invariant), in % 8 == 0, x and W
+// 16-byte aligned.
+Status skinny_gemm_swiglu_bf16(const uint16_t* x, int64_t n, int64_t in, const uint16_t* w, int64_t inter,
+                               uint16_t* act, StreamHandle stream,
+                               float limit = std::numeric_limits<float>::infinity());
 
 }  // namespace kiln::cuda

@@ -1,7 +1,7 @@
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/norm.h"
-#include "kernels/cuda/rope.h"
 #include "runtime/cuda/cuda_model_step.h"
+#include "runtime/cuda/mla_rope_cache_write.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
@@ -36,19 +36,19 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.q_proj.w, H * qk, b.q, DType::kF32, st));
   }
   KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.kv_a.w, D, b.ckv, DType::kF32, st));
-  if (Rr > 0) {
-    KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.q + nope, N, H, H * qk, qk, b.positions, I.inv_freq,
-                                                    I.rope_factor, Rr, st));
-    KILN_RETURN_IF_ERROR(apply_rope_interleaved_f32(b.ckv + L, N, 1, D, Rr, b.positions, I.inv_freq, I.rope_factor, Rr, st));
-  }
-  KILN_RETURN_IF_ERROR(mla_write_cache(b.ckv, N, L, Rr, w.kv_a_norm, kLatentNormEps, b.slots, pages, st));
+  // RoPE, the cache write, q in bf16 for the absorption and q_pe into the absorbed queries: one launch.
+  MlaRopeCacheWrite rw;
+  rw.q = b.q, rw.ckv = b.ckv, rw.n = N, rw.heads = H, rw.nope = nope, rw.rope = Rr, rw.latent = L;
+  rw.positions = b.positions, rw.inv_freq = I.inv_freq, rw.attention_factor = I.rope_factor;
+  rw.norm_weight = w.kv_a_norm, rw.eps = kLatentNormEps, rw.slots = b.slots, rw.cache = pages;
+  rw.q_bf = b.q_bf, rw.q_abs = b.q_abs;
+  KILN_RETURN_IF_ERROR(mla_rope_cache_write(rw, st));
   I.timer.mark("attention: projections, rope, cache write");
   if (w.has_indexer) {
     KILN_RETURN_IF_ERROR(indexer_block(x, w.indexer, index_keys));
     I.timer.mark("attention: DSA indexer");
   }
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
-  KILN_RETURN_IF_ERROR(f32_to_bf16(b.q, N * H * qk, b.q_bf, st));
   const bool skinny = absorbs_with_skinny_gemm(c, N);
   if (skinny) {
     SkinnyStrides s;
@@ -63,10 +63,6 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
                                  H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA query absorption"));
   }
-  if (Rr > 0)
-    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.q_abs + L, D * sizeof(float), b.q + nope, qk * sizeof(float),
-                                                   Rr * sizeof(float), N * H, cudaMemcpyDeviceToDevice, I.stream),
-                                 "q_pe copy"));
   I.timer.mark("attention: query absorption");
   const float scale = static_cast<float>(c.attention_scale());
   if (x.shape.fast_attention) {

@@ -82,6 +82,8 @@ Result<std::shared_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConf
   KILN_RETURN_IF_ERROR(blas_ok(cublasCreate(&I.blas), "cublasCreate"));
   KILN_RETURN_IF_ERROR(blas_ok(cublasSetStream(I.blas, I.stream), "cublasSetStream"));
   KILN_ASSIGN_OR_RETURN(I.gemm, CublasGemm::create());
+  KILN_ASSIGN_OR_RETURN(I.route_done, I.arena.allocate_array<unsigned>(1, "MoE gate + route counter"));
+  KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(I.route_done, 0, sizeof(unsigned), I.stream), "MoE gate + route counter"));
   if (c.qk_rope_head_dim > 0) {
     const cpu::RopeConfig rope = kernel_rope_config(c);
     const std::vector<float> inv = cpu::rope_inv_freq(rope);

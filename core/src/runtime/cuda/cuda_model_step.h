@@ -154,6 +154,7 @@ struct CudaMlaMoeModel::Impl {
   StepScratch scratch;
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;
+  unsigned* route_done = nullptr;  // moe_gate_route_and_group's counter (the model's kernels share one stream)
   int sm_count = 0;
   StepLayout layout;
   StepGraphs graphs;

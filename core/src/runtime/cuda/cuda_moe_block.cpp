@@ -4,23 +4,31 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_gate_gemv.h"
+#include "kernels/cuda/moe_gate_route_group.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/skinny_gemm.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
 namespace {
 
-// y = down(silu(gate(x)) · up(x)) for a dense MLP / shared expert with fused gate_up.
+// y = down(silu(gate(x)) · up(x)) for a dense MLP / shared expert with fused gate_up. Batch-invariant steps run
+// gate_up and SwiGLU as one skinny GEMM (one launch less, and no [N, 2·inter] round trip); larger ones cuBLAS
+// into b.gu, then the SwiGLU kernel.
 Status dense_mlp(const StepContext& x, const GpuLinear& gate_up, const GpuLinear& down, const uint16_t* in,
                  uint16_t* y) {
   CublasGemm& g = *x.I.gemm;
   const StreamHandle st = x.I.s();
   const int64_t N = x.shape.N, Hd = x.c.hidden_size, inter = down.in;
-  KILN_RETURN_IF_ERROR(g.linear(in, N, Hd, gate_up.w, 2 * inter, x.b.gu, DType::kBF16, st));
-  KILN_RETURN_IF_ERROR(swiglu_bf16(x.b.gu, x.b.gu + inter, N, inter, 2 * inter, x.b.act, st));
+  if (N <= kSkinnyGemmMaxRows && skinny_gemm_supported(in, N, Hd, gate_up.w)) {
+    KILN_RETURN_IF_ERROR(skinny_gemm_swiglu_bf16(in, N, Hd, gate_up.w, inter, x.b.act, st));
+  } else {
+    KILN_RETURN_IF_ERROR(g.linear(in, N, Hd, gate_up.w, 2 * inter, x.b.gu, DType::kBF16, st));
+    KILN_RETURN_IF_ERROR(swiglu_bf16(x.b.gu, x.b.gu + inter, N, inter, 2 * inter, x.b.act, st));
+  }
   return g.linear(x.b.act, N, inter, down.w, Hd, y, DType::kBF16, st);
 }
 
@@ -39,15 +47,6 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   const int64_t N = x.shape.N, Hd = c.hidden_size;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const float one = 1.0f, zero = 0.0f;
-  // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV, larger ones cuBLAS.
-  if (N <= kBatchInvariantMaxRows) {
-    KILN_RETURN_IF_ERROR(moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
-  } else {
-    KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
-    KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd, b.h32,
-                                             Hd, &zero, b.router_logits, E),
-                                 "MoE router"));
-  }
   cpu::MoeRouterConfig rc;
   rc.num_experts = E;
   rc.top_k = topk;
@@ -56,7 +55,24 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   rc.norm_topk_prob = c.norm_topk_prob;
   rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   const MoeDispatch d{b.offsets, b.active, b.order};
-  KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
+  // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV (up to 16 tokens
+  // fused with routing and grouping: one launch, the same logits), larger ones cuBLAS.
+  if (moe_gate_route_and_group_supported(b.h, N, Hd, w.router, rc)) {
+    KILN_RETURN_IF_ERROR(moe_gate_route_and_group(b.h, N, Hd, w.router, b.router_logits, w.router_bias, rc,
+                                                  b.route_ids, b.route_w, d, x.I.route_done, st)
+                             .with_context("MoE router"));
+  } else {
+    if (N <= kBatchInvariantMaxRows) {
+      KILN_RETURN_IF_ERROR(
+          moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
+    } else {
+      KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
+      KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd,
+                                               b.h32, Hd, &zero, b.router_logits, E),
+                                   "MoE router"));
+    }
+    KILN_RETURN_IF_ERROR(moe_route_and_group(b.router_logits, w.router_bias, N, rc, b.route_ids, b.route_w, d, st));
+  }
   timer.mark("MoE: router + grouping");
   const int64_t moe_I = c.moe_intermediate_size;
   const float no_limit = std::numeric_limits<float>::infinity();

@@ -4,6 +4,8 @@
 #include <cfloat>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "runtime/cuda/block_reduce.cuh"
+#include "runtime/cuda/mla_cache_row.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -54,25 +56,6 @@ __global__ void bf16_to_f32_kernel(const uint16_t* in, size_t n, float* out) {
     out[i] = bf16_bits_to_float(in[i]);
 }
 
-// Block-wide reduction of one value per thread; every thread gets the result.
-template <bool kMax>
-__device__ float block_reduce(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, w) : v + w;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : (kMax ? -FLT_MAX : 0.0f);
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, w) : v + w;
-  }
-  return v;
-}
-
 __global__ void transpose_w_uk_kernel(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,
                                       uint16_t* out) {
   const int64_t total = heads * latent * nope;
@@ -85,16 +68,8 @@ __global__ void transpose_w_uk_kernel(const uint16_t* kv_b, int64_t heads, int64
 
 __global__ void mla_write_cache_kernel(const float* ckv, int64_t L, int64_t R, const uint16_t* w, float eps,
                                        const int64_t* slots, uint16_t* cache) {
-  __shared__ float red[32];
   const int64_t t = blockIdx.x;
-  const float* row = ckv + t * (L + R);
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += row[i] * row[i];
-  ss = block_reduce<false>(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(L) + eps);
-  uint16_t* dst = cache + slots[t] * (L + R);
-  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) dst[i] = float_to_bf16_bits(row[i] * inv * bf16_bits_to_float(w[i]));
-  for (int64_t i = threadIdx.x; i < R; i += blockDim.x) dst[L + i] = float_to_bf16_bits(row[L + i]);
+  mla_write_cache_row(ckv + t * (L + R), L, R, w, eps, cache + slots[t] * (L + R));
 }
 
 __global__ void mla_reference_kernel(MlaReferenceParams p) {
@@ -238,8 +213,8 @@ Status mla_transpose_w_uk(const uint16_t* kv_b, int64_t heads, int64_t nope, int
 Status mla_write_cache(const float* ckv, int64_t n, int64_t latent_dim, int64_t rope_dim, const uint16_t* norm_weight,
                        float eps, const int64_t* slots, uint16_t* cache, StreamHandle stream) {
   if (n == 0) return ok_status();
-  mla_write_cache_kernel<<<static_cast<unsigned>(n), 128, 0, stream>>>(ckv, latent_dim, rope_dim, norm_weight, eps,
-                                                                       slots, cache);
+  mla_write_cache_kernel<<<static_cast<unsigned>(n), kMlaCacheRowThreads, 0, stream>>>(
+      ckv, latent_dim, rope_dim, norm_weight, eps, slots, cache);
   return check_launch("mla_write_cache");
 }
 

@@ -1,0 +1,25 @@
+// One token's MLA latent cache write by one block, shared by mla_write_cache and the fused rope + cache-write
+// kernel (mla_rope_cache_write.cu), so both reduce and round exactly alike.
+#pragma once
+
+#include "kernels/cuda/launch_check.cuh"
+#include "runtime/cuda/block_reduce.cuh"
+
+namespace kiln::cuda {
+
+// The block size both launch with: the norm's sum of squares is split over this many threads.
+inline constexpr int kMlaCacheRowThreads = 128;
+
+// dst[0:L] = bf16(rmsnorm(row[0:L]) · w), dst[L:L+R] = bf16(row[L:L+R]). Called by every thread of the block.
+__device__ __forceinline__ void mla_write_cache_row(const float* row, int64_t L, int64_t R, const uint16_t* w,
+                                                    float eps, uint16_t* dst) {
+  __shared__ float red[32];
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += row[i] * row[i];
+  ss = block_reduce<false>(ss, red);
+  const float inv = rsqrtf(ss / static_cast<float>(L) + eps);
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) dst[i] = float_to_bf16_bits(row[i] * inv * bf16_bits_to_float(w[i]));
+  for (int64_t i = threadIdx.x; i < R; i += blockDim.x) dst[L + i] = float_to_bf16_bits(row[L + i]);
+}
+
+}  // namespace kiln::cuda
