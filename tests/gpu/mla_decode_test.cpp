@@ -171,10 +171,9 @@ TEST(GpuMlaDecode, SplitByLengthMatchesCpu) {
     c.split_by_length = true;
     run_case(c, seed);
   }
-  EXPECT_EQ(cuda::mla_decode_length_splits(4096), 64);     // one tile a split
+  EXPECT_EQ(cuda::mla_decode_length_splits(4096), 32);     // two tiles a split
   EXPECT_EQ(cuda::mla_decode_length_splits(131072), 128);  // 16 tiles a split
-  EXPECT_EQ(cuda::mla_decode_length_splits(100), 2);
-  EXPECT_EQ(cuda::mla_decode_length_splits(64), 1);
+  EXPECT_EQ(cuda::mla_decode_length_splits(100), 1);
 }
 
 TEST(GpuMlaDecode, SplitHeuristicFillsTheChip) {

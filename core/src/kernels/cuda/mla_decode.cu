@@ -11,7 +11,7 @@ namespace {
 // Tiles per split under split_by_length: a function of the row's own tile count only.
 __host__ __device__ inline int64_t tiles_per_length_split(int64_t tiles) {
   const int64_t spread = (tiles + kMlaLengthSplits - 1) / kMlaLengthSplits;
-  return spread > 1 ? spread : 1;
+  return spread > 2 ? spread : 2;
 }
 
 constexpr int kRow = 576;             // latent + rope values per cached token
