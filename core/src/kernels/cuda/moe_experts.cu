@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/moe_experts.h"
 
 namespace kiln::cuda {
@@ -80,24 +81,6 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
     if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
     __syncwarp();
   }
-}
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Expert weights are read once per step: keep them out of L1.
-__device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 
 // One block = one 16-row weight tile of one active expert (grid: tiles × active-expert slots), applied to all of
@@ -178,8 +161,8 @@ __global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_ker
           if (nt >= ntiles) break;
           const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
           const uint4 a = wv[u][0], b = wv[u][1];
-          mma_bf16(acc[nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          mma_bf16(acc[nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
+          mma_bf16_16816(acc[nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
+          mma_bf16_16816(acc[nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
         }
       }
     }

@@ -1,4 +1,5 @@
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace kiln::cuda {
@@ -6,24 +7,6 @@ namespace {
 
 constexpr int kUnroll = 4;       // 32-wide k chunks each warp has in flight per round
 constexpr int kMaxWarps = 16;
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Weights are read once: keep them out of L1.
-__device__ __forceinline__ uint4 load_stream(const uint16_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // A block owns kM·16 output rows and all n rows of x; its warps split k into 32-wide chunks (warp w takes
 // chunks w, w + warps, ...). Lane (g = lane / 4, c = lane % 4) loads 8 consecutive k of W rows g and g + 8 and
@@ -87,8 +70,8 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           const uint4 a = wv[u][mt][0], b = wv[u][mt][1];
-          mma_bf16(acc[mt][nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          mma_bf16(acc[mt][nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
+          mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
+          mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
         }
       }
     }
