@@ -103,6 +103,27 @@ inline EngineMetrics wait_idle(const Engine& engine) {
   return m;
 }
 
+// Submits every prompt at once (request i: prompts[i], max_tokens lengths[i]) and waits for all of them; the
+// outcomes in request order (empty when a submit fails, which is reported).
+inline std::vector<Outcome> run_requests(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                         const std::vector<int64_t>& lengths) {
+  Collector c;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.max_tokens = lengths[i];
+    const auto submitted = engine.submit(p, c.sink(static_cast<int>(i)));
+    EXPECT_TRUE(submitted.ok()) << submitted.status().to_string();
+    if (!submitted.ok()) return {};
+  }
+  std::vector<Outcome> outcomes;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(c.wait(static_cast<int>(i)));
+    outcomes.push_back(c.get(static_cast<int>(i)));
+  }
+  return outcomes;
+}
+
 inline std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t len, int64_t vocab) {
   std::uniform_int_distribution<int32_t> tok(1, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> p(len);

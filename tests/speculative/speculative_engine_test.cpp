@@ -63,16 +63,10 @@ TEST_P(SpeculativeEngine, GreedyOutputEqualsNoDrafting) {
   auto started = start_engine(m, recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
   ASSERT_NE(started->drafter, nullptr);
-  Collector c;
+  const std::vector<Outcome> outcomes = run_requests(*started->engine, prompts, lengths);
+  ASSERT_EQ(outcomes.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams p;
-    p.prompt = prompts[i];
-    p.max_tokens = lengths[i];
-    ASSERT_TRUE(started->engine->submit(p, c.sink(static_cast<int>(i))).ok());
-  }
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(c.wait(static_cast<int>(i)));
-    const Outcome o = c.get(static_cast<int>(i));
+    const Outcome& o = outcomes[i];
     EXPECT_EQ(o.reason, FinishReason::kLength) << o.events.back().error;
     EXPECT_EQ(o.tokens, expected[i]) << "request " << i << " at depth " << depth;
     // Counters stay per-token even when a pass emits several.
