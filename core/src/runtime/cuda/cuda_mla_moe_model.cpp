@@ -157,7 +157,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   KILN_RETURN_IF_ERROR(I.scratch.ensure(I.scratch.offset()));
   I.scratch.begin(false);
   carve_step_buffers(c, sh, normed_hidden, I.scratch, b);
-  KILN_RETURN_IF_ERROR(upload_step_layout(lay, b, I.stream));
+  KILN_RETURN_IF_ERROR(upload_step_layout(lay, b, I.uploads, I.stream));
   if (mtp)
     KILN_RETURN_IF_ERROR(cuda_ok(
         cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyHostToDevice, I.stream), "MTP hidden upload"));

@@ -105,8 +105,11 @@ struct StepBuffers {
 void carve_step_buffers(const ModelConfig& c, const StepShape& shape, bool keep_hidden, StepScratch& scratch,
                         StepBuffers& b);
 
-// Copies the layout's index arrays into the step's buffers on `stream`.
-Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, cudaStream_t stream);
+// Copies the layout's index arrays into the step's buffers on `stream` in one DMA: they are carved back to back
+// (ids .. slots), so they are packed at the same offsets into `staging` first. The stream must have finished
+// the previous step's upload from `staging` (every step ends synchronised).
+Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, PinnedHostBuffer& staging,
+                          cudaStream_t stream);
 
 // What a captured step bakes in: buffer addresses (the scratch base and its layout, the KV pages) and launch
 // shapes.
@@ -159,6 +162,7 @@ struct CudaMlaMoeModel::Impl {
   StepLayout layout;
   StepGraphs graphs;
   StepTimer timer;
+  PinnedHostBuffer uploads;  // the step layout's host staging (upload_step_layout)
 
   ~Impl() {
     graphs.clear();

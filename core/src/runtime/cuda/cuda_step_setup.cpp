@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda/mla_decode.h"
@@ -106,18 +107,22 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
 }
 
-Status upload_step_layout(const StepLayout& L, const StepBuffers& b, cudaStream_t stream) {
-  auto upload = [&](void* dst, const void* src, size_t bytes) {
-    return cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "step upload");
-  };
+Status upload_step_layout(const StepLayout& L, const StepBuffers& b, PinnedHostBuffer& staging, cudaStream_t stream) {
   const size_t N = L.ids.size(), R = L.rows.size();
-  KILN_RETURN_IF_ERROR(upload(b.ids, L.ids.data(), N * 4));
-  KILN_RETURN_IF_ERROR(upload(b.query_seq, L.query_seq.data(), N * 4));
-  KILN_RETURN_IF_ERROR(upload(b.kv_len, L.kv_len.data(), N * 4));
-  KILN_RETURN_IF_ERROR(upload(b.tables, L.tables.data(), L.tables.size() * 4));
-  KILN_RETURN_IF_ERROR(upload(b.rows, L.rows.data(), R * 4));
-  KILN_RETURN_IF_ERROR(upload(b.positions, L.positions.data(), N * 8));
-  return upload(b.slots, L.slots.data(), N * 8);
+  char* const first = reinterpret_cast<char*>(b.ids);
+  const size_t span = static_cast<size_t>(reinterpret_cast<char*>(b.slots + N) - first);
+  KILN_RETURN_IF_ERROR(staging.ensure(span));
+  auto pack = [&](const void* dst, const void* src, size_t bytes) {
+    std::memcpy(staging.data() + (static_cast<const char*>(dst) - first), src, bytes);
+  };
+  pack(b.ids, L.ids.data(), N * 4);
+  pack(b.query_seq, L.query_seq.data(), N * 4);
+  pack(b.kv_len, L.kv_len.data(), N * 4);
+  pack(b.tables, L.tables.data(), L.tables.size() * 4);
+  pack(b.rows, L.rows.data(), R * 4);
+  pack(b.positions, L.positions.data(), N * 8);
+  pack(b.slots, L.slots.data(), N * 8);
+  return cuda_ok(cudaMemcpyAsync(first, staging.data(), span, cudaMemcpyHostToDevice, stream), "step upload");
 }
 
 }  // namespace kiln::cuda

@@ -59,4 +59,23 @@ Status StepScratch::ensure(size_t bytes) {
   return ok_status();
 }
 
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (base_) cudaFreeHost(base_);
+}
+
+Status PinnedHostBuffer::ensure(size_t bytes) {
+  if (bytes <= capacity_) return ok_status();
+  if (base_) cudaFreeHost(base_);
+  base_ = nullptr;
+  capacity_ = 0;
+  const size_t want = bytes + bytes / 4;
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
+  if (e != cudaSuccess) return resource_exhausted(std::string("cudaHostAlloc of ") + std::to_string(want) +
+                                                  " bytes for the step uploads: " + cudaGetErrorString(e));
+  base_ = static_cast<char*>(p);
+  capacity_ = want;
+  return ok_status();
+}
+
 }  // namespace kiln::cuda

@@ -63,4 +63,20 @@ class StepScratch {
   bool measure_ = true;
 };
 
+// Page-locked host memory for a step's uploads: one DMA from it costs a fraction of several pageable copies.
+// The caller must not refill it while a copy from it may still be running.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  ~PinnedHostBuffer();
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  Status ensure(size_t bytes);
+  char* data() const { return base_; }
+
+ private:
+  char* base_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 }  // namespace kiln::cuda
