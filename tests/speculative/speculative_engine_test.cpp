@@ -18,24 +18,47 @@
 namespace kiln::testing {
 namespace {
 
-Recipe spec_recipe(int depth, const std::string& method) {
+Recipe spec_recipe(int depth, const std::string& method, const std::vector<std::string>& extra = {}) {
   load_mtp_plugin();
-  auto recipe = load_recipe(
-      "",
-      {"model.path=" + (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/models/glm4_moe_lite-tiny").string(),
-       "kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=128", "scheduler.max_num_seqs=4",
-       "scheduler.max_num_batched_tokens=32", "speculative.method=" + method,
-       "speculative.depth=" + std::to_string(depth)},
-      global_registry());
+  std::vector<std::string> sets = {
+      "model.path=" + (std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/models/glm4_moe_lite-tiny").string(),
+      "kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=128", "scheduler.max_num_seqs=4",
+      "scheduler.max_num_batched_tokens=32", "speculative.method=" + method,
+      "speculative.depth=" + std::to_string(depth)};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  auto recipe = load_recipe("", sets, global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
   return std::move(recipe).value();
 }
+
+// Concurrent requests through an engine built from `recipe` (drafting at `depth`) against plain single-sequence
+// generation of each prompt; `metrics`: the engine's once idle.
+void expect_same_as_plain(const Recipe& recipe, int depth, EngineMetrics& metrics);
 
 class SpeculativeEngine : public ::testing::TestWithParam<int> {};
 
 TEST_P(SpeculativeEngine, GreedyOutputEqualsNoDrafting) {
   const int depth = GetParam();
-  const Recipe recipe = spec_recipe(depth, "mtp");
+  EngineMetrics metrics;
+  ASSERT_NO_FATAL_FAILURE(expect_same_as_plain(spec_recipe(depth, "mtp"), depth, metrics));
+  EXPECT_GT(metrics.spec_drafts, 0);
+  EXPECT_GE(metrics.spec_draft_tokens, metrics.spec_drafts);
+  EXPECT_LE(metrics.spec_accepted_tokens, metrics.spec_draft_tokens);
+  ASSERT_FALSE(metrics.spec_drafted_per_pos.empty());
+  EXPECT_LE(static_cast<int>(metrics.spec_drafted_per_pos.size()), depth);
+}
+
+// speculative.max_batch = 1: steps where several sequences decode run without drafts, the longest request's tail
+// (decoding alone) drafts; output still equals plain generation, with fewer drafts than unlimited drafting.
+TEST(SpeculativeEngineConfig, MaxBatchDraftsOnlyInSmallSteps) {
+  EngineMetrics limited, always;
+  ASSERT_NO_FATAL_FAILURE(expect_same_as_plain(spec_recipe(3, "mtp", {"speculative.max_batch=1"}), 3, limited));
+  ASSERT_NO_FATAL_FAILURE(expect_same_as_plain(spec_recipe(3, "mtp"), 3, always));
+  EXPECT_GT(limited.spec_drafts, 0);
+  EXPECT_LT(limited.spec_draft_tokens, always.spec_draft_tokens);
+}
+
+void expect_same_as_plain(const Recipe& recipe, int depth, EngineMetrics& metrics) {
   auto loaded = load_model(recipe, global_registry(), model_load_options(recipe));
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   const LoadedModel& m = *loaded;
@@ -72,13 +95,8 @@ TEST_P(SpeculativeEngine, GreedyOutputEqualsNoDrafting) {
     // Counters stay per-token even when a pass emits several.
     for (size_t e = 0; e < o.tokens.size(); ++e) EXPECT_EQ(o.events[e].completion_tokens, static_cast<int64_t>(e + 1));
   }
-  const EngineMetrics metrics = wait_idle(*started->engine);
+  metrics = wait_idle(*started->engine);
   EXPECT_EQ(metrics.kv_blocks_used, 0);
-  EXPECT_GT(metrics.spec_drafts, 0);
-  EXPECT_GE(metrics.spec_draft_tokens, metrics.spec_drafts);
-  EXPECT_LE(metrics.spec_accepted_tokens, metrics.spec_draft_tokens);
-  ASSERT_FALSE(metrics.spec_drafted_per_pos.empty());
-  EXPECT_LE(static_cast<int>(metrics.spec_drafted_per_pos.size()), depth);
 }
 
 INSTANTIATE_TEST_SUITE_P(Depths, SpeculativeEngine, ::testing::Values(1, 2, 3, 4, 5));

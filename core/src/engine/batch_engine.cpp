@@ -124,16 +124,25 @@ void BatchEngine::loop() {
 }
 
 Status BatchEngine::draft(const ScheduledStep& plan) {
-  std::vector<DraftInput> inputs;
-  std::vector<size_t> which;  // chunk index of each input
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    Sequence* seq = plan.chunks[i].seq;
-    // A preempted sequence recomputes from scratch: the drafter forgets it too.
+  int64_t decoding = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence* seq = c.seq;
+    // A preempted sequence recomputes from scratch: the drafter forgets it too (before this step's rows are
+    // kept for it, whether or not this step drafts).
     if (seq->num_computed < seq->draft_start) {
       KILN_RETURN_IF_ERROR(drafter_->rollback(static_cast<int64_t>(seq->id), 0));
       seq->draft_start = 0;
       seq->draft_hidden.clear();
     }
+    decoding += c.num_tokens == 1 && seq->pending() == 1;
+  }
+  // Too many decoding sequences for drafting to pay: plain decoding. The drafter catches up at its next step
+  // from the rows kept meanwhile in draft_hidden.
+  if (config_.speculative_max_batch > 0 && decoding > config_.speculative_max_batch) return ok_status();
+  std::vector<DraftInput> inputs;
+  std::vector<size_t> which;  // chunk index of each input
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    Sequence* seq = plan.chunks[i].seq;
     // Only decodes draft: the chunk is the one uncomputed newest token t_L.
     if (plan.chunks[i].num_tokens != 1 || seq->pending() != 1 || seq->generated() < 1) continue;
     // Each pass emits at least one token; never draft past max_tokens or the context limit.

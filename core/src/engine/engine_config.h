@@ -16,6 +16,10 @@ struct EngineConfig {
   bool prefix_caching = true;
   int64_t lookahead_slots = 0;  // extra KV positions reserved per running sequence (speculative decoding)
   int64_t speculative_depth = 0;  // draft tokens per decode step (K); needs a drafter and lookahead_slots ≥ K
+  // Draft only in steps where at most this many sequences decode (0: always). Above it a verification pass of
+  // 1 + K rows per sequence costs more than the drafts save (measured: C16 on the H200, bench/RESULTS.md), and
+  // plain decoding is what drafting reproduces anyway.
+  int64_t speculative_max_batch = 0;
   int64_t num_blocks = 0;       // the KV pool
   int64_t block_size = 0;
 

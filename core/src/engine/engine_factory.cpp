@@ -101,6 +101,7 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   const RecipeSection& spec = recipe.section("speculative");
   if (spec.get_string("method", "none") != "none") {
     config.speculative_depth = spec.get_int("depth", 0);
+    config.speculative_max_batch = spec.get_int("max_batch", 0);
     config.lookahead_slots = config.speculative_depth;
   }
   KILN_ASSIGN_OR_RETURN(KvCapacity capacity, plan_kv_capacity(budget));

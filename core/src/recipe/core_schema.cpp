@@ -81,6 +81,10 @@ std::vector<CoreSection> build() {
   s.push_back({"speculative", "speculative decoding",
                {{str("method", "none", "drafter (plugin kind drafter): none, mtp, dflash2, ..."),
                  integer("depth", 3, "draft tokens proposed per step (K)", 0, 16),
+                 integer("max_batch", 0,
+                         "draft only in steps where at most this many sequences decode (0 = always); larger "
+                         "steps decode without drafts",
+                         0, 4096),
                  path("draft_model", "separate draft checkpoint directory (drafters that need one)", false),
                  str("draft_kv_dtype", "bf16", "drafter KV-cache dtype", {"bf16", "fp8"})}},
                "method", PluginKind::kDrafter});
