@@ -35,6 +35,17 @@ void apply_rope(const ModelConfig& c, float* x, int64_t n, int64_t heads, int64_
 
 }  // namespace
 
+cpu::MoeRouterConfig moe_router_config(const ModelConfig& c) {
+  cpu::MoeRouterConfig rc;
+  rc.num_experts = c.n_routed_experts;
+  rc.top_k = c.num_experts_per_tok;
+  rc.n_group = c.n_group;
+  rc.topk_group = c.topk_group;
+  rc.norm_topk_prob = c.norm_topk_prob;
+  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  return rc;
+}
+
 Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_size, const ModelConfig& config) {
   const std::string name = "sequence step " + std::to_string(index);
   const int64_t n = static_cast<int64_t>(st.tokens.size());
@@ -281,13 +292,7 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   std::vector<float> logits(n * E), weights(n * k);
   std::vector<int32_t> ids(n * k);
   cpu::gemm_f32(h, n, Hd, w.moe.router.data(), E, logits.data());
-  cpu::MoeRouterConfig rc;
-  rc.num_experts = E;
-  rc.top_k = k;
-  rc.n_group = c.n_group;
-  rc.topk_group = c.topk_group;
-  rc.norm_topk_prob = c.norm_topk_prob;
-  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  const cpu::MoeRouterConfig rc = moe_router_config(c);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data(), router_margin);
   TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
   TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/rope.h"
 #include "model/kv_cache.h"
 #include "model/model_config.h"
@@ -29,6 +30,9 @@ struct SequenceStep {
 // the model's limit, token ids outside the vocabulary), or ok. `index` names the step in messages. Shared by
 // the CPU and GPU forward passes so both refuse the same batches with the same words.
 Status check_sequence_step(const SequenceStep& step, size_t index, int64_t block_size, const ModelConfig& config);
+
+// The MoE gate's routing rule from the config (one place for the CPU and GPU forward passes).
+cpu::MoeRouterConfig moe_router_config(const ModelConfig& config);
 
 struct StepOutput {
   std::vector<float> logits;      // [rows, vocab]

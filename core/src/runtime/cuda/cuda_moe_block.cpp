@@ -47,13 +47,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   const int64_t N = x.shape.N, Hd = c.hidden_size;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const float one = 1.0f, zero = 0.0f;
-  cpu::MoeRouterConfig rc;
-  rc.num_experts = E;
-  rc.top_k = topk;
-  rc.n_group = c.n_group;
-  rc.topk_group = c.topk_group;
-  rc.norm_topk_prob = c.norm_topk_prob;
-  rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  const cpu::MoeRouterConfig rc = moe_router_config(c);
   const MoeDispatch d{b.offsets, b.active, b.order};
   // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV (up to 16 tokens
   // fused with routing and grouping: one launch, the same logits), larger ones cuBLAS.
