@@ -1,5 +1,6 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -9,6 +10,8 @@ template <bool kVector>
 __global__ void embedding_kernel(const uint16_t* __restrict__ table, int64_t vocab, int64_t dim,
                                  const int32_t* __restrict__ ids, uint16_t* __restrict__ out) {
   const int64_t t = blockIdx.x;
+  pdl_wait();
+  pdl_launch_dependents();
   const int32_t id = ids[t];
   const bool valid = id >= 0 && id < vocab;
   if constexpr (kVector) {
@@ -29,11 +32,9 @@ Status embedding_gather_bf16(const uint16_t* table, int64_t vocab, int64_t dim, 
   if (n == 0) return ok_status();
   const bool vector = dim % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (vector)
-    embedding_kernel<true><<<static_cast<unsigned>(n), 256, 0, stream>>>(table, vocab, dim, ids, out);
-  else
-    embedding_kernel<false><<<static_cast<unsigned>(n), 256, 0, stream>>>(table, vocab, dim, ids, out);
-  return check_launch("cuda::embedding_gather_bf16");
+  return check_cuda(launch_pdl(vector ? embedding_kernel<true> : embedding_kernel<false>,
+                                dim3(static_cast<unsigned>(n)), dim3(256), 0, stream, table, vocab, dim, ids, out),
+                    "cuda::embedding_gather_bf16");
 }
 
 }  // namespace kiln::cuda

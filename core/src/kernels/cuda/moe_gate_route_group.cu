@@ -3,6 +3,7 @@
 #include "kernels/cuda/moe_gate_route_group.h"
 #include "kernels/cuda/moe_group_device.cuh"
 #include "kernels/cuda/moe_route_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -27,6 +28,11 @@ __global__ void __launch_bounds__(kGroupThreads)
   __shared__ GroupSmem group_smem;
   __shared__ bool s_last;
   const int group = threadIdx.x / kGateThreads, local = threadIdx.x % kGateThreads;
+  // The router weights are read-only: start them toward L2 while the previous kernel finishes.
+  for (int64_t e = int64_t(blockIdx.x) * kGateGroups + group; e < a.experts; e += int64_t(gridDim.x) * kGateGroups)
+    prefetch_l2(w + e * hidden, sizeof(float) * hidden, local, kGateThreads);
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t e = int64_t(blockIdx.x) * kGateGroups + group; e < a.experts; e += int64_t(gridDim.x) * kGateGroups)
     gate_logits_for_expert(x, n, hidden, w, a.experts, e, local, s_part[group], 1 + group, logits);
   __threadfence();  // this block's logits reach L2 before its count
@@ -72,9 +78,9 @@ Status moe_gate_route_and_group(const uint16_t* x, int64_t n, int64_t hidden, co
       gate_route_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBudget));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::moe_gate_route_and_group: shared memory limit"));
   const unsigned blocks = static_cast<unsigned>((a.experts + kGateGroups - 1) / kGateGroups);
-  gate_route_group_kernel<<<blocks, kGroupThreads, smem, stream>>>(x, n, hidden, w, logits, bias, a, warps, ids,
-                                                                   weights, d, done);
-  return check_launch("cuda::moe_gate_route_and_group");
+  return check_cuda(launch_pdl(gate_route_group_kernel, dim3(blocks), dim3(kGroupThreads), smem, stream, x, n, hidden,
+                                w, logits, bias, a, warps, ids, weights, d, done),
+                    "cuda::moe_gate_route_and_group");
 }
 
 }  // namespace kiln::cuda

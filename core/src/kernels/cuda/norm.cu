@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -18,6 +19,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const uint16_t* __res
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float inv_rms;
   const int64_t row = blockIdx.x;
+  pdl_wait();
+  pdl_launch_dependents();
   const uint16_t* xr = x + row * dim;
   float* rr = kResidual ? residual + row * dim : nullptr;
   float sum_sq = 0.f;
@@ -50,16 +53,18 @@ Status rmsnorm_bf16(const uint16_t* x, const uint16_t* weight, int64_t n, int64_
                     StreamHandle stream) {
   KILN_RETURN_IF_ERROR(check_shape(n, dim, "cuda::rmsnorm_bf16"));
   if (n == 0) return ok_status();
-  rmsnorm_kernel<false><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, nullptr, weight, dim, eps, out);
-  return check_launch("cuda::rmsnorm_bf16");
+  return check_cuda(launch_pdl(rmsnorm_kernel<false>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
+                                static_cast<float*>(nullptr), weight, dim, eps, out),
+                    "cuda::rmsnorm_bf16");
 }
 
 Status add_rmsnorm_bf16(const uint16_t* x, float* residual, const uint16_t* weight, int64_t n, int64_t dim, float eps,
                         uint16_t* out, StreamHandle stream) {
   KILN_RETURN_IF_ERROR(check_shape(n, dim, "cuda::add_rmsnorm_bf16"));
   if (n == 0) return ok_status();
-  rmsnorm_kernel<true><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, residual, weight, dim, eps, out);
-  return check_launch("cuda::add_rmsnorm_bf16");
+  return check_cuda(launch_pdl(rmsnorm_kernel<true>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
+                                residual, weight, dim, eps, out),
+                    "cuda::add_rmsnorm_bf16");
 }
 
 }  // namespace kiln::cuda

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/rope_device.cuh"
 #include "runtime/cuda/mla_cache_row.cuh"
 
@@ -14,6 +15,8 @@ namespace {
 __global__ void mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
   const int64_t t = blockIdx.x, h = blockIdx.y;
   const int64_t qk = a.nope + a.rope, D = a.latent + a.rope;
+  pdl_wait();
+  pdl_launch_dependents();
   const float position = static_cast<float>(a.positions[t]);
   const int half = static_cast<int>(a.rope / 2);
   if (h < a.heads) {
@@ -44,8 +47,8 @@ Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
     return invalid_argument("cuda::mla_rope_cache_write: need 0 < heads < 65535, latent > 0, nope ≥ 0");
   if (a.n == 0) return ok_status();
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
-  mla_rope_cache_write_kernel<<<grid, kMlaCacheRowThreads, 0, stream>>>(a);
-  return check_launch("cuda::mla_rope_cache_write");
+  return check_cuda(launch_pdl(mla_rope_cache_write_kernel, grid, dim3(kMlaCacheRowThreads), 0, stream, a),
+                    "cuda::mla_rope_cache_write");
 }
 
 }  // namespace kiln::cuda
