@@ -3,9 +3,9 @@
 // 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) and the
 // prefill routed experts (grouped tensor-core GEMM vs the GEMV path) beside a cuBLAS bf16 GEMM's rate, the decode
 // projections (skinny GEMM vs cuBLAS at the step's shapes), the fused MoE gate + grouping, the batch-invariant
-// decode products, the batched expert path and MLA decode with several rows per sequence. Times are CUDA-event
+// decode products, the decode MoE layer (routed experts, shared expert apart or folded in) and MLA decode with several rows per sequence. Times are CUDA-event
 // medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (moe_batched: the expert path in batches of steps;
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (moe_batched: the decode MoE layer in batches of steps;
 // mla_rows: one-row MLA decode and several rows per sequence; none: everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -26,6 +26,7 @@
 #include "runtime/cuda/model_glue_kernels.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace {
@@ -484,17 +485,29 @@ void bench_invariant_decode_products(const cudaDeviceProp& prop, double bw) {
 }
 
 
-// The routed-expert path of one decode step (group + gate_up/SwiGLU + down + combine, 64 experts, top-4, hidden
-// 2048, inter 1536) at 1 / 4 / 16 / 64 tokens, 20 back-to-back steps per event pair; routes drawn per step from 16
-// random sets so consecutive steps read different experts (1.2 GB of weights: the L2 does not serve them).
-void bench_moe_batched(double bw) {
-  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
+// The MoE layer of one decode step at GLM-4.7-Flash's shapes (64 experts, top-4, hidden 2048, inter 1536, one
+// shared expert of the routed shape) at 1 / 4 / 16 / 32 tokens, 20 back-to-back steps per event pair; routes drawn
+// per step from 16 random sets and the shared expert from 8 copies, so consecutive steps read different weights
+// (the L2 does not serve them). Three variants:
+//   routed:         group + gate_up/SwiGLU + down + combine (the routed experts alone);
+//   layer, apart:   group + routed experts + the shared expert as two skinny GEMMs + combine + the next
+//                   residual add + RMSNorm (the runner's MoE layer before the shared expert was folded in);
+//   layer, folded:  group + gate_up/SwiGLU + down with the shared expert in the same launches +
+//                   moe_combine_add_rmsnorm_bf16 (four launches).
+// Floor: the expected distinct experts' bytes (plus the shared expert's) at the copy bandwidth.
+void bench_moe_batched(const cudaDeviceProp& prop, double bw) {
+  const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536, shared_copies = 8;
+  const double expert_bytes = 3.0 * inter * hidden * 2;
   uint16_t* gate_up = device_random<uint16_t>(size_t(experts) * 2 * inter * hidden, 11);
   uint16_t* down = device_random<uint16_t>(size_t(experts) * hidden * inter, 12);
+  uint16_t* shared_gate_up = device_random<uint16_t>(size_t(shared_copies) * 2 * inter * hidden, 15);
+  uint16_t* shared_down = device_random<uint16_t>(size_t(shared_copies) * hidden * inter, 16);
+  uint16_t* norm_w = device_random<uint16_t>(hidden, 17);
   uint16_t* x = device_random<uint16_t>(hidden * 64, 13);
-  std::printf("\nMoE expert path, 20 steps per event pair (64 experts, hidden 2048, inter 1536, top-4)\n");
-  std::printf("%7s %8s %10s %10s %10s %8s\n", "tokens", "experts", "us", "floor_us", "TB/s", "%floor");
-  for (int64_t tokens : {1, 4, 16, 64}) {
+  std::printf("\nMoE layer, 20 steps per event pair (64 experts, hidden 2048, inter 1536, top-4, 1 shared expert)\n");
+  std::printf("%7s %8s %-15s %10s %10s %10s %8s\n", "tokens", "experts", "variant", "us", "floor_us", "TB/s",
+              "%floor");
+  for (int64_t tokens : {1, 4, 16, 32}) {
     const int64_t pairs = tokens * top_k;
     std::mt19937_64 rng(5);
     const int sets = 16;
@@ -519,29 +532,68 @@ void bench_moe_batched(double bw) {
     CHECK_CUDA(cudaMalloc(&offsets, (experts + 1) * 4));
     CHECK_CUDA(cudaMalloc(&active, experts * 4));
     CHECK_CUDA(cudaMalloc(&order, pairs * 4));
-    uint16_t *h, *outb;
-    float *y, *rw = device_random<float>(pairs, 14);
+    uint16_t *h, *outb, *shared_h, *shared_b, *normed;
+    float *y, *resid, *rw = device_random<float>(pairs, 14);
     CHECK_CUDA(cudaMalloc(&h, pairs * inter * 2));
-    CHECK_CUDA(cudaMalloc(&y, pairs * hidden * 4));
+    CHECK_CUDA(cudaMalloc(&shared_h, tokens * inter * 2));
+    CHECK_CUDA(cudaMalloc(&y, (pairs + tokens) * hidden * 4));
     CHECK_CUDA(cudaMalloc(&outb, tokens * hidden * 2));
+    CHECK_CUDA(cudaMalloc(&shared_b, tokens * hidden * 2));
+    CHECK_CUDA(cudaMalloc(&normed, tokens * hidden * 2));
+    CHECK_CUDA(cudaMalloc(&resid, tokens * hidden * 4));
+    CHECK_CUDA(cudaMemset(resid, 0, tokens * hidden * 4));
     const kiln::cuda::MoeDispatch d{offsets, active, order};
-    const float ms = median_ms_per_call(
-        [&](int i) {
-          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
-          CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY,
-                                                       h, nullptr));
-          CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
-          CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr, outb, nullptr));
-        },
-        20, 30);
+    auto routed = [&](int i, const kiln::cuda::MoeSharedExpert* shared) {
+      CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids + (i % sets) * pairs, pairs, experts, d, nullptr));
+      CHECK_OK(kiln::cuda::moe_gate_up_swiglu_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d, INFINITY, h,
+                                                   nullptr, shared));
+      CHECK_OK(kiln::cuda::moe_down_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr, shared));
+    };
+    auto shared_copy = [&](int i) {
+      const int64_t c = i % shared_copies;
+      return kiln::cuda::MoeSharedExpert{shared_gate_up + c * 2 * inter * hidden, shared_down + c * hidden * inter,
+                                         tokens, shared_h, y + pairs * hidden};
+    };
     const double mean_experts = std::accumulate(distinct.begin(), distinct.end(), 0.0) / sets;
-    const double bytes = mean_experts * 3.0 * inter * hidden * 2;
-    std::printf("%7lld %8.1f %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, mean_experts, ms * 1e3,
-                bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
-    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y, (void*)rw})
+    auto report = [&](const char* variant, double experts_read, float ms) {
+      const double bytes = experts_read * expert_bytes;
+      std::printf("%7lld %8.1f %-15s %10.2f %10.2f %10.2f %7.1f%%\n", (long long)tokens, experts_read, variant,
+                  ms * 1e3, bytes / bw * 1e6, bytes / (ms * 1e-3) / 1e12, 100.0 * (bytes / bw) / (ms * 1e-3));
+    };
+    report("routed", mean_experts, median_ms_per_call(
+                                       [&](int i) {
+                                         routed(i, nullptr);
+                                         CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, nullptr,
+                                                                               outb, nullptr));
+                                       },
+                                       20, 30));
+    report("layer, apart", mean_experts + 1,
+           median_ms_per_call(
+               [&](int i) {
+                 const kiln::cuda::MoeSharedExpert s = shared_copy(i);
+                 routed(i, nullptr);
+                 CHECK_OK(kiln::cuda::skinny_gemm_swiglu_bf16(x, tokens, hidden, s.gate_up, inter, shared_h, nullptr));
+                 CHECK_OK(kiln::cuda::skinny_gemm_bf16(shared_h, tokens, inter, s.down, hidden, shared_b,
+                                                       kiln::DType::kBF16, false, prop.multiProcessorCount, nullptr));
+                 CHECK_OK(kiln::cuda::moe_combine_bf16(y, tokens, top_k, hidden, shared_b, outb, nullptr));
+                 CHECK_OK(kiln::cuda::add_rmsnorm_bf16(outb, resid, norm_w, tokens, hidden, 1e-5f, normed, nullptr));
+               },
+               20, 30));
+    report("layer, folded", mean_experts + 1,
+           median_ms_per_call(
+               [&](int i) {
+                 const kiln::cuda::MoeSharedExpert s = shared_copy(i);
+                 routed(i, &s);
+                 CHECK_OK(kiln::cuda::moe_combine_add_rmsnorm_bf16(y, tokens, top_k, hidden, nullptr, s.y, resid,
+                                                                   norm_w, 1e-5f, normed, nullptr));
+               },
+               20, 30));
+    for (void* ptr : {(void*)d_ids, (void*)offsets, (void*)active, (void*)order, (void*)h, (void*)outb, (void*)y,
+                      (void*)rw, (void*)shared_h, (void*)shared_b, (void*)normed, (void*)resid})
       CHECK_CUDA(cudaFree(ptr));
   }
-  for (void* ptr : {(void*)gate_up, (void*)down, (void*)x}) CHECK_CUDA(cudaFree(ptr));
+  for (void* ptr : {(void*)gate_up, (void*)down, (void*)x, (void*)shared_gate_up, (void*)shared_down, (void*)norm_w})
+    CHECK_CUDA(cudaFree(ptr));
 }
 
 
@@ -702,7 +754,7 @@ int main(int argc, char** argv) {
   // One argument names the only section to run ("moe_batched", "mla_rows"); none runs them all.
   const std::string only = argc > 1 ? argv[1] : "";
   if (only == "moe_batched") {
-    bench_moe_batched(bw);
+    bench_moe_batched(prop, bw);
     return 0;
   }
   if (only == "mla_rows") {
@@ -722,7 +774,7 @@ int main(int argc, char** argv) {
   bench_skinny_gemm(prop, bw);
   bench_route_group(bw);
   bench_invariant_decode_products(prop, bw);
-  bench_moe_batched(bw);
+  bench_moe_batched(prop, bw);
   bench_mla_rows(prop, bw);
   return 0;
 }

@@ -39,4 +39,12 @@ inline MoeReference moe_reference(const std::vector<float>& x, int64_t n, int64_
   return r;
 }
 
+// A dense SwiGLU MLP (a shared expert) on every row: the case E = 1, top_k = 1, weight 1.
+inline MoeReference dense_swiglu_reference(const std::vector<float>& x, int64_t n, int64_t hidden, int64_t inter,
+                                           const std::vector<float>& gate_up, const std::vector<float>& down,
+                                           float limit) {
+  return moe_reference(x, n, 1, hidden, inter, gate_up, down, std::vector<int32_t>(n, 0), std::vector<float>(n, 1.f),
+                       {}, limit);
+}
+
 }  // namespace kiln::test

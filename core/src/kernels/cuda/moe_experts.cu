@@ -1,17 +1,18 @@
 #include <algorithm>
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/moe_experts.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kWarps = 8;          // per expert-tile block; the warps split k
-constexpr int kUnroll = 4;         // 32-wide k chunks each warp has in flight per round (8 16-byte loads per lane)
 constexpr int kMaxTokenTiles = 8;  // n8 tiles per pass over a weight tile: up to 64 rows of one expert at once
 
 // One block; warp w < kSlices owns the w-th contiguous slice of the pairs. Pass 1: each of those warps counts its
@@ -28,6 +29,8 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
   __shared__ typename Scan::TempStorage temp;
   __shared__ int cursor[kSlices * kMaxExperts];  // [slice][expert]: the slice's pair count, then its write cursor
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  pdl_wait();
+  pdl_launch_dependents();
   for (int i = threadIdx.x; i < kSlices * experts; i += blockDim.x) cursor[i] = 0;
   __syncthreads();
   const int64_t slice = (pairs + kSlices - 1) / kSlices;
@@ -83,94 +86,180 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
   }
 }
 
-// One block = one 16-row weight tile of one active expert (grid: tiles × active-expert slots), applied to all of
-// that expert's rows, up to kNT·8 per pass: the skinny-GEMM scheme (skinny_gemm.cu) with W rows as the mma's M
-// and the expert's token rows as N. Lane (g, c) loads 8 consecutive k of tile rows g and g + 8 per 32-wide chunk
-// (one 16-byte load each) and of input row g of each n8 tile; the mma k order is the same permutation for both
-// operands. Warps split k; their partials are summed in shared memory in warp order, so results do not depend
-// on timing. kGateUp: tile row g is gate row u0 + g and row g + 8 is up row u0 + g (u0 = 8 · tile), so the
-// epilogue has both halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive
-// rows of down and the epilogue writes route_weight · y.
+// One block = one 16-row weight tile of one expert slot (grid: tiles × slots), applied to all of that expert's
+// rows, up to kNT·8 per pass: the skinny-GEMM scheme (skinny_gemm.cu) with W rows as the mma's M and the expert's
+// token rows as N. Lane (g, c) takes 8 consecutive k of tile rows g and g + 8 per 32-wide chunk (16 bytes each)
+// and of input row g of each n8 tile; the mma k order is the same permutation for both operands. Warp w takes
+// chunks w, w + kWarps, ... in that order; the warps' partials are summed in shared memory in warp order, so a
+// row's results depend on the weight shapes only (not on timing, nor on the other rows: batch invariance).
+// kGateUp: tile row g is gate row u0 + g and row g + 8 is up row u0 + g (u0 = 8 · tile), so the epilogue has both
+// halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive rows of down and the
+// epilogue writes route_weight · y.
+//
+// Bytes in flight: each lane streams its chunks through a private ring of kRing slots in shared memory with
+// cp.async (weights and its x fragments, one commit group per chunk), so a block keeps kRing − 1 chunks
+// (kRing − 1 times 8 KB of weights) in flight without holding them in registers, and several blocks share an SM.
+// A lane only reads the slots it wrote itself: no block barrier in the k loop.
+//
+// Slot 0 is the folded shared expert when there is one (its rows are the n tokens, in order, weight 1); slot
+// s ≥ has_shared is active expert d.active_experts[s − has_shared].
+struct TileArgs {
+  const uint16_t* x;  // routed rows' inputs: gate_up x [n, in] (row pair / top_k), down h [pairs, in] (row pair)
+  int top_k, in_dim, out_dim;
+  const uint16_t* w;  // [E, rows, in]
+  MoeDispatch d;
+  const float* route_weight;  // down: per pair, or null (1)
+  float limit;
+  void* out;                     // gate_up bf16 [pairs, out], down fp32 [pairs, out]
+  const uint16_t* shared_w;      // null: no shared slot
+  const uint16_t* shared_x;      // [shared_rows, in]
+  void* shared_out;              // [shared_rows, out]
+  int shared_rows;
+};
+
+template <int kNT>
+constexpr int ring_slots() {
+  return kNT <= 2 ? 4 : 2;
+}
+template <int kNT>
+constexpr size_t ring_bytes() {  // [kWarps][kRing][2 + kNT][32] uint4; the warps' partials reuse it
+  return sizeof(uint4) * kWarps * ring_slots<kNT>() * (2 + kNT) * 32;
+}
+// Blocks per SM the ring leaves room for (228 KB of shared memory), which the register budget follows.
+template <int kNT>
+constexpr int tile_min_blocks() {
+  return kNT == 1 ? 4 : kNT == 2 ? 3 : 2;
+}
+
 template <bool kGateUp, int kNT>
-__global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_kernel(
-    const uint16_t* __restrict__ x, int top_k, int in_dim, const uint16_t* __restrict__ w, int out_dim,
-    MoeDispatch d, const float* __restrict__ route_weight, float limit, void* __restrict__ out) {
-  extern __shared__ float s_part[];  // [kWarps][kNT][4][32]
-  __shared__ int s_pair[kNT * 8];     // this pass's pairs and their output scales, for the epilogue
+__global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_tile_kernel(const TileArgs a) {
+  constexpr int kRing = ring_slots<kNT>();
+  constexpr int kParts = 2 + kNT;  // per slot: weight rows g and g + 8, then input row g of each n8 tile
+  constexpr int kWarpRing = kRing * kParts * 32;
+  extern __shared__ uint4 s_ring[];  // [kWarps][kRing][kParts][32]
+  __shared__ int s_row[kNT * 8];     // this pass's rows (pair, or token for the shared slot) and output scales
   __shared__ float s_scale[kNT * 8];
-  constexpr int kPerWarp = kNT * 4 * 32;
-  const int e = d.active_experts[blockIdx.y];
-  if (e < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
+  uint4* ring = s_ring + warp * kWarpRing;
+  const bool shared_slot = a.shared_w != nullptr && blockIdx.y == 0;
+  const int in_dim = a.in_dim, out_dim = a.out_dim;
   const int weight_rows = kGateUp ? 2 * out_dim : out_dim;
-  const uint16_t* we = w + static_cast<int64_t>(e) * weight_rows * in_dim;
-  // Rows past the end re-read the last row; their results are dropped.
   const int tile_row0 = blockIdx.x * (kGateUp ? 8 : 16);
-  const uint16_t* w_row[2];
-  if constexpr (kGateUp) {
-    const int unit = min(tile_row0 + g, out_dim - 1);
-    w_row[0] = we + static_cast<int64_t>(unit) * in_dim + 8 * c;
-    w_row[1] = we + static_cast<int64_t>(out_dim + unit) * in_dim + 8 * c;
-  } else {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      w_row[h] = we + static_cast<int64_t>(min(tile_row0 + g + 8 * h, out_dim - 1)) * in_dim + 8 * c;
-  }
   const int chunks = (in_dim + 31) / 32;
-  uint4 wv[kUnroll][2];
-  bool valid[kUnroll];
-  auto load_round = [&](int base) {
+  const int my_chunks = warp < chunks ? (chunks - warp + kWarps - 1) / kWarps : 0;
+
+  // Rows past the end re-read the last row; their results are dropped.
+  const uint16_t* w_row[2];
+  auto set_weight_rows = [&](const uint16_t* we) {
+    if constexpr (kGateUp) {
+      const int unit = min(tile_row0 + g, out_dim - 1);
+      w_row[0] = we + static_cast<int64_t>(unit) * in_dim + 8 * c;
+      w_row[1] = we + static_cast<int64_t>(out_dim + unit) * in_dim + 8 * c;
+    } else {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = (base + u * kWarps) * 32;
-      valid[u] = k + 8 * c < in_dim;  // in_dim % 8 == 0: a lane's 8 values are all inside or all outside
-#pragma unroll
-      for (int h = 0; h < 2; ++h) wv[u][h] = valid[u] ? load_stream(w_row[h] + k) : make_uint4(0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h)
+        w_row[h] = we + static_cast<int64_t>(min(tile_row0 + g + 8 * h, out_dim - 1)) * in_dim + 8 * c;
     }
   };
-  // The first round's weight loads go out before the expert's row list is read (an active expert has rows), so
-  // the two dependent index loads overlap the weight latency.
-  load_round(warp);
-  bool loaded = true;
-  const int begin = d.expert_offsets[e], end = d.expert_offsets[e + 1];
+  // in_dim % 8 == 0: a lane's 8 values of a chunk are all inside or all outside; outside ones are zero-filled.
+  auto chunk_k = [&](int i) { return (warp + i * kWarps) * 32; };
+  auto issue_weights = [&](int i) {
+    if (i >= my_chunks) return;
+    const int k = chunk_k(i);
+    const bool valid = k + 8 * c < in_dim;
+    uint4* slot = ring + (i % kRing) * kParts * 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) cp_async_16(slot + h * 32 + lane, valid ? w_row[h] + k : w_row[h], valid);
+  };
+  const uint16_t* x_row[kNT];
+  int ntiles = 0;
+  auto issue_inputs_and_commit = [&](int i) {
+    if (i < my_chunks) {
+      const int k = chunk_k(i);
+      const bool valid = k + 8 * c < in_dim;
+      uint4* slot = ring + (i % kRing) * kParts * 32;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        if (nt < ntiles) cp_async_16(slot + (2 + nt) * 32 + lane, valid ? x_row[nt] + k : x_row[nt], valid);
+    }
+    cp_async_commit();
+  };
 
+  // Which routed experts are active is written by the router kernel just before this one, so only the shared
+  // expert's weights (read-only) can be requested before pdl_wait(): its whole tile toward L2, and the first
+  // chunks into the ring.
+  if (shared_slot) {
+    set_weight_rows(a.shared_w);
+    const int tile_rows = min(kGateUp ? 8 : 16, out_dim - tile_row0);
+    const size_t tile_bytes = static_cast<size_t>(tile_rows) * in_dim * sizeof(uint16_t);
+    prefetch_l2(a.shared_w + static_cast<int64_t>(tile_row0) * in_dim, tile_bytes, threadIdx.x, blockDim.x);
+    if constexpr (kGateUp)
+      prefetch_l2(a.shared_w + static_cast<int64_t>(out_dim + tile_row0) * in_dim, tile_bytes, threadIdx.x,
+                  blockDim.x);
+    for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  int begin = 0, end = a.shared_rows;
+  if (!shared_slot) {
+    const int e = a.d.active_experts[blockIdx.y - (a.shared_w != nullptr ? 1 : 0)];
+    if (e < 0) return;
+    set_weight_rows(a.w + static_cast<int64_t>(e) * weight_rows * in_dim);
+    // The first chunks' weights go out before the expert's row list is read (an active expert has rows), so
+    // the two dependent index loads overlap the weight latency.
+    for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
+    begin = a.d.expert_offsets[e];
+    end = a.d.expert_offsets[e + 1];
+  }
+  const uint16_t* x_base = shared_slot ? a.shared_x : a.x;
+  auto row_at = [&](int i) { return shared_slot ? i : a.d.pair_order[i]; };
+
+  bool weights_issued = true;
   for (int pass = begin; pass < end; pass += kNT * 8) {
     const int count = min(kNT * 8, end - pass);
-    const int ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
+    ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
     if (threadIdx.x < count) {
-      const int pair = d.pair_order[pass + threadIdx.x];
-      s_pair[threadIdx.x] = pair;
-      s_scale[threadIdx.x] = !kGateUp && route_weight ? route_weight[pair] : 1.0f;
+      const int row = row_at(pass + threadIdx.x);
+      s_row[threadIdx.x] = row;
+      s_scale[threadIdx.x] = !kGateUp && !shared_slot && a.route_weight ? a.route_weight[row] : 1.0f;
     }
-    const uint16_t* x_row[kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      const int pair = d.pair_order[pass + min(nt * 8 + g, count - 1)];
-      x_row[nt] = x + static_cast<int64_t>(kGateUp ? pair / top_k : pair) * in_dim + 8 * c;
+      const int row = row_at(pass + min(nt * 8 + g, count - 1));
+      const int input = kGateUp && !shared_slot ? row / a.top_k : row;
+      x_row[nt] = x_base + static_cast<int64_t>(input) * in_dim + 8 * c;
     }
+    if (!weights_issued)
+      for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
+    weights_issued = false;
+    // Group i holds chunk i's inputs (and the first groups also the weights issued above).
+    for (int i = 0; i < kRing - 1; ++i) issue_inputs_and_commit(i);
+
     float acc[kNT][4] = {};
-    for (int base = warp; base < chunks; base += kUnroll * kWarps) {
-      if (!loaded) load_round(base);
-      loaded = false;
+    for (int i = 0; i < my_chunks; ++i) {
+      // Chunk i + kRing − 1 refills the slot chunk i − 1 was read from (its values are in the mma already).
+      issue_weights(i + kRing - 1);
+      issue_inputs_and_commit(i + kRing - 1);
+      cp_async_wait<kRing - 1>();
+      const uint4* slot = ring + (i % kRing) * kParts * 32;
+      const uint4 wa = slot[lane], wb = slot[32 + lane];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int k = (base + u * kWarps) * 32;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          if (nt >= ntiles) break;
-          const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
-          const uint4 a = wv[u][0], b = wv[u][1];
-          mma_bf16_16816(acc[nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          mma_bf16_16816(acc[nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
-        }
+      for (int nt = 0; nt < kNT; ++nt) {
+        if (nt >= ntiles) break;
+        const uint4 xv = slot[(2 + nt) * 32 + lane];
+        mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+        mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
       }
     }
+    cp_async_wait_all();
+    __syncwarp();  // every lane of the warp is done with its ring slots: the partials take their place
+    float* part = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       if (nt >= ntiles) break;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + (nt * 4 + r) * 32 + lane] = acc[nt][r];
+      for (int r = 0; r < 4; ++r) part[(nt * 4 + r) * 32 + lane] = acc[nt][r];
     }
     __syncthreads();
     // Accumulator element (tile row rr, token j) sits at fragment ((j/8)·4 + (rr/8)·2 + j%2, lane (rr%8)·4 + (j%8)/2).
@@ -178,17 +267,18 @@ __global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_ker
       const int idx = ((j / 8) * 4 + (rr / 8) * 2 + j % 2) * 32 + (rr % 8) * 4 + (j % 8) / 2;
       float s = 0.f;
 #pragma unroll
-      for (int wi = 0; wi < kWarps; ++wi) s += s_part[wi * kPerWarp + idx];
+      for (int wi = 0; wi < kWarps; ++wi) s += reinterpret_cast<const float*>(s_ring + wi * kWarpRing)[idx];
       return s;
     };
+    void* out = shared_slot ? a.shared_out : a.out;
     if constexpr (kGateUp) {
       for (int i = threadIdx.x; i < 8 * count; i += kWarps * 32) {
         const int u = i % 8, j = i / 8;
         const int unit = tile_row0 + u;
         if (unit >= out_dim) continue;
-        const float gv = fminf(part_sum(u, j), limit);
-        const float uv = fminf(fmaxf(part_sum(u + 8, j), -limit), limit);
-        static_cast<uint16_t*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + unit] =
+        const float gv = fminf(part_sum(u, j), a.limit);
+        const float uv = fminf(fmaxf(part_sum(u + 8, j), -a.limit), a.limit);
+        static_cast<uint16_t*>(out)[static_cast<int64_t>(s_row[j]) * out_dim + unit] =
             float_to_bf16_bits(gv / (1.0f + expf(-gv)) * uv);
       }
     } else {
@@ -196,50 +286,93 @@ __global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? 3 : 2) expert_tile_ker
         const int rr = i % 16, j = i / 16;
         const int row = tile_row0 + rr;
         if (row >= out_dim) continue;
-        static_cast<float*>(out)[static_cast<int64_t>(s_pair[j]) * out_dim + row] = part_sum(rr, j) * s_scale[j];
+        static_cast<float*>(out)[static_cast<int64_t>(s_row[j]) * out_dim + row] = part_sum(rr, j) * s_scale[j];
       }
     }
-    __syncthreads();  // the partials and pairs are read before the next pass overwrites them
+    __syncthreads();  // the partials and rows are read before the next pass overwrites them
   }
 }
 
-// n8 tiles per pass, sized by the mean rows per active expert (a decode step's experts have a few rows each;
-// one with more takes several passes over its weight tile, the later ones served by the L2). Few tiles keep the
-// registers low enough for 3 blocks of 8 warps per SM.
+// n8 tiles per pass, sized by the mean rows per routed expert (a decode step's experts have a few rows each;
+// one with more takes several passes over its weight tile, the later ones served by the L2) and the shared
+// expert's rows. Few tiles keep the ring small enough for 3-4 blocks per SM. Which kNT runs changes no row's
+// results: each token column of the mma is computed on its own, in the same k order.
 template <bool kGateUp>
-void launch_tiles(const uint16_t* x, int64_t pairs, int64_t top_k, int64_t in_dim, const uint16_t* w,
-                  int64_t out_dim, int64_t num_experts, const MoeDispatch& d, const float* route_weight, float limit,
-                  void* out, StreamHandle stream) {
-  const int64_t tiles = kGateUp ? (out_dim + 7) / 8 : (out_dim + 15) / 16;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(std::min(pairs, num_experts)));
-  const int64_t mean_rows = pairs / std::min(pairs, num_experts);
-  const int64_t token_tiles = pairs <= 8 ? 1 : std::min<int64_t>(std::max<int64_t>(2, (mean_rows + 7) / 8), kMaxTokenTiles);
+Status launch_tiles(const TileArgs& a, int64_t pairs, int64_t num_experts, StreamHandle stream, const char* name) {
+  const int64_t tiles = kGateUp ? (a.out_dim + 7) / 8 : (a.out_dim + 15) / 16;
+  const int64_t routed_slots = std::min(pairs, num_experts);
+  const int64_t slots = routed_slots + (a.shared_w != nullptr ? 1 : 0);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slots));
+  const int64_t mean_rows = routed_slots > 0 ? pairs / routed_slots : 0;
+  const int64_t shared_rows = a.shared_w != nullptr ? a.shared_rows : 0;
+  const int64_t token_tiles =
+      pairs <= 8 && shared_rows <= 8
+          ? 1
+          : std::min<int64_t>(std::max<int64_t>({2, (mean_rows + 7) / 8, (shared_rows + 7) / 8}), kMaxTokenTiles);
   auto go = [&](auto nt) {
     constexpr int kNT = decltype(nt)::value;
-    const size_t smem = sizeof(float) * kWarps * kNT * 4 * 32;
-    expert_tile_kernel<kGateUp, kNT><<<grid, kWarps * 32, smem, stream>>>(
-        x, static_cast<int>(top_k), static_cast<int>(in_dim), w, static_cast<int>(out_dim), d, route_weight, limit,
-        out);
+    auto kernel = expert_tile_kernel<kGateUp, kNT>;
+    KILN_RETURN_IF_ERROR(check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes<kNT>()), name));
+    return check_cuda(launch_pdl(kernel, grid, dim3(kWarps * 32), ring_bytes<kNT>(), stream, a), name);
   };
-  if (token_tiles <= 1)
-    go(std::integral_constant<int, 1>{});
-  else if (token_tiles <= 2)
-    go(std::integral_constant<int, 2>{});
-  else if (token_tiles <= 4)
-    go(std::integral_constant<int, 4>{});
-  else
-    go(std::integral_constant<int, kMaxTokenTiles>{});
+  if (token_tiles <= 1) return go(std::integral_constant<int, 1>{});
+  if (token_tiles <= 2) return go(std::integral_constant<int, 2>{});
+  if (token_tiles <= 4) return go(std::integral_constant<int, 4>{});
+  return go(std::integral_constant<int, kMaxTokenTiles>{});
+}
+
+// Token t's routed sum in slot order, then the folded shared expert's fp32 row, then a bf16 addend.
+__device__ __forceinline__ float combined(const float* __restrict__ y, int64_t t, int64_t top_k, int64_t hidden,
+                                          int64_t i, const float* __restrict__ shared_y,
+                                          const uint16_t* __restrict__ add) {
+  float s = 0.f;
+  for (int64_t j = 0; j < top_k; ++j) s += y[(t * top_k + j) * hidden + i];
+  if (shared_y) s += shared_y[t * hidden + i];
+  if (add) s += bf16_bits_to_float(add[t * hidden + i]);
+  return s;
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t top_k, int64_t hidden,
-                               const uint16_t* __restrict__ add, uint16_t* __restrict__ out) {
+                               const float* __restrict__ shared_y, const uint16_t* __restrict__ add,
+                               uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * hidden) return;
-  const int64_t t = idx / hidden, i = idx % hidden;
-  float s = 0.f;
-  for (int64_t j = 0; j < top_k; ++j) s += y[(t * top_k + j) * hidden + i];
-  if (add) s += bf16_bits_to_float(add[idx]);
-  out[idx] = float_to_bf16_bits(s);
+  out[idx] = float_to_bf16_bits(combined(y, idx / hidden, top_k, hidden, idx % hidden, shared_y, add));
+}
+
+// One block per token, the thread ↔ element map and block reduction of norm.cu's rmsnorm_kernel<true>, so the
+// residual sum, the sum of squares and the normed row are bit for bit what combine + add_rmsnorm_bf16 give.
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
+    const float* __restrict__ y, int64_t top_k, int64_t hidden, const float* __restrict__ shared_y,
+    const uint16_t* __restrict__ add, float* __restrict__ residual, const uint16_t* __restrict__ weight, float eps,
+    uint16_t* __restrict__ normed) {
+  using Reduce = cub::BlockReduce<float, kNormThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ float inv_rms;
+  const int64_t row = blockIdx.x;
+  pdl_wait();
+  pdl_launch_dependents();
+  float* rr = residual + row * hidden;
+  float sum_sq = 0.f;
+  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
+    float v = bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add)));
+    v += rr[i];
+    rr[i] = v;
+    sum_sq += v * v;
+  }
+  const float total = Reduce(temp).Sum(sum_sq);
+  if (threadIdx.x == 0) inv_rms = rsqrtf(total / static_cast<float>(hidden) + eps);
+  __syncthreads();
+  uint16_t* orow = normed + row * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
+    const float v = rr[i];
+    orow[i] = float_to_bf16_bits(bf16_bits_to_float(weight[i]) * (v * inv_rms));
+  }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -253,41 +386,84 @@ Status moe_group_by_expert(const int32_t* ids, int64_t pairs, int64_t num_expert
   if (num_experts <= 0 || num_experts > kMaxExperts)
     return invalid_argument("cuda::moe_group_by_expert: num_experts must be in [1, 1024]");
   if (pairs < 0) return invalid_argument("cuda::moe_group_by_expert: pairs < 0");
-  group_kernel<<<1, kMaxExperts, 0, stream>>>(ids, pairs, static_cast<int>(num_experts), d);
-  return check_launch("cuda::moe_group_by_expert");
+  return check_cuda(launch_pdl(group_kernel, dim3(1), dim3(kMaxExperts), 0, stream, ids, pairs,
+                               static_cast<int>(num_experts), d),
+                    "cuda::moe_group_by_expert");
 }
 
 Status moe_gate_up_swiglu_bf16(const uint16_t* x, int64_t n, int64_t top_k, int64_t hidden, int64_t inter,
                                const uint16_t* gate_up, int64_t num_experts, const MoeDispatch& d, float limit,
-                               uint16_t* h, StreamHandle stream) {
+                               uint16_t* h, StreamHandle stream, const MoeSharedExpert* shared) {
   if (hidden % 8 != 0 || !fits_int(hidden) || !fits_int(2 * inter) || top_k <= 0 || !aligned16(x) ||
       !aligned16(gate_up))
     return invalid_argument(
         "cuda::moe_gate_up_swiglu_bf16: hidden must be a multiple of 8, inter > 0 and x / weights 16-byte aligned");
+  if (shared && (shared->n != n || !shared->gate_up || !shared->h || !aligned16(shared->gate_up)))
+    return invalid_argument(
+        "cuda::moe_gate_up_swiglu_bf16: the shared expert needs n rows, gate_up (16-byte aligned) and h");
   if (n <= 0) return ok_status();
   if (!fits_int(n * top_k)) return invalid_argument("cuda::moe_gate_up_swiglu_bf16: too many pairs");
-  launch_tiles<true>(x, n * top_k, top_k, hidden, gate_up, inter, num_experts, d, nullptr, limit, h, stream);
-  return check_launch("cuda::moe_gate_up_swiglu_bf16");
+  const TileArgs a{.x = x,
+                   .top_k = static_cast<int>(top_k),
+                   .in_dim = static_cast<int>(hidden),
+                   .out_dim = static_cast<int>(inter),
+                   .w = gate_up,
+                   .d = d,
+                   .route_weight = nullptr,
+                   .limit = limit,
+                   .out = h,
+                   .shared_w = shared ? shared->gate_up : nullptr,
+                   .shared_x = x,
+                   .shared_out = shared ? shared->h : nullptr,
+                   .shared_rows = static_cast<int>(n)};
+  return launch_tiles<true>(a, n * top_k, num_experts, stream, "cuda::moe_gate_up_swiglu_bf16");
 }
 
 Status moe_down_bf16(const uint16_t* h, int64_t pairs, int64_t inter, int64_t hidden, const uint16_t* down,
                      int64_t num_experts, const MoeDispatch& d, const float* route_weight, float* y,
-                     StreamHandle stream) {
+                     StreamHandle stream, const MoeSharedExpert* shared) {
   if (inter % 8 != 0 || !fits_int(inter) || !fits_int(hidden) || !aligned16(h) || !aligned16(down))
     return invalid_argument("cuda::moe_down_bf16: inter must be a multiple of 8 and h / weights 16-byte aligned");
+  if (shared && (!fits_int(shared->n) || !shared->down || !shared->h || !shared->y || !aligned16(shared->down) ||
+                 !aligned16(shared->h)))
+    return invalid_argument(
+        "cuda::moe_down_bf16: the shared expert needs n > 0 rows, down and h (16-byte aligned) and y");
   if (pairs <= 0) return ok_status();
   if (!fits_int(pairs)) return invalid_argument("cuda::moe_down_bf16: too many pairs");
-  launch_tiles<false>(h, pairs, 1, inter, down, hidden, num_experts, d, route_weight, 0.f, y, stream);
-  return check_launch("cuda::moe_down_bf16");
+  const TileArgs a{.x = h,
+                   .top_k = 1,
+                   .in_dim = static_cast<int>(inter),
+                   .out_dim = static_cast<int>(hidden),
+                   .w = down,
+                   .d = d,
+                   .route_weight = route_weight,
+                   .limit = 0.f,
+                   .out = y,
+                   .shared_w = shared ? shared->down : nullptr,
+                   .shared_x = shared ? shared->h : nullptr,
+                   .shared_out = shared ? shared->y : nullptr,
+                   .shared_rows = shared ? static_cast<int>(shared->n) : 0};
+  return launch_tiles<false>(a, pairs, num_experts, stream, "cuda::moe_down_bf16");
 }
 
 Status moe_combine_bf16(const float* y, int64_t n, int64_t top_k, int64_t hidden, const uint16_t* add, uint16_t* out,
-                        StreamHandle stream) {
+                        StreamHandle stream, const float* shared_y) {
   if (n < 0 || top_k <= 0 || hidden <= 0) return invalid_argument("cuda::moe_combine_bf16: bad shape");
   if (n == 0) return ok_status();
   constexpr int kThreads = 256;
-  combine_kernel<<<blocks_for(n * hidden, kThreads), kThreads, 0, stream>>>(y, n, top_k, hidden, add, out);
-  return check_launch("cuda::moe_combine_bf16");
+  return check_cuda(launch_pdl(combine_kernel, dim3(blocks_for(n * hidden, kThreads)), dim3(kThreads), 0, stream, y,
+                               n, top_k, hidden, shared_y, add, out),
+                    "cuda::moe_combine_bf16");
+}
+
+Status moe_combine_add_rmsnorm_bf16(const float* y, int64_t n, int64_t top_k, int64_t hidden, const uint16_t* add,
+                                    const float* shared_y, float* residual, const uint16_t* norm_weight, float eps,
+                                    uint16_t* normed, StreamHandle stream) {
+  if (n < 0 || top_k <= 0 || hidden <= 0) return invalid_argument("cuda::moe_combine_add_rmsnorm_bf16: bad shape");
+  if (n == 0) return ok_status();
+  return check_cuda(launch_pdl(combine_add_rmsnorm_kernel, dim3(static_cast<unsigned>(n)), dim3(kNormThreads), 0,
+                               stream, y, top_k, hidden, shared_y, add, residual, norm_weight, eps, normed),
+                    "cuda::moe_combine_add_rmsnorm_bf16");
 }
 
 }  // namespace kiln::cuda

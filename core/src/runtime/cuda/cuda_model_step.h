@@ -191,7 +191,18 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
 // row, the index_topk key positions attention may see (b.selected, −1 padded as cpu::dsa_select_topk).
 Status indexer_block(const StepContext& x, const GpuIndexer& w, float* index_keys);
 
-// The MLP block: b.h → b.y (dense SwiGLU MLP, or routed experts plus shared experts).
-Status mlp_block(const StepContext& x, const GpuLayer& w);
+// The next block's pre-norm residual step, for the MLP block to finish with: b.resid += the block's output,
+// out = rmsnorm(b.resid) · weight (what add_rmsnorm_bf16(b.y, b.resid, weight, N, hidden, eps, out) does).
+struct NextNorm {
+  const uint16_t* weight = nullptr;
+  float eps = 0.f;
+  uint16_t* out = nullptr;
+};
+
+// The MLP block: b.h → b.y (dense SwiGLU MLP, or routed experts plus shared experts). With `next` the block
+// also takes the next block's residual add + RMSNorm (the caller skips its own add_rmsnorm_bf16): a MoE layer
+// fuses it with the combine of the experts' outputs (one launch, b.y not written), a dense layer runs
+// add_rmsnorm_bf16 after it. Bit for bit the same either way.
+Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next = nullptr);
 
 }  // namespace kiln::cuda

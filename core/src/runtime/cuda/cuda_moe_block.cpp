@@ -8,6 +8,7 @@
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/moe_route_group.h"
 #include "kernels/cuda/moe_router.h"
+#include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -32,9 +33,18 @@ Status dense_mlp(const StepContext& x, const GpuLinear& gate_up, const GpuLinear
   return g.linear(x.b.act, N, inter, down.w, Hd, y, DType::kBF16, st);
 }
 
+// Whether the shared expert runs inside the routed-expert launches (MoeSharedExpert): it has the routed experts'
+// shape (GLM-4.7-Flash: one expert of moe_intermediate_size) and the step takes the batch-invariant GEMV path.
+// Else it runs as a dense MLP beside them.
+bool shared_expert_folds(const StepContext& x, const GpuLayer& w) {
+  const int64_t Hd = x.c.hidden_size, moe_I = x.c.moe_intermediate_size;
+  return w.has_shared && x.shape.N <= kBatchInvariantMaxRows && w.gate_up.in == Hd && w.gate_up.out == 2 * moe_I &&
+         w.down.in == moe_I && w.down.out == Hd;
+}
+
 }  // namespace
 
-Status mlp_block(const StepContext& x, const GpuLayer& w) {
+Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) {
   const ModelConfig& c = x.c;
   const StepBuffers& b = x.b;
   const StreamHandle st = x.I.s();
@@ -42,6 +52,11 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   if (!w.is_moe) {
     KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.y));
     timer.mark("dense MLP");
+    if (next) {
+      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, next->weight, x.shape.N, c.hidden_size, next->eps,
+                                            next->out, st));
+      timer.mark("residual add + RMSNorm");
+    }
     return ok_status();
   }
   const int64_t N = x.shape.N, Hd = c.hidden_size;
@@ -70,6 +85,9 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
   timer.mark("MoE: router + grouping");
   const int64_t moe_I = c.moe_intermediate_size;
   const float no_limit = std::numeric_limits<float>::infinity();
+  // A folded shared expert's act goes to b.act, its fp32 output to the N rows of b.moe_y after the routed pairs'.
+  const MoeSharedExpert folded{w.gate_up.w, w.down.w, N, b.act, b.moe_y + N * topk * Hd};
+  const MoeSharedExpert* shared = shared_expert_folds(x, w) ? &folded : nullptr;
   if (N > kBatchInvariantMaxRows && moe_prefers_grouped_gemm(N * topk, E)) {
     // Prompt-sized steps: tens of rows per expert, so tensor-core tiles beat streaming each weight row. Not in
     // batch-invariant steps (a pair's sums would depend on how many pairs its expert gets); at GLM-4.7-Flash's
@@ -78,14 +96,21 @@ Status mlp_block(const StepContext& x, const GpuLayer& w) {
                                                          b.moe_h, st));
     KILN_RETURN_IF_ERROR(moe_down_grouped_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
   } else {
+    KILN_RETURN_IF_ERROR(moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit, b.moe_h,
+                                                 st, shared));
     KILN_RETURN_IF_ERROR(
-        moe_gate_up_swiglu_bf16(b.h, N, topk, Hd, moe_I, w.experts_gate_up, E, d, no_limit, b.moe_h, st));
-    KILN_RETURN_IF_ERROR(moe_down_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st));
+        moe_down_bf16(b.moe_h, N * topk, moe_I, Hd, w.experts_down, E, d, b.route_w, b.moe_y, st, shared));
   }
-  timer.mark("MoE: routed experts");
-  if (w.has_shared) KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.shared));
-  KILN_RETURN_IF_ERROR(moe_combine_bf16(b.moe_y, N, topk, Hd, w.has_shared ? b.shared : nullptr, b.y, st));
-  timer.mark("MoE: shared expert + combine");
+  timer.mark("MoE: routed experts");  // with the folded shared expert
+  if (w.has_shared && !shared) KILN_RETURN_IF_ERROR(dense_mlp(x, w.gate_up, w.down, b.h, b.shared));
+  const uint16_t* add = w.has_shared && !shared ? b.shared : nullptr;
+  const float* shared_y = shared ? shared->y : nullptr;
+  if (next)
+    KILN_RETURN_IF_ERROR(moe_combine_add_rmsnorm_bf16(b.moe_y, N, topk, Hd, add, shared_y, b.resid, next->weight,
+                                                      next->eps, next->out, st));
+  else
+    KILN_RETURN_IF_ERROR(moe_combine_bf16(b.moe_y, N, topk, Hd, add, b.y, st, shared_y));
+  timer.mark(next ? "MoE: shared expert + combine + next RMSNorm" : "MoE: shared expert + combine");
   return ok_status();
 }
 

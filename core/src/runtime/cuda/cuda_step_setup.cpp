@@ -94,7 +94,7 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
   b.route_ids = sc.carve<int32_t>(N * topk), b.offsets = sc.carve<int32_t>(E + 1), b.active = sc.carve<int32_t>(E);
   b.order = sc.carve<int32_t>(N * topk), b.moe_h = sc.carve<uint16_t>(N * topk * std::max<int64_t>(moe_I, 1));
-  b.moe_y = sc.carve<float>(N * topk * Hd);
+  b.moe_y = sc.carve<float>(N * (topk + 1) * Hd);  // + N rows: a shared expert folded into the routed launches
   b.normed = sc.carve<uint16_t>(N * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
   b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = keep_hidden ? sc.carve<float>(N * Hd) : nullptr;
   const bool dsa = c.has_indexer();
