@@ -13,6 +13,8 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kWarps = 8;          // per expert-tile block; the warps split k
+constexpr int kUnroll = 4;         // 32-wide k chunks each warp has in flight per round (8 16-byte loads per lane)
+constexpr int kTileMinBlocks = 3;  // blocks of kWarps per SM the registers allow at up to 2 n8 tiles
 constexpr int kMaxTokenTiles = 8;  // n8 tiles per pass over a weight tile: up to 64 rows of one expert at once
 
 // One block; warp w < kSlices owns the w-th contiguous slice of the pairs. Pass 1: each of those warps counts its
@@ -88,21 +90,17 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
 
 // One block = one 16-row weight tile of one expert slot (grid: tiles × slots), applied to all of that expert's
 // rows, up to kNT·8 per pass: the skinny-GEMM scheme (skinny_gemm.cu) with W rows as the mma's M and the expert's
-// token rows as N. Lane (g, c) takes 8 consecutive k of tile rows g and g + 8 per 32-wide chunk (16 bytes each)
-// and of input row g of each n8 tile; the mma k order is the same permutation for both operands. Warp w takes
-// chunks w, w + kWarps, ... in that order; the warps' partials are summed in shared memory in warp order, so a
-// row's results depend on the weight shapes only (not on timing, nor on the other rows: batch invariance).
-// kGateUp: tile row g is gate row u0 + g and row g + 8 is up row u0 + g (u0 = 8 · tile), so the epilogue has both
-// halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive rows of down and the
-// epilogue writes route_weight · y.
-//
-// Bytes in flight: each lane streams its chunks through a private ring of kRing slots in shared memory with
-// cp.async (weights and its x fragments, one commit group per chunk), so a block keeps kRing − 1 chunks
-// (kRing − 1 times 8 KB of weights) in flight without holding them in registers, and several blocks share an SM.
-// A lane only reads the slots it wrote itself: no block barrier in the k loop.
+// token rows as N. Lane (g, c) loads 8 consecutive k of tile rows g and g + 8 per 32-wide chunk (one 16-byte load
+// each) and of input row g of each n8 tile; the mma k order is the same permutation for both operands. Warps
+// split k (warp w takes chunks w, w + kWarps, ... in that order); their partials are summed in shared memory in
+// warp order, so a row's results depend on the weight shapes only: not on timing, nor on the other rows (batch
+// invariance). kGateUp: tile row g is gate row u0 + g and row g + 8 is up row u0 + g (u0 = 8 · tile), so the
+// epilogue has both halves of SwiGLU for unit u0 + g at hand and writes h; else tile rows are 16 consecutive rows
+// of down and the epilogue writes route_weight · y.
 //
 // Slot 0 is the folded shared expert when there is one (its rows are the n tokens, in order, weight 1); slot
-// s ≥ has_shared is active expert d.active_experts[s − has_shared].
+// s ≥ has_shared is active expert d.active_experts[s − has_shared]. The shared slot is first in the grid, so its
+// blocks are the ones resident while the previous kernel finishes (PDL), with their weights on the way.
 struct TileArgs {
   const uint16_t* x;  // routed rows' inputs: gate_up x [n, in] (row pair / top_k), down h [pairs, in] (row pair)
   int top_k, in_dim, out_dim;
@@ -110,45 +108,25 @@ struct TileArgs {
   MoeDispatch d;
   const float* route_weight;  // down: per pair, or null (1)
   float limit;
-  void* out;                     // gate_up bf16 [pairs, out], down fp32 [pairs, out]
-  const uint16_t* shared_w;      // null: no shared slot
-  const uint16_t* shared_x;      // [shared_rows, in]
-  void* shared_out;              // [shared_rows, out]
+  void* out;                 // gate_up bf16 [pairs, out], down fp32 [pairs, out]
+  const uint16_t* shared_w;  // null: no shared slot
+  const uint16_t* shared_x;  // [shared_rows, in]
+  void* shared_out;          // [shared_rows, out]
   int shared_rows;
 };
 
-template <int kNT>
-constexpr int ring_slots() {
-  return kNT <= 2 ? 4 : 2;
-}
-template <int kNT>
-constexpr size_t ring_bytes() {  // [kWarps][kRing][2 + kNT][32] uint4; the warps' partials reuse it
-  return sizeof(uint4) * kWarps * ring_slots<kNT>() * (2 + kNT) * 32;
-}
-// Blocks per SM the ring leaves room for (228 KB of shared memory), which the register budget follows.
-template <int kNT>
-constexpr int tile_min_blocks() {
-  return kNT == 1 ? 4 : kNT == 2 ? 3 : 2;
-}
-
 template <bool kGateUp, int kNT>
-__global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_tile_kernel(const TileArgs a) {
-  constexpr int kRing = ring_slots<kNT>();
-  constexpr int kParts = 2 + kNT;  // per slot: weight rows g and g + 8, then input row g of each n8 tile
-  constexpr int kWarpRing = kRing * kParts * 32;
-  extern __shared__ uint4 s_ring[];  // [kWarps][kRing][kParts][32]
+__global__ void __launch_bounds__(kWarps * 32, kNT <= 2 ? kTileMinBlocks : 2) expert_tile_kernel(const TileArgs a) {
+  extern __shared__ float s_part[];  // [kWarps][kNT][4][32]
   __shared__ int s_row[kNT * 8];     // this pass's rows (pair, or token for the shared slot) and output scales
   __shared__ float s_scale[kNT * 8];
+  constexpr int kPerWarp = kNT * 4 * 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
-  uint4* ring = s_ring + warp * kWarpRing;
   const bool shared_slot = a.shared_w != nullptr && blockIdx.y == 0;
   const int in_dim = a.in_dim, out_dim = a.out_dim;
   const int weight_rows = kGateUp ? 2 * out_dim : out_dim;
   const int tile_row0 = blockIdx.x * (kGateUp ? 8 : 16);
-  const int chunks = (in_dim + 31) / 32;
-  const int my_chunks = warp < chunks ? (chunks - warp + kWarps - 1) / kWarps : 0;
-
   // Rows past the end re-read the last row; their results are dropped.
   const uint16_t* w_row[2];
   auto set_weight_rows = [&](const uint16_t* we) {
@@ -162,42 +140,31 @@ __global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_ti
         w_row[h] = we + static_cast<int64_t>(min(tile_row0 + g + 8 * h, out_dim - 1)) * in_dim + 8 * c;
     }
   };
-  // in_dim % 8 == 0: a lane's 8 values of a chunk are all inside or all outside; outside ones are zero-filled.
-  auto chunk_k = [&](int i) { return (warp + i * kWarps) * 32; };
-  auto issue_weights = [&](int i) {
-    if (i >= my_chunks) return;
-    const int k = chunk_k(i);
-    const bool valid = k + 8 * c < in_dim;
-    uint4* slot = ring + (i % kRing) * kParts * 32;
+  const int chunks = (in_dim + 31) / 32;
+  uint4 wv[kUnroll][2];
+  bool valid[kUnroll];
+  auto load_round = [&](int base) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) cp_async_16(slot + h * 32 + lane, valid ? w_row[h] + k : w_row[h], valid);
-  };
-  const uint16_t* x_row[kNT];
-  int ntiles = 0;
-  auto issue_inputs_and_commit = [&](int i) {
-    if (i < my_chunks) {
-      const int k = chunk_k(i);
-      const bool valid = k + 8 * c < in_dim;
-      uint4* slot = ring + (i % kRing) * kParts * 32;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * kWarps) * 32;
+      valid[u] = k + 8 * c < in_dim;  // in_dim % 8 == 0: a lane's 8 values are all inside or all outside
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        if (nt < ntiles) cp_async_16(slot + (2 + nt) * 32 + lane, valid ? x_row[nt] + k : x_row[nt], valid);
+      for (int h = 0; h < 2; ++h) wv[u][h] = valid[u] ? load_stream(w_row[h] + k) : make_uint4(0, 0, 0, 0);
     }
-    cp_async_commit();
   };
 
   // Which routed experts are active is written by the router kernel just before this one, so only the shared
-  // expert's weights (read-only) can be requested before pdl_wait(): its whole tile toward L2, and the first
-  // chunks into the ring.
+  // expert's weights (read-only) can be loaded before pdl_wait(): its first round into registers and the rest
+  // of its tile toward L2.
   if (shared_slot) {
     set_weight_rows(a.shared_w);
+    load_round(warp);
     const int tile_rows = min(kGateUp ? 8 : 16, out_dim - tile_row0);
     const size_t tile_bytes = static_cast<size_t>(tile_rows) * in_dim * sizeof(uint16_t);
     prefetch_l2(a.shared_w + static_cast<int64_t>(tile_row0) * in_dim, tile_bytes, threadIdx.x, blockDim.x);
     if constexpr (kGateUp)
       prefetch_l2(a.shared_w + static_cast<int64_t>(out_dim + tile_row0) * in_dim, tile_bytes, threadIdx.x,
                   blockDim.x);
-    for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
   }
   pdl_wait();
   pdl_launch_dependents();
@@ -206,60 +173,53 @@ __global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_ti
     const int e = a.d.active_experts[blockIdx.y - (a.shared_w != nullptr ? 1 : 0)];
     if (e < 0) return;
     set_weight_rows(a.w + static_cast<int64_t>(e) * weight_rows * in_dim);
-    // The first chunks' weights go out before the expert's row list is read (an active expert has rows), so
-    // the two dependent index loads overlap the weight latency.
-    for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
+    // The first round's weight loads go out before the expert's row list is read (an active expert has rows),
+    // so the two dependent index loads overlap the weight latency.
+    load_round(warp);
     begin = a.d.expert_offsets[e];
     end = a.d.expert_offsets[e + 1];
   }
   const uint16_t* x_base = shared_slot ? a.shared_x : a.x;
   auto row_at = [&](int i) { return shared_slot ? i : a.d.pair_order[i]; };
+  bool loaded = true;
 
-  bool weights_issued = true;
   for (int pass = begin; pass < end; pass += kNT * 8) {
     const int count = min(kNT * 8, end - pass);
-    ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
+    const int ntiles = (count + 7) / 8;  // block-uniform: n8 tiles past it are skipped
     if (threadIdx.x < count) {
       const int row = row_at(pass + threadIdx.x);
       s_row[threadIdx.x] = row;
       s_scale[threadIdx.x] = !kGateUp && !shared_slot && a.route_weight ? a.route_weight[row] : 1.0f;
     }
+    const uint16_t* x_row[kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int row = row_at(pass + min(nt * 8 + g, count - 1));
       const int input = kGateUp && !shared_slot ? row / a.top_k : row;
       x_row[nt] = x_base + static_cast<int64_t>(input) * in_dim + 8 * c;
     }
-    if (!weights_issued)
-      for (int i = 0; i < kRing - 1; ++i) issue_weights(i);
-    weights_issued = false;
-    // Group i holds chunk i's inputs (and the first groups also the weights issued above).
-    for (int i = 0; i < kRing - 1; ++i) issue_inputs_and_commit(i);
-
     float acc[kNT][4] = {};
-    for (int i = 0; i < my_chunks; ++i) {
-      // Chunk i + kRing − 1 refills the slot chunk i − 1 was read from (its values are in the mma already).
-      issue_weights(i + kRing - 1);
-      issue_inputs_and_commit(i + kRing - 1);
-      cp_async_wait<kRing - 1>();
-      const uint4* slot = ring + (i % kRing) * kParts * 32;
-      const uint4 wa = slot[lane], wb = slot[32 + lane];
+    for (int base = warp; base < chunks; base += kUnroll * kWarps) {
+      if (!loaded) load_round(base);
+      loaded = false;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        if (nt >= ntiles) break;
-        const uint4 xv = slot[(2 + nt) * 32 + lane];
-        mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
-        mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = (base + u * kWarps) * 32;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (nt >= ntiles) break;
+          const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
+          const uint4 wa = wv[u][0], wb = wv[u][1];
+          mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+          mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+        }
       }
     }
-    cp_async_wait_all();
-    __syncwarp();  // every lane of the warp is done with its ring slots: the partials take their place
-    float* part = reinterpret_cast<float*>(ring);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       if (nt >= ntiles) break;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) part[(nt * 4 + r) * 32 + lane] = acc[nt][r];
+      for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + (nt * 4 + r) * 32 + lane] = acc[nt][r];
     }
     __syncthreads();
     // Accumulator element (tile row rr, token j) sits at fragment ((j/8)·4 + (rr/8)·2 + j%2, lane (rr%8)·4 + (j%8)/2).
@@ -267,7 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_ti
       const int idx = ((j / 8) * 4 + (rr / 8) * 2 + j % 2) * 32 + (rr % 8) * 4 + (j % 8) / 2;
       float s = 0.f;
 #pragma unroll
-      for (int wi = 0; wi < kWarps; ++wi) s += reinterpret_cast<const float*>(s_ring + wi * kWarpRing)[idx];
+      for (int wi = 0; wi < kWarps; ++wi) s += s_part[wi * kPerWarp + idx];
       return s;
     };
     void* out = shared_slot ? a.shared_out : a.out;
@@ -294,27 +254,23 @@ __global__ void __launch_bounds__(kWarps * 32, tile_min_blocks<kNT>()) expert_ti
 }
 
 // n8 tiles per pass, sized by the mean rows per routed expert (a decode step's experts have a few rows each;
-// one with more takes several passes over its weight tile, the later ones served by the L2) and the shared
-// expert's rows. Few tiles keep the ring small enough for 3-4 blocks per SM. Which kNT runs changes no row's
-// results: each token column of the mma is computed on its own, in the same k order.
+// one with more takes several passes over its weight tile, the later ones served by the L2). The shared expert
+// has all n rows but is one slot of many: it takes several passes rather than sizing every block for it (at 32
+// tokens 4 n8 tiles for all cost more than the shared slot's second pass; kernel_bench moe_batched). Which kNT
+// runs changes no row's results: each token column of the mma is computed on its own, in the same k order.
 template <bool kGateUp>
 Status launch_tiles(const TileArgs& a, int64_t pairs, int64_t num_experts, StreamHandle stream, const char* name) {
   const int64_t tiles = kGateUp ? (a.out_dim + 7) / 8 : (a.out_dim + 15) / 16;
   const int64_t routed_slots = std::min(pairs, num_experts);
   const int64_t slots = routed_slots + (a.shared_w != nullptr ? 1 : 0);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slots));
-  const int64_t mean_rows = routed_slots > 0 ? pairs / routed_slots : 0;
-  const int64_t shared_rows = a.shared_w != nullptr ? a.shared_rows : 0;
+  const int64_t mean_rows = pairs / routed_slots;
   const int64_t token_tiles =
-      pairs <= 8 && shared_rows <= 8
-          ? 1
-          : std::min<int64_t>(std::max<int64_t>({2, (mean_rows + 7) / 8, (shared_rows + 7) / 8}), kMaxTokenTiles);
+      pairs <= 8 ? 1 : std::min<int64_t>(std::max<int64_t>(2, (mean_rows + 7) / 8), kMaxTokenTiles);
   auto go = [&](auto nt) {
     constexpr int kNT = decltype(nt)::value;
-    auto kernel = expert_tile_kernel<kGateUp, kNT>;
-    KILN_RETURN_IF_ERROR(check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes<kNT>()), name));
-    return check_cuda(launch_pdl(kernel, grid, dim3(kWarps * 32), ring_bytes<kNT>(), stream, a), name);
+    const size_t smem = sizeof(float) * kWarps * kNT * 4 * 32;
+    return check_cuda(launch_pdl(expert_tile_kernel<kGateUp, kNT>, grid, dim3(kWarps * 32), smem, stream, a), name);
   };
   if (token_tiles <= 1) return go(std::integral_constant<int, 1>{});
   if (token_tiles <= 2) return go(std::integral_constant<int, 2>{});
