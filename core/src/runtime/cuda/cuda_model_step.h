@@ -84,8 +84,9 @@ struct StepBuffers {
   int32_t *ids, *query_seq, *kv_len, *tables, *rows;
   int64_t *positions, *slots;
   float* resid;
-  uint16_t *h, *y, *q_res, *q_res_n, *q_bf, *o_lat_bf, *attn;
-  float *q, *ckv, *q_abs, *o_lat, *scores;
+  uint16_t *h, *y, *q_res_n, *q_bf, *o_lat_bf, *attn;
+  float *qkv_a;  // [N, q_lora_rank + D] fp32: q_a's output then the latent + k_pe (q_lora_rank 0: the latter only)
+  float *q, *q_abs, *o_lat, *scores;
   void* mla_workspace;
   uint16_t *gu, *act, *shared;
   float *h32, *router_logits, *route_w, *moe_y;
