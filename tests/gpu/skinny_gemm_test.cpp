@@ -1,7 +1,7 @@
 // The few-row tensor-core GEMM (decode projections) and CublasGemm::linear's dispatch to it, against the CPU
 // reference: every tile shape (n up to 64, one or two 16-row tiles per block, 8 or 16 warps), odd sizes, k
-// tails, bf16 / fp32 outputs, accumulate, weights with and without the L2 prefetch (over 32 MB: without), and
-// back-to-back calls that overlap through programmatic dependent launch.
+// tails, bf16 / fp32 outputs, accumulate, 4 or 8 chunks per warp in flight, and back-to-back calls that overlap
+// through programmatic dependent launch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,7 +65,7 @@ TEST(GpuSkinnyGemm, MatchesCpuOnEveryTileShape) {
   const std::vector<Shape> shapes = {
       {1, 2048, 768},  {1, 8, 1},      {3, 776, 1001}, {8, 520, 17},   {9, 2048, 576},
       {16, 1536, 33},  {17, 264, 130}, {32, 5120, 64}, {33, 96, 2048}, {64, 256, 100},
-      {3, 2048, 8200}, {17, 1032, 16264},  // over 32 MB of weights: no prefetch of the whole slice
+      {3, 5120, 1001}, {9, 2056, 300},  // k over one round of 16 warps × 4 chunks: 8 chunks per warp in flight
   };
   // sm_count steers the block shape: 1 → two 16-row tiles per block wherever out ≥ 64; 100000 → one tile and
   // 16 warps; 132 → what an H200 gets.
@@ -239,8 +239,8 @@ TEST(GpuSkinnyGemm, PerHeadAbsorptionProductsMatchCpuAndAreBatchInvariant) {
 
 // Programmatic dependent launch: calls issued back to back on one stream, each reading what the call before it
 // wrote (x, and y when accumulating), give bitwise what the same calls give with the stream synchronised after
-// each one. The chain starts with a 128 MB weight (no whole-slice prefetch, tens of µs), so a successor that read
-// its input before the wait would see the poison the outputs start as.
+// each one. The chain starts with a 128 MB weight (tens of µs), so a successor that read its input before the
+// wait would see the poison the outputs start as.
 TEST(GpuSkinnyGemm, BackToBackCallsReadTheirPredecessorsOutput) {
   std::mt19937_64 rng(97);
   constexpr int64_t kIn = 2048, kWide = 32768, kMid = 4096, kInter = 1024, kOut = 2048, kHeads = 4, kHeadIn = 256,
