@@ -5,13 +5,15 @@
 // projections (skinny GEMM vs cuBLAS at the step's shapes), the fused MoE gate + grouping, the batch-invariant
 // decode products, the batched expert path and MLA decode with several rows per sequence. Times are CUDA-event
 // medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (moe_batched: the expert path in batches of steps;
-// mla_rows: one-row MLA decode and several rows per sequence; none: everything)
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows | skinny]   (moe_batched: the expert path in batches of
+// steps; mla_rows: one-row MLA decode and several rows per sequence; skinny: the decode GEMVs one by one and a
+// layer's eight in a row; none: everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -349,6 +351,141 @@ void bench_skinny_gemm(const cudaDeviceProp& prop, double bw) {
                 layer_skinny[ni], layer_cublas[ni], layer_floor[ni], 100.0 * layer_floor[ni] / layer_skinny[ni],
                 100.0 * layer_floor[ni] / layer_cublas[ni]);
   cublasDestroy(blas);
+}
+
+// The decode step's dense GEMVs (GLM-4.7-Flash, one layer: q_a, q_b, kv_a, the per-head absorption and
+// un-absorption, o_proj, the shared expert's gate_up + SwiGLU and down; and the lm_head) through the skinny GEMM
+// at n = 1..8 rows, on one stream created here. "lone": one call between two events (launch latency included);
+// "stream": the per-call time of 20 back-to-back calls (programmatic dependent launch overlaps each call's
+// prologue with the previous call's tail); then one layer's eight GEMVs in a row, on the stream and replayed
+// from a CUDA graph. Weights rotate over copies so the L2 does not serve them; GB/s = (W + x + y bytes) ÷ time.
+// KILN_PDL=0 turns the overlap off (an A/B switch read once per process).
+void bench_skinny_decode(const cudaDeviceProp& prop, double bw) {
+  using kiln::cuda::SkinnyStrides;
+  const int64_t H = 20, nope = 192, rope = 64, v = 256, L = 512, qk = nope + rope, D = L + rope;
+  const int64_t hidden = 2048, q_lora = 768, kv_lora = 576, inter = 1536, vocab = 154880;
+  const int sms = prop.multiProcessorCount;
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Gemv {
+    const char* name;
+    int64_t w_elems;  // per copy
+    double w_bytes_read;
+    int64_t in, out_elems, out_bytes;  // per row of x / y
+    uint16_t* w;
+    int copies;
+  };
+  // x / y buffers large enough for every GEMV at 8 rows.
+  const int64_t kMaxRows = 8;
+  uint16_t* x = device_bf16(size_t(kMaxRows) * H * L, 1.f, 51);
+  void* y = nullptr;
+  CHECK_CUDA(cudaMalloc(&y, size_t(kMaxRows) * vocab * 4));
+  std::vector<Gemv> g = {
+      {"q_a", q_lora * hidden, 2.0 * q_lora * hidden, hidden, q_lora, q_lora * 2},
+      {"q_b", H * qk * q_lora, 2.0 * H * qk * q_lora, q_lora, H * qk, H * qk * 4},
+      {"kv_a", kv_lora * hidden, 2.0 * kv_lora * hidden, hidden, kv_lora, kv_lora * 4},
+      {"absorb", H * L * nope, 2.0 * H * L * nope, H * qk, H * L, H * L * 4},
+      {"unabsorb", H * (nope + v) * L, 2.0 * H * v * L, H * L, H * v, H * v * 2},
+      {"o_proj", hidden * H * v, 2.0 * hidden * H * v, H * v, hidden, hidden * 2},
+      {"gate_up_swiglu", 2 * inter * hidden, 4.0 * inter * hidden, hidden, inter, inter * 2},
+      {"down", hidden * inter, 2.0 * hidden * inter, inter, hidden, hidden * 2},
+      {"lm_head", vocab * hidden, 2.0 * vocab * hidden, hidden, vocab, vocab * 4},
+  };
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i].copies = g[i].w_elems * 2 > (int64_t(256) << 20) ? 2 : 8;
+    g[i].w = device_bf16(size_t(g[i].w_elems) * g[i].copies, 0.05f, 60 + i);
+  }
+  auto run = [&](size_t i, int64_t n, int copy) {
+    const Gemv& G = g[i];
+    const uint16_t* w = G.w + size_t(copy % G.copies) * G.w_elems;
+    const std::string name = G.name;
+    if (name == "absorb") {
+      SkinnyStrides s;
+      s.batches = H, s.x_row = H * qk, s.x_batch = qk, s.w_batch = L * nope, s.y_row = H * D, s.y_batch = D;
+      CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(x, n, nope, w, L, y, kiln::DType::kF32, s, false, sms,
+                                                            stream));
+    } else if (name == "unabsorb") {
+      SkinnyStrides s;
+      s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + v) * L, s.y_row = H * v, s.y_batch = v;
+      CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(x, n, L, w + nope * L, v, y, kiln::DType::kBF16, s,
+                                                            false, sms, stream));
+    } else if (name == "gate_up_swiglu") {
+      CHECK_OK(kiln::cuda::skinny_gemm_swiglu_bf16(x, n, hidden, w, inter, static_cast<uint16_t*>(y), stream));
+    } else {
+      const bool f32 = G.out_bytes == G.out_elems * 4;
+      CHECK_OK(kiln::cuda::skinny_gemm_bf16(x, n, G.in, w, G.out_elems, y, f32 ? kiln::DType::kF32 : kiln::DType::kBF16,
+                                            false, sms, stream));
+    }
+  };
+  // Median over iters of the time of fn(i) on `stream`, ms.
+  cudaEvent_t ea, eb;
+  CHECK_CUDA(cudaEventCreate(&ea));
+  CHECK_CUDA(cudaEventCreate(&eb));
+  auto median_on_stream = [&](auto&& fn, int iters) {
+    for (int i = 0; i < 3; ++i) fn(i);
+    std::vector<float> t;
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventRecord(ea, stream));
+      fn(i);
+      CHECK_CUDA(cudaEventRecord(eb, stream));
+      CHECK_CUDA(cudaEventSynchronize(eb));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, ea, eb));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const char* pdl = std::getenv("KILN_PDL");
+  std::printf("\nDecode GEMVs through the skinny GEMM (%d SMs; KILN_PDL=%s; copy rate %.2f TB/s, H200 HBM 4.26 TB/s)\n",
+              sms, pdl ? pdl : "unset", bw / 1e12);
+  std::printf("%-15s %2s %9s %9s %9s %9s %8s %8s\n", "gemv", "n", "MB", "floor_us", "lone_us", "stream_us",
+              "GB/s", "%4.26TB");
+  constexpr int kReps = 20;
+  for (size_t i = 0; i < g.size(); ++i)
+    for (int64_t n : {1, 2, 4, 8}) {
+      const Gemv& G = g[i];
+      const double bytes = G.w_bytes_read + double(n) * G.in * 2 + double(n) * G.out_bytes;
+      const float lone = median_on_stream([&](int it) { run(i, n, it); }, 100);
+      const float per = median_on_stream([&](int it) {
+                          for (int r = 0; r < kReps; ++r) run(i, n, it * kReps + r);
+                        }, 25) / kReps;
+      std::printf("%-15s %2lld %9.2f %9.2f %9.2f %9.2f %8.0f %7.1f%%\n", G.name, (long long)n, bytes / 1e6,
+                  bytes / 4.26e12 * 1e6, lone * 1e3, per * 1e3, bytes / (per * 1e-3) / 1e9,
+                  100.0 * bytes / (per * 1e-3) / 4.26e12);
+    }
+  // One layer's eight GEMVs (all but the lm_head) in the step's order, each layer on its own weight copy.
+  std::printf("\nOne layer's 8 decode GEMVs in a row (q_a, q_b, kv_a, absorb, unabsorb, o_proj, gate_up_swiglu, down)\n");
+  std::printf("%2s %9s %9s %11s %11s %8s %8s\n", "n", "MB", "floor_us", "stream_us", "graph_us", "GB/s", "%4.26TB");
+  constexpr int kLayers = 8;
+  for (int64_t n : {1, 2, 4, 8}) {
+    double bytes = 0;
+    for (size_t i = 0; i + 1 < g.size(); ++i)
+      bytes += g[i].w_bytes_read + double(n) * g[i].in * 2 + double(n) * g[i].out_bytes;
+    auto layers = [&](int it) {
+      for (int l = 0; l < kLayers; ++l)
+        for (size_t i = 0; i + 1 < g.size(); ++i) run(i, n, it * kLayers + l);
+    };
+    const float stream_ms = median_on_stream(layers, 25) / kLayers;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    layers(0);
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const float graph_ms = median_on_stream([&](int) { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, 25) / kLayers;
+    std::printf("%2lld %9.2f %9.2f %11.2f %11.2f %8.0f %7.1f%%\n", (long long)n, bytes / 1e6, bytes / 4.26e12 * 1e6,
+                stream_ms * 1e3, graph_ms * 1e3, bytes / (graph_ms * 1e-3) / 1e9,
+                100.0 * bytes / (graph_ms * 1e-3) / 4.26e12);
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  for (Gemv& G : g) CHECK_CUDA(cudaFree(G.w));
+  CHECK_CUDA(cudaFree(x));
+  CHECK_CUDA(cudaFree(y));
+  CHECK_CUDA(cudaEventDestroy(ea));
+  CHECK_CUDA(cudaEventDestroy(eb));
+  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 // The MoE gate after its logits: moe_route + moe_group_by_expert (two launches) vs moe_route_and_group (one).
@@ -705,6 +842,10 @@ int main(int argc, char** argv) {
     bench_moe_batched(bw);
     return 0;
   }
+  if (only == "skinny") {
+    bench_skinny_decode(prop, bw);
+    return 0;
+  }
   if (only == "mla_rows") {
     bench_mla_decode(prop, bw);
     bench_mla_rows(prop, bw);
@@ -720,6 +861,7 @@ int main(int argc, char** argv) {
   bench_moe_prefill(blas, peak);
   cublasDestroy(blas);
   bench_skinny_gemm(prop, bw);
+  bench_skinny_decode(prop, bw);
   bench_route_group(bw);
   bench_invariant_decode_products(prop, bw);
   bench_moe_batched(bw);
