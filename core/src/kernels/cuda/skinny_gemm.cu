@@ -23,9 +23,9 @@ __device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
 // products. Per-warp partials meet in shared memory in warp order (deterministic). A round loads kUnroll chunks
 // per warp into registers before any is used; kUnroll only sets how many bytes are in flight, not the order in
 // which a warp's chunks are summed (w, w + warps, ... whatever the unroll).
-// Programmatic dependent launch (pdl.cuh): the launch overlaps the previous kernel; the first round of W loads
-// stands before pdl_wait() in the source, but in this form ptxas schedules griddepcontrol.wait first (nvdisasm),
-// so the first DRAM round trip still follows the previous kernel. x (and y when accumulating) is read after it.
+// Programmatic dependent launch (pdl.cuh): the first round of W loads is issued before pdl_wait() (in the SASS
+// too: see the prologue), so the launch and the first DRAM round trip overlap the previous kernel; x (and y when
+// accumulating) is read after it.
 // Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
 // Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
 // kSwiGlu (kM == 2): W is a fused [2·out, in] gate|up weight; the block's tile 0 is gate rows row0.., its tile 1
