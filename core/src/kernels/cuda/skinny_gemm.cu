@@ -23,17 +23,19 @@ __device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
 // products. Per-warp partials meet in shared memory in warp order (deterministic). A round loads kUnroll chunks
 // per warp into registers before any is used; kUnroll only sets how many bytes are in flight, not the order in
 // which a warp's chunks are summed (w, w + warps, ... whatever the unroll).
-// Programmatic dependent launch (pdl.cuh): the launch overlaps the previous kernel; the first round of W loads
-// stands before pdl_wait() in the source, but in this form ptxas schedules griddepcontrol.wait first (nvdisasm),
-// so the first DRAM round trip still follows the previous kernel. x (and y when accumulating) is read after it.
+// Programmatic dependent launch (pdl.cuh): the first round of W loads is issued before pdl_wait() (in the SASS
+// too: see the prologue), so the launch and the first DRAM round trip overlap the previous kernel; x (and y when
+// accumulating) is read after it.
 // Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
 // Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
 // kSwiGlu (kM == 2): W is a fused [2·out, in] gate|up weight; the block's tile 0 is gate rows row0.., its tile 1
 // the up rows out + row0.. (each k-reduced exactly as a plain tile), and the epilogue writes
 // y = bf16(silu(min(gate, limit)) · clamp(up, ±limit)) over [n, out] from the bf16-rounded gate and up, as
 // swiglu_bf16 does after a bf16 gate_up GEMM.
+// One block per SM is all __launch_bounds__ promises: asked for more, ptxas squeezes the registers by issuing
+// each x load just before its mma pair (four dependent L2 round trips a round) instead of all at once.
 template <int kM, int kNT, int kUnroll, bool kSwiGlu = false>
-__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
+__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
     skinny_gemm_kernel(const uint16_t* x, int n, int in, const uint16_t* __restrict__ w, int out, void* y,
                        SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
   static_assert(!kSwiGlu || kM == 2, "a SwiGLU block owns one gate tile and the matching up tile");
@@ -76,27 +78,47 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
     }
   };
 
-  // Prologue, weights only (pdl.cuh's contract), while the previous kernel may still be running.
-  load_round(warp);
+  // Prologue, weights only (pdl.cuh's contract), while the previous kernel may still be running. The branch also
+  // keeps these loads ahead of the wait in the SASS: in one basic block ptxas issues griddepcontrol.wait first
+  // (an acquire lets earlier loads sink below it), and the first round trip would start after the previous
+  // kernel again.
+  if (warp < chunks) {
+    load_round(warp);
+  } else {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) valid[u] = false;  // no chunk for this warp: the loop below never runs
+  }
   pdl_wait();
   pdl_launch_dependents();
 
   float acc[kM][kNT][4] = {};
   for (int base = warp; base < chunks; base += kUnroll * warps) {
     if (base != warp) load_round(base);
+    // x of kXGroup chunks is loaded before their mmas, so those loads (L2 round trips after the wait, on the
+    // critical path of every call) are in flight together rather than one per mma pair; 16 registers whatever kNT.
+    // Each accumulator still takes its chunks in order u = 0, 1, ... (the sums are unchanged).
+    constexpr int kXGroup = kNT == 1 ? 4 : kNT == 2 ? 2 : 1;
+    static_assert(kUnroll % kXGroup == 0);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = (base + u * warps) * 32;
+    for (int u0 = 0; u0 < kUnroll; u0 += kXGroup) {
+      uint4 xv[kXGroup][kNT];
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const uint4 xv = valid[u] ? load_activation(x_row[nt] + k) : make_uint4(0, 0, 0, 0);
+      for (int du = 0; du < kXGroup; ++du) {
+        const int k = (base + (u0 + du) * warps) * 32;
 #pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          const uint4 a = wv[u][mt][0], b = wv[u][mt][1];
-          mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
-        }
+        for (int nt = 0; nt < kNT; ++nt)
+          xv[du][nt] = valid[u0 + du] ? load_activation(x_row[nt] + k) : make_uint4(0, 0, 0, 0);
       }
+#pragma unroll
+      for (int du = 0; du < kXGroup; ++du)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            const uint4 a = wv[u0 + du][mt][0], b = wv[u0 + du][mt][1], xb = xv[du][nt];
+            mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xb.x, xb.y);
+            mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xb.z, xb.w);
+          }
     }
   }
 
