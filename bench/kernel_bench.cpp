@@ -6,8 +6,8 @@
 // decode products, the batched expert path and MLA decode with several rows per sequence. Times are CUDA-event
 // medians; inputs are random and rotated so the L2 does not serve them.
 // Usage: kiln_bench_kernel_bench [moe_batched | mla_rows | skinny]   (moe_batched: the expert path in batches of
-// steps; mla_rows: one-row MLA decode and several rows per sequence; skinny: the decode GEMVs one by one and a
-// layer's eight in a row; none: everything)
+// steps; mla_rows: MLA decode as the runner calls it, one-row MLA decode and several rows per sequence; skinny: the
+// decode GEMVs one by one and a layer's eight in a row; none: everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -816,6 +816,65 @@ void bench_mla_rows(const cudaDeviceProp& prop, double bw) {
   }
 }
 
+// MLA decode as the runner calls it in batch-invariant steps (split_by_length, splits rounded up to 16): one
+// layer's decode + combine + the runner's bf16 copy of o_lat, either the separate f32_to_bf16 launch ("fp32+cast")
+// or the bf16 output of the last writer ("bf16 out"). 10 back-to-back calls per event pair (launches overlap as in
+// a graph), median of 30; every row is its own sequence and the cache copies rotate past the L2. Floor: the rows'
+// cache bytes once ÷ the copy rate.
+void bench_mla_runner(double bw) {
+  const int64_t heads = 20, block = 64, row = 576;
+  std::printf("\nMLA decode as the runner calls it (split_by_length, %lld heads, block %lld), us per layer\n",
+              (long long)heads, (long long)block);
+  std::printf("%5s %8s %7s %12s %12s %10s\n", "rows", "context", "splits", "fp32+cast", "bf16 out", "floor_us");
+  for (int64_t rows : {1, 16}) {
+    for (int64_t ctx : {4096, 32768, 131072}) {
+      const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(600) << 20) / (rows * ctx * row * 2)));
+      const int64_t blocks = ctx / block, seqs = int64_t(copies) * rows;
+      uint16_t* cache = device_bf16(size_t(seqs) * blocks * block * row, 2.f, 7);
+      std::vector<int32_t> tables(static_cast<size_t>(seqs * blocks)), seq_ids(static_cast<size_t>(seqs));
+      const std::vector<int32_t> lens(static_cast<size_t>(rows), static_cast<int32_t>(ctx));
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), std::mt19937_64(3));
+      std::iota(seq_ids.begin(), seq_ids.end(), 0);
+      int32_t *d_tables, *d_seq, *d_len;
+      CHECK_CUDA(cudaMalloc(&d_tables, tables.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&d_seq, seq_ids.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_seq, seq_ids.data(), seq_ids.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&d_len, rows * 4));
+      CHECK_CUDA(cudaMemcpy(d_len, lens.data(), rows * 4, cudaMemcpyHostToDevice));
+      float* q = device_random<float>(rows * heads * row, 9);
+      float* out = nullptr;
+      uint16_t* out_bf = nullptr;
+      CHECK_CUDA(cudaMalloc(&out, rows * heads * 512 * 4));
+      CHECK_CUDA(cudaMalloc(&out_bf, rows * heads * 512 * 2));
+      const int splits = static_cast<int>((kiln::cuda::mla_decode_length_splits(ctx) + 15) / 16 * 16);
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, kiln::cuda::mla_decode_workspace_bytes(rows, heads, splits)));
+      float us[2];
+      for (int bf16_out = 0; bf16_out < 2; ++bf16_out) {
+        kiln::cuda::MlaDecodeParams p;
+        p.q = q, p.num_queries = rows, p.num_heads = heads, p.cache = cache, p.block_size = block;
+        p.block_tables = d_tables, p.max_blocks = blocks, p.kv_len = d_len, p.scale = 1.0f / 16;
+        p.num_splits = splits, p.split_by_length = true, p.workspace = ws;
+        p.out = bf16_out ? nullptr : out;
+        p.out_bf16 = bf16_out ? out_bf : nullptr;
+        us[bf16_out] = 1e3f * median_ms_per_call(
+                                  [&](int i) {
+                                    p.query_seq = d_seq + (i % copies) * rows;
+                                    CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
+                                    if (!bf16_out) CHECK_OK(kiln::cuda::f32_to_bf16(out, rows * heads * 512, out_bf, nullptr));
+                                  },
+                                  10, 30);
+      }
+      std::printf("%5lld %8lld %7d %12.2f %12.2f %10.2f\n", (long long)rows, (long long)ctx, splits, us[0], us[1],
+                  double(rows) * ctx * row * 2 / bw * 1e6);
+      for (void* ptr : {(void*)cache, (void*)d_tables, (void*)d_seq, (void*)d_len, (void*)q, (void*)out, (void*)out_bf, ws})
+        CHECK_CUDA(cudaFree(ptr));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -847,11 +906,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (only == "mla_rows") {
+    bench_mla_runner(bw);
     bench_mla_decode(prop, bw);
     bench_mla_rows(prop, bw);
     return 0;
   }
 
+  bench_mla_runner(bw);
   bench_mla_decode(prop, bw);
 
   cublasHandle_t blas = nullptr;

@@ -73,7 +73,8 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     MlaDecodeParams p;
     p.q = b.q_abs, p.num_queries = N, p.num_heads = H, p.cache = pages, p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
-    p.scale = scale, p.out = b.o_lat, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
+    // The kernel's last writer stores o_lat in bf16 for the un-absorption, so no cast launch follows.
+    p.scale = scale, p.out_bf16 = b.o_lat_bf, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
     p.split_by_length = x.shape.split_by_length;
     KILN_RETURN_IF_ERROR(mla_decode_bf16(p, st));
   } else {
@@ -85,10 +86,10 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     // number at most index_topk).
     p.selected = b.selected, p.selected_width = b.selected ? c.index_topk : 0;
     KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
+    KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
   }
   I.timer.mark("attention: MLA decode kernel");
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
-  KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
   if (skinny) {
     SkinnyStrides s;
     s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + vd) * L, s.y_row = H * vd, s.y_batch = vd;
