@@ -709,7 +709,7 @@ void bench_mla_decode(const cudaDeviceProp& prop, double bw) {
     float* out = nullptr;
     CHECK_CUDA(cudaMalloc(&out, heads * 512 * 4));
     const int best = kiln::cuda::mla_decode_num_splits(1, heads, ctx, prop.multiProcessorCount);
-    for (int splits : {best, std::max(1, best / 2), std::max(1, best / 4)}) {
+    for (int splits : {2 * best, best, std::max(1, best / 2), std::max(1, best / 4)}) {
       void* ws = nullptr;
       CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits))));
       kiln::cuda::MlaDecodeParams p;
