@@ -161,7 +161,7 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       p.k_rope = lat + latent, p.k_rope_key_stride = row;
       p.v = kv + nope, p.v_key_stride = kvw, p.v_head_stride = nope + vd;
       p.out = out, p.out_row_stride = heads * vd;
-      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len;
+      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len, p.total_keys = kv_len;
       p.num_heads = heads, p.nope_dim = nope, p.rope_dim = rope, p.v_dim = vd, p.scale = 0.0625f;
       report("wgmma", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       p.use_wgmma = false;

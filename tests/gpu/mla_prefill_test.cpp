@@ -105,7 +105,7 @@ void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t 
   p.k_rope = drope.get() + 8, p.k_rope_key_stride = rope_pitch;
   p.v = dkv.get() + d.nope, p.v_key_stride = H * kvw, p.v_head_stride = kvw;
   p.out = dout.get(), p.out_row_stride = H * d.v;
-  p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q;
+  p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q, p.total_keys = keys;
   p.num_heads = H, p.nope_dim = d.nope, p.rope_dim = d.rope, p.v_dim = d.v, p.scale = scale;
   // The kernel the device dispatches (the wgmma form on compute capability 9.0), then the mma.sync form forced.
   for (const bool use_wgmma : {true, false}) {

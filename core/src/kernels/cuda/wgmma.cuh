@@ -44,6 +44,22 @@ __device__ __forceinline__ void wgmma_wait() {
 // async proxy: each writing thread fences, then the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Warpgroup register reallocation: every warp of the warpgroup executes it with the same count (a multiple of 8 in
+// 24 .. 256); the kernel needs a register cap at entry (__launch_bounds__(threads, 1)).
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// Barrier among `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Pins registers at this point of the program, so the compiler moves no access of an in-flight wgmma's
 // accumulators or A operand across the wait that ends it.
 template <int kN>
