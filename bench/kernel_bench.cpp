@@ -5,9 +5,10 @@
 // projections (skinny GEMM vs cuBLAS at the step's shapes), the fused MoE gate + grouping, the batch-invariant
 // decode products, the batched expert path and MLA decode with several rows per sequence. Times are CUDA-event
 // medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows | skinny]   (moe_batched: the expert path in batches of
-// steps; mla_rows: MLA decode as the runner calls it, one-row MLA decode and several rows per sequence; skinny: the
-// decode GEMVs one by one and a layer's eight in a row; none: everything)
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows | skinny | mla_prefill]   (moe_batched: the expert path in
+// batches of steps; mla_rows: MLA decode as the runner calls it, one-row MLA decode and several rows per sequence;
+// skinny: the decode GEMVs one by one and a layer's eight in a row; mla_prefill: the MLA prefill section; none:
+// everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -123,7 +124,8 @@ double cublas_reference_rate(cublasHandle_t blas) {
 }
 
 // MLA prefill, GLM-4.7-Flash attention shapes: 4096 new rows of one sequence at the end of a 4K / 32K / 128K
-// context. "kernel" is the attention kernel over already expanded K / V; "path" adds the latent gather from 64-token
+// context. "wgmma" is the attention kernel over already expanded K / V as dispatched on the device (the Hopper form on
+// compute capability 9.0), "mmasync" the FlashAttention-2 form forced; "path" adds the latent gather from 64-token
 // pages and the kv_b expansion GEMM (mla_prefill_attention). FLOPs count the causal pairs only:
 // 2 · H · (qk + v) · Σ over rows of the keys each sees. `peak` is cublas_reference_rate's.
 void bench_mla_prefill(cublasHandle_t blas, double peak) {
@@ -161,9 +163,11 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       p.k_rope = lat + latent, p.k_rope_key_stride = row;
       p.v = kv + nope, p.v_key_stride = kvw, p.v_head_stride = nope + vd;
       p.out = out, p.out_row_stride = heads * vd;
-      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len;
+      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len, p.total_keys = kv_len;
       p.num_heads = heads, p.nope_dim = nope, p.rope_dim = rope, p.v_dim = vd, p.scale = 0.0625f;
-      report("kernel", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      report("wgmma", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      p.use_wgmma = false;
+      report("mmasync", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       for (void* ptr : {(void*)kv, (void*)lat, (void*)d_seq}) CHECK_CUDA(cudaFree(ptr));
     }
 
@@ -895,7 +899,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(src));
   CHECK_CUDA(cudaFree(dst));
 
-  // One argument names the only section to run ("moe_batched", "mla_rows"); none runs them all.
+  // One argument names the only section to run ("moe_batched", "mla_rows", "skinny", "mla_prefill"); none runs them all.
   const std::string only = argc > 1 ? argv[1] : "";
   if (only == "moe_batched") {
     bench_moe_batched(bw);
@@ -903,6 +907,13 @@ int main(int argc, char** argv) {
   }
   if (only == "skinny") {
     bench_skinny_decode(prop, bw);
+    return 0;
+  }
+  if (only == "mla_prefill") {
+    cublasHandle_t blas = nullptr;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+    bench_mla_prefill(blas, cublas_reference_rate(blas));
+    cublasDestroy(blas);
     return 0;
   }
   if (only == "mla_rows") {
