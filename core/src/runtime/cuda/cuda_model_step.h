@@ -47,7 +47,7 @@ struct StepLayout {
 // A sequence bringing at least this many tokens in a step (a prompt chunk) attends through the expanded-form
 // prefill kernel; fewer (decode, speculative verification of 1 + K ≤ 6 rows) through the absorbed decode
 // kernel, so a sequence's decode-time rows always take the same arithmetic path, whatever else the step holds.
-inline constexpr int64_t kPrefillMinTokens = 16;
+inline constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;  // the CPU model's bf16 precision follows it
 
 // Batch invariance: in a step of at most this many rows, each decode-shaped row's results (its KV cache entry,
 // hidden state and logits) are bitwise the same whatever other rows share the step, so speculative verification
