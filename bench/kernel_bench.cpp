@@ -3,15 +3,19 @@
 // 2048, inter 1536), MLA prefill (expanded form, 4096 new rows at the end of a 4K / 32K / 128K context) and the
 // prefill routed experts (grouped tensor-core GEMM vs the GEMV path) beside a cuBLAS bf16 GEMM's rate, the decode
 // projections (skinny GEMM vs cuBLAS at the step's shapes), the fused MoE gate + grouping, the batch-invariant
-// decode products, the decode MoE layer (routed experts, shared expert apart or folded in) and MLA decode with several rows per sequence. Times are CUDA-event
-// medians; inputs are random and rotated so the L2 does not serve them.
-// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows]   (moe_batched: the decode MoE layer in batches of steps;
-// mla_rows: one-row MLA decode and several rows per sequence; none: everything)
+// decode products, the decode MoE layer (routed experts, shared expert apart or folded in) and MLA decode with
+// several rows per sequence. Times are CUDA-event medians; inputs are random and rotated so the L2 does not serve
+// them.
+// Usage: kiln_bench_kernel_bench [moe_batched | mla_rows | skinny | mla_prefill]   (moe_batched: the decode MoE
+// layer in batches of steps; mla_rows: MLA decode as the runner calls it, one-row MLA decode and several rows per
+// sequence; skinny: the decode GEMVs one by one and a layer's eight in a row; mla_prefill: the MLA prefill
+// section; none: everything)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -122,7 +126,8 @@ double cublas_reference_rate(cublasHandle_t blas) {
 }
 
 // MLA prefill, GLM-4.7-Flash attention shapes: 4096 new rows of one sequence at the end of a 4K / 32K / 128K
-// context. "kernel" is the attention kernel over already expanded K / V; "path" adds the latent gather from 64-token
+// context. "wgmma" is the attention kernel over already expanded K / V as dispatched on the device (the Hopper form on
+// compute capability 9.0), "mmasync" the FlashAttention-2 form forced; "path" adds the latent gather from 64-token
 // pages and the kv_b expansion GEMM (mla_prefill_attention). FLOPs count the causal pairs only:
 // 2 · H · (qk + v) · Σ over rows of the keys each sees. `peak` is cublas_reference_rate's.
 void bench_mla_prefill(cublasHandle_t blas, double peak) {
@@ -160,9 +165,11 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       p.k_rope = lat + latent, p.k_rope_key_stride = row;
       p.v = kv + nope, p.v_key_stride = kvw, p.v_head_stride = nope + vd;
       p.out = out, p.out_row_stride = heads * vd;
-      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len;
+      p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len, p.total_keys = kv_len;
       p.num_heads = heads, p.nope_dim = nope, p.rope_dim = rope, p.v_dim = vd, p.scale = 0.0625f;
-      report("kernel", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      report("wgmma", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      p.use_wgmma = false;
+      report("mmasync", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       for (void* ptr : {(void*)kv, (void*)lat, (void*)d_seq}) CHECK_CUDA(cudaFree(ptr));
     }
 
@@ -350,6 +357,141 @@ void bench_skinny_gemm(const cudaDeviceProp& prop, double bw) {
                 layer_skinny[ni], layer_cublas[ni], layer_floor[ni], 100.0 * layer_floor[ni] / layer_skinny[ni],
                 100.0 * layer_floor[ni] / layer_cublas[ni]);
   cublasDestroy(blas);
+}
+
+// The decode step's dense GEMVs (GLM-4.7-Flash, one layer: q_a, q_b, kv_a, the per-head absorption and
+// un-absorption, o_proj, the shared expert's gate_up + SwiGLU and down; and the lm_head) through the skinny GEMM
+// at n = 1..8 rows, on one stream created here. "lone": one call between two events (launch latency included);
+// "stream": the per-call time of 20 back-to-back calls (programmatic dependent launch overlaps each call's
+// prologue with the previous call's tail); then one layer's eight GEMVs in a row, on the stream and replayed
+// from a CUDA graph. Weights rotate over copies so the L2 does not serve them; GB/s = (W + x + y bytes) ÷ time.
+// KILN_PDL=0 turns the overlap off (an A/B switch read once per process).
+void bench_skinny_decode(const cudaDeviceProp& prop, double bw) {
+  using kiln::cuda::SkinnyStrides;
+  const int64_t H = 20, nope = 192, rope = 64, v = 256, L = 512, qk = nope + rope, D = L + rope;
+  const int64_t hidden = 2048, q_lora = 768, kv_lora = 576, inter = 1536, vocab = 154880;
+  const int sms = prop.multiProcessorCount;
+  cudaStream_t stream = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct Gemv {
+    const char* name;
+    int64_t w_elems;  // per copy
+    double w_bytes_read;
+    int64_t in, out_elems, out_bytes;  // per row of x / y
+    uint16_t* w;
+    int copies;
+  };
+  // x / y buffers large enough for every GEMV at 8 rows.
+  const int64_t kMaxRows = 8;
+  uint16_t* x = device_bf16(size_t(kMaxRows) * H * L, 1.f, 51);
+  void* y = nullptr;
+  CHECK_CUDA(cudaMalloc(&y, size_t(kMaxRows) * vocab * 4));
+  std::vector<Gemv> g = {
+      {"q_a", q_lora * hidden, 2.0 * q_lora * hidden, hidden, q_lora, q_lora * 2},
+      {"q_b", H * qk * q_lora, 2.0 * H * qk * q_lora, q_lora, H * qk, H * qk * 4},
+      {"kv_a", kv_lora * hidden, 2.0 * kv_lora * hidden, hidden, kv_lora, kv_lora * 4},
+      {"absorb", H * L * nope, 2.0 * H * L * nope, H * qk, H * L, H * L * 4},
+      {"unabsorb", H * (nope + v) * L, 2.0 * H * v * L, H * L, H * v, H * v * 2},
+      {"o_proj", hidden * H * v, 2.0 * hidden * H * v, H * v, hidden, hidden * 2},
+      {"gate_up_swiglu", 2 * inter * hidden, 4.0 * inter * hidden, hidden, inter, inter * 2},
+      {"down", hidden * inter, 2.0 * hidden * inter, inter, hidden, hidden * 2},
+      {"lm_head", vocab * hidden, 2.0 * vocab * hidden, hidden, vocab, vocab * 4},
+  };
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i].copies = g[i].w_elems * 2 > (int64_t(256) << 20) ? 2 : 8;
+    g[i].w = device_bf16(size_t(g[i].w_elems) * g[i].copies, 0.05f, 60 + i);
+  }
+  auto run = [&](size_t i, int64_t n, int copy) {
+    const Gemv& G = g[i];
+    const uint16_t* w = G.w + size_t(copy % G.copies) * G.w_elems;
+    const std::string name = G.name;
+    if (name == "absorb") {
+      SkinnyStrides s;
+      s.batches = H, s.x_row = H * qk, s.x_batch = qk, s.w_batch = L * nope, s.y_row = H * D, s.y_batch = D;
+      CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(x, n, nope, w, L, y, kiln::DType::kF32, s, false, sms,
+                                                            stream));
+    } else if (name == "unabsorb") {
+      SkinnyStrides s;
+      s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + v) * L, s.y_row = H * v, s.y_batch = v;
+      CHECK_OK(kiln::cuda::skinny_gemm_strided_batched_bf16(x, n, L, w + nope * L, v, y, kiln::DType::kBF16, s,
+                                                            false, sms, stream));
+    } else if (name == "gate_up_swiglu") {
+      CHECK_OK(kiln::cuda::skinny_gemm_swiglu_bf16(x, n, hidden, w, inter, static_cast<uint16_t*>(y), stream));
+    } else {
+      const bool f32 = G.out_bytes == G.out_elems * 4;
+      CHECK_OK(kiln::cuda::skinny_gemm_bf16(x, n, G.in, w, G.out_elems, y, f32 ? kiln::DType::kF32 : kiln::DType::kBF16,
+                                            false, sms, stream));
+    }
+  };
+  // Median over iters of the time of fn(i) on `stream`, ms.
+  cudaEvent_t ea, eb;
+  CHECK_CUDA(cudaEventCreate(&ea));
+  CHECK_CUDA(cudaEventCreate(&eb));
+  auto median_on_stream = [&](auto&& fn, int iters) {
+    for (int i = 0; i < 3; ++i) fn(i);
+    std::vector<float> t;
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(cudaEventRecord(ea, stream));
+      fn(i);
+      CHECK_CUDA(cudaEventRecord(eb, stream));
+      CHECK_CUDA(cudaEventSynchronize(eb));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, ea, eb));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const char* pdl = std::getenv("KILN_PDL");
+  std::printf("\nDecode GEMVs through the skinny GEMM (%d SMs; KILN_PDL=%s; copy rate %.2f TB/s, H200 HBM 4.26 TB/s)\n",
+              sms, pdl ? pdl : "unset", bw / 1e12);
+  std::printf("%-15s %2s %9s %9s %9s %9s %8s %8s\n", "gemv", "n", "MB", "floor_us", "lone_us", "stream_us",
+              "GB/s", "%4.26TB");
+  constexpr int kReps = 20;
+  for (size_t i = 0; i < g.size(); ++i)
+    for (int64_t n : {1, 2, 4, 8}) {
+      const Gemv& G = g[i];
+      const double bytes = G.w_bytes_read + double(n) * G.in * 2 + double(n) * G.out_bytes;
+      const float lone = median_on_stream([&](int it) { run(i, n, it); }, 100);
+      const float per = median_on_stream([&](int it) {
+                          for (int r = 0; r < kReps; ++r) run(i, n, it * kReps + r);
+                        }, 25) / kReps;
+      std::printf("%-15s %2lld %9.2f %9.2f %9.2f %9.2f %8.0f %7.1f%%\n", G.name, (long long)n, bytes / 1e6,
+                  bytes / 4.26e12 * 1e6, lone * 1e3, per * 1e3, bytes / (per * 1e-3) / 1e9,
+                  100.0 * bytes / (per * 1e-3) / 4.26e12);
+    }
+  // One layer's eight GEMVs (all but the lm_head) in the step's order, each layer on its own weight copy.
+  std::printf("\nOne layer's 8 decode GEMVs in a row (q_a, q_b, kv_a, absorb, unabsorb, o_proj, gate_up_swiglu, down)\n");
+  std::printf("%2s %9s %9s %11s %11s %8s %8s\n", "n", "MB", "floor_us", "stream_us", "graph_us", "GB/s", "%4.26TB");
+  constexpr int kLayers = 8;
+  for (int64_t n : {1, 2, 4, 8}) {
+    double bytes = 0;
+    for (size_t i = 0; i + 1 < g.size(); ++i)
+      bytes += g[i].w_bytes_read + double(n) * g[i].in * 2 + double(n) * g[i].out_bytes;
+    auto layers = [&](int it) {
+      for (int l = 0; l < kLayers; ++l)
+        for (size_t i = 0; i + 1 < g.size(); ++i) run(i, n, it * kLayers + l);
+    };
+    const float stream_ms = median_on_stream(layers, 25) / kLayers;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    layers(0);
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const float graph_ms = median_on_stream([&](int) { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, 25) / kLayers;
+    std::printf("%2lld %9.2f %9.2f %11.2f %11.2f %8.0f %7.1f%%\n", (long long)n, bytes / 1e6, bytes / 4.26e12 * 1e6,
+                stream_ms * 1e3, graph_ms * 1e3, bytes / (graph_ms * 1e-3) / 1e9,
+                100.0 * bytes / (graph_ms * 1e-3) / 4.26e12);
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+  }
+  for (Gemv& G : g) CHECK_CUDA(cudaFree(G.w));
+  CHECK_CUDA(cudaFree(x));
+  CHECK_CUDA(cudaFree(y));
+  CHECK_CUDA(cudaEventDestroy(ea));
+  CHECK_CUDA(cudaEventDestroy(eb));
+  CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 // The MoE gate after its logits: moe_route + moe_group_by_expert (two launches) vs moe_route_and_group (one).
@@ -624,7 +766,7 @@ void bench_mla_decode(const cudaDeviceProp& prop, double bw) {
     float* out = nullptr;
     CHECK_CUDA(cudaMalloc(&out, heads * 512 * 4));
     const int best = kiln::cuda::mla_decode_num_splits(1, heads, ctx, prop.multiProcessorCount);
-    for (int splits : {best, std::max(1, best / 2), std::max(1, best / 4)}) {
+    for (int splits : {2 * best, best, std::max(1, best / 2), std::max(1, best / 4)}) {
       void* ws = nullptr;
       CHECK_CUDA(cudaMalloc(&ws, std::max<size_t>(1, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits))));
       kiln::cuda::MlaDecodeParams p;
@@ -731,6 +873,65 @@ void bench_mla_rows(const cudaDeviceProp& prop, double bw) {
   }
 }
 
+// MLA decode as the runner calls it in batch-invariant steps (split_by_length, splits rounded up to 16): one
+// layer's decode + combine + the runner's bf16 copy of o_lat, either the separate f32_to_bf16 launch ("fp32+cast")
+// or the bf16 output of the last writer ("bf16 out"). 10 back-to-back calls per event pair (launches overlap as in
+// a graph), median of 30; every row is its own sequence and the cache copies rotate past the L2. Floor: the rows'
+// cache bytes once ÷ the copy rate.
+void bench_mla_runner(double bw) {
+  const int64_t heads = 20, block = 64, row = 576;
+  std::printf("\nMLA decode as the runner calls it (split_by_length, %lld heads, block %lld), us per layer\n",
+              (long long)heads, (long long)block);
+  std::printf("%5s %8s %7s %12s %12s %10s\n", "rows", "context", "splits", "fp32+cast", "bf16 out", "floor_us");
+  for (int64_t rows : {1, 16}) {
+    for (int64_t ctx : {4096, 32768, 131072}) {
+      const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t(600) << 20) / (rows * ctx * row * 2)));
+      const int64_t blocks = ctx / block, seqs = int64_t(copies) * rows;
+      uint16_t* cache = device_bf16(size_t(seqs) * blocks * block * row, 2.f, 7);
+      std::vector<int32_t> tables(static_cast<size_t>(seqs * blocks)), seq_ids(static_cast<size_t>(seqs));
+      const std::vector<int32_t> lens(static_cast<size_t>(rows), static_cast<int32_t>(ctx));
+      std::iota(tables.begin(), tables.end(), 0);
+      std::shuffle(tables.begin(), tables.end(), std::mt19937_64(3));
+      std::iota(seq_ids.begin(), seq_ids.end(), 0);
+      int32_t *d_tables, *d_seq, *d_len;
+      CHECK_CUDA(cudaMalloc(&d_tables, tables.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_tables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&d_seq, seq_ids.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_seq, seq_ids.data(), seq_ids.size() * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&d_len, rows * 4));
+      CHECK_CUDA(cudaMemcpy(d_len, lens.data(), rows * 4, cudaMemcpyHostToDevice));
+      float* q = device_random<float>(rows * heads * row, 9);
+      float* out = nullptr;
+      uint16_t* out_bf = nullptr;
+      CHECK_CUDA(cudaMalloc(&out, rows * heads * 512 * 4));
+      CHECK_CUDA(cudaMalloc(&out_bf, rows * heads * 512 * 2));
+      const int splits = static_cast<int>((kiln::cuda::mla_decode_length_splits(ctx) + 15) / 16 * 16);
+      void* ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&ws, kiln::cuda::mla_decode_workspace_bytes(rows, heads, splits)));
+      float us[2];
+      for (int bf16_out = 0; bf16_out < 2; ++bf16_out) {
+        kiln::cuda::MlaDecodeParams p;
+        p.q = q, p.num_queries = rows, p.num_heads = heads, p.cache = cache, p.block_size = block;
+        p.block_tables = d_tables, p.max_blocks = blocks, p.kv_len = d_len, p.scale = 1.0f / 16;
+        p.num_splits = splits, p.split_by_length = true, p.workspace = ws;
+        p.out = bf16_out ? nullptr : out;
+        p.out_bf16 = bf16_out ? out_bf : nullptr;
+        us[bf16_out] = 1e3f * median_ms_per_call(
+                                  [&](int i) {
+                                    p.query_seq = d_seq + (i % copies) * rows;
+                                    CHECK_OK(kiln::cuda::mla_decode_bf16(p, nullptr));
+                                    if (!bf16_out) CHECK_OK(kiln::cuda::f32_to_bf16(out, rows * heads * 512, out_bf, nullptr));
+                                  },
+                                  10, 30);
+      }
+      std::printf("%5lld %8lld %7d %12.2f %12.2f %10.2f\n", (long long)rows, (long long)ctx, splits, us[0], us[1],
+                  double(rows) * ctx * row * 2 / bw * 1e6);
+      for (void* ptr : {(void*)cache, (void*)d_tables, (void*)d_seq, (void*)d_len, (void*)q, (void*)out, (void*)out_bf, ws})
+        CHECK_CUDA(cudaFree(ptr));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -751,18 +952,31 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(src));
   CHECK_CUDA(cudaFree(dst));
 
-  // One argument names the only section to run ("moe_batched", "mla_rows"); none runs them all.
+  // One argument names the only section to run ("moe_batched", "mla_rows", "skinny", "mla_prefill"); none runs them all.
   const std::string only = argc > 1 ? argv[1] : "";
   if (only == "moe_batched") {
     bench_moe_batched(prop, bw);
     return 0;
   }
+  if (only == "skinny") {
+    bench_skinny_decode(prop, bw);
+    return 0;
+  }
+  if (only == "mla_prefill") {
+    cublasHandle_t blas = nullptr;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+    bench_mla_prefill(blas, cublas_reference_rate(blas));
+    cublasDestroy(blas);
+    return 0;
+  }
   if (only == "mla_rows") {
+    bench_mla_runner(bw);
     bench_mla_decode(prop, bw);
     bench_mla_rows(prop, bw);
     return 0;
   }
 
+  bench_mla_runner(bw);
   bench_mla_decode(prop, bw);
 
   cublasHandle_t blas = nullptr;
@@ -772,6 +986,7 @@ int main(int argc, char** argv) {
   bench_moe_prefill(blas, peak);
   cublasDestroy(blas);
   bench_skinny_gemm(prop, bw);
+  bench_skinny_decode(prop, bw);
   bench_route_group(bw);
   bench_invariant_decode_products(prop, bw);
   bench_moe_batched(prop, bw);

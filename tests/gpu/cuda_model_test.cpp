@@ -3,6 +3,8 @@
 // bf16 (fixtures are fp32) with an fp32 residual stream; the CPU path runs fp32 with the same bf16 KV layout.
 // Tolerance: max|Δ| / max|cpu| ≤ 5e-2 on every logits row but rows the CPU routed by a near-tie (MoE margin
 // < 1e-2, reported); teacher-forced argmax identical at every step but measured near-ties (reported).
+// Against the CPU model in bf16 precision (model.precision = "bf16": the GPU's rounding points, so the two differ
+// by fp32 summation order only) free-running greedy decoding gives identical tokens, near-ties or not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,9 +34,10 @@ constexpr float kRouterNearTie = 1e-2f;
 
 fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
 
-LoadedModel load_path(const fs::path& path, const std::string& device, const std::string& load) {
+LoadedModel load_path(const fs::path& path, const std::string& device, const std::string& load,
+                      const std::string& precision = "fp32") {
   auto recipe = load_recipe("", {"model.path=" + path.string(), "kv.layout=bf16", "kv.block_size=4",
-                                 "model.device=" + device, "model.load=" + load},
+                                 "model.device=" + device, "model.load=" + load, "model.precision=" + precision},
                             global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), {});
@@ -65,6 +68,12 @@ double relative_error(const float* a, const float* b, size_t n) {
     ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
   }
   return diff / ref;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
@@ -181,42 +190,102 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
               static_cast<long long>(near_ties), static_cast<long long>(broken_ties));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny", "glm_moe_dsa-tiny"));
-
-// The trained tiny-glm (bf16 weights, real margins): 32 free-running greedy tokens on the CPU and on the GPU for 8
-// prompts of different lengths, the GPU decoding all of them as one batch. Tokens must agree until a step whose
-// CPU top-1 / top-2 gap is below twice the measured logits difference of that step (inputs still identical);
-// how many prompts agree on all 32 tokens is reported.
-TEST(CudaModelTinyGlm, FreeRunningGreedyMatchesTheCpuPath) {
+// Free-running greedy decoding, the GPU against the CPU model in bf16 precision: the same tokens at every step. The
+// rows' largest logits difference relative to max|cpu| is reported beside the smallest top-1 / top-2 gap met: with
+// the rounding points matched it is fp32 summation noise (~1e-5), not bf16 error (~1e-2).
+TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
   constexpr int64_t kNew = 32;
-  constexpr int kPrompts = 8;
-  LoadedModel cpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cpu", "mmap");
-  LoadedModel gpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cuda", "mmap");
+  LoadedModel cpu = load_path(model_dir(GetParam()), "cpu", "mmap", "bf16");
+  LoadedModel gpu = load(GetParam(), "cuda");
   ASSERT_NE(gpu.gpu, nullptr);
   const int64_t vocab = cpu.model->config().vocab_size;
-  std::vector<std::vector<int32_t>> prompts, want(kPrompts), got(kPrompts);
-  std::vector<std::vector<std::vector<float>>> cpu_rows(kPrompts), gpu_rows(kPrompts);
+  const std::vector<int32_t> prompt = prompt_of(GetParam());
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + kNew + 1;
+  auto kv = make_kv_cache(cpu, tokens);
+  std::vector<int32_t> cpu_table, cpu_tokens, gpu_tokens;
+  ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
+  auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
+                              prompt, cpu_table, kNew, cpu_tokens, true, vocab);
+  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
+  auto runner = gpu.gpu->make_runner(blocks, kBlockSize);
+  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  std::vector<int32_t> gpu_table(blocks - 3);
+  std::iota(gpu_table.rbegin(), gpu_table.rend(), 2);
+  auto gpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
+                              prompt, gpu_table, kNew, gpu_tokens, true, vocab);
+  ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
+  double worst_prefill = 0, worst_decode = 0, smallest_gap = INFINITY;
+  std::vector<double> errors;
+  const size_t P = prompt.size();
+  for (size_t r = 0; r < cpu_rows.size(); ++r) {
+    double& worst = r < P ? worst_prefill : worst_decode;
+    errors.push_back(relative_error(gpu_rows[r].data(), cpu_rows[r].data(), vocab));
+    worst = std::max(worst, errors.back());
+    if (r + 1 >= P) smallest_gap = std::min(smallest_gap, top_gap(cpu_rows[r].data(), vocab));
+  }
+  EXPECT_EQ(gpu_tokens, cpu_tokens) << GetParam();
+  for (size_t d = 0; d < cpu_tokens.size() && d < gpu_tokens.size(); ++d)
+    if (gpu_tokens[d] != cpu_tokens[d]) {
+      ADD_FAILURE() << GetParam() << ": first difference at step " << d << " (CPU " << cpu_tokens[d] << ", GPU "
+                    << gpu_tokens[d] << "), CPU top-1/top-2 gap " << top_gap(cpu_rows[P - 1 + d].data(), vocab);
+      break;
+    }
+  std::printf("%s: bf16 CPU vs GPU, %lld free-running greedy tokens %s; logits difference of max|cpu|: median %.3g, "
+              "worst %.3g on the prompt's rows, %.3g on decode rows; smallest CPU top-1/top-2 gap %.3g\n",
+              GetParam().c_str(), static_cast<long long>(kNew), gpu_tokens == cpu_tokens ? "identical" : "DIFFER",
+              median(errors), worst_prefill, worst_decode, smallest_gap);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny", "glm_moe_dsa-tiny"));
+
+// The trained tiny-glm (bf16 weights, real margins): 32 free-running greedy tokens on the CPU (in `cpu_precision`) and
+// on the GPU for 8 prompts of different lengths (3 .. 38 tokens: both MLA forms), the GPU decoding all of them as
+// one batch (a 164-row prefill step: the cuBLAS / grouped-GEMM paths; then 8-row decode steps).
+struct TinyGlmRuns {
+  static constexpr int64_t kNew = 32;
+  static constexpr int kPrompts = 8;
+  int64_t vocab = 0;
+  std::vector<std::vector<int32_t>> want, got;                 // per prompt: the CPU's and the GPU's tokens
+  std::vector<std::vector<std::vector<float>>> cpu_rows, gpu_rows;  // per prompt and step: the logits they came from
+};
+
+TinyGlmRuns run_tiny_glm(const std::string& cpu_precision) {
+  constexpr int64_t kNew = TinyGlmRuns::kNew;
+  constexpr int kPrompts = TinyGlmRuns::kPrompts;
+  TinyGlmRuns runs;
+  LoadedModel cpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cpu", "mmap", cpu_precision);
+  LoadedModel gpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cuda", "mmap");
+  EXPECT_NE(gpu.gpu, nullptr);
+  if (!gpu.gpu) return runs;
+  const int64_t vocab = runs.vocab = cpu.model->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  auto& want = runs.want;
+  auto& got = runs.got;
+  auto& cpu_rows = runs.cpu_rows;
+  auto& gpu_rows = runs.gpu_rows;
+  want.resize(kPrompts), got.resize(kPrompts), cpu_rows.resize(kPrompts), gpu_rows.resize(kPrompts);
   for (int i = 0; i < kPrompts; ++i) {
     std::vector<int32_t> p;
     for (int t = 0; t < 3 + 5 * i; ++t) p.push_back((53 * t + 97 * i + 11) % static_cast<int32_t>(vocab - 2) + 2);
     prompts.push_back(p);
     auto kv = make_kv_cache(cpu, 96);
     std::vector<int32_t> table;
-    ASSERT_TRUE(kv->reserve(table, 96).ok());
+    EXPECT_TRUE(kv->reserve(table, 96).ok());
     cpu_rows[i] = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
                               p, table, kNew, want[i], true, vocab);
     cpu_rows[i].erase(cpu_rows[i].begin(), cpu_rows[i].begin() + static_cast<std::ptrdiff_t>(p.size()) - 1);
   }
   const int64_t per_seq = 96 / kBlockSize;
   auto runner = gpu.gpu->make_runner(per_seq * kPrompts, kBlockSize);
-  ASSERT_TRUE(runner.ok());
+  EXPECT_TRUE(runner.ok());
+  if (!runner.ok()) return runs;
   std::vector<std::vector<int32_t>> tables(kPrompts);
   for (int i = 0; i < kPrompts; ++i)
     for (int64_t b = 0; b < per_seq; ++b) tables[i].push_back(static_cast<int32_t>(b * kPrompts + i));  // interleaved
   std::vector<SequenceStep> batch;
   for (int i = 0; i < kPrompts; ++i) batch.push_back({prompts[i], 0, &tables[i], false});
   StepOutput out;
-  ASSERT_TRUE((*runner)->forward(batch, out, false).ok());
+  EXPECT_TRUE((*runner)->forward(batch, out, false).ok());
   std::vector<int32_t> next(kPrompts);
   for (int s = 0; s < kNew; ++s) {
     batch.clear();
@@ -227,26 +296,76 @@ TEST(CudaModelTinyGlm, FreeRunningGreedyMatchesTheCpuPath) {
       got[i].push_back(next[i]);
       batch.push_back({{&next[i], 1}, static_cast<int64_t>(prompts[i].size()) + s, &tables[i], false});
     }
-    if (s + 1 < kNew) ASSERT_TRUE((*runner)->forward(batch, out, false).ok());
+    if (s + 1 < kNew) EXPECT_TRUE((*runner)->forward(batch, out, false).ok());
   }
+  return runs;
+}
+
+// Against the fp32 CPU: tokens must agree until a step whose CPU top-1 / top-2 gap is below twice the measured
+// logits difference of that step (inputs still identical); how many prompts agree on all 32 tokens is reported.
+TEST(CudaModelTinyGlm, FreeRunningGreedyMatchesTheCpuPath) {
+  const TinyGlmRuns runs = run_tiny_glm("fp32");
+  ASSERT_EQ(runs.got.size(), static_cast<size_t>(TinyGlmRuns::kPrompts));
+  const int64_t vocab = runs.vocab;
   int identical = 0;
-  for (int i = 0; i < kPrompts; ++i) {
+  for (int i = 0; i < TinyGlmRuns::kPrompts; ++i) {
+    const auto& got = runs.got[i];
+    const auto& want = runs.want[i];
     size_t d = 0;
-    while (d < got[i].size() && got[i][d] == want[i][d]) ++d;
-    if (d == got[i].size()) {
+    while (d < got.size() && got[d] == want[d]) ++d;
+    if (d == got.size()) {
       ++identical;
       continue;
     }
     double diff = 0;
     for (int64_t v = 0; v < vocab; ++v)
-      diff = std::max(diff, static_cast<double>(std::fabs(gpu_rows[i][d][v] - cpu_rows[i][d][v])));
-    const double gap = top_gap(cpu_rows[i][d].data(), vocab);
+      diff = std::max(diff, static_cast<double>(std::fabs(runs.gpu_rows[i][d][v] - runs.cpu_rows[i][d][v])));
+    const double gap = top_gap(runs.cpu_rows[i][d].data(), vocab);
     std::printf("tiny-glm prompt %d: diverges at step %zu (CPU %d, GPU %d): CPU top-1/top-2 gap %.4g, logits |Δ| %.4g\n",
-                i, d, want[i][d], got[i][d], gap, diff);
+                i, d, want[d], got[d], gap, diff);
     EXPECT_LT(gap, 2 * diff) << "prompt " << i << ": greedy tokens differ at step " << d << " without a near-tie";
   }
-  std::printf("tiny-glm: %d of %d prompts identical for all %lld greedy tokens\n", identical, kPrompts,
-              static_cast<long long>(kNew));
+  std::printf("tiny-glm: %d of %d prompts identical for all %lld greedy tokens\n", identical, TinyGlmRuns::kPrompts,
+              static_cast<long long>(TinyGlmRuns::kNew));
+}
+
+// Against the CPU in bf16 precision: the same 32 tokens on every prompt but where a prompt's first differing step is
+// a near-tie at the bf16 CPU's own noise level (its top-1 / top-2 gap below twice that step's measured logits
+// difference, inputs still identical). That noise is not a missing rounding point: with the rounding points matched,
+// fp32 summation order still moves a value across a bf16 rounding boundary now and then, and the model carries the
+// bf16 step on (the CPU in bf16 against itself with ±4 fp32 ulps of jitter before each rounding point diverges on
+// 4 of these 8 prompts, median row difference 5e-3 of max|logit|). Identical prompts, the median and worst logits
+// difference relative to max|cpu| up to the first differing step, and each divergence are reported.
+TEST(CudaModelTinyGlm, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
+  const TinyGlmRuns runs = run_tiny_glm("bf16");
+  ASSERT_EQ(runs.got.size(), static_cast<size_t>(TinyGlmRuns::kPrompts));
+  const int64_t vocab = runs.vocab;
+  std::vector<double> errors;
+  int identical = 0;
+  for (int i = 0; i < TinyGlmRuns::kPrompts; ++i) {
+    const auto& got = runs.got[i];
+    const auto& want = runs.want[i];
+    size_t d = 0;
+    while (d < got.size() && got[d] == want[d]) ++d;
+    for (size_t s = 0; s < std::min(d + 1, got.size()); ++s)
+      errors.push_back(relative_error(runs.gpu_rows[i][s].data(), runs.cpu_rows[i][s].data(), vocab));
+    if (d == got.size()) {
+      ++identical;
+      continue;
+    }
+    double diff = 0;
+    for (int64_t v = 0; v < vocab; ++v)
+      diff = std::max(diff, static_cast<double>(std::fabs(runs.gpu_rows[i][d][v] - runs.cpu_rows[i][d][v])));
+    const double gap = top_gap(runs.cpu_rows[i][d].data(), vocab);
+    std::printf("tiny-glm bf16 prompt %d: diverges at step %zu (CPU %d, GPU %d): CPU top-1/top-2 gap %.4g, logits "
+                "|Δ| %.4g\n",
+                i, d, want[d], got[d], gap, diff);
+    EXPECT_LT(gap, 2 * diff) << "prompt " << i << ": greedy tokens differ at step " << d << " without a near-tie";
+  }
+  const double worst = errors.empty() ? 0 : *std::max_element(errors.begin(), errors.end());
+  std::printf("tiny-glm bf16 CPU vs GPU: %d of %d prompts identical for all %lld greedy tokens; logits difference of "
+              "max|cpu| up to the first differing step: median %.3g, worst %.3g\n",
+              identical, TinyGlmRuns::kPrompts, static_cast<long long>(TinyGlmRuns::kNew), median(errors), worst);
 }
 
 TEST(CudaModelDummy, RandomWeightsAreMadeOnTheDeviceAndRunDeterministically) {

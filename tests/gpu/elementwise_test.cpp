@@ -29,6 +29,26 @@ TEST(GpuNorm, RmsNormMatchesCpu) {
   }
 }
 
+// fp32 rows (strided, as q_a's slice of the shared q_a / kv_a GEMM output) normed as rmsnorm_bf16 norms their
+// bf16 rounding: bitwise the same output.
+TEST(GpuNorm, RoundedF32RowsNormExactlyAsTheirBf16Rounding) {
+  std::mt19937_64 rng(13);
+  for (auto [n, dim, stride] : {std::tuple{1, 768, 1344}, {5, 33, 40}, {3, 512, 512}}) {
+    const std::vector<float> x = random_f32(size_t(n) * stride, rng, -3.f, 3.f);
+    std::vector<uint16_t> rounded(size_t(n) * dim);
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < dim; ++i) rounded[size_t(r) * dim + i] = cpu::float_to_bf16(x[size_t(r) * stride + i]);
+    const Bf16Data w = random_bf16(dim, rng, 0.5f, 1.5f);
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<uint16_t> dr(rounded), dw(w.bits), got(rounded.size()), want(rounded.size());
+    got.poison(), want.poison();
+    KILN_STATUS_OK(cuda::rmsnorm_rounded_f32_bf16(dx.get(), stride, dw.get(), n, dim, 1e-6f, got.get(), nullptr));
+    KILN_STATUS_OK(cuda::rmsnorm_bf16(dr.get(), dw.get(), n, dim, 1e-6f, want.get(), nullptr));
+    EXPECT_EQ(got.download(), want.download()) << n << "x" << dim << " stride " << stride;
+  }
+  EXPECT_FALSE(cuda::rmsnorm_rounded_f32_bf16(nullptr, 10, nullptr, 1, 11, 1e-6f, nullptr, nullptr).ok());
+}
+
 TEST(GpuNorm, AddRmsNormUpdatesResidualAndNormalises) {
   std::mt19937_64 rng(12);
   for (auto [n, dim] : {std::pair{1, 2048}, {9, 6144}, {2, 77}}) {

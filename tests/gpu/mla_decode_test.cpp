@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "device_buffer.h"
@@ -27,8 +28,12 @@ struct Case {
   std::vector<int32_t> rows = {};
   bool grouped = false;  // pass row_groups from mla_decode_row_groups
   bool split_by_length = false;  // num_splits is then taken from mla_decode_length_splits(longest row)
+  bool bf16_only = false;        // out = null: only the bf16 output is written (checked against the reference)
 };
 
+// Runs one case against the CPU reference. The bf16 output, written alongside, must be the fp32 output rounded to
+// nearest even, bit for bit; with split_by_length, row 0 run alone (with the split count the runner would give
+// it) must give the same bits as beside the other rows (batch invariance).
 void run_case(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int64_t num_seqs = static_cast<int64_t>(c.kv_lens.size());
@@ -84,9 +89,12 @@ void run_case(const Case& c, uint64_t seed) {
   }
 
   DeviceBuffer<float> dq(q.values), dout(want.size());
+  DeviceBuffer<uint16_t> dout_bf(want.size());
+  dout_bf.poison();
   DeviceBuffer<uint16_t> dcache(cache.bits);
   DeviceBuffer<int32_t> dtables(tables), dseq(query_seq), dlen(row_len), dsel(selected.empty() ? std::vector<int32_t>{0} : selected);
-  DeviceBuffer<unsigned char> workspace(std::max<size_t>(1, cuda::mla_decode_workspace_bytes(nq, c.heads, c.num_splits)));
+  // Room for the split count row 0 alone gets below (up to 15 more, as the runner rounds it).
+  DeviceBuffer<unsigned char> workspace(std::max<size_t>(1, cuda::mla_decode_workspace_bytes(nq, c.heads, c.num_splits + 15)));
   workspace.poison();
   dout.poison();
   cuda::MlaDecodeParams p;
@@ -102,7 +110,8 @@ void run_case(const Case& c, uint64_t seed) {
   p.selected = c.selected_width > 0 ? dsel.get() : nullptr;
   p.selected_width = c.selected_width;
   p.scale = scale;
-  p.out = dout.get();
+  p.out = c.bf16_only ? nullptr : dout.get();
+  p.out_bf16 = dout_bf.get();
   p.num_splits = c.num_splits;
   p.split_by_length = c.split_by_length;
   p.workspace = workspace.get();
@@ -114,13 +123,43 @@ void run_case(const Case& c, uint64_t seed) {
     for (size_t i = 0; i + 1 < groups.size(); ++i)
       p.max_group_rows = std::max<int64_t>(p.max_group_rows, groups[i + 1] - groups[i]);
   }
-  KILN_STATUS_OK(cuda::mla_decode_bf16(p, nullptr));
+  EXPECT_TRUE(cuda::mla_decode_bf16(p, nullptr).ok());
   KILN_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<float> got = dout.download();
-  for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "an output element was not written";
+  const std::vector<uint16_t> got_bf = dout_bf.download();
+  std::vector<float> got(got_bf.size());
+  if (c.bf16_only) {
+    for (size_t i = 0; i < got.size(); ++i) got[i] = cpu::bf16_to_float(got_bf[i]);
+  } else {
+    got = dout.download();
+    size_t mismatched = 0;
+    for (size_t i = 0; i < got.size(); ++i) mismatched += cpu::float_to_bf16(got[i]) != got_bf[i];
+    EXPECT_EQ(mismatched, 0u) << "the bf16 output is not the fp32 output rounded";
+  }
+  for (float v : got) {
+    EXPECT_TRUE(std::isfinite(v)) << "an output element was not written";
+    if (!std::isfinite(v)) break;
+  }
   EXPECT_LT(rel_error(got, want), kTolerance) << "heads " << c.heads << " block " << c.block_size << " splits "
                                               << c.num_splits << " sel " << c.selected_width << " rows "
-                                              << nq << (c.grouped ? " grouped" : "");
+                                              << nq << (c.grouped ? " grouped" : "") << (c.bf16_only ? " bf16" : "");
+  if (c.split_by_length && !c.grouped) {
+    const size_t n = size_t(c.heads) * 512;
+    DeviceBuffer<float> alone(n);
+    DeviceBuffer<uint16_t> alone_bf(n);
+    cuda::MlaDecodeParams a = p;
+    a.num_queries = 1;
+    a.num_splits = (cuda::mla_decode_length_splits(row_len[0]) + 15) / 16 * 16;
+    a.out = c.bf16_only ? nullptr : alone.get();
+    a.out_bf16 = alone_bf.get();
+    ASSERT_LE(cuda::mla_decode_workspace_bytes(1, c.heads, a.num_splits), workspace.size());
+    EXPECT_TRUE(cuda::mla_decode_bf16(a, nullptr).ok());
+    const std::vector<uint16_t> one_bf = alone_bf.download();
+    EXPECT_TRUE(std::equal(one_bf.begin(), one_bf.end(), got_bf.begin())) << "row 0 changed with the rows beside it";
+    if (!c.bf16_only) {
+      const std::vector<float> one = alone.download();
+      EXPECT_EQ(0, std::memcmp(one.data(), got.data(), n * sizeof(float))) << "row 0 changed with the rows beside it";
+    }
+  }
 }
 
 TEST(GpuMlaDecode, OneSplitMatchesCpu) {
@@ -158,7 +197,7 @@ TEST(GpuMlaDecode, RowGroupsFollowSequences) {
   const std::vector<int32_t> one(10, 4);
   EXPECT_EQ(cuda::mla_decode_row_groups(one.data(), 10), (std::vector<int32_t>{0, 8, 10}));
   EXPECT_EQ(cuda::mla_decode_row_groups(nullptr, 0), (std::vector<int32_t>{0}));
-  EXPECT_EQ(cuda::mla_decode_grouped_num_splits(1, 6, 20, 32768, 132), 44);  // 3 CTAs per group of 6 rows
+  EXPECT_EQ(cuda::mla_decode_grouped_num_splits(1, 6, 20, 32768, 132), 33);  // 4 CTAs of 30 pairs per group of 6 rows
   EXPECT_EQ(cuda::mla_decode_grouped_num_splits(4, 1, 20, 32768, 132), 33);  // one row per group: as ungrouped
 }
 
@@ -174,6 +213,17 @@ TEST(GpuMlaDecode, SplitByLengthMatchesCpu) {
   EXPECT_EQ(cuda::mla_decode_length_splits(4096), 32);     // two tiles a split
   EXPECT_EQ(cuda::mla_decode_length_splits(131072), 128);  // 16 tiles a split
   EXPECT_EQ(cuda::mla_decode_length_splits(100), 1);
+}
+
+// Only the bf16 output (the runner's o_lat_bf): written by the kernel itself (one split) or by the combine.
+TEST(GpuMlaDecode, Bf16OnlyOutputMatchesCpu) {
+  Case direct{20, 64, {1, 300, 4099}, 1, 0};
+  direct.bf16_only = true;
+  run_case(direct, 17);
+  Case split{20, 64, {9000, 70, 1}, cuda::mla_decode_length_splits(9000), 0};
+  split.split_by_length = true;
+  split.bf16_only = true;
+  run_case(split, 18);
 }
 
 TEST(GpuMlaDecode, SplitHeuristicFillsTheChip) {

@@ -99,26 +99,36 @@ void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t 
   DeviceBuffer<float> dq(q.values);
   DeviceBuffer<uint16_t> dkv(kv.bits), drope(k_rope.bits), dout(size_t(rows * H * d.v));
   DeviceBuffer<cuda::MlaPrefillSeq> dseqs(table);
-  dout.poison();
   cuda::MlaPrefillParams p;
   p.q = dq.get(), p.q_row_stride = H * qk;
   p.k_nope = dkv.get(), p.k_nope_key_stride = H * kvw, p.k_nope_head_stride = kvw;
   p.k_rope = drope.get() + 8, p.k_rope_key_stride = rope_pitch;
   p.v = dkv.get() + d.nope, p.v_key_stride = H * kvw, p.v_head_stride = kvw;
   p.out = dout.get(), p.out_row_stride = H * d.v;
-  p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q;
+  p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q, p.total_keys = keys;
   p.num_heads = H, p.nope_dim = d.nope, p.rope_dim = d.rope, p.v_dim = d.v, p.scale = scale;
-  KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
-  KILN_CUDA_OK(cudaDeviceSynchronize());
-  const double err = compare_rows(dout.download(), want, seqs, q_row, rows, H * d.v);
-  std::printf("  kernel H=%lld nope=%lld rope=%lld v=%lld: rel err %.3g\n", (long long)H, (long long)d.nope,
-              (long long)d.rope, (long long)d.v, err);
-  EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " rope " << d.rope << " v " << d.v;
+  // The kernel the device dispatches (the wgmma form on compute capability 9.0), then the mma.sync form forced.
+  for (const bool use_wgmma : {true, false}) {
+    dout.poison();
+    p.use_wgmma = use_wgmma;
+    KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
+    KILN_CUDA_OK(cudaDeviceSynchronize());
+    const double err = compare_rows(dout.download(), want, seqs, q_row, rows, H * d.v);
+    std::printf("  kernel%s H=%lld nope=%lld rope=%lld v=%lld: rel err %.3g\n", use_wgmma ? "" : " (mma.sync)",
+                (long long)H, (long long)d.nope, (long long)d.rope, (long long)d.v, err);
+    EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " rope " << d.rope << " v " << d.v
+                               << (use_wgmma ? "" : " mma.sync");
+  }
 }
 
 TEST(GpuMlaPrefill, GlmKernelMatchesCpu) {
   run_kernel_case({20, 192, 64, 256}, {{130, 1000}, {7, 7}, {1, 300}, {200, 263}}, 1);
   run_kernel_case({20, 192, 64, 256}, {{129, 129}}, 2);
+}
+
+// Long enough that the online softmax rescales across many tiles and both ring buffers turn over often.
+TEST(GpuMlaPrefill, GlmKernelMatchesCpuLongContext) {
+  run_kernel_case({2, 192, 64, 256}, {{300, 6001}, {65, 65}}, 6);
 }
 
 TEST(GpuMlaPrefill, DeepSeekKernelMatchesCpu) {

@@ -122,6 +122,19 @@ TEST(GpuMlaRopeCacheWrite, MatchesCpuAndTheSeparateKernelsBitwise) {
     EXPECT_TRUE(same(got_q_bf, sq_bf.download())) << what << ": q_bf";
     EXPECT_TRUE(same(got_q_abs, sq_abs.download())) << what << ": q_abs";
     EXPECT_TRUE(same(got_cache, scache.download())) << what << ": cache";
+
+    // The latents as a strided slice of a wider row (the runner's q_a | kv_a GEMM output): the same cache rows.
+    const int64_t pitch = D + 24;
+    std::vector<float> wide(size_t(n) * pitch, 0.f);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(ckv.begin() + t * D, D, wide.begin() + t * pitch + 24);
+    DeviceBuffer<float> wq(q), wckv(wide), wq_abs(size_t(n) * H * D);
+    DeviceBuffer<uint16_t> wcache(size_t(cache_rows) * D), wq_bf(q.size());
+    wq_abs.poison(), wcache.poison(), wq_bf.poison();
+    cuda::MlaRopeCacheWrite ws = a;
+    ws.q = wq.get(), ws.ckv = wckv.get() + 24, ws.ckv_stride = pitch, ws.cache = wcache.get();
+    ws.q_bf = wq_bf.get(), ws.q_abs = wq_abs.get();
+    KILN_STATUS_OK(cuda::mla_rope_cache_write(ws, nullptr));
+    EXPECT_TRUE(same(wcache.download(), got_cache)) << what << ": cache from strided latents";
   }
 }
 
@@ -131,6 +144,8 @@ TEST(GpuMlaRopeCacheWrite, RejectsAnOddOrTooWideRope) {
   a.rope = 7;
   EXPECT_FALSE(cuda::mla_rope_cache_write(a, nullptr).ok());
   a.rope = 130;
+  EXPECT_FALSE(cuda::mla_rope_cache_write(a, nullptr).ok());
+  a.rope = 8, a.ckv_stride = 23;  // narrower than latent + rope
   EXPECT_FALSE(cuda::mla_rope_cache_write(a, nullptr).ok());
 }
 

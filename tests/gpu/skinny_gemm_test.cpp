@@ -1,9 +1,11 @@
 // The few-row tensor-core GEMM (decode projections) and CublasGemm::linear's dispatch to it, against the CPU
 // reference: every tile shape (n up to 64, one or two 16-row tiles per block, 8 or 16 warps), odd sizes, k
-// tails, bf16 / fp32 outputs, accumulate.
+// tails, bf16 / fp32 outputs, accumulate, 4 or 8 chunks per warp in flight, and back-to-back calls that overlap
+// through programmatic dependent launch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <tuple>
 
@@ -63,6 +65,7 @@ TEST(GpuSkinnyGemm, MatchesCpuOnEveryTileShape) {
   const std::vector<Shape> shapes = {
       {1, 2048, 768},  {1, 8, 1},      {3, 776, 1001}, {8, 520, 17},   {9, 2048, 576},
       {16, 1536, 33},  {17, 264, 130}, {32, 5120, 64}, {33, 96, 2048}, {64, 256, 100},
+      {3, 5120, 1001}, {9, 2056, 300},  // k over one round of 16 warps × 4 chunks: 8 chunks per warp in flight
   };
   // sm_count steers the block shape: 1 → two 16-row tiles per block wherever out ≥ 64; 100000 → one tile and
   // 16 warps; 132 → what an H200 gets.
@@ -232,6 +235,68 @@ TEST(GpuSkinnyGemm, PerHeadAbsorptionProductsMatchCpuAndAreBatchInvariant) {
       }
     }
   }
+}
+
+// Programmatic dependent launch: calls issued back to back on one stream, each reading what the call before it
+// wrote (x, and y when accumulating), give bitwise what the same calls give with the stream synchronised after
+// each one. The chain starts with a 128 MB weight (tens of µs), so a successor that read its input before the
+// wait would see the poison the outputs start as.
+TEST(GpuSkinnyGemm, BackToBackCallsReadTheirPredecessorsOutput) {
+  std::mt19937_64 rng(97);
+  constexpr int64_t kIn = 2048, kWide = 32768, kMid = 4096, kInter = 1024, kOut = 2048, kHeads = 4, kHeadIn = 256,
+                    kHeadOut = 120;
+  static_assert(kHeads * kHeadIn == kInter);
+  DeviceBuffer<uint16_t> w0(kWide * kIn), w1(kMid * kIn), wg(2 * kInter * kMid), w3(kOut * kInter), w4(kOut * kIn),
+      w5(kHeads * kHeadOut * kHeadIn);
+  uint64_t seed = 970;
+  for (DeviceBuffer<uint16_t>* w : {&w0, &w1, &wg, &w3, &w4, &w5})
+    KILN_STATUS_OK(cuda::fill_uniform_bf16(w->get(), w->size(), 0.05f, seed++, nullptr));
+  cudaStream_t stream = nullptr;
+  KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int64_t n : {1, 3, 8, 17, 32}) {
+    const Bf16Data x = random_bf16(size_t(n) * kIn, rng);
+    DeviceBuffer<uint16_t> dx(x.bits), h0(n * kWide), h1(n * kMid), act(n * kInter), z(n * kHeads * kHeadOut);
+    DeviceBuffer<float> y(n * kOut);
+    // h0 = x·W0ᵀ; h1 = h0[:, :kIn]·W1ᵀ; act = SwiGLU(h1·Wgᵀ); z = per-head act·W5[h]ᵀ; y = act·W3ᵀ; y += x·W4ᵀ.
+    auto chain = [&](bool sync_each) {
+      for (DeviceBuffer<uint16_t>* b : {&h0, &h1, &act, &z})
+        KILN_CUDA_OK(cudaMemsetAsync(b->get(), 0xff, b->size() * sizeof(uint16_t), stream));
+      KILN_CUDA_OK(cudaMemsetAsync(y.get(), 0xff, y.size() * sizeof(float), stream));
+      auto step = [&](Status st) {
+        KILN_STATUS_OK(st);
+        if (sync_each) KILN_CUDA_OK(cudaStreamSynchronize(stream));
+      };
+      step(cuda::skinny_gemm_bf16(dx.get(), n, kIn, w0.get(), kWide, h0.get(), DType::kBF16, false, 132, stream));
+      cuda::SkinnyStrides narrow;
+      narrow.x_row = kWide, narrow.y_row = kMid;
+      step(cuda::skinny_gemm_strided_batched_bf16(h0.get(), n, kIn, w1.get(), kMid, h1.get(), DType::kBF16, narrow,
+                                                  false, 132, stream));
+      step(cuda::skinny_gemm_swiglu_bf16(h1.get(), n, kMid, wg.get(), kInter, act.get(), stream));
+      cuda::SkinnyStrides heads;
+      heads.batches = kHeads, heads.x_row = kInter, heads.x_batch = kHeadIn, heads.w_batch = kHeadOut * kHeadIn,
+      heads.y_row = kHeads * kHeadOut, heads.y_batch = kHeadOut;
+      step(cuda::skinny_gemm_strided_batched_bf16(act.get(), n, kHeadIn, w5.get(), kHeadOut, z.get(), DType::kBF16,
+                                                  heads, false, 132, stream));
+      step(cuda::skinny_gemm_bf16(act.get(), n, kInter, w3.get(), kOut, y.get(), DType::kF32, false, 132, stream));
+      step(cuda::skinny_gemm_bf16(dx.get(), n, kIn, w4.get(), kOut, y.get(), DType::kF32, true, 132, stream));
+      KILN_CUDA_OK(cudaStreamSynchronize(stream));
+    };
+    chain(true);
+    const auto h0_s = h0.download(), h1_s = h1.download(), act_s = act.download(), z_s = z.download();
+    const auto y_s = y.download();
+    auto finite = [](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
+    };
+    for (const auto* v : {&h0_s, &h1_s, &act_s, &z_s}) ASSERT_TRUE(finite(widen(*v))) << "n " << n;
+    ASSERT_TRUE(finite(y_s)) << "n " << n;  // the synchronised chain wrote every element
+    chain(false);
+    EXPECT_EQ(h0.download(), h0_s) << "n " << n;
+    EXPECT_EQ(h1.download(), h1_s) << "n " << n;
+    EXPECT_EQ(act.download(), act_s) << "n " << n;
+    EXPECT_EQ(z.download(), z_s) << "n " << n;
+    EXPECT_EQ(0, std::memcmp(y.download().data(), y_s.data(), y_s.size() * sizeof(float))) << "n " << n;
+  }
+  KILN_CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(GpuSkinnyGemm, StridedBatchRejectsMisalignedStrides) {

@@ -94,6 +94,10 @@ void MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
   }
 }
 
+void MlaMoeModel::round_bf16(float* x, int64_t n) const {
+  if (bf16()) cpu::round_to_bf16(x, n);
+}
+
 Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const {
   if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   tl.seq_begin.assign(1, 0);
@@ -124,6 +128,8 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCac
 
 bool MlaMoeModel::use_expanded(int64_t new_tokens, int64_t kv_len) const {
   if (form_ != MlaForm::kAuto) return form_ == MlaForm::kExpanded;
+  // bf16: the CUDA runner's choice, so each row meets the rounding points of the form the GPU runs it in.
+  if (bf16()) return !config_.has_indexer() && new_tokens >= kExpandedPrefillMinTokens;
   // Multiply-adds per call. Expanded: rebuild k/v of every visible token, then attention in head space.
   // Absorbed: move queries into and outputs out of latent space, then attention in latent space.
   const double H = static_cast<double>(config_.num_attention_heads), L = static_cast<double>(config_.kv_lora_rank);
@@ -184,7 +190,9 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   if (w.q_a) {
     q_resid.resize(N * c.q_lora_rank);
     KILN_RETURN_IF_ERROR(run_linear(*w.q_a, h, N, q_resid.data()));
+    round_bf16(q_resid.data(), N * c.q_lora_rank);
     cpu::rmsnorm(q_resid.data(), w.q_a_norm.data(), N, c.q_lora_rank, kLatentNormEps, q_resid.data());
+    round_bf16(q_resid.data(), N * c.q_lora_rank);
     KILN_RETURN_IF_ERROR(run_linear(*w.q_b, q_resid.data(), N, q.data()));
   } else {
     KILN_RETURN_IF_ERROR(run_linear(*w.q_proj, h, N, q.data()));
@@ -221,8 +229,9 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
     const int64_t sel_w = sparse ? selected_width : 0;
     if (use_expanded(n, kv_len)) {
       // Latents of earlier positions come from the cache; this step's are used as computed (not re-read
-      // through the layout), as a fresh prefill would.
-      const int64_t ctx = st.start_position;
+      // through the layout), as a fresh prefill would. In bf16 precision all of them come from the cache, as the
+      // GPU's prefill kernel gathers them.
+      const int64_t ctx = bf16() ? kv_len : st.start_position;
       std::vector<float> lat(kv_len * L), rope(kv_len * R);
       if (ctx > 0) {
         std::vector<int64_t> ctx_slots(ctx);
@@ -234,10 +243,13 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
           std::copy_n(rows.data() + t * (L + R) + L, R, rope.data() + t * R);
         }
       }
-      std::copy_n(latent.data() + b * L, n * L, lat.data() + ctx * L);
-      std::copy_n(k_pe.data() + b * R, n * R, rope.data() + ctx * R);
+      if (ctx < kv_len) {
+        std::copy_n(latent.data() + b * L, n * L, lat.data() + ctx * L);
+        std::copy_n(k_pe.data() + b * R, n * R, rope.data() + ctx * R);
+      }
       std::vector<float> kvb(kv_len * H * (nope + vd)), k(kv_len * H * qk), v(kv_len * H * vd);
       KILN_RETURN_IF_ERROR(run_linear(*w.kv_b, lat.data(), kv_len, kvb.data()));
+      round_bf16(kvb.data(), kv_len * H * (nope + vd));
       for (int64_t t = 0; t < kv_len; ++t)
         for (int64_t hh = 0; hh < H; ++hh) {
           const float* src = kvb.data() + (t * H + hh) * (nope + vd);
@@ -249,7 +261,15 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
                                   attn.data() + b * H * vd);
     } else {
       std::vector<float> qa(n * H * (L + R)), o_lat(n * H * L);
-      cpu::mla_absorb_query(q.data() + b * H * qk, n, qk, w.kv_b_f32.data(), dims, qa.data(), L + R);
+      // bf16: W_UK takes q in bf16 (only q_nope is read); q_pe goes into the absorbed query in fp32 below.
+      std::vector<float> q_bf;
+      const float* q_abs_in = q.data() + b * H * qk;
+      if (bf16()) {
+        q_bf.assign(q_abs_in, q_abs_in + n * H * qk);
+        round_bf16(q_bf.data(), n * H * qk);
+        q_abs_in = q_bf.data();
+      }
+      cpu::mla_absorb_query(q_abs_in, n, qk, w.kv_b_f32.data(), dims, qa.data(), L + R);
       for (int64_t t = 0; t < n; ++t)
         for (int64_t hh = 0; hh < H; ++hh)
           std::copy_n(q.data() + (b + t) * H * qk + hh * qk + nope, R, qa.data() + (t * H + hh) * (L + R) + L);
@@ -269,10 +289,53 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
       args.scale = scale;
       args.out = o_lat.data();
       KILN_RETURN_IF_ERROR(layout.attend(args, {}));
+      round_bf16(o_lat.data(), n * H * L);
       cpu::mla_unabsorb_output(o_lat.data(), n, w.kv_b_f32.data(), dims, attn.data() + b * H * vd);
     }
   }
-  return run_linear(*w.o_proj, attn.data(), N, out);
+  round_bf16(attn.data(), N * H * vd);
+  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, attn.data(), N, out));
+  round_bf16(out, N * c.hidden_size);
+  return ok_status();
+}
+
+// The GPU's expert kernels: gate and up of each (token, slot) pair in fp32, the SwiGLU output stored in bf16, down
+// in fp32 scaled by the pair's route weight; the pairs of a token summed in slot order (moe_combine_bf16).
+Status MlaMoeModel::routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
+                                        const float* route_weights, float* out) const {
+  const int64_t Hd = config_.hidden_size, k = config_.num_experts_per_tok, I = config_.moe_intermediate_size;
+  const int64_t E = static_cast<int64_t>(m.expert_mlps.size());
+  std::vector<std::vector<int64_t>> pairs(E);
+  for (int64_t p = 0; p < n * k; ++p) {
+    if (ids[p] < 0 || ids[p] >= E)
+      return out_of_range("expert id " + std::to_string(ids[p]) + " (token " + std::to_string(p / k) +
+                          ") is outside [0, " + std::to_string(E) + ")");
+    pairs[ids[p]].push_back(p);
+  }
+  std::vector<float> pair_out(n * k * Hd), x, g, u, a, y;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t rows = static_cast<int64_t>(pairs[e].size());
+    if (rows == 0) continue;
+    x.resize(rows * Hd), g.resize(rows * I), u.resize(rows * I), a.resize(rows * I), y.resize(rows * Hd);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(h + (pairs[e][r] / k) * Hd, Hd, x.data() + r * Hd);
+    const MlpWeights& w = m.expert_mlps[e];
+    KILN_RETURN_IF_ERROR(run_linear(*w.gate, x.data(), rows, g.data()));
+    KILN_RETURN_IF_ERROR(run_linear(*w.up, x.data(), rows, u.data()));
+    cpu::swiglu(g.data(), u.data(), rows, I, I, a.data());
+    cpu::round_to_bf16(a.data(), rows * I);
+    KILN_RETURN_IF_ERROR(run_linear(*w.down, a.data(), rows, y.data()));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = pairs[e][r];
+      for (int64_t i = 0; i < Hd; ++i) pair_out[p * Hd + i] = y[r * Hd + i] * route_weights[p];
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = out + t * Hd;
+    std::fill(dst, dst + Hd, 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < Hd; ++i) dst[i] += pair_out[(t * k + j) * Hd + i];
+  }
+  return ok_status();
 }
 
 Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
@@ -283,8 +346,13 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
     std::vector<float> g(n * I), u(n * I), a(n * I);
     KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
     KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+    round_bf16(g.data(), n * I);
+    round_bf16(u.data(), n * I);
     cpu::swiglu(g.data(), u.data(), n, I, I, a.data());
-    return run_linear(*m.down, a.data(), n, y);
+    round_bf16(a.data(), n * I);
+    KILN_RETURN_IF_ERROR(run_linear(*m.down, a.data(), n, y));
+    round_bf16(y, n * Hd);
+    return ok_status();
   };
   if (!w.is_moe) return dense(w.mlp, out);
 
@@ -294,14 +362,19 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   cpu::gemm_f32(h, n, Hd, w.moe.router.data(), E, logits.data());
   const cpu::MoeRouterConfig rc = moe_router_config(c);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data(), router_margin);
-  TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
-  TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});
-  KILN_RETURN_IF_ERROR(w.moe.experts->forward(xv, ids.data(), weights.data(), static_cast<int>(k), yv, {}));
+  if (bf16()) {
+    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe, h, n, ids.data(), weights.data(), out));
+  } else {
+    TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
+    TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});
+    KILN_RETURN_IF_ERROR(w.moe.experts->forward(xv, ids.data(), weights.data(), static_cast<int>(k), yv, {}));
+  }
   if (w.moe.shared.gate) {
     std::vector<float> shared(n * Hd);
     KILN_RETURN_IF_ERROR(dense(w.moe.shared, shared.data()));
     for (int64_t i = 0; i < n * Hd; ++i) out[i] += shared[i];
   }
+  round_bf16(out, n * Hd);
   return ok_status();
 }
 
@@ -312,9 +385,11 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> h(N * Hd), y(N * Hd);
   cpu::rmsnorm(x, layer.input_norm.data(), N, Hd, eps, h.data());
+  round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, kv, h.data(), y.data(), selected, selected_width)
                            .with_context("layer " + std::to_string(kv_layer) + " attention"));
   cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
+  round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data(), router_margin).with_context("layer " + std::to_string(kv_layer) + " mlp"));
   for (int64_t i = 0; i < N * Hd; ++i) x[i] += y[i];
   return ok_status();
@@ -346,6 +421,7 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, St
   if (keep_hidden) {
     out.hidden.resize(N * Hd);
     cpu::rmsnorm(x.data(), weights_.final_norm.data(), N, Hd, static_cast<float>(c.rms_norm_eps), out.hidden.data());
+    round_bf16(out.hidden.data(), N * Hd);
   }
   return logits(steps, tl, x.data(), weights_.final_norm, *weights_.lm_head, out);
 }
@@ -365,6 +441,7 @@ Status MlaMoeModel::logits(std::span<const SequenceStep> steps, const TokenLayou
   std::vector<float> normed(R * Hd);
   for (int64_t r = 0; r < R; ++r)
     cpu::rmsnorm(x + rows[r] * Hd, norm.data(), 1, Hd, static_cast<float>(config_.rms_norm_eps), normed.data() + r * Hd);
+  round_bf16(normed.data(), R * Hd);
   out.logits.resize(R * config_.vocab_size);
   return run_linear(head, normed.data(), R, out.logits.data());
 }
@@ -388,6 +465,8 @@ Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep>
   embed(ids.data(), N, e.data());
   cpu::rmsnorm(e.data(), m.enorm.data(), N, Hd, eps, e.data());
   cpu::rmsnorm(prev_hidden, m.hnorm.data(), N, Hd, eps, hn.data());
+  round_bf16(e.data(), N * Hd);
+  round_bf16(hn.data(), N * Hd);
   for (int64_t t = 0; t < N; ++t) {  // the embedding first, then the hidden state
     std::copy_n(e.data() + t * Hd, Hd, cat.data() + t * 2 * Hd);
     std::copy_n(hn.data() + t * Hd, Hd, cat.data() + t * 2 * Hd + Hd);

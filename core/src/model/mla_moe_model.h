@@ -1,5 +1,22 @@
 // The forward pass of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3) on the CPU:
 // batches of sequences at different positions in one call, KV in paged form through the recipe's KvLayout.
+//
+// Precision (the weights' ModelWeights::precision, recipe key model.precision). fp32: the reference. bf16: the CUDA
+// runner's rounding (core/src/runtime/cuda), so that CPU and GPU differ only by fp32 summation order. Activations
+// are rounded to bf16 exactly where the GPU stores them in bf16:
+//   - every RMSNorm output (input / post-attention norms, q_a_layernorm, the final norm, MTP enorm / hnorm);
+//   - the q_a projection's output; q_nope before the absorption (q_pe stays fp32, as the absorbed query's tail);
+//   - the latent cache rows (the bf16 KV layout rounds them; use kv.layout = "bf16" as the GPU does);
+//   - o_lat before the un-absorption, and the attention output (un-absorbed, or expanded-form prefill);
+//   - expanded-form prefill: K_nope / V expanded from the cached (bf16) latents of every position, this step's too;
+//   - every projection stored bf16: o_proj, dense gate / up / down (shared expert too), the routed experts' SwiGLU
+//     output, and the MoE block output (routed sum + shared expert, summed in fp32, then rounded).
+// fp32 as on the GPU: the residual stream, q (q_b / q_proj output, roped), kv_a's output and the latent norm
+// before the cache write, attention scores and softmax, the MoE router (fp32 weights, logits, routing weights),
+// the routed experts' gate / up before SwiGLU and their down outputs, the DSA indexer (queries, keys, its fp32 key
+// cache, scores), the eh_proj output of an MTP layer, logits. Which MLA form a sequence takes follows the GPU too
+// (see use_expanded). Not modelled: the tensor-core prefill / decode kernels of the production widths (latent 512,
+// rope 64, nope 128 / 192), which also round the attention probabilities to bf16.
 #pragma once
 
 #include <memory>
@@ -13,6 +30,10 @@
 #include "model/model_weights.h"
 
 namespace kiln {
+
+// A sequence bringing at least this many tokens in a step attends in expanded form on the CUDA runner (its prefill
+// kernel; DSA models excepted), fewer in absorbed form; the CPU model in bf16 precision follows the same rule.
+inline constexpr int64_t kExpandedPrefillMinTokens = 16;
 
 // Which MLA form attention runs in. kAuto picks per sequence by arithmetic cost: expanded (k/v rebuilt from
 // the latents, cheaper for long prefill chunks) or absorbed (attention in latent space over the paged cache).
@@ -89,6 +110,12 @@ class MlaMoeModel {
   Status indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
                         const float* q_resid, std::vector<int32_t>& selected, int64_t& selected_width) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
+  // bf16 precision: the routed experts as the GPU's expert kernels compute them (see mla_moe_model.cpp).
+  Status routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
+                             const float* route_weights, float* out) const;
+  bool bf16() const { return weights_.precision == Precision::kBf16; }
+  // x[0, n) rounded to bf16 in bf16 precision (a GPU rounding point); nothing in fp32.
+  void round_bf16(float* x, int64_t n) const;
   bool use_expanded(int64_t new_tokens, int64_t kv_len) const;
   // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
   Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,

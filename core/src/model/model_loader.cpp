@@ -76,7 +76,9 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
 #endif
   ModelWeights weights;
   if (!dummy) {
-    KILN_ASSIGN_OR_RETURN(weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp));
+    // model.precision (the schema allows fp32 and bf16 only): the CPU runner's arithmetic; the CUDA runner is bf16.
+    const Precision precision = model.get_string("precision", "fp32") == "bf16" ? Precision::kBf16 : Precision::kFp32;
+    KILN_ASSIGN_OR_RETURN(weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp, precision));
   }
   bool has_mtp = !weights.mtp.empty();
 #ifdef KILN_WITH_CUDA

@@ -3,9 +3,19 @@
 #include <algorithm>
 
 #include "kernels/cpu/half_float.h"
+#include "model/bf16_weight_source.h"
 
 namespace kiln {
 namespace {
+
+// Where a layer's tensors come from. `weights`: projections, experts, norms, the embedding (rounded to bf16 in
+// bf16 precision, as the GPU uploads them). `exact`: the MoE router and its bias and the DSA indexer's key
+// LayerNorm, which the GPU keeps in fp32.
+struct Sources {
+  const WeightSource& weights;
+  const WeightSource& exact;
+  Precision precision;
+};
 
 std::string shape_str(std::initializer_list<int64_t> shape) {
   std::string s = "[";
@@ -36,8 +46,9 @@ Result<MlpWeights> load_mlp(WeightFormat& f, const WeightSource& src, const std:
   return m;
 }
 
-Result<AttentionWeights> load_attention(const ModelConfig& c, const WeightSource& src, WeightFormat& f,
+Result<AttentionWeights> load_attention(const ModelConfig& c, const Sources& s, WeightFormat& f,
                                         const std::string& p, bool with_indexer) {
+  const WeightSource& src = s.weights;
   AttentionWeights a;
   const int64_t H = c.num_attention_heads, hidden = c.hidden_size;
   if (c.q_lora_rank > 0) {
@@ -60,36 +71,45 @@ Result<AttentionWeights> load_attention(const ModelConfig& c, const WeightSource
     KILN_ASSIGN_OR_RETURN(idx->wq_b, linear(f, src, ip + ".wq_b", c.q_lora_rank, c.index_n_heads * c.index_head_dim));
     KILN_ASSIGN_OR_RETURN(idx->wk, linear(f, src, ip + ".wk", hidden, c.index_head_dim));
     KILN_ASSIGN_OR_RETURN(idx->weights_proj, linear(f, src, ip + ".weights_proj", hidden, c.index_n_heads));
-    KILN_ASSIGN_OR_RETURN(idx->k_norm_weight, load_f32(src, ip + ".k_norm.weight", {c.index_head_dim}));
-    KILN_ASSIGN_OR_RETURN(idx->k_norm_bias, load_f32(src, ip + ".k_norm.bias", {c.index_head_dim}));
+    KILN_ASSIGN_OR_RETURN(idx->k_norm_weight, load_f32(s.exact, ip + ".k_norm.weight", {c.index_head_dim}));
+    KILN_ASSIGN_OR_RETURN(idx->k_norm_bias, load_f32(s.exact, ip + ".k_norm.bias", {c.index_head_dim}));
     a.indexer = std::move(idx);
   }
   return a;
 }
 
-Result<LayerWeights> load_layer(const ModelConfig& c, const WeightSource& src, WeightFormat& f, int64_t layer) {
+Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFormat& f, int64_t layer) {
+  const WeightSource& src = s.weights;
   LayerWeights w;
   const std::string p = "model.layers." + std::to_string(layer);
   KILN_ASSIGN_OR_RETURN(w.input_norm, load_f32(src, p + ".input_layernorm.weight", {c.hidden_size}));
   KILN_ASSIGN_OR_RETURN(w.post_attention_norm, load_f32(src, p + ".post_attention_layernorm.weight", {c.hidden_size}));
   bool indexer = c.has_indexer() && !c.indexer_is_shared(layer);
-  KILN_ASSIGN_OR_RETURN(w.attn, load_attention(c, src, f, p + ".self_attn", indexer));
+  KILN_ASSIGN_OR_RETURN(w.attn, load_attention(c, s, f, p + ".self_attn", indexer));
   w.is_moe = c.is_moe(layer);
   if (!w.is_moe) {
     KILN_ASSIGN_OR_RETURN(w.mlp, load_mlp(f, src, p + ".mlp", c.hidden_size, c.intermediate_size));
     return w;
   }
   const int64_t E = c.n_routed_experts;
-  KILN_ASSIGN_OR_RETURN(w.moe.router, load_f32(src, p + ".mlp.gate.weight", {E, c.hidden_size}));
+  KILN_ASSIGN_OR_RETURN(w.moe.router, load_f32(s.exact, p + ".mlp.gate.weight", {E, c.hidden_size}));
   if (src.has(p + ".mlp.gate.e_score_correction_bias")) {
-    KILN_ASSIGN_OR_RETURN(w.moe.router_bias, load_f32(src, p + ".mlp.gate.e_score_correction_bias", {E}));
+    KILN_ASSIGN_OR_RETURN(w.moe.router_bias, load_f32(s.exact, p + ".mlp.gate.e_score_correction_bias", {E}));
   } else {
     w.moe.router_bias.assign(E, 0.0f);
   }
-  KILN_ASSIGN_OR_RETURN(w.moe.experts, f.load_experts(src, p + ".mlp.experts", E));
-  if (w.moe.experts->hidden_size() != c.hidden_size || w.moe.experts->intermediate_size() != c.moe_intermediate_size)
-    return invalid_argument(p + ".mlp.experts: expert shapes do not match moe_intermediate_size / hidden_size in " +
-                            c.source);
+  if (s.precision == Precision::kBf16) {
+    for (int64_t e = 0; e < E; ++e) {
+      KILN_ASSIGN_OR_RETURN(MlpWeights m, load_mlp(f, src, p + ".mlp.experts." + std::to_string(e), c.hidden_size,
+                                                   c.moe_intermediate_size));
+      w.moe.expert_mlps.push_back(std::move(m));
+    }
+  } else {
+    KILN_ASSIGN_OR_RETURN(w.moe.experts, f.load_experts(src, p + ".mlp.experts", E));
+    if (w.moe.experts->hidden_size() != c.hidden_size || w.moe.experts->intermediate_size() != c.moe_intermediate_size)
+      return invalid_argument(p + ".mlp.experts: expert shapes do not match moe_intermediate_size / hidden_size in " +
+                              c.source);
+  }
   if (c.n_shared_experts > 0) {
     KILN_ASSIGN_OR_RETURN(w.moe.shared, load_mlp(f, src, p + ".mlp.shared_experts", c.hidden_size,
                                                  c.moe_intermediate_size * c.n_shared_experts));
@@ -97,8 +117,9 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const WeightSource& src, W
   return w;
 }
 
-Result<MtpWeights> load_mtp(const ModelConfig& c, const WeightSource& src, WeightFormat& f, int64_t layer,
+Result<MtpWeights> load_mtp(const ModelConfig& c, const Sources& s, WeightFormat& f, int64_t layer,
                             bool has_own_head) {
+  const WeightSource& src = s.weights;
   MtpWeights m;
   const std::string p = "model.layers." + std::to_string(layer);
   KILN_ASSIGN_OR_RETURN(m.enorm, load_f32(src, p + ".enorm.weight", {c.hidden_size}));
@@ -108,7 +129,7 @@ Result<MtpWeights> load_mtp(const ModelConfig& c, const WeightSource& src, Weigh
   if (has_own_head) {
     KILN_ASSIGN_OR_RETURN(m.head, linear(f, src, p + ".shared_head.head", c.hidden_size, c.vocab_size));
   }
-  KILN_ASSIGN_OR_RETURN(m.layer, load_layer(c, src, f, layer));
+  KILN_ASSIGN_OR_RETURN(m.layer, load_layer(c, s, f, layer));
   return m;
 }
 
@@ -131,8 +152,13 @@ Result<std::vector<float>> load_f32(const WeightSource& source, const std::strin
   return out;
 }
 
-Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource& src, WeightFormat& f, bool load_mtp_layers) {
+Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource& stored, WeightFormat& f,
+                                        bool load_mtp_layers, Precision precision) {
   ModelWeights w;
+  w.precision = precision;
+  if (precision == Precision::kBf16) w.rounded = std::make_shared<Bf16WeightSource>(stored);
+  const Sources s{w.rounded ? *w.rounded : stored, stored, precision};
+  const WeightSource& src = s.weights;
   KILN_ASSIGN_OR_RETURN(w.embed_tokens, src.get("model.embed_tokens.weight"));
   if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
     return invalid_argument("tensor `model.embed_tokens.weight` has shape " + w.embed_tokens.shape_string() +
@@ -141,7 +167,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource
     return invalid_argument("tensor `model.embed_tokens.weight` has unsupported dtype " +
                             std::string(dtype_name(w.embed_tokens.dtype)));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    KILN_ASSIGN_OR_RETURN(LayerWeights layer, load_layer(c, src, f, l));
+    KILN_ASSIGN_OR_RETURN(LayerWeights layer, load_layer(c, s, f, l));
     w.layers.push_back(std::move(layer));
   }
   KILN_ASSIGN_OR_RETURN(w.final_norm, load_f32(src, "model.norm.weight", {c.hidden_size}));
@@ -152,7 +178,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource
       int64_t layer = c.num_hidden_layers + i;
       const std::string p = "model.layers." + std::to_string(layer);
       if (!src.has(p + ".eh_proj.weight")) break;  // configs announce MTP layers that HF exports drop
-      KILN_ASSIGN_OR_RETURN(MtpWeights m, load_mtp(c, src, f, layer, src.has(p + ".shared_head.head.weight")));
+      KILN_ASSIGN_OR_RETURN(MtpWeights m, load_mtp(c, s, f, layer, src.has(p + ".shared_head.head.weight")));
       w.mtp.push_back(std::move(m));
     }
   }

@@ -11,6 +11,12 @@
 
 namespace kiln {
 
+// The CPU model's arithmetic (recipe key model.precision). kFp32: weights widened exactly, activations in fp32.
+// kBf16: the CUDA runner's rounding — weights rounded to bf16 at load (the MoE router and the DSA indexer's key
+// LayerNorm stay fp32, as on the GPU) and activations rounded to bf16 wherever the GPU stores them in bf16
+// (MlaMoeModel lists the points), so the two differ only by fp32 summation order.
+enum class Precision { kFp32, kBf16 };
+
 struct MlpWeights {
   std::unique_ptr<Linear> gate, up, down;
 };
@@ -35,7 +41,10 @@ struct AttentionWeights {
 struct MoeWeights {
   std::vector<float> router;        // [experts, hidden] fp32 (the gate runs in fp32)
   std::vector<float> router_bias;   // e_score_correction_bias [experts]
-  std::unique_ptr<ExpertSet> experts;
+  std::unique_ptr<ExpertSet> experts;  // fp32 precision
+  // bf16 precision: each routed expert as three Linears (experts is null), so the model can round the SwiGLU
+  // output between gate_up and down as the GPU's expert kernels do; ExpertSet::forward has no such point.
+  std::vector<MlpWeights> expert_mlps;
   MlpWeights shared;                // absent (null gate) when n_shared_experts = 0
 };
 
@@ -61,11 +70,14 @@ struct ModelWeights {
   std::vector<float> final_norm;
   std::unique_ptr<Linear> lm_head;
   std::vector<MtpWeights> mtp;  // empty when the checkpoint has no MTP weights
+  Precision precision = Precision::kFp32;
+  // bf16 precision: the rounded tensors the views above point into (a Bf16WeightSource).
+  std::shared_ptr<const WeightSource> rounded;
 };
 
-// Loads every target layer (and MTP layers when `load_mtp` and present). Errors name the tensor.
+// Loads every target layer (and MTP layers when `load_mtp` and present) for `precision`. Errors name the tensor.
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const WeightSource& source, WeightFormat& format,
-                                        bool load_mtp);
+                                        bool load_mtp, Precision precision = Precision::kFp32);
 
 // Copies a 1-D or 2-D tensor to fp32, checking its shape.
 Result<std::vector<float>> load_f32(const WeightSource& source, const std::string& name,

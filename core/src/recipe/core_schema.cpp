@@ -70,7 +70,11 @@ std::vector<CoreSection> build() {
                  str("load", "mmap", "mmap = read the checkpoint; dummy = random weights of the config's shapes",
                      {"mmap", "dummy"}),
                  str("device", "auto", "where to run: auto = cuda when a GPU is present", {"auto", "cpu", "cuda"}),
-                 integer("threads", 0, "CPU threads (0 = all cores)", 0, 4096)}},
+                 integer("threads", 0, "CPU threads (0 = all cores)", 0, 4096),
+                 str("precision", "fp32",
+                     "the CPU runner's arithmetic: fp32, or bf16 = the CUDA runner's rounding (bf16 weights, "
+                     "activations rounded where the GPU stores bf16), so CPU and GPU decode alike",
+                     {"fp32", "bf16"})}},
                std::nullopt});
   s.push_back({"weights", "weight format plugin", {{str("format", "dense", "weight format (plugin kind weight_format)")}},
                "format", PluginKind::kWeightFormat});

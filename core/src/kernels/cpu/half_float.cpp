@@ -43,6 +43,10 @@ void float_to_bf16(const float* in, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
 
+void round_to_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_to_bf16(x[i]);
+}
+
 void fp16_to_float(const uint16_t* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = fp16_to_float(in[i]);
 }

@@ -16,11 +16,16 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+// f stored to and reloaded from a bf16 buffer: the nearest bf16 value (ties to even), in fp32.
+inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
 float fp16_to_float(uint16_t h);
 uint16_t float_to_fp16(float f);
 
 void bf16_to_float(const uint16_t* in, float* out, int64_t n);
 void float_to_bf16(const float* in, uint16_t* out, int64_t n);
+// x[i] = round_to_bf16(x[i]) in place.
+void round_to_bf16(float* x, int64_t n);
 void fp16_to_float(const uint16_t* in, float* out, int64_t n);
 void float_to_fp16(const float* in, uint16_t* out, int64_t n);
 

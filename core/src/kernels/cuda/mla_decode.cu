@@ -1,9 +1,11 @@
 #include <climits>
+#include <cstdint>
 #include <cmath>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -16,42 +18,52 @@ __host__ __device__ inline int64_t tiles_per_length_split(int64_t tiles) {
 
 constexpr int kRow = 576;             // latent + rope values per cached token
 constexpr int kRowStride = kRow + 8;  // smem row pitch in bf16: 1168 bytes, so fragment reads avoid bank conflicts
-constexpr int kTile = 64;             // tokens per pipeline stage
+constexpr int kTile = 64;             // tokens per pipeline stage (2 stages)
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunksPerRow = kRow * 2 / 16;  // 16-byte copies per cached row
-constexpr int kScoreStride = kTile + 4;
-constexpr int kPStride = kTile + 8;
+constexpr int kMaxPairs = 32;                 // (row, head) pairs per CTA: up to 4 n8 tiles of the mma
+// Score phase: warp w multiplies keys 32·(w % 2) .. + 31 of the tile by q over dims 144·(w / 2) .. + 143, so each
+// warp keeps its quarter of q in registers for the whole kernel and reads every K value from shared memory once;
+// the four quarters' partial scores meet in shared memory.
+constexpr int kDimQuarters = 4;
+constexpr int kQuarterDims = kRow / kDimQuarters;
+constexpr int kQuarterSteps = kQuarterDims / 16;  // k16 steps per quarter
+constexpr int kPartStride = kTile + 4;            // fp32 partial scores [quarter][pair][key]
+constexpr int kPStride = kTile + 8;               // bf16 softmax weights [pair][key]
+constexpr int kOutStride = static_cast<int>(kMlaLatentDim) + 4;  // fp32 output staging [pair][dim]
+constexpr int kSoftmaxThreads = 8;                // per pair, 8 keys each
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int kMTiles>
+template <int kN>
 struct Smem {
-  static constexpr int kHeads = 16 * kMTiles;
-  static constexpr size_t kQ = 0;
-  static constexpr size_t kKv = kQ + sizeof(uint16_t) * kHeads * kRowStride;
-  static constexpr size_t kScores = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
-  static constexpr size_t kP = kScores + sizeof(float) * kHeads * kScoreStride;
-  static constexpr size_t kStats = kP + sizeof(uint16_t) * kHeads * kPStride;  // m, l, alpha
-  static constexpr size_t kBytes = kStats + sizeof(float) * 3 * kHeads;
+  static constexpr int kPairs = 8 * kN;
+  static constexpr size_t kKv = 0;  // two stages [kTile][kRowStride] bf16; the output staging after the loop
+  static constexpr size_t kPart = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
+  static constexpr size_t kP = kPart + sizeof(float) * kDimQuarters * kPairs * kPartStride;
+  static constexpr size_t kStats = kP + sizeof(uint16_t) * kPairs * kPStride;  // alpha, l, m per pair
+  static constexpr size_t kValid = kStats + sizeof(float) * 3 * kPairs;        // [stage][warp] 8-key bit masks
+  static constexpr size_t kBytes = kValid + 2 * kWarps;
+  static_assert(sizeof(float) * kPairs * kOutStride <= kPart, "the output staging fits in the KV stages");
 };
 
 // grid: (CTAs per row group, splits, row groups). A group's rows · heads (row, head) pairs, row-major, are spread
-// evenly over the fewest CTAs of kMTiles·16 pairs (the rest of blockIdx.x exits); each CTA streams one split of
-// the keys its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
-// One row per group is the plain decode case: CTA x takes heads 16·kMTiles·x onward.
-template <int kMTiles>
+// evenly over the fewest CTAs of 8·kN pairs (the rest of blockIdx.x exits); each CTA streams one split of the keys
+// its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
+// One row per group is the plain decode case: CTA x takes heads 8·kN·x onward.
+template <int kN>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams p, float* part_out,
                                                                  float* part_lse) {
-  using L = Smem<kMTiles>;
-  constexpr int kHeads = L::kHeads;
+  using L = Smem<kN>;
+  constexpr int kPairs = L::kPairs;
   extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem + L::kQ);
   uint16_t* s_kv = reinterpret_cast<uint16_t*>(smem + L::kKv);
-  float* s_scores = reinterpret_cast<float*>(smem + L::kScores);
+  float* s_part = reinterpret_cast<float*>(smem + L::kPart);
   uint16_t* s_p = reinterpret_cast<uint16_t*>(smem + L::kP);
-  float* s_m = reinterpret_cast<float*>(smem + L::kStats);
-  float* s_l = s_m + kHeads;
-  float* s_alpha = s_l + kHeads;
+  float* s_alpha = reinterpret_cast<float*>(smem + L::kStats);
+  float* s_l = s_alpha + kPairs;
+  float* s_m = s_l + kPairs;
+  uint8_t* s_valid = smem + L::kValid;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -59,49 +71,45 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
   const int g = lane / 4;  // mma group id
   const int c = lane % 4;  // thread in group
   const int split = blockIdx.y;
+  // q, kv_len and the cache row of the newest token come from the kernels just before this one.
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
   const int heads = static_cast<int>(p.num_heads);
   const int pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(first_row) : 1) * heads;
-  const int ctas = (pairs + kHeads - 1) / kHeads;
+  const int ctas = (pairs + kPairs - 1) / kPairs;
   if (static_cast<int>(blockIdx.x) >= ctas) return;  // whole CTA: before any barrier
   const int chunk = (pairs + ctas - 1) / ctas;
-  const int m0 = blockIdx.x * chunk;               // this CTA's (row, head) pairs: m0 .. m_end − 1 of the group
-  const int m_end = min(m0 + chunk, pairs);
-  const int64_t pair_base = first_row * heads;     // flat (row, head) index of the group's pair 0
-  int kv_len = 0;                                  // the longest row among this CTA's
-  for (int r = m0 / heads; r <= (m_end - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
+  const int m0 = blockIdx.x * chunk;  // this CTA's (row, head) pairs: m0 .. m0 + n_pairs − 1 of the group
+  const int n_pairs = min(m0 + chunk, pairs) - m0;
+  const int64_t pair_base = first_row * heads + m0;  // flat (row, head) index of this CTA's pair 0
+  int kv_len = 0;                                     // the longest row among this CTA's
+  for (int r = m0 / heads; r <= (m0 + n_pairs - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
   const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[first_row]) * p.max_blocks;
   const int32_t* selected = p.selected ? p.selected + first_row * p.selected_width : nullptr;
   const int64_t n_keys = selected ? p.selected_width : kv_len;
-  // Keys visible to this thread's accumulator rows g and g + 8 of each m-tile: its row's kv_len (dense; with
-  // selected positions the slot lookup already masks), 0 for padding pairs.
-  int row_keys[kMTiles][2];
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int m = m0 + mt * 16 + g + 8 * half;
-      row_keys[mt][half] = m >= m_end ? 0 : selected ? INT_MAX : p.kv_len[first_row + m / heads];
-    }
   const int64_t tiles_total = (n_keys + kTile - 1) / kTile;
   const int64_t tiles_per_split =
       p.split_by_length ? tiles_per_length_split(tiles_total) : (tiles_total + p.num_splits - 1) / p.num_splits;
   const int64_t tile_begin = split * tiles_per_split;
   const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
 
-  // Warp w copies, and scores, rows 8w..8w+7 of each tile. Lane j < 8 looks up the slot of the warp's row j
-  // (one lookup per row, −1 when not visible); the copy of a row is 72 16-byte pieces over the warp's lanes.
+  // Warp w copies rows 8w..8w+7 of each tile. Lane j < 8 looks up the slot of the warp's row j (one lookup per
+  // row, −1 when not visible); the copy of a row is 72 16-byte pieces over the warp's lanes, invisible rows zero-
+  // filled (a zero weight times stale shared memory could be NaN), and the row's visibility goes to s_valid.
   constexpr int kRowsPerWarp = kTile / kWarps;
-  static_assert(kRowsPerWarp == 8, "the score phase gives each warp one n8 tile of keys");
+  static_assert(kRowsPerWarp == kSoftmaxThreads, "softmax thread j of a pair reads the visibility byte of warp j");
   auto slot_of = [&](int64_t tile) -> int64_t {
     const int64_t j = tile * kTile + warp * kRowsPerWarp + lane;
-    if (lane >= kRowsPerWarp || j >= n_keys) return -1;
+    if (tile >= tile_end || lane >= kRowsPerWarp || j >= n_keys) return -1;
     const int64_t pos = selected ? selected[j] : j;
     if (pos < 0 || pos >= kv_len) return -1;
     return static_cast<int64_t>(block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
   };
-  auto issue_rows = [&](int64_t slot_lane, int buf) {
-    uint16_t* dst = s_kv + (buf * kTile + warp * kRowsPerWarp) * kRowStride;
+  auto issue_rows = [&](int64_t slot_lane, int stage) {
+    uint16_t* dst = s_kv + (stage * kTile + warp * kRowsPerWarp) * kRowStride;
+    const unsigned visible = __ballot_sync(~0u, slot_lane >= 0);
+    if (lane == 0) s_valid[stage * kWarps + warp] = static_cast<uint8_t>(visible & 0xffu);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int64_t slot = __shfl_sync(~0u, slot_lane, r);
@@ -112,186 +120,221 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams
         if (ch < kChunksPerRow) cp_async_16(dst + r * kRowStride + ch * 8, src + ch * 8, slot >= 0);
       }
     }
-    cp_async_commit();
   };
 
-  int64_t slot_cur = -1;
-  if (tile_begin < tile_end) {
-    slot_cur = slot_of(tile_begin);
-    issue_rows(slot_cur, 0);
-  }
+  // Both stages start streaming at once (a 4K row's split is two tiles); the slot of the third tile is looked up
+  // a tile ahead of its copy.
+  if (tile_begin < tile_end) issue_rows(slot_of(tile_begin), 0);
+  cp_async_commit();
+  if (tile_begin + 1 < tile_end) issue_rows(slot_of(tile_begin + 1), 1);
+  cp_async_commit();
+  int64_t slot_next = slot_of(tile_begin + 2);
 
-  // q → bf16 in shared memory while the first tile streams in; padding pairs are zero (never written out).
-  for (int i = tid; i < kHeads * kRow / 4; i += kThreads) {
-    const int h = i / (kRow / 4), d = (i % (kRow / 4)) * 4;
-    const float4 v = m0 + h < m_end ? *reinterpret_cast<const float4*>(p.q + (pair_base + m0 + h) * kRow + d)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-    uint2 packed;
-    packed.x = float_to_bf16_bits(v.x) | static_cast<uint32_t>(float_to_bf16_bits(v.y)) << 16;
-    packed.y = float_to_bf16_bits(v.z) | static_cast<uint32_t>(float_to_bf16_bits(v.w)) << 16;
-    *reinterpret_cast<uint2*>(s_q + h * kRowStride + d) = packed;
-  }
-  if (tid < kHeads) {
-    s_m[tid] = -INFINITY;
-    s_l[tid] = 0.f;
-  }
+  // This warp's quarter of q as mma B fragments (k = dim, n = pair), bf16; padding pairs are zero.
+  const int key_half = warp % 2, quarter = warp / 2;
+  uint32_t qf[kQuarterSteps][kN][2];
+#pragma unroll
+  for (int ks = 0; ks < kQuarterSteps; ++ks)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
+      const int pair = nt * 8 + g;
+      if (pair < n_pairs) {
+        const float* src = p.q + (pair_base + pair) * kRow + quarter * kQuarterDims + ks * 16 + 2 * c;
+        const float2 lo = *reinterpret_cast<const float2*>(src), hi = *reinterpret_cast<const float2*>(src + 8);
+        qf[ks][nt][0] = pack_bf16x2(lo.x, lo.y);
+        qf[ks][nt][1] = pack_bf16x2(hi.x, hi.y);
+      } else {
+        qf[ks][nt][0] = qf[ks][nt][1] = 0u;
+      }
+    }
 
-  float acc_o[kMTiles][8][4];
+  // Softmax: threads 8i .. 8i+7 own pair i (keys 8j .. 8j+7 of each tile for thread 8i + j) and keep its running
+  // max and sum in registers (every thread of the pair holds the same values).
+  const int sm_pair = tid / kSoftmaxThreads, sm_part = tid % kSoftmaxThreads;
+  const bool sm_active = sm_pair < kPairs;  // whole warps: 8·kN pairs of 8 threads
+  const int64_t sm_keys = sm_pair >= n_pairs ? 0
+                          : selected         ? INT64_MAX
+                                             : p.kv_len[first_row + (m0 + sm_pair) / heads];
+  float sm_m = -INFINITY, sm_l = 0.f;
+
+  float acc_o[4][kN][4];  // this warp's 64 output dims (4 m16 tiles) × the pairs
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+  for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc_o[mt][nt][k] = 0.f;
 
   const float score_scale = p.scale * kLog2e;  // softmax in base 2
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const int buf = static_cast<int>((tile - tile_begin) & 1);
-    const bool has_next = tile + 1 < tile_end;
-    const int64_t slot_next = has_next ? slot_of(tile + 1) : -1;
-    __syncthreads();  // every warp is done with the buffer the next tile goes to (and q / stats are written)
-    if (has_next) {
-      issue_rows(slot_next, buf ^ 1);
+    const int stage = static_cast<int>((tile - tile_begin) & 1);
+    if (tile == tile_begin)
       cp_async_wait<1>();
-    } else {
+    else
       cp_async_wait<0>();
+    __syncthreads();  // this tile is visible to every warp; the previous tile's stage, s_part and P are free
+    if (tile > tile_begin && tile + 1 < tile_end) {
+      issue_rows(slot_next, stage ^ 1);
+      cp_async_commit();
+      slot_next = slot_of(tile + 2);
+    }
+    const uint16_t* kv = s_kv + stage * kTile * kRowStride;
+
+    // Partial scores S[key, pair] over this warp's keys and quarter of the dims: A = K (ldmatrix.x4 per m16 ×
+    // k16), B = q from registers.
+    {
+      float acc_s[2][kN][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc_s[mt][nt][k] = 0.f;
+      const uint16_t* k_src =
+          kv + (key_half * 32 + lane % 8 + ((lane / 8) % 2) * 8) * kRowStride + quarter * kQuarterDims + (lane / 16) * 8;
+#pragma unroll
+      for (int ks = 0; ks < kQuarterSteps; ++ks)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          uint32_t a[4];
+          ldmatrix_x4(a, k_src + mt * 16 * kRowStride + ks * 16);
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt) mma_bf16_16816(acc_s[mt][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
+        }
+      float* dst = s_part + quarter * kPairs * kPartStride;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kN; ++nt) {
+          float* d = dst + (nt * 8 + 2 * c) * kPartStride + key_half * 32 + mt * 16 + g;
+          d[0] = acc_s[mt][nt][0];
+          d[kPartStride] = acc_s[mt][nt][1];
+          d[8] = acc_s[mt][nt][2];
+          d[kPartStride + 8] = acc_s[mt][nt][3];
+        }
     }
     __syncthreads();
-    const uint16_t* kv = s_kv + buf * kTile * kRowStride;
 
-    // Scores: warp w takes tokens 8w..8w+7 for every head of the group, K = 576, two k16 steps per round:
-    // one ldmatrix.x4 gives the K fragments of both steps, one per m-tile and step gives Q's.
-    {
-      float acc_s[kMTiles][4];
+    // Online softmax over the tile: the four quarters summed in a fixed order, masked, exponentiated in base 2.
+    if (sm_active) {
+      float s[8];
+      {
+        const float* src = s_part + sm_pair * kPartStride + sm_part * 8;
+        const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+        s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w, s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) acc_s[mt][k] = 0.f;
-      const uint16_t* k_src = kv + (warp * 8 + lane % 8) * kRowStride + (lane / 8) * 8;
-      const uint16_t* q_src = s_q + (lane % 16) * kRowStride + (lane / 16) * 8;
-#pragma unroll 3
-      for (int ks = 0; ks < kRow / 16; ks += 2) {
-        uint32_t b[4];
-        ldmatrix_x4(b, k_src + ks * 16);
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          uint32_t a0[4], a1[4];
-          ldmatrix_x4(a0, q_src + mt * 16 * kRowStride + ks * 16);
-          ldmatrix_x4(a1, q_src + mt * 16 * kRowStride + ks * 16 + 16);
-          mma_bf16_16816(acc_s[mt], a0, b[0], b[1]);
-          mma_bf16_16816(acc_s[mt], a1, b[2], b[3]);
+        for (int q = 1; q < kDimQuarters; ++q) {
+          const float* qs = src + q * kPairs * kPartStride;
+          const float4 x = *reinterpret_cast<const float4*>(qs), y = *reinterpret_cast<const float4*>(qs + 4);
+          s[0] += x.x, s[1] += x.y, s[2] += x.z, s[3] += x.w, s[4] += y.x, s[5] += y.y, s[6] += y.z, s[7] += y.w;
         }
       }
-      const int t0 = warp * 8 + 2 * c;
-      const int j0 = static_cast<int>(tile * kTile) + t0;  // key index of column t0 (its position when dense)
-      const bool v0 = __shfl_sync(~0u, slot_cur, 2 * c) >= 0, v1 = __shfl_sync(~0u, slot_cur, 2 * c + 1) >= 0;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        float* row0 = s_scores + (mt * 16 + g) * kScoreStride + t0;
-        float* row1 = row0 + 8 * kScoreStride;
-        const int k0 = row_keys[mt][0], k1 = row_keys[mt][1];
-        row0[0] = v0 && j0 < k0 ? acc_s[mt][0] * score_scale : -INFINITY;
-        row0[1] = v1 && j0 + 1 < k0 ? acc_s[mt][1] * score_scale : -INFINITY;
-        row1[0] = v0 && j0 < k1 ? acc_s[mt][2] * score_scale : -INFINITY;
-        row1[1] = v1 && j0 + 1 < k1 ? acc_s[mt][3] * score_scale : -INFINITY;
-      }
-    }
-    slot_cur = slot_next;
-    __syncthreads();
-
-    // Online softmax: kPerRow consecutive threads share one pair row (48 rows: 4 each, the last two warps idle).
-    constexpr int kPerRow = kHeads == 16 ? 16 : kHeads == 32 ? 8 : 4;
-    static_assert(kHeads * kPerRow <= kThreads && (kHeads * kPerRow) % 32 == 0, "whole warps per softmax row set");
-    if (tid < kHeads * kPerRow) {
-      constexpr int kCols = kTile / kPerRow;
-      const int row = tid / kPerRow;
-      const int part = tid % kPerRow;
-      const float* s = s_scores + row * kScoreStride + part * kCols;
+      const unsigned visible = s_valid[stage * kWarps + sm_part];
+      const int64_t key0 = tile * kTile + sm_part * 8;  // key index of s[0] (its position when dense)
       float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) tile_max = fmaxf(tile_max, s[j]);
-#pragma unroll
-      for (int off = kPerRow / 2; off > 0; off /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
-      const float m_old = s_m[row];
-      const float m_new = fmaxf(m_old, tile_max);
-      float sum = 0.f;
-      uint16_t* prow = s_p + row * kPStride + part * kCols;
-#pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        const float e = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
-        sum += e;
-        prow[j] = float_to_bf16_bits(e);
+      for (int j = 0; j < 8; ++j) {
+        s[j] = (visible >> j & 1u) && key0 + j < sm_keys ? s[j] * score_scale : -INFINITY;
+        tile_max = fmaxf(tile_max, s[j]);
       }
 #pragma unroll
-      for (int off = kPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
-      __syncwarp();
-      if (part == 0) {
-        const float alpha = m_new == -INFINITY ? 1.f : exp2f(m_old - m_new);
-        s_alpha[row] = alpha;
-        s_l[row] = s_l[row] * alpha + sum;
-        s_m[row] = m_new;
+      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2)
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
+      const float m_new = fmaxf(sm_m, tile_max);
+      float e[8], sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        e[j] = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
+        sum += e[j];
       }
+#pragma unroll
+      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
+      const float alpha = m_new == -INFINITY ? 1.f : exp2f(sm_m - m_new);
+      sm_l = sm_l * alpha + sum;
+      sm_m = m_new;
+      *reinterpret_cast<uint4*>(s_p + sm_pair * kPStride + sm_part * 8) =
+          make_uint4(pack_bf16x2(e[0], e[1]), pack_bf16x2(e[2], e[3]), pack_bf16x2(e[4], e[5]), pack_bf16x2(e[6], e[7]));
+      if (sm_part == 0) s_alpha[sm_pair] = alpha;
     }
     __syncthreads();
 
-    // Values: warp w owns latent columns 64w..64w+63; P from shared memory, V = first 512 values of each row.
+    // Values: O[dim, pair] += V[key, dim]ᵀ · P[pair, key]ᵀ; warp w owns latent dims 64w..64w+63 (A = V through
+    // ldmatrix.trans), P's fragments from shared memory.
     {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        const float a0 = s_alpha[mt * 16 + g], a1 = s_alpha[mt * 16 + g + 8];
+      for (int nt = 0; nt < kN; ++nt) {
+        const float a0 = s_alpha[nt * 8 + 2 * c], a1 = s_alpha[nt * 8 + 2 * c + 1];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+        for (int mt = 0; mt < 4; ++mt) {
           acc_o[mt][nt][0] *= a0;
-          acc_o[mt][nt][1] *= a0;
-          acc_o[mt][nt][2] *= a1;
+          acc_o[mt][nt][1] *= a1;
+          acc_o[mt][nt][2] *= a0;
           acc_o[mt][nt][3] *= a1;
         }
       }
-      const uint16_t* p_src = s_p + (lane % 16) * kPStride + (lane / 16) * 8;
+      const uint16_t* v_src = kv + (lane % 8 + (lane / 16) * 8) * kRowStride + warp * 64 + ((lane / 8) % 2) * 8;
+      const uint16_t* p_src = s_p + (lane % 8) * kPStride + (lane / 8) * 8;
 #pragma unroll
-      for (int ks = 0; ks < kTile / 16; ++ks) {
-        uint32_t a[kMTiles][4];
+      for (int kb = 0; kb < kTile / 32; ++kb) {
+        uint32_t pb[kN][4];  // keys 32kb .. 32kb+31: [0], [1] the first k16 step, [2], [3] the second
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) ldmatrix_x4(a[mt], p_src + mt * 16 * kPStride + ks * 16);
-        const int v_row = ks * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        for (int nt = 0; nt < kN; ++nt) ldmatrix_x4(pb[nt], p_src + nt * 8 * kPStride + kb * 32);
 #pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, kv + v_row * kRowStride + warp * 64 + np * 16 + (lane / 16) * 8);
+        for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            mma_bf16_16816(acc_o[mt][2 * np], a[mt], b[0], b[1]);
-            mma_bf16_16816(acc_o[mt][2 * np + 1], a[mt], b[2], b[3]);
+          for (int mt = 0; mt < 4; ++mt) {
+            uint32_t va[4];
+            ldmatrix_x4_trans(va, v_src + (kb * 32 + kk * 16) * kRowStride + mt * 16);
+#pragma unroll
+            for (int nt = 0; nt < kN; ++nt) mma_bf16_16816(acc_o[mt][nt], va, pb[nt][2 * kk], pb[nt][2 * kk + 1]);
           }
-        }
       }
     }
   }
-  __syncthreads();  // s_l final (also covers a split with no tiles)
+  cp_async_wait<0>();
+  if (sm_active && sm_part == 0) {
+    s_l[sm_pair] = sm_l;
+    s_m[sm_pair] = sm_m;
+  }
+  __syncthreads();  // s_l / s_m final; every warp is done with the KV stages, which now stage the output
 
-  // Normalised output (or this split's normalised partial plus its log-sum-exp, natural log).
-  const bool direct = p.num_splits == 1;
+  // Normalised output (or this split's normalised partial plus its log-sum-exp, natural log), staged as
+  // [pair][dim] fp32 so that the global stores are whole 16-byte pieces of each pair's row.
+  float* s_out = reinterpret_cast<float*>(smem + L::kKv);
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) {
+  for (int nt = 0; nt < kN; ++nt) {
+    const int pair = nt * 8 + 2 * c;
+    const float l0 = s_l[pair], l1 = s_l[pair + 1];
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = mt * 16 + g + 8 * half;
-      if (m0 + row >= m_end) continue;
-      const float l = s_l[row];
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const int64_t qh = pair_base + m0 + row;
-      float* dst = direct ? p.out + qh * kMlaLatentDim
-                          : part_out + (static_cast<int64_t>(split) * p.num_queries * p.num_heads + qh) * kMlaLatentDim;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = warp * 64 + nt * 8 + 2 * c;
-        *reinterpret_cast<float2*>(dst + col) =
-            make_float2(acc_o[mt][nt][2 * half] * inv_l, acc_o[mt][nt][2 * half + 1] * inv_l);
-      }
-      if (!direct && c == 0 && warp == 0)
-        part_lse[static_cast<int64_t>(split) * p.num_queries * p.num_heads + qh] =
-            l > 0.f ? s_m[row] / kLog2e + logf(l) : -INFINITY;
+    for (int mt = 0; mt < 4; ++mt) {
+      float* d = s_out + pair * kOutStride + warp * 64 + mt * 16 + g;
+      d[0] = acc_o[mt][nt][0] * inv0;
+      d[kOutStride] = acc_o[mt][nt][1] * inv1;
+      d[8] = acc_o[mt][nt][2] * inv0;
+      d[kOutStride + 8] = acc_o[mt][nt][3] * inv1;
     }
+  }
+  __syncthreads();
+  const bool direct = p.num_splits == 1;
+  const int64_t rows = p.num_queries * p.num_heads;
+  constexpr int kQuads = static_cast<int>(kMlaLatentDim) / 4;
+  for (int i = tid; i < n_pairs * kQuads; i += kThreads) {
+    const int pair = i / kQuads, col = (i % kQuads) * 4;
+    const int64_t qh = pair_base + pair;
+    const float4 v = *reinterpret_cast<const float4*>(s_out + pair * kOutStride + col);
+    if (direct) {
+      if (p.out) *reinterpret_cast<float4*>(p.out + qh * kMlaLatentDim + col) = v;
+      if (p.out_bf16)
+        *reinterpret_cast<uint2*>(p.out_bf16 + qh * kMlaLatentDim + col) =
+            make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    } else if (s_l[pair] > 0.f) {  // an empty partial is never read by the combine
+      *reinterpret_cast<float4*>(part_out + (split * rows + qh) * kMlaLatentDim + col) = v;
+    }
+  }
+  if (!direct && tid < n_pairs) {
+    const float l = s_l[tid];
+    part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
   }
 }
 
@@ -303,12 +346,15 @@ constexpr int kMaxSplits = 1024;
 __global__ void __launch_bounds__(kCombineGroups * 128) mla_combine_kernel(const float* __restrict__ part_out,
                                                                            const float* __restrict__ part_lse,
                                                                            int64_t rows, int num_splits,
-                                                                           float* __restrict__ out) {
+                                                                           float* __restrict__ out,
+                                                                           uint16_t* __restrict__ out_bf16) {
   __shared__ float s_weight[kMaxSplits];
   __shared__ float4 s_acc[kCombineGroups][128];
   __shared__ float s_inv_total;
   const int64_t qh = blockIdx.x;
   const int tid = threadIdx.x;
+  pdl_wait();  // the partials of the decode kernel just before
+  pdl_launch_dependents();
   if (tid < 32) {
     float lse_max = -INFINITY;
     for (int s = tid; s < num_splits; s += 32) lse_max = fmaxf(lse_max, part_lse[s * rows + qh]);
@@ -345,36 +391,35 @@ __global__ void __launch_bounds__(kCombineGroups * 128) mla_combine_kernel(const
       sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
     const float inv = s_inv_total;
-    reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] =
-        make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+    const float4 v = make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+    if (out) reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] = v;
+    if (out_bf16)
+      reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
   }
 }
 
-// M tiles per CTA for groups of up to `rows` rows: one row keeps the plain decode shape (16 heads, or 32 per CTA);
-// several rows take 48 pairs (3 tiles: Q, two 64-token stages, scores and P fill 221 KB of shared memory).
-int mtiles_for(int64_t rows, int64_t heads) {
-  const int64_t pairs = rows * heads;
-  if (pairs <= 16) return 1;
-  if (pairs <= 32 || rows == 1) return 2;
-  return 3;
+// CTAs per group of `rows` rows: the fewest of at most kMaxPairs (row, head) pairs each.
+int64_t ctas_per_group(int64_t rows, int64_t heads) { return (rows * heads + kMaxPairs - 1) / kMaxPairs; }
+
+// n8 tiles per CTA for groups of up to `rows` rows: enough for the largest even share of a group's pairs (a
+// smaller group's share is never larger, see the kernel's chunk).
+int ntiles_for(int64_t rows, int64_t heads) {
+  const int64_t pairs = rows * heads, ctas = ctas_per_group(rows, heads);
+  return static_cast<int>(((pairs + ctas - 1) / ctas + 7) / 8);
 }
 
-int64_t ctas_per_group(int64_t rows, int64_t heads) {
-  const int64_t per_cta = 16 * mtiles_for(rows, heads);
-  return (rows * heads + per_cta - 1) / per_cta;
-}
-
-template <int kMTiles>
+template <int kN>
 Status launch(const MlaDecodeParams& p, StreamHandle stream, float* part_out, float* part_lse) {
-  constexpr size_t kBytes = Smem<kMTiles>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      mla_decode_kernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+  constexpr size_t kBytes = Smem<kN>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_kernel<kN>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_decode_bf16: shared memory limit"));
   const int64_t rows = p.row_groups ? p.max_group_rows : 1;
-  const dim3 grid(static_cast<unsigned>(ctas_per_group(rows, p.num_heads)), static_cast<unsigned>(p.num_splits),
+  const int64_t pairs = rows * p.num_heads;
+  const dim3 grid(static_cast<unsigned>((pairs + 8 * kN - 1) / (8 * kN)), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.row_groups ? p.num_groups : p.num_queries));
-  mla_decode_kernel<kMTiles><<<grid, kThreads, kBytes, stream>>>(p, part_out, part_lse);
-  return check_launch("cuda::mla_decode_bf16");
+  return check_cuda(launch_pdl(mla_decode_kernel<kN>, grid, dim3(kThreads), kBytes, stream, p, part_out, part_lse),
+                    "cuda::mla_decode_bf16");
 }
 
 }  // namespace
@@ -412,6 +457,7 @@ size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int nu
 Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
   if (p.num_queries < 0 || p.num_heads <= 0 || p.block_size <= 0 || p.num_splits < 1)
     return invalid_argument("cuda::mla_decode_bf16: need num_heads > 0, block_size > 0 and num_splits ≥ 1");
+  if (!p.out && !p.out_bf16) return invalid_argument("cuda::mla_decode_bf16: need out or out_bf16");
   if (p.selected && p.selected_width <= 0)
     return invalid_argument("cuda::mla_decode_bf16: selected needs selected_width > 0");
   if (p.num_splits > kMaxSplits) return invalid_argument("cuda::mla_decode_bf16: num_splits must be ≤ 1024");
@@ -425,16 +471,17 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
   const int64_t rows = p.num_queries * p.num_heads;
   float* part_out = static_cast<float*>(p.workspace);
   float* part_lse = p.num_splits > 1 ? part_out + static_cast<int64_t>(p.num_splits) * rows * kMlaLatentDim : nullptr;
-  const int mtiles = mtiles_for(p.row_groups ? p.max_group_rows : 1, p.num_heads);
-  const Status launched = mtiles == 1   ? launch<1>(p, stream, part_out, part_lse)
-                          : mtiles == 2 ? launch<2>(p, stream, part_out, part_lse)
-                                        : launch<3>(p, stream, part_out, part_lse);
+  const int ntiles = ntiles_for(p.row_groups ? p.max_group_rows : 1, p.num_heads);
+  const Status launched = ntiles == 1   ? launch<1>(p, stream, part_out, part_lse)
+                          : ntiles == 2 ? launch<2>(p, stream, part_out, part_lse)
+                          : ntiles == 3 ? launch<3>(p, stream, part_out, part_lse)
+                                        : launch<4>(p, stream, part_out, part_lse);
   KILN_RETURN_IF_ERROR(launched);
-  if (p.num_splits > 1) {
-    mla_combine_kernel<<<static_cast<unsigned>(rows), kCombineGroups * 128, 0, stream>>>(part_out, part_lse, rows, p.num_splits, p.out);
-    KILN_RETURN_IF_ERROR(check_launch("cuda::mla_decode_bf16 (combine)"));
-  }
-  return ok_status();
+  if (p.num_splits == 1) return ok_status();
+  return check_cuda(launch_pdl(mla_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineGroups * 128), 0,
+                               stream, static_cast<const float*>(part_out), static_cast<const float*>(part_lse), rows,
+                               p.num_splits, p.out, p.out_bf16),
+                    "cuda::mla_decode_bf16 (combine)");
 }
 
 }  // namespace kiln::cuda

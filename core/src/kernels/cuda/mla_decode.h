@@ -3,15 +3,17 @@
 //
 // Pages are bf16 [block_size, 576]: 512 latent values then 64 roped k_pe values per token; token p of a
 // sequence lives at slot block_tables[seq, p / block_size] · block_size + p % block_size. Each query row is
-// one CTA column: its score and value products run on the tensor cores (bf16 operands, fp32 accumulation; q is
-// rounded to bf16), the cache is streamed once per head group through shared memory, and long contexts are
-// split over `num_splits` CTAs per row whose partial results (fp32 output + log-sum-exp per head) a second
-// kernel merges (flash-decoding).
+// one CTA column of up to 32 (row, head) pairs: its score and value products run on the tensor cores (bf16
+// operands, fp32 accumulation; q is rounded to bf16) with the pairs in the mma N dimension, q held in registers,
+// and the cache streamed once per CTA through shared memory; long contexts are split over `num_splits` CTAs per
+// row whose partial results (fp32 output + log-sum-exp per head) a second kernel merges (flash-decoding). Both
+// kernels are launched with programmatic dependent launch (pdl.cuh) and wait for the previous kernel before
+// reading q, kv_len, the tables or the cache.
 //
 // Row groups: consecutive rows of one sequence (speculative verification's 1 + K rows, a prefill chunk) can share
-// each cache tile: their (row, head) pairs are packed into the tensor-core M dimension (up to 48 per CTA, the
-// pairs of a group spread evenly over ceil(rows · heads / 48) CTAs), every row masked by its own kv_len, so the
-// cache is read once per group instead of once per row.
+// each cache tile: their (row, head) pairs are packed into the tensor-core N dimension (up to 32 per CTA, the
+// pairs of a group spread evenly over ceil(rows · heads / 32) CTAs), every row masked by its own kv_len, so the
+// cache is read once per group and CTA instead of once per row.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,7 @@ inline constexpr int64_t kMlaRopeDim = 64;
 struct MlaDecodeParams {
   const float* q = nullptr;               // [num_queries, num_heads, 576]: absorbed q_lat then roped q_pe
   int64_t num_queries = 0;
-  int64_t num_heads = 0;                  // any count; processed in groups of 16 or 32
+  int64_t num_heads = 0;                  // any count; up to 32 (row, head) pairs per CTA
   const uint16_t* cache = nullptr;        // this layer's pages
   int64_t block_size = 0;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks]
@@ -39,7 +41,9 @@ struct MlaDecodeParams {
   const int32_t* selected = nullptr;      // optional [num_queries, selected_width] DSA positions, −1 padded,
   int64_t selected_width = 0;             //   each position at most once (top-k output); null = all visible
   float scale = 1.0f;
-  float* out = nullptr;                   // [num_queries, num_heads, 512] fp32
+  float* out = nullptr;                   // [num_queries, num_heads, 512] fp32; may be null when out_bf16 is set
+  uint16_t* out_bf16 = nullptr;           // optional [num_queries, num_heads, 512] bf16 (round to nearest even) of
+                                          //   the same values, written by the last kernel instead of a cast launch
   int num_splits = 1;                     // ≥ 1; > 1 needs workspace
   // false: a row's tiles are cut into num_splits equal parts. true: into parts of
   // mla_decode_tiles_per_split(its own tile count) tiles, so a row is split and merged the same way whatever

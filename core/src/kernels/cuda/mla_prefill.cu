@@ -4,6 +4,7 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/mla_prefill_sm90.h"
 
 namespace kiln::cuda {
 namespace {
@@ -317,6 +318,8 @@ Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
   if (!p.q || !p.k_nope || (p.rope_dim > 0 && !p.k_rope) || !p.v || !p.out || !p.seqs)
     return invalid_argument("cuda::mla_prefill_bf16: q, k_nope, k_rope, v, out and seqs must be set");
   if (fast_layout_ok(p)) {
+    if (p.use_wgmma && p.total_keys > 0 && mla_prefill_sm90_applies(p.nope_dim, p.rope_dim, p.v_dim))
+      return mla_prefill_sm90(p, stream);
     if (p.nope_dim == 192 && p.rope_dim == 64 && p.v_dim == 256) return launch_fast<192, 64, 256>(p, stream);
     if (p.nope_dim == 128 && p.rope_dim == 64 && p.v_dim == 128) return launch_fast<128, 64, 128>(p, stream);
   }

@@ -6,10 +6,12 @@
 // rounded to bf16 on load and the softmax weights to bf16 before the value product (both on the tensor cores,
 // fp32 accumulation).
 //
-// (nope, rope, v) = (192, 64, 256) (GLM-4.7-Flash) and (128, 64, 128) (DeepSeek-V3) run a FlashAttention-2 style
-// kernel: 128 query rows × one head per CTA, 64-key tiles streamed once through shared memory with cp.async
-// (the next tile's K / this tile's V load while the tensor cores work), online softmax in registers. Any other
-// dims (or strides / pointers not 16-byte aligned) take a plain fp32 CUDA-core kernel.
+// (nope, rope, v) = (192, 64, 256) (GLM-4.7-Flash) and (128, 64, 128) (DeepSeek-V3) run a tensor-core kernel:
+// 128 query rows × one head per CTA, 64-key tiles streamed once through shared memory, online softmax in
+// registers. On compute capability 9.0 with total_keys given that is the Hopper form (mla_prefill_sm90.h:
+// TMA producer, two wgmma consumer warpgroups, the value product overlapped with the next tile's softmax); elsewhere
+// a FlashAttention-2 style mma.sync kernel (cp.async: the next tile's K / this tile's V load while the tensor cores
+// work). Any other dims (or strides / pointers not 16-byte aligned) take a plain fp32 CUDA-core kernel.
 #pragma once
 
 #include <cstdint>
@@ -40,10 +42,14 @@ struct MlaPrefillParams {
   uint16_t* out = nullptr;  // [rows, H, v] bf16 (head stride v); only the batch's rows are written
   int64_t out_row_stride = 0;
   const MlaPrefillSeq* seqs = nullptr;  // device [num_seqs]
+  // Keys k_nope / k_rope / v hold (≥ every key_start + kv_len); all rows below it must be finite (the Hopper kernel
+  // reads whole 64-key tiles, past a sequence's end into the next one's keys). 0: not given (no Hopper kernel).
+  int64_t total_keys = 0;
   int64_t num_seqs = 0;
   int64_t max_q_len = 0;  // ≥ every q_len (sizes the grid)
   int64_t num_heads = 0, nope_dim = 0, rope_dim = 0, v_dim = 0;
   float scale = 1.0f;  // softmax scale (YaRN mscale included)
+  bool use_wgmma = true;  // false: the mma.sync kernel even where the Hopper one applies (tests, benchmarks)
 };
 
 // Whether (nope, rope, v) has a tensor-core kernel (otherwise the generic one runs).

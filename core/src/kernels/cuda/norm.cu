@@ -9,10 +9,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per row. With a residual, the sum is formed and stored first; the row is re-read from L1/L2 for the
-// scale pass (hidden sizes are a few thousand values).
-template <bool kResidual>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const uint16_t* __restrict__ x, float* __restrict__ residual,
+// x's values as bf16 rounds them: bf16 input as is, fp32 input rounded to nearest even on the way in.
+__device__ __forceinline__ float bf16_value(uint16_t v) { return bf16_bits_to_float(v); }
+__device__ __forceinline__ float bf16_value(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
+
+// One block per row (x rows x_stride apart). With a residual, the sum is formed and stored first; the row is
+// re-read from L1/L2 for the scale pass (hidden sizes are a few thousand values).
+template <bool kResidual, typename In>
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const In* __restrict__ x, int64_t x_stride,
+                                                           float* __restrict__ residual,
                                                            const uint16_t* __restrict__ weight, int64_t dim, float eps,
                                                            uint16_t* __restrict__ out) {
   using Reduce = cub::BlockReduce<float, kThreads>;
@@ -21,11 +26,11 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const uint16_t* __res
   const int64_t row = blockIdx.x;
   pdl_wait();
   pdl_launch_dependents();
-  const uint16_t* xr = x + row * dim;
+  const In* xr = x + row * x_stride;
   float* rr = kResidual ? residual + row * dim : nullptr;
   float sum_sq = 0.f;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
-    float v = bf16_bits_to_float(xr[i]);
+    float v = bf16_value(xr[i]);
     if constexpr (kResidual) {
       v += rr[i];
       rr[i] = v;
@@ -37,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const uint16_t* __res
   __syncthreads();
   uint16_t* orow = out + row * dim;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
-    const float v = kResidual ? rr[i] : bf16_bits_to_float(xr[i]);
+    const float v = kResidual ? rr[i] : bf16_value(xr[i]);
     orow[i] = float_to_bf16_bits(bf16_bits_to_float(weight[i]) * (v * inv_rms));
   }
 }
@@ -53,17 +58,27 @@ Status rmsnorm_bf16(const uint16_t* x, const uint16_t* weight, int64_t n, int64_
                     StreamHandle stream) {
   KILN_RETURN_IF_ERROR(check_shape(n, dim, "cuda::rmsnorm_bf16"));
   if (n == 0) return ok_status();
-  return check_cuda(launch_pdl(rmsnorm_kernel<false>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
-                                static_cast<float*>(nullptr), weight, dim, eps, out),
+  return check_cuda(launch_pdl(rmsnorm_kernel<false, uint16_t>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0,
+                                stream, x, dim, static_cast<float*>(nullptr), weight, dim, eps, out),
                     "cuda::rmsnorm_bf16");
+}
+
+Status rmsnorm_rounded_f32_bf16(const float* x, int64_t x_stride, const uint16_t* weight, int64_t n, int64_t dim,
+                                float eps, uint16_t* out, StreamHandle stream) {
+  KILN_RETURN_IF_ERROR(check_shape(n, dim, "cuda::rmsnorm_rounded_f32_bf16"));
+  if (x_stride < dim) return invalid_argument("cuda::rmsnorm_rounded_f32_bf16: need x_stride ≥ dim");
+  if (n == 0) return ok_status();
+  return check_cuda(launch_pdl(rmsnorm_kernel<false, float>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0,
+                                stream, x, x_stride, static_cast<float*>(nullptr), weight, dim, eps, out),
+                    "cuda::rmsnorm_rounded_f32_bf16");
 }
 
 Status add_rmsnorm_bf16(const uint16_t* x, float* residual, const uint16_t* weight, int64_t n, int64_t dim, float eps,
                         uint16_t* out, StreamHandle stream) {
   KILN_RETURN_IF_ERROR(check_shape(n, dim, "cuda::add_rmsnorm_bf16"));
   if (n == 0) return ok_status();
-  return check_cuda(launch_pdl(rmsnorm_kernel<true>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
-                                residual, weight, dim, eps, out),
+  return check_cuda(launch_pdl(rmsnorm_kernel<true, uint16_t>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0,
+                                stream, x, dim, residual, weight, dim, eps, out),
                     "cuda::add_rmsnorm_bf16");
 }
 

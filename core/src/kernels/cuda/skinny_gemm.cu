@@ -1,28 +1,43 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kUnroll = 4;       // 32-wide k chunks each warp has in flight per round
 constexpr int kMaxWarps = 16;
+
+// 16 bytes of x, which the previous kernel may have written: an ordinary load, kept after pdl_wait() by being
+// volatile.
+__device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
 
 // A block owns kM·16 output rows and all n rows of x; its warps split k into 32-wide chunks (warp w takes
 // chunks w, w + warps, ...). Lane (g = lane / 4, c = lane % 4) loads 8 consecutive k of W rows g and g + 8 and
 // of x row g; the mma's k order is a permutation of those (logical k {2c, 2c+1, 2c+8, 2c+9} of the first mma =
 // physical 8c..8c+3, of the second = 8c+4..8c+7), the same for both operands, so the sums are the plain dot
-// products. Per-warp partials meet in shared memory in warp order (deterministic).
+// products. Per-warp partials meet in shared memory in warp order (deterministic). A round loads kUnroll chunks
+// per warp into registers before any is used; kUnroll only sets how many bytes are in flight, not the order in
+// which a warp's chunks are summed (w, w + warps, ... whatever the unroll).
+// Programmatic dependent launch (pdl.cuh): the first round of W loads is issued before pdl_wait() (in the SASS
+// too: see the prologue), so the launch and the first DRAM round trip overlap the previous kernel; x (and y when
+// accumulating) is read after it.
 // Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
 // Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
 // kSwiGlu (kM == 2): W is a fused [2·out, in] gate|up weight; the block's tile 0 is gate rows row0.., its tile 1
 // the up rows out + row0.. (each k-reduced exactly as a plain tile), and the epilogue writes
 // y = bf16(silu(min(gate, limit)) · clamp(up, ±limit)) over [n, out] from the bf16-rounded gate and up, as
 // swiglu_bf16 does after a bf16 gate_up GEMM.
-template <int kM, int kNT, bool kSwiGlu = false>
-__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
-    skinny_gemm_kernel(const uint16_t* __restrict__ x, int n, int in, const uint16_t* __restrict__ w, int out,
-                       void* __restrict__ y, SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
+// One block per SM is all __launch_bounds__ promises: asked for more, ptxas squeezes the registers by issuing
+// each x load just before its mma pair (four dependent L2 round trips a round) instead of all at once.
+template <int kM, int kNT, int kUnroll, bool kSwiGlu = false>
+__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
+    skinny_gemm_kernel(const uint16_t* x, int n, int in, const uint16_t* __restrict__ w, int out, void* y,
+                       SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
   static_assert(!kSwiGlu || kM == 2, "a SwiGLU block owns one gate tile and the matching up tile");
   extern __shared__ float s_part[];  // [warps][kM][kNT][4][32]
   const int64_t batch = blockIdx.y;
@@ -48,10 +63,10 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) x_row[nt] = x + static_cast<int64_t>(min(nt * 8 + g, n - 1)) * st.x_row + 8 * c;
 
-  float acc[kM][kNT][4] = {};
-  for (int base = warp; base < chunks; base += kUnroll * warps) {
-    uint4 wv[kUnroll][kM][2];
-    bool valid[kUnroll];
+  // One round: chunks base, base + warps, ... (kUnroll of them) of this warp's W rows into registers.
+  uint4 wv[kUnroll][kM][2];
+  bool valid[kUnroll];
+  auto load_round = [&](int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int k = (base + u * warps) * 32;
@@ -61,19 +76,49 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
 #pragma unroll
         for (int h = 0; h < 2; ++h) wv[u][mt][h] = valid[u] ? load_stream(w_row[mt][h] + k) : make_uint4(0, 0, 0, 0);
     }
+  };
+
+  // Prologue, weights only (pdl.cuh's contract), while the previous kernel may still be running. The branch also
+  // keeps these loads ahead of the wait in the SASS: in one basic block ptxas issues griddepcontrol.wait first
+  // (an acquire lets earlier loads sink below it), and the first round trip would start after the previous
+  // kernel again.
+  if (warp < chunks) {
+    load_round(warp);
+  } else {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = (base + u * warps) * 32;
+    for (int u = 0; u < kUnroll; ++u) valid[u] = false;  // no chunk for this warp: the loop below never runs
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  float acc[kM][kNT][4] = {};
+  for (int base = warp; base < chunks; base += kUnroll * warps) {
+    if (base != warp) load_round(base);
+    // x of kXGroup chunks is loaded before their mmas, so those loads (L2 round trips after the wait, on the
+    // critical path of every call) are in flight together rather than one per mma pair; 16 registers whatever kNT.
+    // Each accumulator still takes its chunks in order u = 0, 1, ... (the sums are unchanged).
+    constexpr int kXGroup = kNT == 1 ? 4 : kNT == 2 ? 2 : 1;
+    static_assert(kUnroll % kXGroup == 0);
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const uint4 xv = valid[u] ? __ldg(reinterpret_cast<const uint4*>(x_row[nt] + k)) : make_uint4(0, 0, 0, 0);
+    for (int u0 = 0; u0 < kUnroll; u0 += kXGroup) {
+      uint4 xv[kXGroup][kNT];
 #pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          const uint4 a = wv[u][mt][0], b = wv[u][mt][1];
-          mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xv.x, xv.y);
-          mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xv.z, xv.w);
-        }
+      for (int du = 0; du < kXGroup; ++du) {
+        const int k = (base + (u0 + du) * warps) * 32;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+          xv[du][nt] = valid[u0 + du] ? load_activation(x_row[nt] + k) : make_uint4(0, 0, 0, 0);
       }
+#pragma unroll
+      for (int du = 0; du < kXGroup; ++du)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            const uint4 a = wv[u0 + du][mt][0], b = wv[u0 + du][mt][1], xb = xv[du][nt];
+            mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xb.x, xb.y);
+            mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xb.z, xb.w);
+          }
     }
   }
 
@@ -127,14 +172,21 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256)
   }
 }
 
-template <int kM, int kNT>
+template <int kM, int kNT, int kUnroll>
 Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, const SkinnyStrides& st,
               bool y_f32, bool accumulate, int warps, StreamHandle stream) {
   const dim3 grid(static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16)), static_cast<unsigned>(st.batches));
   const size_t smem = sizeof(float) * warps * kM * kNT * 4 * 32;
-  skinny_gemm_kernel<kM, kNT><<<grid, warps * 32, smem, stream>>>(x, n, in, w, out, y, st, y_f32, accumulate, 0.f);
-  return check_launch("cuda::skinny_gemm_bf16");
+  return check_cuda(launch_pdl(skinny_gemm_kernel<kM, kNT, kUnroll>, grid, dim3(warps * 32), smem, stream, x, n, in,
+                               w, out, y, st, y_f32, accumulate, 0.f),
+                    "cuda::skinny_gemm_bf16");
 }
+
+// Whether a warp should keep 8 chunks (16 KB per 16-row tile pair, 8 KB per tile) in flight rather than 4: only
+// where 4 would leave k for more than one round (o_proj's 5120, the shared expert's gate_up), since the deeper
+// round doubles the block's registers (all of an SM's at 16 warps), which keeps the next kernel's blocks from
+// starting their prologue beside it. Up to 16 rows only (32 would spill).
+bool deep_rounds(int in, int warps) { return (in + 31) / 32 > 4 * warps; }
 
 // The SwiGLU form: one block per 16 act columns (a gate tile and its up tile), always 8 warps, so the block
 // shape depends on nothing but `inter` and a row's results on nothing but its own x row (batch invariance).
@@ -149,9 +201,12 @@ Status launch_swiglu(const uint16_t* x, int n, int in, const uint16_t* w, int in
   st.x_row = in, st.y_row = inter;
   const dim3 grid(static_cast<unsigned>((inter + 15) / 16));
   const size_t smem = sizeof(float) * kSwiGluWarps * 2 * kNT * 4 * 32;
-  skinny_gemm_kernel<2, kNT, true>
-      <<<grid, kSwiGluWarps * 32, smem, stream>>>(x, n, in, w, inter, act, st, false, false, limit);
-  return check_launch("cuda::skinny_gemm_swiglu_bf16");
+  auto kernel = skinny_gemm_kernel<2, kNT, 4, true>;
+  if constexpr (kNT <= 2)
+    if (deep_rounds(in, kSwiGluWarps)) kernel = skinny_gemm_kernel<2, kNT, 8, true>;
+  return check_cuda(launch_pdl(kernel, grid, dim3(kSwiGluWarps * 32), smem, stream, x, n, in, w, inter,
+                               static_cast<void*>(act), st, false, false, limit),
+                    "cuda::skinny_gemm_swiglu_bf16");
 }
 
 // The block shape for n ≤ kSkinnyGemmMaxRows (kNT ≤ 4): a function of the output tiles (out and batches) and
@@ -160,8 +215,8 @@ Status launch_swiglu(const uint16_t* x, int n, int in, const uint16_t* w, int in
 // which mma column a row occupies, and an mma column's sums do not depend on the other columns. Hence a row's
 // results are bitwise independent of the other rows for n ≤ 32 (batch invariance). Two 16-row tiles per block
 // share each x load once there are blocks enough to fill the chip twice over; small matrices get one tile and,
-// below one block per SM, 16 warps so more loads are in flight. (Partials stay ≤ 32 KB of shared memory:
-// warps · kM · kNT ≤ 64.)
+// below one block per SM, 16 warps so more loads are in flight (deep_rounds: up to 128 KB per SM, what
+// two-tile blocks reach at two blocks per SM). (Partials stay ≤ 32 KB of shared memory: warps · kM · kNT ≤ 64.)
 struct BlockShape {
   bool two_tiles;
   int warps;
@@ -176,11 +231,14 @@ Status launch_rows(const uint16_t* x, int n, int in, const uint16_t* w, int out,
                    bool y_f32, bool accumulate, int sm_count, StreamHandle stream) {
   const BlockShape shape = block_shape((out + 15) / 16 * st.batches, sm_count);
   if constexpr (kNT <= 4) {
-    if (shape.two_tiles) return launch<2, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
-    return launch<1, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
+    if (shape.two_tiles) return launch<2, kNT, 4>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
+    if constexpr (kNT <= 2)
+      if (deep_rounds(in, shape.warps))
+        return launch<1, kNT, 8>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
+    return launch<1, kNT, 4>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
   } else {
     // 33..64 rows: one tile of 8 warps (the partials' shared-memory bound), so not batch invariant.
-    return launch<1, kNT>(x, n, in, w, out, y, st, y_f32, accumulate, 8, stream);
+    return launch<1, kNT, 4>(x, n, in, w, out, y, st, y_f32, accumulate, 8, stream);
   }
 }
 

@@ -28,17 +28,21 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
   const int64_t N = x.shape.N, Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank;
   const int64_t Rr = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = nope + Rr, D = L + Rr;
   const float one = 1.0f, zero = 0.0f;
-  if (w.q_a.w) {
-    KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.q_a.w, c.q_lora_rank, b.q_res, DType::kBF16, st));
-    KILN_RETURN_IF_ERROR(rmsnorm_bf16(b.q_res, w.q_a_norm, N, c.q_lora_rank, kLatentNormEps, b.q_res_n, st));
-    KILN_RETURN_IF_ERROR(g.linear(b.q_res_n, N, c.q_lora_rank, w.q_b.w, H * qk, b.q, DType::kF32, st));
+  // q_a and kv_a in one GEMM (fp32 out); the q_a norm rounds its input to bf16 as if q_a had stored bf16.
+  const int64_t q_lora = w.qkv_a.w ? c.q_lora_rank : 0, qkv = q_lora + D;
+  float* ckv = b.qkv_a + q_lora;
+  if (w.qkv_a.w) {
+    KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.qkv_a.w, qkv, b.qkv_a, DType::kF32, st));
+    KILN_RETURN_IF_ERROR(
+        rmsnorm_rounded_f32_bf16(b.qkv_a, qkv, w.q_a_norm, N, q_lora, kLatentNormEps, b.q_res_n, st));
+    KILN_RETURN_IF_ERROR(g.linear(b.q_res_n, N, q_lora, w.q_b.w, H * qk, b.q, DType::kF32, st));
   } else {
     KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.q_proj.w, H * qk, b.q, DType::kF32, st));
+    KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.kv_a.w, D, b.qkv_a, DType::kF32, st));
   }
-  KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.kv_a.w, D, b.ckv, DType::kF32, st));
   // RoPE, the cache write, q in bf16 for the absorption and q_pe into the absorbed queries: one launch.
   MlaRopeCacheWrite rw;
-  rw.q = b.q, rw.ckv = b.ckv, rw.n = N, rw.heads = H, rw.nope = nope, rw.rope = Rr, rw.latent = L;
+  rw.q = b.q, rw.ckv = ckv, rw.ckv_stride = qkv, rw.n = N, rw.heads = H, rw.nope = nope, rw.rope = Rr, rw.latent = L;
   rw.positions = b.positions, rw.inv_freq = I.inv_freq, rw.attention_factor = I.rope_factor;
   rw.norm_weight = w.kv_a_norm, rw.eps = kLatentNormEps, rw.slots = b.slots, rw.cache = pages;
   rw.q_bf = b.q_bf, rw.q_abs = b.q_abs;
@@ -69,7 +73,8 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     MlaDecodeParams p;
     p.q = b.q_abs, p.num_queries = N, p.num_heads = H, p.cache = pages, p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks, p.query_seq = b.query_seq, p.kv_len = b.kv_len;
-    p.scale = scale, p.out = b.o_lat, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
+    // The kernel's last writer stores o_lat in bf16 for the un-absorption, so no cast launch follows.
+    p.scale = scale, p.out_bf16 = b.o_lat_bf, p.num_splits = x.shape.splits, p.workspace = b.mla_workspace;
     p.split_by_length = x.shape.split_by_length;
     KILN_RETURN_IF_ERROR(mla_decode_bf16(p, st));
   } else {
@@ -81,10 +86,10 @@ Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages,
     // number at most index_topk).
     p.selected = b.selected, p.selected_width = b.selected ? c.index_topk : 0;
     KILN_RETURN_IF_ERROR(mla_attention_reference(p, st));
+    KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
   }
   I.timer.mark("attention: MLA decode kernel");
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
-  KILN_RETURN_IF_ERROR(f32_to_bf16(b.o_lat, N * H * L, b.o_lat_bf, st));
   if (skinny) {
     SkinnyStrides s;
     s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + vd) * L, s.y_row = H * vd, s.y_batch = vd;

@@ -47,7 +47,7 @@ struct StepLayout {
 // A sequence bringing at least this many tokens in a step (a prompt chunk) attends through the expanded-form
 // prefill kernel; fewer (decode, speculative verification of 1 + K ≤ 6 rows) through the absorbed decode
 // kernel, so a sequence's decode-time rows always take the same arithmetic path, whatever else the step holds.
-inline constexpr int64_t kPrefillMinTokens = 16;
+inline constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;  // the CPU model's bf16 precision follows it
 
 // Batch invariance: in a step of at most this many rows, each decode-shaped row's results (its KV cache entry,
 // hidden state and logits) are bitwise the same whatever other rows share the step, so speculative verification
@@ -84,8 +84,9 @@ struct StepBuffers {
   int32_t *ids, *query_seq, *kv_len, *tables, *rows;
   int64_t *positions, *slots;
   float* resid;
-  uint16_t *h, *y, *q_res, *q_res_n, *q_bf, *o_lat_bf, *attn;
-  float *q, *ckv, *q_abs, *o_lat, *scores;
+  uint16_t *h, *y, *q_res_n, *q_bf, *o_lat_bf, *attn;
+  float *qkv_a;  // [N, q_lora_rank + D] fp32: q_a's output then the latent + k_pe (q_lora_rank 0: the latter only)
+  float *q, *q_abs, *o_lat, *scores;
   void* mla_workspace;
   uint16_t *gu, *act, *shared;
   float *h32, *router_logits, *route_w, *moe_y;

@@ -83,9 +83,9 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.positions = sc.carve<int64_t>(N), b.slots = sc.carve<int64_t>(N);
   b.resid = sc.carve<float>(N * Hd);
   b.h = sc.carve<uint16_t>(N * Hd), b.y = sc.carve<uint16_t>(N * Hd);
-  b.q_res = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
+  b.qkv_a = sc.carve<float>(N * (std::max<int64_t>(c.q_lora_rank, 0) + D));
   b.q_res_n = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
-  b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk), b.ckv = sc.carve<float>(N * D);
+  b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk);
   b.q_abs = sc.carve<float>(N * H * D), b.o_lat = sc.carve<float>(N * H * L), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
   b.attn = sc.carve<uint16_t>(N * H * vd);
   b.mla_workspace = sh.splits > 1 ? sc.carve<char>(mla_decode_workspace_bytes(N, H, sh.splits)) : nullptr;

@@ -129,14 +129,21 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(w.input_norm, norm(p + ".input_layernorm.weight", hd));
     KILN_ASSIGN_OR_RETURN(w.post_attention_norm, norm(p + ".post_attention_layernorm.weight", hd));
     const std::string a = p + ".self_attn";
+    const int64_t D = c.kv_lora_rank + c.qk_rope_head_dim;
     if (c.q_lora_rank > 0) {
-      KILN_ASSIGN_OR_RETURN(w.q_a, linear(a + ".q_a_proj", hd, c.q_lora_rank));
-      KILN_ASSIGN_OR_RETURN(w.q_a_norm, norm(a + ".q_a_layernorm.weight", c.q_lora_rank));
-      KILN_ASSIGN_OR_RETURN(w.q_b, linear(a + ".q_b_proj", c.q_lora_rank, H * c.qk_head_dim()));
+      const int64_t q_lora = c.q_lora_rank;
+      KILN_ASSIGN_OR_RETURN(uint16_t * qkv, bf16_buffer(static_cast<size_t>((q_lora + D) * hd), a + ".q_a_proj + kv_a"));
+      KILN_RETURN_IF_ERROR(fill.bf16(a + ".q_a_proj.weight", q_lora, hd, qkv));
+      KILN_RETURN_IF_ERROR(fill.bf16(a + ".kv_a_proj_with_mqa.weight", D, hd, qkv + q_lora * hd));
+      w.qkv_a = GpuLinear{qkv, hd, q_lora + D};
+      w.q_a = GpuLinear{qkv, hd, q_lora};
+      w.kv_a = GpuLinear{qkv + q_lora * hd, hd, D};
+      KILN_ASSIGN_OR_RETURN(w.q_a_norm, norm(a + ".q_a_layernorm.weight", q_lora));
+      KILN_ASSIGN_OR_RETURN(w.q_b, linear(a + ".q_b_proj", q_lora, H * c.qk_head_dim()));
     } else {
       KILN_ASSIGN_OR_RETURN(w.q_proj, linear(a + ".q_proj", hd, H * c.qk_head_dim()));
+      KILN_ASSIGN_OR_RETURN(w.kv_a, linear(a + ".kv_a_proj_with_mqa", hd, D));
     }
-    KILN_ASSIGN_OR_RETURN(w.kv_a, linear(a + ".kv_a_proj_with_mqa", hd, c.kv_lora_rank + c.qk_rope_head_dim));
     KILN_ASSIGN_OR_RETURN(w.kv_a_norm, norm(a + ".kv_a_layernorm.weight", c.kv_lora_rank));
     KILN_ASSIGN_OR_RETURN(w.kv_b, linear(a + ".kv_b_proj", c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)));
     KILN_ASSIGN_OR_RETURN(uint16_t * uk_t, bf16_buffer(static_cast<size_t>(H * c.kv_lora_rank * c.qk_nope_head_dim),

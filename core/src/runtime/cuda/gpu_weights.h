@@ -28,6 +28,9 @@ struct GpuIndexer {
 struct GpuLayer {
   const uint16_t *input_norm = nullptr, *post_attention_norm = nullptr;
   GpuLinear q_a, q_b, q_proj, kv_a, kv_b, o_proj;
+  // With q_lora_rank > 0, q_a's rows and then kv_a's in one buffer ([q_lora_rank + kv_lora_rank + rope, hidden];
+  // q_a and kv_a point into it): both read the same normed hidden state, so one GEMM launch does both.
+  GpuLinear qkv_a;
   const uint16_t *q_a_norm = nullptr, *kv_a_norm = nullptr;
   bool has_indexer = false;  // DSA: runs its own indexer; other layers of a DSA model reuse the previous selection
   GpuIndexer indexer;

@@ -115,7 +115,7 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   p.k_rope = latent + d.latent_dim, p.k_rope_key_stride = row_width;
   p.v = kv + d.nope_dim, p.v_key_stride = kv_width, p.v_head_stride = d.nope_dim + d.v_dim;
   p.out = a.out, p.out_row_stride = d.num_heads * d.v_dim;
-  p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len;
+  p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len, p.total_keys = total_keys;
   p.num_heads = d.num_heads, p.nope_dim = d.nope_dim, p.rope_dim = d.rope_dim, p.v_dim = d.v_dim;
   p.scale = a.scale;
   return mla_prefill_bf16(p, stream);

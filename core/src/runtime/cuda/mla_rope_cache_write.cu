@@ -30,7 +30,7 @@ __global__ void mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
     for (int64_t i = threadIdx.x; i < a.rope; i += blockDim.x) pe[i] = v[a.nope + i];
     return;
   }
-  float* row = a.ckv + t * D;
+  float* row = a.ckv + t * (a.ckv_stride > 0 ? a.ckv_stride : D);
   if (threadIdx.x < 32 && half > 0)
     rope_slice_warp(row + a.latent, position, a.inv_freq, a.attention_factor, half, static_cast<int>(threadIdx.x));
   __syncthreads();
@@ -45,6 +45,8 @@ Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
                             std::to_string(a.rope));
   if (a.heads <= 0 || a.heads > 65534 || a.latent <= 0 || a.nope < 0)
     return invalid_argument("cuda::mla_rope_cache_write: need 0 < heads < 65535, latent > 0, nope ≥ 0");
+  if (a.ckv_stride != 0 && a.ckv_stride < a.latent + a.rope)
+    return invalid_argument("cuda::mla_rope_cache_write: ckv_stride must be 0 or ≥ latent + rope");
   if (a.n == 0) return ok_status();
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
   return check_cuda(launch_pdl(mla_rope_cache_write_kernel, grid, dim3(kMlaCacheRowThreads), 0, stream, a),

@@ -11,7 +11,7 @@
 namespace kiln::cuda {
 
 // For n tokens of `heads` query heads (q fp32 [n, heads, nope + rope]) and their latents (ckv fp32
-// [n, latent + rope]), with D = latent + rope:
+// [n, latent + rope], rows ckv_stride apart), with D = latent + rope:
 //   q[t, h, nope:] and ckv[t, latent:] roped in place (apply_rope_interleaved_f32 at positions[t]);
 //   cache[slots[t], :] written as mla_write_cache (bf16 RMSNorm'd latent · norm_weight, bf16 k_pe);
 //   q_bf[t, h, :] = bf16(q[t, h, :]) (f32_to_bf16) and q_abs[t, h, latent:] = q[t, h, nope:] (the rope part of
@@ -20,6 +20,7 @@ namespace kiln::cuda {
 struct MlaRopeCacheWrite {
   float* q = nullptr;
   float* ckv = nullptr;
+  int64_t ckv_stride = 0;  // floats between ckv rows; 0: D (packed)
   int64_t n = 0, heads = 0, nope = 0, rope = 0, latent = 0;
   const int64_t* positions = nullptr;
   const float* inv_freq = nullptr;  // device [rope / 2]
