@@ -166,14 +166,20 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   CublasGemm& g = *I.gemm;
   const float eps = static_cast<float>(c.rms_norm_eps);
   StepTimer& timer = I.timer;
-  auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, int64_t name) -> Status {
-    KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
-    timer.mark("residual add + RMSNorm");
+  // A layer's MLP block ends with the residual add + RMSNorm that makes the next block's input (`next`: the next
+  // layer's input norm into b.h, or the final / head norm into b.normed) — on MoE layers fused into the combine
+  // kernel. So a layer's own input norm runs only where no block precedes it (`input_normed` false).
+  auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, int64_t name, bool input_normed,
+                           const NextNorm& next) -> Status {
+    if (!input_normed) {
+      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
+      timer.mark("residual add + RMSNorm");
+    }
     KILN_RETURN_IF_ERROR(attention_block(x, w, kv.layer_pages(kv_layer), kv.index_keys(kv_layer))
                              .with_context("layer " + std::to_string(name) + " attention (GPU)"));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
     timer.mark("residual add + RMSNorm");
-    return mlp_block(x, w).with_context("layer " + std::to_string(name) + " mlp (GPU)");
+    return mlp_block(x, w, &next).with_context("layer " + std::to_string(name) + " mlp (GPU)");
   };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
@@ -181,8 +187,13 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.resid, 0, N * Hd * sizeof(float), I.stream), "residual clear"));
     timer.mark("embedding");
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l));
-    return add_rmsnorm_bf16(b.y, b.resid, weights_.final_norm, N, Hd, eps, b.normed, st);
+    const int64_t layers = c.num_hidden_layers;
+    for (int64_t l = 0; l < layers; ++l) {
+      const NextNorm next = l + 1 < layers ? NextNorm{weights_.layers[l + 1].input_norm, eps, b.h}
+                                           : NextNorm{weights_.final_norm, eps, b.normed};
+      KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l, l > 0, next));
+    }
+    return ok_status();
   };
   // x = eh_proj(cat(enorm(embed(t)), hnorm(h))) in fp32 straight into the residual stream (the first
   // add_rmsnorm then adds a zero block output), one decoder layer, the head norm.
@@ -197,8 +208,8 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.cat + Hd, 2 * row, b.h, row, row, N, cudaMemcpyDeviceToDevice, I.stream),
                                  "MTP concat"));
     KILN_RETURN_IF_ERROR(g.linear(b.cat, N, 2 * Hd, mtp->eh_proj.w, Hd, b.resid, DType::kF32, st));
-    KILN_RETURN_IF_ERROR(decoder_layer(mtp->layer, mtp_index, c.num_hidden_layers + mtp_index));
-    return add_rmsnorm_bf16(b.y, b.resid, mtp->head_norm, N, Hd, eps, b.normed, st);
+    return decoder_layer(mtp->layer, mtp_index, c.num_hidden_layers + mtp_index, false,
+                         NextNorm{mtp->head_norm, eps, b.normed});
   };
   auto enqueue = [&]() -> Status {
     KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : enqueue_trunk());
