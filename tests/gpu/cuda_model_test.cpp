@@ -15,10 +15,10 @@
 #include <mutex>
 #include <numeric>
 
+#include "common/reference_fixture.h"
 #include "engine/engine_factory.h"
 #include "engine/generator.h"
 #include "model/model_loader.h"
-#include "model/safetensors_file.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
 #include "runtime/cuda/cuda_mla_moe_model.h"
@@ -32,7 +32,8 @@ constexpr double kLogitsTolerance = 5e-2;
 // A routing margin (cpu::moe_route) below this is within reach of bf16 activations' error in the sigmoid scores.
 constexpr float kRouterNearTie = 1e-2f;
 
-fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
+using testing::load_reference;
+using testing::model_dir;
 
 LoadedModel load_path(const fs::path& path, const std::string& device, const std::string& load,
                       const std::string& precision = "fp32") {
@@ -49,16 +50,7 @@ LoadedModel load(const std::string& name, const std::string& device, const std::
   return load_path(model_dir(name), device, load);
 }
 
-std::vector<int32_t> prompt_of(const std::string& name) {
-  auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");
-  EXPECT_TRUE(f.ok()) << f.status().to_string();
-  auto t = f->get("prompt_ids");
-  EXPECT_TRUE(t.ok());
-  std::vector<int32_t> ids(t->numel());
-  for (int64_t i = 0; i < t->numel(); ++i)
-    ids[i] = t->dtype == DType::kI64 ? static_cast<int32_t>(t->as<const int64_t>()[i]) : t->as<const int32_t>()[i];
-  return ids;
-}
+std::vector<int32_t> prompt_of(const std::string& name) { return load_reference(name).ids("prompt_ids"); }
 
 double relative_error(const float* a, const float* b, size_t n) {
   double diff = 0, ref = 0;

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <limits>
 
+#include "common/reference_fixture.h"
 #include "kernels/cpu/half_float.h"
 #include "model/model_loader.h"
-#include "model/safetensors_file.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
 
@@ -19,7 +19,8 @@ namespace kiln {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
+using testing::load_reference;
+using testing::model_dir;
 
 LoadedModel load(const std::string& name, const std::string& precision) {
   auto recipe = load_recipe("", {"model.path=" + model_dir(name).string(), "kv.layout=bf16", "kv.block_size=4",
@@ -31,16 +32,7 @@ LoadedModel load(const std::string& name, const std::string& precision) {
   return std::move(m).value();
 }
 
-std::vector<int32_t> prompt_of(const std::string& name) {
-  auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");
-  EXPECT_TRUE(f.ok()) << f.status().to_string();
-  auto t = f->get("prompt_ids");
-  EXPECT_TRUE(t.ok());
-  std::vector<int32_t> ids(t->numel());
-  for (int64_t i = 0; i < t->numel(); ++i)
-    ids[i] = t->dtype == DType::kI64 ? static_cast<int32_t>(t->as<const int64_t>()[i]) : t->as<const int32_t>()[i];
-  return ids;
-}
+std::vector<int32_t> prompt_of(const std::string& name) { return load_reference(name).ids("prompt_ids"); }
 
 bool is_bf16_value(float x) { return cpu::round_to_bf16(x) == x; }
 

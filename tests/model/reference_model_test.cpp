@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/reference_fixture.h"
 #include "engine/generator.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
@@ -17,31 +18,9 @@ namespace kiln {
 namespace {
 namespace fs = std::filesystem;
 
-fs::path model_dir(const std::string& name) { return fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name; }
-
-struct Reference {
-  SafetensorsFile file;
-  std::vector<float> floats(const std::string& name) const {
-    auto t = file.get(name);
-    EXPECT_TRUE(t.ok()) << name;
-    const float* p = t->as<const float>();
-    return {p, p + t->numel()};
-  }
-  std::vector<int32_t> ids(const std::string& name) const {
-    auto t = file.get(name);
-    EXPECT_TRUE(t.ok()) << name;
-    std::vector<int32_t> out(t->numel());
-    for (int64_t i = 0; i < t->numel(); ++i)
-      out[i] = t->dtype == DType::kI64 ? static_cast<int32_t>(t->as<const int64_t>()[i]) : t->as<const int32_t>()[i];
-    return out;
-  }
-};
-
-Reference load_reference(const std::string& name) {
-  auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");
-  EXPECT_TRUE(f.ok()) << f.status().to_string();
-  return Reference{std::move(f).value()};
-}
+using testing::load_reference;
+using testing::Reference;
+using testing::model_dir;
 
 LoadedModel load(const std::string& name, const std::string& layout) {
   auto recipe = load_recipe("", {"model.path=" + model_dir(name).string(), "kv.layout=" + layout, "kv.block_size=4"},

@@ -12,14 +12,11 @@
 #include "model/draft_host.h"
 #include "model/model_loader.h"
 #include "plugin/plugin_loader.h"
+#include "common/reference_fixture.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
 
 namespace kiln::testing {
-
-inline std::filesystem::path model_dir(const std::string& name) {
-  return std::filesystem::path(KILN_SOURCE_DIR) / "tests/data/models" / name;
-}
 
 // Loads kiln-draft-mtp.so into the global registry once per process.
 inline void load_mtp_plugin() {
