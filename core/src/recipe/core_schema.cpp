@@ -66,7 +66,10 @@ std::vector<CoreSection> build() {
                {{path("path", "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)", true),
                  str("revision", "", "revision or checksum the recipe was qualified with (informational)"),
                  str("served_name", "", "model id reported by /v1/models (default: the directory name)"),
-                 str("dtype", "auto", "activation/weight dtype on the GPU path (the CPU reference always computes in fp32)", {"auto", "bf16", "fp16", "fp32"}),
+                 str("dtype", "auto",
+                     "the CUDA runner's weight / activation dtype: auto = bf16, the only one it implements (the CPU "
+                     "runner's arithmetic is model.precision)",
+                     {"auto", "bf16"}),
                  str("load", "mmap", "mmap = read the checkpoint; dummy = random weights of the config's shapes",
                      {"mmap", "dummy"}),
                  str("device", "auto", "where to run: auto = cuda when a GPU is present", {"auto", "cpu", "cuda"}),
