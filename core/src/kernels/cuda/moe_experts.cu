@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <type_traits>
 
@@ -7,6 +6,7 @@
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/rmsnorm_row.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -299,36 +299,20 @@ __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t t
   out[idx] = float_to_bf16_bits(combined(y, idx / hidden, top_k, hidden, idx % hidden, shared_y, add));
 }
 
-// One block per token, the thread ↔ element map and block reduction of norm.cu's rmsnorm_kernel<true>, so the
-// residual sum, the sum of squares and the normed row are bit for bit what combine + add_rmsnorm_bf16 give.
+// One block per token through rmsnorm_row, as norm.cu's add_rmsnorm kernel, so the residual sum, the sum of
+// squares and the normed row are bit for bit what combine + add_rmsnorm_bf16 give.
 constexpr int kNormThreads = 256;
 
 __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
     const float* __restrict__ y, int64_t top_k, int64_t hidden, const float* __restrict__ shared_y,
     const uint16_t* __restrict__ add, float* __restrict__ residual, const uint16_t* __restrict__ weight, float eps,
     uint16_t* __restrict__ normed) {
-  using Reduce = cub::BlockReduce<float, kNormThreads>;
-  __shared__ typename Reduce::TempStorage temp;
-  __shared__ float inv_rms;
   const int64_t row = blockIdx.x;
   pdl_wait();
   pdl_launch_dependents();
-  float* rr = residual + row * hidden;
-  float sum_sq = 0.f;
-  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
-    float v = bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add)));
-    v += rr[i];
-    rr[i] = v;
-    sum_sq += v * v;
-  }
-  const float total = Reduce(temp).Sum(sum_sq);
-  if (threadIdx.x == 0) inv_rms = rsqrtf(total / static_cast<float>(hidden) + eps);
-  __syncthreads();
-  uint16_t* orow = normed + row * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += kNormThreads) {
-    const float v = rr[i];
-    orow[i] = float_to_bf16_bits(bf16_bits_to_float(weight[i]) * (v * inv_rms));
-  }
+  rmsnorm_row<kNormThreads, true>(
+      [&](int64_t i) { return bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add))); },
+      residual + row * hidden, weight, hidden, eps, normed + row * hidden);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
