@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -38,6 +40,17 @@ struct Reference {
     return out;
   }
 };
+
+// max|a − b| / max|b| over n values (infinite when a has a non-finite value): the logits tolerance measure.
+inline double relative_error(const float* a, const float* b, int64_t n) {
+  double diff = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
+  }
+  return diff / ref;
+}
 
 inline Reference load_reference(const std::string& name) {
   auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");

@@ -33,6 +33,7 @@ constexpr double kLogitsTolerance = 5e-2;
 constexpr float kRouterNearTie = 1e-2f;
 
 using testing::load_reference;
+using testing::relative_error;
 using testing::model_dir;
 
 LoadedModel load_path(const fs::path& path, const std::string& device, const std::string& load,
@@ -51,16 +52,6 @@ LoadedModel load(const std::string& name, const std::string& device, const std::
 }
 
 std::vector<int32_t> prompt_of(const std::string& name) { return load_reference(name).ids("prompt_ids"); }
-
-double relative_error(const float* a, const float* b, size_t n) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / ref;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -99,6 +90,21 @@ std::vector<std::vector<float>> decode_rows(Forward&& forward, std::vector<int32
   return rows;
 }
 
+// decode_rows through a fresh GPU runner, its KV blocks in reverse order so the paged addressing is exercised.
+std::vector<std::vector<float>> gpu_decode_rows(cuda::CudaMlaMoeModel& gpu, const std::vector<int32_t>& prompt,
+                                                int64_t steps, std::vector<int32_t>& forced, bool greedy,
+                                                int64_t vocab) {
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + steps + 1;
+  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
+  auto runner = gpu.make_runner(blocks, kBlockSize);
+  EXPECT_TRUE(runner.ok()) << runner.status().to_string();
+  if (!runner.ok()) return {};
+  std::vector<int32_t> table(blocks - 3);
+  std::iota(table.rbegin(), table.rend(), 2);
+  return decode_rows([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
+                     prompt, table, steps, forced, greedy, vocab);
+}
+
 class CudaModel : public ::testing::TestWithParam<std::string> {};
 
 // Teacher-forced on the CPU's greedy continuation: every logits row within tolerance, and the GPU's argmax equal
@@ -129,14 +135,7 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
   auto cpu_rows = decode_rows(cpu_forward,
                               prompt, cpu_table, kNew, cpu_tokens, true, vocab);
 
-  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
-  auto runner = gpu.gpu->make_runner(blocks, kBlockSize);
-  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
-  // Blocks in reverse order, so the paged addressing is exercised.
-  std::vector<int32_t> gpu_table(blocks - 3);
-  std::iota(gpu_table.rbegin(), gpu_table.rend(), 2);
-  auto gpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
-                              prompt, gpu_table, kNew, cpu_tokens, false, vocab);
+  auto gpu_rows = gpu_decode_rows(*gpu.gpu, prompt, kNew, cpu_tokens, false, vocab);
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
 
   const size_t P = prompt.size();
@@ -198,13 +197,7 @@ TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
   ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
   auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
                               prompt, cpu_table, kNew, cpu_tokens, true, vocab);
-  const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
-  auto runner = gpu.gpu->make_runner(blocks, kBlockSize);
-  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
-  std::vector<int32_t> gpu_table(blocks - 3);
-  std::iota(gpu_table.rbegin(), gpu_table.rend(), 2);
-  auto gpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
-                              prompt, gpu_table, kNew, gpu_tokens, true, vocab);
+  auto gpu_rows = gpu_decode_rows(*gpu.gpu, prompt, kNew, gpu_tokens, true, vocab);
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
   double worst_prefill = 0, worst_decode = 0, smallest_gap = INFINITY;
   std::vector<double> errors;

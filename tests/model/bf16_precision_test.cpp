@@ -20,6 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing::load_reference;
+using testing::relative_error;
 using testing::model_dir;
 
 LoadedModel load(const std::string& name, const std::string& precision) {
@@ -141,17 +142,6 @@ TEST(Bf16Precision, NormedHiddenStatesAreBf16AndTheLogitsAreTheirProjection) {
       }
     }
   }
-}
-
-// max|a − b| / max|b|
-double relative_error(const float* a, const float* b, int64_t n) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / ref;
 }
 
 // Against the fp32 reference on the fixture prompts and 16 teacher-forced decode steps: every logits row within

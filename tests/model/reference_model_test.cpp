@@ -19,6 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing::load_reference;
+using testing::relative_error;
 using testing::Reference;
 using testing::model_dir;
 
@@ -29,17 +30,6 @@ LoadedModel load(const std::string& name, const std::string& layout) {
   auto m = load_model(*recipe, global_registry(), {});
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
-}
-
-// max|a − b| / max|b|
-double relative_error(const float* a, const float* b, size_t n) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::fabs(static_cast<double>(b[i])));
-  }
-  return diff / ref;
 }
 
 class ReferenceModel : public ::testing::TestWithParam<std::string> {};
