@@ -13,7 +13,8 @@
 
 #include <omp.h>
 
-#include "engine/generator.h"
+#include "engine/engine_factory.h"
+#include "engine/single_request.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -44,11 +45,18 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps")) reps = next();
     else recipe_path = argv[i];
   }
-  auto recipe = kiln::load_recipe(recipe_path, {}, kiln::global_registry());
+  // One sequence at a time, with room for the prompt and the generated tokens (no prefix cache: every repetition
+  // computes its prompt).
+  auto recipe = kiln::load_recipe(recipe_path,
+                                  {"scheduler.max_num_seqs=1", "scheduler.prefix_caching=false",
+                                   "scheduler.max_model_len=" + std::to_string(pp + tg)},
+                                  kiln::global_registry());
   if (!recipe.ok()) return std::fprintf(stderr, "%s\n", recipe.status().to_string().c_str()), 1;
   auto m = kiln::load_model(*recipe, kiln::global_registry());
   if (!m.ok()) return std::fprintf(stderr, "%s\n", m.status().to_string().c_str()), 1;
-  const auto& c = m->model->config();
+  auto started = kiln::start_engine(*m, *recipe);
+  if (!started.ok()) return std::fprintf(stderr, "%s\n", started.status().to_string().c_str()), 1;
+  const kiln::ModelInfo& c = m->info;
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size) - 1);
@@ -56,13 +64,11 @@ int main(int argc, char** argv) {
   for (int64_t r = 0; r <= reps; ++r) {  // repetition 0 warms up and is not counted
     std::vector<int32_t> prompt(pp);
     for (auto& t : prompt) t = tok(rng);
-    auto kv = kiln::make_kv_cache(*m, pp + tg);
-    kiln::Generator gen(*m->model, *kv);
-    kiln::GenerateOptions opts;
-    opts.max_new_tokens = tg;
-    opts.prefill_chunk = recipe->section("scheduler").get_int("max_num_batched_tokens", 2048);
-    kiln::GenerateStats st;
-    auto out = gen.generate(prompt, opts, nullptr, &st);
+    kiln::RequestParams request;
+    request.prompt = prompt;
+    request.max_tokens = tg;
+    kiln::SingleRequestStats st;
+    auto out = kiln::run_single_request(*started->engine, std::move(request), nullptr, &st);
     if (!out.ok()) return std::fprintf(stderr, "%s\n", out.status().to_string().c_str()), 1;
     if (r == 0) continue;
     pp_tps.push_back(st.prompt_tokens / st.prefill_seconds);

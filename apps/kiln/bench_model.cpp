@@ -6,14 +6,14 @@
 #include <thread>
 
 #include "engine/engine_factory.h"
+#include "engine/instance_runner.h"
 #include "kiln/log.h"
+#include "model/mla_moe_architecture.h"
 #include "model/model_cost.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime.h>
-
-#include "runtime/cuda/cuda_mla_moe_model.h"
 #endif
 
 namespace kiln::cli {
@@ -36,7 +36,7 @@ int32_t token_at(int64_t i, int64_t vocab) { return static_cast<int32_t>((i * 79
 
 std::string device_name(const LoadedModel& m, const Recipe& recipe) {
 #ifdef KILN_WITH_CUDA
-  if (m.gpu) {
+  if (m.on_gpu()) {
     int dev = 0;
     cudaDeviceProp prop{};
     if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
@@ -66,7 +66,11 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   BenchTarget t;
   // The target model only: a recipe's drafter is not part of what these benchmarks time.
   KILN_ASSIGN_OR_RETURN(t.model, load_model(recipe, global_registry(), ModelLoadOptions{}));
-  const ModelConfig& c = t.model.model->config();
+  t.config = mla_moe_config(*t.model.arch);
+  if (!t.config)
+    return unimplemented("kiln bench decode|prefill has cost models for the MLA + MoE family only; " +
+                         t.model.info.model_type + " is not one");
+  const ModelConfig& c = *t.config;
   if (c.max_position_embeddings > 0 && shape.positions > c.max_position_embeddings)
     return out_of_range("the benchmark needs " + std::to_string(shape.positions) + " positions per sequence, beyond the "
                         "model's " + std::to_string(c.max_position_embeddings) + " (max_position_embeddings in " +
@@ -84,14 +88,11 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(t.model, sized_recipe));
   t.capacity = plan.capacity;
   t.device = device_name(t.model, recipe);
-#ifdef KILN_WITH_CUDA
-  if (t.model.gpu) {
-    t.model.gpu->set_cuda_graphs(cuda_graphs);
-    t.weight_gib = static_cast<double>(t.model.gpu->weight_bytes()) / (1 << 30);
-  }
-#endif
+  t.model.model->set_graphs(cuda_graphs);
+  t.weight_gib = static_cast<double>(t.model.model->weight_bytes()) / (1 << 30);
   log::info("{}", t.capacity.report());
-  KILN_ASSIGN_OR_RETURN(t.runner, make_model_runner(t.model, t.capacity.num_blocks, t.capacity.block_size));
+  KILN_ASSIGN_OR_RETURN(t.caches, make_cache_manager(t.model, plan));
+  t.runner = std::make_unique<InstanceRunner>(*t.model.model, *t.caches);
   return t;
 }
 
@@ -100,7 +101,7 @@ int64_t decode_positions(int64_t context, const DecodeBenchOptions& o) {
 }
 
 Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBenchOptions& o) {
-  const ModelConfig& c = t.model.model->config();
+  const ModelConfig& c = *t.config;
   const int64_t bs = t.capacity.block_size;
   std::vector<DecodePoint> points;
   StepOutput out;
@@ -123,35 +124,35 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
       std::vector<std::vector<int32_t>> tables(batch);
       std::vector<int32_t> tokens(batch * rows);
       std::vector<SequenceStep> steps(batch);
+      // What the engine asks of a decode (greedy selection) or a verification pass (rows − 1 drafts).
+      std::vector<TokenSelection> select(batch);
       for (int64_t b = 0; b < batch; ++b) {
         tables[b] = block_range(b * per_seq, per_seq);
-        steps[b] = SequenceStep{{tokens.data() + b * rows, static_cast<size_t>(rows)}, 0, &tables[b], rows > 1};
+        steps[b] = SequenceStep{{tokens.data() + b * rows, static_cast<size_t>(rows)}, 0, &tables[b], rows > 1, -1, {}};
+        select[b].select = true;
+        select[b].num_drafts = static_cast<int32_t>(rows - 1);
+        select[b].drafts = std::span<const int32_t>(tokens.data() + b * rows + 1, rows - 1);
       }
       int64_t step_index = 0;
       auto step = [&](int64_t position) -> Status {
         for (int64_t b = 0; b < batch; ++b) steps[b].start_position = position;
         for (int32_t& t : tokens) t = token_at(++step_index, c.vocab_size);
-        return t.runner->forward(steps, out, false).with_context("decode at context " + std::to_string(context) +
-                                                                 ", batch " + std::to_string(batch));
+        return t.runner->step(steps, select, {}, out).with_context("decode at context " + std::to_string(context) +
+                                                                   ", batch " + std::to_string(batch));
       };
       for (int64_t w = 0; w < o.warmup; ++w) KILN_RETURN_IF_ERROR(step(context + w));
-#ifdef KILN_WITH_CUDA
-      if (t.model.gpu) {
-        t.model.gpu->set_step_profiling(o.profile);
-        t.model.gpu->clear_step_profile();
-      }
-#endif
+      ModelInstance& model = *t.model.model;
+      model.set_step_profiling(o.profile);
+      model.clear_step_profile();
       const auto t0 = Clock::now();
       for (int64_t i = 0; i < o.steps; ++i) KILN_RETURN_IF_ERROR(step(context + o.warmup + i));
       p.seconds = seconds_since(t0);
       p.ms_per_step = 1e3 * p.seconds / o.steps;
-#ifdef KILN_WITH_CUDA
-      if (t.model.gpu && o.profile && t.model.gpu->profiled_steps() > 0) {
-        for (auto [stage, ms] : t.model.gpu->step_profile())
-          p.stages.emplace_back(stage, ms / static_cast<double>(t.model.gpu->profiled_steps()));
-        t.model.gpu->set_step_profiling(false);
+      if (o.profile && model.profiled_steps() > 0) {
+        for (auto [stage, ms] : model.step_profile())
+          p.stages.emplace_back(stage, ms / static_cast<double>(model.profiled_steps()));
+        model.set_step_profiling(false);
       }
-#endif
       p.tok_s = static_cast<double>(batch * rows * o.steps) / p.seconds;  // rows run (= tokens when rows = 1)
       // A step at position q attends over q + 1 keys; the mean over the timed steps.
       const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
@@ -165,7 +166,7 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
 }
 
 Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& t, const PrefillBenchOptions& o) {
-  const ModelConfig& c = t.model.model->config();
+  const ModelConfig& c = *t.config;
   const int64_t bs = t.capacity.block_size;
   const int64_t longest = *std::max_element(o.lengths.begin(), o.lengths.end());
   std::vector<int32_t> prompt(longest);
@@ -173,9 +174,12 @@ Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& t, const Prefil
   // open_bench_target sized the pool for at least the longest prompt.
   const std::vector<int32_t> table = block_range(0, blocks_for(longest, bs));
   StepOutput out;
+  // Each chunk's last row is selected greedily, as the engine selects a prompt's first token.
+  TokenSelection greedy;
+  greedy.select = true;
   {  // One untimed chunk first: the runner sizes its step buffers on the first pass of a shape.
-    SequenceStep s{{prompt.data(), static_cast<size_t>(std::min(o.chunk, longest))}, 0, &table, false};
-    KILN_RETURN_IF_ERROR(t.runner->forward({&s, 1}, out, false).with_context("prefill warm-up"));
+    SequenceStep s{{prompt.data(), static_cast<size_t>(std::min(o.chunk, longest))}, 0, &table, false, -1, {}};
+    KILN_RETURN_IF_ERROR(t.runner->step({&s, 1}, {&greedy, 1}, {}, out).with_context("prefill warm-up"));
   }
   std::vector<PrefillPoint> points;
   for (int64_t length : o.lengths) {
@@ -186,9 +190,9 @@ Result<std::vector<PrefillPoint>> run_prefill_bench(BenchTarget& t, const Prefil
     auto last_report = t0;
     for (int64_t start = 0; start < length; start += o.chunk) {
       const int64_t n = std::min(o.chunk, length - start);
-      SequenceStep s{{prompt.data() + start, static_cast<size_t>(n)}, start, &table, false};
-      KILN_RETURN_IF_ERROR(
-          t.runner->forward({&s, 1}, out, false).with_context("prefill of " + std::to_string(length) + " at " + std::to_string(start)));
+      SequenceStep s{{prompt.data() + start, static_cast<size_t>(n)}, start, &table, false, -1, {}};
+      KILN_RETURN_IF_ERROR(t.runner->step({&s, 1}, {&greedy, 1}, {}, out)
+                               .with_context("prefill of " + std::to_string(length) + " at " + std::to_string(start)));
       if (seconds_since(last_report) > 10) {  // long prompts on slow paths: show that it is moving
         log::info("prefill {}: {} of {} tokens in {:.1f} s", length, start + n, length, seconds_since(t0));
         last_report = Clock::now();

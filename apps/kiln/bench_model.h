@@ -1,6 +1,7 @@
-// `kiln bench decode|prefill`: a recipe's model timed directly through its ModelRunner — no server, no scheduler,
-// no sampling — at given context lengths, batch sizes and prompt lengths, beside the rooflines of
-// model/model_cost.h. What runs is what the engine runs: one ModelRunner::forward per step, logits copied back.
+// `kiln bench decode|prefill`: a recipe's model timed directly through its ModelRunner — no server, no scheduler —
+// at given context lengths, batch sizes and prompt lengths, beside the rooflines of model/model_cost.h. What runs is
+// what the engine runs: one ModelRunner::step per step, greedy token selection on the device (verification of the
+// rows as drafts where rows > 1), token ids copied back.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cache_manager.h"
 #include "engine/kv_capacity.h"
 #include "engine/model_runner.h"
+#include "model/model_config.h"
 #include "model/model_loader.h"
 
 namespace kiln::cli {
@@ -27,7 +30,9 @@ struct BenchShape {
 // A recipe's model and a runner over a KV pool the engine factory sized for `BenchShape` (as much of
 // sequences × positions as memory allows; at least one sequence).
 struct BenchTarget {
-  LoadedModel model;  // declared first: outlives the runner
+  LoadedModel model;  // declared first: outlives the pool and the runner
+  const ModelConfig* config = nullptr;  // the MLA + MoE family's (the cost model's shapes)
+  std::shared_ptr<CacheManager> caches;
   std::unique_ptr<ModelRunner> runner;
   KvCapacity capacity;
   std::string device;  // "NVIDIA H200 (139.8 GiB)", "CPU (1 thread)"

@@ -63,7 +63,7 @@ std::string parse_positive_list(const std::string& flag, const std::string& text
 }
 
 nlohmann::json report_header(const std::string& benchmark, const BenchTarget& t, const std::string& command) {
-  const ModelConfig& c = t.model.model->config();
+  const ModelConfig& c = *t.config;
   nlohmann::json model = {{"config", c.source}, {"model_type", c.model_type}, {"layers", c.num_hidden_layers}};
   if (t.weight_gib > 0) model["gpu_weight_gib"] = t.weight_gib;
   return {{"benchmark", benchmark},
@@ -76,7 +76,7 @@ nlohmann::json report_header(const std::string& benchmark, const BenchTarget& t,
 }
 
 void print_header(const std::string& title, const BenchTarget& t, const std::string& command) {
-  const ModelConfig& c = t.model.model->config();
+  const ModelConfig& c = *t.config;
   std::printf("%s, %s, %s: %s (%lld layers, %lld experts top-%lld)", title.c_str(), utc_now().c_str(), t.device.c_str(),
               c.source.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.n_routed_experts),
               static_cast<long long>(c.num_experts_per_tok));
@@ -137,7 +137,7 @@ int bench_decode(int argc, char** argv) {
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
-  const ModelConfig& mc = target->model.model->config();
+  const ModelConfig& mc = *target->config;
   std::printf("roofline = batch x %.3g B/s / (weight + KV bytes read per step). Weights: bf16, router fp32; routed "
               "experts read per MoE layer at batch B: the expected distinct ones under uniform routing, "
               "E(1-(1-k/E)^B) with E = %lld, k = %lld. KV: B x mean keys attended x %lld layers x (%lld + %lld) x 2 B.\n\n",
@@ -186,7 +186,7 @@ int bench_prefill(int argc, char** argv) {
   print_header("kiln bench prefill", *target, command);
   std::printf("model FLOPs = 2 x %.4g active params x tokens + 2 x hidden x vocab per chunk (its logits row) + causal "
               "attention 2 x layers x heads x (qk + v head dims) x tokens(tokens+1)/2; %% of a %.0f TFLOP/s peak\n\n",
-              active_params_per_token(target->model.model->config()), o.peak_tflops);
+              active_params_per_token(*target->config), o.peak_tflops);
   std::fflush(stdout);
   auto points = run_prefill_bench(*target, o);
   if (!points.ok()) return fail(points.status().message());

@@ -8,13 +8,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
-#include "engine/generator.h"
-#ifdef KILN_WITH_CUDA
-#include "runtime/cuda/cuda_mla_moe_model.h"
-#endif
-#include "engine/speculative_drafter.h"
-#include "engine/speculative_generator.h"
-#include "model/draft_host.h"
+#include "engine/single_request.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 #include "tokenizer/chat_template.h"
@@ -25,9 +19,9 @@ namespace kiln::cli {
 namespace {
 
 // Token ids the model stops at: the config's eos ids plus the GLM chat turn ends when the vocabulary has them.
-std::vector<int32_t> stop_tokens(const ModelConfig& config, const Tokenizer& tok) {
+std::vector<int32_t> stop_tokens(const Architecture& arch, const Tokenizer& tok) {
   std::vector<int32_t> stops;
-  for (int64_t id : config.eos_token_ids) stops.push_back(static_cast<int32_t>(id));
+  for (int64_t id : arch.eos_token_ids()) stops.push_back(static_cast<int32_t>(id));
   for (const char* t : {"<|endoftext|>", "<|user|>", "<|observation|>"})
     if (auto id = tok.token_to_id(t)) stops.push_back(*id);
   return stops;
@@ -77,9 +71,10 @@ int cmd_generate(int argc, char** argv) {
 
   // --model DIR is a recipe of one key.
   if (!model_dir.empty()) sets.insert(sets.begin(), "model.path=" + nlohmann::json(std::filesystem::absolute(model_dir).string()).dump());
+  // One request: an engine of one sequence (the same decode loop `kiln serve` runs).
+  sets.push_back("scheduler.max_num_seqs=1");
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
-
   auto loaded = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::filesystem::path dir = recipe->section("model").get_string("path");
@@ -100,63 +95,33 @@ int cmd_generate(int argc, char** argv) {
   std::vector<int32_t> ids = tok->encode(text, /*parse_special=*/!chat.empty());
   if (ids.empty()) return fail("the prompt encodes to no tokens");
 
-  const RecipeSection& sched = recipe->section("scheduler");
-  GenerateOptions opts;
-  opts.max_new_tokens = max_tokens;
-  opts.prefill_chunk = sched.get_int("max_num_batched_tokens", 2048);
-  opts.stop_tokens = stop_tokens(loaded->model->config(), *tok);
-  opts.sampling = {temperature, top_k, top_p, seed};
-  const int64_t needed = static_cast<int64_t>(ids.size()) + max_tokens;
-  int64_t limit = sched.get_int("max_model_len", 0);
-  if (limit <= 0) limit = loaded->model->config().max_position_embeddings;
-  if (limit > 0 && needed > limit)
-    return fail("prompt (" + std::to_string(ids.size()) + " tokens) + --max-tokens (" + std::to_string(max_tokens) +
-                ") exceeds the model's context of " + std::to_string(limit) + " tokens (scheduler.max_model_len)");
-  auto kv = make_kv_cache(*loaded, needed);
-  // With a drafter in the recipe, generation is speculative (and, greedy or sampled, distributed exactly
-  // as without it).
-  const int depth = static_cast<int>(recipe->section("speculative").get_int("depth", 0));
-  const bool speculative = recipe->section("speculative").get_string("method") != "none" && depth > 0;
-  // On the GPU the runner holds the pages; the CPU pool above only numbers the blocks.
-  std::unique_ptr<ModelRunner> gpu_runner;
-#ifdef KILN_WITH_CUDA
-  if (loaded->gpu) {
-    auto r = loaded->gpu->make_runner(kv->num_blocks(), kv->block_size());
-    if (!r.ok()) return fail(r.status().message());
-    gpu_runner = std::move(r).value();
-  }
-#endif
-  std::unique_ptr<DraftHost> host;
-  std::shared_ptr<Drafter> drafter;
-  if (speculative) {
-    // The MTP layers run where the model runs (the GPU host keeps its draft pages in device memory).
-    auto h = make_draft_host(*loaded, *recipe, global_registry(), needed);
-    if (!h.ok()) return fail(h.status().message());
-    host = std::move(h).value();
-    auto d = create_drafter(*recipe, global_registry(), loaded->info, host.get());
-    if (!d.ok()) return fail(d.status().message());
-    drafter = std::move(d).value();
-  }
+  auto started = start_engine(*loaded, *recipe);
+  if (!started.ok()) return fail(started.status().message());
+  RequestParams request;
+  request.prompt = ids;
+  request.max_tokens = max_tokens;
+  request.sampling = {temperature, top_k, top_p, seed};
+  request.stop_token_ids = stop_tokens(*loaded->arch, *tok);
+
   StreamingDecoder decoder(*tok);
-  GenerateStats stats;
+  SingleRequestStats stats;
   if (prompt.size()) std::cout << prompt << std::flush;
   auto print = [&](int32_t id) {
     if (tok->is_special(id)) return true;  // turn markers and stop tokens are not text
     std::cout << decoder.feed(id) << std::flush;
     return true;
   };
-  Result<std::vector<int32_t>> result = std::vector<int32_t>{};
+  auto result = run_single_request(*started->engine, std::move(request), print, &stats);
   std::string acceptance;
-  if (speculative) {
-    SpeculativeGenerator gen(*loaded->model, *kv, *drafter, depth, /*seq_id=*/0, gpu_runner.get());
-    result = gen.generate(ids, opts, print, &stats);
+  const EngineMetrics metrics = started->engine->metrics();
+  if (metrics.spec_drafts > 0) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, " | MTP depth %d: acceptance %.1f%%, mean acceptance length %.2f", depth,
-                  100.0 * gen.metrics().acceptance_rate(), gen.metrics().mean_acceptance_length());
+    const double rate = metrics.spec_draft_tokens ? 100.0 * metrics.spec_accepted_tokens / metrics.spec_draft_tokens : 0;
+    std::snprintf(buf, sizeof buf, " | %s depth %lld: acceptance %.1f%%, mean acceptance length %.2f",
+                  recipe->section("speculative").get_string("method").c_str(),
+                  static_cast<long long>(recipe->section("speculative").get_int("depth", 0)), rate,
+                  1.0 + static_cast<double>(metrics.spec_accepted_tokens) / metrics.spec_drafts);
     acceptance = buf;
-  } else {
-    Generator gen(*loaded->model, *kv, gpu_runner.get());
-    result = gen.generate(ids, opts, print, &stats);
   }
   std::cout << decoder.flush() << std::endl;
   if (!result.ok()) return fail(result.status().message());

@@ -89,7 +89,7 @@ int cmd_recipe(int argc, char** argv) {
     // The KV capacity this recipe gets on this machine, when its model can be loaded here.
     auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
     if (model.ok()) {
-      auto plan = plan_engine(*model, *recipe);
+      auto plan = plan_recipe(*model, *recipe);
       std::cout << "# " << (plan.ok() ? plan->capacity.report() : "KV cache: " + plan.status().message()) << "\n";
     } else {
       std::cout << "# KV cache: not planned (" << model.status().message() << ")\n";

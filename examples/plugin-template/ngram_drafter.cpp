@@ -21,27 +21,25 @@ class NgramDrafter final : public kiln::Drafter {
     return caps;
   }
 
-  kiln::Status propose(const std::vector<kiln::DraftInput>& batch, int depth,
-                       std::vector<kiln::DraftOutput>& out) override {
-    out.assign(batch.size(), {});
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const auto& in = batch[b];
-      auto& history = history_[in.seq_id];
-      if (in.start_position != static_cast<int64_t>(history.size()))
-        return kiln::invalid_argument("ngram drafter: sequence " + std::to_string(in.seq_id) + " skipped from position " +
-                                      std::to_string(history.size()) + " to " + std::to_string(in.start_position));
-      history.insert(history.end(), in.tokens, in.tokens + in.num_tokens);
-      // The match ends at the newest token, which the target has not run yet.
-      std::vector<int32_t> context = history;
-      if (in.next_token >= 0) context.push_back(in.next_token);
-      out[b].tokens = lookup(context, depth);
+  // history[p] = the sequence's token at position p (−1 where it never saw one: position 0, or a cached prefix).
+  kiln::Status propose(const kiln::DraftStep& step, std::vector<kiln::DraftProposal>& out) override {
+    out.assign(step.seqs.size(), {});
+    for (size_t b = 0; b < step.seqs.size(); ++b) {
+      const kiln::DraftSequence& s = step.seqs[b];
+      auto& history = history_[s.seq_id];
+      // Row p brings the token at p + 1; rows from start_position on replace what it held there.
+      const size_t end = static_cast<size_t>(s.start_position + s.num_rows + 1);
+      history.resize(std::max(history.size(), end), -1);
+      history.resize(end);
+      std::copy(s.next_tokens, s.next_tokens + s.num_rows, history.begin() + s.start_position + 1);
+      if (s.depth > 0) out[b].tokens = lookup(history, s.depth);
     }
     return {};
   }
 
   kiln::Status rollback(int64_t seq_id, int64_t length) override {
     auto& h = history_[seq_id];
-    if (length < static_cast<int64_t>(h.size())) h.resize(static_cast<size_t>(length));
+    if (length + 1 < static_cast<int64_t>(h.size())) h.resize(static_cast<size_t>(length + 1));
     return {};
   }
 
@@ -54,6 +52,7 @@ class NgramDrafter final : public kiln::Drafter {
     if (len <= n_) return {};
     for (int64_t start = len - n_ - 1; start >= 0; --start) {
       if (!std::equal(h.begin() + start, h.begin() + start + n_, h.end() - n_)) continue;
+      if (std::find(h.begin() + start, h.begin() + start + n_, -1) != h.begin() + start + n_) continue;
       int64_t from = start + n_;
       int64_t to = std::min<int64_t>(from + depth, len);
       return {h.begin() + from, h.begin() + to};
@@ -78,7 +77,8 @@ kiln::Status register_example(kiln::Registrar& registrar) {
   ngram.min = 1;
   ngram.max = 64;
   ngram.doc = "tokens matched to find a continuation";
-  return registrar.add<kiln::Drafter>("ngram", "prompt-lookup drafter (no model; example plugin)", &make_ngram, {{ngram}});
+  return registrar.add<kiln::Drafter>("ngram", "prompt-lookup drafter (no model; example plugin)", &make_ngram,
+                                      kiln::DeviceSet::cpu_and_cuda(), {{ngram}});
 }
 
 }  // namespace

@@ -1,19 +1,21 @@
 // The `mtp` drafter: DeepSeek-style next-n (MTP) drafting with the target checkpoint's own MTP layer, which the
-// engine runs for it through the DraftHost (the plugin sees only SDK headers). Per sequence and step:
-//   step 1: the rows the target ran since the last step, each conditioned on the target's final-normed hidden
-//           state h_p and the token t_{p+1} (the newest token for the last row), extend the MTP layer's KV;
-//           the last row's logits give draft 1;
+// engine runs for it on the target's device (DraftServices::mtp_run; the plugin sees only SDK headers). After every
+// target step, per sequence:
+//   step 1: the rows the target just computed, each conditioned on the target's final-normed hidden state h_p (the
+//           step's tap, on the device) and the token t_{p+1} (the newest token for the last row), extend the MTP
+//           layer's KV; the last row's logits give draft 1;
 //   steps 2..K: one row each, on the previous step's MTP output hidden state and the previous draft.
-// The recursive rows are dropped from the MTP KV when the step ends: next time they are recomputed from the
-// target's real hidden states. Drafts are argmax at temperature 0, else sampled from q = softmax(logits / T),
-// which is returned for the target's rejection sampling.
+// The MTP layer's KV shares the target's pages, so rows past the accepted ones are simply overwritten next time
+// (from the target's real hidden states). Drafts are argmax at temperature 0, else sampled on the device from q =
+// softmax(logits / T) over its kQWidth likeliest tokens, which is returned (sparse) for rejection sampling. Only
+// the draft ids cross to the host.
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kiln/draft_services.h"
 #include "kiln/drafter.h"
 #include "kiln/plugin.h"
 
@@ -21,8 +23,11 @@ namespace {
 
 using kiln::Status;
 
-constexpr int kMaxDepth = 16;  // the largest speculative.depth the core schema allows
+constexpr int kMaxDepth = 16;     // the largest speculative.depth the core schema allows
 constexpr int64_t kMtpLayer = 0;  // GLM and DeepSeek checkpoints carry one next-n layer, reused for every step
+// Candidates kept in q: the draft distribution restricted to them is what drafts are drawn from, so verification
+// stays exact; 64 hold nearly all of a trained MTP head's mass at sampling temperatures.
+constexpr int64_t kQWidth = 64;
 
 // The drafter's random stream must be independent of the target's acceptance draws, which are seeded with
 // the same request seed: derive its seed through splitmix64 of a distinct offset.
@@ -33,176 +38,178 @@ uint64_t draft_seed(uint64_t seed) {
   return z ^ (z >> 31);
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
-
-// q = softmax(logits / T) into probs; returns a draw from it (u with 53 bits, first index whose running sum
-// exceeds u).
-int32_t sample_softmax(const float* logits, int64_t n, float temperature, std::mt19937_64& rng, float* probs) {
-  const float m = logits[argmax(logits, n)];
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += probs[i] = std::exp((logits[i] - m) / temperature);
-  for (int64_t i = 0; i < n; ++i) probs[i] = static_cast<float>(probs[i] / sum);
-  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-  double run = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    run += probs[i];
-    if (run > u && probs[i] > 0) return static_cast<int32_t>(i);
-  }
-  return argmax(probs, n);  // u landed in the rounding slack above the last running sum
-}
-
 class MtpDrafter final : public kiln::Drafter {
  public:
-  explicit MtpDrafter(kiln::DraftHost& host) : host_(host), hidden_(host.hidden_size()), vocab_(host.vocab_size()) {}
-  ~MtpDrafter() override {
-    for (auto& [id, s] : sequences_) host_.release(id);
-  }
+  explicit MtpDrafter(kiln::DraftServices& services)
+      : services_(services), hidden_(services.hidden_size()), vocab_(services.vocab_size()) {}
 
   kiln::DrafterCapabilities capabilities() const override {
     kiln::DrafterCapabilities caps;
-    caps.target_hidden_layers = {-1};
+    caps.tap_layers = {kiln::kTapFinalNormed};
     caps.max_depth = kMaxDepth;
     caps.parallel_drafting = false;
     caps.has_draft_probs = true;
-    caps.needs_kv_rollback = true;
+    caps.needs_target_mtp = true;
     return caps;
   }
 
-  Status propose(const std::vector<kiln::DraftInput>& batch, int depth, std::vector<kiln::DraftOutput>& out) override {
-    if (depth < 1 || depth > kMaxDepth)
-      return kiln::invalid_argument("mtp drafter: depth " + std::to_string(depth) + " is outside 1.." +
-                                    std::to_string(kMaxDepth));
-    out.assign(batch.size(), {});
-    if (batch.empty()) return {};
-    std::vector<Sequence*> seqs;
-    for (const kiln::DraftInput& in : batch) {
-      auto s = prepare(in);
-      if (!s.ok()) return s.status();
-      seqs.push_back(*s);
+  Status propose(const kiln::DraftStep& step, std::vector<kiln::DraftProposal>& out) override {
+    const size_t B = step.seqs.size();
+    out.assign(B, {});
+    if (B == 0) return {};
+    if (step.taps.size() != 1 || !step.taps[0].data)
+      return kiln::invalid_argument("mtp drafter: needs the target's final-normed hidden states (one tap)");
+    // Sequences that want drafts first, so their step-1 logits are the leading rows.
+    std::vector<size_t> order(B);
+    for (size_t b = 0; b < B; ++b) order[b] = b;
+    std::stable_partition(order.begin(), order.end(), [&](size_t b) { return step.seqs[b].depth > 0; });
+    size_t drafting = 0;
+    int depth = 0;
+    for (size_t b : order) {
+      const kiln::DraftSequence& s = step.seqs[b];
+      KILN_RETURN_IF_ERROR(check(s));
+      if (s.depth > 0) ++drafting, depth = std::max(depth, s.depth);
     }
 
     // Step 1: every new row; row i pairs h at position start + i with the token one position later.
-    std::vector<std::vector<int32_t>> shifted(batch.size());
-    std::vector<kiln::DraftLayerRows> rows(batch.size());
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const kiln::DraftInput& in = batch[b];
-      shifted[b].assign(in.tokens + 1, in.tokens + in.num_tokens);
-      shifted[b].push_back(in.next_token);
-      rows[b] = {in.seq_id, in.start_position, shifted[b].data(), in.target_hidden, in.num_tokens, false};
+    const auto* taps = step.taps[0].as<const float>();
+    std::vector<kiln::MtpRows> rows;
+    for (size_t b : order) {
+      const kiln::DraftSequence& s = step.seqs[b];
+      rows.push_back({s.block_table, s.num_blocks, s.start_position, s.next_tokens, taps + s.tap_row * hidden_, 0,
+                      s.num_rows, false});
     }
-    kiln::DraftLayerOutput step;
-    KILN_RETURN_IF_ERROR(host_.run(kMtpLayer, rows, step).with_context("mtp drafter, step 1"));
-    for (size_t b = 0; b < batch.size(); ++b) seqs[b]->conditioned = batch[b].start_position + batch[b].num_tokens;
+    kiln::MtpOutput mo;
+    KILN_RETURN_IF_ERROR(services_.mtp_run(kMtpLayer, rows, mo).with_context("mtp drafter, step 1"));
+    if (drafting == 0) return {};
 
-    // Per sequence: the previous draft and the MTP output hidden state of the row that drafted it.
-    std::vector<int32_t> prev(batch.size());
-    std::vector<float> prev_hidden(batch.size() * hidden_);
-    auto take = [&](const kiln::DraftLayerOutput& o, const std::vector<int64_t>& last_row) {
-      for (size_t b = 0; b < batch.size(); ++b) {
-        prev[b] = choose(batch[b], *seqs[b], o.logits.data() + o.first_row[b] * vocab_, out[b]);
-        std::copy_n(o.hidden.data() + last_row[b] * hidden_, hidden_, prev_hidden.data() + b * hidden_);
+    KILN_RETURN_IF_ERROR(ensure_buffers(static_cast<int64_t>(drafting), depth));
+    // Per drafting sequence: the previous draft and the MTP output row that drafted it.
+    std::vector<int32_t> prev(drafting);
+    std::vector<const float*> prev_hidden(drafting);
+    for (size_t i = 0, row = 0; i < B; row += step.seqs[order[i]].num_rows, ++i)
+      if (i < drafting) prev_hidden[i] = mo.hidden + (row + step.seqs[order[i]].num_rows - 1) * hidden_;
+    std::vector<std::vector<int32_t>> drafts(drafting);
+    for (int k = 1; k <= depth; ++k) {
+      if (k > 1) {
+        rows.clear();
+        for (size_t i = 0; i < drafting; ++i) {
+          const kiln::DraftSequence& s = step.seqs[order[i]];
+          rows.push_back({s.block_table, s.num_blocks, s.start_position + s.num_rows + k - 2, &prev[i], prev_hidden[i],
+                          0, 1, false});
+        }
+        KILN_RETURN_IF_ERROR(services_.mtp_run(kMtpLayer, rows, mo).with_context("mtp drafter, step " + std::to_string(k)));
+        for (size_t i = 0; i < drafting; ++i) prev_hidden[i] = mo.hidden + i * hidden_;
       }
-    };
-    std::vector<int64_t> last_row(batch.size());
-    for (size_t b = 0, off = 0; b < batch.size(); off += batch[b].num_tokens, ++b)
-      last_row[b] = static_cast<int64_t>(off) + batch[b].num_tokens - 1;
-    take(step, last_row);
-
-    Status status;
-    for (int k = 2; k <= depth && status.ok(); ++k) {
-      for (size_t b = 0; b < batch.size(); ++b) {
-        rows[b] = {batch[b].seq_id, seqs[b]->conditioned + k - 2, &prev[b], prev_hidden.data() + b * hidden_, 1, false};
-        last_row[b] = static_cast<int64_t>(b);
+      // The drafting sequences' logits are rows 0 .. drafting − 1 (one row each, in `order`).
+      std::vector<float> temperatures(drafting);
+      std::vector<double> uniforms(drafting);
+      for (size_t i = 0; i < drafting; ++i) {
+        const kiln::DraftSequence& s = step.seqs[order[i]];
+        temperatures[i] = s.temperature;
+        uniforms[i] = s.temperature > 0 ? uniform(s) : 0.0;
       }
-      status = host_.run(kMtpLayer, rows, step).with_context("mtp drafter, step " + std::to_string(k));
-      if (status.ok()) take(step, last_row);
+      kiln::DraftSampleRequest r;
+      r.logits = mo.logits;
+      r.rows = static_cast<int64_t>(drafting);
+      r.temperatures = temperatures.data();
+      r.uniforms = uniforms.data();
+      r.q_width = kQWidth;
+      r.tokens = tokens_dev_;
+      r.q_ids = q_ids_ + (k - 1) * kQWidth;
+      r.q_probs = q_probs_ + (k - 1) * kQWidth;
+      r.q_row_stride = static_cast<int64_t>(max_depth_) * kQWidth;
+      KILN_RETURN_IF_ERROR(services_.sample(r).with_context("mtp drafter, sampling draft " + std::to_string(k)));
+      KILN_RETURN_IF_ERROR(services_.device().copy(prev.data(), tokens_dev_, drafting * sizeof(int32_t), true));
+      for (size_t i = 0; i < drafting; ++i) drafts[i].push_back(prev[i]);
     }
-    // The recursive rows conditioned on drafts, not on the target: drop them whatever happened.
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Status t = host_.truncate(batch[b].seq_id, seqs[b]->conditioned);
-      if (status.ok()) status = t;
+    for (size_t i = 0; i < drafting; ++i) {
+      const size_t b = order[i];
+      const kiln::DraftSequence& s = step.seqs[b];
+      out[b].tokens.assign(drafts[i].begin(), drafts[i].begin() + s.depth);
+      if (s.temperature > 0) {
+        out[b].q_ids = q_ids_ + i * max_depth_ * kQWidth;
+        out[b].q_probs = q_probs_ + i * max_depth_ * kQWidth;
+        out[b].q_width = kQWidth;
+      }
     }
-    return status;
+    return {};
   }
 
-  Status rollback(int64_t seq_id, int64_t length) override {
-    auto it = sequences_.find(seq_id);
-    if (it == sequences_.end()) return {};
-    it->second.conditioned = std::min(it->second.conditioned, std::max<int64_t>(length, 0));
-    return host_.truncate(seq_id, it->second.conditioned);
-  }
-
-  void release(int64_t seq_id) override {
-    if (sequences_.erase(seq_id)) host_.release(seq_id);
-  }
+  // Its KV is the target's pages: rows past the target's length are overwritten before anything reads them.
+  Status rollback(int64_t, int64_t) override { return {}; }
+  void release(int64_t seq_id) override { rngs_.erase(seq_id); }
 
  private:
-  struct Sequence {
-    int64_t conditioned = 0;  // MTP positions computed from the target's own hidden states
-    std::mt19937_64 rng;
-  };
-
-  kiln::Result<Sequence*> prepare(const kiln::DraftInput& in) {
-    const std::string who = "mtp drafter, sequence " + std::to_string(in.seq_id);
-    if (in.num_tokens < 1 || !in.tokens || !in.target_hidden)
-      return kiln::invalid_argument(who + ": needs at least one new target row with its token and hidden state");
-    if (in.next_token < 0 || in.next_token >= vocab_)
-      return kiln::invalid_argument(who + ": next_token " + std::to_string(in.next_token) +
-                                    " is not a token id (vocabulary " + std::to_string(vocab_) + ")");
-    auto it = sequences_.find(in.seq_id);
-    if (it == sequences_.end()) {
-      KILN_RETURN_IF_ERROR(host_.allocate(in.seq_id));
-      it = sequences_.emplace(in.seq_id, Sequence{0, std::mt19937_64(draft_seed(in.seed))}).first;
-    }
-    if (in.start_position > it->second.conditioned)
-      return kiln::invalid_argument(who + " has drafter state for " + std::to_string(it->second.conditioned) +
-                                    " positions; new rows cannot start at " + std::to_string(in.start_position));
-    // Rows from start_position on are recomputed (after a rollback the engine may resend some).
-    it->second.conditioned = in.start_position;
-    return &it->second;
+  Status check(const kiln::DraftSequence& s) const {
+    const std::string who = "mtp drafter, sequence " + std::to_string(s.seq_id);
+    if (s.num_rows < 1 || !s.next_tokens || !s.block_table)
+      return kiln::invalid_argument(who + ": needs new target rows with their next tokens and a block table");
+    for (int64_t i = 0; i < s.num_rows; ++i)
+      if (s.next_tokens[i] < 0 || s.next_tokens[i] >= vocab_)
+        return kiln::invalid_argument(who + ": token " + std::to_string(s.next_tokens[i]) +
+                                      " is not a token id (vocabulary " + std::to_string(vocab_) + ")");
+    if (s.depth < 0 || s.depth > kMaxDepth)
+      return kiln::invalid_argument(who + ": depth " + std::to_string(s.depth) + " is outside 0.." +
+                                    std::to_string(kMaxDepth));
+    return {};
   }
 
-  int32_t choose(const kiln::DraftInput& in, Sequence& s, const float* logits, kiln::DraftOutput& o) {
-    if (in.temperature <= 0.0f) {
-      o.tokens.push_back(argmax(logits, vocab_));
-      return o.tokens.back();
-    }
-    o.probs.resize(o.probs.size() + vocab_);
-    o.tokens.push_back(sample_softmax(logits, vocab_, in.temperature, s.rng, o.probs.data() + o.probs.size() - vocab_));
-    return o.tokens.back();
+  double uniform(const kiln::DraftSequence& s) {
+    auto it = rngs_.find(s.seq_id);
+    if (it == rngs_.end()) it = rngs_.emplace(s.seq_id, std::mt19937_64(draft_seed(s.seed))).first;
+    return static_cast<double>(it->second() >> 11) * 0x1.0p-53;
   }
 
-  kiln::DraftHost& host_;
+  // Device buffers for the drafts and their q, grown to the largest batch seen (device memory stays with the
+  // model, so growth is by doubling).
+  Status ensure_buffers(int64_t rows, int depth) {
+    if (rows <= max_rows_ && depth <= max_depth_) return {};
+    const int64_t r = std::max(rows, 2 * max_rows_);
+    const int d = std::max(depth, max_depth_);
+    KILN_ASSIGN_OR_RETURN(void* t, services_.device().allocate(static_cast<size_t>(r) * sizeof(int32_t), "mtp drafts"));
+    KILN_ASSIGN_OR_RETURN(void* qi, services_.device().allocate(static_cast<size_t>(r * d * kQWidth) * 4, "mtp q ids"));
+    KILN_ASSIGN_OR_RETURN(void* qp, services_.device().allocate(static_cast<size_t>(r * d * kQWidth) * 4, "mtp q"));
+    tokens_dev_ = static_cast<int32_t*>(t);
+    q_ids_ = static_cast<int32_t*>(qi);
+    q_probs_ = static_cast<float*>(qp);
+    max_rows_ = r;
+    max_depth_ = d;
+    return {};
+  }
+
+  kiln::DraftServices& services_;
   int64_t hidden_, vocab_;
-  std::map<int64_t, Sequence> sequences_;
+  std::map<int64_t, std::mt19937_64> rngs_;
+  int32_t* tokens_dev_ = nullptr;
+  int32_t* q_ids_ = nullptr;
+  float* q_probs_ = nullptr;
+  int64_t max_rows_ = 0;
+  int max_depth_ = 0;
 };
 
 kiln::Result<std::unique_ptr<kiln::Drafter>> make_mtp_drafter(const kiln::CreateContext& ctx) {
-  if (!ctx.draft_host)
+  if (!ctx.draft_services)
     return kiln::failed_precondition(
-        "the `mtp` drafter runs the target checkpoint's next-n (MTP) layer and needs the engine's draft host; "
+        "the `mtp` drafter runs the target checkpoint's next-n (MTP) layer and needs the engine's draft services; "
         "create it with the target model loaded with its MTP layers");
-  if (ctx.draft_host->num_draft_layers() < 1)
+  if (ctx.draft_services->num_mtp_layers() < 1)
     return kiln::failed_precondition(
         "the `mtp` drafter needs the checkpoint's MTP layer (model.layers.<num_hidden_layers>.*), and this checkpoint "
         "has none; choose one with num_nextn_predict_layers ≥ 1 or set speculative.method = \"none\"");
-  if (ctx.model && ctx.model->hidden_size != ctx.draft_host->hidden_size())
-    return kiln::failed_precondition("the draft host's hidden size " + std::to_string(ctx.draft_host->hidden_size()) +
-                                     " differs from the model's " + std::to_string(ctx.model->hidden_size));
-  return std::unique_ptr<kiln::Drafter>(new MtpDrafter(*ctx.draft_host));
+  if (ctx.model && ctx.model->hidden_size != ctx.draft_services->hidden_size())
+    return kiln::failed_precondition("the draft services' hidden size " +
+                                     std::to_string(ctx.draft_services->hidden_size()) + " differs from the model's " +
+                                     std::to_string(ctx.model->hidden_size));
+  return std::unique_ptr<kiln::Drafter>(new MtpDrafter(*ctx.draft_services));
 }
 
 Status register_mtp(kiln::Registrar& registrar) {
-  // No keys of its own: speculative.depth and draft_kv_dtype are core keys.
-  return registrar.add<kiln::Drafter>("mtp", "DeepSeek-style next-n drafting with the checkpoint's MTP layer (CPU)",
-                                      &make_mtp_drafter);
+  // No keys of its own: speculative.depth is a core key. The work runs wherever the target does.
+  return registrar.add<kiln::Drafter>("mtp", "DeepSeek-style next-n drafting with the checkpoint's MTP layer",
+                                      &make_mtp_drafter, kiln::DeviceSet::cpu_and_cuda());
 }
 
 }  // namespace
 
-KILN_PLUGIN("draft-mtp", "0.1.0", "MTP drafter: the target checkpoint's next-n layer proposes K tokens", &register_mtp)
+KILN_PLUGIN("draft-mtp", "0.2.0", "MTP drafter: the target checkpoint's next-n layer proposes K tokens", &register_mtp)

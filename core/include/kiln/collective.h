@@ -1,5 +1,7 @@
 // Collective: communication among the ranks of a tensor-parallel group. `local` (built in) is world size 1;
-// `nccl` (plugin) spans GPUs. Buffers are device pointers on the stream's device.
+// `nccl` (plugin) spans GPUs. Buffers are device pointers on the stream's device (host memory on the CPU).
+// The engine creates one per rank (CreateContext::device on that rank's device) and hands it to every step in
+// the step context; calls are enqueued on the compute stream and must be capturable in a CUDA graph.
 #pragma once
 
 #include <cstdint>

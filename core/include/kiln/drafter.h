@@ -1,89 +1,75 @@
 // Drafter: proposes K tokens per sequence for the target to verify in one pass (speculative decoding).
-// The capability descriptor tells the engine what the drafter needs from the target and what it returns.
 //
-// The step contract, for one sequence. The target's KV holds positions 0 .. L−1 and the sequence's newest
-// token t_L (sampled, not yet run by the target) is known. A drafting step passes the rows the target ran
-// since the previous step (positions start_position .. L−1, their tokens and hidden states) plus t_L as
-// `next_token`; the drafter returns drafts of t_{L+1} .. t_{L+K}. The target then runs t_L and the drafts
-// at positions L .. L+K, accepts a prefix and calls rollback(seq, L') with the new accepted length L'.
+// The step contract. After every target step the engine calls propose() with the rows that step computed for
+// each sequence the drafter follows: their positions, the token after each row (the last one is the token the
+// step just sampled, t_L, which the target has not run yet), and the target's hidden states at the layers the
+// drafter taps (device tensors, valid during the call). The drafter extends its own state over those rows and,
+// where `depth` > 0, proposes drafts of t_{L+1} .. t_{L+depth}. The next target step runs t_L and the drafts at
+// positions L .. L + depth, verifies them on the device against `q` (sparse draft probabilities, on the device)
+// and accepts a prefix; the rows it then calls propose() with start where the accepted ones do, so rows a drafter
+// computed past them are simply recomputed (rollback() also tells it the target's new length). When the target
+// took a cached prefix, a sequence's first rows start past position 0: the drafter has no rows for the prefix (its
+// caches there hold whatever the sequence that computed the prefix left), which can only cost acceptance, never
+// correctness: verification is lossless whatever the drafts are.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "kiln/cache_spec.h"
 #include "kiln/plugin.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
 
+// Target layers a drafter can tap: i ≥ 0 = the residual stream after decoder layer i (fp32, before any norm);
+// kTapFinalNormed = the last layer's output after the final norm (what an MTP layer conditions on).
+inline constexpr int kTapFinalNormed = -1;
+
 struct DrafterCapabilities {
-  // Target layers whose output hidden states it consumes; -1 = the last layer's output after the final
-  // norm (what an MTP layer conditions on).
-  std::vector<int> target_hidden_layers;
+  std::vector<int> tap_layers;            // in the order DraftStep::taps lists them
   int max_depth = 0;                      // largest K it can propose (0 = does not draft)
   bool parallel_drafting = false;         // all K in one pass (DFlash) vs one per step (MTP)
-  bool has_draft_probs = false;           // returns q(x) for lossless rejection sampling at T > 0
+  bool has_draft_probs = false;           // returns q for lossless rejection sampling at T > 0
   bool needs_kv_rollback = false;         // keeps its own KV that must follow the accepted length
+  bool needs_target_mtp = false;          // runs the target checkpoint's next-n layers (DraftServices::mtp_run)
+  bool needs_draft_model = false;         // loads a checkpoint of its own (speculative.draft_model)
+  // Paged caches of the drafter's own layers (e.g. its context K/V): the engine's CacheManager allocates them beside
+  // the target's, paged by the same block tables (DraftServices::cache), and counts them in the capacity report.
+  std::vector<LayerCacheSpec> cache_layers;
 };
 
-// One sequence's input to a drafting step (see the contract above).
-struct DraftInput {
+// One sequence in a propose() call.
+struct DraftSequence {
   int64_t seq_id = 0;
-  int64_t start_position = 0;            // position of tokens[0]
-  const int32_t* tokens = nullptr;       // tokens the target ran at positions start_position .. + num_tokens − 1
-  int64_t num_tokens = 0;
-  const float* target_hidden = nullptr;  // [num_tokens, hidden · layers], layers as in the capabilities
-  // Since ABI 1.1:
-  int32_t next_token = -1;               // t_L: the newest token, at position start_position + num_tokens
-  // ≤ 0: greedy drafts (argmax; probs stay empty). > 0: drafts are sampled from q = softmax(logits / T) and,
-  // when has_draft_probs, q is returned so the target can verify by rejection sampling.
+  int64_t start_position = 0;          // position of its first new row (≤ the drafter's current length)
+  int64_t num_rows = 0;                // ≥ 1 new target rows: positions start_position .. + num_rows − 1
+  int64_t tap_row = 0;                 // the first of them in DraftStep::taps
+  const int32_t* next_tokens = nullptr;  // host [num_rows]: row i's following token t_{p+1}; the last is t_L
+  int depth = 0;                       // drafts wanted after t_L (0: only follow the rows)
+  // ≤ 0: greedy drafts (argmax, no q). > 0: drafts drawn from q, returned for rejection sampling.
   float temperature = 0.0f;
-  uint64_t seed = 0;                     // seeds the sequence's draft sampling when the drafter first sees it
+  uint64_t seed = 0;                   // seeds the sequence's draft sampling when the drafter first sees it
+  // The sequence's block table (host): page ids of its positions in the target's pool, which the drafter's own
+  // caches and the target's next-n layers share. Covers the drafts' positions too.
+  const int32_t* block_table = nullptr;
+  int64_t num_blocks = 0;
 };
 
-struct DraftOutput {
-  std::vector<int32_t> tokens;  // depth tokens
-  std::vector<float> probs;     // depth × vocab draft distribution when has_draft_probs and temperature > 0
+struct DraftStep {
+  std::vector<DraftSequence> seqs;
+  // Per tap layer (capabilities order): [rows of the target step, hidden_size] fp32 on the drafter's device.
+  std::vector<TensorView> taps;
 };
 
-// Since ABI 1.1. Services the engine lends to drafters: the target checkpoint's own next-n (MTP) layers, run
-// by the core with their own paged KV per drafter sequence (dtype from `speculative.draft_kv_dtype`). Passed in
-// CreateContext::draft_host; it outlives every drafter created with it. Not thread-safe: one call at a time.
-struct DraftLayerRows {
-  int64_t seq_id = 0;
-  // Draft-layer position of row 0. Must not exceed the sequence's current length (no gaps); rows from here on
-  // are (over)written and the length becomes start_position + num_rows.
-  int64_t start_position = 0;
-  // Row i at position p = start_position + i drafts t_{p+2} from tokens[i] = t_{p+1} and hidden row i
-  // (the target's final-normed hidden state h_p, or the draft layer's own output for recursive steps).
-  const int32_t* tokens = nullptr;
-  const float* hidden = nullptr;  // [num_rows, hidden_size]
-  int64_t num_rows = 0;
-  bool all_logits = false;        // logits for every row, or only the last
-};
-
-struct DraftLayerOutput {
-  std::vector<float> logits;       // [rows with logits, vocab]
-  std::vector<int64_t> first_row;  // per batch entry, its first row in `logits`
-  std::vector<float> hidden;       // [Σ num_rows, hidden_size]: the layer's output (before its head norm)
-};
-
-class DraftHost {
- public:
-  virtual ~DraftHost() = default;
-  virtual int64_t num_draft_layers() const = 0;  // next-n layers the checkpoint provides (0 = none)
-  virtual int64_t hidden_size() const = 0;
-  virtual int64_t vocab_size() const = 0;
-  // A drafter sequence with empty KV. Fails if `seq_id` already exists.
-  virtual Status allocate(int64_t seq_id) = 0;
-  // Runs draft layer `layer` over the batch (one entry per sequence, each at most once), writing its KV.
-  virtual Status run(int64_t layer, const std::vector<DraftLayerRows>& batch, DraftLayerOutput& out) = 0;
-  // Positions the sequence's KV holds.
-  virtual Result<int64_t> length(int64_t seq_id) const = 0;
-  // Drops KV positions ≥ `length` (a no-op when it holds fewer); freed pages return to the pool.
-  virtual Status truncate(int64_t seq_id, int64_t length) = 0;
-  virtual void release(int64_t seq_id) = 0;
+struct DraftProposal {
+  std::vector<int32_t> tokens;  // host: at most `depth` drafts (fewer, or none, when it has nothing to offer)
+  // Sparse q on the drafter's device, [tokens.size(), q_width]: candidate ids (−1 unused) and probabilities;
+  // q(x) = 0 for ids not listed. Null with greedy drafts (q is one-hot at the draft). Valid until the next call.
+  const int32_t* q_ids = nullptr;
+  const float* q_probs = nullptr;
+  int64_t q_width = 0;
 };
 
 class Drafter {
@@ -91,8 +77,8 @@ class Drafter {
   static constexpr PluginKind kKind = PluginKind::kDrafter;
   virtual ~Drafter() = default;
   virtual DrafterCapabilities capabilities() const = 0;
-  // out[b] holds batch[b]'s drafts: `depth` tokens (≤ max_depth), fewer when the drafter has none to offer.
-  virtual Status propose(const std::vector<DraftInput>& batch, int depth, std::vector<DraftOutput>& out) = 0;
+  // out[b] answers step.seqs[b].
+  virtual Status propose(const DraftStep& step, std::vector<DraftProposal>& out) = 0;
   // The target's KV now holds positions < `length` for this sequence: discard drafter state beyond it.
   virtual Status rollback(int64_t seq_id, int64_t length) = 0;
   virtual void release(int64_t seq_id) = 0;

@@ -1,5 +1,11 @@
 // Modality: turns media (an image, a video) into embeddings that replace placeholder tokens in the prompt.
 // `text` (built in) accepts no media; `vision` is a plugin.
+//
+// The request path: the server hands each media part of a request to the recipe's modality, which returns the
+// prompt tokens standing for it and the embedding rows for its placeholders. The engine keeps them with the
+// sequence; the step that computes a placeholder's position takes its row instead of the token's embedding (the
+// embedding-override scatter), and the prefix cache keys the blocks holding an item's tokens by the item's
+// content hash as well, so a different image behind the same placeholder tokens never shares KV.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +23,12 @@ struct MediaItem {
 };
 
 struct MediaEmbedding {
-  std::vector<int32_t> tokens;   // the prompt tokens standing for this item (start, placeholders, end)
-  int64_t num_embeddings = 0;    // how many placeholder positions take rows of `embeddings`
-  std::vector<float> embeddings; // [num_embeddings, hidden]
+  // The prompt tokens standing for this item (e.g. begin marker, placeholders, end marker).
+  std::vector<int32_t> tokens;
+  // tokens[first_placeholder .. first_placeholder + num_embeddings) take the embedding rows, in order.
+  int64_t first_placeholder = 0;
+  int64_t num_embeddings = 0;
+  std::vector<float> embeddings;  // host [num_embeddings, hidden_size] fp32
 };
 
 class Modality {
@@ -27,6 +36,8 @@ class Modality {
   static constexpr PluginKind kKind = PluginKind::kModality;
   virtual ~Modality() = default;
   virtual std::vector<std::string> accepted_mime_types() const = 0;
+  // Whether it takes video (`media.video = true` needs a modality that does).
+  virtual bool accepts_video() const { return false; }
   virtual Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) = 0;
 };
 

@@ -17,8 +17,10 @@
 #include "kiln/recipe.h"
 #include "kiln/status.h"
 
-#define KILN_ABI_MAJOR 1
-#define KILN_ABI_MINOR 1  // 1.1: CreateContext::draft_host, DraftInput next_token/temperature/seed
+// 2.0: device-aware interfaces (Linear / ExpertSet / KvLayout run on CPU or CUDA with a plan/run split, drafters
+//      get DraftServices on the device and return sparse q, registrations declare their devices).
+#define KILN_ABI_MAJOR 2
+#define KILN_ABI_MINOR 0
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)
@@ -56,16 +58,21 @@ inline const char* plugin_kind_name(PluginKind k) {
   return "?";
 }
 
-class DraftHost;  // kiln/drafter.h
+class DeviceContext;  // kiln/device_context.h
+class DraftServices;  // kiln/draft_services.h
 
 // What a factory is given: its own recipe section (already validated against the schema it registered),
-// the device to create on, and the model's dimensions (null where no model is loaded, e.g. `kiln plugins`).
+// the device to create on with the core's services for it, and the model's dimensions (null where no model is
+// loaded, e.g. `kiln plugins`).
 struct CreateContext {
   const RecipeSection* section = nullptr;
   Device device;
   const ModelInfo* model = nullptr;
-  // Since ABI 1.1: for drafters, the target's next-n layers as a service (null where the engine offers none).
-  DraftHost* draft_host = nullptr;
+  // Memory, stream and copies on `device` (null where nothing will run, e.g. `kiln recipe check`).
+  DeviceContext* device_context = nullptr;
+  // For drafters: the target's embedding, lm_head, next-n layers, device sampling, checkpoint loading (null
+  // where the engine offers none).
+  DraftServices* draft_services = nullptr;
 };
 
 template <class Interface>
@@ -73,11 +80,12 @@ using Factory = Result<std::unique_ptr<Interface>> (*)(const CreateContext&);
 
 class Registrar {
  public:
-  // Registers `Interface` (WeightFormat, KvLayout, Drafter, Collective, Modality) under `name`.
-  // `schema` lists the keys this implementation adds to its recipe section.
+  // Registers `Interface` (WeightFormat, KvLayout, Drafter, Collective, Modality) under `name`, implemented on
+  // `devices`. `schema` lists the keys this implementation adds to its recipe section.
   template <class Interface>
-  Status add(const char* name, const char* description, Factory<Interface> factory, SectionSchema schema = {}) {
-    return add_erased(Interface::kKind, name, description, reinterpret_cast<ErasedFactory>(factory),
+  Status add(const char* name, const char* description, Factory<Interface> factory, DeviceSet devices,
+             SectionSchema schema = {}) {
+    return add_erased(Interface::kKind, name, description, reinterpret_cast<ErasedFactory>(factory), devices,
                       std::move(schema));
   }
 
@@ -85,7 +93,7 @@ class Registrar {
   using ErasedFactory = void (*)();
   virtual ~Registrar() = default;
   virtual Status add_erased(PluginKind kind, const char* name, const char* description, ErasedFactory factory,
-                            SectionSchema schema) = 0;
+                            DeviceSet devices, SectionSchema schema) = 0;
 };
 
 }  // namespace kiln

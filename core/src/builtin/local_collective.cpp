@@ -3,11 +3,16 @@
 #include <cstring>
 #include <string>
 
+#include "kiln/device_context.h"
+
 namespace kiln::builtin {
 namespace {
 
+// World size 1: reductions are the identity; gathers and scatters copy in → out (on the device's stream when the
+// buffers are device memory, through the DeviceContext the engine lends it).
 class LocalCollective final : public Collective {
  public:
+  explicit LocalCollective(DeviceContext* device) : device_(device) {}
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
 
@@ -33,20 +38,27 @@ class LocalCollective final : public Collective {
     return ok_status();
   }
 
-  static Status copy(const void* in, void* out, int64_t count, DType dtype, Stream stream) {
+  Status copy(const void* in, void* out, int64_t count, DType dtype, Stream stream) {
     KILN_RETURN_IF_ERROR(check_count(count));
     if (in == out || count == 0) return ok_status();
-    if (!stream.device.is_cpu())
-      return unimplemented("collective `local` copies on the CPU only for now (stream on " + stream.device.to_string() + ")");
-    std::memmove(out, in, static_cast<size_t>(count) * dtype_size(dtype));
-    return ok_status();
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+    if (stream.device.is_cpu()) {
+      std::memmove(out, in, bytes);
+      return ok_status();
+    }
+    if (!device_ || !(device_->device() == stream.device))
+      return failed_precondition("collective `local` on " + stream.device.to_string() +
+                                 " was created without that device's context");
+    return device_->copy(out, in, bytes, false);
   }
+
+  DeviceContext* device_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Collective>> create_local_collective(const CreateContext&) {
-  return std::unique_ptr<Collective>(new LocalCollective());
+Result<std::unique_ptr<Collective>> create_local_collective(const CreateContext& ctx) {
+  return std::unique_ptr<Collective>(new LocalCollective(ctx.device_context));
 }
 
 }  // namespace kiln::builtin

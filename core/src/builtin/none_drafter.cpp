@@ -7,9 +7,9 @@ class NoneDrafter final : public Drafter {
  public:
   DrafterCapabilities capabilities() const override { return {}; }
 
-  Status propose(const std::vector<DraftInput>&, int depth, std::vector<DraftOutput>&) override {
-    return failed_precondition("drafting is off (`[speculative] method = \"none\"`): the `none` drafter cannot propose " +
-                               std::to_string(depth) + " tokens; choose a drafter such as `mtp` to speculate");
+  Status propose(const DraftStep& step, std::vector<DraftProposal>& out) override {
+    return failed_precondition("drafting is off (`[speculative] method = \"none\"`): the `none` drafter proposes "
+                               "nothing; choose a drafter such as `mtp` to speculate");
   }
 
   // Keeps no per-sequence state, so there is nothing to roll back or release.

@@ -36,33 +36,45 @@ class PagedMlaKvLayout final : public KvLayout {
 
   KvGeometry geometry() const override { return g_; }
   size_t bytes_per_token() const override { return static_cast<size_t>(row_) * sizeof(Element); }
+  Device device() const override { return Device::cpu(); }
 
-  // A negative slot marks a padding token (nothing to store), as in vLLM's slot mappings.
-  Status write(void* cache, const int64_t* slots, int64_t n, const float* latent, const float* rope,
-               Stream stream) const override {
+  // Final rows only (the CPU model normalises and ropes before appending). A negative slot marks a padding token.
+  Status append(const KvAppendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_cpu(stream));
-    if (cache == nullptr || (n > 0 && (slots == nullptr || latent == nullptr || (g_.rope_dim > 0 && rope == nullptr))))
-      return invalid_argument(std::string("kv layout `") + Storage::kName +
-                              "` write: null cache, slots, latent or rope pointer");
-    auto* rows = static_cast<Element*>(cache);
-#pragma omp parallel for schedule(static) if (n * row_ >= (1 << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      if (slots[i] < 0) continue;
-      Element* dst = rows + slots[i] * row_;
-      Storage::store(latent + i * g_.latent_dim, dst, g_.latent_dim);
-      if (g_.rope_dim > 0) Storage::store(rope + i * g_.rope_dim, dst + g_.latent_dim, g_.rope_dim);
+    if (a.norm_weight != nullptr || a.q != nullptr)
+      return invalid_argument(std::string("kv layout `") + Storage::kName + "` (CPU) appends final rows; it fuses no prologue");
+    if (a.pages == nullptr || (a.n > 0 && (a.slots == nullptr || a.rows == nullptr)))
+      return invalid_argument(std::string("kv layout `") + Storage::kName + "` append: null pages, slots or rows");
+    auto* pages = static_cast<Element*>(a.pages);
+    const int64_t stride = a.row_stride > 0 ? a.row_stride : row_;
+#pragma omp parallel for schedule(static) if (a.n * row_ >= (1 << 15))
+    for (int64_t i = 0; i < a.n; ++i) {
+      if (a.slots[i] < 0) continue;
+      Storage::store(a.rows + i * stride, pages + a.slots[i] * row_, row_);
     }
     return ok_status();
   }
 
-  Status read(const void* cache, const int64_t* slots, int64_t n, float* out, Stream stream) const override {
+  Status gather(const KvGatherArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_cpu(stream));
-    const auto* rows = static_cast<const Element*>(cache);
-    for (int64_t i = 0; i < n; ++i) {
-      if (slots[i] < 0)
-        return invalid_argument(std::string("kv layout `") + Storage::kName + "` read: slot " +
-                                std::to_string(slots[i]) + " is negative");
-      Storage::load(rows + slots[i] * row_, out + i * row_, row_);
+    if (a.num_seqs > 0 && (a.pages == nullptr || a.block_tables == nullptr || a.seqs == nullptr || a.out == nullptr))
+      return invalid_argument(std::string("kv layout `") + Storage::kName + "` gather: null pages, tables, seqs or out");
+    const auto* pages = static_cast<const Element*>(a.pages);
+    auto* out = static_cast<float*>(a.out);
+    for (int64_t b = 0; b < a.num_seqs; ++b) {
+      const KvGatherSeq& s = a.seqs[b];
+      const int32_t* table = a.block_tables + static_cast<int64_t>(s.table_row) * a.max_blocks;
+      if (s.kv_len > a.max_blocks * g_.block_size)
+        return out_of_range(std::string("kv layout `") + Storage::kName + "` gather: " + std::to_string(s.kv_len) +
+                            " positions exceed the table's " + std::to_string(a.max_blocks) + " blocks");
+      for (int64_t t = 0; t < s.kv_len; ++t) {
+        const int32_t page = table[t / g_.block_size];
+        if (page < 0)
+          return out_of_range(std::string("kv layout `") + Storage::kName + "` gather: no page for position " +
+                              std::to_string(t));
+        const int64_t slot = static_cast<int64_t>(page) * g_.block_size + t % g_.block_size;
+        Storage::load(pages + slot * row_, out + (s.key_start + t) * row_, row_);
+      }
     }
     return ok_status();
   }
@@ -151,28 +163,34 @@ namespace {
 
 template <class Storage>
 Result<std::unique_ptr<KvLayout>> create_layout(const CreateContext& context) {
-  const std::string name = Storage::kName;
-  if (context.model == nullptr)
-    return failed_precondition("kv layout `" + name +
-                               "` needs the model's dimensions (kv_lora_rank, qk_rope_head_dim)");
-  if (!context.device.is_cpu())
-    return unimplemented("kv layout `" + name + "` runs on the CPU only for now (asked for " +
-                         context.device.to_string() + ")");
-  KvGeometry g;
-  g.latent_dim = context.model->kv_lora_rank;
-  g.rope_dim = context.model->qk_rope_head_dim;
-  g.block_size = context.section ? context.section->get_int("block_size", kDefaultKvBlockSize) : kDefaultKvBlockSize;
-  if (g.block_size < 1)
-    return context.section->error("block_size", "must be at least 1, got " + std::to_string(g.block_size));
-  if (g.latent_dim <= 0 || g.rope_dim < 0)
-    return invalid_argument("kv layout `" + name + "`: model has kv_lora_rank " + std::to_string(g.latent_dim) +
-                            " and qk_rope_head_dim " + std::to_string(g.rope_dim) + "; MLA needs kv_lora_rank > 0");
+  KILN_ASSIGN_OR_RETURN(KvGeometry g, kv_geometry(context, Storage::kName));
   return std::unique_ptr<KvLayout>(new PagedMlaKvLayout<Storage>(g));
 }
 
 }  // namespace
 
+Result<KvGeometry> kv_geometry(const CreateContext& context, const std::string& name) {
+  if (context.model == nullptr)
+    return failed_precondition("kv layout `" + name + "` needs the model's dimensions (kv_lora_rank, qk_rope_head_dim)");
+  KvGeometry g;
+  g.latent_dim = context.model->kv_lora_rank;
+  g.rope_dim = context.model->qk_rope_head_dim;
+  g.block_size = context.section ? context.section->get_int("block_size", kDefaultKvBlockSize) : kDefaultKvBlockSize;
+  if (g.block_size < 1) return context.section->error("block_size", "must be at least 1, got " + std::to_string(g.block_size));
+  if (g.latent_dim <= 0 || g.rope_dim < 0)
+    return invalid_argument("kv layout `" + name + "`: model has kv_lora_rank " + std::to_string(g.latent_dim) +
+                            " and qk_rope_head_dim " + std::to_string(g.rope_dim) + "; MLA needs kv_lora_rank > 0");
+  return g;
+}
+
 Result<std::unique_ptr<KvLayout>> create_bf16_kv_layout(const CreateContext& context) {
+  if (context.device.is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    return create_bf16_kv_layout_cuda(context);
+#else
+    return unimplemented("kv layout `bf16` on CUDA is not in this build (KILN_WITH_CUDA=OFF)");
+#endif
+  }
   return create_layout<Bf16Storage>(context);
 }
 

@@ -7,22 +7,34 @@
 #include "builtin/text_modality.h"
 
 namespace kiln {
+namespace {
+// The device halves this build has.
+#ifdef KILN_WITH_CUDA
+constexpr DeviceSet kBuilt = DeviceSet::cpu_and_cuda();
+#else
+constexpr DeviceSet kBuilt = DeviceSet::cpu();
+#endif
+}  // namespace
 
 Status register_builtin_capabilities(Registrar& registrar) {
-  KILN_RETURN_IF_ERROR(registrar.add<WeightFormat>("dense", "bf16/fp16/fp32 checkpoint weights used as stored (CPU)",
-                                                   &builtin::create_dense_weight_format));
+  KILN_RETURN_IF_ERROR(registrar.add<WeightFormat>(
+      "dense", "checkpoint weights as stored (CPU: bf16/fp16/fp32 views; CUDA: bf16 on the device)",
+      &builtin::create_dense_weight_format, kBuilt));
 
   // [kv] block_size is a core key (the block manager pages every layout), so the layouts add none.
-  KILN_RETURN_IF_ERROR(
-      registrar.add<KvLayout>("bf16", "MLA cache of bf16 [kv_lora_rank + qk_rope_head_dim] per token, paged (CPU)",
-                              &builtin::create_bf16_kv_layout));
   KILN_RETURN_IF_ERROR(registrar.add<KvLayout>(
-      "fp32", "MLA cache of fp32 rows, paged (CPU): the exact reference layout", &builtin::create_fp32_kv_layout));
+      "bf16", "MLA cache of bf16 [kv_lora_rank + qk_rope_head_dim] per token, paged", &builtin::create_bf16_kv_layout,
+      kBuilt));
+  KILN_RETURN_IF_ERROR(registrar.add<KvLayout>("fp32", "MLA cache of fp32 rows, paged: the exact reference layout",
+                                               &builtin::create_fp32_kv_layout, DeviceSet::cpu()));
 
-  KILN_RETURN_IF_ERROR(registrar.add<Drafter>("none", "no speculative decoding", &builtin::create_none_drafter));
+  // Kinds whose built-ins do no device work run wherever the model does.
+  const DeviceSet anywhere = DeviceSet::cpu_and_cuda();
+  KILN_RETURN_IF_ERROR(registrar.add<Drafter>("none", "no speculative decoding", &builtin::create_none_drafter, anywhere));
   KILN_RETURN_IF_ERROR(
-      registrar.add<Collective>("local", "a single rank: no communication", &builtin::create_local_collective));
-  KILN_RETURN_IF_ERROR(registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality));
+      registrar.add<Collective>("local", "a single rank: no communication", &builtin::create_local_collective, anywhere));
+  KILN_RETURN_IF_ERROR(
+      registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality, anywhere));
   return ok_status();
 }
 

@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/speculative_sampling.h"
 #include "kiln/log.h"
 
 namespace kiln {
 
 Result<std::unique_ptr<BatchEngine>> BatchEngine::create(const EngineConfig& config,
                                                          std::unique_ptr<ModelRunner> runner,
-                                                         std::shared_ptr<Drafter> drafter) {
+                                                         std::shared_ptr<Drafter> drafter,
+                                                         std::shared_ptr<CacheManager> caches) {
   KILN_RETURN_IF_ERROR(config.validate());
   if (!runner) return invalid_argument("engine: no model runner");
   if (runner->vocab_size() <= 0) return invalid_argument("engine: the model runner reports no vocabulary");
@@ -24,18 +24,32 @@ Result<std::unique_ptr<BatchEngine>> BatchEngine::create(const EngineConfig& con
                               " is beyond the drafter's maximum of " + std::to_string(drafter->capabilities().max_depth));
   }
   if (config.speculative_depth <= 0) drafter.reset();
-  std::unique_ptr<BatchEngine> engine(new BatchEngine(config, std::move(runner), std::move(drafter)));
+  if (caches) {
+    if (caches->blocks().num_blocks() != config.num_blocks || caches->blocks().block_size() != config.block_size)
+      return invalid_argument("engine: the cache manager's pool (" + std::to_string(caches->blocks().num_blocks()) +
+                              " blocks of " + std::to_string(caches->blocks().block_size()) +
+                              ") is not the config's (" + std::to_string(config.num_blocks) + " of " +
+                              std::to_string(config.block_size) + ")");
+  } else {
+    CacheManagerConfig cm;
+    cm.num_blocks = config.num_blocks, cm.block_size = config.block_size, cm.prefix_caching = config.prefix_caching;
+    cm.lookahead_slots = config.lookahead_slots, cm.state_slots = config.max_num_seqs;
+    KILN_ASSIGN_OR_RETURN(caches, CacheManager::create(CacheSpec{}, nullptr, nullptr, cm));
+  }
+  std::unique_ptr<BatchEngine> engine(
+      new BatchEngine(config, std::move(runner), std::move(drafter), std::move(caches)));
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
 }
 
 BatchEngine::BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner> runner,
-                         std::shared_ptr<Drafter> drafter)
+                         std::shared_ptr<Drafter> drafter, std::shared_ptr<CacheManager> caches)
     : config_(config),
       runner_(std::move(runner)),
-      blocks_(config.num_blocks, config.block_size, config.prefix_caching, config.lookahead_slots),
-      scheduler_(config_, blocks_),
+      caches_(std::move(caches)),
+      scheduler_(config_, *caches_),
       drafter_(std::move(drafter)) {
+  if (drafter_) options_.tap_layers = drafter_->capabilities().tap_layers;
   publish_metrics();
 }
 
@@ -123,73 +137,109 @@ void BatchEngine::loop() {
   }
 }
 
-Status BatchEngine::draft(const ScheduledStep& plan) {
-  int64_t decoding = 0;
-  for (const ScheduledChunk& c : plan.chunks) {
-    Sequence* seq = c.seq;
-    // A preempted sequence recomputes from scratch: the drafter forgets it too (before this step's rows are
-    // kept for it, whether or not this step drafts).
-    if (seq->num_computed < seq->draft_start) {
-      KILN_RETURN_IF_ERROR(drafter_->rollback(static_cast<int64_t>(seq->id), 0));
-      seq->draft_start = 0;
-      seq->draft_hidden.clear();
-    }
-    decoding += c.num_tokens == 1 && seq->pending() == 1;
-  }
-  // Too many decoding sequences for drafting to pay: plain decoding. The drafter catches up at its next step
-  // from the rows kept meanwhile in draft_hidden.
-  if (config_.speculative_max_batch > 0 && decoding > config_.speculative_max_batch) return ok_status();
-  std::vector<DraftInput> inputs;
-  std::vector<size_t> which;  // chunk index of each input
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+int64_t BatchEngine::draft_budget(const Sequence& seq) const {
+  // Each pass emits at least one token; never draft past max_tokens or the context limit.
+  const int64_t remaining = std::min(seq.max_tokens - seq.generated(),
+                                     config_.max_model_len - static_cast<int64_t>(seq.tokens.size()));
+  return std::max<int64_t>(std::min<int64_t>(config_.speculative_depth, remaining - 1), 0);
+}
+
+void BatchEngine::build_step(const ScheduledStep& plan) {
+  const size_t n = plan.chunks.size();
+  steps_.clear();
+  select_.assign(n, {});
+  verify_tokens_.assign(n, {});
+  media_rows_.assign(n, {});
+  for (size_t i = 0; i < n; ++i) {
     Sequence* seq = plan.chunks[i].seq;
-    // Only decodes draft: the chunk is the one uncomputed newest token t_L.
-    if (plan.chunks[i].num_tokens != 1 || seq->pending() != 1 || seq->generated() < 1) continue;
-    // Each pass emits at least one token; never draft past max_tokens or the context limit.
-    const int64_t remaining = std::min(seq->max_tokens - seq->generated(),
-                                       config_.max_model_len - static_cast<int64_t>(seq->tokens.size()));
-    const int64_t k = std::min<int64_t>(config_.speculative_depth, remaining - 1);
-    if (k <= 0) continue;
-    DraftInput in;
-    in.seq_id = static_cast<int64_t>(seq->id);
-    in.start_position = seq->draft_start;
-    in.tokens = seq->tokens.data() + seq->draft_start;
-    in.num_tokens = seq->num_computed - seq->draft_start;
-    in.target_hidden = seq->draft_hidden.data();
-    in.next_token = seq->tokens.back();
-    in.temperature = seq->sampler.greedy() ? 0.0f : seq->sampler.options().temperature;
-    in.seed = seq->sampler.options().seed;
-    inputs.push_back(in);
-    which.push_back(i);
+    const int64_t count = plan.chunks[i].num_tokens, from = seq->num_computed;
+    const bool decoding = count == 1 && seq->pending() == 1;
+    TokenSelection& sel = select_[i];
+    const int64_t k = decoding ? std::min<int64_t>(static_cast<int64_t>(seq->drafts.size()), draft_budget(*seq)) : 0;
+    if (k > 0) {
+      std::vector<int32_t>& pass = verify_tokens_[i];
+      pass.assign(1, seq->tokens.back());
+      pass.insert(pass.end(), seq->drafts.begin(), seq->drafts.begin() + k);
+      steps_.push_back(SequenceStep{pass, from, &seq->kv.blocks, /*all_logits=*/true, seq->state_slot, {}});
+      sel.num_drafts = static_cast<int32_t>(k);
+      sel.drafts = std::span<const int32_t>(pass.data() + 1, k);
+      sel.q_ids = seq->q_ids, sel.q_probs = seq->q_probs, sel.q_width = seq->q_width;
+    } else {
+      steps_.push_back(SequenceStep{std::span<const int32_t>(seq->tokens.data() + from, count), from, &seq->kv.blocks,
+                                    false, seq->state_slot, {}});
+    }
+    seq->drafts.clear();
+    // Media placeholders inside this chunk take their embedding rows.
+    for (const RequestMedia& m : seq->media) {
+      if (m.num_embeddings <= 0) continue;
+      const int64_t first = m.position + m.first_placeholder, last = first + m.num_embeddings;
+      const int64_t lo = std::max(first, from), hi = std::min(last, from + count);
+      if (lo >= hi) continue;
+      const int64_t hidden = static_cast<int64_t>(m.embeddings.size()) / m.num_embeddings;
+      media_rows_[i].push_back({lo - from, hi - lo, m.embeddings.data() + (lo - first) * hidden});
+    }
+    steps_.back().media = media_rows_[i];
+    // A chunk that computes everything pending yields the sequence's next token.
+    sel.select = seq->pending() == count;
+    if (!sel.select) continue;
+    const SamplingOptions& o = seq->sampler.options();
+    sel.temperature = seq->sampler.greedy() ? 0.0f : o.temperature;
+    sel.top_k = static_cast<int32_t>(std::min<int64_t>(o.top_k, INT32_MAX));
+    sel.top_p = o.top_p;
+    if (!seq->sampler.greedy())
+      for (int64_t u = 0; u <= k; ++u) sel.uniforms.push_back(seq->sampler.uniform());
+  }
+}
+
+Status BatchEngine::propose(const ScheduledStep& plan, const std::vector<int64_t>& computed_from,
+                            const std::vector<int64_t>& computed_rows) {
+  int64_t decoding = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i)
+    if (computed_rows[i] > 0 && plan.chunks[i].seq->pending() == 1) ++decoding;
+  // Too many decoding sequences for drafting to pay: the drafter only follows this step's rows, and the next step
+  // decodes plainly (which drafting reproduces anyway).
+  const bool drafting = config_.speculative_max_batch <= 0 || decoding <= config_.speculative_max_batch;
+  DraftStep ds;
+  ds.taps = output_.taps;
+  next_tokens_.assign(plan.chunks.size(), {});
+  std::vector<Sequence*> proposed;
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const int64_t step_rows = static_cast<int64_t>(steps_[i].tokens.size());
+    const int64_t tap_row = row;
+    row += step_rows;
+    if (computed_rows[i] <= 0) continue;  // ended this step
+    Sequence* seq = plan.chunks[i].seq;
+    std::vector<int32_t>& next = next_tokens_[i];
+    const int64_t from = computed_from[i], rows = computed_rows[i];
+    // Row p's following token: the prompt's next token, or what this step accepted and sampled.
+    next.assign(seq->tokens.begin() + from + 1, seq->tokens.begin() + from + rows + 1);
+    DraftSequence d;
+    d.seq_id = static_cast<int64_t>(seq->id);
+    d.start_position = from;
+    d.num_rows = rows;
+    d.tap_row = tap_row;
+    d.next_tokens = next.data();
+    d.depth = drafting && seq->pending() == 1 ? static_cast<int>(draft_budget(*seq)) : 0;
+    d.temperature = seq->sampler.greedy() ? 0.0f : seq->sampler.options().temperature;
+    d.seed = seq->sampler.options().seed;
+    d.block_table = seq->kv.blocks.data();
+    d.num_blocks = static_cast<int64_t>(seq->kv.blocks.size());
+    ds.seqs.push_back(d);
+    proposed.push_back(seq);
     seq->drafter_knows = true;
   }
-  if (inputs.empty()) return ok_status();
-  // One depth for the batch; sequences near their limits take fewer of the drafts.
-  int depth = 0;
-  for (size_t b = 0; b < inputs.size(); ++b) {
-    Sequence* seq = plan.chunks[which[b]].seq;
-    const int64_t remaining = std::min(seq->max_tokens - seq->generated(),
-                                       config_.max_model_len - static_cast<int64_t>(seq->tokens.size()));
-    depth = std::max<int>(depth, static_cast<int>(std::min<int64_t>(config_.speculative_depth, remaining - 1)));
-  }
-  std::vector<DraftOutput> out;
-  KILN_RETURN_IF_ERROR(drafter_->propose(inputs, depth, out));
-  if (out.size() != inputs.size()) return internal_error("the drafter answered " + std::to_string(out.size()) +
-                                                         " of " + std::to_string(inputs.size()) + " sequences");
-  for (size_t b = 0; b < inputs.size(); ++b) {
-    const size_t i = which[b];
-    Sequence* seq = plan.chunks[i].seq;
-    // The drafter has now seen every computed row.
-    seq->draft_start = seq->num_computed;
-    seq->draft_hidden.clear();
-    const int64_t remaining = std::min(seq->max_tokens - seq->generated(),
-                                       config_.max_model_len - static_cast<int64_t>(seq->tokens.size()));
-    const int64_t k = std::min<int64_t>({config_.speculative_depth, remaining - 1,
-                                         static_cast<int64_t>(out[b].tokens.size())});
-    drafts_[i] = std::move(out[b]);
-    drafts_[i].tokens.resize(k);
-    verify_tokens_[i].assign(1, seq->tokens.back());
-    verify_tokens_[i].insert(verify_tokens_[i].end(), drafts_[i].tokens.begin(), drafts_[i].tokens.end());
+  if (ds.seqs.empty()) return ok_status();
+  KILN_RETURN_IF_ERROR(drafter_->propose(ds, proposals_));
+  if (proposals_.size() != ds.seqs.size())
+    return internal_error("the drafter answered " + std::to_string(proposals_.size()) + " of " +
+                          std::to_string(ds.seqs.size()) + " sequences");
+  for (size_t b = 0; b < proposed.size(); ++b) {
+    Sequence* seq = proposed[b];
+    const DraftProposal& p = proposals_[b];
+    const size_t k = std::min<size_t>(p.tokens.size(), static_cast<size_t>(ds.seqs[b].depth));
+    seq->drafts.assign(p.tokens.begin(), p.tokens.begin() + k);
+    seq->q_ids = p.q_ids, seq->q_probs = p.q_probs, seq->q_width = p.q_width;
   }
   return ok_status();
 }
@@ -198,90 +248,60 @@ void BatchEngine::step() {
   const ScheduledStep plan = scheduler_.schedule();
   if (plan.chunks.empty()) return;  // only after a step that preempted everything; the next one admits
   const size_t n = plan.chunks.size();
-  verify_tokens_.assign(n, {});
-  drafts_.assign(n, {});
-  if (drafter_) {
-    Status s = draft(plan);
-    if (!s.ok()) {
-      log::error("engine: drafting failed: {}", s.to_string());
-      for (const ScheduledChunk& c : plan.chunks) end(c.seq, FinishReason::kError, "drafter: " + s.to_string());
-      return;
-    }
+  build_step(plan);
+  Status status = runner_->step(steps_, select_, options_, output_);
+  if (status.ok() && (output_.tokens.size() != n || output_.accepted.size() != n))
+    status = internal_error("the model runner answered " + std::to_string(output_.tokens.size()) + " of " +
+                            std::to_string(n) + " steps");
+  for (size_t i = 0; status.ok() && i < n; ++i) {
+    const int64_t want = select_[i].select ? 1 : 0;
+    const int64_t got = static_cast<int64_t>(output_.tokens[i].size()), a = output_.accepted[i];
+    if (got < want || a < 0 || a > select_[i].num_drafts || (want && got != a + 1))
+      status = internal_error("the model runner selected " + std::to_string(got) + " tokens (" + std::to_string(a) +
+                              " accepted) for step " + std::to_string(i));
   }
-  steps_.clear();
-  for (size_t i = 0; i < n; ++i) {
-    Sequence* seq = plan.chunks[i].seq;
-    if (!verify_tokens_[i].empty())
-      steps_.push_back(SequenceStep{verify_tokens_[i], seq->num_computed, &seq->kv.blocks, /*all_logits=*/true});
-    else
-      steps_.push_back(SequenceStep{std::span<const int32_t>(seq->tokens.data() + seq->num_computed,
-                                                             plan.chunks[i].num_tokens),
-                                    seq->num_computed, &seq->kv.blocks, false});
-  }
-  const int64_t vocab = runner_->vocab_size();
-  Status status = runner_->forward(steps_, output_, /*keep_hidden=*/drafter_ != nullptr);
-  if (status.ok() &&
-      (output_.first_row.size() != steps_.size() || output_.logits.size() < steps_.size() * static_cast<size_t>(vocab)))
-    status = internal_error("the model runner returned " + std::to_string(output_.first_row.size()) + " rows and " +
-                            std::to_string(output_.logits.size()) + " logits for " + std::to_string(steps_.size()) +
-                            " steps of vocabulary " + std::to_string(vocab));
-  int64_t hidden_size = 0;
-  if (status.ok() && drafter_) {
-    int64_t tokens = 0;
-    for (const auto& st : steps_) tokens += static_cast<int64_t>(st.tokens.size());
-    hidden_size = tokens > 0 ? static_cast<int64_t>(output_.hidden.size()) / tokens : 0;
-    if (hidden_size <= 0 || static_cast<int64_t>(output_.hidden.size()) != tokens * hidden_size)
-      status = internal_error("the model runner returned no hidden states for the drafter");
-  }
+  if (status.ok() && drafter_ && output_.taps.size() != options_.tap_layers.size())
+    status = internal_error("the model runner returned " + std::to_string(output_.taps.size()) + " of the " +
+                            std::to_string(options_.tap_layers.size()) + " layers the drafter taps");
   if (!status.ok()) {
-    log::error("engine: forward pass over {} sequences failed: {}", steps_.size(), status.to_string());
+    log::error("engine: step over {} sequences failed: {}", n, status.to_string());
     for (const ScheduledChunk& c : plan.chunks) end(c.seq, FinishReason::kError, status.to_string());
     return;
   }
 
-  int64_t row = 0;  // first hidden row of chunk i
+  std::vector<int64_t> computed_from(n), computed_rows(n, 0);
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = plan.chunks[i].seq;
-    const int64_t chunk_rows = static_cast<int64_t>(steps_[i].tokens.size());
-    const float* hidden = drafter_ ? output_.hidden.data() + row * hidden_size : nullptr;
-    row += chunk_rows;
-    const float* logits = output_.logits.data() + output_.first_row[i] * vocab;
-
+    computed_from[i] = seq->num_computed;
+    const std::vector<int32_t>& tokens = output_.tokens[i];
     if (verify_tokens_[i].empty()) {
       scheduler_.on_computed(plan.chunks[i]);
-      if (hidden) seq->draft_hidden.insert(seq->draft_hidden.end(), hidden, hidden + chunk_rows * hidden_size);
-      if (seq->pending() > 0) continue;  // a prompt chunk with more to come
-      emit_token(seq, seq->sampler.next(logits, vocab));
+      computed_rows[i] = plan.chunks[i].num_tokens;
+      if (select_[i].select && !emit_token(seq, tokens[0])) computed_rows[i] = 0;
       continue;
     }
-
-    // Verification of t_L and K drafts: accept a prefix, then the target's correction or bonus token.
-    const std::vector<int32_t>& pass = verify_tokens_[i];
-    const int64_t k = static_cast<int64_t>(pass.size()) - 1;
-    std::span<const int32_t> drafted(pass.data() + 1, k);
-    const DraftOutput& d = drafts_[i];
-    const bool have_q = !seq->sampler.greedy() && static_cast<int64_t>(d.probs.size()) == k * vocab;
-    Verification v = seq->sampler.greedy()
-                         ? verify_greedy(logits, vocab, drafted)
-                         : verify_sampling(logits, vocab, drafted, have_q ? d.probs.data() : nullptr,
-                                           seq->sampler.params(), seq->sampler.rng());
-    spec_.record(k, v.accepted);
-    // The target's rows L .. L + a are now valid; rows beyond were written but are overwritten before any
-    // query reads them (the next pass starts at L + a + 1 and writes before it attends).
-    const int64_t a = v.accepted;
-    seq->tokens.insert(seq->tokens.end(), pass.begin() + 1, pass.begin() + 1 + a);
+    // Verification of t_L and K drafts: the accepted prefix, then the correction or bonus token.
+    const int64_t k = select_[i].num_drafts, a = output_.accepted[i];
+    spec_.record(k, a);
+    seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.begin() + a);
     scheduler_.on_computed(ScheduledChunk{seq, a + 1});
-    seq->draft_hidden.assign(hidden, hidden + (a + 1) * hidden_size);
+    computed_rows[i] = a + 1;
     if (Status r = drafter_->rollback(static_cast<int64_t>(seq->id), seq->num_computed); !r.ok()) {
       end(seq, FinishReason::kError, "drafter rollback: " + r.to_string());
+      computed_rows[i] = 0;
       continue;
     }
-    // Emit the accepted drafts (already in tokens, counted from where they stand) and then the correction or
-    // bonus token.
     bool alive = true;
     const int64_t before = seq->generated() - a;
-    for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, v.tokens[t], before + t + 1);
-    if (alive) emit_token(seq, v.tokens.back());
+    for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, tokens[t], before + t + 1);
+    if (alive) alive = emit_token(seq, tokens[a]);
+    if (!alive) computed_rows[i] = 0;
+  }
+  if (!drafter_) return;
+  if (Status s = propose(plan, computed_from, computed_rows); !s.ok()) {
+    log::error("engine: drafting failed: {}", s.to_string());
+    for (size_t i = 0; i < n; ++i)
+      if (computed_rows[i] > 0) end(plan.chunks[i].seq, FinishReason::kError, "drafter: " + s.to_string());
   }
 }
 
@@ -339,13 +359,14 @@ void BatchEngine::end(Sequence* seq, FinishReason reason, const std::string& err
 }
 
 void BatchEngine::publish_metrics() {
-  const PrefixCacheStats prefix = blocks_.prefix_stats();
+  const PrefixCacheStats prefix = caches_->blocks().prefix_stats();
   std::lock_guard<std::mutex> lock(mutex_);
   metrics_.requests_running = scheduler_.num_running();
   metrics_.requests_waiting = scheduler_.num_waiting();
-  metrics_.kv_blocks_total = blocks_.num_blocks();
-  metrics_.kv_blocks_used = blocks_.used_blocks();
-  metrics_.kv_block_size = blocks_.block_size();
+  const BlockManager& blocks = caches_->blocks();
+  metrics_.kv_blocks_total = blocks.num_blocks();
+  metrics_.kv_blocks_used = blocks.used_blocks();
+  metrics_.kv_block_size = blocks.block_size();
   metrics_.prompt_tokens_total = prompt_tokens_total_;
   metrics_.generation_tokens_total = generation_tokens_total_;
   metrics_.prefix_cache_queries = prefix.queries;

@@ -1,6 +1,13 @@
-// The serving engine: one loop thread batches every running sequence into each forward pass
-// (continuous batching, scheduler.h), samples each sequence from its own logits row with its own Sampler,
-// and streams TokenEvents to each request's sink on that thread. submit/cancel/metrics/drain are thread-safe.
+// The serving engine: one loop thread batches every running sequence into each step (continuous batching,
+// scheduler.h); the model runner selects each sequence's token on the model's device from its own sampling
+// settings and the uniforms its seeded generator draws here, and TokenEvents stream to each request's sink on that
+// thread. submit/cancel/metrics/drain are thread-safe.
+//
+// Speculative decoding. After every step the drafter follows the rows the step computed (their taps stay on the
+// device) and proposes up to K drafts for each sequence that decodes next; the next step runs each such
+// sequence's newest token and its drafts in one verification pass (the same forward as every other sequence's
+// decode or prompt chunk), and the runner accepts a prefix plus one token (greedy, or rejection sampling against
+// the drafts' sparse q). KV rows past the accepted ones are overwritten before anything reads them.
 #pragma once
 
 #include <atomic>
@@ -12,24 +19,24 @@
 #include <thread>
 #include <vector>
 
-#include "engine/block_manager.h"
+#include "engine/cache_manager.h"
 #include "engine/engine_api.h"
-#include "engine/speculative_metrics.h"
-#include "kiln/drafter.h"
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "engine/speculative_metrics.h"
+#include "kiln/drafter.h"
 
 namespace kiln {
 
 class BatchEngine final : public Engine {
  public:
-  // Validates the config and starts the loop thread. The runner's KV pool must have config.num_blocks
-  // blocks of config.block_size tokens (the engine hands out their ids).
-  // With a drafter and config.speculative_depth = K > 0, every decode step drafts up to K tokens per sequence
-  // and verifies them in the same forward pass as the other sequences' decodes and prefill chunks.
+  // Validates the config and starts the loop thread. `caches` holds the pool the runner's KV lives in (its blocks
+  // must be config.num_blocks of config.block_size); null makes one without memory (a runner that keeps its own KV).
+  // With a drafter and config.speculative_depth = K > 0, decoding sequences are verified K drafts at a time.
   static Result<std::unique_ptr<BatchEngine>> create(const EngineConfig& config, std::unique_ptr<ModelRunner> runner,
-                                                     std::shared_ptr<Drafter> drafter = nullptr);
+                                                     std::shared_ptr<Drafter> drafter = nullptr,
+                                                     std::shared_ptr<CacheManager> caches = nullptr);
   // Aborts whatever is still queued or running (kAbort events) and joins the loop.
   ~BatchEngine() override;
 
@@ -43,11 +50,18 @@ class BatchEngine final : public Engine {
   const EngineConfig& config() const { return config_; }
 
  private:
-  BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner> runner, std::shared_ptr<Drafter> drafter);
+  BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner> runner, std::shared_ptr<Drafter> drafter,
+              std::shared_ptr<CacheManager> caches);
   void loop();
   void step();
-  // Proposes drafts for this step's decodes; fills verify_tokens_ (t_L then the drafts) per chunk.
-  Status draft(const ScheduledStep& plan);
+  // The step's inputs from the scheduler's plan: each chunk's tokens (a verification pass where drafts wait) and
+  // what to select after it.
+  void build_step(const ScheduledStep& plan);
+  // After the step: the drafter follows the rows each live sequence computed and proposes its next drafts.
+  Status propose(const ScheduledStep& plan, const std::vector<int64_t>& computed_from,
+                 const std::vector<int64_t>& computed_rows);
+  // Drafts the engine lets a sequence have now (0: it does not decode next, or is near its limits).
+  int64_t draft_budget(const Sequence& seq) const;
   // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
   // then invalid). Returns whether the sequence is still running.
   bool emit(Sequence* seq, const TokenEvent& event);
@@ -60,13 +74,17 @@ class BatchEngine final : public Engine {
 
   const EngineConfig config_;
   std::unique_ptr<ModelRunner> runner_;
-  BlockManager blocks_;
+  std::shared_ptr<CacheManager> caches_;
   Scheduler scheduler_;  // touched by the loop thread only
+  std::shared_ptr<Drafter> drafter_;  // null: no speculative decoding
+  StepOptions options_;               // the drafter's tap layers
   StepOutput output_;
   std::vector<SequenceStep> steps_;
-  std::shared_ptr<Drafter> drafter_;  // null: no speculative decoding
-  std::vector<std::vector<int32_t>> verify_tokens_;  // per chunk of the step: [t_L, drafts...] or empty
-  std::vector<DraftOutput> drafts_;                  // per chunk: the drafter's output (probs for sampling)
+  std::vector<TokenSelection> select_;
+  std::vector<std::vector<int32_t>> verify_tokens_;  // per chunk: [t_L, drafts...] or empty
+  std::vector<std::vector<MediaRows>> media_rows_;  // per chunk: its media overrides
+  std::vector<std::vector<int32_t>> next_tokens_;   // per proposed sequence: the tokens after its rows
+  std::vector<DraftProposal> proposals_;
   SpeculativeMetrics spec_;
 
   // Hand-over from other threads to the loop.

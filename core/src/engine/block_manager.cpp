@@ -32,14 +32,22 @@ int64_t BlockManager::blocks_for(int64_t positions) const {
   return (positions + lookahead_slots_ + block_size_ - 1) / block_size_;
 }
 
-uint64_t BlockManager::hash_block(uint64_t parent, std::span<const int32_t> tokens) const {
+uint64_t BlockManager::hash_block(uint64_t parent, std::span<const int32_t> tokens, uint64_t media) const {
   uint64_t h = mix(parent, static_cast<uint64_t>(tokens.size()));
   for (int32_t t : tokens) h = mix(h, static_cast<uint32_t>(t));
-  return h;
+  return media ? mix(h, media) : h;
 }
 
-bool BlockManager::holds(int32_t block, uint64_t parent, std::span<const int32_t> tokens) const {
-  if (blocks_[block].parent_hash != parent) return false;
+uint64_t BlockManager::media_salt(int64_t index, std::span<const MediaSpan> media) const {
+  const int64_t begin = index * block_size_, end = begin + block_size_;
+  uint64_t salt = 0;
+  for (const MediaSpan& m : media)
+    if (m.start < end && m.start + m.length > begin) salt = mix(mix(salt ? salt : kRootHash, m.hash), m.start);
+  return salt;
+}
+
+bool BlockManager::holds(int32_t block, uint64_t parent, std::span<const int32_t> tokens, uint64_t media) const {
+  if (blocks_[block].parent_hash != parent || blocks_[block].media != media) return false;
   return std::equal(tokens.begin(), tokens.end(), block_tokens_.begin() + static_cast<int64_t>(block) * block_size_);
 }
 
@@ -65,16 +73,18 @@ int32_t BlockManager::take_block() {
   return id;
 }
 
-int64_t BlockManager::match_prefix(std::span<const int32_t> tokens, BlockTable& table) {
+int64_t BlockManager::match_prefix(std::span<const int32_t> tokens, BlockTable& table,
+                                   std::span<const MediaSpan> media) {
   if (!prefix_caching_ || !table.blocks.empty() || tokens.empty()) return 0;
   // Full blocks strictly before the last token: that token is always computed, into a block of its own.
   const int64_t candidates = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
   uint64_t parent = kRootHash;
   for (int64_t i = 0; i < candidates; ++i) {
     auto block_tokens = tokens.subspan(i * block_size_, block_size_);
-    const uint64_t h = hash_block(parent, block_tokens);
+    const uint64_t salt = media_salt(i, media);
+    const uint64_t h = hash_block(parent, block_tokens, salt);
     auto it = hash_to_block_.find(h);
-    if (it == hash_to_block_.end() || !holds(it->second, parent, block_tokens)) break;
+    if (it == hash_to_block_.end() || !holds(it->second, parent, block_tokens, salt)) break;
     acquire(it->second);
     table.blocks.push_back(it->second);
     table.hashes.push_back(h);
@@ -103,13 +113,15 @@ Status BlockManager::grow(BlockTable& table, int64_t positions) {
   return ok_status();
 }
 
-void BlockManager::commit(BlockTable& table, std::span<const int32_t> tokens, int64_t computed) {
+void BlockManager::commit(BlockTable& table, std::span<const int32_t> tokens, int64_t computed,
+                          std::span<const MediaSpan> media) {
   if (!prefix_caching_) return;
   const int64_t full = std::min<int64_t>(computed / block_size_, static_cast<int64_t>(table.blocks.size()));
   for (int64_t i = static_cast<int64_t>(table.hashes.size()); i < full; ++i) {
     const uint64_t parent = i == 0 ? kRootHash : table.hashes[i - 1];
     auto block_tokens = tokens.subspan(i * block_size_, block_size_);
-    const uint64_t h = hash_block(parent, block_tokens);
+    const uint64_t salt = media_salt(i, media);
+    const uint64_t h = hash_block(parent, block_tokens, salt);
     table.hashes.push_back(h);
     const int32_t id = table.blocks[i];
     Block& b = blocks_[id];
@@ -118,6 +130,7 @@ void BlockManager::commit(BlockTable& table, std::span<const int32_t> tokens, in
     b.cached = true;
     b.hash = h;
     b.parent_hash = parent;
+    b.media = salt;
     std::copy(block_tokens.begin(), block_tokens.end(), block_tokens_.begin() + static_cast<int64_t>(id) * block_size_);
     hash_to_block_.emplace(h, id);
   }

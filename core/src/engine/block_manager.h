@@ -8,6 +8,9 @@
 // always computes at least its last prompt token into a block of its own, see match_prefix), so sharing
 // needs no copy-on-write. When a cached block's last user lets go it stays in the table, unreferenced, in
 // LRU order; such blocks are evicted (their hash forgotten) only when the free list is empty.
+//
+// Media (images behind placeholder tokens) join the key: a block overlapping a media item's tokens hashes the
+// item's content hash too, so the same placeholder tokens with a different image never share KV.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,13 @@ struct BlockTable {
   std::vector<int32_t> blocks;
   // Chained hashes of the leading full, computed blocks (prefix caching only); hashes.size() ≤ blocks.size().
   std::vector<uint64_t> hashes;
+};
+
+// A media item's tokens in a sequence: positions [start, start + length), its content hash.
+struct MediaSpan {
+  int64_t start = 0;
+  int64_t length = 0;
+  uint64_t hash = 0;
 };
 
 struct PrefixCacheStats {
@@ -52,7 +62,7 @@ class BlockManager {
   // For a sequence with an empty table: takes the cached blocks matching the longest prefix of `tokens` made of
   // full blocks, leaving at least the last token to compute (it yields the logits), and returns how many tokens
   // they cover (a multiple of block_size). Does not count statistics: see record_query.
-  int64_t match_prefix(std::span<const int32_t> tokens, BlockTable& table);
+  int64_t match_prefix(std::span<const int32_t> tokens, BlockTable& table, std::span<const MediaSpan> media = {});
   void record_query(int64_t queried_tokens, int64_t hit_tokens);
   PrefixCacheStats prefix_stats() const { return stats_; }
 
@@ -63,7 +73,8 @@ class BlockManager {
   Status grow(BlockTable& table, int64_t positions);
   // Called once the KV of tokens[0, computed) is in the cache: hashes the blocks that became full and
   // publishes them for reuse.
-  void commit(BlockTable& table, std::span<const int32_t> tokens, int64_t computed);
+  void commit(BlockTable& table, std::span<const int32_t> tokens, int64_t computed,
+              std::span<const MediaSpan> media = {});
   // Drops the table's references (tail blocks first, so the tail of a prefix is evicted before its head).
   void release(BlockTable& table);
 
@@ -73,13 +84,16 @@ class BlockManager {
     bool cached = false;  // in hash_to_block_
     uint64_t hash = 0;
     uint64_t parent_hash = 0;
+    uint64_t media = 0;  // the media salt it was hashed with (0: none)
     std::list<int32_t>::iterator lru;  // valid while refs == 0 and cached
   };
   int32_t take_block();
   void acquire(int32_t block);
-  uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens) const;
-  // Exact check behind a hash hit: the block holds these tokens after this parent.
-  bool holds(int32_t block, uint64_t parent, std::span<const int32_t> tokens) const;
+  uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens, uint64_t media) const;
+  // The media salt of block `index`: the hashes (and offsets) of the media items its positions overlap; 0 for none.
+  uint64_t media_salt(int64_t index, std::span<const MediaSpan> media) const;
+  // Exact check behind a hash hit: the block holds these tokens (and media) after this parent.
+  bool holds(int32_t block, uint64_t parent, std::span<const int32_t> tokens, uint64_t media) const;
 
   int64_t num_blocks_, block_size_, lookahead_slots_;
   bool prefix_caching_;

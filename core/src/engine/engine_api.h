@@ -13,8 +13,20 @@
 
 namespace kiln {
 
+// A media item in a request's prompt, encoded by the recipe's modality: prompt[position + first_placeholder ..
+// + num_embeddings) take the embedding rows instead of their tokens' embeddings.
+struct RequestMedia {
+  int64_t position = 0;           // where the item's tokens start in the prompt
+  int64_t length = 0;             // how many prompt tokens stand for it (markers and placeholders)
+  int64_t first_placeholder = 0;  // offset of its first placeholder within those tokens
+  int64_t num_embeddings = 0;
+  std::vector<float> embeddings;  // [num_embeddings, hidden] fp32
+  uint64_t hash = 0;              // content hash: joins the prefix-cache key of the blocks holding its tokens
+};
+
 struct RequestParams {
   std::vector<int32_t> prompt;
+  std::vector<RequestMedia> media;  // in prompt order, not overlapping
   int64_t max_tokens = 256;
   SamplingOptions sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends after one of these (it is reported, with finished = true)

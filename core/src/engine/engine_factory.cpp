@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "engine/mla_moe_runner.h"
+#include "engine/instance_runner.h"
 #include "engine/speculative_drafter.h"
-#include "model/draft_host.h"
-#include "plugin/registry.h"
 #include "kiln/log.h"
+#include "plugin/registry.h"
 #ifdef KILN_WITH_CUDA
-#include "runtime/cuda/cuda_draft_host.h"
-#include "runtime/cuda/cuda_mla_moe_model.h"
+#include <cuda_runtime.h>
 #endif
 
 namespace kiln {
@@ -30,39 +28,26 @@ uint64_t checkpoint_bytes(const LoadedModel& m) {
 // fp32 activations of one step of max_num_batched_tokens tokens: the residual stream and the widest
 // intermediates of attention and the MoE block come to a few dozen hidden-widths per token; plus one logits
 // row per running sequence. An estimate: the point is to leave room, not to account to the byte.
-uint64_t workspace_estimate(const ModelConfig& c, const EngineConfig& e) {
+uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e) {
   const uint64_t per_token =
-      static_cast<uint64_t>(32 * c.hidden_size + c.num_attention_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
+      static_cast<uint64_t>(32 * c.hidden_size + c.num_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
   return 4 * (static_cast<uint64_t>(e.max_num_batched_tokens) * per_token +
               static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
 }
 
-// Next-n layers the engine's drafter can run: those on the device the model runs on.
-int64_t mtp_layers(const LoadedModel& m) {
+// The device's memory, all of it and what is in use now (by this process or any other).
+void device_memory(uint64_t& total, uint64_t& used) {
+  total = used = 0;
 #ifdef KILN_WITH_CUDA
-  if (m.gpu) return m.gpu->num_mtp_layers();
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    total = total_b;
+    used = total_b - free_b;
+  }
 #endif
-  return static_cast<int64_t>(m.model->weights().mtp.size());
 }
 
 }  // namespace
-
-Result<std::unique_ptr<DraftHost>> make_draft_host(const LoadedModel& m, const Recipe& recipe, const Registry& registry,
-                                                   int64_t capacity_tokens) {
-#ifdef KILN_WITH_CUDA
-  if (m.gpu) {
-    const RecipeSection& spec = recipe.section("speculative");
-    if (spec.get_string("draft_kv_dtype", "bf16") != "bf16")
-      return unimplemented("`speculative.draft_kv_dtype` (" + spec.origin("draft_kv_dtype") +
-                           "): the CUDA runner keeps the drafter's KV in bf16; set it to \"bf16\"");
-    KILN_ASSIGN_OR_RETURN(auto host, cuda::CudaMtpDraftHost::create(*m.gpu, capacity_tokens,
-                                                                    m.layout->geometry().block_size));
-    return std::unique_ptr<DraftHost>(std::move(host));
-  }
-#endif
-  KILN_ASSIGN_OR_RETURN(auto host, make_mtp_draft_host(m, recipe, registry, capacity_tokens));
-  return std::unique_ptr<DraftHost>(std::move(host));
-}
 
 ModelLoadOptions model_load_options(const Recipe& recipe) {
   ModelLoadOptions o;
@@ -70,69 +55,110 @@ ModelLoadOptions model_load_options(const Recipe& recipe) {
   return o;
 }
 
-Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& given) {
+Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const Drafter* drafter,
+                               const EngineMemory& given) {
   EngineMemory memory = given;
-#ifdef KILN_WITH_CUDA
-  if (m.gpu && memory.memory_bytes == 0) {  // the pool is sized from the device's memory and the uploaded weights
+  if (m.on_gpu() && memory.memory_bytes == 0) {  // the pool is sized from the device's memory and the weights
     memory.cpu = false;
     // What the device holds already (the weights with their arena's slack, the CUDA context, cuBLAS, other
     // processes) is measured rather than summed from tensor sizes, which undercount it by gigabytes.
-    memory.memory_bytes = cuda::CudaMlaMoeModel::device_total_bytes();
-    memory.weight_bytes = std::max(m.gpu->weight_bytes(), cuda::CudaMlaMoeModel::device_used_bytes());
+    uint64_t total = 0, used = 0;
+    device_memory(total, used);
+    memory.memory_bytes = total;
+    memory.weight_bytes = std::max<uint64_t>(m.model->weight_bytes(), used);
   }
-#endif
-  const ModelConfig& mc = m.model->config();
   const RecipeSection& scheduler = recipe.section("scheduler");
-  KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, mc.max_position_embeddings));
+  KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, m.info.max_position_embeddings));
 
-  const int64_t layers = mc.num_hidden_layers + mtp_layers(m);
+  EnginePlan plan;
+  const DrafterCapabilities caps = drafter ? drafter->capabilities() : DrafterCapabilities{};
+  const int64_t mtp_layers = caps.needs_target_mtp ? m.model->num_mtp_layers() : 0;
+  plan.spec = m.arch->cache_spec(mtp_layers);
+  for (const LayerCacheSpec& l : caps.cache_layers) plan.spec.layers.push_back(l);
+
   KvPoolBudget budget;
   budget.memory_bytes = memory.memory_bytes != 0 ? memory.memory_bytes : physical_memory_bytes();
   budget.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
   budget.weight_bytes = memory.weight_bytes != 0 ? memory.weight_bytes : checkpoint_bytes(m);
-  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(mc, config);
-  budget.bytes_per_token =
-      kv_bytes_per_token(layers, m.layout->bytes_per_token(), mc.has_indexer() ? mc.index_head_dim : 0);
+  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, config);
+  // State slots (and their snapshots) for every sequence that may run come off the top.
+  budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
+  budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());
   budget.block_size = m.layout->geometry().block_size;
   budget.max_model_len = config.max_model_len;
   // Also on the GPU for now: a pool past what max_num_seqs full-length sequences can use only grows the
   // BlockManager's host tables (the prefix cache would use it, at the cost of host memory per block).
-  if (memory.cpu || m.gpu) budget.max_tokens = config.max_num_seqs * config.max_model_len;
+  budget.max_tokens = config.max_num_seqs * config.max_model_len;
   const RecipeSection& spec = recipe.section("speculative");
-  if (spec.get_string("method", "none") != "none") {
+  if (drafter && spec.get_string("method", "none") != "none") {
     config.speculative_depth = spec.get_int("depth", 0);
     config.speculative_max_batch = spec.get_int("max_batch", 0);
-    config.lookahead_slots = config.speculative_depth;
+    // A verification pass writes positions L .. L + K; after it accepts all K, a drafter sharing the pages (the
+    // next-n layers) writes its recursive rows up to K − 1 positions further, before the next step grows the table.
+    config.lookahead_slots = 2 * config.speculative_depth;
   }
-  KILN_ASSIGN_OR_RETURN(KvCapacity capacity, plan_kv_capacity(budget));
-  config.num_blocks = capacity.num_blocks;
-  config.block_size = capacity.block_size;
-  return EnginePlan{config, capacity};
+  KILN_ASSIGN_OR_RETURN(plan.capacity, plan_kv_capacity(budget));
+  plan.capacity.state_bytes = 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
+  plan.capacity.max_num_seqs = config.max_num_seqs;
+  config.num_blocks = plan.capacity.num_blocks;
+  config.block_size = plan.capacity.block_size;
+  plan.config = config;
+  return plan;
+}
+
+Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& m, const EnginePlan& plan) {
+  CacheManagerConfig cm;
+  cm.num_blocks = plan.config.num_blocks;
+  cm.block_size = plan.config.block_size;
+  cm.prefix_caching = plan.config.prefix_caching;
+  cm.lookahead_slots = plan.config.lookahead_slots;
+  cm.state_slots = plan.config.max_num_seqs;
+  KILN_ASSIGN_OR_RETURN(auto made, CacheManager::create(plan.spec, m.layout.get(), m.device.get(), cm));
+  return std::shared_ptr<CacheManager>(std::move(made));
+}
+
+namespace {
+
+// The recipe's drafter with its services, or nothing when the recipe does not speculate.
+Status make_drafter(const LoadedModel& m, const Recipe& recipe, std::unique_ptr<EngineDraftServices>& services,
+                    std::shared_ptr<Drafter>& drafter) {
+  const RecipeSection& spec = recipe.section("speculative");
+  if (spec.get_string("method", "none") == "none" || spec.get_int("depth", 0) <= 0) return ok_status();
+  services = std::make_unique<EngineDraftServices>(*m.model, m.format, m.info.num_layers, spec.get_string("draft_model"));
+  KILN_ASSIGN_OR_RETURN(drafter, create_drafter(recipe, global_registry(), m.info, *m.device, services.get()));
+  if (drafter->capabilities().needs_target_mtp && m.model->num_mtp_layers() == 0)
+    return failed_precondition("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
+                               ") runs the checkpoint's next-n (MTP) layers, and none are loaded");
+  return ok_status();
+}
+
+}  // namespace
+
+Result<EnginePlan> plan_recipe(const LoadedModel& m, const Recipe& recipe) {
+  std::unique_ptr<EngineDraftServices> services;
+  std::shared_ptr<Drafter> drafter;
+  KILN_RETURN_IF_ERROR(make_drafter(m, recipe, services, drafter));
+  return plan_engine(m, recipe, drafter.get());
 }
 
 Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
-  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, memory));
-  const auto& [config, capacity] = plan;
-  log::info("{}", capacity.report());
   StartedEngine started;
-  started.capacity = capacity;
-  if (config.speculative_depth > 0) {
-    // The drafter's own KV pool: as many tokens as the target's (its sequences mirror the target's).
-    KILN_ASSIGN_OR_RETURN(started.draft_host, make_draft_host(m, recipe, global_registry(), capacity.tokens()));
-    KILN_ASSIGN_OR_RETURN(started.drafter, create_drafter(recipe, global_registry(), m.info, started.draft_host.get()));
-    log::info("speculative decoding: drafter `{}`, depth {}", recipe.section("speculative").get_string("method"),
-              config.speculative_depth);
+  const RecipeSection& spec = recipe.section("speculative");
+  KILN_RETURN_IF_ERROR(make_drafter(m, recipe, started.draft_services, started.drafter));
+  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, started.drafter.get(), memory));
+  log::info("{}", plan.capacity.report());
+  started.capacity = plan.capacity;
+  KILN_ASSIGN_OR_RETURN(started.caches, make_cache_manager(m, plan));
+  if (started.draft_services) {
+    const int64_t drafter_layers = static_cast<int64_t>(started.drafter->capabilities().cache_layers.size());
+    started.draft_services->attach(started.caches.get(),
+                                   static_cast<int64_t>(plan.spec.layers.size()) - drafter_layers);
+    log::info("speculative decoding: drafter `{}`, depth {}", spec.get_string("method"), plan.config.speculative_depth);
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, make_model_runner(m, capacity.num_blocks, capacity.block_size));
-  KILN_ASSIGN_OR_RETURN(started.engine, BatchEngine::create(config, std::move(runner), started.drafter));
+  auto runner = std::make_unique<InstanceRunner>(*m.model, *started.caches);
+  KILN_ASSIGN_OR_RETURN(started.engine,
+                        BatchEngine::create(plan.config, std::move(runner), started.drafter, started.caches));
   return started;
-}
-
-Result<std::unique_ptr<ModelRunner>> make_model_runner(const LoadedModel& m, int64_t num_blocks, int64_t block_size) {
-#ifdef KILN_WITH_CUDA
-  if (m.gpu) return m.gpu->make_runner(num_blocks, block_size);
-#endif
-  return std::unique_ptr<ModelRunner>(std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, num_blocks * block_size)));
 }
 
 }  // namespace kiln

@@ -1,11 +1,14 @@
-// From a loaded model and its recipe to a running engine: the [scheduler] limits, the KV pool sized from the
-// memory the weights leave (kv_capacity.h), the capacity report logged, the runner and the engine loop started.
+// From a loaded model and its recipe to a running engine: the [scheduler] limits, the drafter and what it needs
+// (the target's next-n layers, its own cache layers), the cache pool sized from the memory the weights leave
+// (kv_capacity.h) and made by the CacheManager, the capacity report logged, the runner and the engine loop started.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
 #include "engine/batch_engine.h"
+#include "engine/cache_manager.h"
+#include "engine/engine_draft_services.h"
 #include "engine/kv_capacity.h"
 #include "kiln/drafter.h"
 #include "model/model_loader.h"
@@ -21,36 +24,39 @@ struct EngineMemory {
 };
 
 struct StartedEngine {
-  // Destroyed in reverse: the engine (which calls the drafter) first, then the drafter, then its host.
-  std::unique_ptr<DraftHost> draft_host;
+  // Destroyed in reverse: the engine (which calls the drafter and holds the runner) first, then the drafter, then
+  // the services it borrowed, then the cache pool.
+  std::shared_ptr<CacheManager> caches;
+  std::unique_ptr<EngineDraftServices> draft_services;
   std::shared_ptr<Drafter> drafter;
   std::unique_ptr<BatchEngine> engine;
   KvCapacity capacity;  // for /metrics and `kiln recipe show`
 };
 
-// The engine settings and KV pool a recipe gets with this model and memory (what start_engine uses, and what
+// The engine settings and cache pool a recipe gets with this model and memory (what start_engine uses, and what
 // `kiln recipe show` reports).
 struct EnginePlan {
   EngineConfig config;
+  CacheSpec spec;  // every layer the pool holds: the target's, its next-n layers, a drafter's own
   KvCapacity capacity;
 };
-Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
+// `drafter` (null without speculative decoding) adds its cache layers and, when it runs them, the next-n layers.
+Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, const Drafter* drafter = nullptr,
+                               const EngineMemory& memory = {});
+
+// plan_engine with the recipe's drafter (made for the occasion when the recipe speculates): what `kiln recipe show`
+// reports and start_engine would use.
+Result<EnginePlan> plan_recipe(const LoadedModel& model, const Recipe& recipe);
 
 // The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
 // (MTP) layers, so those are loaded too.
 ModelLoadOptions model_load_options(const Recipe& recipe);
 
-// The DraftHost over the model's MTP layers with room for `capacity_tokens` tokens: on the GPU (bf16 pages in
-// device memory) when the model runs there, else on the CPU in the `speculative.draft_kv_dtype` layout.
-Result<std::unique_ptr<DraftHost>> make_draft_host(const LoadedModel& model, const Recipe& recipe,
-                                                   const Registry& registry, int64_t capacity_tokens);
+// The pool a plan describes, in the model's device memory.
+Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& model, const EnginePlan& plan);
 
-// The runner the engine drives for this model: the CUDA runner over a fresh GPU pool when the model is on the GPU,
-// else the CPU one over a KvCache. `model` must outlive it.
-Result<std::unique_ptr<ModelRunner>> make_model_runner(const LoadedModel& model, int64_t num_blocks, int64_t block_size);
-
-// `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created
-// through the registry with a DraftHost over the model's MTP layers, and decodes draft speculative.depth tokens.
+// `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created through the
+// registry with the engine's DraftServices on the model's device, and decodes draft speculative.depth tokens.
 Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
 
 }  // namespace kiln

@@ -26,9 +26,12 @@ std::string gib(uint64_t bytes) {
 std::string KvCapacity::report() const {
   char windows_text[32];
   std::snprintf(windows_text, sizeof windows_text, "%.2f", windows());
+  std::string state;
+  if (state_bytes > 0)
+    state = "; state slots for " + with_commas(max_num_seqs) + " sequences (" + gib(state_bytes) + " with snapshots)";
   return "KV cache: " + with_commas(tokens()) + " tokens = " + windows_text + " windows of " +
          with_commas(max_model_len) + " (" + with_commas(num_blocks) + " blocks of " + std::to_string(block_size) +
-         " tokens, " + gib(bytes) + ")";
+         " tokens, " + gib(bytes) + ")" + state;
 }
 
 uint64_t kv_bytes_per_token(int64_t num_layers, uint64_t layout_bytes_per_token, int64_t index_head_dim) {

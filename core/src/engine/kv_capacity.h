@@ -30,6 +30,9 @@ struct KvCapacity {
   int64_t block_size = 0;
   int64_t max_model_len = 0;
   uint64_t bytes = 0;  // the pool
+  // Per-sequence state slots (recurrent layers) with their snapshots, for max_num_seqs sequences; 0 without.
+  uint64_t state_bytes = 0;
+  int64_t max_num_seqs = 0;
 
   int64_t tokens() const { return num_blocks * block_size; }
   // Complete max_model_len windows the pool holds (fractional): how many full-length sequences fit at once.

@@ -1,13 +1,13 @@
-// What the serving engine drives: one batched forward pass over sequence steps whose KV pages the engine's
-// BlockManager assigned. An interface so scheduling, paging and sampling are tested without a model
-// (tests/engine uses a fake whose "KV" is the token ids themselves).
+// What the serving engine drives: one batched step over sequence steps whose KV pages the engine's CacheManager
+// assigned, token selection included (on the model's device: only token ids come back). An interface so scheduling,
+// paging and sampling are tested without a model (tests/engine uses a fake whose "KV" is the token ids themselves).
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "kiln/status.h"
-#include "model/mla_moe_model.h"
+#include "model/model_step.h"
 
 namespace kiln {
 
@@ -15,11 +15,11 @@ class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   // Writes the KV of every step's tokens at the slots its block table gives (slot = block · block_size +
-  // position % block_size) and returns, per step, its last token's logits row (every token's with all_logits):
-  // out.logits is [rows, vocab_size()], out.first_row[i] the first row of step i.
-  // keep_hidden: also return every new token's final-normed hidden state (out.hidden), which drafters
-  // condition on.
-  virtual Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool keep_hidden) = 0;
+  // position % block_size), then per step selects what `select` asks (one entry per step): out.tokens[i] and
+  // out.accepted[i]. With options.tap_layers, out.taps holds those layers' outputs for every token of the step
+  // (on the model's device) until the next step.
+  virtual Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
+                      const StepOptions& options, StepOutput& out) = 0;
   virtual int64_t vocab_size() const = 0;
 };
 

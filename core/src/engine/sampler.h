@@ -30,6 +30,9 @@ class Sampler {
   }
   // The request's generator: speculative verification draws from it too, so a seed fixes the whole output.
   std::mt19937_64& rng() { return rng_; }
+  // One uniform in [0, 1) with 53 bits, as cpu::sample_from_distribution draws it: the device's token selection
+  // takes these, so a seed gives the same tokens on the CPU and the GPU.
+  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
   int32_t next(const float* logits, int64_t vocab) {
     if (greedy()) return cpu::argmax(logits, vocab);
     return cpu::sample(logits, vocab, params(), rng_);

@@ -41,9 +41,16 @@ std::vector<Sequence*> Scheduler::all() const {
   return out;
 }
 
-void Scheduler::preempt(Sequence* seq) {
+void Scheduler::release(Sequence* seq) {
   blocks_.release(seq->kv);
+  caches_.release_state_slot(seq->state_slot);
+  seq->state_slot = -1;
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  release(seq);
   seq->num_computed = 0;
+  seq->drafts.clear();
   running_.erase(std::find(running_.begin(), running_.end(), seq));
   waiting_.push_front(seq);
   ++preemptions_;
@@ -68,7 +75,8 @@ bool Scheduler::reserve_running(Sequence* seq, int64_t tokens, int64_t& preempte
 }
 
 bool Scheduler::admit(Sequence* seq, int64_t& budget, ScheduledStep& step) {
-  const int64_t matched = blocks_.match_prefix(seq->tokens, seq->kv);
+  // A model with recurrent state recomputes from the start: its state is not in the prefix cache's blocks.
+  const int64_t matched = caches_.has_state() ? 0 : blocks_.match_prefix(seq->tokens, seq->kv, seq->media_spans);
   seq->num_computed = matched;
   const int64_t n = std::min(seq->pending(), budget);
   if (!blocks_.can_grow(seq->kv, seq->num_computed + n) || !blocks_.grow(seq->kv, seq->num_computed + n).ok()) {
@@ -76,6 +84,13 @@ bool Scheduler::admit(Sequence* seq, int64_t& budget, ScheduledStep& step) {
     seq->num_computed = 0;
     return false;
   }
+  auto slot = caches_.acquire_state_slot();
+  if (!slot.ok()) {  // max_num_seqs bounds the running sequences, so this is a bookkeeping bug: refuse to admit
+    blocks_.release(seq->kv);
+    seq->num_computed = 0;
+    return false;
+  }
+  seq->state_slot = *slot;
   blocks_.record_query(static_cast<int64_t>(seq->tokens.size()), matched);
   if (!seq->admitted_once) {
     seq->cached_prompt_tokens = matched;
@@ -139,11 +154,11 @@ ScheduledStep Scheduler::schedule() {
 void Scheduler::on_computed(const ScheduledChunk& chunk) {
   Sequence* seq = chunk.seq;
   seq->num_computed += chunk.num_tokens;
-  blocks_.commit(seq->kv, seq->tokens, seq->num_computed);
+  blocks_.commit(seq->kv, seq->tokens, seq->num_computed, seq->media_spans);
 }
 
 void Scheduler::finish(Sequence* seq) {
-  blocks_.release(seq->kv);
+  release(seq);
   if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
   if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) waiting_.erase(it);
   sequences_.erase(seq->id);

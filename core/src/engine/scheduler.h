@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/cache_manager.h"
 #include "engine/engine_config.h"
 #include "engine/sequence.h"
 
@@ -34,7 +35,8 @@ struct ScheduledStep {
 
 class Scheduler {
  public:
-  Scheduler(const EngineConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {}
+  // Blocks and state slots come from `caches`.
+  Scheduler(const EngineConfig& config, CacheManager& caches) : config_(config), caches_(caches), blocks_(caches.blocks()) {}
 
   // Why a request can never run here (kInvalidArgument naming the numbers), or ok.
   Status check_fits(const RequestParams& params) const;
@@ -59,7 +61,11 @@ class Scheduler {
   bool admit(Sequence* seq, int64_t& budget, ScheduledStep& step);
   void preempt(Sequence* seq);
 
+  // Frees the sequence's blocks and state slot.
+  void release(Sequence* seq);
+
   EngineConfig config_;
+  CacheManager& caches_;
   BlockManager& blocks_;
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> sequences_;
   std::vector<Sequence*> running_;  // in admission order: the back is the newest

@@ -19,7 +19,10 @@ struct Sequence {
         max_tokens(params.max_tokens),
         stop_token_ids(std::move(params.stop_token_ids)),
         sampler(params.sampling),
-        sink(std::move(sink_)) {}
+        sink(std::move(sink_)),
+        media(std::move(params.media)) {
+    for (const RequestMedia& m : media) media_spans.push_back({m.position, m.length, m.hash});
+  }
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
   // Tokens still to compute before the next sample (1 for a decoding sequence).
@@ -38,11 +41,19 @@ struct Sequence {
   bool admitted_once = false;
   uint64_t scheduled_step = 0;  // the last step that scheduled it (0 = never)
 
-  // Speculative decoding. The drafter has seen the target's rows [0, draft_start); draft_hidden holds the
-  // final-normed hidden states of rows [draft_start, num_computed), handed to it at the next drafting step.
-  int64_t draft_start = 0;
-  std::vector<float> draft_hidden;
-  bool drafter_knows = false;  // the drafter holds state for this sequence (release it at the end)
+  int32_t state_slot = -1;  // CacheManager state slot while running (models with recurrent layers)
+
+  // Media items of the prompt (embedding overrides), and their spans for the prefix-cache key.
+  std::vector<RequestMedia> media;
+  std::vector<MediaSpan> media_spans;
+
+  // Speculative decoding: the drafts proposed after the last step, verified by the next one (with their sparse q
+  // on the model's device, valid until the drafter's next call), and whether the drafter holds state for it.
+  std::vector<int32_t> drafts;
+  const int32_t* q_ids = nullptr;
+  const float* q_probs = nullptr;
+  int64_t q_width = 0;
+  bool drafter_knows = false;
 };
 
 }  // namespace kiln

@@ -14,6 +14,7 @@
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
+#include "kiln/drafter.h"
 #include "model/rope_setup.h"
 
 namespace kiln {
@@ -62,13 +63,19 @@ Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_s
     if (id < 0 || id >= config.vocab_size)
       return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
                               std::to_string(config.vocab_size) + ")");
+  for (const MediaRows& m : st.media)
+    if (m.first_row < 0 || m.count < 0 || m.first_row + m.count > n || (m.count > 0 && !m.embeddings))
+      return invalid_argument(name + ": media rows [" + std::to_string(m.first_row) + ", " +
+                              std::to_string(m.first_row + m.count) + ") are outside its " + std::to_string(n) +
+                              " tokens or have no embeddings");
   return ok_status();
 }
 
 Status run_linear(const Linear& l, const float* x, int64_t n, float* y) {
-  TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::kF32, {n, l.in_features()});
-  TensorView yv = TensorView::contiguous(y, DType::kF32, {n, l.out_features()});
-  return l.forward(xv, yv, {});
+  LinearRun run;
+  run.x = TensorView::contiguous(const_cast<float*>(x), DType::kF32, {n, l.in_features()});
+  run.y = TensorView::contiguous(y, DType::kF32, {n, l.out_features()});
+  return l.run(run, {});
 }
 
 MlaMoeModel::MlaMoeModel(ModelConfig config, ModelWeights weights)
@@ -98,16 +105,26 @@ void MlaMoeModel::round_bf16(float* x, int64_t n) const {
   if (bf16()) cpu::round_to_bf16(x, n);
 }
 
-Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const {
+Status MlaMoeModel::lm_head(const float* normed, int64_t n, float* logits) const {
+  if (!weights_.lm_head) return failed_precondition("this model has no CPU weights");
+  return run_linear(*weights_.lm_head, normed, n, logits);
+}
+
+Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const {
   if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   tl.seq_begin.assign(1, 0);
   tl.positions.clear();
   tl.slots.clear();
   tl.steps.clear();
-  const int64_t bs = kv.block_size();
+  const int64_t bs = caches.block_size;
+  if (bs <= 0 || !caches.layout) return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
   for (size_t s = 0; s < steps.size(); ++s) {
     const SequenceStep& st = steps[s];
     KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_));
+    for (const int32_t blk : *st.block_table)
+      if (blk < 0 || blk >= caches.num_blocks)
+        return out_of_range("sequence step " + std::to_string(s) + ": block " + std::to_string(blk) +
+                            " is outside the KV pool (" + std::to_string(caches.num_blocks) + " blocks)");
     const int64_t n = static_cast<int64_t>(st.tokens.size());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = st.start_position + i;
@@ -126,24 +143,16 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const KvCac
   return ok_status();
 }
 
-bool MlaMoeModel::use_expanded(int64_t new_tokens, int64_t kv_len) const {
+bool MlaMoeModel::use_expanded(int64_t new_tokens) const {
   if (form_ != MlaForm::kAuto) return form_ == MlaForm::kExpanded;
   // bf16: the CUDA runner's choice, so each row meets the rounding points of the form the GPU runs it in.
   if (bf16()) return !config_.has_indexer() && new_tokens >= kExpandedPrefillMinTokens;
-  // Multiply-adds per call. Expanded: rebuild k/v of every visible token, then attention in head space.
-  // Absorbed: move queries into and outputs out of latent space, then attention in latent space.
-  const double H = static_cast<double>(config_.num_attention_heads), L = static_cast<double>(config_.kv_lora_rank);
-  const double R = static_cast<double>(config_.qk_rope_head_dim), nope = static_cast<double>(config_.qk_nope_head_dim);
-  const double v = static_cast<double>(config_.v_head_dim), n = static_cast<double>(new_tokens);
-  const double T = static_cast<double>(kv_len);
-  const double expanded = T * H * (nope + v) * L + n * T * H * (nope + R + v);
-  const double absorbed = n * H * (nope + v) * L + n * T * H * (L + R + L);
-  return expanded < absorbed;
+  return false;  // fp32: one form for every row, whatever the chunking (see MlaForm)
 }
 
-Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
-                                   const float* h, const float* q_resid, std::vector<int32_t>& selected,
-                                   int64_t& selected_width) const {
+Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl,
+                                   const CacheViews& caches, const float* h, const float* q_resid,
+                                   std::vector<int32_t>& selected, int64_t& selected_width) const {
   const ModelConfig& c = config_;
   const int64_t N = static_cast<int64_t>(tl.positions.size());
   const int64_t Hi = c.index_n_heads, D = c.index_head_dim;
@@ -158,13 +167,14 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
   for (float& x : wts) x *= head_scale;
 
-  float* cache = kv.indexer_keys(kv_layer);
+  auto* cache = static_cast<float*>(caches.entry(kv_layer, 1));
+  if (!cache) return failed_precondition("layer " + std::to_string(kv_layer) + " has no indexer key cache");
   for (int64_t t = 0; t < N; ++t) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
 
   selected_width = c.index_topk;
   selected.assign(N * selected_width, -1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const int64_t bs = kv.block_size();
+  const int64_t bs = caches.block_size;
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
     const SequenceStep& st = *tl.steps[s];
@@ -178,8 +188,8 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
   return ok_status();
 }
 
-Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
-                              const float* h, float* out, std::vector<int32_t>& selected,
+Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl,
+                              const CacheViews& caches, const float* h, float* out, std::vector<int32_t>& selected,
                               int64_t& selected_width) const {
   const ModelConfig& c = config_;
   const int64_t N = static_cast<int64_t>(tl.positions.size());
@@ -207,12 +217,21 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   apply_rope(c, q.data() + nope, N, H, H * qk, qk, tl.cos.data(), tl.sin.data());
   apply_rope(c, k_pe.data(), N, 1, R, R, tl.cos.data(), tl.sin.data());
 
-  void* pages = kv.layer_pages(kv_layer);
-  const KvLayout& layout = kv.layout();
-  KILN_RETURN_IF_ERROR(layout.write(pages, tl.slots.data(), N, latent.data(), k_pe.data(), {}));
+  void* pages = caches.entry(kv_layer, 0);
+  if (!pages) return failed_precondition("layer " + std::to_string(kv_layer) + " has no KV pages");
+  const KvLayout& layout = *caches.layout;
+  // The finished rows (normalised latent, roped k_pe) into the layer's pages.
+  for (int64_t t = 0; t < N; ++t) {
+    std::copy_n(latent.data() + t * L, L, ckv.data() + t * (L + R));
+    std::copy_n(k_pe.data() + t * R, R, ckv.data() + t * (L + R) + L);
+  }
+  KvAppendArgs append;
+  append.pages = pages, append.slots = tl.slots.data(), append.n = N, append.rows = ckv.data();
+  KILN_RETURN_IF_ERROR(layout.append(append, {}));
 
   if (w.indexer) {
-    KILN_RETURN_IF_ERROR(indexer_select(*w.indexer, kv_layer, tl, kv, h, q_resid.data(), selected, selected_width));
+    KILN_RETURN_IF_ERROR(
+        indexer_select(*w.indexer, kv_layer, tl, caches, h, q_resid.data(), selected, selected_width));
   }
   // Selection matters only where a query sees more keys than the indexer keeps; elsewhere DSA is dense MLA.
   const bool sparse = c.has_indexer() && !selected.empty();
@@ -220,24 +239,26 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   const float scale = static_cast<float>(c.attention_scale());
   const cpu::MlaAbsorbDims dims{H, nope, vd, L};
   std::vector<float> attn(N * H * vd);
-  const int64_t bs = kv.block_size();
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
     const SequenceStep& st = *tl.steps[s];
     const int64_t kv_len = st.start_position + n;
     const int32_t* sel = sparse ? selected.data() + b * selected_width : nullptr;
     const int64_t sel_w = sparse ? selected_width : 0;
-    if (use_expanded(n, kv_len)) {
+    if (use_expanded(n)) {
       // Latents of earlier positions come from the cache; this step's are used as computed (not re-read
       // through the layout), as a fresh prefill would. In bf16 precision all of them come from the cache, as the
       // GPU's prefill kernel gathers them.
       const int64_t ctx = bf16() ? kv_len : st.start_position;
       std::vector<float> lat(kv_len * L), rope(kv_len * R);
       if (ctx > 0) {
-        std::vector<int64_t> ctx_slots(ctx);
-        for (int64_t t = 0; t < ctx; ++t) ctx_slots[t] = kv_slot(*st.block_table, bs, t);
         std::vector<float> rows(ctx * (L + R));
-        KILN_RETURN_IF_ERROR(layout.read(pages, ctx_slots.data(), ctx, rows.data(), {}));
+        const KvGatherSeq seq{0, 0, static_cast<int32_t>(ctx), 0};
+        KvGatherArgs g;
+        g.pages = pages, g.block_tables = st.block_table->data();
+        g.max_blocks = static_cast<int64_t>(st.block_table->size()), g.seqs = &seq, g.num_seqs = 1;
+        g.max_kv_len = ctx, g.out = rows.data();
+        KILN_RETURN_IF_ERROR(layout.gather(g, {}));
         for (int64_t t = 0; t < ctx; ++t) {
           std::copy_n(rows.data() + t * (L + R), L, lat.data() + t * L);
           std::copy_n(rows.data() + t * (L + R) + L, R, rope.data() + t * R);
@@ -287,6 +308,7 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
       args.selected = sel;
       args.selected_width = sel_w;
       args.scale = scale;
+      args.max_kv_len = kv_len;
       args.out = o_lat.data();
       KILN_RETURN_IF_ERROR(layout.attend(args, {}));
       round_bf16(o_lat.data(), n * H * L);
@@ -365,9 +387,21 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   if (bf16()) {
     KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe, h, n, ids.data(), weights.data(), out));
   } else {
-    TensorView xv = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
-    TensorView yv = TensorView::contiguous(out, DType::kF32, {n, Hd});
-    KILN_RETURN_IF_ERROR(w.moe.experts->forward(xv, ids.data(), weights.data(), static_cast<int>(k), yv, {}));
+    // Each (token, slot) pair's weighted expert output, then a token's pairs summed in slot order.
+    std::vector<float> pairs(n * k * Hd);
+    ExpertRun run;
+    run.x = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, Hd});
+    run.routing.top_k = static_cast<int>(k);
+    run.routing.ids = ids.data();
+    run.routing.weights = weights.data();
+    run.pair_out = pairs.data();
+    KILN_RETURN_IF_ERROR(w.moe.experts->run(run, {}).status());
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = out + t * Hd;
+      std::fill(dst, dst + Hd, 0.0f);
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t i = 0; i < Hd; ++i) dst[i] += pairs[(t * k + j) * Hd + i];
+    }
   }
   if (w.moe.shared.gate) {
     std::vector<float> shared(n * Hd);
@@ -378,15 +412,15 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   return ok_status();
 }
 
-Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv,
-                              float* x, std::vector<int32_t>& selected, int64_t& selected_width,
-                              float* router_margin) const {
+Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl,
+                              const CacheViews& caches, float* x, std::vector<int32_t>& selected,
+                              int64_t& selected_width, float* router_margin) const {
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> h(N * Hd), y(N * Hd);
   cpu::rmsnorm(x, layer.input_norm.data(), N, Hd, eps, h.data());
   round_bf16(h.data(), N * Hd);
-  KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, kv, h.data(), y.data(), selected, selected_width)
+  KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, caches, h.data(), y.data(), selected, selected_width)
                            .with_context("layer " + std::to_string(kv_layer) + " attention"));
   cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
   round_bf16(h.data(), N * Hd);
@@ -395,12 +429,17 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
   return ok_status();
 }
 
-Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden) const {
+Status MlaMoeModel::forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
+                            StepOutput& out) const {
   const ModelConfig& c = config_;
   if (static_cast<int64_t>(weights_.layers.size()) != c.num_hidden_layers)
     return failed_precondition("this model has no CPU weights (model.load = \"dummy\" lives on the GPU only)");
+  for (int tap : options.tap_layers)
+    if (tap != kTapFinalNormed && (tap < 0 || tap >= c.num_hidden_layers))
+      return out_of_range("tap layer " + std::to_string(tap) + " does not exist (" + std::to_string(c.num_hidden_layers) +
+                          " layers)");
   TokenLayout tl;
-  KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
+  KILN_RETURN_IF_ERROR(make_layout(steps, caches, tl));
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;
 
   std::vector<float> x(N * Hd);
@@ -408,21 +447,44 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, KvCache& kv, St
   flat_ids.reserve(N);
   for (const auto& st : steps) flat_ids.insert(flat_ids.end(), st.tokens.begin(), st.tokens.end());
   embed(flat_ids.data(), N, x.data());
+  // The modality path: media rows replace their placeholder tokens' embeddings.
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (const MediaRows& m : steps[s].media)
+      std::copy_n(m.embeddings, m.count * Hd, x.data() + (tl.seq_begin[s] + m.first_row) * Hd);
+
+  // Tap buffers: one [N, hidden] block per tapped layer, in out.hidden after the normed states (host memory).
+  const size_t taps = options.tap_layers.size();
+  tap_storage_.assign(taps * N * Hd, 0.0f);
+  auto tap_of = [&](int layer) -> float* {
+    for (size_t i = 0; i < taps; ++i)
+      if (options.tap_layers[i] == layer) return tap_storage_.data() + i * N * Hd;
+    return nullptr;
+  };
 
   // DSA "shared" layers reuse the previous indexer layer's selection, so it lives across layers.
   std::vector<int32_t> selected;
   int64_t selected_width = 0;
   out.router_margin.clear();
-  if (out.record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
-  float* margin = out.record_router_margin ? out.router_margin.data() : nullptr;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, kv, x.data(), selected, selected_width, margin));
-
-  if (keep_hidden) {
-    out.hidden.resize(N * Hd);
-    cpu::rmsnorm(x.data(), weights_.final_norm.data(), N, Hd, static_cast<float>(c.rms_norm_eps), out.hidden.data());
-    round_bf16(out.hidden.data(), N * Hd);
+  if (options.record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
+  float* margin = options.record_router_margin ? out.router_margin.data() : nullptr;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, caches, x.data(), selected, selected_width, margin));
+    if (float* t = tap_of(static_cast<int>(l))) std::copy_n(x.data(), N * Hd, t);
   }
+
+  std::vector<float> normed;
+  float* final_tap = tap_of(kTapFinalNormed);
+  if (options.want_hidden || final_tap) {
+    normed.resize(N * Hd);
+    cpu::rmsnorm(x.data(), weights_.final_norm.data(), N, Hd, static_cast<float>(c.rms_norm_eps), normed.data());
+    round_bf16(normed.data(), N * Hd);
+    if (final_tap) std::copy_n(normed.data(), N * Hd, final_tap);
+  }
+  out.hidden.clear();
+  if (options.want_hidden) out.hidden = std::move(normed);
+  out.taps.clear();
+  for (size_t i = 0; i < taps; ++i)
+    out.taps.push_back(TensorView::contiguous(tap_storage_.data() + i * N * Hd, DType::kF32, {N, Hd}));
   return logits(steps, tl, x.data(), weights_.final_norm, *weights_.lm_head, out);
 }
 
@@ -447,14 +509,14 @@ Status MlaMoeModel::logits(std::span<const SequenceStep> steps, const TokenLayou
 }
 
 Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
-                                KvCache& kv, StepOutput& out) const {
+                                const CacheViews& caches, StepOutput& out) const {
   const ModelConfig& c = config_;
   if (mtp_index < 0 || mtp_index >= static_cast<int64_t>(weights_.mtp.size()))
     return out_of_range("MTP layer " + std::to_string(mtp_index) + " is not loaded (" +
                         std::to_string(weights_.mtp.size()) + " present)");
   const MtpWeights& m = weights_.mtp[mtp_index];
   TokenLayout tl;
-  KILN_RETURN_IF_ERROR(make_layout(steps, kv, tl));
+  KILN_RETURN_IF_ERROR(make_layout(steps, caches, tl));
   const int64_t N = static_cast<int64_t>(tl.positions.size()), Hd = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
@@ -475,9 +537,8 @@ Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep>
   std::vector<int32_t> selected;
   int64_t selected_width = 0;
   out.router_margin.clear();
-  if (out.record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
-  KILN_RETURN_IF_ERROR(run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, kv, x.data(), selected, selected_width,
-                                 out.record_router_margin ? out.router_margin.data() : nullptr));
+  KILN_RETURN_IF_ERROR(
+      run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, caches, x.data(), selected, selected_width, nullptr));
   out.hidden = x;
   return logits(steps, tl, x.data(), m.head_norm, m.head ? *m.head : *weights_.lm_head, out);
 }

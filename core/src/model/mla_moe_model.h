@@ -1,5 +1,7 @@
-// The forward pass of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3) on the CPU:
-// batches of sequences at different positions in one call, KV in paged form through the recipe's KvLayout.
+// The forward pass of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3) on the CPU — the reference
+// the CUDA runner is tested against: batches of sequences at different positions in one call, KV in paged form
+// through the recipe's KvLayout in the CacheManager's memory (CacheViews), linears and experts through the recipe's
+// WeightFormat.
 //
 // Precision (the weights' ModelWeights::precision, recipe key model.precision). fp32: the reference. bf16: the CUDA
 // runner's rounding (core/src/runtime/cuda), so that CPU and GPU differ only by fp32 summation order. Activations
@@ -25,8 +27,8 @@
 
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/rope.h"
-#include "model/kv_cache.h"
 #include "model/model_config.h"
+#include "model/model_step.h"
 #include "model/model_weights.h"
 
 namespace kiln {
@@ -35,38 +37,20 @@ namespace kiln {
 // kernel; DSA models excepted), fewer in absorbed form; the CPU model in bf16 precision follows the same rule.
 inline constexpr int64_t kExpandedPrefillMinTokens = 16;
 
-// Which MLA form attention runs in. kAuto picks per sequence by arithmetic cost: expanded (k/v rebuilt from
-// the latents, cheaper for long prefill chunks) or absorbed (attention in latent space over the paged cache).
+// Which MLA form attention runs in. kAuto: in fp32 precision always the absorbed form (attention in latent space
+// over the paged cache), so every query row reads the same cached values by the same arithmetic whether its tokens
+// came in one chunk or several, with or without a cached prefix: output does not depend on chunking or prefix
+// caching. In bf16 precision the GPU's rule (kExpandedPrefillMinTokens). kExpanded (k/v rebuilt from the latents)
+// and kAbsorbed force one form (tests compare them).
 enum class MlaForm { kAuto, kExpanded, kAbsorbed };
 
-// New tokens of one sequence: positions start_position .. start_position + tokens.size() − 1.
-struct SequenceStep {
-  std::span<const int32_t> tokens;
-  int64_t start_position = 0;
-  const std::vector<int32_t>* block_table = nullptr;  // must cover start_position + tokens.size() positions
-  bool all_logits = false;                            // logits for every new token, not only the last
-};
-
 // Why a step cannot run (no tokens, no block table, a table that does not cover its positions, positions past
-// the model's limit, token ids outside the vocabulary), or ok. `index` names the step in messages. Shared by
-// the CPU and GPU forward passes so both refuse the same batches with the same words.
+// the model's limit, token ids outside the vocabulary, media rows outside its tokens), or ok. `index` names the
+// step in messages. Shared by the CPU and GPU forward passes so both refuse the same batches with the same words.
 Status check_sequence_step(const SequenceStep& step, size_t index, int64_t block_size, const ModelConfig& config);
 
 // The MoE gate's routing rule from the config (one place for the CPU and GPU forward passes).
 cpu::MoeRouterConfig moe_router_config(const ModelConfig& config);
-
-struct StepOutput {
-  std::vector<float> logits;      // [rows, vocab]
-  std::vector<int64_t> first_row; // per step: its first row in `logits`
-  // [tokens, hidden], when asked for. forward(): the final-normed hidden state of every new token (what an
-  // MTP drafter conditions on); mtp_forward(): the MTP block's output before shared_head.norm (what the
-  // next drafting step conditions on).
-  std::vector<float> hidden;
-  // Set before forward() / mtp_forward() to get, per token, the smallest MoE routing margin over the layers (see cpu::moe_route)
-  // in router_margin (CPU reference only; for comparisons at lower precision).
-  bool record_router_margin = false;
-  std::vector<float> router_margin;
-};
 
 class MlaMoeModel {
  public:
@@ -79,36 +63,43 @@ class MlaMoeModel {
   // that makes it, since OpenMP's team size is a per-thread setting and engines run on their own threads.
   void set_threads(int threads) { threads_ = threads; }
 
-  // Runs all steps as one batch: writes their KV (and indexer keys) and returns logits.
-  Status forward(std::span<const SequenceStep> steps, KvCache& kv, StepOutput& out, bool keep_hidden = false) const;
+  // Runs all steps as one batch: writes their KV (and indexer keys) into `caches` and returns the logits rows the
+  // steps ask for in out.logits / out.first_row (always: the CPU is the host), the final-normed hidden state of
+  // every token with want_hidden, the tapped layers' outputs in out.taps (host views into out's buffers).
+  Status forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
+                 StepOutput& out) const;
 
   // The next-n (MTP) layer `mtp_index` over the same kind of batch: token i of a step is t_{p+1} for
   // position p = start_position + i, and row i of `prev_hidden` [tokens, hidden] is the hidden state the
-  // drafter conditions on for that position. Its KV lives in layer num_hidden_layers + mtp_index of `kv`.
-  // Logits come from shared_head.norm → shared_head.head (or the target's lm_head).
-  Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden, KvCache& kv,
-                     StepOutput& out) const;
+  // drafter conditions on for that position. Its KV lives in layer num_hidden_layers + mtp_index of `caches`.
+  // Logits come from shared_head.norm → shared_head.head (or the target's lm_head); out.hidden is the layer's
+  // output before that norm.
+  Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                     const CacheViews& caches, StepOutput& out) const;
 
   // Embedding rows as fp32 [n, hidden].
   void embed(const int32_t* ids, int64_t n, float* out) const;
+  // Logits [n, vocab] of already-normed rows [n, hidden] through the target's lm_head.
+  Status lm_head(const float* normed, int64_t n, float* logits) const;
 
   // One decoder layer over n tokens already flattened: x is the residual stream [n, hidden], updated in place.
-  // Exposed for the MTP drafter, which runs a decoder layer with its own KV.
   struct TokenLayout {
     std::vector<int64_t> positions, slots;
     std::vector<int64_t> seq_begin;        // [steps + 1] token offsets
     std::vector<const SequenceStep*> steps;
     std::vector<float> cos, sin;           // [n, rope/2]
   };
-  Status run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, float* x,
-                   std::vector<int32_t>& selected, int64_t& selected_width, float* router_margin = nullptr) const;
-  Status make_layout(std::span<const SequenceStep> steps, const KvCache& kv, TokenLayout& tl) const;
+  Status run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl, const CacheViews& caches,
+                   float* x, std::vector<int32_t>& selected, int64_t& selected_width,
+                   float* router_margin = nullptr) const;
+  Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const;
 
  private:
-  Status attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
-                   float* out, std::vector<int32_t>& selected, int64_t& selected_width) const;
-  Status indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, KvCache& kv, const float* h,
-                        const float* q_resid, std::vector<int32_t>& selected, int64_t& selected_width) const;
+  Status attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, const CacheViews& caches,
+                   const float* h, float* out, std::vector<int32_t>& selected, int64_t& selected_width) const;
+  Status indexer_select(const IndexerWeights& w, int64_t kv_layer, const TokenLayout& tl, const CacheViews& caches,
+                        const float* h, const float* q_resid, std::vector<int32_t>& selected,
+                        int64_t& selected_width) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
   // bf16 precision: the routed experts as the GPU's expert kernels compute them (see mla_moe_model.cpp).
   Status routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
@@ -116,7 +107,7 @@ class MlaMoeModel {
   bool bf16() const { return weights_.precision == Precision::kBf16; }
   // x[0, n) rounded to bf16 in bf16 precision (a GPU rounding point); nothing in fp32.
   void round_bf16(float* x, int64_t n) const;
-  bool use_expanded(int64_t new_tokens, int64_t kv_len) const;
+  bool use_expanded(int64_t new_tokens) const;
   // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
   Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,
                 const Linear& head, StepOutput& out) const;
@@ -128,9 +119,11 @@ class MlaMoeModel {
   double rope_attention_factor_ = 1.0;
   MlaForm form_ = MlaForm::kAuto;
   int threads_ = 0;
+  // The tapped layers' outputs of the last forward (StepOutput::taps views them until the next one).
+  mutable std::vector<float> tap_storage_;
 };
 
-// y[n, out] = x[n, in] · Wᵀ through a weight format's Linear.
+// y[n, out] = x[n, in] · Wᵀ through a CPU Linear (fp32 activations).
 Status run_linear(const Linear& l, const float* x, int64_t n, float* y);
 
 }  // namespace kiln

@@ -13,8 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kSupportedTypes = "glm4_moe_lite, glm_moe_dsa, deepseek_v3";
-
 // Reads typed fields of one JSON object; every error names the source file and the field's path.
 // transformers rejects a wrong JSON type for a declared field (e.g. "hidden_size": "64"), and so do we;
 // the one leniency is accepting an integer literal where a float is expected.
@@ -127,86 +125,6 @@ class FieldReader {
   std::string prefix_;
 };
 
-// The transformers 5.17 class defaults for each supported architecture.
-ModelConfig glm4_moe_lite_defaults() {
-  ModelConfig c;
-  c.vocab_size = 154880;
-  c.hidden_size = 2048;
-  c.intermediate_size = 10240;
-  c.moe_intermediate_size = 1536;
-  c.num_hidden_layers = 47;
-  c.num_attention_heads = 20;
-  c.num_key_value_heads = 20;
-  c.n_shared_experts = 1;
-  c.n_routed_experts = 64;
-  c.routed_scaling_factor = 1.8;
-  c.kv_lora_rank = 512;
-  c.q_lora_rank = 768;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 256;
-  c.qk_nope_head_dim = 192;
-  c.n_group = 1;
-  c.topk_group = 1;
-  c.num_experts_per_tok = 4;
-  c.max_position_embeddings = 202752;
-  c.rms_norm_eps = 1e-5;
-  return c;
-}
-
-ModelConfig glm_moe_dsa_defaults() {
-  ModelConfig c;
-  c.vocab_size = 154880;
-  c.hidden_size = 6144;
-  c.intermediate_size = 12288;
-  c.moe_intermediate_size = 2048;
-  c.num_hidden_layers = 78;
-  c.num_attention_heads = 64;
-  c.num_key_value_heads = 64;
-  c.n_shared_experts = 1;
-  c.n_routed_experts = 256;
-  c.routed_scaling_factor = 2.5;
-  c.kv_lora_rank = 512;
-  c.q_lora_rank = 2048;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 256;
-  c.qk_nope_head_dim = 192;
-  c.n_group = 1;
-  c.topk_group = 1;
-  c.num_experts_per_tok = 8;
-  c.max_position_embeddings = 202752;
-  c.rms_norm_eps = 1e-5;
-  c.index_topk = 2048;
-  c.index_head_dim = 128;
-  c.index_n_heads = 32;
-  return c;
-}
-
-ModelConfig deepseek_v3_defaults() {
-  ModelConfig c;
-  c.vocab_size = 129280;
-  c.hidden_size = 7168;
-  c.intermediate_size = 18432;
-  c.moe_intermediate_size = 2048;
-  c.num_hidden_layers = 61;
-  c.num_attention_heads = 128;
-  c.num_key_value_heads = 128;
-  c.n_shared_experts = 1;
-  c.n_routed_experts = 256;
-  c.routed_scaling_factor = 2.5;
-  c.kv_lora_rank = 512;
-  c.q_lora_rank = 1536;
-  c.qk_rope_head_dim = 64;
-  c.v_head_dim = 128;
-  c.qk_nope_head_dim = 128;
-  c.n_group = 8;
-  c.topk_group = 4;
-  c.num_experts_per_tok = 8;
-  c.max_position_embeddings = 4096;
-  c.rms_norm_eps = 1e-6;
-  c.num_nextn_predict_layers = 1;  // the class field num_mtp_layers
-  return c;
-}
-
 double yarn_mscale(double scale, double mscale) {
   if (scale <= 1.0) return 1.0;
   return 0.1 * mscale * std::log(scale) + 1.0;
@@ -281,7 +199,7 @@ Status read_rope(const json& root, const FieldReader& top, ModelConfig& c) {
   return ok_status();
 }
 
-Status read_moe_layers(const FieldReader& r, ModelConfig& c) {
+Status read_moe_layers(const FieldReader& r, const MlaMoeVariant& v, ModelConfig& c) {
   const int64_t n = c.num_hidden_layers;
   KILN_ASSIGN_OR_RETURN(auto types, r.read_choices("mlp_layer_types", {"dense", "sparse"}));
   std::optional<int64_t> first_k_dense;
@@ -293,18 +211,19 @@ Status read_moe_layers(const FieldReader& r, ModelConfig& c) {
   }
 
   int64_t dense_prefix = 0;
-  if (c.model_type == "deepseek_v3") {
-    // DeepseekV3 decides by first_k_dense_replace alone (class default 3) and ignores mlp_layer_types.
+  using Rule = MlaMoeVariant::DenseLayers;
+  if (v.dense_layers == Rule::kFirstKDenseOnly) {
+    // DeepseekV3 decides by first_k_dense_replace alone and ignores mlp_layer_types.
     types.reset();
-    dense_prefix = first_k_dense.value_or(3);
-  } else if (c.model_type == "glm_moe_dsa") {
-    dense_prefix = first_k_dense.value_or(3);
+    dense_prefix = first_k_dense.value_or(v.default_first_k_dense);
+  } else if (v.dense_layers == Rule::kFirstKDense) {
+    dense_prefix = first_k_dense.value_or(v.default_first_k_dense);
   } else {
     // Glm4MoeLite has no first_k_dense_replace field: without mlp_layer_types it makes layer 0 dense only.
     // A config asking for a different dense prefix would silently get the wrong blocks, so refuse it.
     if (!types && first_k_dense && *first_k_dense != 1) {
       return r.value_error("first_k_dense_replace", "is " + std::to_string(*first_k_dense) +
-                                                        ", but glm4_moe_lite ignores it and makes only layer 0 dense; "
+                                                        ", but " + c.model_type + " ignores it and makes only layer 0 dense; "
                                                         "give mlp_layer_types explicitly");
     }
     dense_prefix = 1;
@@ -363,7 +282,7 @@ Status read_indexer_layers(const FieldReader& r, ModelConfig& c) {
   return ok_status();
 }
 
-Status validate(const FieldReader& r, const ModelConfig& c) {
+Status validate(const FieldReader& r, const MlaMoeVariant& v, const ModelConfig& c) {
   auto require = [&](const char* key, int64_t value, int64_t min) -> Status {
     if (value < min) {
       return r.value_error(key, "must be ≥ " + std::to_string(min) + ", got " + std::to_string(value));
@@ -418,7 +337,7 @@ Status validate(const FieldReader& r, const ModelConfig& c) {
   if (!(c.rope.partial_rotary_factor > 0 && c.rope.partial_rotary_factor <= 1)) {
     return r.value_error("partial_rotary_factor", "must be in (0, 1]");
   }
-  if (c.model_type == "glm_moe_dsa") {
+  if (v.has_indexer) {
     KILN_RETURN_IF_ERROR(require("index_head_dim", c.index_head_dim, 1));
     KILN_RETURN_IF_ERROR(require("index_topk", c.index_topk, 1));
     KILN_RETURN_IF_ERROR(require("index_n_heads", c.index_n_heads, 1));
@@ -439,43 +358,13 @@ Status validate(const FieldReader& r, const ModelConfig& c) {
 
 }  // namespace
 
-Result<ModelConfig> ModelConfig::load(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) return not_found("cannot read model config " + config_json.string());
-  json parsed;
-  try {
-    parsed = json::parse(in);
-  } catch (const json::exception& e) {
-    return invalid_argument(config_json.string() + ": not valid JSON: " + e.what());
-  }
-  return from_json(parsed, config_json.string());
-}
-
-Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& source_name) {
+Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& source_name, const MlaMoeVariant& v) {
   if (!root.is_object()) return invalid_argument(source_name + ": config must be a JSON object");
   FieldReader r(root, source_name);
-  if (!r.present("model_type")) {
-    return invalid_argument(source_name + ": no 'model_type' field; supported: " + kSupportedTypes);
-  }
-  std::string model_type;
-  KILN_RETURN_IF_ERROR(r.read("model_type", model_type));
-
-  ModelConfig c;
-  if (model_type == "glm4_moe_lite") {
-    c = glm4_moe_lite_defaults();
-  } else if (model_type == "glm_moe_dsa") {
-    c = glm_moe_dsa_defaults();
-  } else if (model_type == "deepseek_v3") {
-    c = deepseek_v3_defaults();
-  } else if (model_type == "deepseek_v32" || model_type == "glm5_next" || model_type == "glm5_next_text") {
-    return unimplemented(source_name + ": model_type '" + model_type +
-                         "' is recognised but not supported yet; supported: " + kSupportedTypes);
-  } else {
-    return invalid_argument(source_name + ": unsupported model_type '" + model_type +
-                            "'; supported: " + kSupportedTypes);
-  }
-  c.model_type = model_type;
+  ModelConfig c = v.defaults();
+  c.model_type = v.model_type;
   c.source = source_name;
+  const std::string model_type = c.model_type;
 
   KILN_RETURN_IF_ERROR(r.read("vocab_size", c.vocab_size));
   KILN_RETURN_IF_ERROR(r.read("hidden_size", c.hidden_size));
@@ -483,7 +372,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
   KILN_RETURN_IF_ERROR(r.read("moe_intermediate_size", c.moe_intermediate_size));
   KILN_RETURN_IF_ERROR(r.read("num_hidden_layers", c.num_hidden_layers));
   KILN_RETURN_IF_ERROR(r.read("num_attention_heads", c.num_attention_heads));
-  if (model_type == "deepseek_v3" && r.is_null("num_key_value_heads")) {
+  if (v.null_kv_heads_means_heads && r.is_null("num_key_value_heads")) {
     c.num_key_value_heads = c.num_attention_heads;
   } else {
     // Like transformers, a missing key keeps the class default even when num_attention_heads changed
@@ -497,13 +386,12 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
   }
   KILN_RETURN_IF_ERROR(r.read("kv_lora_rank", c.kv_lora_rank));
   KILN_RETURN_IF_ERROR(r.read("qk_nope_head_dim", c.qk_nope_head_dim));
-  KILN_RETURN_IF_ERROR(model_type == "glm4_moe_lite"
-                           ? r.read_aliased({"qk_rope_head_dim", "head_dim"}, c.qk_rope_head_dim)
-                           : r.read("qk_rope_head_dim", c.qk_rope_head_dim));
+  KILN_RETURN_IF_ERROR(v.head_dim_aliases_rope_dim ? r.read_aliased({"qk_rope_head_dim", "head_dim"}, c.qk_rope_head_dim)
+                                                   : r.read("qk_rope_head_dim", c.qk_rope_head_dim));
   KILN_RETURN_IF_ERROR(r.read("v_head_dim", c.v_head_dim));
 
   KILN_RETURN_IF_ERROR(
-      model_type == "glm_moe_dsa"
+      v.num_experts_alias
           ? r.read_aliased({"n_routed_experts", "num_local_experts", "num_experts"}, c.n_routed_experts)
           : r.read_aliased({"n_routed_experts", "num_local_experts"}, c.n_routed_experts));
   KILN_RETURN_IF_ERROR(r.read("n_shared_experts", c.n_shared_experts));
@@ -520,7 +408,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
   KILN_RETURN_IF_ERROR(r.read("attention_bias", c.attention_bias));
   KILN_RETURN_IF_ERROR(r.read("tie_word_embeddings", c.tie_word_embeddings));
   KILN_RETURN_IF_ERROR(r.read("max_position_embeddings", c.max_position_embeddings));
-  KILN_RETURN_IF_ERROR(model_type == "deepseek_v3"
+  KILN_RETURN_IF_ERROR(v.num_mtp_layers_alias
                            ? r.read_aliased({"num_mtp_layers", "num_nextn_predict_layers"}, c.num_nextn_predict_layers)
                            : r.read("num_nextn_predict_layers", c.num_nextn_predict_layers));
 
@@ -530,11 +418,10 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
   KILN_RETURN_IF_ERROR(r.read_id_list("eos_token_id", c.eos_token_ids));
   KILN_RETURN_IF_ERROR(r.read("pad_token_id", c.pad_token_id));
 
-  // GlmMoeDsa always rotates interleaved pairs and has no switch for it.
-  if (model_type != "glm_moe_dsa") KILN_RETURN_IF_ERROR(r.read("rope_interleave", c.rope.interleave));
+  if (v.reads_rope_interleave) KILN_RETURN_IF_ERROR(r.read("rope_interleave", c.rope.interleave));
   KILN_RETURN_IF_ERROR(read_rope(root, r, c));
 
-  if (model_type == "glm_moe_dsa") {
+  if (v.has_indexer) {
     bool mlp_bias = false;
     KILN_RETURN_IF_ERROR(r.read("mlp_bias", mlp_bias));
     if (mlp_bias) return unimplemented(source_name + ": field 'mlp_bias' is true; kiln's MLPs have no bias");
@@ -543,9 +430,9 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
     KILN_RETURN_IF_ERROR(r.read("index_n_heads", c.index_n_heads));
   }
 
-  KILN_RETURN_IF_ERROR(validate(r, c));
-  KILN_RETURN_IF_ERROR(read_moe_layers(r, c));
-  if (model_type == "glm_moe_dsa") KILN_RETURN_IF_ERROR(read_indexer_layers(r, c));
+  KILN_RETURN_IF_ERROR(validate(r, v, c));
+  KILN_RETURN_IF_ERROR(read_moe_layers(r, v, c));
+  if (v.has_indexer) KILN_RETURN_IF_ERROR(read_indexer_layers(r, c));
   return c;
 }
 

@@ -1,7 +1,9 @@
-// The model's config.json, read the way transformers 5.17 reads it: every field the runtime uses, with
-// each architecture's class default when the key is missing, legacy aliases honoured, and the rope
-// settings resolved from either `rope_scaling` (published checkpoints) or `rope_parameters` (saved by
-// transformers ≥ 5). Values are checked for type and basic sanity; errors name the file and the field.
+// The config of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3), read from config.json the way
+// transformers 5.17 reads it: every field the runtime uses, with each architecture's class default when the key is
+// missing, legacy aliases honoured, and the rope settings resolved from either `rope_scaling` (published
+// checkpoints) or `rope_parameters` (saved by transformers ≥ 5). Values are checked for type and basic sanity;
+// errors name the file and the field. What differs between the family's classes is an MlaMoeVariant, which each
+// architecture's folder (model/arch/<name>/) provides.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,26 @@ struct RopeConfig {
   double attention_factor = 1.0;
 
   bool operator==(const RopeConfig&) const = default;
+};
+
+struct ModelConfig;
+
+// How one transformers class of the family reads its config: its class defaults and the rules where the classes
+// differ.
+struct MlaMoeVariant {
+  const char* model_type = "";
+  ModelConfig (*defaults)() = nullptr;
+  // Which MoE layers are dense. kFirstKDense: the first first_k_dense_replace layers (default
+  // default_first_k_dense) unless mlp_layer_types lists them. kFirstKDenseOnly: the same, ignoring mlp_layer_types.
+  // kLayerZero: layer 0 only unless mlp_layer_types lists them (a first_k_dense_replace other than 1 is refused).
+  enum class DenseLayers { kFirstKDense, kFirstKDenseOnly, kLayerZero } dense_layers = DenseLayers::kFirstKDense;
+  int64_t default_first_k_dense = 3;
+  bool null_kv_heads_means_heads = false;   // num_key_value_heads: null = num_attention_heads
+  bool head_dim_aliases_rope_dim = false;   // `head_dim` is an alias of qk_rope_head_dim
+  bool num_experts_alias = false;           // `num_experts` is an alias of n_routed_experts (besides num_local_experts)
+  bool num_mtp_layers_alias = false;        // `num_mtp_layers` is an alias of num_nextn_predict_layers
+  bool reads_rope_interleave = true;        // false: always interleaved, no switch
+  bool has_indexer = false;                 // the DSA lightning indexer (index_*, indexer layer schedule, mlp_bias)
 };
 
 struct ModelConfig {
@@ -85,8 +107,13 @@ struct ModelConfig {
   // Per target layer: true = "shared", reusing the previous full layer's top-k instead of running the indexer.
   std::vector<bool> indexer_shared_layers;
 
+  // Through the architecture registry (model/arch): the config of whichever family member `model_type` names;
+  // an architecture outside the family is an error naming it.
   static Result<ModelConfig> load(const std::filesystem::path& config_json);
   static Result<ModelConfig> from_json(const nlohmann::json& json, const std::string& source_name);
+  // The family's reader with one member's rules.
+  static Result<ModelConfig> from_json(const nlohmann::json& json, const std::string& source_name,
+                                       const MlaMoeVariant& variant);
 
   bool has_indexer() const { return index_head_dim > 0; }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

@@ -1,106 +1,118 @@
 #include "model/model_loader.h"
 
+#include <omp.h>
+
 #include <filesystem>
 
 #include "kiln/log.h"
+#include "model/synthetic_weight_source.h"
+#include "runtime/cpu_device_context.h"
 #ifdef KILN_WITH_CUDA
-#include "runtime/cuda/cuda_mla_moe_model.h"
+#include <cuda_runtime.h>
+
+#include "runtime/cuda/cuda_device_context.h"
 #endif
 
 namespace kiln {
 namespace fs = std::filesystem;
 
+bool cuda_device_available() {
+#ifdef KILN_WITH_CUDA
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+Result<DeviceType> resolve_device(const Recipe& recipe, const Registry& registry, const Architecture& arch) {
+  const RecipeSection& model = recipe.section("model");
+  const std::string device = model.get_string("device", "auto");
+  const std::string where = "`model.device = \"" + device + "\"` (" + model.origin("device") + ")";
+  if (device == "cpu") return DeviceType::kCpu;
+  // What stands between this recipe and CUDA: no GPU, the architecture's shapes, a plugin without a CUDA half.
+  Status blocker = ok_status();
+#ifndef KILN_WITH_CUDA
+  blocker = failed_precondition("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+  if (blocker.ok() && !cuda_device_available()) blocker = unavailable("no CUDA device is visible to this process");
+  if (blocker.ok()) blocker = arch.supports(DeviceType::kCuda);
+  for (const auto& [section, key, kind] :
+       {std::tuple{"weights", "format", PluginKind::kWeightFormat}, std::tuple{"kv", "layout", PluginKind::kKvLayout}}) {
+    if (!blocker.ok()) break;
+    const std::string name = recipe.section(section).get_string(key);
+    if (const CapabilityEntry* e = registry.find(kind, name)) blocker = Registry::check_device(*e, DeviceType::kCuda);
+  }
+  if (blocker.ok()) return DeviceType::kCuda;
+  if (device == "cuda") return Status(blocker.code(), where + ": " + blocker.message());
+  log::info("model.device = \"auto\": running on the CPU ({})", blocker.message());
+  return DeviceType::kCpu;
+}
+
 Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, const ModelLoadOptions& options) {
   const RecipeSection& model = recipe.section("model");
   const fs::path dir = model.get_string("path");
-  const RecipeSection& parallel = recipe.section("parallel");
-  for (const char* key : {"tensor", "decode_context"})
-    if (parallel.get_int(key, 1) > 1)
-      return parallel.error(key, "multi-GPU parallelism is not implemented yet; this kiln runs one rank (set it to 1)");
   if (!fs::is_directory(dir))
     return not_found("`model.path` (" + model.origin("path") + "): " + dir.string() + " is not a directory");
-  const bool dummy = model.get_string("load") == "dummy";
-  const std::string device = model.get_string("device", "auto");
-#ifdef KILN_WITH_CUDA
-  bool on_gpu = device == "cuda" || (device == "auto" && cuda::CudaMlaMoeModel::device_available());
-#else
-  if (device == "cuda")
-    return failed_precondition("`model.device = \"cuda\"` (" + model.origin("device") +
-                               "): this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
-  const bool on_gpu = false;
-#endif
-  if (dummy && !on_gpu)
-    return unimplemented("`model.load = \"dummy\"` (random weights) is provided by the CUDA runtime; on the CPU set "
-                         "model.load = \"mmap\"");
-
   LoadedModel m;
-  KILN_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::load(dir / "config.json"));
-  if (!dummy) {
+  KILN_ASSIGN_OR_RETURN(m.arch, load_architecture(dir / "config.json"));
+  m.info = m.arch->info();
+  KILN_ASSIGN_OR_RETURN(const DeviceType device, resolve_device(recipe, registry, *m.arch));
+  const bool dummy = model.get_string("load") == "dummy";
+  if (dummy && device == DeviceType::kCpu)
+    return unimplemented("`model.load = \"dummy\"` (" + model.origin("load") +
+                         ": random weights) is provided by the CUDA runtime; on the CPU set model.load = \"mmap\"");
+  const Precision precision = model.get_string("precision", "fp32") == "bf16" ? Precision::kBf16 : Precision::kFp32;
+  if (precision != Precision::kFp32 && device == DeviceType::kCuda)
+    return model.error("precision", "is the CPU runner's arithmetic and has no effect on CUDA (the CUDA runner is bf16); "
+                                    "remove it or run on the CPU");
+  // model.threads: the OpenMP team size of kiln's host-side kernels (the CPU forward; conversions at load).
+  const int threads = static_cast<int>(model.get_int("threads", 0));
+  if (threads > 0) omp_set_num_threads(threads);
+
+  if (dummy) {
+    m.synthetic = std::make_unique<SyntheticWeightSource>(1);
+  } else {
     KILN_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::open(dir));
   }
+  if (device == DeviceType::kCuda) {
 #ifdef KILN_WITH_CUDA
-  if (on_gpu) {
-    // What the CUDA runner does not run yet: with device = "auto" that means the CPU, with "cuda" an error.
-    Status blocker = cuda::CudaMlaMoeModel::supports(config);
-    if (blocker.ok() && recipe.section("kv").get_string("layout") != "bf16")
-      blocker = unimplemented("the CUDA runner keeps KV in the built-in `bf16` layout; set kv.layout = \"bf16\" (" +
-                              recipe.section("kv").origin("layout") + ")");
-    if (!blocker.ok()) {
-      if (device == "cuda" || dummy) return blocker;
-      log::info("model.device = \"auto\": running on the CPU ({})", blocker.message());
-      on_gpu = false;
-    }
-  }
+    KILN_ASSIGN_OR_RETURN(auto ctx, cuda::CudaDeviceContext::create());
+    m.device = std::move(ctx);
 #endif
-  m.info = config.to_model_info();
+  } else {
+    m.device = std::make_unique<CpuDeviceContext>();
+  }
 
   CreateContext ctx;
-  ctx.device = Device::cpu();
+  ctx.device = m.device->device();
+  ctx.device_context = m.device.get();
   ctx.model = &m.info;
   ctx.section = &recipe.section("weights");
   KILN_ASSIGN_OR_RETURN(m.format, registry.create<WeightFormat>(recipe.section("weights").get_string("format"), ctx));
   ctx.section = &recipe.section("kv");
   KILN_ASSIGN_OR_RETURN(m.layout, registry.create<KvLayout>(recipe.section("kv").get_string("layout"), ctx));
-  KvGeometry g = m.layout->geometry();
-  if (g.latent_dim != config.kv_lora_rank || g.rope_dim != config.qk_rope_head_dim)
-    return failed_precondition("kv layout `" + recipe.section("kv").get_string("layout") + "` has geometry " +
-                               std::to_string(g.latent_dim) + "+" + std::to_string(g.rope_dim) + ", the model needs " +
-                               std::to_string(config.kv_lora_rank) + "+" + std::to_string(config.qk_rope_head_dim));
 
-#ifdef KILN_WITH_CUDA
-  if (on_gpu) {
-    KILN_ASSIGN_OR_RETURN(m.gpu, cuda::CudaMlaMoeModel::create(config, m.checkpoint.get(), 1, options.load_mtp));
-    log::info("{} on the GPU: {:.2f} GiB of bf16 weights ({})", config.model_type,
-              static_cast<double>(m.gpu->weight_bytes()) / (1 << 30), dummy ? "dummy, random" : dir.string());
-  }
-#endif
-  ModelWeights weights;
-  if (!dummy) {
-    // model.precision (the schema allows fp32 and bf16 only): the CPU runner's arithmetic; the CUDA runner is bf16.
-    const Precision precision = model.get_string("precision", "fp32") == "bf16" ? Precision::kBf16 : Precision::kFp32;
-    KILN_ASSIGN_OR_RETURN(weights, load_model_weights(config, *m.checkpoint, *m.format, options.load_mtp, precision));
-  }
-  bool has_mtp = !weights.mtp.empty();
-#ifdef KILN_WITH_CUDA
-  if (m.gpu) has_mtp = m.gpu->num_mtp_layers() > 0;
-#endif
-  if (options.load_mtp && !has_mtp)
-    return not_found(dir.string() + " has no MTP weights (model.layers." + std::to_string(config.num_hidden_layers) +
-                     ".eh_proj.weight); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");
-  log::info("loaded {} ({} layers, hidden {}, {} experts) from {}", config.model_type, config.num_hidden_layers,
-            config.hidden_size, config.n_routed_experts, dir.string());
-  m.model = std::make_unique<MlaMoeModel>(std::move(config), std::move(weights));
-  // model.threads: the CPU kernels' OpenMP team size (0 keeps OpenMP's default, one per core).
-  m.model->set_threads(static_cast<int>(model.get_int("threads", 0)));
+  BuildContext build;
+  build.source = &m.source();
+  build.format = m.format.get();
+  build.layout = m.layout.get();
+  build.device = m.device.get();
+  build.load_mtp = options.load_mtp;
+  build.precision = precision;
+  build.threads = threads;
+  KILN_ASSIGN_OR_RETURN(m.model, m.arch->build(build));
+  if (options.load_mtp && m.model->num_mtp_layers() == 0)
+    return not_found(dir.string() + " has no MTP weights (next-n layers after model.layers." +
+                     std::to_string(m.info.num_layers - 1) +
+                     "); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");
+  log::info("loaded {} on {} ({} layers, hidden {}, {} experts{}) from {}", m.info.model_type, m.device->device().to_string(),
+            m.info.num_layers, m.info.hidden_size, m.info.num_experts,
+            m.model->weight_bytes() > 0 ? ", " + std::to_string(m.model->weight_bytes() >> 20) + " MiB of weights" : "",
+            dummy ? "dummy weights" : dir.string());
   return m;
-}
-
-std::unique_ptr<KvCache> make_kv_cache(const LoadedModel& m, int64_t tokens) {
-  const ModelConfig& c = m.model->config();
-  const int64_t bs = m.layout->geometry().block_size;
-  const int64_t blocks = (tokens + bs - 1) / bs;
-  const int64_t layers = c.num_hidden_layers + static_cast<int64_t>(m.model->weights().mtp.size());
-  return std::make_unique<KvCache>(m.layout, layers, blocks, c.has_indexer() ? c.index_head_dim : 0);
 }
 
 }  // namespace kiln

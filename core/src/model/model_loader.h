@@ -1,42 +1,51 @@
-// Builds a runnable model from a recipe: config.json, the checkpoint, and the weight format and KV layout
-// the recipe selects (created through the registry, so plugins and built-ins are treated alike).
+// Builds a runnable model from a recipe: config.json through the architecture registry, the checkpoint (or a
+// synthetic source for model.load = "dummy"), the device (model.device), and the weight format and KV layout the
+// recipe selects (created through the registry for that device, so plugins and built-ins are treated alike).
 #pragma once
 
 #include <memory>
 
+#include "kiln/device_context.h"
 #include "kiln/kv_layout.h"
 #include "kiln/weight_format.h"
+#include "model/arch/architecture.h"
 #include "model/checkpoint.h"
-#include "model/mla_moe_model.h"
+#include "model/model_instance.h"
+#include "plugin/registry.h"
 #include "recipe/recipe.h"
 
 namespace kiln {
 
-namespace cuda {
-class CudaMlaMoeModel;
-}
-
 struct LoadedModel {
-  // Declaration order is destruction order reversed: the model's layers (plugin code, views into the
-  // checkpoint's mapping) go first, then the plugins' objects, then the mapping.
+  // Declaration order is destruction order reversed: the model (plugin objects, views into the checkpoint's
+  // mapping, device memory) goes first, then the plugins' objects, then the device context that holds the memory,
+  // then the weight source.
   std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<WeightSource> synthetic;  // model.load = "dummy"
+  std::unique_ptr<DeviceContext> device;
   std::shared_ptr<WeightFormat> format;
   std::shared_ptr<KvLayout> layout;
+  std::unique_ptr<Architecture> arch;
   ModelInfo info;
-  // With model.load = "dummy" its weights are empty: only config() is usable, and forward() refuses.
-  std::unique_ptr<MlaMoeModel> model;
-  // Set when the recipe runs the model on a CUDA device (model.device = "cuda", or "auto" with a GPU present):
-  // the engine then drives this model's runner instead of the CPU one.
-  std::shared_ptr<cuda::CudaMlaMoeModel> gpu;
+  std::unique_ptr<ModelInstance> model;
+
+  const WeightSource& source() const {
+    return checkpoint ? static_cast<const WeightSource&>(*checkpoint) : *synthetic;
+  }
+  bool on_gpu() const { return model && model->device().is_cuda(); }
 };
 
 struct ModelLoadOptions {
   bool load_mtp = false;  // also load the checkpoint's next-n (MTP) layers
 };
 
-Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, const ModelLoadOptions& options = {});
+// Where a recipe's model runs: model.device, with "auto" resolved to CUDA when a GPU is present and the
+// architecture and the selected plugins implement it (else the CPU, saying why in the log).
+Result<DeviceType> resolve_device(const Recipe& recipe, const Registry& registry, const Architecture& arch);
 
-// A KV pool for `tokens` tokens (rounded up to whole blocks) for this model.
-std::unique_ptr<KvCache> make_kv_cache(const LoadedModel& m, int64_t tokens);
+// Whether this process sees a CUDA device (false in builds without CUDA).
+bool cuda_device_available();
+
+Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, const ModelLoadOptions& options = {});
 
 }  // namespace kiln

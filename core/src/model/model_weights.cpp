@@ -29,7 +29,11 @@ std::string shape_str(std::initializer_list<int64_t> shape) {
 
 Result<std::unique_ptr<Linear>> linear(WeightFormat& f, const WeightSource& src, const std::string& name, int64_t in,
                                        int64_t out) {
-  KILN_ASSIGN_OR_RETURN(auto l, f.load_linear(src, name));
+  LinearSpec spec;
+  spec.names = {name};
+  spec.out_features = {out};
+  spec.in_features = in;
+  KILN_ASSIGN_OR_RETURN(auto l, f.load_linear(src, spec));
   if (l->in_features() != in || l->out_features() != out)
     return invalid_argument("`" + name + "` is [" + std::to_string(l->out_features()) + ", " +
                             std::to_string(l->in_features()) + "], the config implies [" + std::to_string(out) + ", " +
@@ -62,7 +66,11 @@ Result<AttentionWeights> load_attention(const ModelConfig& c, const Sources& s, 
   KILN_ASSIGN_OR_RETURN(a.kv_a_norm, load_f32(src, p + ".kv_a_layernorm.weight", {c.kv_lora_rank}));
   KILN_ASSIGN_OR_RETURN(a.kv_b, linear(f, src, p + ".kv_b_proj", c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim)));
   a.kv_b_f32.resize(static_cast<size_t>(a.kv_b->out_features() * a.kv_b->in_features()));
-  KILN_RETURN_IF_ERROR(a.kv_b->dequantize(a.kv_b_f32.data()).with_context(p + ".kv_b_proj"));
+  KILN_RETURN_IF_ERROR(a.kv_b
+                           ->dequantize(TensorView::contiguous(a.kv_b_f32.data(), DType::kF32,
+                                                               {a.kv_b->out_features(), a.kv_b->in_features()}),
+                                        {})
+                           .with_context(p + ".kv_b_proj"));
   KILN_ASSIGN_OR_RETURN(a.o_proj, linear(f, src, p + ".o_proj", H * c.v_head_dim, hidden));
   if (with_indexer) {
     auto idx = std::make_unique<IndexerWeights>();
@@ -105,7 +113,12 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFo
       w.moe.expert_mlps.push_back(std::move(m));
     }
   } else {
-    KILN_ASSIGN_OR_RETURN(w.moe.experts, f.load_experts(src, p + ".mlp.experts", E));
+    ExpertSpec spec;
+    spec.prefix = p + ".mlp.experts";
+    spec.num_experts = E;
+    spec.hidden = c.hidden_size;
+    spec.intermediate = c.moe_intermediate_size;
+    KILN_ASSIGN_OR_RETURN(w.moe.experts, f.load_experts(src, spec));
     if (w.moe.experts->hidden_size() != c.hidden_size || w.moe.experts->intermediate_size() != c.moe_intermediate_size)
       return invalid_argument(p + ".mlp.experts: expert shapes do not match moe_intermediate_size / hidden_size in " +
                               c.source);

@@ -1,5 +1,6 @@
-// The weights of an MLA + MoE model (glm4_moe_lite, glm_moe_dsa, deepseek_v3), resolved once at load:
-// projections and experts through the recipe's WeightFormat, small vectors (norms, router) as fp32 copies.
+// The weights of an MLA + MoE model (glm4_moe_lite, glm_moe_dsa, deepseek_v3) for the CPU model, resolved once at
+// load: projections and experts through the recipe's WeightFormat (made for the CPU), small vectors (norms, router)
+// as fp32 copies.
 #pragma once
 
 #include <memory>
@@ -8,14 +9,9 @@
 
 #include "kiln/weight_format.h"
 #include "model/model_config.h"
+#include "model/precision.h"
 
 namespace kiln {
-
-// The CPU model's arithmetic (recipe key model.precision). kFp32: weights widened exactly, activations in fp32.
-// kBf16: the CUDA runner's rounding — weights rounded to bf16 at load (the MoE router and the DSA indexer's key
-// LayerNorm stay fp32, as on the GPU) and activations rounded to bf16 wherever the GPU stores them in bf16
-// (MlaMoeModel lists the points), so the two differ only by fp32 summation order.
-enum class Precision { kFp32, kBf16 };
 
 struct MlpWeights {
   std::unique_ptr<Linear> gate, up, down;

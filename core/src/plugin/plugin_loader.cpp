@@ -16,17 +16,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Fields every descriptor has had since ABI 1.0; a smaller struct_size is not a kiln plugin.
+// Fields every descriptor has had since ABI 1.0 (2.0 kept them); a smaller struct_size is not a kiln plugin.
 constexpr size_t kMinDescriptorSize = offsetof(KilnPluginDescriptor, register_fn) + sizeof(void*);
 
 std::string field(const char* s) { return s ? s : ""; }
 
 // The first ABI minor in which each kind's interface took its current shape. A plugin built against an
 // older minor still loads, but not its capabilities of a kind whose structs have grown since.
+// Every kind took its current shape in 2.0 (device-aware interfaces).
 constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // weight_format
     0,  // kv_layout
-    1,  // drafter: DraftInput grew next_token / temperature / seed, CreateContext gained draft_host (1.1)
+    0,  // drafter
     0,  // collective
     0,  // modality
 };

@@ -16,6 +16,7 @@ struct CapabilityEntry {
   std::string name;
   std::string description;
   SectionSchema schema;
+  DeviceSet devices;               // the device types it implements
   void (*factory)() = nullptr;     // the registered Factory<Interface>, type-erased
   std::string provider;            // plugin name, or "builtin"
   std::string provider_version;
@@ -34,10 +35,12 @@ class Registry {
 
   // Creates an object of `Interface` named `name`. The returned pointer keeps the plugin library alive:
   // its deleter (plugin code) must run before the library can unload.
+  // Refuses a device the entry does not implement (naming both).
   template <class Interface>
   Result<std::shared_ptr<Interface>> create(const std::string& name, const CreateContext& ctx) const {
     const CapabilityEntry* e = find(Interface::kKind, name);
     if (!e) return unknown(Interface::kKind, name);
+    KILN_RETURN_IF_ERROR(check_device(*e, ctx.device.type));
     auto factory = reinterpret_cast<Factory<Interface>>(e->factory);
     Result<std::unique_ptr<Interface>> made = call_factory(factory, ctx, *e);
     if (!made.ok()) return made.status();
@@ -46,6 +49,8 @@ class Registry {
   }
 
   Status unknown(PluginKind kind, const std::string& name) const;
+  // Why `e` cannot run on `device` ("kv_layout `fp32` is implemented on cpu, not on cuda"), or ok.
+  static Status check_device(const CapabilityEntry& e, DeviceType device);
 
  private:
   template <class Interface>

@@ -17,7 +17,7 @@ class StagingRegistrar final : public Registrar {
 
  protected:
   Status add_erased(PluginKind kind, const char* name, const char* description, ErasedFactory factory,
-                    SectionSchema schema) override {
+                    DeviceSet devices, SectionSchema schema) override {
     if (static_cast<uint32_t>(kind) >= kNumPluginKinds)
       return invalid_argument("unknown capability kind " + std::to_string(static_cast<uint32_t>(kind)));
     CapabilityEntry e;
@@ -25,6 +25,7 @@ class StagingRegistrar final : public Registrar {
     e.name = name ? name : "";
     e.description = description ? description : "";
     e.schema = std::move(schema);
+    e.devices = devices;
     e.factory = factory;
     e.provider = provider_;
     e.provider_version = version_;

@@ -18,13 +18,12 @@ Status indexer_block(const StepContext& x, const GpuIndexer& w, float* index_key
   CudaMlaMoeModel::Impl& I = x.I;
   const StepBuffers& b = x.b;
   const StreamHandle st = I.s();
-  CublasGemm& g = *I.gemm;
-  const int64_t N = x.shape.N, Hd = c.hidden_size, Hi = c.index_n_heads, D = c.index_head_dim;
+  const int64_t N = x.shape.N, Hi = c.index_n_heads, D = c.index_head_dim;
   const int64_t Rr = c.qk_rope_head_dim;
   if (!index_keys) return failed_precondition("the GPU KV pool has no indexer key cache for a DSA layer");
-  KILN_RETURN_IF_ERROR(g.linear(b.q_res_n, N, c.q_lora_rank, w.wq_b.w, Hi * D, b.idx_q, DType::kF32, st));
-  KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.wk.w, D, b.idx_k, DType::kF32, st));
-  KILN_RETURN_IF_ERROR(g.linear(b.h, N, Hd, w.weights_proj.w, Hi, b.idx_w, DType::kF32, st));
+  KILN_RETURN_IF_ERROR(run_linear(x, *w.wq_b, b.q_res_n, N, b.idx_q, DType::kF32));
+  KILN_RETURN_IF_ERROR(run_linear(x, *w.wk, b.h, N, b.idx_k, DType::kF32));
+  KILN_RETURN_IF_ERROR(run_linear(x, *w.weights_proj, b.h, N, b.idx_w, DType::kF32));
   KILN_RETURN_IF_ERROR(layernorm_f32(b.idx_k, w.k_norm_weight, w.k_norm_bias, N, D, kIndexerNormEps, b.idx_k, st));
   if (Rr > 0) {
     KILN_RETURN_IF_ERROR(

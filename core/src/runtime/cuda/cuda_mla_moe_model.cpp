@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cpu/half_float.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/embedding.h"
-#include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/topk.h"
+#include "kiln/drafter.h"
+#include "model/host_token_select.h"
 #include "model/rope_setup.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -15,47 +17,25 @@
 namespace kiln::cuda {
 namespace {
 
-class CudaRunner final : public ModelRunner {
- public:
-  CudaRunner(CudaMlaMoeModel& model, std::unique_ptr<DeviceArena> arena, GpuKvPool pool)
-      : model_(model), arena_(std::move(arena)), pool_(std::move(pool)) {}
-  Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool keep_hidden) override {
-    return model_.forward(steps, pool_, out, keep_hidden);
-  }
-  int64_t vocab_size() const override { return model_.config().vocab_size; }
-
- private:
-  CudaMlaMoeModel& model_;
-  std::unique_ptr<DeviceArena> arena_;
-  GpuKvPool pool_;
-};
+// Identifies the tapped layers in a graph key (a captured step copies exactly those).
+int64_t tap_key(const std::vector<int>& taps) {
+  uint64_t h = taps.size();
+  for (int t : taps) h = h * 1000003u + static_cast<uint64_t>(t + 2);
+  return static_cast<int64_t>(h);
+}
 
 }  // namespace
 
-CudaMlaMoeModel::CudaMlaMoeModel(ModelConfig config) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {}
+CudaMlaMoeModel::CudaMlaMoeModel(ModelConfig config, CudaDeviceContext& dev)
+    : config_(std::move(config)), impl_(std::make_unique<Impl>(dev)) {}
 CudaMlaMoeModel::~CudaMlaMoeModel() = default;
 
-bool CudaMlaMoeModel::device_available() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  cudaGetLastError();
-  return ok;
-}
-
+Device CudaMlaMoeModel::device() const { return impl_->dev.device(); }
+DeviceContext& CudaMlaMoeModel::device_context() { return impl_->dev; }
 void CudaMlaMoeModel::set_step_profiling(bool on) { impl_->timer.enabled = on; }
 std::vector<std::pair<std::string, double>> CudaMlaMoeModel::step_profile() const { return impl_->timer.totals(); }
 int64_t CudaMlaMoeModel::profiled_steps() const { return impl_->timer.steps(); }
 void CudaMlaMoeModel::clear_step_profile() { impl_->timer.clear(); }
-
-size_t CudaMlaMoeModel::device_used_bytes() {
-  size_t free_b = 0, total_b = 0;
-  return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? total_b - free_b : 0;
-}
-
-size_t CudaMlaMoeModel::device_total_bytes() {
-  size_t free_b = 0, total_b = 0;
-  return cudaMemGetInfo(&free_b, &total_b) == cudaSuccess ? total_b : 0;
-}
 
 Status CudaMlaMoeModel::supports(const ModelConfig& c) {
   if (c.has_indexer() && c.q_lora_rank <= 0) return invalid_argument(c.source + ": the DSA indexer needs q_lora_rank > 0");
@@ -70,128 +50,140 @@ Status CudaMlaMoeModel::supports(const ModelConfig& c) {
   return ok_status();
 }
 
-Result<std::shared_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConfig& c, const WeightSource* source,
-                                                                 uint64_t seed, bool load_mtp) {
+Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConfig& c, const BuildContext& ctx) {
   KILN_RETURN_IF_ERROR(supports(c));
-  std::shared_ptr<CudaMlaMoeModel> m(new CudaMlaMoeModel(c));
+  auto* dev = dynamic_cast<CudaDeviceContext*>(ctx.device);
+  if (!dev) return failed_precondition("the CUDA model needs the core's CUDA device context");
+  if (!ctx.layout->device().is_cuda())
+    return failed_precondition("the KV layout was made for " + ctx.layout->device().to_string() + ", not CUDA");
+  std::unique_ptr<CudaMlaMoeModel> m(new CudaMlaMoeModel(c, *dev));
   Impl& I = *m->impl_;
-  int device = 0;
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaGetDevice(&device), "cudaGetDevice"));
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaDeviceGetAttribute(&I.sm_count, cudaDevAttrMultiProcessorCount, device), "SM count"));
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  KILN_RETURN_IF_ERROR(blas_ok(cublasCreate(&I.blas), "cublasCreate"));
-  KILN_RETURN_IF_ERROR(blas_ok(cublasSetStream(I.blas, I.stream), "cublasSetStream"));
-  KILN_ASSIGN_OR_RETURN(I.gemm, CublasGemm::create());
-  KILN_ASSIGN_OR_RETURN(I.route_done, I.arena.allocate_array<unsigned>(1, "MoE gate + route counter"));
+  I.layout = ctx.layout;
+  I.sm_count = dev->multiprocessor_count();
+  KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
+  I.route_done = static_cast<unsigned*>(done);
   KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(I.route_done, 0, sizeof(unsigned), I.stream), "MoE gate + route counter"));
   if (c.qk_rope_head_dim > 0) {
     const cpu::RopeConfig rope = kernel_rope_config(c);
     const std::vector<float> inv = cpu::rope_inv_freq(rope);
     I.rope_factor = static_cast<float>(cpu::rope_attention_factor(rope));
-    KILN_ASSIGN_OR_RETURN(I.inv_freq, I.arena.allocate_array<float>(inv.size(), "rope inv_freq"));
-    KILN_RETURN_IF_ERROR(
-        cuda_ok(cudaMemcpy(I.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice), "inv_freq upload"));
+    KILN_ASSIGN_OR_RETURN(void* p, dev->allocate(inv.size() * sizeof(float), "rope inv_freq"));
+    I.inv_freq = static_cast<float*>(p);
+    KILN_RETURN_IF_ERROR(dev->copy(I.inv_freq, inv.data(), inv.size() * sizeof(float), true));
   }
-  KILN_ASSIGN_OR_RETURN(m->weights_, load_gpu_weights(c, source, I.arena, seed, I.s(), load_mtp));
+  KILN_ASSIGN_OR_RETURN(m->weights_, load_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp));
   return m;
 }
 
-Result<std::unique_ptr<ModelRunner>> CudaMlaMoeModel::make_runner(int64_t num_blocks, int64_t block_size) {
-  // KV pages in chunks of at most 1 GiB: one allocation per layer group rather than one huge block.
-  auto arena = std::make_unique<DeviceArena>(size_t{1} << 30);
-  KILN_ASSIGN_OR_RETURN(GpuKvPool pool, GpuKvPool::create(*arena, config_.num_hidden_layers, num_blocks, block_size,
-                                                          config_.kv_lora_rank + config_.qk_rope_head_dim,
-                                                          config_.has_indexer() ? config_.index_head_dim : 0));
-  return std::unique_ptr<ModelRunner>(new CudaRunner(*this, std::move(arena), std::move(pool)));
-}
-
-Status CudaMlaMoeModel::forward(std::span<const SequenceStep> steps, const GpuKvPool& kv, StepOutput& out,
-                                bool keep_hidden) {
-  return run_step(-1, steps, nullptr, kv, out, keep_hidden);
-}
-
-Status CudaMlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
-                                    const GpuKvPool& kv, StepOutput& out) {
-  if (mtp_index < 0 || mtp_index >= num_mtp_layers())
-    return out_of_range("MTP layer " + std::to_string(mtp_index) + " is not on the GPU (" +
-                        std::to_string(num_mtp_layers()) + " uploaded)");
-  if (!prev_hidden) return invalid_argument("MTP step without the hidden states it conditions on");
-  return run_step(mtp_index, steps, prev_hidden, kv, out, true);
-}
-
 Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
-                                 const GpuKvPool& kv, StepOutput& out, bool keep_hidden) {
+                                 const CacheViews& caches, const StepOptions& options, std::vector<int64_t>& first_row) {
   const ModelConfig& c = config_;
   Impl& I = *impl_;
   const StreamHandle st = I.s();
   const int64_t Hd = c.hidden_size, H = c.num_attention_heads;
   const GpuMtpLayer* mtp = mtp_index >= 0 ? &weights_.mtp[mtp_index] : nullptr;
-  StepLayout& lay = I.layout;
-  KILN_RETURN_IF_ERROR(build_step_layout(steps, kv, c, lay, out));
+  if (!caches.layout || caches.block_size <= 0) return invalid_argument("the CUDA model got no cache memory");
+  for (int tap : options.tap_layers)
+    if (tap != kTapFinalNormed && (tap < 0 || tap >= c.num_hidden_layers))
+      return out_of_range("tap layer " + std::to_string(tap) + " does not exist (" + std::to_string(c.num_hidden_layers) +
+                          " layers)");
+  StepLayout& lay = I.layout_host;
+  KILN_RETURN_IF_ERROR(build_step_layout(steps, caches, c, lay, first_row));
   StepShape sh;
   sh.N = lay.tokens(), sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
-  // The tensor-core decode kernel takes no DSA selection yet: DSA models attend through the reference kernel.
-  sh.fast_attention = c.kv_lora_rank == kMlaLatentDim && c.qk_rope_head_dim == kMlaRopeDim && !c.has_indexer();
-  // Up to kBatchInvariantMaxRows rows each row is split by its own length (batch invariance); past it the split
-  // count follows the step's rows and longest context.
-  sh.split_by_length = sh.N <= kBatchInvariantMaxRows;
-  if (sh.fast_attention)
-    // Split-by-length grids are rounded up to 16 splits (the extra ones are empty), so a growing context
-    // re-captures the step's graph every 1,024 keys rather than every 64.
-    sh.splits = sh.split_by_length ? static_cast<int>((mla_decode_length_splits(lay.max_kv) + 15) / 16 * 16)
-                                   : mla_decode_num_splits(sh.N, H, lay.max_kv, I.sm_count);
-  sh.scores_kv = sh.fast_attention ? 0 : round_up_pow2(lay.max_kv, 16);
-  sh.attn_width = c.has_indexer() ? std::max(sh.scores_kv, c.index_topk) : sh.scores_kv;
+  sh.max_kv = lay.max_kv;
+  // Up to kBatchInvariantMaxRows rows each row's attention must not depend on the others (see that constant).
+  sh.attend_shape = {sh.N, H, lay.max_kv, c.has_indexer() ? c.index_topk : 0, sh.N <= kBatchInvariantMaxRows, I.sm_count};
+  sh.attend = I.layout->plan_attend(sh.attend_shape);
+  sh.scores_kv = c.has_indexer() ? round_up_pow2(lay.max_kv, 16) : 0;
   sh.mtp = mtp != nullptr;
   if (!lay.prefill.empty())
     sh.prefill_workspace = mla_prefill_workspace_bytes(
         static_cast<int64_t>(lay.prefill.size()), lay.prefill_keys,
         {H, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.kv_lora_rank});
-  const int64_t N = sh.N, R = sh.R;
+  for (const GpuLayer& l : weights_.layers)
+    if (l.experts) sh.expert_workspace = std::max(sh.expert_workspace, l.experts->workspace_bytes(sh.N, static_cast<int>(c.num_experts_per_tok)));
+  if (mtp && mtp->layer.experts)
+    sh.expert_workspace = std::max(sh.expert_workspace, mtp->layer.experts->workspace_bytes(sh.N, static_cast<int>(c.num_experts_per_tok)));
+  const std::vector<int>& taps = mtp ? std::vector<int>{} : options.tap_layers;
+  sh.taps = static_cast<int64_t>(std::count_if(taps.begin(), taps.end(), [](int t) { return t >= 0; }));
   // The MTP layer's hidden output is its residual stream, read straight from b.resid.
-  const bool normed_hidden = keep_hidden && !mtp;
+  sh.want_hidden = !mtp && (options.want_hidden || std::count(taps.begin(), taps.end(), kTapFinalNormed) > 0);
+  const int64_t N = sh.N, R = sh.R;
 
-  StepBuffers b{};
+  StepBuffers& b = I.buffers;
+  b = StepBuffers{};
   I.scratch.begin(true);
-  carve_step_buffers(c, sh, normed_hidden, I.scratch, b);
+  carve_step_buffers(c, sh, I.scratch, b);
   KILN_RETURN_IF_ERROR(I.scratch.ensure(I.scratch.offset()));
   I.scratch.begin(false);
-  carve_step_buffers(c, sh, normed_hidden, I.scratch, b);
+  carve_step_buffers(c, sh, I.scratch, b);
+  I.shape = sh;
   KILN_RETURN_IF_ERROR(upload_step_layout(lay, b, I.uploads, I.stream));
   if (mtp)
     KILN_RETURN_IF_ERROR(cuda_ok(
-        cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyHostToDevice, I.stream), "MTP hidden upload"));
+        cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyDefault, I.stream), "MTP hidden rows"));
+  // The modality path: media rows replace their placeholder tokens' embeddings (uploaded after the gather).
+  std::vector<std::pair<int64_t, const MediaRows*>> media;
+  {
+    int64_t row = 0;
+    for (const SequenceStep& s : steps) {
+      for (const MediaRows& m : s.media) media.emplace_back(row + m.first_row, &m);
+      row += static_cast<int64_t>(s.tokens.size());
+    }
+  }
+  if (!media.empty() && mtp) return invalid_argument("an MTP step takes no media rows");
 
-  const StepContext x{c, I, sh, b, kv.block_size(), lay.prefill};
-  CublasGemm& g = *I.gemm;
+  const StepContext x{c, I, sh, b, caches.block_size, lay.prefill};
   const float eps = static_cast<float>(c.rms_norm_eps);
   StepTimer& timer = I.timer;
+  auto tap_slot = [&](int layer) -> float* {
+    int64_t i = 0;
+    for (int t : taps) {
+      if (t == layer) return b.taps + i * N * Hd;
+      if (t >= 0) ++i;
+    }
+    return nullptr;
+  };
   // A layer's MLP block ends with the residual add + RMSNorm that makes the next block's input (`next`: the next
   // layer's input norm into b.h, or the final / head norm into b.normed) — on MoE layers fused into the combine
   // kernel. So a layer's own input norm runs only where no block precedes it (`input_normed` false).
-  auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, int64_t name, bool input_normed,
-                           const NextNorm& next) -> Status {
+  auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, bool input_normed, const NextNorm& next) -> Status {
     if (!input_normed) {
       KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
       timer.mark("residual add + RMSNorm");
     }
-    KILN_RETURN_IF_ERROR(attention_block(x, w, kv.layer_pages(kv_layer), kv.index_keys(kv_layer))
-                             .with_context("layer " + std::to_string(name) + " attention (GPU)"));
+    KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), static_cast<float*>(caches.entry(kv_layer, 1)))
+                             .with_context("layer " + std::to_string(kv_layer) + " attention (GPU)"));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
     timer.mark("residual add + RMSNorm");
-    return mlp_block(x, w, &next).with_context("layer " + std::to_string(name) + " mlp (GPU)");
+    return mlp_block(x, w, &next).with_context("layer " + std::to_string(kv_layer) + " mlp (GPU)");
   };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
   auto enqueue_trunk = [&]() -> Status {
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    // Media rows over their placeholders' embeddings, rounded to bf16 as the table's rows are. From pageable memory:
+    // the copy has taken the rows when it returns (such steps are prompt chunks, never graphed).
+    for (const auto& [row, m] : media) {
+      media_rows_.resize(static_cast<size_t>(m->count * Hd));
+      for (int64_t i = 0; i < m->count * Hd; ++i) media_rows_[i] = cpu::float_to_bf16(m->embeddings[i]);
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(b.y + row * Hd, media_rows_.data(), media_rows_.size() * 2,
+                                                   cudaMemcpyHostToDevice, I.stream),
+                                   "media rows"));
+    }
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.resid, 0, N * Hd * sizeof(float), I.stream), "residual clear"));
     timer.mark("embedding");
     const int64_t layers = c.num_hidden_layers;
     for (int64_t l = 0; l < layers; ++l) {
       const NextNorm next = l + 1 < layers ? NextNorm{weights_.layers[l + 1].input_norm, eps, b.h}
                                            : NextNorm{weights_.final_norm, eps, b.normed};
-      KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l, l > 0, next));
+      KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l > 0, next));
+      // A tap of layer l is its output: the residual stream once the next block's add has run (the MLP block ends
+      // with it), so the copy follows the block.
+      if (float* t = tap_slot(static_cast<int>(l)))
+        KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(t, b.resid, N * Hd * sizeof(float), cudaMemcpyDeviceToDevice, I.stream),
+                                     "layer tap"));
     }
     return ok_status();
   };
@@ -207,24 +199,23 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
                                  "MTP concat"));
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.cat + Hd, 2 * row, b.h, row, row, N, cudaMemcpyDeviceToDevice, I.stream),
                                  "MTP concat"));
-    KILN_RETURN_IF_ERROR(g.linear(b.cat, N, 2 * Hd, mtp->eh_proj.w, Hd, b.resid, DType::kF32, st));
-    return decoder_layer(mtp->layer, mtp_index, c.num_hidden_layers + mtp_index, false,
-                         NextNorm{mtp->head_norm, eps, b.normed});
+    KILN_RETURN_IF_ERROR(run_linear(x, *mtp->eh_proj, b.cat, N, b.resid, DType::kF32));
+    return decoder_layer(mtp->layer, c.num_hidden_layers + mtp_index, false, NextNorm{mtp->head_norm, eps, b.normed});
   };
   auto enqueue = [&]() -> Status {
     KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : enqueue_trunk());
-    if (normed_hidden) KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, N * Hd, b.hidden, st));
+    if (sh.want_hidden) KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, N * Hd, b.hidden, st));
     // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
-    const GpuLinear& head = mtp ? mtp->head : weights_.lm_head;
-    KILN_RETURN_IF_ERROR(g.linear(b.row_states, R, Hd, head.w, c.vocab_size, b.logits, DType::kF32, st));
+    const Linear& head = mtp ? *mtp->head : *weights_.lm_head;
+    KILN_RETURN_IF_ERROR(run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
     timer.mark("final norm + lm_head");
     return ok_status();
   };
 
-  if (graphs_ && N == sh.S) {
-    const GraphKey key{mtp_index,  sh.S,        R, sh.max_blocks, sh.scores_kv, sh.splits, keep_hidden, I.scratch.base(),
-                       kv.layer_pages(0)};
+  if (graphs_ && N == sh.S && media.empty()) {
+    const GraphKey key{mtp_index,        sh.S,        R, sh.max_blocks, sh.scores_kv, tap_key(taps), sh.attend.num_splits,
+                       sh.want_hidden,   I.scratch.base(), caches.entry(0, 0)};
     KILN_RETURN_IF_ERROR(I.graphs.run(key, I.stream, enqueue));
   } else {
     timer.begin(I.stream);
@@ -234,19 +225,101 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
       return enqueued;
     }
   }
-  if (keep_hidden) {
-    out.hidden.resize(N * Hd);
-    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.hidden.data(), mtp ? b.resid : b.hidden, N * Hd * sizeof(float),
-                                                 cudaMemcpyDeviceToHost, I.stream),
-                                 "hidden"));
-  }
-  out.logits.resize(R * c.vocab_size);
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.logits.data(), b.logits, R * c.vocab_size * sizeof(float),
-                                               cudaMemcpyDeviceToHost, I.stream),
-                               "logits"));
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
-  timer.finish();
   return ok_status();
+}
+
+Status CudaMlaMoeModel::step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
+                             const CacheViews& caches, const StepOptions& options, StepOutput& out) {
+  Impl& I = *impl_;
+  if (!select.empty() && select.size() != steps.size())
+    return invalid_argument("token selection has " + std::to_string(select.size()) + " entries for " +
+                            std::to_string(steps.size()) + " steps");
+  KILN_RETURN_IF_ERROR(run_step(-1, steps, nullptr, caches, options, out.first_row));
+  const StepBuffers& b = I.buffers;
+  const int64_t N = I.shape.N, R = I.shape.R, Hd = config_.hidden_size, V = config_.vocab_size;
+  out.taps.clear();
+  for (int64_t t = 0, i = 0; t < static_cast<int64_t>(options.tap_layers.size()); ++t) {
+    const int layer = options.tap_layers[t];
+    float* data = layer == kTapFinalNormed ? b.hidden : b.taps + (i++) * N * Hd;
+    out.taps.push_back(TensorView::contiguous(data, DType::kF32, {N, Hd}, I.dev.device()));
+  }
+  out.hidden.clear();
+  if (options.want_hidden) {
+    out.hidden.resize(N * Hd);
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.hidden.data(), b.hidden, N * Hd * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, I.stream), "hidden"));
+  }
+  const bool selecting = std::any_of(select.begin(), select.end(), [](const TokenSelection& s) { return s.select; });
+  std::vector<float>& logits = options.want_logits ? out.logits : host_logits_;
+  if (options.want_logits || selecting) {
+    logits.resize(R * V);
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(logits.data(), b.logits, R * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                                 I.stream), "logits"));
+  }
+  if (!options.want_logits) out.logits.clear();
+  KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
+  I.timer.finish();
+  if (select.empty()) {
+    out.tokens.assign(steps.size(), {});
+    out.accepted.assign(steps.size(), 0);
+    return ok_status();
+  }
+  return select_tokens_host(logits.data(), V, out.first_row, select, out);
+}
+
+Status CudaMlaMoeModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
+                                 const CacheViews& caches, MtpStepOutput& out) {
+  if (layer < 0 || layer >= num_mtp_layers())
+    return out_of_range("MTP layer " + std::to_string(layer) + " is not on the GPU (" + std::to_string(num_mtp_layers()) +
+                        " uploaded)");
+  if (!hidden) return invalid_argument("MTP step without the hidden states it conditions on");
+  StepOptions options;
+  KILN_RETURN_IF_ERROR(run_step(layer, steps, hidden, caches, options, out.first_row));
+  // Left on the device for the drafter; the stream orders its next launches after this step.
+  out.logits = impl_->buffers.logits;
+  out.hidden = impl_->buffers.resid;
+  if (impl_->timer.active()) {
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(impl_->stream), "MTP step"));
+    impl_->timer.finish();
+  }
+  return ok_status();
+}
+
+Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
+  if (!out.device.is_cuda() || out.dtype != DType::kBF16 || out.numel() != n * config_.hidden_size)
+    return invalid_argument("CUDA embedding rows go to device bf16 [n, hidden]");
+  return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
+                               out.as<uint16_t>(), impl_->s());
+}
+
+Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
+  if (!hidden.device.is_cuda() || hidden.dtype != DType::kBF16 || hidden.dim(-1) != config_.hidden_size)
+    return invalid_argument("the CUDA lm_head takes device bf16 [n, hidden]");
+  LinearRun r;
+  const int64_t n = hidden.numel() / config_.hidden_size;
+  r.x = hidden;
+  r.y = TensorView::contiguous(logits, DType::kF32, {n, config_.vocab_size}, impl_->dev.device());
+  return weights_.lm_head->run(r, impl_->dev.stream());
+}
+
+Status CudaMlaMoeModel::sample_drafts(const DraftSampleRequest& r) {
+  // Interim: through the host until the device kernel lands.
+  const int64_t V = config_.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(r.rows * V));
+  const int64_t stride = r.q_row_stride > 0 ? r.q_row_stride : r.q_width;
+  KILN_RETURN_IF_ERROR(impl_->dev.copy(logits.data(), r.logits, logits.size() * 4, true));
+  std::vector<int32_t> tokens(r.rows), ids(static_cast<size_t>(r.rows * stride), -1);
+  std::vector<float> probs(static_cast<size_t>(r.rows * stride), 0.0f);
+  DraftSampleRequest host = r;
+  host.logits = logits.data(), host.tokens = tokens.data(), host.q_ids = ids.data(), host.q_probs = probs.data();
+  KILN_RETURN_IF_ERROR(sample_drafts_host(host, V));
+  KILN_RETURN_IF_ERROR(impl_->dev.copy(r.tokens, tokens.data(), tokens.size() * 4, false));
+  for (int64_t row = 0; row < r.rows; ++row) {
+    if (r.q_ids) KILN_RETURN_IF_ERROR(impl_->dev.copy(r.q_ids + row * stride, ids.data() + row * stride, r.q_width * 4, false));
+    if (r.q_probs)
+      KILN_RETURN_IF_ERROR(impl_->dev.copy(r.q_probs + row * stride, probs.data() + row * stride, r.q_width * 4, false));
+  }
+  return impl_->dev.synchronize();
 }
 
 }  // namespace kiln::cuda

@@ -14,10 +14,11 @@
 
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "model/mla_moe_model.h"
+#include "runtime/cuda/cuda_device_context.h"
+#include "runtime/cuda/cuda_mla_moe_model.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "runtime/cuda/step_timer.h"
-#include "model/mla_moe_model.h"
-#include "runtime/cuda/cuda_mla_moe_model.h"
 
 namespace kiln::cuda {
 
@@ -62,21 +63,22 @@ inline constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;  // the 
 inline constexpr int64_t kBatchInvariantMaxRows = kSkinnyGemmMaxRows;
 
 
-// Fills `layout` (and out.first_row) from the steps, checking each against the pool's block count.
-Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
-                         StepLayout& layout, StepOutput& out);
+// Fills `layout` (and first_row: per step its first logits row) from the steps, checking each against the pool's
+// block count.
+Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& caches, const ModelConfig& c,
+                         StepLayout& layout, std::vector<int64_t>& first_row);
 
 // Launch shapes of one step, fixed before any buffer is carved.
 struct StepShape {
-  int64_t N = 0, R = 0, S = 0, max_blocks = 1;
-  bool fast_attention = false;  // the tensor-core decode kernel's widths (latent 512 + rope 64)
-  int splits = 1;               // its split-KV factor
-  bool split_by_length = false; // rows split by their own length (MlaDecodeParams::split_by_length)
-  int64_t scores_kv = 0;        // the reference attention's score row width (0 with the fast kernel)
+  int64_t N = 0, R = 0, S = 0, max_blocks = 1, max_kv = 1;
+  MlaAttendShape attend_shape;  // what the KV layout planned the absorbed attention for
+  MlaAttendPlan attend;         // its split-KV factor and workspace
+  int64_t scores_kv = 0;        // the DSA indexer's score row width (0 without an indexer)
   bool mtp = false;             // an MTP layer's step (its input is built from the previous hidden states)
-  // The reference attention's score rows: scores_kv, or with a DSA selection at least index_topk wide.
-  int64_t attn_width = 0;
   size_t prefill_workspace = 0;  // bytes for mla_prefill_attention (0: no sequence prefills this step)
+  size_t expert_workspace = 0;   // the routed experts' (ExpertSet::workspace_bytes)
+  int64_t taps = 0;              // tapped layers (fp32 [N, hidden] each)
+  bool want_hidden = false;      // the final-normed hidden states in fp32 (a tap of kTapFinalNormed, or tests)
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -86,13 +88,15 @@ struct StepBuffers {
   float* resid;
   uint16_t *h, *y, *q_res_n, *q_bf, *o_lat_bf, *attn;
   float *qkv_a;  // [N, q_lora_rank + D] fp32: q_a's output then the latent + k_pe (q_lora_rank 0: the latter only)
-  float *q, *q_abs, *o_lat, *scores;
-  void* mla_workspace;
+  float *q, *q_abs;
+  void* mla_workspace;  // the KV layout's attend workspace
   uint16_t *gu, *act, *shared;
   float *h32, *router_logits, *route_w, *moe_y;
   int32_t *route_ids, *offsets, *active, *order;
-  uint16_t *moe_h, *normed, *row_states;
+  void* expert_workspace;
+  uint16_t *normed, *row_states;
   float *logits, *hidden;
+  float* taps;  // [taps, N, hidden] fp32
   // DSA: indexer queries [N, heads·dim], keys [N, dim], head weights [N, heads], scores [N, scores_kv], and the
   // selected key positions [N, index_topk] (kept across layers: shared-indexer layers reuse them).
   float *idx_q, *idx_k, *idx_w, *idx_scores;
@@ -103,8 +107,7 @@ struct StepBuffers {
 };
 
 // Lays the step's buffers out in `scratch` (see StepScratch: a measuring pass, then the real one).
-void carve_step_buffers(const ModelConfig& c, const StepShape& shape, bool keep_hidden, StepScratch& scratch,
-                        StepBuffers& b);
+void carve_step_buffers(const ModelConfig& c, const StepShape& shape, StepScratch& scratch, StepBuffers& b);
 
 // Copies the layout's index arrays into the step's buffers on `stream` in one DMA: they are carved back to back
 // (ids .. slots), so they are packed at the same offsets into `staging` first. The stream must have finished
@@ -116,9 +119,9 @@ Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, Pinned
 // shapes.
 struct GraphKey {
   int64_t variant;  // −1 the trunk, i MTP layer i
-  int64_t steps, rows, max_blocks, scores_kv;
+  int64_t steps, rows, max_blocks, scores_kv, taps;
   int splits;
-  bool keep_hidden;
+  bool want_hidden;
   const void* scratch;
   const void* pages;
   bool operator==(const GraphKey&) const = default;
@@ -151,27 +154,27 @@ class StepGraphs {
 };
 
 struct CudaMlaMoeModel::Impl {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  std::unique_ptr<CublasGemm> gemm;
-  DeviceArena arena;
+  explicit Impl(CudaDeviceContext& d) : dev(d), stream(d.cuda_stream()), blas(d.blas()), gemm(&d.gemm()) {}
+  CudaDeviceContext& dev;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  CublasGemm* gemm;
+  const KvLayout* layout = nullptr;
   StepScratch scratch;
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;
   unsigned* route_done = nullptr;  // moe_gate_route_and_group's counter (the model's kernels share one stream)
   int sm_count = 0;
-  StepLayout layout;
+  StepLayout layout_host;
+  StepBuffers buffers;  // the last step's (its logits, taps and hidden states live there until the next step)
+  StepShape shape;
   StepGraphs graphs;
   StepTimer timer;
   PinnedHostBuffer uploads;  // the step layout's host staging (upload_step_layout)
 
-  ~Impl() {
-    graphs.clear();
-    gemm.reset();
-    if (blas) cublasDestroy(blas);
-    if (stream) cudaStreamDestroy(stream);
-  }
+  ~Impl() { graphs.clear(); }
   StreamHandle s() const { return stream; }
+  Stream sdk_stream() const { return dev.stream(); }
 };
 
 // Everything a block of one step needs: the model's state, the step's shape and buffers.
@@ -184,9 +187,12 @@ struct StepContext {
   std::span<const MlaPrefillSequence> prefill;  // sequences attending through the prefill kernel
 };
 
-// The MLA block: b.h (the normed input) → b.y, writing the layer's latent cache `pages` (and for a DSA layer
-// with its own indexer, its keys `index_keys`, refreshing b.selected).
-Status attention_block(const StepContext& x, const GpuLayer& w, uint16_t* pages, float* index_keys);
+// y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).
+Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype);
+
+// The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
+// for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).
+Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, float* index_keys);
 
 // The DSA lightning indexer of layer `w`: writes this step's keys into `index_keys` and selects, per query
 // row, the index_topk key positions attention may see (b.selected, −1 padded as cpu::dsa_select_topk).

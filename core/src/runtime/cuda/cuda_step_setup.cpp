@@ -2,7 +2,6 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/cuda/mla_decode.h"
 #include "runtime/cuda/cuda_model_step.h"
 
 namespace kiln::cuda {
@@ -23,14 +22,14 @@ int64_t round_up_pow2(int64_t v, int64_t at_least) {
   return p;
 }
 
-Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& kv, const ModelConfig& c,
-                         StepLayout& L, StepOutput& out) {
-  const int64_t bs = kv.block_size();
+Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& kv, const ModelConfig& c,
+                         StepLayout& L, std::vector<int64_t>& first_row) {
+  const int64_t bs = kv.block_size;
   L.ids.clear(), L.positions.clear(), L.slots.clear(), L.query_seq.clear(), L.kv_len.clear(), L.rows.clear();
   L.prefill.clear(), L.prefill_keys = 0;
   // DSA attends through its top-k selection, which the expanded prefill kernel does not take.
   const bool expanded_prefill = !c.has_indexer();
-  out.first_row.clear();
+  first_row.clear();
   L.max_blocks = 1, L.max_kv = 1;
   for (const SequenceStep& s : steps) {
     if (!s.block_table) return invalid_argument("sequence step has no block table");
@@ -45,9 +44,9 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
     KILN_RETURN_IF_ERROR(check_sequence_step(s, si, bs, c));
     for (size_t blk_i = 0; blk_i < s.block_table->size(); ++blk_i) {
       const int32_t blk = (*s.block_table)[blk_i];
-      if (blk < 0 || blk >= kv.num_blocks())
+      if (blk < 0 || blk >= kv.num_blocks)
         return out_of_range("block " + std::to_string(blk) + " is outside the GPU KV pool (" +
-                            std::to_string(kv.num_blocks()) + " blocks)");
+                            std::to_string(kv.num_blocks) + " blocks)");
       L.tables[si * L.max_blocks + blk_i] = blk;
     }
     const int64_t first = L.tokens();
@@ -56,7 +55,7 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
       L.prefill.push_back({first, n, end, static_cast<int64_t>(si)});
       L.prefill_keys += end;
     }
-    out.first_row.push_back(L.logit_rows());
+    first_row.push_back(L.logit_rows());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = s.start_position + i;
       L.ids.push_back(s.tokens[i]);
@@ -71,7 +70,7 @@ Status build_step_layout(std::span<const SequenceStep> steps, const GpuKvPool& k
   return ok_status();
 }
 
-void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hidden, StepScratch& sc, StepBuffers& b) {
+void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& sc, StepBuffers& b) {
   const int64_t N = sh.N, R = sh.R, S = sh.S;
   const int64_t Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, Rr = c.qk_rope_head_dim;
   const int64_t qk = c.qk_nope_head_dim + Rr, D = L + Rr, vd = c.v_head_dim;
@@ -86,17 +85,18 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, bool keep_hid
   b.qkv_a = sc.carve<float>(N * (std::max<int64_t>(c.q_lora_rank, 0) + D));
   b.q_res_n = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
   b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk);
-  b.q_abs = sc.carve<float>(N * H * D), b.o_lat = sc.carve<float>(N * H * L), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
+  b.q_abs = sc.carve<float>(N * H * D), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
   b.attn = sc.carve<uint16_t>(N * H * vd);
-  b.mla_workspace = sh.splits > 1 ? sc.carve<char>(mla_decode_workspace_bytes(N, H, sh.splits)) : nullptr;
-  b.scores = sh.fast_attention ? nullptr : sc.carve<float>(N * H * sh.attn_width);
+  b.mla_workspace = sh.attend.workspace_bytes ? sc.carve<char>(sh.attend.workspace_bytes) : nullptr;
   b.gu = sc.carve<uint16_t>(N * 2 * dense_I), b.act = sc.carve<uint16_t>(N * dense_I), b.shared = sc.carve<uint16_t>(N * Hd);
   b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
   b.route_ids = sc.carve<int32_t>(N * topk), b.offsets = sc.carve<int32_t>(E + 1), b.active = sc.carve<int32_t>(E);
-  b.order = sc.carve<int32_t>(N * topk), b.moe_h = sc.carve<uint16_t>(N * topk * std::max<int64_t>(moe_I, 1));
+  b.order = sc.carve<int32_t>(N * topk);
+  b.expert_workspace = sh.expert_workspace ? sc.carve<char>(sh.expert_workspace) : nullptr;
   b.moe_y = sc.carve<float>(N * (topk + 1) * Hd);  // + N rows: a shared expert folded into the routed launches
   b.normed = sc.carve<uint16_t>(N * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
-  b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = keep_hidden ? sc.carve<float>(N * Hd) : nullptr;
+  b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = sh.want_hidden ? sc.carve<float>(N * Hd) : nullptr;
+  b.taps = sh.taps ? sc.carve<float>(sh.taps * N * Hd) : nullptr;
   const bool dsa = c.has_indexer();
   b.idx_q = dsa ? sc.carve<float>(N * c.index_n_heads * c.index_head_dim) : nullptr;
   b.idx_k = dsa ? sc.carve<float>(N * c.index_head_dim) : nullptr;

@@ -10,8 +10,8 @@ constexpr int kRowsPerBlock = 16;
 // grid: (position blocks, sequences). kVec values per copy: 8 (16 bytes) when rows allow it, else 1.
 template <int kVec>
 __global__ void gather_kernel(MlaLatentGather g) {
-  const MlaPrefillSeq seq = g.seqs[blockIdx.y];
-  const int32_t* table = g.block_tables + static_cast<int64_t>(g.table_rows[blockIdx.y]) * g.max_blocks;
+  const KvGatherSeq seq = g.seqs[blockIdx.y];
+  const int32_t* table = g.block_tables + static_cast<int64_t>(seq.table_row) * g.max_blocks;
   const int64_t units = g.row_width / kVec;
   const int64_t pos0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   for (int64_t i = threadIdx.x; i < kRowsPerBlock * units; i += kThreads) {

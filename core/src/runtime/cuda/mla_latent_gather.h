@@ -4,23 +4,22 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/stream_handle.h"
+#include "kiln/kv_layout.h"
 #include "kiln/status.h"
 
 namespace kiln::cuda {
 
 // For sequence b and position t < seqs[b].kv_len: out[seqs[b].key_start + t, :] = pages[slot, :] with
-// slot = block_tables[table_rows[b], t / block_size] · block_size + t % block_size; rows are row_width bf16 values.
-// seqs, table_rows and block_tables are device arrays; max_kv_len ≥ every kv_len.
+// slot = block_tables[seqs[b].table_row, t / block_size] · block_size + t % block_size; rows are row_width bf16
+// values. seqs and block_tables are device arrays; max_kv_len ≥ every kv_len.
 struct MlaLatentGather {
   const uint16_t* pages = nullptr;
   int64_t block_size = 0;
   int64_t row_width = 0;
   const int32_t* block_tables = nullptr;
   int64_t max_blocks = 0;
-  const MlaPrefillSeq* seqs = nullptr;
-  const int32_t* table_rows = nullptr;
+  const KvGatherSeq* seqs = nullptr;
   int64_t num_seqs = 0;
   int64_t max_kv_len = 0;
   uint16_t* out = nullptr;

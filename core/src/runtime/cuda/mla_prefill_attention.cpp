@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "kernels/cuda/mla_prefill.h"
-#include "runtime/cuda/mla_latent_gather.h"
 
 namespace kiln::cuda {
 namespace {
@@ -26,8 +25,8 @@ struct Layout {
 Layout layout(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& d) {
   Layout l{};
   l.seqs = 0;
-  l.table_rows = align_up(sizeof(MlaPrefillSeq) * num_seqs);
-  l.latent = l.table_rows + align_up(sizeof(int32_t) * num_seqs);
+  l.table_rows = align_up(sizeof(MlaPrefillSeq) * num_seqs);  // the gather's KvGatherSeq table
+  l.latent = l.table_rows + align_up(sizeof(KvGatherSeq) * num_seqs);
   l.kv = l.latent + align_up(sizeof(uint16_t) * total_keys * (d.latent_dim + d.rope_dim));
   l.total = l.kv + align_up(sizeof(uint16_t) * total_keys * d.num_heads * (d.nope_dim + d.v_dim));
   return l;
@@ -44,14 +43,15 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   if (d.num_heads <= 0 || d.nope_dim <= 0 || d.rope_dim < 0 || d.v_dim <= 0 || d.latent_dim <= 0)
     return invalid_argument("mla_prefill_attention: dims need num_heads, nope_dim, v_dim, latent_dim > 0");
   if (a.seqs.empty()) return ok_status();
-  if (!a.q || !a.pages || !a.block_tables || !a.kv_b || !a.out || !a.workspace || a.block_size <= 0 ||
+  if (!a.q || !a.layout || !a.pages || !a.block_tables || !a.kv_b || !a.out || !a.workspace || a.block_size <= 0 ||
       a.max_blocks <= 0)
-    return invalid_argument("mla_prefill_attention: q, pages, block_tables, kv_b, out, workspace and block shape must be set");
+    return invalid_argument(
+        "mla_prefill_attention: q, layout, pages, block_tables, kv_b, out, workspace and block shape must be set");
 
   // The device sequence table: rows and keys of each sequence, its keys packed one sequence after another.
   const int64_t n = static_cast<int64_t>(a.seqs.size());
   std::vector<MlaPrefillSeq> seqs(n);
-  std::vector<int32_t> table_rows(n);
+  std::vector<KvGatherSeq> gather_seqs(n);
   int64_t total_keys = 0, max_q_len = 0, max_kv_len = 0;
   for (int64_t i = 0; i < n; ++i) {
     const MlaPrefillSequence& s = a.seqs[i];
@@ -64,7 +64,8 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     if (s.table_row < 0 || s.table_row > INT32_MAX) return out_of_range(which + ": table_row out of range");
     seqs[i] = MlaPrefillSeq{static_cast<int32_t>(s.q_row), static_cast<int32_t>(s.q_len),
                             static_cast<int32_t>(total_keys), static_cast<int32_t>(s.kv_len)};
-    table_rows[i] = static_cast<int32_t>(s.table_row);
+    gather_seqs[i] = KvGatherSeq{static_cast<int32_t>(s.table_row), static_cast<int32_t>(total_keys),
+                                 static_cast<int32_t>(s.kv_len), 0};
     total_keys += s.kv_len;
     max_q_len = std::max(max_q_len, s.q_len);
     max_kv_len = std::max(max_kv_len, s.kv_len);
@@ -76,22 +77,21 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
                             " bytes, needs " + std::to_string(l.total));
   char* ws = static_cast<char*>(a.workspace);
   auto* d_seqs = reinterpret_cast<MlaPrefillSeq*>(ws + l.seqs);
-  auto* d_table_rows = reinterpret_cast<int32_t*>(ws + l.table_rows);
+  auto* d_gather = reinterpret_cast<KvGatherSeq*>(ws + l.table_rows);
   auto* latent = reinterpret_cast<uint16_t*>(ws + l.latent);
   auto* kv = reinterpret_cast<uint16_t*>(ws + l.kv);
   // Pageable host memory: the copies are staged before cudaMemcpyAsync returns, so the vectors may go.
   cudaError_t e = cudaMemcpyAsync(d_seqs, seqs.data(), sizeof(MlaPrefillSeq) * n, cudaMemcpyHostToDevice, stream);
   if (e == cudaSuccess)
-    e = cudaMemcpyAsync(d_table_rows, table_rows.data(), sizeof(int32_t) * n, cudaMemcpyHostToDevice, stream);
+    e = cudaMemcpyAsync(d_gather, gather_seqs.data(), sizeof(KvGatherSeq) * n, cudaMemcpyHostToDevice, stream);
   if (e != cudaSuccess)
     return internal_error(std::string("mla_prefill_attention: sequence table upload: ") + cudaGetErrorString(e));
 
   const int64_t row_width = d.latent_dim + d.rope_dim;
-  MlaLatentGather g;
-  g.pages = a.pages, g.block_size = a.block_size, g.row_width = row_width;
-  g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
-  g.seqs = d_seqs, g.table_rows = d_table_rows, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
-  KILN_RETURN_IF_ERROR(mla_gather_latent_rows(g, stream));
+  KvGatherArgs g;
+  g.pages = a.pages, g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
+  g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
+  KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
 
   // [keys, H·(nope + v)] = latent[:, :L] · kv_bᵀ; column-major view: kv_bᵀ-stored-as-col-major (lda = L) times
   // the latent rows (ldb = L + R, the rope tail skipped), bf16 out with fp32 accumulation.

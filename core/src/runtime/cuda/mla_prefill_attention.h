@@ -1,7 +1,7 @@
 // MLA attention for the sequences that bring more than one new token in a step (prefill / chunked prefill), in
-// the expanded form: each sequence's cached latent rows are gathered from the paged bf16 cache, K_nope and V are
-// expanded from them by one cuBLAS GEMM against kv_b_proj, and the causal tensor-core kernel of
-// kernels/cuda/mla_prefill.h runs over the result. Per (query, key) pair and head this costs nope + rope + v
+// the expanded form: each sequence's cached latent rows are gathered from its pages by the KV layout (bf16 rows,
+// whatever the layout stores), K_nope and V are expanded from them by one cuBLAS GEMM against kv_b_proj, and the
+// causal tensor-core kernel of kernels/cuda/mla_prefill.h runs over the result. Per (query, key) pair and head this costs nope + rope + v
 // multiply-adds, against 2 · (latent + rope) in the absorbed decode form.
 //
 // The cache rows must already hold every position the rows attend to, the step's new tokens included (run
@@ -14,6 +14,7 @@
 #include <span>
 
 #include "kernels/cuda/stream_handle.h"
+#include "kiln/kv_layout.h"
 #include "kiln/status.h"
 
 struct cublasContext;
@@ -40,7 +41,9 @@ struct MlaPrefillArgs {
   std::span<const MlaPrefillSequence> seqs;
   MlaPrefillDims dims;
   const float* q = nullptr;  // device fp32 [rows, H, nope + rope], q_pe already roped (rounded to bf16 inside)
-  const uint16_t* pages = nullptr;  // this layer's bf16 cache [num_blocks, block_size, latent + rope]
+  const KvLayout* layout = nullptr;  // gathers this layer's rows
+  const void* pages = nullptr;       // this layer's pages
+  Stream stream;                     // the layout's stream (the same CUDA stream as the call's)
   int64_t block_size = 0;
   const int32_t* block_tables = nullptr;  // device [table rows, max_blocks]
   int64_t max_blocks = 0;
@@ -51,7 +54,7 @@ struct MlaPrefillArgs {
   size_t workspace_bytes = 0;
 };
 
-// Device scratch for a batch of `num_seqs` sequences whose kv_len sum to `total_keys`: the sequence table, the
+// Device scratch for a batch of `num_seqs` sequences whose kv_len sum to `total_keys`: the sequence tables, the
 // gathered latent rows [total_keys, latent + rope] and the expanded K_nope / V [total_keys, H, nope + v] (bf16;
 // at 128K keys of GLM-4.7-Flash that is 2.3 GB).
 size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& dims);

@@ -17,6 +17,10 @@ namespace kiln::cuda {
 //   q_bf[t, h, :] = bf16(q[t, h, :]) (f32_to_bf16) and q_abs[t, h, latent:] = q[t, h, nope:] (the rope part of
 //   the absorbed query; the latent part is the absorption GEMM's).
 // The same arithmetic as those kernels run one after another, in one launch. rope even and ≤ 128 (0: no RoPE).
+// heads = 0: no queries (q, q_bf, q_abs unused). positions == null: no RoPE (the rows' rope parts are final).
+// norm_weight == null: the latent is stored as given (already normalised). A negative slot stores nothing.
+// cache == null: nothing is stored; the rows are finished in place (normalised in fp32, roped) for a KvLayout that
+// appends final rows.
 struct MlaRopeCacheWrite {
   float* q = nullptr;
   float* ckv = nullptr;

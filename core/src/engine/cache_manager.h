@@ -1,0 +1,79 @@
+// The one owner of a model's cache memory and of who holds which part of it:
+//   - paged caches of every layer kind the architecture declares (CacheSpec: MLA latents in the KV layout's
+//     format, paged rows such as the DSA indexer's keys), all addressed by the BlockManager's block ids, so one
+//     block table per sequence serves every paged cache (prefix caching included);
+//   - state slots: a fixed-size slot per running sequence for recurrent layers, with one snapshot slot each for
+//     rollback (speculative verification restores it);
+//   - the drafter's layers: the target's next-n (MTP) layers and a drafter's own caches are more layers of the same
+//     spec, paged by the same block tables (so a cached prefix carries their rows too).
+// Memory comes from the model's DeviceContext (device memory on CUDA, heap on the CPU); a manager made without
+// one only counts blocks (tests whose runner keeps no KV).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "kiln/cache_spec.h"
+#include "kiln/device_context.h"
+#include "kiln/kv_layout.h"
+#include "model/model_step.h"
+
+namespace kiln {
+
+struct CacheManagerConfig {
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  bool prefix_caching = true;
+  int64_t lookahead_slots = 0;  // positions reserved past each step (speculative verification)
+  int64_t state_slots = 0;      // sequences that can hold state at once (max_num_seqs); used only with state
+};
+
+class CacheManager {
+ public:
+  // `spec` lists every layer: the target's, its next-n layers, then a drafter's own. `layout` formats kMlaLatent
+  // entries.
+  static Result<std::unique_ptr<CacheManager>> create(const CacheSpec& spec, const KvLayout* layout,
+                                                      DeviceContext* device, const CacheManagerConfig& config);
+  CacheManager(const CacheManager&) = delete;
+  CacheManager& operator=(const CacheManager&) = delete;
+
+  BlockManager& blocks() { return blocks_; }
+  const BlockManager& blocks() const { return blocks_; }
+  const CacheViews& views() const { return views_; }
+  // Bytes of cache memory held.
+  size_t bytes() const { return bytes_; }
+
+  // State slots (models with recurrent layers; a model without any gets -1 and nothing is held).
+  bool has_state() const { return state_bytes_ > 0; }
+  Result<int32_t> acquire_state_slot();
+  void release_state_slot(int32_t slot);
+  int64_t free_state_slots() const { return static_cast<int64_t>(state_free_.size()); }
+  // Copies every layer's state of `slot` to its snapshot, or back (on the device's stream).
+  Status snapshot_state(int32_t slot);
+  Status restore_state(int32_t slot);
+
+ private:
+  CacheManager(const CacheManagerConfig& config)
+      : blocks_(config.num_blocks, config.block_size, config.prefix_caching, config.lookahead_slots) {}
+  Status allocate(const CacheSpec& spec);
+  Status copy_state(int32_t slot, bool to_snapshot);
+
+  BlockManager blocks_;
+  CacheViews views_;
+  DeviceContext* device_ = nullptr;
+  size_t bytes_ = 0;
+  // State: per (layer, entry) its slots' memory and, beside it, the snapshots.
+  struct StateEntry {
+    char* slots = nullptr;
+    char* snapshots = nullptr;
+    size_t slot_bytes = 0;
+  };
+  std::vector<StateEntry> state_entries_;
+  size_t state_bytes_ = 0;
+  int64_t state_slots_ = 0;
+  std::vector<int32_t> state_free_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+// The architecture registry: one entry per config.json `model_type` kiln runs. An architecture parses its config,
+// declares what each layer caches (CacheSpec: paged MLA latents, paged indexer keys, per-sequence state slots),
+// and builds its step on a device (CPU and CUDA) from the SDK pieces: linears and experts through the recipe's
+// WeightFormat, attention through its KvLayout.
+//
+// Adding an architecture: a folder model/arch/<name>/ with its parse function, and one line in
+// model/arch/registry.cpp. Members of the MLA + MoE family (glm4_moe_lite, glm_moe_dsa, deepseek_v3) are thin: a
+// MlaMoeVariant of config rules over the family's shared blocks (model/mla_moe_*, runtime/cuda/cuda_*_block.cpp).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "kiln/cache_spec.h"
+#include "kiln/device.h"
+#include "kiln/model_info.h"
+#include "kiln/status.h"
+
+namespace kiln {
+
+class ModelInstance;
+struct BuildContext;
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  virtual const std::string& model_type() const = 0;
+  virtual const std::string& source() const = 0;  // the config.json it was read from, for messages
+  virtual ModelInfo info() const = 0;
+  virtual std::vector<int64_t> eos_token_ids() const = 0;
+  // What each target layer caches, then each of the first `mtp_layers` next-n layers (indexed after them).
+  virtual CacheSpec cache_spec(int64_t mtp_layers) const = 0;
+  // Why this model cannot run on `device` (shapes its kernels do not take), or ok.
+  virtual Status supports(DeviceType device) const = 0;
+  // The model on ctx's device: weights through its WeightFormat, attention through its KvLayout.
+  virtual Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const = 0;
+};
+
+struct ArchitectureEntry {
+  const char* model_type;
+  const char* description;
+  Result<std::unique_ptr<Architecture>> (*parse)(const nlohmann::json& config, const std::string& source);
+};
+
+// Every registered architecture (model/arch/registry.cpp).
+const std::vector<ArchitectureEntry>& architectures();
+const ArchitectureEntry* find_architecture(const std::string& model_type);
+// "deepseek_v3, glm4_moe_lite, glm_moe_dsa"
+std::string architecture_names();
+
+// The architecture config.json's `model_type` names, with its config read (errors name the file and field).
+Result<std::unique_ptr<Architecture>> parse_architecture(const nlohmann::json& config, const std::string& source);
+Result<std::unique_ptr<Architecture>> load_architecture(const std::filesystem::path& config_json);
+
+}  // namespace kiln

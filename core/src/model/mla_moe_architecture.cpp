@@ -1,0 +1,78 @@
+#include "model/mla_moe_architecture.h"
+
+#include <nlohmann/json.hpp>
+
+#include "model/mla_moe_cpu_instance.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#endif
+
+namespace kiln {
+
+CacheSpec MlaMoeArchitecture::cache_spec(int64_t mtp_layers) const {
+  const ModelConfig& c = config_;
+  CacheSpec spec;
+  for (int64_t l = 0; l < c.num_hidden_layers + mtp_layers; ++l) {
+    LayerCacheSpec layer;
+    layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
+    // Layers that run their own indexer keep its fp32 keys; "shared" layers reuse an earlier layer's selection.
+    if (c.has_indexer() && !c.indexer_is_shared(l))
+      layer.entries.push_back({CacheKind::kPagedRows, "indexer_keys", static_cast<size_t>(c.index_head_dim) * 4, 0});
+    spec.layers.push_back(std::move(layer));
+  }
+  return spec;
+}
+
+Status MlaMoeArchitecture::supports(DeviceType device) const {
+  if (device == DeviceType::kCpu) return ok_status();
+#ifdef KILN_WITH_CUDA
+  return cuda::CudaMlaMoeModel::supports(config_);
+#else
+  return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+}
+
+Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildContext& ctx) const {
+  if (!ctx.source || !ctx.format || !ctx.layout || !ctx.device)
+    return invalid_argument("building " + config_.model_type + " needs a weight source, format, KV layout and device");
+  const KvGeometry g = ctx.layout->geometry();
+  if (g.latent_dim != config_.kv_lora_rank || g.rope_dim != config_.qk_rope_head_dim)
+    return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
+                               std::to_string(g.rope_dim) + ", the model needs " + std::to_string(config_.kv_lora_rank) +
+                               "+" + std::to_string(config_.qk_rope_head_dim));
+  if (ctx.device->device().is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));
+    KILN_ASSIGN_OR_RETURN(auto m, cuda::CudaMlaMoeModel::create(config_, ctx));
+    return std::unique_ptr<ModelInstance>(std::move(m));
+#else
+    return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+  }
+  KILN_ASSIGN_OR_RETURN(auto m, MlaMoeCpuInstance::create(config_, ctx));
+  return std::unique_ptr<ModelInstance>(std::move(m));
+}
+
+Result<std::unique_ptr<Architecture>> parse_mla_moe_architecture(const nlohmann::json& config, const std::string& source,
+                                                                 const MlaMoeVariant& variant) {
+  KILN_ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::from_json(config, source, variant));
+  return std::unique_ptr<Architecture>(new MlaMoeArchitecture(std::move(c)));
+}
+
+// ModelConfig's registry-backed readers (the family's config of whichever member config.json names).
+Result<ModelConfig> ModelConfig::from_json(const nlohmann::json& json, const std::string& source_name) {
+  KILN_ASSIGN_OR_RETURN(auto arch, parse_architecture(json, source_name));
+  const auto* family = dynamic_cast<const MlaMoeArchitecture*>(arch.get());
+  if (!family) return unimplemented(source_name + ": model_type '" + arch->model_type() + "' is not an MLA + MoE model");
+  return family->config();
+}
+
+Result<ModelConfig> ModelConfig::load(const std::filesystem::path& config_json) {
+  KILN_ASSIGN_OR_RETURN(auto arch, load_architecture(config_json));
+  const auto* family = dynamic_cast<const MlaMoeArchitecture*>(arch.get());
+  if (!family)
+    return unimplemented(config_json.string() + ": model_type '" + arch->model_type() + "' is not an MLA + MoE model");
+  return family->config();
+}
+
+}  // namespace kiln

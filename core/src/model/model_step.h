@@ -1,0 +1,93 @@
+// What one step of a model takes and gives, on any device: per sequence the new tokens with their positions and
+// pages (SequenceStep), what to select from its logits afterwards (TokenSelection: plain sampling, or verification
+// of drafts), and the cache memory the step reads and writes (CacheViews, from the CacheManager).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kiln/kv_layout.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+// Media rows a step's tokens take instead of their embeddings (the modality path's embedding override).
+struct MediaRows {
+  int64_t first_row = 0;            // relative to the step's tokens
+  int64_t count = 0;
+  const float* embeddings = nullptr;  // host [count, hidden] fp32
+};
+
+// New tokens of one sequence: positions start_position .. start_position + tokens.size() − 1.
+struct SequenceStep {
+  std::span<const int32_t> tokens;
+  int64_t start_position = 0;
+  const std::vector<int32_t>* block_table = nullptr;  // must cover start_position + tokens.size() positions
+  bool all_logits = false;                            // logits for every new token, not only the last
+  int32_t state_slot = -1;                            // the sequence's state slot (models with recurrent state)
+  std::span<const MediaRows> media;                   // embedding overrides inside this step's tokens
+};
+
+// What a step picks from one sequence's logits after the forward (on the model's device: only ids come back).
+struct TokenSelection {
+  bool select = false;  // false: nothing (a prompt chunk with more to come)
+  float temperature = 0.0f;  // ≤ 0: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  // > 0: the step's tokens are [t_L, d_1 .. d_K] (all_logits set) and the K drafts are verified against the
+  // target's rows; the result is the accepted prefix plus the correction or bonus token.
+  int32_t num_drafts = 0;
+  std::span<const int32_t> drafts;  // host: the K drafts (the step's tokens 1..K)
+  // Sparse draft distribution, on the model's device ([K, q_width]); null: greedy drafts (one-hot q).
+  const int32_t* q_ids = nullptr;
+  const float* q_probs = nullptr;
+  int64_t q_width = 0;
+  // K + 1 uniforms in [0, 1) from the request's seeded generator: one per draft's acceptance test, then one for
+  // the sampled token (unused when greedy).
+  std::vector<double> uniforms;
+};
+
+// Cache memory by layer: entries in the order the layer's CacheSpec lists them. Paged entries are
+// [num_blocks · block_size, bytes per token] (slot = block · block_size + offset), state entries
+// [state slots, slot bytes]. On the model's device.
+struct CacheViews {
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  const KvLayout* layout = nullptr;       // kMlaLatent entries are in its format
+  std::vector<std::vector<void*>> layers;  // [layer][entry]; a layer without caches here has none
+  void* entry(int64_t layer, size_t i) const {
+    if (layer < 0 || layer >= static_cast<int64_t>(layers.size()) || i >= layers[layer].size()) return nullptr;
+    return layers[layer][i];
+  }
+};
+
+// slot = block · block_size + offset: where position `pos` of a sequence with `table` lives.
+inline int64_t kv_slot(const std::vector<int32_t>& table, int64_t block_size, int64_t pos) {
+  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+}
+
+struct StepOptions {
+  bool want_logits = false;  // copy the logits rows to the host (tests, reference comparisons)
+  bool want_hidden = false;  // copy the final-normed hidden states of every token to the host (tests)
+  // Target layers whose outputs the drafter taps (kiln/drafter.h numbering); left on the device in `taps`.
+  std::vector<int> tap_layers;
+  bool record_router_margin = false;  // CPU reference only: the smallest MoE routing margin per token
+};
+
+struct StepOutput {
+  // Per step entry: accepted drafts then the selected token (empty where nothing was selected), and how many of
+  // them are accepted drafts.
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int64_t> accepted;
+  // With want_logits: [rows, vocab] on the host, and per entry its first row.
+  std::vector<float> logits;
+  std::vector<int64_t> first_row;
+  // With want_hidden: [tokens, hidden] on the host. Of an MTP step: the layer's output before its head norm.
+  std::vector<float> hidden;
+  // Per tap layer: [tokens of the step, hidden] fp32 on the model's device, valid until its next step.
+  std::vector<TensorView> taps;
+  std::vector<float> router_margin;  // with record_router_margin
+};
+
+}  // namespace kiln
