@@ -49,4 +49,12 @@ class FakeWeightSource : public WeightSource {
   std::map<std::string, Entry> entries_;
 };
 
+// A source with no data (model.load = "dummy").
+class SyntheticSourceForTest : public WeightSource {
+ public:
+  bool has(const std::string&) const override { return true; }
+  Result<TensorView> get(const std::string& name) const override { return not_found("synthetic: " + name); }
+  bool synthetic() const override { return true; }
+};
+
 }  // namespace kiln::test

@@ -28,6 +28,19 @@ std::unique_ptr<KvLayout> make_layout(const ModelInfo& model, int64_t block_size
   return std::move(layout).value();
 }
 
+// Appends final rows: row i = c[i] then k[i].
+Status write(const KvLayout& layout, void* cache, const int64_t* slots, int64_t n, const float* c, const float* k) {
+  const KvGeometry g = layout.geometry();
+  std::vector<float> rows(n * (g.latent_dim + g.rope_dim));
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(c + i * g.latent_dim, g.latent_dim, rows.data() + i * (g.latent_dim + g.rope_dim));
+    std::copy_n(k + i * g.rope_dim, g.rope_dim, rows.data() + i * (g.latent_dim + g.rope_dim) + g.latent_dim);
+  }
+  KvAppendArgs a;
+  a.pages = cache, a.slots = slots, a.n = n, a.rows = rows.data();
+  return layout.append(a, Stream{});
+}
+
 TEST(Bf16KvLayout, GeometryFromModelAndRecipe) {
   const ModelInfo glm = mla_model(512, 64);
   auto layout = make_layout(glm, 16);
@@ -53,35 +66,55 @@ TEST(Bf16KvLayout, GeometryFromModelAndRecipe) {
   EXPECT_NE(s.message().find("configs/x.toml:3"), std::string::npos);
 }
 
-TEST(Bf16KvLayout, WriteReadRoundTripsWithinBf16Rounding) {
-  const int64_t latent = 40, rope = 8, n = 13;
-  auto layout = make_layout(mla_model(latent, rope), 4);
-  std::vector<uint16_t> cache(8 * 4 * (latent + rope), 0);
-  auto c = test::random_floats(n * latent, 101, -10.f, 10.f);
-  auto k = test::random_floats(n * rope, 102, -10.f, 10.f);
-  std::vector<int64_t> slots(n);
-  for (int64_t i = 0; i < n; ++i) slots[i] = (i * 7 + 2) % 32;
-  slots[5] = -1;  // padding token: not stored
-  ASSERT_TRUE(layout->write(cache.data(), slots.data(), n, c.data(), k.data(), Stream{}).ok());
-  std::vector<int64_t> read_slots;
-  for (int64_t i = 0; i < n; ++i)
-    if (slots[i] >= 0) read_slots.push_back(slots[i]);
-  std::vector<float> out(read_slots.size() * (latent + rope));
-  ASSERT_TRUE(layout->read(cache.data(), read_slots.data(), static_cast<int64_t>(read_slots.size()), out.data(), Stream{}).ok());
-  size_t r = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) continue;
-    for (int64_t j = 0; j < latent; ++j) {
-      EXPECT_EQ(out[r * (latent + rope) + j], cpu::bf16_to_float(cpu::float_to_bf16(c[i * latent + j])));
-      EXPECT_NEAR(out[r * (latent + rope) + j], c[i * latent + j], std::abs(c[i * latent + j]) * 0x1p-8f);
-    }
-    for (int64_t j = 0; j < rope; ++j)
-      EXPECT_EQ(out[r * (latent + rope) + latent + j], cpu::bf16_to_float(cpu::float_to_bf16(k[i * rope + j])));
-    ++r;
+TEST(Bf16KvLayout, AppendGatherRoundTripsWithinBf16Rounding) {
+  const int64_t latent = 40, rope = 8, block = 4;
+  auto layout = make_layout(mla_model(latent, rope), block);
+  EXPECT_EQ(layout->append_fusions(), 0u) << "the CPU layout stores final rows";
+  const int64_t row = latent + rope;
+  std::vector<uint16_t> cache(8 * block * row, 0);
+  // Two sequences on scattered pages; the second's 6th token is padding (negative slot: not stored).
+  const int32_t tables[2][3] = {{5, 1, 7}, {2, 6, 0}};
+  const int64_t lens[2] = {11, 9};
+  std::vector<std::vector<float>> c(2), k(2);
+  for (int s = 0; s < 2; ++s) {
+    c[s] = test::random_floats(lens[s] * latent, 101 + s, -10.f, 10.f);
+    k[s] = test::random_floats(lens[s] * rope, 103 + s, -10.f, 10.f);
+    std::vector<int64_t> slots(lens[s]);
+    for (int64_t p = 0; p < lens[s]; ++p) slots[p] = tables[s][p / block] * block + p % block;
+    if (s == 1) slots[5] = -1;
+    ASSERT_TRUE(write(*layout, cache.data(), slots.data(), lens[s], c[s].data(), k[s].data()).ok());
   }
-  // The padding token's row (slot 5·7+2 mod 32 = 5) was never written.
-  const int64_t pad_slot = (5 * 7 + 2) % 32;
-  for (int64_t j = 0; j < latent + rope; ++j) EXPECT_EQ(cache[pad_slot * (latent + rope) + j], 0);
+  // Gathered back: sequence 1 first, then sequence 0, packed.
+  const KvGatherSeq seqs[2] = {{1, 0, static_cast<int32_t>(lens[1]), 0}, {0, static_cast<int32_t>(lens[1]), static_cast<int32_t>(lens[0]), 0}};
+  std::vector<float> out((lens[0] + lens[1]) * row, -1.f);
+  KvGatherArgs g;
+  g.pages = cache.data(), g.block_tables = &tables[0][0], g.max_blocks = 3, g.seqs = seqs, g.num_seqs = 2;
+  g.max_kv_len = 11, g.out = out.data();
+  ASSERT_TRUE(layout->gather(g, Stream{}).ok());
+  for (int b = 0; b < 2; ++b) {
+    const int s = seqs[b].table_row;
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      const float* r = out.data() + (seqs[b].key_start + p) * row;
+      if (s == 1 && p == 5) {  // never written: the page's zeros
+        for (int64_t j = 0; j < row; ++j) EXPECT_EQ(r[j], 0.f);
+        continue;
+      }
+      for (int64_t j = 0; j < latent; ++j) {
+        EXPECT_EQ(r[j], cpu::bf16_to_float(cpu::float_to_bf16(c[s][p * latent + j])));
+        EXPECT_NEAR(r[j], c[s][p * latent + j], std::abs(c[s][p * latent + j]) * 0x1p-8f);
+      }
+      for (int64_t j = 0; j < rope; ++j) EXPECT_EQ(r[latent + j], cpu::bf16_to_float(cpu::float_to_bf16(k[s][p * rope + j])));
+    }
+  }
+  // A position past the table's pages is an error naming it.
+  const KvGatherSeq too_long{0, 0, 13, 0};
+  g.seqs = &too_long, g.num_seqs = 1, g.max_kv_len = 13;
+  EXPECT_EQ(layout->gather(g, Stream{}).code(), StatusCode::kOutOfRange);
+  // The prologue is the CUDA layouts' business.
+  KvAppendArgs with_prologue;
+  const uint16_t w[1] = {0};
+  with_prologue.pages = cache.data(), with_prologue.norm_weight = w;
+  EXPECT_EQ(layout->append(with_prologue, Stream{}).code(), StatusCode::kInvalidArgument);
 }
 
 // Paged absorbed attention (two sequences, scattered pages, causal kv_len per query, optional DSA selection)
@@ -102,7 +135,7 @@ TEST(Bf16KvLayout, AttendMatchesExpandedAttention) {
     k_seq[s] = test::random_floats(seq_len[s] * rope, 106 + s);
     std::vector<int64_t> slots(seq_len[s]);
     for (int64_t p = 0; p < seq_len[s]; ++p) slots[p] = tables[s][p / block] * block + p % block;
-    ASSERT_TRUE(layout->write(cache.data(), slots.data(), seq_len[s], c_seq[s].data(), k_seq[s].data(), Stream{}).ok());
+    ASSERT_TRUE(write(*layout, cache.data(), slots.data(), seq_len[s], c_seq[s].data(), k_seq[s].data()).ok());
     for (auto& x : c_seq[s]) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
     for (auto& x : k_seq[s]) x = cpu::bf16_to_float(cpu::float_to_bf16(x));
   }

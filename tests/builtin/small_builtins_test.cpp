@@ -28,14 +28,16 @@ TEST(LocalCollective, WorldOfOne) {
   uint16_t h_in[2] = {7, 9}, h_out[2] = {};
   ASSERT_TRUE(c->reduce_scatter(h_in, h_out, 2, DType::kBF16, ReduceOp::kMax, Stream{}).ok());
   EXPECT_EQ(h_out[1], 9);
-  EXPECT_EQ(c->all_gather(buf, out, 3, DType::kF32, Stream{Device::cuda(0), nullptr}).code(), StatusCode::kUnimplemented);
+  // A device stream needs the device's context (the engine creates collectives with it).
+  EXPECT_EQ(c->all_gather(buf, out, 3, DType::kF32, Stream{Device::cuda(0), nullptr}).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST(NoneDrafter, DoesNotDraft) {
   auto d = std::move(create_none_drafter(CreateContext{})).value();
   EXPECT_EQ(d->capabilities().max_depth, 0);
-  std::vector<DraftOutput> out;
-  const Status s = d->propose({}, 3, out);
+  std::vector<DraftProposal> out;
+  const Status s = d->propose(DraftStep{}, out);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("drafting is off"), std::string::npos);
   EXPECT_TRUE(d->rollback(1, 5).ok());
@@ -56,14 +58,16 @@ class RecordingRegistrar : public Registrar {
   struct Entry {
     std::string description;
     ErasedFactory factory;
+    DeviceSet devices;
     SectionSchema schema;
   };
   std::map<std::pair<PluginKind, std::string>, Entry> entries;
 
  protected:
   Status add_erased(PluginKind kind, const char* name, const char* description, ErasedFactory factory,
-                    SectionSchema schema) override {
-    if (!entries.emplace(std::make_pair(kind, std::string(name)), Entry{description, factory, std::move(schema)}).second)
+                    DeviceSet devices, SectionSchema schema) override {
+    if (!entries.emplace(std::make_pair(kind, std::string(name)), Entry{description, factory, devices, std::move(schema)})
+             .second)
       return already_exists(name);
     return ok_status();
   }
@@ -80,7 +84,14 @@ TEST(RegisterBuiltins, RegistersTheReferenceCapabilities) {
     auto it = r.entries.find({kind, name});
     ASSERT_NE(it, r.entries.end()) << name;
     EXPECT_FALSE(it->second.description.empty());
+    EXPECT_TRUE(it->second.devices.contains(DeviceType::kCpu)) << name;
   }
+  // The exact reference layout is a CPU one; the others run wherever this build runs models.
+  EXPECT_FALSE(r.entries.at({PluginKind::kKvLayout, "fp32"}).devices.contains(DeviceType::kCuda));
+#ifdef KILN_WITH_CUDA
+  EXPECT_TRUE(r.entries.at({PluginKind::kKvLayout, "bf16"}).devices.contains(DeviceType::kCuda));
+  EXPECT_TRUE(r.entries.at({PluginKind::kWeightFormat, "dense"}).devices.contains(DeviceType::kCuda));
+#endif
   // The erased factory is the real one: calling it through its registered type creates a drafter.
   auto factory = reinterpret_cast<Factory<Drafter>>(r.entries.at({PluginKind::kDrafter, "none"}).factory);
   auto drafter = factory(CreateContext{});

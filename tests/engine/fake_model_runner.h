@@ -18,6 +18,7 @@
 
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
+#include "model/host_token_select.h"
 
 namespace kiln::testing {
 
@@ -69,7 +70,8 @@ class FakeModelRunner final : public ModelRunner {
 
   int64_t vocab_size() const override { return vocab_; }
 
-  Status forward(std::span<const SequenceStep> steps, StepOutput& out, bool /*keep_hidden*/) override {
+  Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const StepOptions& options,
+              StepOutput& out) override {
     wait_gate();
     const int64_t call = calls_.fetch_add(1) + 1;
     if (call == fail_on_call_) return internal_error("injected failure on call " + std::to_string(call));
@@ -133,10 +135,29 @@ class FakeModelRunner final : public ModelRunner {
       for (size_t t = steps[s].all_logits ? 0 : n - 1; t < n; ++t, ++row)
         fake_logits(std::span<const int32_t>(h.data(), h.size() - n + t + 1), vocab_, out.logits.data() + row * vocab_);
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    records_.push_back(std::move(record));
-    return ok_status();
+    // Taps: a "hidden state" per token (its token id spread over hidden_size values), as a drafter would get them.
+    out.taps.clear();
+    taps_.assign(options.tap_layers.size(), {});
+    for (size_t t = 0; t < options.tap_layers.size(); ++t) {
+      for (const auto& st : steps)
+        for (int32_t tok : st.tokens)
+          for (int64_t i = 0; i < kTapWidth; ++i) taps_[t].push_back(static_cast<float>(tok) + 0.001f * i);
+      out.taps.push_back(TensorView::contiguous(taps_[t].data(), DType::kF32,
+                                                {static_cast<int64_t>(taps_[t].size()) / kTapWidth, kTapWidth}));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      records_.push_back(std::move(record));
+    }
+    if (select.empty()) {
+      out.tokens.assign(steps.size(), {});
+      out.accepted.assign(steps.size(), 0);
+      return ok_status();
+    }
+    return select_tokens_host(out.logits.data(), vocab_, out.first_row, select, out);
   }
+
+  static constexpr int64_t kTapWidth = 4;
 
   int64_t calls() const { return calls_.load(); }
   std::vector<std::vector<RecordedStep>> records() const {
@@ -149,7 +170,7 @@ class FakeModelRunner final : public ModelRunner {
   }
   void fail_on_call(int64_t call) { fail_on_call_ = call; }
 
-  // While closed, forward() blocks on entry (tests use it to hold the engine mid-step).
+  // While closed, step() blocks on entry (tests use it to hold the engine mid-step).
   void close_gate() {
     std::lock_guard<std::mutex> lock(gate_mutex_);
     gate_open_ = false;
@@ -161,7 +182,7 @@ class FakeModelRunner final : public ModelRunner {
     }
     gate_cv_.notify_all();
   }
-  // Waits until forward() is blocked at the closed gate.
+  // Waits until step() is blocked at the closed gate.
   void wait_until_blocked() {
     std::unique_lock<std::mutex> lock(gate_mutex_);
     gate_cv_.wait(lock, [&] { return blocked_; });
@@ -190,6 +211,7 @@ class FakeModelRunner final : public ModelRunner {
   mutable std::mutex mutex_;
   std::vector<std::vector<RecordedStep>> records_;
   std::vector<std::string> violations_;
+  std::vector<std::vector<float>> taps_;
   std::mutex gate_mutex_;
   std::condition_variable gate_cv_;
   bool gate_open_ = true, blocked_ = false;

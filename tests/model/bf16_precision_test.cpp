@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "common/reference_fixture.h"
+#include "common/test_model.h"
 #include "kernels/cpu/half_float.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
@@ -22,6 +23,8 @@ namespace fs = std::filesystem;
 using testing::load_reference;
 using testing::relative_error;
 using testing::model_dir;
+using testing::cpu_model;
+using testing::make_kv_cache;
 
 LoadedModel load(const std::string& name, const std::string& precision) {
   auto recipe = load_recipe("", {"model.path=" + model_dir(name).string(), "kv.layout=bf16", "kv.block_size=4",
@@ -36,6 +39,13 @@ LoadedModel load(const std::string& name, const std::string& precision) {
 std::vector<int32_t> prompt_of(const std::string& name) { return load_reference(name).ids("prompt_ids"); }
 
 bool is_bf16_value(float x) { return cpu::round_to_bf16(x) == x; }
+
+// A CPU linear's weight as fp32 [out, in].
+std::vector<float> weight_of(const Linear& l) {
+  std::vector<float> w(l.out_features() * l.in_features());
+  EXPECT_TRUE(l.dequantize(TensorView::contiguous(w.data(), DType::kF32, {l.out_features(), l.in_features()}), {}).ok());
+  return w;
+}
 
 // How many of `xs` are not bf16 values.
 int64_t off_grid(const std::vector<float>& xs) {
@@ -56,20 +66,20 @@ TEST_P(Bf16Weights, AreRoundedWhereTheGpuRoundsThemAndKeptFp32WhereItKeepsThem) 
   const bool fp32_checkpoint = GetParam() == "glm4_moe_lite-tiny";
   LoadedModel a = load(GetParam(), "fp32");
   LoadedModel b = load(GetParam(), "bf16");
-  const ModelWeights& wa = a.model->weights();
-  const ModelWeights& wb = b.model->weights();
+  const ModelWeights& wa = cpu_model(a).weights();
+  const ModelWeights& wb = cpu_model(b).weights();
   EXPECT_EQ(wa.precision, Precision::kFp32);
   EXPECT_EQ(wb.precision, Precision::kBf16);
   ASSERT_EQ(wb.embed_tokens.dtype, DType::kBF16);
-  std::vector<float> embed_a(a.model->config().hidden_size), embed_b(embed_a.size());
-  for (int32_t id = 0; id < a.model->config().vocab_size; id += 37) {
-    a.model->embed(&id, 1, embed_a.data());
-    b.model->embed(&id, 1, embed_b.data());
-    for (int64_t i = 0; i < a.model->config().hidden_size; ++i)
+  std::vector<float> embed_a(cpu_model(a).config().hidden_size), embed_b(embed_a.size());
+  for (int32_t id = 0; id < cpu_model(a).config().vocab_size; id += 37) {
+    cpu_model(a).embed(&id, 1, embed_a.data());
+    cpu_model(b).embed(&id, 1, embed_b.data());
+    for (int64_t i = 0; i < cpu_model(a).config().hidden_size; ++i)
       ASSERT_EQ(embed_b[i], cpu::round_to_bf16(embed_a[i])) << "embedding " << id << "[" << i << "]";
   }
   expect_rounded(wb.final_norm, wa.final_norm, "final_norm");
-  const ModelConfig& c = a.model->config();
+  const ModelConfig& c = cpu_model(a).config();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& la = wa.layers[l];
     const LayerWeights& lb = wb.layers[l];
@@ -79,9 +89,7 @@ TEST_P(Bf16Weights, AreRoundedWhereTheGpuRoundsThemAndKeptFp32WhereItKeepsThem) 
     expect_rounded(lb.attn.q_a_norm, la.attn.q_a_norm, p + "q_a_norm");
     expect_rounded(lb.attn.kv_a_norm, la.attn.kv_a_norm, p + "kv_a_norm");
     expect_rounded(lb.attn.kv_b_f32, la.attn.kv_b_f32, p + "kv_b");
-    std::vector<float> wa_o(la.attn.o_proj->out_features() * la.attn.o_proj->in_features()), wb_o(wa_o.size());
-    ASSERT_TRUE(la.attn.o_proj->dequantize(wa_o.data()).ok());
-    ASSERT_TRUE(lb.attn.o_proj->dequantize(wb_o.data()).ok());
+    const std::vector<float> wa_o = weight_of(*la.attn.o_proj), wb_o = weight_of(*lb.attn.o_proj);
     expect_rounded(wb_o, wa_o, p + "o_proj");
     if (fp32_checkpoint) EXPECT_GT(off_grid(wa_o), 0) << p;
     if (la.attn.indexer) {
@@ -102,8 +110,7 @@ TEST_P(Bf16Weights, AreRoundedWhereTheGpuRoundsThemAndKeptFp32WhereItKeepsThem) 
     const Linear& down = *lb.moe.expert_mlps.back().down;
     EXPECT_EQ(down.out_features(), c.hidden_size);
     EXPECT_EQ(down.in_features(), c.moe_intermediate_size);
-    std::vector<float> d(down.out_features() * down.in_features());
-    ASSERT_TRUE(down.dequantize(d.data()).ok());
+    const std::vector<float> d = weight_of(down);
     EXPECT_EQ(off_grid(d), 0) << p << "last expert's down_proj";
   }
 }
@@ -117,8 +124,8 @@ TEST(Bf16Precision, NormedHiddenStatesAreBf16AndTheLogitsAreTheirProjection) {
     for (const std::string precision : {"fp32", "bf16"}) {
       LoadedModel m = load(name, precision);
       const std::vector<int32_t> prompt = prompt_of(name);
-      const int64_t T = static_cast<int64_t>(prompt.size()), Hd = m.model->config().hidden_size;
-      const int64_t vocab = m.model->config().vocab_size;
+      const int64_t T = static_cast<int64_t>(prompt.size()), Hd = cpu_model(m).config().hidden_size;
+      const int64_t vocab = cpu_model(m).config().vocab_size;
       auto kv = make_kv_cache(m, T);
       std::vector<int32_t> table;
       ASSERT_TRUE(kv->reserve(table, T).ok());
@@ -127,7 +134,7 @@ TEST(Bf16Precision, NormedHiddenStatesAreBf16AndTheLogitsAreTheirProjection) {
       for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 17}, {17, T}}) {
         SequenceStep step{std::span<const int32_t>(prompt.data() + begin, end - begin), begin, &table, true};
         StepOutput out;
-        ASSERT_TRUE(m.model->forward({&step, 1}, *kv, out, /*keep_hidden=*/true).ok()) << name;
+        ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {.want_hidden = true}, out).ok()) << name;
         hidden.insert(hidden.end(), out.hidden.begin(), out.hidden.end());
         logits.insert(logits.end(), out.logits.begin(), out.logits.end());
       }
@@ -135,7 +142,7 @@ TEST(Bf16Precision, NormedHiddenStatesAreBf16AndTheLogitsAreTheirProjection) {
       if (precision == "bf16") {
         EXPECT_EQ(off_grid(hidden), 0) << name;
         std::vector<float> projected(T * vocab);
-        ASSERT_TRUE(run_linear(*m.model->weights().lm_head, hidden.data(), T, projected.data()).ok());
+        ASSERT_TRUE(run_linear(*cpu_model(m).weights().lm_head, hidden.data(), T, projected.data()).ok());
         EXPECT_EQ(projected, logits) << name;
       } else {
         EXPECT_GT(off_grid(hidden), T * Hd / 2) << name;  // the fp32 path rounds nothing there
@@ -155,7 +162,7 @@ TEST_P(Bf16VsFp32, LogitsStayWithinBf16ToleranceOfTheFp32Reference) {
   constexpr float kRouterNearTie = 1e-2f;
   LoadedModel a = load(GetParam(), "fp32");
   LoadedModel b = load(GetParam(), "bf16");
-  const ModelConfig& c = a.model->config();
+  const ModelConfig& c = cpu_model(a).config();
   const int64_t vocab = c.vocab_size;
   std::vector<int32_t> tokens = prompt_of(GetParam());
   const int64_t P = static_cast<int64_t>(tokens.size());
@@ -167,10 +174,9 @@ TEST_P(Bf16VsFp32, LogitsStayWithinBf16ToleranceOfTheFp32Reference) {
   SequenceStep step{tokens, 0, &ta, true};
   for (int64_t s = 0; s <= kNew; ++s) {
     StepOutput oa, ob;
-    oa.record_router_margin = true;
-    ASSERT_TRUE(a.model->forward({&step, 1}, *kv_a, oa).ok());
+    ASSERT_TRUE(cpu_model(a).forward({&step, 1}, kv_a->views(), {.record_router_margin = true}, oa).ok());
     step.block_table = &tb;
-    ASSERT_TRUE(b.model->forward({&step, 1}, *kv_b, ob).ok());
+    ASSERT_TRUE(cpu_model(b).forward({&step, 1}, kv_b->views(), {}, ob).ok());
     rows_a.insert(rows_a.end(), oa.logits.begin(), oa.logits.end());
     rows_b.insert(rows_b.end(), ob.logits.begin(), ob.logits.end());
     margins.insert(margins.end(), oa.router_margin.begin(), oa.router_margin.end());

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "common/reference_fixture.h"
-#include "engine/generator.h"
+#include "common/test_model.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
 #include "plugin/registry.h"
@@ -16,12 +16,17 @@
 
 namespace kiln {
 namespace {
+using testing::cpu_model;
+using testing::make_kv_cache;
 namespace fs = std::filesystem;
 
 using testing::load_reference;
 using testing::relative_error;
 using testing::Reference;
 using testing::model_dir;
+using testing::cpu_model;
+using testing::engine_generate;
+using testing::make_kv_cache;
 
 LoadedModel load(const std::string& name, const std::string& layout) {
   auto recipe = load_recipe("", {"model.path=" + model_dir(name).string(), "kv.layout=" + layout, "kv.block_size=4"},
@@ -40,13 +45,13 @@ TEST_P(ReferenceModel, PrefillLogitsMatchTransformers) {
   const auto prompt = ref.ids("prompt_ids");
   const auto expected = ref.floats("prefill_logits");
   for (MlaForm form : {MlaForm::kExpanded, MlaForm::kAbsorbed}) {
-    m.model->set_mla_form(form);
+    cpu_model(m).set_mla_form(form);
     auto kv = make_kv_cache(m, 64);
     std::vector<int32_t> table;
     ASSERT_TRUE(kv->reserve(table, static_cast<int64_t>(prompt.size())).ok());
     SequenceStep step{prompt, 0, &table, true};
     StepOutput out;
-    ASSERT_TRUE(m.model->forward({&step, 1}, *kv, out).ok());
+    ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {}, out).ok());
     ASSERT_EQ(out.logits.size(), expected.size());
     EXPECT_LT(relative_error(out.logits.data(), expected.data(), expected.size()), 1e-4)
         << (form == MlaForm::kExpanded ? "expanded" : "absorbed");
@@ -59,19 +64,19 @@ TEST_P(ReferenceModel, GreedyDecodeMatchesTransformers) {
   const auto prompt = ref.ids("prompt_ids");
   const auto greedy = ref.ids("greedy_ids");
   const auto decode_logits = ref.floats("decode_logits");
-  const int64_t vocab = m.model->config().vocab_size;
+  const int64_t vocab = cpu_model(m).config().vocab_size;
   auto kv = make_kv_cache(m, 64);
   std::vector<int32_t> table;
   ASSERT_TRUE(kv->reserve(table, static_cast<int64_t>(prompt.size() + greedy.size())).ok());
   StepOutput out;
   SequenceStep prefill{prompt, 0, &table, false};
-  ASSERT_TRUE(m.model->forward({&prefill, 1}, *kv, out).ok());
+  ASSERT_TRUE(cpu_model(m).forward({&prefill, 1}, kv->views(), {}, out).ok());
   for (size_t i = 0; i < greedy.size(); ++i) {
     EXPECT_LT(relative_error(out.logits.data(), decode_logits.data() + i * vocab, vocab), 1e-4) << "step " << i;
     int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
     ASSERT_EQ(next, greedy[i]) << "step " << i;
     SequenceStep step{std::span<const int32_t>(&greedy[i], 1), static_cast<int64_t>(prompt.size() + i), &table, false};
-    ASSERT_TRUE(m.model->forward({&step, 1}, *kv, out).ok());
+    ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {}, out).ok());
   }
 }
 
@@ -80,7 +85,7 @@ TEST_P(ReferenceModel, BatchOfSequencesAtDifferentPositions) {
   LoadedModel m = load(GetParam(), "fp32");
   const auto p1 = ref.ids("prompt_ids"), p2 = ref.ids("prompt2_ids");
   const auto l1 = ref.floats("prefill_logits"), l2 = ref.floats("prompt2_logits");
-  const int64_t vocab = m.model->config().vocab_size;
+  const int64_t vocab = cpu_model(m).config().vocab_size;
   auto kv = make_kv_cache(m, 128);
   std::vector<int32_t> t1, t2;
   ASSERT_TRUE(kv->reserve(t1, static_cast<int64_t>(p1.size())).ok());
@@ -89,11 +94,11 @@ TEST_P(ReferenceModel, BatchOfSequencesAtDifferentPositions) {
   // sequence 2: two sequences at different positions, chunked prefill, in one call.
   StepOutput out;
   SequenceStep first{std::span<const int32_t>(p1.data(), 10), 0, &t1, true};
-  ASSERT_TRUE(m.model->forward({&first, 1}, *kv, out).ok());
+  ASSERT_TRUE(cpu_model(m).forward({&first, 1}, kv->views(), {}, out).ok());
   EXPECT_LT(relative_error(out.logits.data(), l1.data(), 10 * vocab), 1e-4);
   std::vector<SequenceStep> batch = {{std::span<const int32_t>(p1.data() + 10, p1.size() - 10), 10, &t1, true},
                                      {p2, 0, &t2, true}};
-  ASSERT_TRUE(m.model->forward(batch, *kv, out).ok());
+  ASSERT_TRUE(cpu_model(m).forward(batch, kv->views(), {}, out).ok());
   EXPECT_LT(relative_error(out.logits.data() + out.first_row[0] * vocab, l1.data() + 10 * vocab, (p1.size() - 10) * vocab),
             1e-4);
   EXPECT_LT(relative_error(out.logits.data() + out.first_row[1] * vocab, l2.data(), p2.size() * vocab), 1e-4);
@@ -104,12 +109,11 @@ TEST_P(ReferenceModel, Bf16KvKeepsGreedyTokens) {
   LoadedModel m = load(GetParam(), "bf16");
   const auto prompt = ref.ids("prompt_ids");
   const auto greedy = ref.ids("greedy_ids");
-  auto kv = make_kv_cache(m, 64);
-  Generator gen(*m.model, *kv);
-  GenerateOptions opts;
-  opts.max_new_tokens = static_cast<int64_t>(greedy.size());
-  opts.prefill_chunk = 7;  // chunked prefill through the same path the engine uses
-  auto ids = gen.generate(prompt, opts, nullptr);
+  // Through the engine, its prompt chunked 7 tokens at a time.
+  auto ids = engine_generate(m,
+                             {"model.path=" + model_dir(GetParam()).string(), "kv.layout=bf16", "kv.block_size=4",
+                              "scheduler.max_num_seqs=1", "scheduler.max_num_batched_tokens=7"},
+                             prompt, static_cast<int64_t>(greedy.size()));
   ASSERT_TRUE(ids.ok()) << ids.status().to_string();
   EXPECT_EQ(*ids, greedy);
 }
@@ -142,24 +146,24 @@ TEST(MtpLayer, LogitsMatchReference) {
   ASSERT_TRUE(recipe.ok());
   auto m = load_model(*recipe, global_registry(), {.load_mtp = true});
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  ASSERT_EQ(m->model->weights().mtp.size(), 1u);
+  ASSERT_EQ(cpu_model(*m).weights().mtp.size(), 1u);
   const auto prompt = ref.ids("prompt_ids");
   const auto expected = ref.floats("mtp_logits");
-  const int64_t T = static_cast<int64_t>(prompt.size()), H = m->model->config().hidden_size;
+  const int64_t T = static_cast<int64_t>(prompt.size()), H = cpu_model(*m).config().hidden_size;
   auto kv = make_kv_cache(*m, 128);  // two sequences' worth: the trunk's and the MTP layer's tables
   std::vector<int32_t> table, mtp_table;
   ASSERT_TRUE(kv->reserve(table, T).ok());
   ASSERT_TRUE(kv->reserve(mtp_table, T).ok());
   StepOutput trunk;
   SequenceStep step{prompt, 0, &table, false};
-  ASSERT_TRUE(m->model->forward({&step, 1}, *kv, trunk, /*keep_hidden=*/true).ok());
+  ASSERT_TRUE(cpu_model(*m).forward({&step, 1}, kv->views(), {.want_hidden = true}, trunk).ok());
   ASSERT_EQ(static_cast<int64_t>(trunk.hidden.size()), T * H);
   // Two chunks, to exercise the MTP layer's own KV across calls.
   StepOutput out;
   std::vector<float> got;
   for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 9}, {9, T - 1}}) {
     SequenceStep mtp{std::span<const int32_t>(prompt.data() + begin + 1, end - begin), begin, &mtp_table, true};
-    ASSERT_TRUE(m->model->mtp_forward(0, {&mtp, 1}, trunk.hidden.data() + begin * H, *kv, out).ok());
+    ASSERT_TRUE(cpu_model(*m).mtp_forward(0, {&mtp, 1}, trunk.hidden.data() + begin * H, kv->views(), out).ok());
     got.insert(got.end(), out.logits.begin(), out.logits.end());
   }
   ASSERT_EQ(got.size(), expected.size());
