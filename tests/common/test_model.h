@@ -46,6 +46,7 @@ class TestKv {
     for (int64_t b = cfg.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
   }
   const CacheViews& views() const { return caches_->views(); }
+  const CacheManager& manager() const { return *caches_; }
   int64_t block_size() const { return caches_->views().block_size; }
   int64_t num_blocks() const { return caches_->views().num_blocks; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }

@@ -7,7 +7,6 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/speculative_sampling.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/cpu/topk.h"
 #include "kernels/random_data.h"
@@ -113,6 +112,24 @@ TEST(TokenSelect, PlainSamplingIsCpuSample) {
     EXPECT_EQ(b.tokens_of(s), (std::vector<int32_t>{want[s], -1, -1})) << s;
     EXPECT_EQ(b.accepted[s], 0);
   }
+}
+
+// Greedy verification written out: drafts accepted while each equals its row's argmax, then the argmax of the
+// first mismatching row (or of row K as the bonus).
+struct Verification {
+  std::vector<int32_t> tokens;
+  int64_t accepted = 0;
+};
+Verification verify_greedy(const float* rows, int64_t vocab, const std::vector<int32_t>& drafts) {
+  Verification v;
+  const int64_t K = static_cast<int64_t>(drafts.size());
+  for (int64_t i = 0; i <= K; ++i) {
+    const int32_t target = argmax(rows + i * vocab, vocab);
+    v.tokens.push_back(target);
+    if (i == K || drafts[i] != target) break;
+    ++v.accepted;
+  }
+  return v;
 }
 
 TEST(TokenSelect, GreedyVerificationIsVerifyGreedy) {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "kiln/collective.h"
+#include "kiln/kv_layout.h"
 #include "plugin/plugin_loader.h"
 
 namespace kiln {
@@ -43,7 +44,7 @@ TEST(PluginLoader, RefusesOtherAbiMajorNamingBothVersionsAndFile) {
   PluginLoader loader(registry);
   Status s = loader.load_file(fixture("test-wrong-abi"));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("ABI 2.0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("ABI " + std::to_string(KILN_ABI_MAJOR + 1) + ".0"), std::string::npos) << s.message();
   const std::string host_abi = "ABI " + std::to_string(KILN_ABI_MAJOR) + "." + std::to_string(KILN_ABI_MINOR);
   EXPECT_NE(s.message().find(host_abi), std::string::npos) << s.message();
   ASSERT_EQ(loader.refused().size(), 1u);
@@ -81,13 +82,36 @@ TEST(PluginLoader, RefusesDuplicateNameWholePlugin) {
   EXPECT_EQ(registry.find(PluginKind::kCollective, "loopback")->provider, "test-good");
 }
 
-TEST(PluginLoader, RefusesDrafterBuiltBeforeItsInterfaceChanged) {
+// A plugin of the 1.x SDK (host-fp32 interfaces) cannot run against the device-aware 2.0 one.
+TEST(PluginLoader, RefusesAbi1PluginsNamingBothVersions) {
   Registry registry;
   PluginLoader loader(registry);
-  Status s = loader.load_file(fixture("test-old-minor"));
+  Status s = loader.load_file(fixture("test-abi1"));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("drafter `old-drafter` was built for ABI 1.0"), std::string::npos) << s.message();
-  EXPECT_EQ(registry.find(PluginKind::kDrafter, "old-drafter"), nullptr);
+  EXPECT_NE(s.message().find("ABI 1.1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("ABI 2."), std::string::npos) << s.message();
+  ASSERT_EQ(loader.refused().size(), 1u);
+  EXPECT_NE(loader.refused()[0].path.find("kiln-test-abi1.so"), std::string::npos);
+}
+
+// A capability is created only on the devices it registered for; the refusal names both.
+TEST(PluginLoader, CapabilitiesRunOnlyOnTheirDevices) {
+  Registry registry;
+  PluginLoader loader(registry);
+  ASSERT_TRUE(loader.load_file(fixture("test-good")).ok());
+  EXPECT_EQ(registry.find(PluginKind::kCollective, "loopback")->devices, DeviceSet::cpu());
+  CreateContext ctx;
+  ctx.device = Device::cuda(0);
+  auto made = registry.create<Collective>("loopback", ctx);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(made.status().message().find("implemented on cpu, not on cuda"), std::string::npos)
+      << made.status().message();
+  // An unknown name says no plugin provides it.
+  auto unknown = registry.create<KvLayout>("fp8_ds_mla", CreateContext{});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("no plugin provides kv_layout `fp8_ds_mla`"), std::string::npos)
+      << unknown.status().message();
 }
 
 TEST(PluginLoader, RefusesPluginThatThrows) {
@@ -104,7 +128,7 @@ TEST(PluginLoader, DirectoryLoadsGoodFilesAndRecordsEveryRefusal) {
   loader.load_directory(KILN_TEST_PLUGIN_DIR);
   // test-good and test-duplicate clash: whichever sorts first wins, the other is refused.
   EXPECT_EQ(loader.loaded().size(), 1u);
-  EXPECT_EQ(loader.refused().size(), 6u);  // corrupt, no-entry, wrong-abi, old-minor, throws, the loser of the clash
+  EXPECT_EQ(loader.refused().size(), 6u);  // corrupt, no-entry, wrong-abi, abi1, throws, the loser of the clash
   EXPECT_NE(registry.find(PluginKind::kCollective, "loopback"), nullptr);
 }
 

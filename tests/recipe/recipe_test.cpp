@@ -24,6 +24,7 @@ Registry make_registry() {
     e.name = std::move(name);
     e.schema = std::move(schema);
     e.factory = &never_called;
+    e.devices = DeviceSet::cpu();
     e.provider = "test";
     entries.push_back(std::move(e));
   };
@@ -110,7 +111,7 @@ TEST(Recipe, UnknownPluginListsAvailableAndSuggests) {
   auto r = load_recipe(recipe("unknown_plugin.toml"), {}, reg);
   ASSERT_FALSE(r.ok());
   const std::string& m = r.status().message();
-  EXPECT_NE(m.find("no kv_layout named `paged61`"), std::string::npos) << m;
+  EXPECT_NE(m.find("no plugin provides kv_layout `paged61`"), std::string::npos) << m;
   EXPECT_NE(m.find("available: bf16, paged16"), std::string::npos) << m;
   EXPECT_NE(m.find("did you mean `paged16`?"), std::string::npos) << m;
 }

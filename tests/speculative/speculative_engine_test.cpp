@@ -9,9 +9,8 @@
 
 #include "engine/batch_engine.h"
 #include "engine/engine_factory.h"
-#include "engine/mla_moe_runner.h"
-#include "engine/generator.h"
 #include "engine/engine_harness.h"
+#include "engine/instance_runner.h"
 #include "speculative_test_support.h"
 #include "plugin/registry.h"
 
@@ -61,9 +60,9 @@ TEST(SpeculativeEngineConfig, MaxBatchDraftsOnlyInSmallSteps) {
 void expect_same_as_plain(const Recipe& recipe, int depth, EngineMetrics& metrics) {
   auto loaded = load_model(recipe, global_registry(), model_load_options(recipe));
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  const LoadedModel& m = *loaded;
-  ASSERT_EQ(m.model->weights().mtp.size(), 1u);
-  const int64_t vocab = m.model->config().vocab_size;
+  LoadedModel& m = *loaded;
+  ASSERT_EQ(m.model->num_mtp_layers(), 1);
+  const int64_t vocab = m.info.vocab_size;
 
   std::mt19937 rng(100 + depth);
   std::vector<std::vector<int32_t>> prompts;
@@ -73,15 +72,7 @@ void expect_same_as_plain(const Recipe& recipe, int depth, EngineMetrics& metric
     lengths.push_back(1 + 5 * i);  // 1 .. 26 tokens: budgets shorter than K, and many passes
   }
   std::vector<std::vector<int32_t>> expected;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto kv = make_kv_cache(m, 128);
-    Generator g(*m.model, *kv);
-    GenerateOptions o;
-    o.max_new_tokens = lengths[i];
-    auto out = g.generate(prompts[i], o, nullptr);
-    ASSERT_TRUE(out.ok()) << out.status().to_string();
-    expected.push_back(*out);
-  }
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(greedy_reference(m, prompts[i], lengths[i]));
 
   auto started = start_engine(m, recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
@@ -108,7 +99,8 @@ TEST(SpeculativeEngineConfig, DeepestDepthStarts) {
   ASSERT_TRUE(loaded.ok());
   auto started = start_engine(*loaded, recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
-  EXPECT_EQ(started->engine->config().lookahead_slots, 16);
+  // A pass writes K + 1 rows, and the next-n layer's recursive rows reach K − 1 past them before the next step.
+  EXPECT_EQ(started->engine->config().lookahead_slots, 32);
 }
 
 }  // namespace
@@ -118,7 +110,8 @@ namespace kiln::testing {
 namespace {
 
 // Knows each prompt's true greedy continuation and proposes it, corrupting every `wrong_every`-th draft so
-// that passes accept all, some or none of their drafts.
+// that passes accept all, some or none of their drafts. It rebuilds each sequence's tokens from the rows it is
+// shown, so it also checks the engine shows every row once and in order.
 class OracleDrafter final : public Drafter {
  public:
   OracleDrafter(std::vector<std::vector<int32_t>> prompts, std::vector<std::vector<int32_t>> continuations,
@@ -128,25 +121,26 @@ class OracleDrafter final : public Drafter {
   DrafterCapabilities capabilities() const override {
     DrafterCapabilities c;
     c.max_depth = 8;
-    c.target_hidden_layers = {-1};
+    c.tap_layers = {kTapFinalNormed};
     return c;
   }
-  Status propose(const std::vector<DraftInput>& batch, int depth, std::vector<DraftOutput>& out) override {
-    out.assign(batch.size(), {});
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const DraftInput& in = batch[b];
-      auto& h = history_[in.seq_id];
-      if (in.start_position != static_cast<int64_t>(h.size()))
-        return invalid_argument("oracle: sequence " + std::to_string(in.seq_id) + " skipped from " +
-                                std::to_string(h.size()) + " to " + std::to_string(in.start_position));
-      h.insert(h.end(), in.tokens, in.tokens + in.num_tokens);
-      std::vector<int32_t> full = h;
-      full.push_back(in.next_token);
+  Status propose(const DraftStep& step, std::vector<DraftProposal>& out) override {
+    out.assign(step.seqs.size(), {});
+    for (size_t b = 0; b < step.seqs.size(); ++b) {
+      const DraftSequence& s = step.seqs[b];
+      auto& h = history_[s.seq_id];  // tokens at positions 1, 2, ... (position 0 is never shown)
+      if (s.start_position > static_cast<int64_t>(h.size()))
+        return invalid_argument("oracle: sequence " + std::to_string(s.seq_id) + " skipped from " +
+                                std::to_string(h.size()) + " to " + std::to_string(s.start_position));
+      h.resize(s.start_position);
+      h.insert(h.end(), s.next_tokens, s.next_tokens + s.num_rows);
+      if (step.taps.size() != 1 || step.taps[0].dim(0) < s.tap_row + s.num_rows)
+        return invalid_argument("oracle: the step's taps do not cover the rows");
       for (size_t p = 0; p < prompts_.size(); ++p) {
         const auto& prompt = prompts_[p];
-        if (full.size() < prompt.size() || !std::equal(prompt.begin(), prompt.end(), full.begin())) continue;
-        const size_t done = full.size() - prompt.size();
-        for (int k = 0; k < depth && done + k < continuations_[p].size(); ++k) {
+        if (h.size() + 1 < prompt.size() || !std::equal(prompt.begin() + 1, prompt.end(), h.begin())) continue;
+        const size_t done = h.size() + 1 - prompt.size();
+        for (int k = 0; k < s.depth && done + k < continuations_[p].size(); ++k) {
           int32_t t = continuations_[p][done + k];
           if (++proposed_ % wrong_every_ == 0) t = (t + 1) % 4096;
           out[b].tokens.push_back(t);
@@ -170,58 +164,137 @@ class OracleDrafter final : public Drafter {
   std::map<int64_t, std::vector<int32_t>> history_;
 };
 
-TEST(SpeculativeEngineAcceptance, AcceptedDraftsStreamAsTheirOwnTokens) {
-  load_mtp_plugin();
+struct OracleRun {
+  std::vector<std::vector<int32_t>> tokens;
+  EngineMetrics metrics;
+};
+
+OracleRun run_with_oracle(LoadedModel& m, const Recipe& recipe, const std::vector<std::vector<int32_t>>& prompts,
+                          const std::vector<std::vector<int32_t>>& truth, int wrong_every, int depth, int64_t max_tokens,
+                          const std::vector<int32_t>& stop = {}) {
+  OracleRun run;
+  auto plan = plan_engine(m, recipe);
+  EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+  if (!plan.ok()) return run;
+  plan->config.speculative_depth = depth;
+  plan->config.lookahead_slots = depth;
+  auto caches = make_cache_manager(m, *plan);
+  EXPECT_TRUE(caches.ok());
+  if (!caches.ok()) return run;
+  auto drafter = std::make_shared<OracleDrafter>(prompts, truth, wrong_every);
+  auto engine = BatchEngine::create(plan->config, std::make_unique<InstanceRunner>(*m.model, **caches), drafter, *caches);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  if (!engine.ok()) return run;
+  Collector c;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.max_tokens = max_tokens;
+    p.stop_token_ids = stop;
+    EXPECT_TRUE((*engine)->submit(p, c.sink(static_cast<int>(i))).ok());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(c.wait(static_cast<int>(i)));
+    run.tokens.push_back(c.get(static_cast<int>(i)).tokens);
+  }
+  run.metrics = wait_idle(**engine);
+  return run;
+}
+
+Recipe plain_recipe() {
   auto recipe = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "kv.layout=fp32",
                                  "kv.block_size=4", "scheduler.max_model_len=128", "scheduler.max_num_seqs=4",
                                  "scheduler.max_num_batched_tokens=32"},
                             global_registry());
-  ASSERT_TRUE(recipe.ok());
-  auto loaded = load_model(*recipe, global_registry());
+  EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
+  return std::move(recipe).value();
+}
+
+TEST(SpeculativeEngineAcceptance, AcceptedDraftsStreamAsTheirOwnTokens) {
+  const Recipe recipe = plain_recipe();
+  auto loaded = load_model(recipe, global_registry());
   ASSERT_TRUE(loaded.ok());
-  const LoadedModel& m = *loaded;
+  LoadedModel& m = *loaded;
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> prompts, expected;
   for (int i = 0; i < 4; ++i) {
-    prompts.push_back(random_prompt(rng, 5 + 9 * i, m.model->config().vocab_size));
-    auto kv = make_kv_cache(m, 128);
-    Generator g(*m.model, *kv);
-    GenerateOptions o;
-    o.max_new_tokens = 20;
-    auto out = g.generate(prompts.back(), o, nullptr);
-    ASSERT_TRUE(out.ok());
-    expected.push_back(*out);
+    prompts.push_back(random_prompt(rng, 5 + 9 * i, m.info.vocab_size));
+    expected.push_back(greedy_reference(m, prompts.back(), 20));
   }
   for (int wrong_every : {1000, 3, 1}) {  // all right, mixed, all wrong
-    auto plan = plan_engine(m, *recipe);
-    ASSERT_TRUE(plan.ok());
-    EngineConfig config = plan->config;
-    config.speculative_depth = 4;
-    config.lookahead_slots = 4;
-    auto drafter = std::make_shared<OracleDrafter>(prompts, expected, wrong_every);
-    auto engine = BatchEngine::create(
-        config, std::make_unique<MlaMoeRunner>(*m.model, make_kv_cache(m, plan->capacity.tokens())), drafter);
-    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
-    Collector c;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestParams p;
-      p.prompt = prompts[i];
-      p.max_tokens = 20;
-      ASSERT_TRUE((*engine)->submit(p, c.sink(static_cast<int>(i))).ok());
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ASSERT_TRUE(c.wait(static_cast<int>(i)));
-      EXPECT_EQ(c.get(static_cast<int>(i)).tokens, expected[i]) << "wrong_every " << wrong_every << " request " << i;
-    }
-    const EngineMetrics metrics = wait_idle(**engine);
-    EXPECT_EQ(metrics.kv_blocks_used, 0);
-    if (wrong_every == 1000) EXPECT_EQ(metrics.spec_accepted_tokens, metrics.spec_draft_tokens);
+    const OracleRun run = run_with_oracle(m, recipe, prompts, expected, wrong_every, 4, 20);
+    ASSERT_EQ(run.tokens.size(), prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(run.tokens[i], expected[i]) << "wrong_every " << wrong_every << " request " << i;
+    EXPECT_EQ(run.metrics.kv_blocks_used, 0);
+    if (wrong_every == 1000) EXPECT_EQ(run.metrics.spec_accepted_tokens, run.metrics.spec_draft_tokens);
     if (wrong_every == 3) {
-      EXPECT_GT(metrics.spec_accepted_tokens, 0);
-      EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens);
+      EXPECT_GT(run.metrics.spec_accepted_tokens, 0);
+      EXPECT_LT(run.metrics.spec_accepted_tokens, run.metrics.spec_draft_tokens);
     }
-    if (wrong_every == 1) EXPECT_EQ(metrics.spec_accepted_tokens, 0);
+    if (wrong_every == 1) EXPECT_EQ(run.metrics.spec_accepted_tokens, 0);
   }
+}
+
+// One request, drafts always right at depth 3: one prompt pass, then passes of 1 + 3 tokens; every draft accepted.
+TEST(SpeculativeEngineAcceptance, MetricsCountAcceptance) {
+  const Recipe recipe = plain_recipe();
+  auto loaded = load_model(recipe, global_registry());
+  ASSERT_TRUE(loaded.ok());
+  std::mt19937 rng(9);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 8, loaded->info.vocab_size)};
+  const std::vector<std::vector<int32_t>> expected = {greedy_reference(*loaded, prompts[0], 25)};
+  const OracleRun run = run_with_oracle(*loaded, recipe, prompts, expected, 1000, 3, 25);
+  ASSERT_EQ(run.tokens.size(), 1u);
+  EXPECT_EQ(run.tokens[0], expected[0]);
+  // The first token comes from the prompt pass; 24 more in passes of 4.
+  EXPECT_EQ(run.metrics.spec_drafts, 6);
+  EXPECT_EQ(run.metrics.spec_accepted_tokens, run.metrics.spec_draft_tokens);
+  ASSERT_EQ(run.metrics.spec_accepted_per_pos.size(), 3u);
+  EXPECT_EQ(run.metrics.spec_accepted_per_pos[2], run.metrics.spec_drafted_per_pos[2]);
+}
+
+// A stop token among accepted drafts ends the request there: the tokens after it in the same pass are dropped.
+TEST(SpeculativeEngineAcceptance, StopTokenEndsMidPass) {
+  const Recipe recipe = plain_recipe();
+  auto loaded = load_model(recipe, global_registry());
+  ASSERT_TRUE(loaded.ok());
+  std::mt19937 rng(9);
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 8, loaded->info.vocab_size)};
+  const std::vector<int32_t> expected = greedy_reference(*loaded, prompts[0], 25);
+  const int32_t stop = expected[6];
+  const std::vector<int32_t> want(expected.begin(), std::find(expected.begin(), expected.end(), stop) + 1);
+  const OracleRun run = run_with_oracle(*loaded, recipe, prompts, {expected}, 1000, 4, 25, {stop});
+  ASSERT_EQ(run.tokens.size(), 1u);
+  EXPECT_EQ(run.tokens[0], want);
+  EXPECT_EQ(run.metrics.kv_blocks_used, 0);
+}
+
+// Sampled requests with MTP drafts: a seed fixes the output (the same request twice gives the same tokens), every
+// token is a vocabulary id, and drafting happened.
+TEST(SpeculativeEngineSampling, MtpSamplingIsSeededAndValid) {
+  load_mtp_plugin();
+  const Recipe recipe = spec_recipe(4, "mtp");
+  auto loaded = load_model(recipe, global_registry(), model_load_options(recipe));
+  ASSERT_TRUE(loaded.ok());
+  auto started = start_engine(*loaded, recipe);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::mt19937 rng(10);
+  const auto prompt = random_prompt(rng, 9, loaded->info.vocab_size);
+  std::vector<std::vector<int32_t>> outs;
+  for (int run = 0; run < 2; ++run) {
+    RequestParams p;
+    p.prompt = prompt;
+    p.max_tokens = 20;
+    p.sampling = {0.8f, 0, 0.95f, 1234};
+    auto got = run_single_request(*started->engine, p);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    outs.push_back(*got);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0].size(), 20u);
+  for (int32_t t : outs[0]) EXPECT_TRUE(t >= 0 && t < loaded->info.vocab_size);
+  EXPECT_GT(started->engine->metrics().spec_draft_tokens, 0);
 }
 
 }  // namespace

@@ -1,152 +1,142 @@
 #include "model/host_token_select.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <string>
-#include <vector>
-
-#include "kernels/cpu/sampling.h"
-#include "kernels/cpu/topk.h"
 
 namespace kiln {
+
 namespace {
-
-cpu::SamplingParams params_of(const TokenSelection& s) {
-  cpu::SamplingParams p;
-  p.temperature = s.temperature;
-  p.top_k = s.top_k;
-  p.top_p = s.top_p;
-  return p;
-}
-
-bool greedy(const TokenSelection& s) { return s.temperature <= 0.0f || s.top_k == 1; }
-
-double q_of(const TokenSelection& s, int64_t draft, int32_t x) {
-  if (!s.q_ids) return 1.0;  // greedy drafts: q is one-hot at the draft
-  for (int64_t j = 0; j < s.q_width; ++j)
-    if (s.q_ids[draft * s.q_width + j] == x) return s.q_probs[draft * s.q_width + j];
-  return 0.0;
-}
-
+bool greedy_params(const TokenSelection& s) { return s.temperature <= 0.0f || s.top_k == 1; }
+bool has_q(const TokenSelection& s) { return s.select && s.num_drafts > 0 && s.q_ids; }
 }  // namespace
 
-int32_t draw_from_distribution(const float* probs, int64_t vocab, double u) {
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) total += probs[i];
-  const double target = u * total;
-  double running = 0.0;
-  int32_t last_nonzero = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (probs[i] <= 0.0f) continue;
-    running += probs[i];
-    last_nonzero = static_cast<int32_t>(i);
-    if (running > target) return last_nonzero;
+Status plan_selection(std::span<const int64_t> first_row, std::span<const TokenSelection> select, SelectionPlan& plan) {
+  plan = SelectionPlan{};
+  // q rows: one shared buffer (rows q_width apart from the lowest) when every entry with q has the same width and
+  // sits on that grid, its probabilities likewise in theirs; the drafts array is then laid out on the same rows.
+  // A sampled entry whose drafts came without q (greedy drafts: one-hot q) beside entries with q needs packing.
+  const int32_t* base = nullptr;
+  bool sampled_without_q = false;
+  for (const TokenSelection& s : select) {
+    if (has_q(s)) {
+      if (plan.q_width == 0) plan.q_width = s.q_width;
+      if (s.q_width != plan.q_width) plan.needs_q_pack = true;
+      if (!base || s.q_ids < base) base = s.q_ids;
+    } else if (s.select && s.num_drafts > 0 && !greedy_params(s)) {
+      sampled_without_q = true;
+    }
   }
-  return last_nonzero;
-}
-
-Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
-                          std::span<const TokenSelection> select, StepOutput& out) {
-  out.tokens.assign(select.size(), {});
-  out.accepted.assign(select.size(), 0);
-  std::vector<float> p(vocab), residual(vocab);
+  if (base && sampled_without_q) plan.needs_q_pack = true;
+  const float* probs_base = nullptr;
+  int64_t next_draft = 0;  // past every grid row, where entries off the grid go
+  if (base && !plan.needs_q_pack)
+    for (const TokenSelection& s : select) {
+      if (!has_q(s)) continue;
+      const std::ptrdiff_t d = s.q_ids - base;
+      if (!probs_base) probs_base = s.q_probs - d;
+      if (d % plan.q_width != 0 || s.q_probs - d != probs_base) plan.needs_q_pack = true;
+      next_draft = std::max<int64_t>(next_draft, d / plan.q_width + s.num_drafts);
+    }
+  if (plan.needs_q_pack) next_draft = 0;
   for (size_t i = 0; i < select.size(); ++i) {
     const TokenSelection& s = select[i];
     if (!s.select) continue;
     if (i >= first_row.size()) return internal_error("token selection for a step without logits");
-    const int64_t K = s.num_drafts;
-    if (static_cast<int64_t>(s.uniforms.size()) < (greedy(s) ? 0 : K + 1))
-      return invalid_argument("token selection of entry " + std::to_string(i) + " needs " + std::to_string(K + 1) +
-                              " uniforms");
-    const float* rows = logits + first_row[i] * vocab;
-    std::vector<int32_t>& tokens = out.tokens[i];
-    // Drafts are the step's tokens 1..K; the caller put them in the selection's order: row j verifies draft j.
-    if (greedy(s)) {
-      for (int64_t j = 0; j <= K; ++j) {
-        const int32_t target = cpu::argmax(rows + j * vocab, vocab);
-        tokens.push_back(target);
-        if (j == K || s.drafts[j] != target) break;
-        ++out.accepted[i];
-      }
-      continue;
-    }
-    const cpu::SamplingParams params = params_of(s);
-    bool rejected = false;
-    for (int64_t j = 0; j < K && !rejected; ++j) {
-      cpu::sampling_distribution(rows + j * vocab, vocab, params, p.data());
-      const int32_t x = s.drafts[j];
-      const double qx = q_of(s, j, x);
-      // u < p/q without dividing: q(x) = 0 accepts iff p(x) > 0.
-      if (s.uniforms[j] * qx < static_cast<double>(p[x])) {
-        tokens.push_back(x);
-        ++out.accepted[i];
-        continue;
-      }
-      double mass = 0;
-      for (int64_t t = 0; t < vocab; ++t) residual[t] = p[t];
-      if (s.q_ids) {
-        for (int64_t c = 0; c < s.q_width; ++c) {
-          const int32_t id = s.q_ids[j * s.q_width + c];
-          if (id >= 0 && id < vocab) residual[id] = std::max(p[id] - s.q_probs[j * s.q_width + c], 0.0f);
-        }
-      } else {
-        residual[x] = std::max(p[x] - 1.0f, 0.0f);
-      }
-      for (int64_t t = 0; t < vocab; ++t) mass += residual[t];
-      // A rejection implies p(x) < q(x), hence positive residual mass; rounding can still leave none.
-      tokens.push_back(draw_from_distribution(mass > 0 ? residual.data() : p.data(), vocab, s.uniforms[K]));
-      rejected = true;
-    }
-    if (rejected) continue;
-    cpu::sampling_distribution(rows + K * vocab, vocab, params, p.data());
-    tokens.push_back(draw_from_distribution(p.data(), vocab, s.uniforms[K]));
+    if (s.num_drafts < 0 || static_cast<int64_t>(s.drafts.size()) != s.num_drafts)
+      return invalid_argument("token selection of entry " + std::to_string(i) + ": " + std::to_string(s.num_drafts) +
+                              " drafts announced, " + std::to_string(s.drafts.size()) + " given");
+    const bool greedy = greedy_params(s);
+    if (!greedy && static_cast<int64_t>(s.uniforms.size()) != s.num_drafts + 1)
+      return invalid_argument("token selection of entry " + std::to_string(i) + " needs " +
+                              std::to_string(s.num_drafts + 1) + " uniforms, got " + std::to_string(s.uniforms.size()));
+    if (s.q_ids && (s.q_width < 1 || s.q_width > cpu::kMaxQWidth || !s.q_probs))
+      return invalid_argument("token selection of entry " + std::to_string(i) + ": q width " +
+                              std::to_string(s.q_width) + " outside 1.." + std::to_string(cpu::kMaxQWidth));
+    cpu::SelectSeq row{};
+    row.first_row = static_cast<int32_t>(first_row[i]);
+    row.num_drafts = s.num_drafts;
+    const bool on_grid = has_q(s) && !plan.needs_q_pack;
+    row.draft_offset = static_cast<int32_t>(on_grid ? (s.q_ids - base) / plan.q_width : next_draft);
+    if (!on_grid) next_draft += s.num_drafts;
+    row.u_offset = static_cast<int32_t>(plan.uniforms.size());
+    row.params = {s.temperature, s.top_k, s.top_p};
+    const int64_t end = row.draft_offset + s.num_drafts;
+    if (static_cast<int64_t>(plan.drafts.size()) < end) plan.drafts.resize(end, 0);
+    std::copy(s.drafts.begin(), s.drafts.end(), plan.drafts.begin() + row.draft_offset);
+    if (!greedy) plan.uniforms.insert(plan.uniforms.end(), s.uniforms.begin(), s.uniforms.end());
+    plan.max_drafts = std::max<int64_t>(plan.max_drafts, s.num_drafts);
+    plan.seqs.push_back(row);
+    plan.entries.push_back(i);
+  }
+  if (base && !plan.needs_q_pack) {
+    plan.q_ids = base;
+    plan.q_probs = probs_base;
   }
   return ok_status();
 }
 
+void unpack_selection(const SelectionPlan& plan, size_t num_steps, const int32_t* tokens, const int32_t* accepted,
+                      StepOutput& out) {
+  out.tokens.assign(num_steps, {});
+  out.accepted.assign(num_steps, 0);
+  const int64_t stride = plan.max_drafts + 1;
+  for (size_t j = 0; j < plan.entries.size(); ++j) {
+    const size_t i = plan.entries[j];
+    const int64_t a = accepted[j];
+    out.accepted[i] = a;
+    out.tokens[i].assign(tokens + j * stride, tokens + j * stride + a + 1);
+  }
+}
+
+Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
+                          std::span<const TokenSelection> select, StepOutput& out) {
+  SelectionPlan plan;
+  KILN_RETURN_IF_ERROR(plan_selection(first_row, select, plan));
+  // Host q in different buffers: pack them into one, rows at the entries' draft offsets.
+  std::vector<int32_t> q_ids;
+  std::vector<float> q_probs;
+  if (plan.needs_q_pack) {
+    q_ids.assign(plan.drafts.size() * cpu::kMaxQWidth, -1);
+    q_probs.assign(q_ids.size(), 0.0f);
+    for (size_t j = 0; j < plan.entries.size(); ++j) {
+      const TokenSelection& s = select[plan.entries[j]];
+      for (int64_t k = 0; k < s.num_drafts; ++k) {
+        const int64_t row = (plan.seqs[j].draft_offset + k) * cpu::kMaxQWidth;
+        if (!s.q_ids) {  // greedy drafts: q one-hot at the draft
+          q_ids[row] = s.drafts[k];
+          q_probs[row] = 1.0f;
+          continue;
+        }
+        for (int64_t c = 0; c < s.q_width; ++c) {
+          q_ids[row + c] = s.q_ids[k * s.q_width + c];
+          q_probs[row + c] = s.q_probs[k * s.q_width + c];
+        }
+      }
+    }
+    plan.q_width = cpu::kMaxQWidth, plan.q_ids = q_ids.data(), plan.q_probs = q_probs.data();
+  }
+  std::vector<int32_t> tokens(plan.seqs.size() * (plan.max_drafts + 1)), accepted(plan.seqs.size());
+  cpu::SelectArgs a{};
+  a.logits = logits, a.vocab = vocab, a.seqs = plan.seqs.data(), a.num_seqs = static_cast<int64_t>(plan.seqs.size());
+  a.drafts = plan.drafts.data(), a.q_ids = plan.q_ids, a.q_probs = plan.q_probs, a.q_width = plan.q_width;
+  a.uniforms = plan.uniforms.data(), a.tokens = tokens.data(), a.accepted = accepted.data(), a.max_drafts = plan.max_drafts;
+  KILN_RETURN_IF_ERROR(cpu::select_tokens(a));
+  unpack_selection(plan, select.size(), tokens.data(), accepted.data(), out);
+  return ok_status();
+}
+
 Status sample_drafts_host(const DraftSampleRequest& r, int64_t vocab) {
-  if (r.rows > 0 && (!r.logits || !r.tokens || !r.temperatures || !r.uniforms))
-    return invalid_argument("draft sampling needs logits, tokens, temperatures and uniforms");
-  if (r.q_width < 1 || r.q_width > 256) return invalid_argument("draft sampling: q_width must be in 1..256");
-  const int64_t stride = r.q_row_stride > 0 ? r.q_row_stride : r.q_width;
-  std::vector<int32_t> cand(r.q_width);
-  std::vector<double> w(r.q_width);
+  if (r.rows == 0) return ok_status();
+  const int64_t C = r.q_width, stride = r.q_row_stride > 0 ? r.q_row_stride : r.q_width;
+  std::vector<int32_t> ids(r.rows * std::max<int64_t>(C, 1));
+  std::vector<float> probs(ids.size());
+  cpu::DraftSampleArgs a{};
+  a.logits = r.logits, a.rows = r.rows, a.vocab = vocab, a.temperatures = r.temperatures, a.uniforms = r.uniforms;
+  a.q_width = C, a.tokens = r.tokens, a.q_ids = ids.data(), a.q_probs = probs.data();
+  KILN_RETURN_IF_ERROR(cpu::sample_drafts(a));
   for (int64_t row = 0; row < r.rows; ++row) {
-    const float* l = r.logits + row * vocab;
-    int32_t* ids = r.q_ids ? r.q_ids + row * stride : nullptr;
-    float* probs = r.q_probs ? r.q_probs + row * stride : nullptr;
-    const float t = r.temperatures[row];
-    if (t <= 0.0f) {
-      r.tokens[row] = cpu::argmax(l, vocab);
-      if (ids) std::fill(ids, ids + r.q_width, -1);
-      continue;
-    }
-    const int64_t C = std::min<int64_t>(r.q_width, vocab);
-    cpu::topk_indices(l, vocab, C, cand.data());
-    const double inv_t = 1.0 / t, top = static_cast<double>(l[cand[0]]) * inv_t;
-    double total = 0;
-    for (int64_t c = 0; c < C; ++c) total += w[c] = std::exp(static_cast<double>(l[cand[c]]) * inv_t - top);
-    // The draw runs over the candidates in index order.
-    std::vector<int64_t> order(C);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cand[a] < cand[b]; });
-    const double target = r.uniforms[row] * total;
-    double running = 0;
-    int32_t pick = cand[order[C - 1]];
-    for (int64_t o : order) {
-      running += w[o];
-      if (running > target) {
-        pick = cand[o];
-        break;
-      }
-    }
-    r.tokens[row] = pick;
-    if (ids)
-      for (int64_t c = 0; c < r.q_width; ++c) {
-        ids[c] = c < C ? cand[c] : -1;
-        probs[c] = c < C ? static_cast<float>(w[c] / total) : 0.0f;
-      }
+    if (r.q_ids) std::copy_n(ids.data() + row * C, C, r.q_ids + row * stride);
+    if (r.q_probs) std::copy_n(probs.data() + row * C, C, r.q_probs + row * stride);
   }
   return ok_status();
 }

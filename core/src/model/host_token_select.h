@@ -1,22 +1,42 @@
-// Token selection over logits rows in host memory (the CPU model's device): plain sampling, greedy and sampled
-// verification of drafts against sparse q, and draft sampling — the semantics the CUDA kernels implement on the
-// device (kernels/cuda/token_select.h), on the cpu:: sampling rules (kernels/cpu/sampling.h).
+// The step's token selection from TokenSelection entries, the packing both devices share: the selected entries
+// as cpu::SelectSeq rows with their drafts, uniforms and sparse q laid out as kernels/cpu/token_select.h takes them.
+// On the CPU the reference runs over host logits (select_tokens_host); on CUDA the same arrays go to the device
+// kernels (runtime/cuda/cuda_token_selection.cpp).
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "kernels/cpu/token_select.h"
 #include "kiln/draft_services.h"
 #include "model/model_step.h"
 
 namespace kiln {
 
-// The first index, in index order, where the running sum of probs exceeds u · Σ probs (the last non-zero one when
-// rounding leaves the sum a hair short).
-int32_t draw_from_distribution(const float* probs, int64_t vocab, double u);
+// The selected entries packed for cpu::SelectArgs. q rows: where every entry's q is one device (or host) buffer of
+// rows q_width apart — how a drafter hands them out — `q_base` is its lowest row and each entry's draft_offset its
+// row there (drafts are laid out at the same offsets); else `q_base` is null and q must be packed (pack_q).
+struct SelectionPlan {
+  std::vector<size_t> entries;  // the selected entries' indices, in SelectSeq order
+  std::vector<cpu::SelectSeq> seqs;
+  std::vector<int32_t> drafts;
+  std::vector<double> uniforms;
+  int64_t max_drafts = 0;
+  int64_t q_width = 0;
+  const int32_t* q_ids = nullptr;  // the shared buffer's base, or null (no q, or it must be packed)
+  const float* q_probs = nullptr;
+  bool needs_q_pack = false;  // entries' q live in different buffers: copy them to rows at their draft_offset
+};
 
-// For each entry with select set: out.tokens[i] and out.accepted[i] from the rows at first_row[i] (see
-// TokenSelection). logits [rows, vocab].
+// Plans the selection of `select` over logits rows at first_row (one per step entry).
+Status plan_selection(std::span<const int64_t> first_row, std::span<const TokenSelection> select, SelectionPlan& plan);
+
+// out.tokens / out.accepted from the kernels' [seqs, max_drafts + 1] tokens and [seqs] accepted.
+void unpack_selection(const SelectionPlan& plan, size_t num_steps, const int32_t* tokens, const int32_t* accepted,
+                      StepOutput& out);
+
+// The whole selection over host logits [rows, vocab].
 Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
                           std::span<const TokenSelection> select, StepOutput& out);
 

@@ -277,8 +277,8 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
       std::vector<std::string> names = registry.names(sec.selector_kind);
       std::string list;
       for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      std::string msg = "`" + full + "` in " + origin + ": no " + plugin_kind_name(sec.selector_kind) + " named `" +
-                        chosen + "` is loaded (available: " + (list.empty() ? "none" : list) + ")";
+      std::string msg = "`" + full + "` in " + origin + ": no plugin provides " + plugin_kind_name(sec.selector_kind) +
+                        " `" + chosen + "` (available: " + (list.empty() ? "none" : list) + ")";
       if (auto m = closest_match(chosen, names)) msg += " — did you mean `" + *m + "`?";
       else msg += "; `kiln plugins` shows what loaded and why files were refused";
       return not_found(msg);

@@ -9,7 +9,6 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
-#include "model/host_token_select.h"
 #include "model/rope_setup.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -249,22 +248,22 @@ Status CudaMlaMoeModel::step(std::span<const SequenceStep> steps, std::span<cons
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.hidden.data(), b.hidden, N * Hd * sizeof(float),
                                                  cudaMemcpyDeviceToHost, I.stream), "hidden"));
   }
-  const bool selecting = std::any_of(select.begin(), select.end(), [](const TokenSelection& s) { return s.select; });
-  std::vector<float>& logits = options.want_logits ? out.logits : host_logits_;
-  if (options.want_logits || selecting) {
-    logits.resize(R * V);
-    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(logits.data(), b.logits, R * V * sizeof(float), cudaMemcpyDeviceToHost,
-                                                 I.stream), "logits"));
+  out.logits.clear();
+  if (options.want_logits) {
+    out.logits.resize(R * V);
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out.logits.data(), b.logits, R * V * sizeof(float),
+                                                 cudaMemcpyDeviceToHost, I.stream), "logits"));
   }
-  if (!options.want_logits) out.logits.clear();
-  KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
-  I.timer.finish();
+  // Selection on the device: only ids come back (it waits for the stream).
   if (select.empty()) {
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
     out.tokens.assign(steps.size(), {});
     out.accepted.assign(steps.size(), 0);
-    return ok_status();
+  } else {
+    KILN_RETURN_IF_ERROR(selection_.select(b.logits, V, out.first_row, select, I.stream, out));
   }
-  return select_tokens_host(logits.data(), V, out.first_row, select, out);
+  I.timer.finish();
+  return ok_status();
 }
 
 Status CudaMlaMoeModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
@@ -303,23 +302,7 @@ Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
 }
 
 Status CudaMlaMoeModel::sample_drafts(const DraftSampleRequest& r) {
-  // Interim: through the host until the device kernel lands.
-  const int64_t V = config_.vocab_size;
-  std::vector<float> logits(static_cast<size_t>(r.rows * V));
-  const int64_t stride = r.q_row_stride > 0 ? r.q_row_stride : r.q_width;
-  KILN_RETURN_IF_ERROR(impl_->dev.copy(logits.data(), r.logits, logits.size() * 4, true));
-  std::vector<int32_t> tokens(r.rows), ids(static_cast<size_t>(r.rows * stride), -1);
-  std::vector<float> probs(static_cast<size_t>(r.rows * stride), 0.0f);
-  DraftSampleRequest host = r;
-  host.logits = logits.data(), host.tokens = tokens.data(), host.q_ids = ids.data(), host.q_probs = probs.data();
-  KILN_RETURN_IF_ERROR(sample_drafts_host(host, V));
-  KILN_RETURN_IF_ERROR(impl_->dev.copy(r.tokens, tokens.data(), tokens.size() * 4, false));
-  for (int64_t row = 0; row < r.rows; ++row) {
-    if (r.q_ids) KILN_RETURN_IF_ERROR(impl_->dev.copy(r.q_ids + row * stride, ids.data() + row * stride, r.q_width * 4, false));
-    if (r.q_probs)
-      KILN_RETURN_IF_ERROR(impl_->dev.copy(r.q_probs + row * stride, probs.data() + row * stride, r.q_width * 4, false));
-  }
-  return impl_->dev.synchronize();
+  return selection_.sample_drafts(r, config_.vocab_size, impl_->stream);
 }
 
 }  // namespace kiln::cuda

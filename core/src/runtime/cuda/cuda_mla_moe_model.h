@@ -16,6 +16,7 @@
 #include "model/model_config.h"
 #include "model/model_instance.h"
 #include "runtime/cuda/cuda_device_context.h"
+#include "runtime/cuda/cuda_token_selection.h"
 #include "runtime/cuda/gpu_weights.h"
 
 namespace kiln::cuda {
@@ -66,7 +67,7 @@ class CudaMlaMoeModel final : public ModelInstance {
   GpuWeights weights_;
   std::unique_ptr<Impl> impl_;
   bool graphs_ = true;
-  std::vector<float> host_logits_;  // token selection's host staging until it runs on the device
+  DeviceTokenSelection selection_;
   std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
 };
 
