@@ -13,7 +13,8 @@ int cmd_plugins(int argc, char** argv) {
   CommonOptions common;
   po::options_description desc("kiln plugins options");
   bool verbose = false;
-  desc.add_options()("help,h", "show this help")("verbose,v", po::bool_switch(&verbose), "also list each capability's recipe keys");
+  desc.add_options()("help,h", "show this help")("verbose,v", po::bool_switch(&verbose),
+                                                    "also list each capability's devices and recipe keys");
   add_common_options(desc, common);
   po::variables_map vm;
   int rc = parse_or_exit(argc, argv, desc, {}, vm,
@@ -35,6 +36,7 @@ int cmd_plugins(int argc, char** argv) {
     for (const auto* e : reg.list(kind)) {
       std::cout << "  " << plugin_kind_name(kind) << " " << e->name << "  [" << e->provider
                 << (e->provider_version.empty() ? "" : " " + e->provider_version) << "]  " << e->description << "\n";
+      if (verbose) std::cout << "      devices: " << e->devices.to_string() << "\n";
       if (verbose)
         for (const auto& key : e->schema.keys)
           std::cout << "      " << key.name << " (" << value_type_name(key.type) << ")  " << key.doc << "\n";
