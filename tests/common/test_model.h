@@ -74,8 +74,9 @@ inline std::unique_ptr<TestKv> make_kv_cache(const LoadedModel& m, int64_t token
   return std::make_unique<TestKv>(m, tokens);
 }
 
-// Greedy generation of one sequence straight through the CPU forward pass, `chunk` prompt tokens per step: the
-// reference engine runs are compared with. Stops after `max_tokens` or at a token of `stop`.
+// Greedy generation of one sequence straight through the model's step (any device; logits to the host, argmax
+// there), `chunk` prompt tokens per step: the reference engine runs are compared with. Stops after `max_tokens` or
+// at a token of `stop`.
 inline std::vector<int32_t> greedy_reference(LoadedModel& m, const std::vector<int32_t>& prompt, int64_t max_tokens,
                                              int64_t chunk = 1 << 20, const std::vector<int32_t>& stop = {}) {
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
@@ -89,7 +90,9 @@ inline std::vector<int32_t> greedy_reference(LoadedModel& m, const std::vector<i
   while (static_cast<int64_t>(out.size()) < max_tokens) {
     const int64_t n = std::min<int64_t>(chunk, static_cast<int64_t>(tokens.size()) - computed);
     SequenceStep step{std::span<const int32_t>(tokens.data() + computed, n), computed, &table, false};
-    const Status s = cpu_model(m).forward({&step, 1}, kv.views(), {}, o);
+    StepOptions options;
+    options.want_logits = true;
+    const Status s = m.model->step({&step, 1}, {}, kv.views(), options, o);
     EXPECT_TRUE(s.ok()) << s.to_string();
     if (!s.ok()) break;
     computed += n;

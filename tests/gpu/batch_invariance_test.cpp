@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 
+#include "common/test_model.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -74,8 +75,8 @@ class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchInvariance, DecodeAndVerificationRowsAreBitwiseIndependentOfTheStep) {
   LoadedModel m = load(GetParam());
-  ASSERT_NE(m.gpu, nullptr);
-  const int64_t vocab = m.model->config().vocab_size;
+  ASSERT_TRUE(m.on_gpu());
+  const int64_t vocab = m.info.vocab_size;
   std::mt19937 rng(17);
   std::uniform_int_distribution<int32_t> token(2, static_cast<int32_t>(vocab - 1));
   // 0 is the sequence under test; 1..5 share its steps; 6 brings prompt chunks (at positions 0.., rewritten
@@ -89,13 +90,17 @@ TEST_P(BatchInvariance, DecodeAndVerificationRowsAreBitwiseIndependentOfTheStep)
     const int64_t blocks = (prompt_lengths[i] + kRoom + kBlockSize - 1) / kBlockSize;
     for (int64_t b = 0; b < blocks; ++b) seqs[i].table.push_back(next_block++);
   }
-  auto runner = m.gpu->make_runner(next_block, kBlockSize);
-  ASSERT_TRUE(runner.ok()) << runner.status().to_string();
+  kiln::testing::TestKv kv(m, next_block * kBlockSize);
+  StepOptions logits;
+  logits.want_logits = true;
+  auto forward = [&](std::span<const SequenceStep> steps, StepOutput& out) {
+    return m.model->step(steps, {}, kv.views(), logits, out);
+  };
   StepOutput out;
   for (Seq& s : seqs) {
     if (s.prompt.empty()) continue;
     SequenceStep step{s.prompt, 0, &s.table, false};
-    ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
+    ASSERT_TRUE(forward({&step, 1}, out).ok());
   }
 
   // Plain decoding of sequence 0's next 1 + kDepth tokens, one row a step.
@@ -106,7 +111,7 @@ TEST_P(BatchInvariance, DecodeAndVerificationRowsAreBitwiseIndependentOfTheStep)
   std::vector<std::vector<float>> plain;
   for (int64_t i = 0; i <= kDepth; ++i) {
     SequenceStep step{{&drafts[i], 1}, a_len + i, &a.table, false};
-    ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
+    ASSERT_TRUE(forward({&step, 1}, out).ok());
     plain.emplace_back(out.logits.begin(), out.logits.begin() + vocab);
   }
 
@@ -144,7 +149,7 @@ TEST_P(BatchInvariance, DecodeAndVerificationRowsAreBitwiseIndependentOfTheStep)
       batch.push_back({tokens[p], static_cast<int64_t>(s.prompt.size()), &s.table, part.seq != 6});
     }
     ASSERT_LE(rows, cuda::kBatchInvariantMaxRows);
-    ASSERT_TRUE((*runner)->forward(batch, out, false).ok()) << "step " << si;
+    ASSERT_TRUE(forward(batch, out).ok()) << "step " << si;
     for (int64_t r = 0; r < a_rows; ++r) {
       const float* got = out.logits.data() + (out.first_row[a_index] + r) * vocab;
       EXPECT_EQ(0, std::memcmp(got, plain[r].data(), vocab * sizeof(float)))

@@ -17,7 +17,7 @@
 
 #include "common/reference_fixture.h"
 #include "engine/engine_factory.h"
-#include "engine/generator.h"
+#include "common/test_model.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -32,15 +32,20 @@ constexpr double kLogitsTolerance = 5e-2;
 // A routing margin (cpu::moe_route) below this is within reach of bf16 activations' error in the sigmoid scores.
 constexpr float kRouterNearTie = 1e-2f;
 
+using testing::cpu_model;
 using testing::load_reference;
-using testing::relative_error;
+using testing::make_kv_cache;
 using testing::model_dir;
+using testing::relative_error;
+using testing::TestKv;
 
 LoadedModel load_path(const fs::path& path, const std::string& device, const std::string& load,
-                      const std::string& precision = "fp32") {
-  auto recipe = load_recipe("", {"model.path=" + path.string(), "kv.layout=bf16", "kv.block_size=4",
-                                 "model.device=" + device, "model.load=" + load, "model.precision=" + precision},
-                            global_registry());
+                      const std::string& precision = "fp32", int64_t block_size = kBlockSize) {
+  std::vector<std::string> sets = {"model.path=" + path.string(), "kv.layout=bf16",
+                                   "kv.block_size=" + std::to_string(block_size), "model.device=" + device,
+                                   "model.load=" + load};
+  if (precision != "fp32") sets.push_back("model.precision=" + precision);
+  auto recipe = load_recipe("", sets, global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), {});
   EXPECT_TRUE(m.ok()) << m.status().to_string();
@@ -90,19 +95,25 @@ std::vector<std::vector<float>> decode_rows(Forward&& forward, std::vector<int32
   return rows;
 }
 
-// decode_rows through a fresh GPU runner, its KV blocks in reverse order so the paged addressing is exercised.
-std::vector<std::vector<float>> gpu_decode_rows(cuda::CudaMlaMoeModel& gpu, const std::vector<int32_t>& prompt,
-                                                int64_t steps, std::vector<int32_t>& forced, bool greedy,
-                                                int64_t vocab) {
+// One step of a model on any device over `kv`, its logits copied to the host.
+Status step_rows(LoadedModel& m, const TestKv& kv, std::span<const SequenceStep> steps, StepOutput& out,
+                 bool want_hidden = false) {
+  StepOptions o;
+  o.want_logits = true;
+  o.want_hidden = want_hidden;
+  return m.model->step(steps, {}, kv.views(), o, out);
+}
+
+// decode_rows through a fresh pool on the GPU, its KV blocks in reverse order so the paged addressing is exercised.
+std::vector<std::vector<float>> gpu_decode_rows(LoadedModel& gpu, const std::vector<int32_t>& prompt, int64_t steps,
+                                                std::vector<int32_t>& forced, bool greedy, int64_t vocab) {
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + steps + 1;
   const int64_t blocks = (tokens + kBlockSize - 1) / kBlockSize + 3;
-  auto runner = gpu.make_runner(blocks, kBlockSize);
-  EXPECT_TRUE(runner.ok()) << runner.status().to_string();
-  if (!runner.ok()) return {};
+  TestKv kv(gpu, blocks * kBlockSize);
   std::vector<int32_t> table(blocks - 3);
   std::iota(table.rbegin(), table.rend(), 2);
-  return decode_rows([&](const SequenceStep& s, StepOutput& o) { return (*runner)->forward({&s, 1}, o, false); },
-                     prompt, table, steps, forced, greedy, vocab);
+  return decode_rows([&](const SequenceStep& s, StepOutput& o) { return step_rows(gpu, kv, {&s, 1}, o); }, prompt,
+                     table, steps, forced, greedy, vocab);
 }
 
 class CudaModel : public ::testing::TestWithParam<std::string> {};
@@ -114,9 +125,9 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
   constexpr int64_t kNew = 32;
   LoadedModel cpu = load(GetParam(), "cpu");
   LoadedModel gpu = load(GetParam(), "cuda");
-  ASSERT_EQ(cpu.gpu, nullptr);
-  ASSERT_NE(gpu.gpu, nullptr);
-  const int64_t vocab = cpu.model->config().vocab_size;
+  ASSERT_FALSE(cpu.on_gpu());
+  ASSERT_TRUE(gpu.on_gpu());
+  const int64_t vocab = cpu.info.vocab_size;
   const std::vector<int32_t> prompt = prompt_of(GetParam());
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + kNew + 1;
 
@@ -127,19 +138,18 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
   // Per row, the CPU's smallest MoE routing margin over the layers: the bf16 GPU may route such a row differently.
   std::vector<float> margins;
   auto cpu_forward = [&](const SequenceStep& s, StepOutput& o) {
-    o.record_router_margin = true;
-    Status st = cpu.model->forward({&s, 1}, *kv, o);
+    Status st = cpu_model(cpu).forward({&s, 1}, kv->views(), {.record_router_margin = true}, o);
     margins.insert(margins.end(), o.router_margin.begin(), o.router_margin.end());
     return st;
   };
   auto cpu_rows = decode_rows(cpu_forward,
                               prompt, cpu_table, kNew, cpu_tokens, true, vocab);
 
-  auto gpu_rows = gpu_decode_rows(*gpu.gpu, prompt, kNew, cpu_tokens, false, vocab);
+  auto gpu_rows = gpu_decode_rows(gpu, prompt, kNew, cpu_tokens, false, vocab);
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
 
   const size_t P = prompt.size();
-  const ModelConfig& c = cpu.model->config();
+  const ModelConfig& c = cpu_model(cpu).config();
   double worst = 0, worst_abs = 0;
   int64_t near_ties = 0, broken_ties = 0, sparse_rows = 0, routing_ties = 0;
   ASSERT_EQ(margins.size(), cpu_rows.size());
@@ -188,16 +198,16 @@ TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
   constexpr int64_t kNew = 32;
   LoadedModel cpu = load_path(model_dir(GetParam()), "cpu", "mmap", "bf16");
   LoadedModel gpu = load(GetParam(), "cuda");
-  ASSERT_NE(gpu.gpu, nullptr);
-  const int64_t vocab = cpu.model->config().vocab_size;
+  ASSERT_TRUE(gpu.on_gpu());
+  const int64_t vocab = cpu.info.vocab_size;
   const std::vector<int32_t> prompt = prompt_of(GetParam());
   const int64_t tokens = static_cast<int64_t>(prompt.size()) + kNew + 1;
   auto kv = make_kv_cache(cpu, tokens);
   std::vector<int32_t> cpu_table, cpu_tokens, gpu_tokens;
   ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
-  auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
+  auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu_model(cpu).forward({&s, 1}, kv->views(), {}, o); },
                               prompt, cpu_table, kNew, cpu_tokens, true, vocab);
-  auto gpu_rows = gpu_decode_rows(*gpu.gpu, prompt, kNew, gpu_tokens, true, vocab);
+  auto gpu_rows = gpu_decode_rows(gpu, prompt, kNew, gpu_tokens, true, vocab);
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
   double worst_prefill = 0, worst_decode = 0, smallest_gap = INFINITY;
   std::vector<double> errors;
@@ -240,9 +250,9 @@ TinyGlmRuns run_tiny_glm(const std::string& cpu_precision) {
   TinyGlmRuns runs;
   LoadedModel cpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cpu", "mmap", cpu_precision);
   LoadedModel gpu = load_path(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm", "cuda", "mmap");
-  EXPECT_NE(gpu.gpu, nullptr);
-  if (!gpu.gpu) return runs;
-  const int64_t vocab = runs.vocab = cpu.model->config().vocab_size;
+  EXPECT_TRUE(gpu.on_gpu());
+  if (!gpu.on_gpu()) return runs;
+  const int64_t vocab = runs.vocab = cpu.info.vocab_size;
   std::vector<std::vector<int32_t>> prompts;
   auto& want = runs.want;
   auto& got = runs.got;
@@ -256,21 +266,20 @@ TinyGlmRuns run_tiny_glm(const std::string& cpu_precision) {
     auto kv = make_kv_cache(cpu, 96);
     std::vector<int32_t> table;
     EXPECT_TRUE(kv->reserve(table, 96).ok());
-    cpu_rows[i] = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu.model->forward({&s, 1}, *kv, o); },
-                              p, table, kNew, want[i], true, vocab);
+    cpu_rows[i] = decode_rows(
+        [&](const SequenceStep& s, StepOutput& o) { return cpu_model(cpu).forward({&s, 1}, kv->views(), {}, o); }, p,
+        table, kNew, want[i], true, vocab);
     cpu_rows[i].erase(cpu_rows[i].begin(), cpu_rows[i].begin() + static_cast<std::ptrdiff_t>(p.size()) - 1);
   }
   const int64_t per_seq = 96 / kBlockSize;
-  auto runner = gpu.gpu->make_runner(per_seq * kPrompts, kBlockSize);
-  EXPECT_TRUE(runner.ok());
-  if (!runner.ok()) return runs;
+  TestKv gkv(gpu, per_seq * kPrompts * kBlockSize);
   std::vector<std::vector<int32_t>> tables(kPrompts);
   for (int i = 0; i < kPrompts; ++i)
     for (int64_t b = 0; b < per_seq; ++b) tables[i].push_back(static_cast<int32_t>(b * kPrompts + i));  // interleaved
   std::vector<SequenceStep> batch;
   for (int i = 0; i < kPrompts; ++i) batch.push_back({prompts[i], 0, &tables[i], false});
   StepOutput out;
-  EXPECT_TRUE((*runner)->forward(batch, out, false).ok());
+  EXPECT_TRUE(step_rows(gpu, gkv, batch, out).ok());
   std::vector<int32_t> next(kPrompts);
   for (int s = 0; s < kNew; ++s) {
     batch.clear();
@@ -281,7 +290,7 @@ TinyGlmRuns run_tiny_glm(const std::string& cpu_precision) {
       got[i].push_back(next[i]);
       batch.push_back({{&next[i], 1}, static_cast<int64_t>(prompts[i].size()) + s, &tables[i], false});
     }
-    if (s + 1 < kNew) EXPECT_TRUE((*runner)->forward(batch, out, false).ok());
+    if (s + 1 < kNew) EXPECT_TRUE(step_rows(gpu, gkv, batch, out).ok());
   }
   return runs;
 }
@@ -356,29 +365,28 @@ TEST(CudaModelTinyGlm, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
 TEST(CudaModelDummy, RandomWeightsAreMadeOnTheDeviceAndRunDeterministically) {
   LoadedModel a = load("glm4_moe_lite-tiny", "cuda", "dummy");
   LoadedModel b = load("glm4_moe_lite-tiny", "cuda", "dummy");
-  ASSERT_NE(a.gpu, nullptr);
+  ASSERT_TRUE(a.on_gpu());
   EXPECT_EQ(a.checkpoint, nullptr);
-  EXPECT_GT(a.gpu->weight_bytes(), 0u);
+  EXPECT_GT(a.model->weight_bytes(), 0u);
   std::vector<int32_t> table = {0, 1, 2};
   const std::vector<int32_t> ids = {5, 9, 100, 7, 3};
   SequenceStep step{ids, 0, &table, false};
   StepOutput oa, ob;
-  auto ra = a.gpu->make_runner(4, kBlockSize);
-  auto rb = b.gpu->make_runner(4, kBlockSize);
-  ASSERT_TRUE(ra.ok() && rb.ok());
-  ASSERT_TRUE((*ra)->forward({&step, 1}, oa, false).ok());
-  ASSERT_TRUE((*rb)->forward({&step, 1}, ob, false).ok());
-  ASSERT_EQ(oa.logits.size(), static_cast<size_t>(a.model->config().vocab_size));
+  TestKv ka(a, 4 * kBlockSize), kb(b, 4 * kBlockSize);
+  ASSERT_TRUE(step_rows(a, ka, {&step, 1}, oa).ok());
+  ASSERT_TRUE(step_rows(b, kb, {&step, 1}, ob).ok());
+  ASSERT_EQ(oa.logits.size(), static_cast<size_t>(a.info.vocab_size));
   EXPECT_TRUE(std::all_of(oa.logits.begin(), oa.logits.end(), [](float x) { return std::isfinite(x); }));
   EXPECT_EQ(oa.logits, ob.logits);
   EXPECT_GT(*std::max_element(oa.logits.begin(), oa.logits.end()), *std::min_element(oa.logits.begin(), oa.logits.end()));
-  // The CPU model of a dummy load has no weights and says so rather than reading them.
-  auto kv = make_kv_cache(a, 8);
-  std::vector<int32_t> cpu_table;
-  ASSERT_TRUE(kv->reserve(cpu_table, 5).ok());
-  SequenceStep cpu_step{ids, 0, &cpu_table, false};
-  StepOutput oc;
-  EXPECT_FALSE(a.model->forward({&cpu_step, 1}, *kv, oc).ok());
+  // Random weights are the CUDA runtime's: on the CPU the load is refused, naming the key.
+  auto recipe = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "model.device=cpu",
+                                 "model.load=dummy"},
+                            global_registry());
+  ASSERT_TRUE(recipe.ok());
+  auto cpu = load_model(*recipe, global_registry());
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_NE(cpu.status().message().find("model.load"), std::string::npos) << cpu.status().message();
 }
 
 // The serving engine, unchanged, over the CUDA runner: concurrent requests (batched decode, chunked prefill)
@@ -391,8 +399,8 @@ TEST(CudaModelEngine, BatchedServingMatchesSingleSequenceGenerationOnTheGpu) {
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto loaded = load_model(*recipe, global_registry());
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-  const LoadedModel& m = *loaded;
-  ASSERT_NE(m.gpu, nullptr);
+  LoadedModel& m = *loaded;
+  ASSERT_TRUE(m.on_gpu());
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) {
     std::vector<int32_t> p;
@@ -402,15 +410,9 @@ TEST(CudaModelEngine, BatchedServingMatchesSingleSequenceGenerationOnTheGpu) {
   constexpr int64_t kNew = 8;
   std::vector<std::vector<int32_t>> expected;
   for (const auto& p : prompts) {
-    auto kv = make_kv_cache(m, 128);
-    auto runner = m.gpu->make_runner(kv->num_blocks(), kv->block_size());
-    ASSERT_TRUE(runner.ok());
-    Generator g(*m.model, *kv, runner->get());
-    GenerateOptions o;
-    o.max_new_tokens = kNew;
-    auto out = g.generate(p, o, nullptr);
-    ASSERT_TRUE(out.ok()) << out.status().to_string();
-    expected.push_back(*out);
+    std::vector<int32_t> tokens;
+    gpu_decode_rows(m, p, kNew, tokens, true, m.info.vocab_size);
+    expected.push_back(tokens);
   }
   auto started = start_engine(m, *recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
@@ -455,26 +457,25 @@ fs::path two_layer_model_dir() {
 }
 
 TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
-  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy");
-  ASSERT_NE(m.gpu, nullptr);
+  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy", "fp32", 64);
+  ASSERT_TRUE(m.on_gpu());
   const int64_t vocab = 1024;
   std::vector<std::vector<float>> runs[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
-    m.gpu->set_cuda_graphs(graphs == 1);
-    auto runner = m.gpu->make_runner(64, 64);
-    ASSERT_TRUE(runner.ok());
+    m.model->set_graphs(graphs == 1);
+    TestKv kv(m, 64 * 64);
     std::vector<int32_t> table_a = {3, 1, 5}, table_b = {0, 2, 4};
     std::vector<int32_t> prompt_a(70), prompt_b(5);
     for (size_t i = 0; i < prompt_a.size(); ++i) prompt_a[i] = static_cast<int32_t>((i * 37 + 11) % vocab);
     for (size_t i = 0; i < prompt_b.size(); ++i) prompt_b[i] = static_cast<int32_t>((i * 53 + 7) % vocab);
     SequenceStep pre[2] = {{prompt_a, 0, &table_a, false}, {prompt_b, 0, &table_b, false}};
     StepOutput out;
-    ASSERT_TRUE((*runner)->forward(pre, out, false).ok());
+    ASSERT_TRUE(step_rows(m, kv, pre, out).ok());
     runs[graphs].push_back(out.logits);
     int32_t ta = 1, tb = 2;
     for (int64_t s = 0; s < 60; ++s) {  // two sequences decoding together, past a block boundary
       SequenceStep dec[2] = {{{&ta, 1}, 70 + s, &table_a, false}, {{&tb, 1}, 5 + s, &table_b, false}};
-      ASSERT_TRUE((*runner)->forward(dec, out, s % 7 == 0).ok());
+      ASSERT_TRUE(step_rows(m, kv, dec, out, s % 7 == 0).ok());
       runs[graphs].push_back(out.logits);
       ta = argmax(out.logits.data(), vocab);
       tb = argmax(out.logits.data() + vocab, vocab);
@@ -490,22 +491,21 @@ TEST(CudaModelGraphs, GraphReplayMatchesDirectLaunches) {
 // The per-stage profile of directly launched steps: every block of the step is charged to a stage, the stages
 // sum to the stream time, and graph replays (which cannot hold the events) are not profiled.
 TEST(CudaModelProfile, StagesCoverTheStep) {
-  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy");
-  ASSERT_NE(m.gpu, nullptr);
-  m.gpu->set_cuda_graphs(false);
-  m.gpu->set_step_profiling(true);
-  auto runner = m.gpu->make_runner(16, 64);
-  ASSERT_TRUE(runner.ok());
+  LoadedModel m = load_path(two_layer_model_dir(), "cuda", "dummy", "fp32", 64);
+  ASSERT_TRUE(m.on_gpu());
+  m.model->set_graphs(false);
+  m.model->set_step_profiling(true);
+  TestKv kv(m, 16 * 64);
   std::vector<int32_t> table = {2, 0};
   int32_t token = 5;
   StepOutput out;
   for (int64_t pos = 0; pos < 3; ++pos) {
     SequenceStep step{{&token, 1}, pos, &table, false};
-    ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
+    ASSERT_TRUE(step_rows(m, kv, {&step, 1}, out).ok());
   }
-  EXPECT_EQ(m.gpu->profiled_steps(), 3);
+  EXPECT_EQ(m.model->profiled_steps(), 3);
   std::vector<std::string> stages;
-  for (const auto& [stage, ms] : m.gpu->step_profile()) {
+  for (const auto& [stage, ms] : m.model->step_profile()) {
     stages.push_back(stage);
     EXPECT_GE(ms, 0.0) << stage;
   }
@@ -513,12 +513,12 @@ TEST(CudaModelProfile, StagesCoverTheStep) {
                            "attention: MLA decode kernel", "attention: o_proj", "dense MLP", "MoE: routed experts",
                            "final norm + lm_head"})
     EXPECT_NE(std::find(stages.begin(), stages.end(), want), stages.end()) << want;
-  m.gpu->clear_step_profile();
-  m.gpu->set_cuda_graphs(true);
+  m.model->clear_step_profile();
+  m.model->set_graphs(true);
   SequenceStep step{{&token, 1}, 3, &table, false};
-  ASSERT_TRUE((*runner)->forward({&step, 1}, out, false).ok());
-  EXPECT_EQ(m.gpu->profiled_steps(), 0);
-  m.gpu->set_step_profiling(false);
+  ASSERT_TRUE(step_rows(m, kv, {&step, 1}, out).ok());
+  EXPECT_EQ(m.model->profiled_steps(), 0);
+  m.model->set_step_profiling(false);
 }
 
 }  // namespace

@@ -1,27 +1,26 @@
-// MTP speculative decoding on the CUDA runner. The GPU draft host runs the next-n layer as the CPU host does
-// (logits and hidden states within the bf16 tolerance of the fixture tests), keeps its own paged KV (rollback
-// frees pages), and through the engine greedy output with drafting at K = 1..5 equals plain decoding on the
-// same GPU token for token, exactly (no near-tie allowance): on the trained tiny-glm (bf16) and on the
-// glm4_moe_lite-tiny fixture, with concurrent requests of several prompt and output lengths, and with a long
-// prompt through the prefill kernel. That rests on the runner's batch invariance (kBatchInvariantMaxRows in
-// cuda_model_step.h, tested row by row in batch_invariance_test.cpp).
+// MTP speculative decoding on the CUDA runner. The next-n layer runs through the engine's DraftServices on the GPU
+// as on the CPU (logits and hidden states within the bf16 tolerance of the fixture tests, in the target's pages), and
+// through the engine greedy output with drafting at K = 1..5 equals plain decoding on the same GPU token for token,
+// exactly (no near-tie allowance): on the trained tiny-glm (bf16) and on the glm4_moe_lite-tiny fixture, with
+// concurrent requests of several prompt and output lengths, and with a long prompt through the prefill kernel. That
+// rests on the runner's batch invariance (kBatchInvariantMaxRows in cuda_model_step.h, tested row by row in
+// batch_invariance_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
+#include "engine/engine_draft_services.h"
 #include "engine/engine_factory.h"
 #include "engine/engine_harness.h"
-#include "engine/generator.h"
-#include "runtime/cuda/cuda_draft_host.h"
 #include "speculative/speculative_test_support.h"
 
 namespace kiln::testing {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr double kTolerance = 5e-2;  // max|Δ| / max|cpu|, as the fixture tests of the CUDA runner
+constexpr double kTolerance = 5e-2;      // max|Δ| / max|cpu|, as the fixture tests of the CUDA runner
 constexpr float kRouterNearTie = 1e-2f;  // as there: a routing margin within reach of bf16's error
 
 fs::path model_path(const std::string& name) {
@@ -51,138 +50,117 @@ Recipe gpu_recipe(const std::string& model, int depth, int64_t max_num_seqs = 4,
   return std::move(r).value();
 }
 
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
-    ref = std::max(ref, std::fabs(static_cast<double>(want[i])));
-  }
-  return diff / ref;
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  return want.empty() ? 0.0 : relative_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
 }
 
-TEST(CudaMtpDraftHost, RunsTheMtpLayerLikeTheCpuHost) {
+// The next-n layer through DraftServices::mtp_run on the GPU and on the CPU: two sequences (a 13-row and a 5-row
+// batch entry), then recursive single-row steps, each conditioned on the CPU's hidden output so the comparison
+// stays per step.
+TEST(CudaDraftServices, RunTheMtpLayerLikeTheCpu) {
   load_mtp_plugin();
-  auto cpu_made = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "model.device=cpu",
-                                   "kv.layout=bf16", "kv.block_size=4", "speculative.method=mtp", "speculative.depth=3",
-                                   "speculative.draft_kv_dtype=bf16"},
-                              global_registry());
-  ASSERT_TRUE(cpu_made.ok()) << cpu_made.status().to_string();
-  const Recipe& cpu_recipe = *cpu_made;
-  LoadedModel cpu = load_with_mtp(cpu_recipe);
-  const Recipe recipe = gpu_recipe("glm4_moe_lite-tiny", 3);
-  auto gpu = load_model(recipe, global_registry(), model_load_options(recipe));
-  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
-  ASSERT_NE(gpu->gpu, nullptr);
-  ASSERT_EQ(gpu->gpu->num_mtp_layers(), 1);
-  auto cpu_host = make_mtp_draft_host(cpu, cpu_recipe, global_registry(), 64);
-  ASSERT_TRUE(cpu_host.ok()) << cpu_host.status().to_string();
-  auto made = cuda::CudaMtpDraftHost::create(*gpu->gpu, 64, 4);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  DraftHost& g = **made;
-  DraftHost& c = **cpu_host;
-  EXPECT_EQ(g.num_draft_layers(), 1);
-  EXPECT_EQ(g.hidden_size(), c.hidden_size());
+  const std::vector<std::string> sets = {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "kv.layout=bf16",
+                                         "kv.block_size=4"};
+  std::vector<std::string> cpu_sets = sets, gpu_sets = sets;
+  cpu_sets.push_back("model.device=cpu");
+  gpu_sets.push_back("model.device=cuda");
+  LoadedModel cpu = load_recipe_model(cpu_sets, {.load_mtp = true});
+  LoadedModel gpu = load_recipe_model(gpu_sets, {.load_mtp = true});
+  ASSERT_TRUE(gpu.on_gpu());
+  ASSERT_EQ(gpu.model->num_mtp_layers(), 1);
+  TestKv cpu_kv(cpu, 128), gpu_kv(gpu, 128);
+  EngineDraftServices c(*cpu.model, cpu.format, cpu.info.num_layers, "");
+  EngineDraftServices g(*gpu.model, gpu.format, gpu.info.num_layers, "");
+  c.attach(&cpu_kv.manager(), static_cast<int64_t>(cpu_kv.views().layers.size()));
+  g.attach(&gpu_kv.manager(), static_cast<int64_t>(gpu_kv.views().layers.size()));
+  const int64_t H = c.hidden_size(), V = c.vocab_size();
+  ASSERT_EQ(g.hidden_size(), H);
 
-  const int64_t H = c.hidden_size();
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  // Two sequences: a 13-row "prefill" and a 5-row one, then recursive single-row steps on the layer's own output.
-  std::vector<std::vector<int32_t>> tokens = {random_prompt(rng, 13, 4096), random_prompt(rng, 5, 4096)};
+  std::vector<std::vector<int32_t>> tokens = {random_prompt(rng, 13, V), random_prompt(rng, 5, V)};
+  std::vector<std::vector<int32_t>> ctables(2), gtables(2);
   std::vector<std::vector<float>> hidden(2);
   for (int s = 0; s < 2; ++s) {
     hidden[s].resize(tokens[s].size() * H);
     for (float& v : hidden[s]) v = normal(rng);
-    ASSERT_TRUE(c.allocate(s).ok());
-    ASSERT_TRUE(g.allocate(s).ok());
+    ASSERT_TRUE(cpu_kv.reserve(ctables[s], 32).ok());
+    ASSERT_TRUE(gpu_kv.reserve(gtables[s], 32).ok());
   }
-  EXPECT_FALSE(g.allocate(0).ok());
-  std::vector<DraftLayerRows> batch(2);
-  for (int s = 0; s < 2; ++s)
-    batch[s] = {s, 0, tokens[s].data(), hidden[s].data(), static_cast<int64_t>(tokens[s].size()), true};
-  DraftLayerOutput co, go;
-  ASSERT_TRUE(c.run(0, batch, co).ok());
-  ASSERT_TRUE(g.run(0, batch, go).ok());
-  ASSERT_EQ(go.first_row, co.first_row);
-  // The same rows through the CPU model's MTP layer on a fresh cache, for each row's MoE routing margin: a row the
-  // CPU routed by less than the bf16 path's error in the router scores may take the other expert on the GPU.
-  const std::vector<float> margins = [&] {
-    auto kv = make_kv_cache(cpu, 64);
+  // Device copies of the hidden rows the GPU side conditions on.
+  auto to_device = [&](const std::vector<float>& h) {
+    auto p = gpu.device->allocate(h.size() * 4, "test rows");
+    EXPECT_TRUE(p.ok());
+    EXPECT_TRUE(gpu.device->copy(*p, h.data(), h.size() * 4, true).ok());
+    return static_cast<const float*>(*p);
+  };
+  auto run = [&](EngineDraftServices& svc, std::vector<std::vector<int32_t>>& tables,
+                 const std::vector<const float*>& rows, const std::vector<int64_t>& start,
+                 const std::vector<std::vector<int32_t>>& toks, bool all_logits, std::vector<float>& logits,
+                 std::vector<float>& hid, bool on_device) {
+    std::vector<MtpRows> batch;
+    int64_t n = 0, logit_rows = 0;
+    for (int s = 0; s < 2; ++s) {
+      const int64_t k = static_cast<int64_t>(toks[s].size());
+      batch.push_back({tables[s].data(), static_cast<int64_t>(tables[s].size()), start[s], toks[s].data(), rows[s], 0, k,
+                       all_logits});
+      n += k;
+      logit_rows += all_logits ? k : 1;
+    }
+    MtpOutput out;
+    ASSERT_TRUE(svc.mtp_run(0, batch, out).ok());
+    logits.resize(logit_rows * V);
+    hid.resize(n * H);
+    if (on_device) {
+      ASSERT_TRUE(gpu.device->copy(logits.data(), out.logits, logits.size() * 4, false).ok());
+      ASSERT_TRUE(gpu.device->copy(hid.data(), out.hidden, hid.size() * 4, true).ok());
+    } else {
+      std::copy_n(out.logits, logits.size(), logits.begin());
+      std::copy_n(out.hidden, hid.size(), hid.begin());
+    }
+  };
+  std::vector<float> cl, chid, gl, ghid;
+  run(c, ctables, {hidden[0].data(), hidden[1].data()}, {0, 0}, tokens, true, cl, chid, false);
+  run(g, gtables, {to_device(hidden[0]), to_device(hidden[1])}, {0, 0}, tokens, true, gl, ghid, true);
+  // Each row's MoE routing margin from the CPU model itself: a row the CPU routed by less than the bf16 path's
+  // error in the router scores may take the other expert on the GPU.
+  std::vector<float> margins;
+  {
+    TestKv kv(cpu, 64);
     std::vector<std::vector<int32_t>> tables(2);
     std::vector<SequenceStep> steps;
     std::vector<float> prev;
     for (int s = 0; s < 2; ++s) {
-      EXPECT_TRUE(kv->reserve(tables[s], static_cast<int64_t>(tokens[s].size())).ok());
+      ASSERT_TRUE(kv.reserve(tables[s], static_cast<int64_t>(tokens[s].size())).ok());
       steps.push_back({tokens[s], 0, &tables[s], true});
       prev.insert(prev.end(), hidden[s].begin(), hidden[s].end());
     }
     StepOutput out;
-    out.record_router_margin = true;
-    EXPECT_TRUE(cpu.model->mtp_forward(0, steps, prev.data(), *kv, out).ok());
-    EXPECT_LE(relative_error(out.logits, co.logits), 1e-4);  // the host runs the same layer
-    return out.router_margin;
-  }();
-  const int64_t vocab = c.vocab_size(), rows = static_cast<int64_t>(margins.size());
-  ASSERT_EQ(static_cast<int64_t>(co.logits.size()), rows * vocab);
-  auto close_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width) {
-    std::vector<float> g2, w2;
-    for (int64_t r = 0; r < rows; ++r)
-      if (margins[r] >= kRouterNearTie) {
-        g2.insert(g2.end(), got.begin() + r * width, got.begin() + (r + 1) * width);
-        w2.insert(w2.end(), want.begin() + r * width, want.begin() + (r + 1) * width);
-      }
-    return relative_error(g2, w2);
-  };
-  const int64_t ties = std::count_if(margins.begin(), margins.end(), [](float m) { return m < kRouterNearTie; });
-  EXPECT_LE(ties, rows / 2) << "rows routed by a near-tie: too few left to compare";  // 4 of 18 on the H200
-  EXPECT_LE(close_rows(go.logits, co.logits, vocab), kTolerance) << ties << " near-tie rows left out";
-  EXPECT_LE(close_rows(go.hidden, co.hidden, H), kTolerance) << ties << " near-tie rows left out";
-  std::vector<int64_t> len = {13, 5};
-  std::vector<int64_t> last_row = {12, 17};  // each sequence's newest row in the previous run's hidden output
+    ASSERT_TRUE(cpu_model(cpu).mtp_forward(0, steps, prev.data(), kv.views(), out).ok());
+    EXPECT_LE(rel_error(out.logits, cl), 1e-4);  // the services run the same layer
+    // The MTP step's margins: recorded through a trunk-free forward is not available; use the layer's own output
+    // distance instead when the fixture has no near-ties (asserted below by the tolerance).
+  }
+  const int64_t rows = static_cast<int64_t>(cl.size()) / V;
+  EXPECT_LE(rel_error(gl, cl), kTolerance);
+  EXPECT_LE(rel_error(ghid, chid), kTolerance);
+  std::vector<int64_t> len = {13, 5}, last = {12, 17};
   for (int step = 0; step < 4; ++step) {
-    std::vector<int32_t> next(2);
+    std::vector<std::vector<int32_t>> next(2);
     std::vector<std::vector<float>> h(2);
     for (int s = 0; s < 2; ++s) {
-      next[s] = static_cast<int32_t>((101 * step + 17 * s + 3) % 4096);
-      // Both sides condition on the CPU's hidden output, so the comparison stays per step.
-      h[s].assign(co.hidden.begin() + last_row[s] * H, co.hidden.begin() + (last_row[s] + 1) * H);
-      batch[s] = {s, len[s], &next[s], h[s].data(), 1, false};
-      last_row[s] = s;
+      next[s] = {static_cast<int32_t>((101 * step + 17 * s + 3) % V)};
+      h[s].assign(chid.begin() + last[s] * H, chid.begin() + (last[s] + 1) * H);
+      last[s] = s;
     }
-    ASSERT_TRUE(c.run(0, batch, co).ok());
-    ASSERT_TRUE(g.run(0, batch, go).ok());
-    EXPECT_LE(relative_error(go.logits, co.logits), kTolerance) << "step " << step;
-    EXPECT_LE(relative_error(go.hidden, co.hidden), kTolerance) << "step " << step;
-    for (int s = 0; s < 2; ++s) EXPECT_EQ(*g.length(s), ++len[s]);
+    run(c, ctables, {h[0].data(), h[1].data()}, len, next, false, cl, chid, false);
+    run(g, gtables, {to_device(h[0]), to_device(h[1])}, len, next, false, gl, ghid, true);
+    EXPECT_LE(rel_error(gl, cl), kTolerance) << "step " << step;
+    EXPECT_LE(rel_error(ghid, chid), kTolerance) << "step " << step;
+    for (int s = 0; s < 2; ++s) ++len[s];
   }
-  // Rollback frees pages; the rolled-back positions are rewritten like fresh ones.
-  auto* host = dynamic_cast<cuda::CudaMtpDraftHost*>(&g);
-  const int64_t free_before = host->free_blocks();
-  ASSERT_TRUE(g.truncate(0, 6).ok());
-  EXPECT_EQ(*g.length(0), 6);
-  EXPECT_EQ(host->free_blocks(), free_before + 3);  // 17 positions (5 blocks of 4) → 6 (2 blocks)
-  g.release(1);
-  EXPECT_FALSE(g.length(1).ok());
-  EXPECT_FALSE(g.run(1, batch, go).ok());
-}
-
-// Plain single-sequence GPU decoding of each prompt (what the engine must reproduce with drafting).
-std::vector<std::vector<int32_t>> plain_gpu_generation(const LoadedModel& m,
-                                                       const std::vector<std::vector<int32_t>>& prompts,
-                                                       const std::vector<int64_t>& lengths) {
-  std::vector<std::vector<int32_t>> expected;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto kv = make_kv_cache(m, 160);
-    auto runner = m.gpu->make_runner(kv->num_blocks(), kv->block_size());
-    EXPECT_TRUE(runner.ok());
-    Generator g(*m.model, *kv, runner->get());
-    GenerateOptions o;
-    o.max_new_tokens = lengths[i];
-    auto out = g.generate(prompts[i], o, nullptr);
-    EXPECT_TRUE(out.ok()) << out.status().to_string();
-    expected.push_back(out.ok() ? *out : std::vector<int32_t>{});
-  }
-  return expected;
+  std::printf("next-n layer, GPU vs CPU: %lld rows compared within %.0e\n", static_cast<long long>(rows), kTolerance);
+  (void)kRouterNearTie;
 }
 
 // Serves `prompts` through the engine of `recipe` (drafting) and expects exactly `expected` for each.
@@ -192,7 +170,7 @@ void expect_engine_output(const LoadedModel& m, const Recipe& recipe, const std:
   auto started = start_engine(m, recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
   ASSERT_NE(started->drafter, nullptr);
-  ASSERT_NE(dynamic_cast<cuda::CudaMtpDraftHost*>(started->draft_host.get()), nullptr);
+  ASSERT_NE(started->draft_services, nullptr);
   const std::vector<Outcome> outcomes = run_requests(*started->engine, prompts, lengths);
   ASSERT_EQ(outcomes.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -216,16 +194,24 @@ LoadedModel load_gpu(const Recipe& recipe) {
   return std::move(loaded).value();
 }
 
+// Plain single-sequence GPU decoding of each prompt in one prefill step (what the engine must reproduce).
+std::vector<std::vector<int32_t>> plain_gpu_generation(LoadedModel& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                       const std::vector<int64_t>& lengths) {
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(greedy_reference(m, prompts[i], lengths[i]));
+  return expected;
+}
+
 class CudaSpeculativeEngine : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 // Concurrent requests whose prompts (2 .. 12 tokens) run the decode path, in steps of at most 12 + 5 · 4 = 32 rows.
 TEST_P(CudaSpeculativeEngine, GreedyOutputEqualsNoDrafting) {
   const auto& [model, depth] = GetParam();
   const Recipe recipe = gpu_recipe(model, depth);
-  const LoadedModel m = load_gpu(recipe);
-  ASSERT_NE(m.gpu, nullptr);
-  ASSERT_EQ(m.gpu->num_mtp_layers(), 1);
-  const int64_t vocab = m.model->config().vocab_size;
+  LoadedModel m = load_gpu(recipe);
+  ASSERT_TRUE(m.on_gpu());
+  ASSERT_EQ(m.model->num_mtp_layers(), 1);
+  const int64_t vocab = m.info.vocab_size;
 
   std::mt19937 rng(200 + depth);
   std::vector<std::vector<int32_t>> prompts;
@@ -243,10 +229,10 @@ TEST_P(CudaSpeculativeEngine, GreedyOutputEqualsNoDrafting) {
 TEST_P(CudaSpeculativeEngine, LongPromptGreedyOutputEqualsNoDrafting) {
   const auto& [model, depth] = GetParam();
   const Recipe recipe = gpu_recipe(model, depth, 1, 64);
-  const LoadedModel m = load_gpu(recipe);
-  ASSERT_NE(m.gpu, nullptr);
+  LoadedModel m = load_gpu(recipe);
+  ASSERT_TRUE(m.on_gpu());
   std::mt19937 rng(300 + depth);
-  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 45, m.model->config().vocab_size)};
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 45, m.info.vocab_size)};
   const std::vector<int64_t> lengths = {40};
   expect_engine_output(m, recipe, model, depth, prompts, lengths, plain_gpu_generation(m, prompts, lengths));
 }
@@ -254,6 +240,30 @@ TEST_P(CudaSpeculativeEngine, LongPromptGreedyOutputEqualsNoDrafting) {
 INSTANTIATE_TEST_SUITE_P(ModelsAndDepths, CudaSpeculativeEngine,
                          ::testing::Combine(::testing::Values("tiny-glm", "glm4_moe_lite-tiny"),
                                             ::testing::Values(1, 2, 3, 4, 5)));
+
+// Sampled requests with MTP drafts on the GPU (drafts and their sparse q sampled on the device, rejection sampling
+// on the device): a seed fixes the output, and drafting happened.
+TEST(CudaSpeculativeSampling, SeededRequestsRepeat) {
+  const Recipe recipe = gpu_recipe("tiny-glm", 4);
+  LoadedModel m = load_gpu(recipe);
+  auto started = start_engine(m, recipe);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::mt19937 rng(10);
+  const auto prompt = random_prompt(rng, 9, m.info.vocab_size);
+  std::vector<std::vector<int32_t>> outs;
+  for (int run = 0; run < 2; ++run) {
+    RequestParams p;
+    p.prompt = prompt;
+    p.max_tokens = 24;
+    p.sampling = {0.8f, 0, 0.95f, 1234};
+    auto got = run_single_request(*started->engine, p);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    outs.push_back(*got);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0].size(), 24u);
+  EXPECT_GT(started->engine->metrics().spec_draft_tokens, 0);
+}
 
 // GLM-4.7-Flash shapes with dummy weights: the next-n layer is made on the device too, so a speculative recipe
 // with model.load = "dummy" starts (what the serving benchmarks need).
@@ -270,7 +280,7 @@ TEST(CudaSpeculativeDummy, DummyLoadsMakeTheMtpLayer) {
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), model_load_options(*recipe));
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  ASSERT_EQ(m->gpu->num_mtp_layers(), 1);
+  ASSERT_EQ(m->model->num_mtp_layers(), 1);
   auto started = start_engine(*m, *recipe);
   ASSERT_TRUE(started.ok()) << started.status().to_string();
   Collector c;

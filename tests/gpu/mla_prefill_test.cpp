@@ -11,6 +11,7 @@
 #include "device_buffer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cuda/mla_prefill.h"
+#include "builtin/paged_mla_kv_layout.h"
 #include "runtime/cuda/mla_prefill_attention.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
@@ -148,6 +149,22 @@ struct PathCase {
 };
 
 // The paged path against the absorbed form: q_lat = W_UKᵀ q_nope, attention over the latent cache, out = W_UV o_lat.
+// The built-in bf16 KV layout on CUDA, which the prefill path gathers cached rows through.
+std::unique_ptr<KvLayout> bf16_layout(int64_t latent, int64_t rope, int64_t block_size) {
+  ModelInfo info;
+  info.kv_lora_rank = latent;
+  info.qk_rope_head_dim = rope;
+  RecipeSection kv("kv");
+  kv.set("block_size", block_size);
+  CreateContext ctx;
+  ctx.section = &kv;
+  ctx.device = Device::cuda(0);
+  ctx.model = &info;
+  auto made = builtin::create_bf16_kv_layout_cuda(ctx);
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  return std::move(made).value();
+}
+
 void run_path_case(const PathCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const Dims& d = c.d;
@@ -209,8 +226,10 @@ void run_path_case(const PathCase& c, uint64_t seed) {
   ws.poison();
   cublasHandle_t blas = nullptr;
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  auto layout = bf16_layout(L, d.rope, bs);
   cuda::MlaPrefillArgs a;
-  a.seqs = seqs, a.dims = dims, a.q = dq.get(), a.pages = dcache.get(), a.block_size = bs;
+  a.seqs = seqs, a.dims = dims, a.q = dq.get(), a.layout = layout.get(), a.pages = dcache.get(), a.block_size = bs;
+  a.stream = Stream{Device::cuda(0), nullptr};
   a.block_tables = dtables.get(), a.max_blocks = max_blocks, a.kv_b = dkv_b.get(), a.scale = scale;
   a.out = dout.get(), a.workspace = ws.get(), a.workspace_bytes = ws_bytes;
   const Status st = cuda::mla_prefill_attention(a, blas, nullptr);
@@ -240,8 +259,10 @@ TEST(GpuMlaPrefill, RejectsSmallWorkspace) {
   DeviceBuffer<float> q(4 * 4 * 24);
   DeviceBuffer<uint16_t> pages(64 * 40), kv_b(4 * 32 * 32), out(4 * 4 * 16);
   DeviceBuffer<int32_t> tables(std::vector<int32_t>{0, 1});
+  auto layout = bf16_layout(32, 8, 8);
   cuda::MlaPrefillArgs a;
-  a.seqs = seqs, a.dims = dims, a.q = q.get(), a.pages = pages.get(), a.block_size = 8, a.block_tables = tables.get();
+  a.seqs = seqs, a.dims = dims, a.q = q.get(), a.layout = layout.get(), a.pages = pages.get(), a.block_size = 8;
+  a.block_tables = tables.get(), a.stream = Stream{Device::cuda(0), nullptr};
   a.max_blocks = 2, a.kv_b = kv_b.get(), a.out = out.get(), a.workspace = ws.get(), a.workspace_bytes = 64;
   const Status st = cuda::mla_prefill_attention(a, nullptr, nullptr);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Packs what a GPU run needs from a build tree into a folder to carry to the device machine (the device tool sends
+# the checkout plus named ignored paths, 64 MiB in all): the kiln command, the test and benchmark programs, libkiln_core
+# and the plugins, debug info stripped, in the build tree's bin/ lib/ layout (their RUNPATH is $ORIGIN/../lib).
+#   tools/device_carry.sh BUILD_DIR OUT_DIR [program...]    (default programs: kiln kiln_gpu_tests)
+set -euo pipefail
+build=$1 out=$2
+shift 2
+programs=("$@")
+[ ${#programs[@]} -gt 0 ] || programs=(kiln kiln_gpu_tests)
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib/kiln/plugins"
+for p in "${programs[@]}"; do strip --strip-debug -o "$out/bin/$p" "$build/bin/$p"; done
+for f in "$build"/lib/libkiln_core.so*; do
+  if [ -L "$f" ]; then cp -P "$f" "$out/lib/"; else strip --strip-debug -o "$out/lib/$(basename "$f")" "$f"; fi
+done
+for f in "$build"/lib/kiln/plugins/*.so; do strip --strip-debug -o "$out/lib/kiln/plugins/$(basename "$f")" "$f"; done
+du -sh "$out"
