@@ -124,6 +124,8 @@ TEST(CudaDraftServices, RunTheMtpLayerLikeTheCpu) {
   run(g, gtables, {to_device(hidden[0]), to_device(hidden[1])}, {0, 0}, tokens, true, gl, ghid, true);
   // Each row's MoE routing margin from the CPU model itself: a row the CPU routed by less than the bf16 path's
   // error in the router scores may take the other expert on the GPU.
+  // Each row's MoE routing margin, from the CPU model's own MTP layer on a fresh cache: a row the CPU routed by less
+  // than the bf16 path's error in the router scores may take the other expert on the GPU, a discrete change.
   std::vector<float> margins;
   {
     TestKv kv(cpu, 64);
@@ -136,14 +138,25 @@ TEST(CudaDraftServices, RunTheMtpLayerLikeTheCpu) {
       prev.insert(prev.end(), hidden[s].begin(), hidden[s].end());
     }
     StepOutput out;
-    ASSERT_TRUE(cpu_model(cpu).mtp_forward(0, steps, prev.data(), kv.views(), out).ok());
+    ASSERT_TRUE(cpu_model(cpu).mtp_forward(0, steps, prev.data(), kv.views(), out, true).ok());
     EXPECT_LE(rel_error(out.logits, cl), 1e-4);  // the services run the same layer
-    // The MTP step's margins: recorded through a trunk-free forward is not available; use the layer's own output
-    // distance instead when the fixture has no near-ties (asserted below by the tolerance).
+    margins = out.router_margin;
   }
   const int64_t rows = static_cast<int64_t>(cl.size()) / V;
-  EXPECT_LE(rel_error(gl, cl), kTolerance);
-  EXPECT_LE(rel_error(ghid, chid), kTolerance);
+  ASSERT_EQ(static_cast<int64_t>(margins.size()), rows);
+  auto close_rows = [&](const std::vector<float>& got, const std::vector<float>& want, int64_t width) {
+    std::vector<float> g2, w2;
+    for (int64_t r = 0; r < rows; ++r)
+      if (margins[r] >= kRouterNearTie) {
+        g2.insert(g2.end(), got.begin() + r * width, got.begin() + (r + 1) * width);
+        w2.insert(w2.end(), want.begin() + r * width, want.begin() + (r + 1) * width);
+      }
+    return rel_error(g2, w2);
+  };
+  const int64_t ties = std::count_if(margins.begin(), margins.end(), [](float m) { return m < kRouterNearTie; });
+  EXPECT_LE(ties, rows / 2) << "rows routed by a near-tie: too few left to compare";
+  EXPECT_LE(close_rows(gl, cl, V), kTolerance) << ties << " near-tie rows left out";
+  EXPECT_LE(close_rows(ghid, chid, H), kTolerance) << ties << " near-tie rows left out";
   std::vector<int64_t> len = {13, 5}, last = {12, 17};
   for (int step = 0; step < 4; ++step) {
     std::vector<std::vector<int32_t>> next(2);
@@ -159,8 +172,8 @@ TEST(CudaDraftServices, RunTheMtpLayerLikeTheCpu) {
     EXPECT_LE(rel_error(ghid, chid), kTolerance) << "step " << step;
     for (int s = 0; s < 2; ++s) ++len[s];
   }
-  std::printf("next-n layer, GPU vs CPU: %lld rows compared within %.0e\n", static_cast<long long>(rows), kTolerance);
-  (void)kRouterNearTie;
+  std::printf("next-n layer, GPU vs CPU: %lld rows, %lld routed by a near-tie left out, then 4 steps, within %.0e\n",
+              static_cast<long long>(rows), static_cast<long long>(ties), kTolerance);
 }
 
 // Serves `prompts` through the engine of `recipe` (drafting) and expects exactly `expected` for each.

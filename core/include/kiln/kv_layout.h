@@ -95,10 +95,16 @@ struct MlaAttendShape {
   int multiprocessor_count = 0;
 };
 
+// What attend will launch for a shape. Runners capture decode steps into CUDA graphs and replay a graph for a later
+// step whose plan compares equal, with the earlier step's kernel arguments: so everything attend derives from the
+// shape (a grid, a score-row stride, a kernel choice) must show in the plan; `launch_key` carries what the other
+// fields do not (0 when nothing does).
 struct MlaAttendPlan {
   int num_splits = 1;
   bool split_by_length = false;
   size_t workspace_bytes = 0;
+  int64_t launch_key = 0;
+  bool operator==(const MlaAttendPlan&) const = default;
 };
 
 // Rows of sequences, positions 0 .. kv_len − 1 of each, gathered into one array: sequence b's position t goes to

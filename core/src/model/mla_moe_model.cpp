@@ -509,7 +509,7 @@ Status MlaMoeModel::logits(std::span<const SequenceStep> steps, const TokenLayou
 }
 
 Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
-                                const CacheViews& caches, StepOutput& out) const {
+                                const CacheViews& caches, StepOutput& out, bool record_router_margin) const {
   const ModelConfig& c = config_;
   if (mtp_index < 0 || mtp_index >= static_cast<int64_t>(weights_.mtp.size()))
     return out_of_range("MTP layer " + std::to_string(mtp_index) + " is not loaded (" +
@@ -537,8 +537,9 @@ Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep>
   std::vector<int32_t> selected;
   int64_t selected_width = 0;
   out.router_margin.clear();
-  KILN_RETURN_IF_ERROR(
-      run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, caches, x.data(), selected, selected_width, nullptr));
+  if (record_router_margin) out.router_margin.assign(N, std::numeric_limits<float>::infinity());
+  KILN_RETURN_IF_ERROR(run_layer(m.layer, c.num_hidden_layers + mtp_index, tl, caches, x.data(), selected,
+                                 selected_width, record_router_margin ? out.router_margin.data() : nullptr));
   out.hidden = x;
   return logits(steps, tl, x.data(), m.head_norm, m.head ? *m.head : *weights_.lm_head, out);
 }

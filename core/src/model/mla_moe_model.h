@@ -73,9 +73,9 @@ class MlaMoeModel {
   // position p = start_position + i, and row i of `prev_hidden` [tokens, hidden] is the hidden state the
   // drafter conditions on for that position. Its KV lives in layer num_hidden_layers + mtp_index of `caches`.
   // Logits come from shared_head.norm → shared_head.head (or the target's lm_head); out.hidden is the layer's
-  // output before that norm.
+  // output before that norm. With record_router_margin, out.router_margin as a trunk step records it.
   Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
-                     const CacheViews& caches, StepOutput& out) const;
+                     const CacheViews& caches, StepOutput& out, bool record_router_margin = false) const;
 
   // Embedding rows as fp32 [n, hidden].
   void embed(const int32_t* ids, int64_t n, float* out) const;

@@ -66,7 +66,8 @@ class Bf16KvLayoutCuda final : public KvLayout {
       p.workspace_bytes = p.num_splits > 1 ? cuda::mla_decode_workspace_bytes(s.num_queries, s.num_heads, p.num_splits) : 0;
       return p;
     }
-    // Score rows, then an fp32 output for callers that want bf16 only.
+    // Score rows, then an fp32 output for callers that want bf16 only. The score-row width is baked into the launch.
+    p.launch_key = reference_width(s);
     p.workspace_bytes = align256(static_cast<size_t>(rows * reference_width(s)) * 4) +
                         align256(static_cast<size_t>(rows * g_.latent_dim) * 4);
     return p;

@@ -213,7 +213,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   };
 
   if (graphs_ && N == sh.S && media.empty()) {
-    const GraphKey key{mtp_index,        sh.S,        R, sh.max_blocks, sh.scores_kv, tap_key(taps), sh.attend.num_splits,
+    const GraphKey key{mtp_index,        sh.S,        R, sh.max_blocks, sh.scores_kv, tap_key(taps), sh.attend,
                        sh.want_hidden,   I.scratch.base(), caches.entry(0, 0)};
     KILN_RETURN_IF_ERROR(I.graphs.run(key, I.stream, enqueue));
   } else {

@@ -120,7 +120,7 @@ Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, Pinned
 struct GraphKey {
   int64_t variant;  // −1 the trunk, i MTP layer i
   int64_t steps, rows, max_blocks, scores_kv, taps;
-  int splits;
+  MlaAttendPlan attend;  // the KV layout's launch for this shape
   bool want_hidden;
   const void* scratch;
   const void* pages;

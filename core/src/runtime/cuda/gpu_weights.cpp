@@ -37,7 +37,8 @@ struct Loader {
     return l;
   }
   Result<std::unique_ptr<Linear>> linear(const std::string& name, int64_t in, int64_t out) {
-    return linear({name}, {out}, in);
+    // Spelled out: `{name}, {out}` would pick this overload again (identity conversions beat the vectors').
+    return linear(std::vector<std::string>{name}, std::vector<int64_t>{out}, in);
   }
   Result<uint16_t*> bf16(const std::string& name, int64_t rows, int64_t cols, DummyInit init) {
     KILN_ASSIGN_OR_RETURN(void* p, dev.allocate(static_cast<size_t>(rows * cols) * 2, name.c_str()));
