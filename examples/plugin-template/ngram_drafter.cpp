@@ -5,9 +5,9 @@
 #include <map>
 #include <vector>
 
-#include "kiln/drafter.h"
-#include "kiln/plugin.h"
+#include "example_plugin.h"
 
+namespace example_plugin {
 namespace {
 
 class NgramDrafter final : public kiln::Drafter {
@@ -64,12 +64,14 @@ class NgramDrafter final : public kiln::Drafter {
   std::map<int64_t, std::vector<int32_t>> history_;
 };
 
-kiln::Result<std::unique_ptr<kiln::Drafter>> make_ngram(const kiln::CreateContext& ctx) {
+}  // namespace
+
+kiln::Result<std::unique_ptr<kiln::Drafter>> make_ngram_drafter(const kiln::CreateContext& ctx) {
   int64_t n = ctx.section ? ctx.section->get_int("ngram_size", 3) : 3;
   return std::unique_ptr<kiln::Drafter>(new NgramDrafter(static_cast<int>(n)));
 }
 
-kiln::Status register_example(kiln::Registrar& registrar) {
+kiln::SectionSchema ngram_drafter_schema() {
   kiln::KeySpec ngram;
   ngram.name = "ngram_size";
   ngram.type = kiln::ValueType::kInteger;
@@ -77,10 +79,7 @@ kiln::Status register_example(kiln::Registrar& registrar) {
   ngram.min = 1;
   ngram.max = 64;
   ngram.doc = "tokens matched to find a continuation";
-  return registrar.add<kiln::Drafter>("ngram", "prompt-lookup drafter (no model; example plugin)", &make_ngram,
-                                      kiln::DeviceSet::cpu_and_cuda(), {{ngram}});
+  return {{ngram}};
 }
 
-}  // namespace
-
-KILN_PLUGIN("example-ngram", "0.1.0", "example out-of-tree plugin: an n-gram prompt-lookup drafter", &register_example)
+}  // namespace example_plugin
