@@ -17,6 +17,11 @@ for f in "$build"/lib/libkiln_core.so*; do
   if [ -L "$f" ]; then cp -P "$f" "$out/lib/"; else strip --strip-debug -o "$out/lib/$(basename "$f")" "$f"; fi
 done
 for f in "$build"/lib/kiln/plugins/*.so; do strip --strip-debug -o "$out/lib/kiln/plugins/$(basename "$f")" "$f"; done
+# The plugin template built in-tree for the GPU tests (they find it under the build tree's tests/plugin-template).
+if compgen -G "$build/tests/plugin-template/*.so" > /dev/null; then
+  mkdir -p "$out/tests/plugin-template"
+  for f in "$build"/tests/plugin-template/*.so; do strip --strip-debug -o "$out/tests/plugin-template/$(basename "$f")" "$f"; done
+fi
 ldd "$out"/bin/* "$out"/lib/libkiln_core.so* "$out"/lib/kiln/plugins/*.so 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
   sort -u | grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|libcu[A-Za-z]*|libnccl|libkiln_core)[.-]' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done

@@ -40,6 +40,9 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", the model needs " + std::to_string(config_.kv_lora_rank) +
                                "+" + std::to_string(config_.qk_rope_head_dim));
+  if (ctx.collective && ctx.collective->world_size() > 1)
+    return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
+                         " ranks, and " + config_.model_type + " does not shard its weights yet (parallel.tensor = 1)");
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));

@@ -11,6 +11,7 @@ Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create(const Model
                         load_model_weights(config, *ctx.source, *ctx.format, ctx.load_mtp, ctx.precision));
   auto model = std::make_unique<MlaMoeModel>(config, std::move(weights));
   model->set_threads(ctx.threads);
+  model->set_collective(ctx.collective);
   return std::unique_ptr<MlaMoeCpuInstance>(new MlaMoeCpuInstance(std::move(model), *ctx.device));
 }
 

@@ -412,6 +412,12 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   return ok_status();
 }
 
+// A row-parallel block's output is this rank's partial sum; the group adds them up (world size 1: as it is).
+Status MlaMoeModel::reduce_partial(float* y, int64_t count) const {
+  if (!collective_) return ok_status();
+  return collective_->all_reduce(y, count, DType::kF32, ReduceOp::kSum, Stream{Device::cpu(), nullptr});
+}
+
 Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl,
                               const CacheViews& caches, float* x, std::vector<int32_t>& selected,
                               int64_t& selected_width, float* router_margin) const {
@@ -422,9 +428,11 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
   round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, caches, h.data(), y.data(), selected, selected_width)
                            .with_context("layer " + std::to_string(kv_layer) + " attention"));
+  KILN_RETURN_IF_ERROR(reduce_partial(y.data(), N * Hd));
   cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
   round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data(), router_margin).with_context("layer " + std::to_string(kv_layer) + " mlp"));
+  KILN_RETURN_IF_ERROR(reduce_partial(y.data(), N * Hd));
   for (int64_t i = 0; i < N * Hd; ++i) x[i] += y[i];
   return ok_status();
 }

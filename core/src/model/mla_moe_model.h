@@ -27,6 +27,7 @@
 
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/rope.h"
+#include "kiln/collective.h"
 #include "model/model_config.h"
 #include "model/model_step.h"
 #include "model/model_weights.h"
@@ -62,6 +63,8 @@ class MlaMoeModel {
   // CPU threads for this model's kernels (0 = OpenMP's default). Applied by every forward call on the thread
   // that makes it, since OpenMP's team size is a per-thread setting and engines run on their own threads.
   void set_threads(int threads) { threads_ = threads; }
+  // The tensor-parallel group whose ranks' partial block outputs each layer sums (none: one rank).
+  void set_collective(Collective* collective) { collective_ = collective; }
 
   // Runs all steps as one batch: writes their KV (and indexer keys) into `caches` and returns the logits rows the
   // steps ask for in out.logits / out.first_row (always: the CPU is the host), the final-normed hidden state of
@@ -119,6 +122,8 @@ class MlaMoeModel {
   double rope_attention_factor_ = 1.0;
   MlaForm form_ = MlaForm::kAuto;
   int threads_ = 0;
+  Collective* collective_ = nullptr;
+  Status reduce_partial(float* y, int64_t count) const;
   // The tapped layers' outputs of the last forward (StepOutput::taps views them until the next one).
   mutable std::vector<float> tap_storage_;
 };

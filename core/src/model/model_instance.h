@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/collective.h"
 #include "kiln/device_context.h"
 #include "kiln/draft_services.h"
 #include "kiln/kv_layout.h"
@@ -24,6 +25,9 @@ struct BuildContext {
   WeightFormat* format = nullptr;        // made for `device`
   const KvLayout* layout = nullptr;      // made for `device`
   DeviceContext* device = nullptr;
+  // The step's tensor-parallel group, this rank's end of it (the built-in `local`: one rank). Steps reduce the
+  // partial sums of their row-parallel blocks (attention out, MLP / MoE out) through it.
+  Collective* collective = nullptr;
   bool load_mtp = false;                 // also the checkpoint's next-n layers
   Precision precision = Precision::kFp32;  // CPU only
   int threads = 0;                         // CPU only: OpenMP team size (0 = default)

@@ -40,9 +40,10 @@ Result<DeviceType> resolve_device(const Recipe& recipe, const Registry& registry
   if (blocker.ok() && !cuda_device_available()) blocker = unavailable("no CUDA device is visible to this process");
   if (blocker.ok()) blocker = arch.supports(DeviceType::kCuda);
   for (const auto& [section, key, kind] :
-       {std::tuple{"weights", "format", PluginKind::kWeightFormat}, std::tuple{"kv", "layout", PluginKind::kKvLayout}}) {
+       {std::tuple{"weights", "format", PluginKind::kWeightFormat}, std::tuple{"kv", "layout", PluginKind::kKvLayout},
+        std::tuple{"transport", "backend", PluginKind::kCollective}}) {
     if (!blocker.ok()) break;
-    const std::string name = recipe.section(section).get_string(key);
+    const std::string name = recipe.section(section).get_string(key, "");
     if (const CapabilityEntry* e = registry.find(kind, name)) blocker = Registry::check_device(*e, DeviceType::kCuda);
   }
   if (blocker.ok()) return DeviceType::kCuda;
@@ -94,12 +95,16 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   KILN_ASSIGN_OR_RETURN(m.format, registry.create<WeightFormat>(recipe.section("weights").get_string("format"), ctx));
   ctx.section = &recipe.section("kv");
   KILN_ASSIGN_OR_RETURN(m.layout, registry.create<KvLayout>(recipe.section("kv").get_string("layout"), ctx));
+  ctx.section = &recipe.section("transport");
+  KILN_ASSIGN_OR_RETURN(m.collective,
+                        registry.create<Collective>(recipe.section("transport").get_string("backend", "local"), ctx));
 
   BuildContext build;
   build.source = &m.source();
   build.format = m.format.get();
   build.layout = m.layout.get();
   build.device = m.device.get();
+  build.collective = m.collective.get();
   build.load_mtp = options.load_mtp;
   build.precision = precision;
   build.threads = threads;

@@ -25,6 +25,7 @@ struct LoadedModel {
   std::unique_ptr<DeviceContext> device;
   std::shared_ptr<WeightFormat> format;
   std::shared_ptr<KvLayout> layout;
+  std::shared_ptr<Collective> collective;  // this rank's (transport.backend)
   std::unique_ptr<Architecture> arch;
   ModelInfo info;
   std::unique_ptr<ModelInstance> model;

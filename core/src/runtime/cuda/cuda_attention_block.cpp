@@ -15,6 +15,11 @@ bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
 
 }  // namespace
 
+Status reduce_partial(const StepContext& x, void* y, int64_t count, DType dtype) {
+  if (!x.I.collective) return ok_status();
+  return x.I.collective->all_reduce(y, count, dtype, ReduceOp::kSum, x.I.sdk_stream()).with_context("tensor-parallel sum");
+}
+
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype) {
   LinearRun r;
   r.x = TensorView::contiguous(const_cast<void*>(in), DType::kBF16, {n, l.in_features()}, x.I.dev.device());

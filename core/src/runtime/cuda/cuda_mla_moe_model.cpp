@@ -58,6 +58,7 @@ Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConf
   std::unique_ptr<CudaMlaMoeModel> m(new CudaMlaMoeModel(c, *dev));
   Impl& I = *m->impl_;
   I.layout = ctx.layout;
+  I.collective = ctx.collective;
   I.sm_count = dev->multiprocessor_count();
   KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
   I.route_done = static_cast<unsigned*>(done);
@@ -154,6 +155,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     }
     KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), static_cast<float*>(caches.entry(kv_layer, 1)))
                              .with_context("layer " + std::to_string(kv_layer) + " attention (GPU)"));
+    KILN_RETURN_IF_ERROR(reduce_partial(x, b.y, N * Hd, DType::kBF16));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
     timer.mark("residual add + RMSNorm");
     return mlp_block(x, w, &next).with_context("layer " + std::to_string(kv_layer) + " mlp (GPU)");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm.h"
+#include "kiln/collective.h"
 #include "kernels/cuda/skinny_gemm.h"
 #include "model/mla_moe_model.h"
 #include "runtime/cuda/cuda_device_context.h"
@@ -160,6 +161,7 @@ struct CudaMlaMoeModel::Impl {
   cublasHandle_t blas;
   CublasGemm* gemm;
   const KvLayout* layout = nullptr;
+  Collective* collective = nullptr;  // the tensor-parallel group (none: one rank)
   StepScratch scratch;
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;
@@ -189,6 +191,10 @@ struct StepContext {
 
 // y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype);
+
+// Sums a row-parallel block's partial output over the tensor-parallel group, in place on the step's stream (a
+// no-op for one rank; graph-capturable, as the Collective contract requires).
+Status reduce_partial(const StepContext& x, void* y, int64_t count, DType dtype);
 
 // The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
 // for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).

@@ -43,6 +43,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   StepTimer& timer = x.I.timer;
   if (!w.is_moe) {
     KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.y));
+    KILN_RETURN_IF_ERROR(reduce_partial(x, b.y, x.shape.N * c.hidden_size, DType::kBF16));
     timer.mark("dense MLP");
     if (next) {
       KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, next->weight, x.shape.N, c.hidden_size, next->eps,
@@ -91,6 +92,10 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   KILN_ASSIGN_OR_RETURN(const bool folded, w.experts->run(run, x.I.sdk_stream()));
   timer.mark("MoE: routed experts");  // with the folded shared expert
   if (w.has_shared && !folded) KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.shared));
+  // Each rank holds its shard's share of every routed pair (and of the shared expert): summed before the combine,
+  // which is linear in them.
+  KILN_RETURN_IF_ERROR(reduce_partial(x, b.moe_y, (N * topk + (folded ? N : 0)) * Hd, DType::kF32));
+  if (w.has_shared && !folded) KILN_RETURN_IF_ERROR(reduce_partial(x, b.shared, N * Hd, DType::kBF16));
   const uint16_t* add = w.has_shared && !folded ? b.shared : nullptr;
   const float* shared_y = folded ? run.shared_out : nullptr;
   if (next)
