@@ -8,6 +8,7 @@
 #include "model/model_loader.h"
 #include "recipe/core_schema.h"
 #include "recipe/recipe.h"
+#include "recipe/recipe_check.h"
 
 namespace kiln::cli {
 namespace {
@@ -38,7 +39,28 @@ void print_keys() {
     for (const auto* e : global_registry().list(sec.selector_kind))
       for (const auto& k : e->schema.keys)
         if (!sec.schema.find(k.name)) print_key(sec.name, k, std::string(plugin_kind_name(sec.selector_kind)) + " `" + e->name + "`");
+    for (const auto& u : sec.unprovided) {
+      bool provided = false;
+      for (const auto* e : global_registry().list(sec.selector_kind)) provided = provided || e->schema.find(u.name);
+      if (!provided)
+        std::cout << "\n`" << sec.name << "." << u.name << "` (" << u.doc << ") is refused: " << u.missing << ".\n";
+    }
   }
+}
+
+// Notes, then the verdict: ok, or every problem (and a non-zero exit).
+int report_check(const std::string& file, const RecipeCheck& check) {
+  for (const auto& note : check.notes) std::cout << "note: " << note << "\n";
+  std::cout.flush();  // before the problems on stderr, for a reader of both
+  if (check.ok()) {
+    std::cout << file << ": ok";
+    if (check.recipe->sources.size() > 1) std::cout << " (extends " << check.recipe->sources.size() - 1 << " file(s))";
+    std::cout << "\n";
+    return 0;
+  }
+  std::cerr << file << ": " << check.problems.size() << (check.problems.size() == 1 ? " problem" : " problems") << "\n";
+  for (const auto& p : check.problems) std::cerr << "  " << p.message() << "\n";
+  return 1;
 }
 
 }  // namespace
@@ -61,7 +83,8 @@ int cmd_recipe(int argc, char** argv) {
       "usage: kiln recipe check FILE [--set section.key=value]...\n"
       "       kiln recipe show  FILE [--set section.key=value]...\n"
       "       kiln recipe keys\n"
-      "check validates the recipe against the schemas of the core and of the plugins it selects;\n"
+      "check validates the recipe against the schemas of the core and of the plugins it selects and verifies\n"
+      "  what can be known before load (model path and config, device, selected plugins), reporting every problem;\n"
       "show prints the fully resolved recipe (extends, overrides and defaults applied) as TOML;\n"
       "keys prints every key the core and the loaded plugins accept, as markdown.";
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
@@ -83,23 +106,18 @@ int cmd_recipe(int argc, char** argv) {
   }
   if (!setup_logging(common)) return 2;
   load_plugins(common);
+  if (action == "check") return report_check(file, check_recipe_file(file, sets, global_registry()));
   auto recipe = load_recipe(file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
-  if (action == "show") {
-    // The KV capacity this recipe gets on this machine, when its model can be loaded here.
-    auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
-    if (model.ok()) {
-      auto plan = plan_recipe(*model, *recipe);
-      std::cout << "# " << (plan.ok() ? plan->capacity.report() : "KV cache: " + plan.status().message()) << "\n";
-    } else {
-      std::cout << "# KV cache: not planned (" << model.status().message() << ")\n";
-    }
-    std::cout << recipe->to_toml();
-    return 0;
+  // show: the KV capacity this recipe gets on this machine, when its model can be loaded here.
+  auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  if (model.ok()) {
+    auto plan = plan_recipe(*model, *recipe);
+    std::cout << "# " << (plan.ok() ? plan->capacity.report() : "KV cache: " + plan.status().message()) << "\n";
+  } else {
+    std::cout << "# KV cache: not planned (" << model.status().message() << ")\n";
   }
-  std::cout << file << ": ok";
-  if (recipe->sources.size() > 1) std::cout << " (extends " << recipe->sources.size() - 1 << " file(s))";
-  std::cout << "\n";
+  std::cout << recipe->to_toml();
   return 0;
 }
 

@@ -55,7 +55,6 @@ TEST(Recipe, ValidRecipeWithExtendsResolvesEverySection) {
   EXPECT_EQ(r->section("kv").get_int("block_size"), 16);
   EXPECT_EQ(r->section("kv").get_int("page_align"), 256);  // key owned by the selected plugin
   EXPECT_EQ(r->section("speculative").get_int("depth"), 5);
-  EXPECT_EQ(r->section("transport").get_table("env").at("NCCL_CUMEM_ENABLE"), "0");
   // Relative paths resolve against the file that set them (base.toml), not the working directory.
   fs::path model = r->section("model").get_string("path");
   EXPECT_EQ(model, (recipe("") / "../models/glm4_moe_lite-tiny").lexically_normal());
@@ -121,9 +120,98 @@ TEST(Recipe, PluginKeysOnlyValidWithTheirPlugin) {
   auto r = load_recipe(recipe("plugin_key.toml"), {"kv.layout=bf16"}, reg);
   ASSERT_FALSE(r.ok());  // page_align belongs to paged16, not bf16
   EXPECT_NE(r.status().message().find("unknown key `kv.page_align`"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("the kv_layout `bf16` does not take it; it belongs to the kv_layout `paged16`"),
+            std::string::npos)
+      << r.status().message();
   auto ok = load_recipe(recipe("plugin_key.toml"), {"kv.layout=paged16"}, reg);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->section("kv").get_int("page_align"), 64);
+}
+
+// transport.custom_all_reduce and transport.env configure NCCL: they belong to a collective that provides it, and the
+// built-in `local` refuses them, saying what would give them an effect.
+TEST(Recipe, NcclKeysBelongToTheCollectiveThatDeclaresThem) {
+  Registry reg = make_registry();  // no collective declares them
+  auto none = load_recipe(recipe("base.toml"), {"transport.custom_all_reduce=on"}, reg);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("`transport.custom_all_reduce` in --set transport.custom_all_reduce=on: the "
+                                         "collective `local` does not take it"),
+            std::string::npos)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("no collective plugin providing NCCL is loaded"), std::string::npos)
+      << none.status().message();
+  auto env = load_recipe(recipe("base.toml"), {"transport.env={NCCL_CUMEM_ENABLE=\"0\"}"}, reg);
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(env.status().message().find("`transport.env`"), std::string::npos) << env.status().message();
+  EXPECT_NE(env.status().message().find("no collective plugin providing NCCL is loaded"), std::string::npos)
+      << env.status().message();
+
+  // A collective that declares them takes them; with `local` selected they are pointed at it.
+  KeySpec car;
+  car.name = "custom_all_reduce";
+  car.default_value = std::string("auto");
+  car.allowed = {"auto", "on", "off"};
+  KeySpec env_key;
+  env_key.name = "env";
+  env_key.type = ValueType::kStringTable;
+  env_key.default_value = StringTable{};
+  CapabilityEntry nccl;
+  nccl.kind = PluginKind::kCollective;
+  nccl.name = "nccl";
+  nccl.schema = {{car, env_key}};
+  nccl.factory = &never_called;
+  nccl.devices = DeviceSet::cuda();
+  nccl.provider = "test";
+  ASSERT_TRUE(reg.add_all({nccl}).ok());
+  auto taken = load_recipe(recipe("nccl_keys.toml"), {}, reg);
+  ASSERT_TRUE(taken.ok()) << taken.status().to_string();
+  EXPECT_EQ(taken->section("transport").get_string("custom_all_reduce"), "off");
+  EXPECT_EQ(taken->section("transport").get_table("env").at("NCCL_CUMEM_ENABLE"), "0");
+  auto local = load_recipe(recipe("nccl_keys.toml"), {"transport.backend=local"}, reg);
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.status().message().find("the collective `local` does not take it; it belongs to the collective "
+                                          "`nccl` (set `transport.backend`)"),
+            std::string::npos)
+      << local.status().message();
+}
+
+TEST(Recipe, NonFiniteNumbersAreRefused) {
+  Registry reg = make_registry();
+  for (const char* v : {"nan", "inf", "-inf"}) {
+    auto r = load_recipe(recipe("good.toml"), {std::string("scheduler.gpu_memory_utilization=") + v}, reg);
+    ASSERT_FALSE(r.ok()) << v;
+    EXPECT_NE(
+        r.status().message().find("`scheduler.gpu_memory_utilization` in --set scheduler.gpu_memory_utilization=" +
+                                  std::string(v) + ": " + v + " is not a finite number"),
+        std::string::npos)
+        << r.status().message();
+  }
+}
+
+TEST(Recipe, ParallelismBeyondOneRankIsRefused) {
+  Registry reg = make_registry();
+  for (const char* key : {"parallel.tensor", "parallel.decode_context"}) {
+    auto r = load_recipe(recipe("good.toml"), {std::string(key) + "=2"}, reg);
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_NE(r.status().message().find("`" + std::string(key) + "` (--set " + key +
+                                        "=2): 2 ranks: multi-GPU "
+                                        "parallelism needs the transport-nccl plugin"),
+              std::string::npos)
+        << r.status().message();
+  }
+  EXPECT_TRUE(load_recipe(recipe("good.toml"), {"parallel.tensor=1"}, reg).ok());
+}
+
+TEST(Recipe, EveryProblemIsReported) {
+  Registry reg = make_registry();
+  auto r = load_recipe(recipe("typo.toml"), {"scheduler.max_num_seqs=many", "kv.block_size=0"}, reg);
+  ASSERT_FALSE(r.ok());
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("unknown key `spec.depth`"), std::string::npos) << m;
+  EXPECT_NE(m.find("`scheduler.max_num_seqs` in --set scheduler.max_num_seqs=many: expected an integer"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("`kv.block_size` in --set kv.block_size=0: 0 is below the minimum 1"), std::string::npos) << m;
 }
 
 TEST(Recipe, MissingRequiredKey) {

@@ -212,5 +212,23 @@ TEST(MtpDrafter, NeedsTheCheckpointsMtpLayer) {
       << no_services.status().message();
 }
 
+// No key without an effect: the mtp drafter keeps no KV cache of its own (its next-n layer's KV follows the target's
+// layout), so a draft KV dtype is refused where the engine creates it, as `kiln recipe check` refuses it.
+TEST(MtpDrafter, RefusesADraftKvDtype) {
+  std::vector<std::string> sets = testing::mtp_sets();
+  sets.push_back("speculative.draft_kv_dtype=fp8");
+  testing::load_mtp_plugin();
+  auto recipe = load_recipe("", sets, global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  LoadedModel m = load_with_mtp(*recipe);
+  EngineDraftServices services(*m.model, m.format, m.info.num_layers, "");
+  auto d = create_drafter(*recipe, global_registry(), m.info, *m.device, &services);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("`speculative.draft_kv_dtype` (--set speculative.draft_kv_dtype=fp8): \"fp8\": "
+                                      "the drafter `mtp` keeps no KV cache of its own"),
+            std::string::npos)
+      << d.status().message();
+}
+
 }  // namespace
 }  // namespace kiln

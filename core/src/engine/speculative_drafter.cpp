@@ -1,5 +1,7 @@
 #include "engine/speculative_drafter.h"
 
+#include "recipe/drafter_settings.h"
+
 namespace kiln {
 
 Result<std::shared_ptr<Drafter>> create_drafter(const Recipe& recipe, const Registry& registry, const ModelInfo& info,
@@ -15,13 +17,10 @@ Result<std::shared_ptr<Drafter>> create_drafter(const Recipe& recipe, const Regi
   auto made = registry.create<Drafter>(method, ctx);
   const std::string where = "`speculative.method = \"" + method + "\"` (" + spec.origin("method") + ")";
   if (!made.ok()) return made.status().with_context(where);
-  // No key without an effect: a draft checkpoint is read only by drafters that load one.
-  const bool has_draft_model = !spec.get_string("draft_model").empty();
-  const DrafterCapabilities caps = (*made)->capabilities();
-  if (has_draft_model && !caps.needs_draft_model)
-    return spec.error("draft_model", "the drafter `" + method + "` loads no checkpoint of its own; remove the key");
-  if (!has_draft_model && caps.needs_draft_model)
-    return spec.error("draft_model", "the drafter `" + method + "` needs a draft checkpoint directory; set it");
+  // No key without an effect: a draft checkpoint is read only by drafters that load one, a draft KV dtype only by
+  // drafters with caches of their own.
+  const std::vector<Status> problems = check_drafter_settings(spec, (*made)->capabilities());
+  if (!problems.empty()) return problems.front();
   return std::move(made).value();
 }
 

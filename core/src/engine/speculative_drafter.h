@@ -13,7 +13,8 @@
 namespace kiln {
 
 // `services` may be null for drafters that need none; it must outlive the drafter. Checks what the drafter needs
-// against the recipe: a checkpoint of its own needs `speculative.draft_model`, and one that loads none refuses it.
+// against the recipe (recipe/drafter_settings.h): a checkpoint of its own needs `speculative.draft_model`, and one
+// that loads none refuses it; `speculative.draft_kv_dtype` is refused by a drafter with no caches of its own.
 Result<std::shared_ptr<Drafter>> create_drafter(const Recipe& recipe, const Registry& registry, const ModelInfo& info,
                                                 DeviceContext& device, DraftServices* services);
 

@@ -51,14 +51,6 @@ KeySpec boolean(std::string name, bool def, std::string doc) {
   k.doc = std::move(doc);
   return k;
 }
-KeySpec table(std::string name, std::string doc) {
-  KeySpec k;
-  k.name = std::move(name);
-  k.type = ValueType::kStringTable;
-  k.default_value = StringTable{};
-  k.doc = std::move(doc);
-  return k;
-}
 
 std::vector<CoreSection> build() {
   std::vector<CoreSection> s;
@@ -92,19 +84,31 @@ std::vector<CoreSection> build() {
                          "draft only in steps where at most this many sequences decode (0 = always); larger "
                          "steps decode without drafts",
                          0, 4096),
-                 path("draft_model", "separate draft checkpoint directory (drafters that need one)", false),
-                 str("draft_kv_dtype", "bf16", "drafter KV-cache dtype", {"bf16", "fp8"})}},
+                 path("draft_model",
+                      "separate draft checkpoint directory: required by drafters that load one, refused by the others",
+                      false),
+                 str("draft_kv_dtype", "bf16",
+                     "dtype of the drafter's own KV caches: fp8 is refused for drafters that keep none (mtp's KV "
+                     "follows the target's layout)",
+                     {"bf16", "fp8"})}},
                "method", PluginKind::kDrafter});
   s.push_back({"parallel", "parallelism",
-               {{integer("tensor", 1, "tensor-parallel ranks (only 1 runs today)", 1, 64),
-                 integer("decode_context", 1, "decode-context-parallel ranks, must divide tensor (only 1 runs today)", 1, 64)}},
+               {{integer("tensor", 1, "tensor-parallel ranks (> 1 is refused until the transport-nccl plugin exists)", 1,
+                         64),
+                 integer("decode_context", 1,
+                         "decode-context-parallel ranks, must divide tensor (> 1 is refused until the transport-nccl "
+                         "plugin exists)",
+                         1, 64)}},
                std::nullopt});
+  // custom_all_reduce and env configure NCCL: they are the keys of a collective that provides it (its schema adds
+  // them to [transport]); the built-in `local` has nothing to configure.
+  const std::string no_nccl = "no collective plugin providing NCCL is loaded (transport-nccl is not implemented yet)";
   s.push_back({"transport", "collectives between ranks",
-               {{str("backend", "local", "collective (plugin kind collective): local, nccl"),
-                 str("custom_all_reduce", "auto", "CUDA-IPC one-shot all-reduce: auto = probe peer access",
-                     {"auto", "on", "off"}),
-                 table("env", "environment variables set before the backend initialises (e.g. NCCL_CUMEM_ENABLE)")}},
-               "backend", PluginKind::kCollective});
+               {{str("backend", "local", "collective (plugin kind collective): local, nccl")}},
+               "backend",
+               PluginKind::kCollective,
+               {{"custom_all_reduce", "CUDA-IPC one-shot all-reduce: auto, on, off", no_nccl},
+                {"env", "environment variables set before NCCL initialises, e.g. NCCL_CUMEM_ENABLE", no_nccl}}});
   s.push_back({"scheduler", "continuous batching and memory",
                {{integer("max_model_len", 0, "longest prompt + output per sequence (0 = the model's limit)", 0),
                  integer("max_output_tokens", 4096, "default and cap for max_tokens", 1),
@@ -116,7 +120,8 @@ std::vector<CoreSection> build() {
                std::nullopt});
   s.push_back({"media", "non-text inputs",
                {{str("modality", "text", "modality plugin: text, vision"),
-                 integer("max_images", 16, "images per request", 0, 1024), boolean("video", false, "accept video input")}},
+                 integer("max_images", 16, "images per request", 0, 1024),
+                 boolean("video", false, "accept video input: true is refused unless the modality accepts video")}},
                "modality", PluginKind::kModality});
   s.push_back({"server", "the OpenAI-compatible HTTP server",
                {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port (0 = any free port)", 0, 65535),
@@ -137,6 +142,12 @@ const std::vector<CoreSection>& core_sections() {
 const CoreSection* find_core_section(const std::string& name) {
   for (const auto& s : core_sections())
     if (s.name == name) return &s;
+  return nullptr;
+}
+
+const UnprovidedKey* find_unprovided_key(const CoreSection& section, const std::string& name) {
+  for (const auto& k : section.unprovided)
+    if (k.name == name) return &k;
   return nullptr;
 }
 

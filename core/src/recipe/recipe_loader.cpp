@@ -1,7 +1,7 @@
-#include <set>
-#include <sstream>
-
 #include <toml++/toml.h>
+
+#include <cmath>
+#include <sstream>
 
 #include "recipe/closest_match.h"
 #include "recipe/core_schema.h"
@@ -77,8 +77,30 @@ Status unknown_key(const std::string& full_key, const std::string& origin, const
   return invalid_argument(msg);
 }
 
+// A key of a selector section that neither the core nor the selected plugin (`owner`) takes: say who would take it
+// (another loaded plugin of the kind, or one kiln does not have yet) before falling back to a spelling suggestion.
+Status key_not_taken(const CoreSection& sec, const CapabilityEntry& owner, const std::string& key,
+                     const std::string& full_key, const std::string& origin, const Registry& registry) {
+  const std::string kind = plugin_kind_name(sec.selector_kind);
+  const std::string prefix = "unknown key `" + full_key + "` in " + origin + ": the " + kind + " `" + owner.name + "`";
+  std::string takers;
+  for (const auto* e : registry.list(sec.selector_kind))
+    if (e->schema.find(key)) takers += (takers.empty() ? "" : ", ") + ("`" + e->name + "`");
+  if (!takers.empty())
+    return invalid_argument(prefix + " does not take it; it belongs to the " + kind + " " + takers + " (set `" +
+                            sec.name + "." + *sec.selector_key + "`)");
+  if (const UnprovidedKey* u = find_unprovided_key(sec, key))
+    return invalid_argument(prefix + " does not take it (" + u->doc + "), and " + u->missing);
+  Status s = unknown_key(full_key, origin, registry);
+  if (!closest_match(full_key, all_known_keys(registry)))
+    s = invalid_argument(s.message() + "; the " + kind + " `" + owner.name + "` does not take it");
+  return s;
+}
+
+// Reads `file` and the files it extends into `out`. Returns what stops reading (a missing file, invalid TOML, an
+// `extends` cycle); a key that cannot be read is added to `problems` and reading goes on.
 Status read_layer(const fs::path& file, std::vector<fs::path>& stack, RawRecipe& out, std::vector<fs::path>& sources,
-                  const Registry& registry) {
+                  const Registry& registry, std::vector<Status>& problems) {
   std::error_code ec;
   fs::path canon = fs::weakly_canonical(file, ec);
   for (const auto& f : stack)
@@ -103,8 +125,8 @@ Status read_layer(const fs::path& file, std::vector<fs::path>& stack, RawRecipe&
     auto s = ext->as_string();
     if (!s) return invalid_argument("`extends` in " + at(name, ext->source()) + ": expected a string (a recipe path)");
     fs::path base = file.parent_path() / s->get();
-    KILN_RETURN_IF_ERROR(
-        read_layer(base.lexically_normal(), stack, out, sources, registry).with_context("extended by " + at(name, ext->source())));
+    KILN_RETURN_IF_ERROR(read_layer(base.lexically_normal(), stack, out, sources, registry, problems)
+                             .with_context("extended by " + at(name, ext->source())));
   }
   stack.pop_back();
   sources.push_back(file);
@@ -116,13 +138,19 @@ Status read_layer(const fs::path& file, std::vector<fs::path>& stack, RawRecipe&
     if (!tbl) {
       std::string origin = at(name, node.source());
       Status s = unknown_key(section, origin, registry);
-      return invalid_argument(s.message() + " — top-level keys belong in a section such as [model]");
+      problems.push_back(invalid_argument(s.message() + " — top-level keys belong in a section such as [model]"));
+      continue;
     }
     for (auto&& [k, v] : *tbl) {
       std::string full = section + "." + std::string(k.str());
-      KILN_ASSIGN_OR_RETURN(RawValue raw, convert(v, full, at(name, v.source())));
-      raw.base_dir = file.parent_path();
-      out[full] = std::move(raw);
+      Result<RawValue> raw = convert(v, full, at(name, v.source()));
+      if (!raw.ok()) {
+        problems.push_back(raw.status());
+        out.erase(full);  // a value the file failed to set must not fall back to an earlier layer's
+        continue;
+      }
+      raw->base_dir = file.parent_path();
+      out[full] = std::move(raw).value();
     }
   }
   return ok_status();
@@ -186,6 +214,8 @@ Result<RecipeValue> check_value(const KeySpec& spec, RawValue raw, const std::st
       return fail(msg);
     }
   }
+  if (const double* d = std::get_if<double>(&v); d && !std::isfinite(*d))
+    return fail(render_recipe_value(v) + " is not a finite number");
   if (spec.min || spec.max) {
     double x = std::holds_alternative<int64_t>(v) ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
     if (spec.min && x < *spec.min) return fail(render_recipe_value(v) + " is below the minimum " + render_recipe_value(RecipeValue(*spec.min)));
@@ -249,17 +279,45 @@ std::string Recipe::to_toml() const {
   return out.str();
 }
 
-Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>& overrides, const Registry& registry) {
+namespace {
+
+// Settings whose feature kiln does not have yet: refused rather than silently ignored.
+void refuse_unimplemented(const Recipe& recipe, std::vector<Status>& problems) {
+  const RecipeSection& parallel = recipe.section("parallel");
+  for (const char* key : {"tensor", "decode_context"}) {
+    const int64_t ranks = parallel.get_int(key, 1);
+    if (ranks > 1)
+      problems.push_back(parallel.error(
+          key, std::to_string(ranks) +
+                   " ranks: multi-GPU parallelism needs the transport-nccl plugin (a collective providing NCCL), which "
+                   "is not implemented yet; set it to 1"));
+  }
+}
+
+}  // namespace
+
+RecipeRead read_recipe(const fs::path& file, const std::vector<std::string>& overrides, const Registry& registry) {
+  RecipeRead read;
+  std::vector<Status>& problems = read.problems;
   Recipe recipe;
   recipe.file = file;
   recipe.overrides = overrides;
   RawRecipe raw;
   std::vector<fs::path> stack;
-  if (!file.empty()) KILN_RETURN_IF_ERROR(read_layer(file, stack, raw, recipe.sources, registry));
-  for (const auto& o : overrides) KILN_RETURN_IF_ERROR(apply_override(o, raw));
+  if (!file.empty()) {
+    Status s = read_layer(file, stack, raw, recipe.sources, registry, problems);
+    if (!s.ok()) {
+      problems.push_back(s);
+      return read;
+    }
+  }
+  for (const auto& o : overrides)
+    if (Status s = apply_override(o, raw); !s.ok()) problems.push_back(s);
 
-  // Which plugin owns the rest of each selector section.
+  // Which plugin owns the rest of each selector section (none when the selector names no plugin: its other keys
+  // cannot be judged then, and are left unchecked rather than all reported unknown).
   std::map<std::string, const CapabilityEntry*> owners;
+  std::map<std::string, bool> owner_unknown;
   for (const auto& sec : core_sections()) {
     if (!sec.selector_key) continue;
     std::string full = sec.name + "." + *sec.selector_key;
@@ -268,8 +326,12 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
     std::string origin = "default";
     auto it = raw.find(full);
     if (it != raw.end()) {
-      KILN_ASSIGN_OR_RETURN(RecipeValue v, check_value(*spec, it->second, full));
-      chosen = std::get<std::string>(v);
+      Result<RecipeValue> v = check_value(*spec, it->second, full);
+      if (!v.ok()) {  // reported with the section's other keys below
+        owner_unknown[sec.name] = true;
+        continue;
+      }
+      chosen = std::get<std::string>(*v);
       origin = it->second.origin;
     }
     const CapabilityEntry* e = registry.find(sec.selector_kind, chosen);
@@ -281,29 +343,42 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
                         " `" + chosen + "` (available: " + (list.empty() ? "none" : list) + ")";
       if (auto m = closest_match(chosen, names)) msg += " — did you mean `" + *m + "`?";
       else msg += "; `kiln plugins` shows what loaded and why files were refused";
-      return not_found(msg);
+      problems.push_back(not_found(msg));
+      owner_unknown[sec.name] = true;
+      continue;
     }
     owners[sec.name] = e;
   }
 
+  // Keys that failed validation: left without a value, default included.
+  std::map<std::string, bool> failed;
   for (const auto& sec : core_sections()) recipe.sections.emplace(sec.name, RecipeSection(sec.name));
   for (auto& [full, value] : raw) {
     size_t dot = full.find('.');
     std::string section = full.substr(0, dot), key = full.substr(dot + 1);
     const CoreSection* sec = find_core_section(section);
-    if (!sec) return unknown_key(full, value.origin, registry);
+    if (!sec) {
+      problems.push_back(unknown_key(full, value.origin, registry));
+      continue;
+    }
     const KeySpec* spec = sec->schema.find(key);
     if (!spec && owners.count(section)) spec = owners[section]->schema.find(key);
     if (!spec) {
-      Status s = unknown_key(full, value.origin, registry);
-      if (owners.count(section) && !closest_match(full, all_known_keys(registry)))
-        s = invalid_argument(s.message() + "; the " + plugin_kind_name(sec->selector_kind) + " `" +
-                             owners[section]->name + "` does not take it");
-      return s;
+      failed[full] = true;
+      if (owner_unknown.count(section)) continue;
+      problems.push_back(owners.count(section)
+                             ? key_not_taken(*sec, *owners[section], key, full, value.origin, registry)
+                             : unknown_key(full, value.origin, registry));
+      continue;
     }
     std::string origin = value.origin;
-    KILN_ASSIGN_OR_RETURN(RecipeValue v, check_value(*spec, std::move(value), full));
-    recipe.sections[section].set(key, std::move(v), origin);
+    Result<RecipeValue> v = check_value(*spec, std::move(value), full);
+    if (!v.ok()) {
+      problems.push_back(v.status());
+      failed[full] = true;
+      continue;
+    }
+    recipe.sections[section].set(key, std::move(v).value(), origin);
   }
 
   // Defaults, and required keys that are still missing.
@@ -315,15 +390,31 @@ Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>&
       for (const auto& k : owners[sec.name]->schema.keys)
         if (!sec.schema.find(k.name)) specs.push_back(&k);
     for (const KeySpec* k : specs) {
-      if (rs.has(k->name)) continue;
+      if (rs.has(k->name) || failed.count(sec.name + "." + k->name)) continue;
       if (k->required)
-        return invalid_argument("missing required key `" + sec.name + "." + k->name + "` in " +
-                                (file.empty() ? std::string("the command line") : file.string()) + " (" +
-                                k->doc + ")");
-      if (k->default_value) rs.set(k->name, *k->default_value, "default");
+        problems.push_back(invalid_argument("missing required key `" + sec.name + "." + k->name + "` in " +
+                                            (file.empty() ? std::string("the command line") : file.string()) + " (" +
+                                            k->doc + ")"));
+      else if (k->default_value)
+        rs.set(k->name, *k->default_value, "default");
     }
   }
-  return recipe;
+  refuse_unimplemented(recipe, problems);
+  read.recipe = std::move(recipe);
+  return read;
+}
+
+Result<Recipe> load_recipe(const fs::path& file, const std::vector<std::string>& overrides, const Registry& registry) {
+  RecipeRead read = read_recipe(file, overrides, registry);
+  if (!read.problems.empty()) return join_problems(read.problems);
+  return std::move(*read.recipe);
+}
+
+Status join_problems(const std::vector<Status>& problems) {
+  if (problems.empty()) return ok_status();
+  std::string message;
+  for (const Status& p : problems) message += (message.empty() ? "" : "\n") + p.message();
+  return Status(problems.front().code(), message);
 }
 
 }  // namespace kiln

@@ -1,0 +1,309 @@
+#include "recipe/recipe_check.h"
+
+#include <memory>
+#include <system_error>
+
+#include "kiln/device_context.h"
+#include "kiln/draft_services.h"
+#include "kiln/drafter.h"
+#include "kiln/kv_layout.h"
+#include "kiln/modality.h"
+#include "kiln/weight_format.h"
+#include "model/arch/architecture.h"
+#include "model/checkpoint.h"
+#include "model/model_loader.h"
+#include "recipe/core_schema.h"
+#include "recipe/drafter_settings.h"
+
+namespace kiln {
+namespace fs = std::filesystem;
+
+namespace {
+
+// "`kv.layout = "fp32"` (configs/x.toml:4)": the setting a problem is about, as the recipe wrote it.
+std::string setting(const RecipeSection& section, const std::string& key) {
+  auto it = section.values().find(key);
+  std::string text = "`" + section.name() + "." + key;
+  if (it != section.values().end()) text += " = " + render_recipe_value(it->second);
+  return text + "` (" + section.origin(key) + ")";
+}
+
+Status about(const RecipeSection& section, const std::string& key, const Status& why) {
+  return Status(why.code(), setting(section, key) + ": " + why.message());
+}
+
+// What `kiln recipe check` lends a drafter's factory in place of the engine's services: the model's dimensions, read
+// from its config, and nothing that needs the model loaded. Every such request is refused and remembered, so a
+// factory that fails after one is known to need the model (and is left to load time) rather than to refuse the recipe.
+class ModelFreeServices final : public DraftServices {
+ public:
+  ModelFreeServices(Device device, const ModelInfo& info, const Recipe& recipe)
+      : device_(device, needed_),
+        weights_(needed_),
+        info_(info),
+        block_size_(recipe.section("kv").get_int("block_size")),
+        draft_model_(recipe.section("speculative").get_string("draft_model")) {}
+
+  // Whether the factory asked for anything beyond the model's dimensions.
+  bool needed_the_model() const { return needed_; }
+
+  DeviceContext& device() override { return device_; }
+  int64_t hidden_size() const override { return info_.hidden_size; }
+  int64_t vocab_size() const override { return info_.vocab_size; }
+  int64_t num_target_layers() const override { return info_.num_layers; }
+  Status embed(const int32_t*, int64_t, TensorView) override { return refuse(needed_); }
+  Status lm_head(const TensorView&, float*) override { return refuse(needed_); }
+  Status sample(const DraftSampleRequest&) override { return refuse(needed_); }
+  int64_t num_mtp_layers() const override { return info_.num_mtp_layers; }
+  Status mtp_run(int64_t, const std::vector<MtpRows>&, MtpOutput&) override { return refuse(needed_); }
+  void* cache(int64_t, size_t) override {
+    needed_ = true;
+    return nullptr;
+  }
+  int64_t block_size() const override { return block_size_; }
+  std::string draft_model_path() const override { return draft_model_; }
+  Result<std::shared_ptr<const WeightSource>> open_checkpoint(const std::string&) override { return refuse(needed_); }
+  WeightFormat& weight_format() override { return weights_; }
+
+ private:
+  static Status refuse(bool& needed) {
+    needed = true;
+    return failed_precondition("`kiln recipe check` loads no model: nothing is allocated, read or run");
+  }
+
+  class NoMemory final : public DeviceContext {
+   public:
+    NoMemory(Device device, bool& needed) : device_(device), needed_(needed) {}
+    Device device() const override { return device_; }
+    Stream stream() const override { return {device_, nullptr}; }
+    Result<void*> allocate(size_t, const char*) override { return refuse(needed_); }
+    int multiprocessor_count() const override { return 0; }
+    Status copy(void*, const void*, size_t, bool) override { return refuse(needed_); }
+    Status synchronize() override { return refuse(needed_); }
+
+   private:
+    Device device_;
+    bool& needed_;
+  };
+
+  class NoWeights final : public WeightFormat {
+   public:
+    explicit NoWeights(bool& needed) : needed_(needed) {}
+    Result<std::unique_ptr<Linear>> load_linear(const WeightSource&, const LinearSpec&) override {
+      return refuse(needed_);
+    }
+    Result<std::unique_ptr<ExpertSet>> load_experts(const WeightSource&, const ExpertSpec&) override {
+      return refuse(needed_);
+    }
+
+   private:
+    bool& needed_;
+  };
+
+  bool needed_ = false;  // declared before the members that refer to it
+  NoMemory device_;
+  NoWeights weights_;
+  ModelInfo info_;
+  int64_t block_size_;
+  std::string draft_model_;
+};
+
+class Checker {
+ public:
+  Checker(const Recipe& recipe, const Registry& registry, RecipeCheck& out)
+      : recipe_(recipe), registry_(registry), out_(out) {}
+
+  void run() {
+    check_model_path();
+    check_draft_model_path();
+    check_device();
+    check_capability_devices();
+    if (!device_known_ || !can_create_) return;
+    check_kv_layout();
+    check_modality();
+    check_drafter();
+  }
+
+ private:
+  void problem(Status s) { out_.problems.push_back(std::move(s)); }
+
+  // model.path: a directory with a config.json the architecture registry parses, and the checkpoint files
+  // model.load = "mmap" reads (only their presence: nothing is mapped).
+  void check_model_path() {
+    const RecipeSection& model = recipe_.section("model");
+    if (!model.has("path")) return;  // missing or invalid: read_recipe said so
+    const fs::path dir = model.get_string("path");
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) return problem(about(model, "path", not_found(dir.string() + " does not exist")));
+    if (!fs::is_directory(dir, ec))
+      return problem(about(model, "path",
+                           invalid_argument(dir.string() + " is not a directory (a Hugging Face model directory: "
+                                                           "config.json, *.safetensors, tokenizer.json)")));
+    const fs::path config = dir / "config.json";
+    if (!fs::is_regular_file(config, ec))
+      return problem(about(model, "path", not_found(dir.string() + " holds no config.json")));
+    Result<std::unique_ptr<Architecture>> arch = load_architecture(config);
+    if (!arch.ok()) return problem(about(model, "path", arch.status()));
+    arch_ = std::move(arch).value();
+    info_ = arch_->info();
+    if (model.get_string("load") == "mmap" && !fs::exists(dir / Checkpoint::kSingleFileName, ec) &&
+        !fs::exists(dir / Checkpoint::kIndexFileName, ec))
+      problem(about(model, "path",
+                    not_found(dir.string() + " holds neither " + Checkpoint::kSingleFileName + " nor " +
+                              Checkpoint::kIndexFileName +
+                              " (model.load = \"mmap\" reads the checkpoint; \"dummy\" "
+                              "makes random weights of the config's shapes)")));
+  }
+
+  void check_draft_model_path() {
+    const RecipeSection& spec = recipe_.section("speculative");
+    const std::string dir = spec.get_string("draft_model");
+    std::error_code ec;
+    if (!dir.empty() && !fs::is_directory(dir, ec))
+      problem(about(spec, "draft_model",
+                    not_found(dir + (fs::exists(dir, ec) ? " is not a directory" : " does not exist"))));
+  }
+
+  // The device the model would run on. An explicit "cuda" stays the target of the capability checks even where no
+  // GPU is visible, so a recipe written for a GPU machine is judged for it.
+  void check_device() {
+    const RecipeSection& model = recipe_.section("model");
+    if (!model.has("device")) return;  // invalid: read_recipe said so
+    device_known_ = true;
+    const std::string wanted = model.get_string("device");
+    if (wanted == "cpu") {
+      device_ = DeviceType::kCpu;
+    } else if (wanted == "cuda") {
+      device_ = DeviceType::kCuda;
+#ifdef KILN_WITH_CUDA
+      if (!cuda_device_available())
+        problem(about(model, "device", unavailable("no CUDA device is visible to this process")));
+      if (arch_)
+        if (Status s = arch_->supports(DeviceType::kCuda); !s.ok()) problem(about(model, "device", s));
+#else
+      problem(about(model, "device", failed_precondition("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)")));
+      can_create_ = false;  // no CUDA half of any built-in to create
+#endif
+    } else if (arch_) {
+      Result<DeviceType> resolved = resolve_device(recipe_, registry_, *arch_);
+      if (!resolved.ok()) return problem(about(model, "device", resolved.status()));
+      device_ = *resolved;
+      out_.notes.push_back(setting(model, "device") + " runs on " + device_type_name(device_) + " here");
+    } else {
+      device_known_ = false;  // "auto" resolves against the model's architecture, which could not be read
+    }
+  }
+
+  // Each selected capability implements the device.
+  void check_capability_devices() {
+    if (!device_known_) return;
+    for (const auto& sec : core_sections()) {
+      if (!sec.selector_key) continue;
+      const RecipeSection& section = recipe_.section(sec.name);
+      if (!section.has(*sec.selector_key)) continue;
+      const CapabilityEntry* e = registry_.find(sec.selector_kind, section.get_string(*sec.selector_key));
+      if (!e) continue;  // no plugin provides it: read_recipe said so
+      if (Status s = Registry::check_device(*e, device_); !s.ok())
+        problem(about(section, *sec.selector_key, s));
+      else
+        usable_.push_back(sec.name);
+    }
+  }
+
+  // Whether the capability `section` selects implements the device (when not, that was reported).
+  bool usable(const std::string& section) const {
+    for (const auto& s : usable_)
+      if (s == section) return true;
+    return false;
+  }
+
+  CreateContext context(const std::string& section) const {
+    CreateContext ctx;
+    ctx.section = &recipe_.section(section);
+    ctx.device = Device{device_, 0};
+    ctx.model = arch_ ? &info_ : nullptr;
+    return ctx;
+  }
+
+  // The layout, made for the model's dimensions, must store what the architecture caches.
+  void check_kv_layout() {
+    if (!arch_ || !usable("kv")) return;
+    const RecipeSection& kv = recipe_.section("kv");
+    auto layout = registry_.create<KvLayout>(kv.get_string("layout"), context("kv"));
+    if (!layout.ok()) return problem(about(kv, "layout", layout.status()));
+    const KvGeometry g = (*layout)->geometry();
+    if (g.latent_dim != info_.kv_lora_rank || g.rope_dim != info_.qk_rope_head_dim)
+      problem(about(kv, "layout",
+                    failed_precondition(
+                        "stores rows of " + std::to_string(g.latent_dim) + " + " + std::to_string(g.rope_dim) +
+                        ", and " + arch_->source() + " caches " + std::to_string(info_.kv_lora_rank) + " + " +
+                        std::to_string(info_.qk_rope_head_dim) + " (kv_lora_rank + qk_rope_head_dim) per token")));
+  }
+
+  void check_modality() {
+    if (!usable("media")) return;
+    const RecipeSection& media = recipe_.section("media");
+    const std::string name = media.get_string("modality");
+    auto modality = registry_.create<Modality>(name, context("media"));
+    if (!modality.ok()) return problem(about(media, "modality", modality.status()));
+    if (media.get_bool("video") && !(*modality)->accepts_video())
+      problem(about(media, "video",
+                    invalid_argument("the modality `" + name + "` accepts no video; select one that does (" +
+                                     setting(media, "modality") + ") or remove the key")));
+  }
+
+  void check_drafter() {
+    if (!arch_ || !usable("speculative")) return;
+    const RecipeSection& spec = recipe_.section("speculative");
+    const std::string method = spec.get_string("method");
+    ModelFreeServices services(Device{device_, 0}, info_, recipe_);
+    CreateContext ctx = context("speculative");
+    ctx.draft_services = &services;
+    auto drafter = registry_.create<Drafter>(method, ctx);
+    if (!drafter.ok()) {
+      if (!services.needed_the_model()) return problem(about(spec, "method", drafter.status()));
+      out_.notes.push_back("the drafter `" + method + "` cannot be created without its model loaded (" +
+                           drafter.status().message() + "): what it needs is checked at load");
+      return;
+    }
+    const DrafterCapabilities caps = (*drafter)->capabilities();
+    for (Status& s : check_drafter_settings(spec, caps)) problem(std::move(s));
+    if (caps.needs_target_mtp && info_.num_mtp_layers < 1)
+      problem(about(spec, "method",
+                    failed_precondition("runs the checkpoint's next-n (MTP) layers, and " + arch_->source() +
+                                        " declares none (num_nextn_predict_layers = 0)")));
+    const int64_t depth = spec.get_int("depth");
+    if (caps.max_depth > 0 && depth > caps.max_depth)
+      problem(
+          about(spec, "depth",
+                out_of_range("is beyond the drafter `" + method + "`'s maximum of " + std::to_string(caps.max_depth))));
+  }
+
+  const Recipe& recipe_;
+  const Registry& registry_;
+  RecipeCheck& out_;
+  std::unique_ptr<Architecture> arch_;  // null when model.path could not be read
+  ModelInfo info_;
+  DeviceType device_ = DeviceType::kCpu;
+  bool device_known_ = false;        // whether device_ is where the recipe would run
+  bool can_create_ = true;           // whether capabilities can be created for device_ in this build
+  std::vector<std::string> usable_;  // sections whose selected capability implements device_
+};
+
+}  // namespace
+
+void check_recipe(const Recipe& recipe, const Registry& registry, RecipeCheck& out) {
+  Checker(recipe, registry, out).run();
+}
+
+RecipeCheck check_recipe_file(const fs::path& file, const std::vector<std::string>& overrides,
+                              const Registry& registry) {
+  RecipeRead read = read_recipe(file, overrides, registry);
+  RecipeCheck out;
+  out.problems = std::move(read.problems);
+  out.recipe = std::move(read.recipe);
+  if (out.recipe) check_recipe(*out.recipe, registry, out);
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,175 @@
+// `kiln recipe check` through check_recipe_file: what can be known before load (model path and config, the device,
+// the selected plugins on it, the drafter's needs), every problem reported with its key and origin, with the real
+// registry (built-ins and the draft-mtp plugin from the build tree).
+#include "recipe/recipe_check.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/model_loader.h"
+#include "plugin/plugin_loader.h"
+
+namespace kiln {
+namespace {
+namespace fs = std::filesystem;
+
+fs::path recipe(const std::string& name) {
+  return fs::path(KILN_SOURCE_DIR) / "tests/data/recipes" / name;
+}
+std::string model_dir(const std::string& name) {
+  return (fs::path(KILN_SOURCE_DIR) / "tests/data/models" / name).string();
+}
+
+const Registry& registry() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-draft-mtp.so");
+  }();
+  EXPECT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-draft-mtp target)";
+  return global_registry();
+}
+
+RecipeCheck check(const std::string& file, const std::vector<std::string>& sets = {}) {
+  return check_recipe_file(recipe(file), sets, registry());
+}
+
+std::string messages(const RecipeCheck& c) {
+  std::string all;
+  for (const auto& p : c.problems) all += p.message() + "\n";
+  return all;
+}
+
+// The one problem `c` reports that mentions `key` (a failure when none or several do).
+std::string problem_about(const RecipeCheck& c, const std::string& key) {
+  std::string found;
+  int n = 0;
+  for (const auto& p : c.problems)
+    if (p.message().find(key) != std::string::npos) found = p.message(), ++n;
+  EXPECT_EQ(n, 1) << "problems mentioning " << key << ":\n" << messages(c);
+  return found;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(RecipeCheck, FineRecipePasses) {
+  RecipeCheck c = check("check_ok.toml");
+  EXPECT_TRUE(c.ok()) << messages(c);
+  ASSERT_TRUE(c.recipe.has_value());
+  RecipeCheck mtp = check("check_ok.toml", {"speculative.method=mtp", "speculative.depth=3"});
+  EXPECT_TRUE(mtp.ok()) << messages(mtp);
+}
+
+TEST(RecipeCheck, NanUtilizationIsRefused) {
+  RecipeCheck c = check("check_ok.toml", {"scheduler.gpu_memory_utilization=nan"});
+  EXPECT_TRUE(has(problem_about(c, "gpu_memory_utilization"),
+                  "`scheduler.gpu_memory_utilization` in --set scheduler.gpu_memory_utilization=nan: nan is not a "
+                  "finite number"))
+      << messages(c);
+}
+
+TEST(RecipeCheck, NonexistentModelPath) {
+  RecipeCheck c = check("check_missing_model.toml");
+  const std::string m = problem_about(c, "model.path");
+  EXPECT_TRUE(has(m, "check_missing_model.toml:3)")) << m;
+  EXPECT_TRUE(has(m, "no-such-model does not exist")) << m;
+}
+
+TEST(RecipeCheck, ModelPathWithoutConfig) {
+  RecipeCheck c = check("check_no_config.toml");
+  const std::string m = problem_about(c, "model.path");
+  EXPECT_TRUE(has(m, "check_no_config.toml:3)")) << m;
+  EXPECT_TRUE(has(m, "holds no config.json")) << m;
+}
+
+TEST(RecipeCheck, UnknownModelType) {
+  RecipeCheck c = check("check_unknown_arch.toml");
+  const std::string m = problem_about(c, "model.path");
+  EXPECT_TRUE(has(m, "check_unknown_arch.toml:3)")) << m;
+  EXPECT_TRUE(has(m, "model_type 'llama' is not supported; supported: ")) << m;
+}
+
+TEST(RecipeCheck, TensorParallelismIsRefused) {
+  RecipeCheck c = check("check_ok.toml", {"parallel.tensor=2"});
+  EXPECT_TRUE(has(problem_about(c, "parallel.tensor"),
+                  "2 ranks: multi-GPU parallelism needs the transport-nccl plugin (a collective providing NCCL), which "
+                  "is not implemented yet"))
+      << messages(c);
+}
+
+TEST(RecipeCheck, CudaWithoutAGpu) {
+  RecipeCheck c = check("check_ok.toml", {"model.device=cuda", "kv.layout=bf16"});
+  if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is visible";
+  const std::string m = problem_about(c, "model.device");
+  EXPECT_TRUE(has(m, "`model.device = \"cuda\"` (--set model.device=cuda): ")) << m;
+  EXPECT_TRUE(has(m, "no CUDA device is visible to this process") || has(m, "this kiln was built without CUDA")) << m;
+}
+
+TEST(RecipeCheck, Fp32LayoutOnCuda) {
+  RecipeCheck c = check("check_ok.toml", {"model.device=cuda"});  // check_ok.toml selects kv.layout = "fp32"
+  const std::string m = problem_about(c, "kv.layout");
+  EXPECT_TRUE(has(m, "`kv.layout = \"fp32\"` (")) << m;
+  EXPECT_TRUE(has(m, "check_ok.toml:7)")) << m;
+  EXPECT_TRUE(has(m, "kv_layout `fp32` (built in) is implemented on cpu, not on cuda")) << m;
+}
+
+TEST(RecipeCheck, CustomAllReduceWithLocalCollective) {
+  RecipeCheck c = check("check_ok.toml", {"transport.custom_all_reduce=on"});
+  const std::string m = problem_about(c, "transport.custom_all_reduce");
+  EXPECT_TRUE(has(m, "the collective `local` does not take it")) << m;
+  EXPECT_TRUE(has(m, "no collective plugin providing NCCL is loaded")) << m;
+}
+
+TEST(RecipeCheck, TransportEnvWithLocalCollective) {
+  RecipeCheck c = check("check_ok.toml", {"transport.env={NCCL_CUMEM_ENABLE=\"0\"}"});
+  const std::string m = problem_about(c, "transport.env");
+  EXPECT_TRUE(has(m, "the collective `local` does not take it")) << m;
+  EXPECT_TRUE(has(m, "no collective plugin providing NCCL is loaded")) << m;
+}
+
+TEST(RecipeCheck, VideoWithTextModality) {
+  RecipeCheck c = check("check_ok.toml", {"media.video=true"});
+  const std::string m = problem_about(c, "media.video");
+  EXPECT_TRUE(has(m, "`media.video = true` (--set media.video=true): the modality `text` accepts no video")) << m;
+  EXPECT_TRUE(check("check_ok.toml", {"media.video=false"}).ok());
+}
+
+TEST(RecipeCheck, DraftKvDtypeWithMtp) {
+  RecipeCheck c = check("check_ok.toml", {"speculative.method=mtp", "speculative.draft_kv_dtype=fp8"});
+  const std::string m = problem_about(c, "draft_kv_dtype");
+  EXPECT_TRUE(has(m,
+                  "`speculative.draft_kv_dtype` (--set speculative.draft_kv_dtype=fp8): \"fp8\": the drafter "
+                  "`mtp` keeps no KV cache of its own"))
+      << m;
+}
+
+TEST(RecipeCheck, DraftModelWithMtp) {
+  RecipeCheck c =
+      check("check_ok.toml", {"speculative.method=mtp", "speculative.draft_model=" + model_dir("deepseek_v3-tiny")});
+  const std::string m = problem_about(c, "draft_model");
+  EXPECT_TRUE(has(m, "the drafter `mtp` loads no checkpoint of its own; remove the key")) << m;
+}
+
+TEST(RecipeCheck, MtpWithoutNextNLayers) {
+  RecipeCheck c = check("check_ok.toml", {"model.path=" + model_dir("deepseek_v3-tiny"), "speculative.method=mtp"});
+  const std::string m = problem_about(c, "speculative.method");
+  EXPECT_TRUE(has(m, "`speculative.method = \"mtp\"` (--set speculative.method=mtp): ")) << m;
+  EXPECT_TRUE(has(m, "num_nextn_predict_layers")) << m;
+}
+
+// Problems of every kind in one file: all reported, each with its line.
+TEST(RecipeCheck, ReportsEveryProblemWithItsLine) {
+  RecipeCheck c = check("check_bad.toml");
+  EXPECT_EQ(c.problems.size(), 4u) << messages(c);
+  EXPECT_TRUE(has(problem_about(c, "parallel.tensor"), "check_bad.toml:7")) << messages(c);
+  EXPECT_TRUE(has(problem_about(c, "transport.custom_all_reduce"), "check_bad.toml:10")) << messages(c);
+  EXPECT_TRUE(has(problem_about(c, "gpu_memory_utilization"), "check_bad.toml:13")) << messages(c);
+  EXPECT_TRUE(has(problem_about(c, "media.video"), "check_bad.toml:16")) << messages(c);
+}
+
+}  // namespace
+}  // namespace kiln
