@@ -14,6 +14,7 @@
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <random>
 
 #include "common/reference_fixture.h"
 #include "engine/engine_factory.h"
@@ -229,6 +230,60 @@ TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
               "worst %.3g on the prompt's rows, %.3g on decode rows; smallest CPU top-1/top-2 gap %.3g\n",
               GetParam().c_str(), static_cast<long long>(kNew), gpu_tokens == cpu_tokens ? "identical" : "DIFFER",
               median(errors), worst_prefill, worst_decode, smallest_gap);
+}
+
+// The modality path on the GPU: media rows replace their placeholders' embeddings after the gather. Rows equal to
+// the tokens' own embeddings leave every logit bit-identical (the scatter writes bf16 rows as the table holds them);
+// random rows change the output, and the GPU then matches the CPU model given the same rows (as the fixture
+// tolerance above, rows the CPU routed by a near-tie left out).
+TEST(CudaModelMedia, MediaRowsReplaceTheirPlaceholdersLikeTheCpu) {
+  LoadedModel cpu = load("glm4_moe_lite-tiny", "cpu");
+  LoadedModel gpu = load("glm4_moe_lite-tiny", "cuda");
+  ASSERT_TRUE(gpu.on_gpu());
+  const int64_t vocab = cpu.info.vocab_size, hidden = cpu.info.hidden_size;
+  const std::vector<int32_t> prompt = prompt_of("glm4_moe_lite-tiny");
+  const int64_t P = static_cast<int64_t>(prompt.size()), first = 5, count = 8;
+  ASSERT_GT(P, first + count);
+  auto run = [&](LoadedModel& m, const MediaRows* media, std::vector<float>* margins = nullptr) {
+    TestKv kv(m, P + 4);
+    std::vector<int32_t> table;
+    EXPECT_TRUE(kv.reserve(table, P).ok());
+    SequenceStep step{prompt, 0, &table, true};
+    if (media) step.media = {media, 1};
+    StepOutput out;
+    if (margins) {
+      EXPECT_TRUE(cpu_model(m).forward({&step, 1}, kv.views(), {.record_router_margin = true}, out).ok());
+      *margins = out.router_margin;
+    } else {
+      EXPECT_TRUE(step_rows(m, kv, {&step, 1}, out).ok());
+    }
+    return out.logits;
+  };
+  std::vector<float> own(count * hidden);
+  ASSERT_TRUE(cpu.model->embed(prompt.data() + first, count, TensorView::contiguous(own.data(), DType::kF32, {count, hidden}, Device::cpu())).ok());
+  const MediaRows same{first, count, own.data()};
+  const std::vector<float> plain = run(gpu, nullptr);
+  EXPECT_EQ(run(gpu, &same), plain) << "the tokens' own embeddings as media rows";
+
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> random(count * hidden);
+  for (float& v : random) v = normal(rng);
+  const MediaRows other{first, count, random.data()};
+  const std::vector<float> g = run(gpu, &other);
+  std::vector<float> margins;
+  const std::vector<float> c = run(cpu, &other, &margins);
+  ASSERT_EQ(g.size(), c.size());
+  ASSERT_EQ(static_cast<int64_t>(margins.size()), P);
+  EXPECT_GT(relative_error(g.data() + (P - 1) * vocab, plain.data() + (P - 1) * vocab, vocab), 1e-2)
+      << "random media rows left the last row's logits as they were";
+  int64_t compared = 0;
+  for (int64_t r = 0; r < P; ++r) {
+    if (margins[r] < kRouterNearTie) continue;
+    ++compared;
+    EXPECT_LE(relative_error(g.data() + r * vocab, c.data() + r * vocab, vocab), kLogitsTolerance) << "row " << r;
+  }
+  EXPECT_GE(compared, P / 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny", "glm_moe_dsa-tiny"));

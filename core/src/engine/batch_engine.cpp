@@ -70,6 +70,7 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
     if (params.prompt[i] < 0 || params.prompt[i] >= vocab)
       return invalid_argument("prompt token " + std::to_string(i) + " is " + std::to_string(params.prompt[i]) +
                               ", outside the vocabulary (size " + std::to_string(vocab) + ")");
+  KILN_RETURN_IF_ERROR(check_media(params));
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -84,6 +85,32 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
   }
   wake_.notify_one();
   return id;
+}
+
+// Media spans must lie inside the prompt, in order without overlapping, with their placeholders inside the span and
+// one embedding row of the model's width per placeholder: the step scatters exactly those rows.
+Status BatchEngine::check_media(const RequestParams& p) const {
+  if (p.media.empty()) return ok_status();
+  const int64_t hidden = runner_->hidden_size(), prompt = static_cast<int64_t>(p.prompt.size());
+  if (hidden <= 0) return invalid_argument("this model takes no media");
+  int64_t end = 0;
+  for (size_t i = 0; i < p.media.size(); ++i) {
+    const RequestMedia& m = p.media[i];
+    const std::string what = "media item " + std::to_string(i);
+    if (m.length <= 0 || m.position < end || m.position + m.length > prompt)
+      return invalid_argument(what + ": tokens [" + std::to_string(m.position) + ", " +
+                              std::to_string(m.position + m.length) + ") are not inside the prompt (" +
+                              std::to_string(prompt) + " tokens) after the previous item");
+    if (m.first_placeholder < 0 || m.num_embeddings < 0 || m.first_placeholder + m.num_embeddings > m.length)
+      return invalid_argument(what + ": placeholders [" + std::to_string(m.first_placeholder) + ", " +
+                              std::to_string(m.first_placeholder + m.num_embeddings) + ") exceed its " +
+                              std::to_string(m.length) + " tokens");
+    if (static_cast<int64_t>(m.embeddings.size()) != m.num_embeddings * hidden)
+      return invalid_argument(what + ": " + std::to_string(m.embeddings.size()) + " embedding values for " +
+                              std::to_string(m.num_embeddings) + " rows of width " + std::to_string(hidden));
+    end = m.position + m.length;
+  }
+  return ok_status();
 }
 
 void BatchEngine::cancel(uint64_t request_id) {

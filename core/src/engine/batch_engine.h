@@ -62,6 +62,7 @@ class BatchEngine final : public Engine {
                  const std::vector<int64_t>& computed_rows);
   // Drafts the engine lets a sequence have now (0: it does not decode next, or is near its limits).
   int64_t draft_budget(const Sequence& seq) const;
+  Status check_media(const RequestParams& params) const;
   // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
   // then invalid). Returns whether the sequence is still running.
   bool emit(Sequence* seq, const TokenEvent& event);

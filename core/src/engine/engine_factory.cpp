@@ -7,6 +7,7 @@
 #include "engine/speculative_drafter.h"
 #include "kiln/log.h"
 #include "plugin/registry.h"
+#include "recipe/drafter_settings.h"
 #ifdef KILN_WITH_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -123,13 +124,33 @@ namespace {
 Status make_drafter(const LoadedModel& m, const Recipe& recipe, std::unique_ptr<EngineDraftServices>& services,
                     std::shared_ptr<Drafter>& drafter) {
   const RecipeSection& spec = recipe.section("speculative");
-  if (spec.get_string("method", "none") == "none" || spec.get_int("depth", 0) <= 0) return ok_status();
+  if (spec.get_string("method", "none") == "none" || spec.get_int("depth", 0) <= 0) {
+    // Nothing drafts, so nothing reads the drafter-only keys: setting them is an error, as with any drafter that
+    // does not read them.
+    const std::vector<Status> problems = check_drafter_settings(spec, DrafterCapabilities{});
+    return problems.empty() ? ok_status() : problems.front();
+  }
   services = std::make_unique<EngineDraftServices>(*m.model, m.format, m.info.num_layers, spec.get_string("draft_model"));
   KILN_ASSIGN_OR_RETURN(drafter, create_drafter(recipe, global_registry(), m.info, *m.device, services.get()));
   if (drafter->capabilities().needs_target_mtp && m.model->num_mtp_layers() == 0)
     return failed_precondition("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
                                ") runs the checkpoint's next-n (MTP) layers, and none are loaded");
   return ok_status();
+}
+
+// The recipe's modality on the model's device, for the request path (the server encodes media parts with it).
+Result<std::shared_ptr<Modality>> make_modality(const LoadedModel& m, const Recipe& recipe) {
+  const RecipeSection& media = recipe.section("media");
+  CreateContext ctx;
+  ctx.device = m.device->device();
+  ctx.device_context = m.device.get();
+  ctx.model = &m.info;
+  ctx.section = &media;
+  const std::string name = media.get_string("modality", "text");
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Modality> modality, global_registry().create<Modality>(name, ctx));
+  if (media.get_bool("video", false) && !modality->accepts_video())
+    return media.error("video", "the modality `" + name + "` accepts no video; select one that does or remove the key");
+  return modality;
 }
 
 }  // namespace
@@ -155,6 +176,7 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
                                    static_cast<int64_t>(plan.spec.layers.size()) - drafter_layers);
     log::info("speculative decoding: drafter `{}`, depth {}", spec.get_string("method"), plan.config.speculative_depth);
   }
+  KILN_ASSIGN_OR_RETURN(started.modality, make_modality(m, recipe));
   auto runner = std::make_unique<InstanceRunner>(*m.model, *started.caches);
   KILN_ASSIGN_OR_RETURN(started.engine,
                         BatchEngine::create(plan.config, std::move(runner), started.drafter, started.caches));

@@ -11,6 +11,7 @@
 #include "engine/engine_draft_services.h"
 #include "engine/kv_capacity.h"
 #include "kiln/drafter.h"
+#include "kiln/modality.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 
@@ -29,6 +30,7 @@ struct StartedEngine {
   std::shared_ptr<CacheManager> caches;
   std::unique_ptr<EngineDraftServices> draft_services;
   std::shared_ptr<Drafter> drafter;
+  std::shared_ptr<Modality> modality;  // media.modality on the model's device: the server encodes media parts with it
   std::unique_ptr<BatchEngine> engine;
   KvCapacity capacity;  // for /metrics and `kiln recipe show`
 };

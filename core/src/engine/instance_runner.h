@@ -16,6 +16,7 @@ class InstanceRunner final : public ModelRunner {
     return model_.step(steps, select, caches_.views(), options, out);
   }
   int64_t vocab_size() const override { return model_.vocab_size(); }
+  int64_t hidden_size() const override { return model_.hidden_size(); }
 
  private:
   ModelInstance& model_;

@@ -21,6 +21,8 @@ class ModelRunner {
   virtual Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
                       const StepOptions& options, StepOutput& out) = 0;
   virtual int64_t vocab_size() const = 0;
+  // The width of the embedding rows a step's media may carry (the model's hidden size); 0: it takes no media.
+  virtual int64_t hidden_size() const { return 0; }
 };
 
 }  // namespace kiln
