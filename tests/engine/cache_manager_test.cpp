@@ -1,0 +1,128 @@
+// The CacheManager on CPU memory: every layer kind of a CacheSpec gets its memory (paged latents in the layout's
+// format, paged rows, per-sequence state slots with a snapshot each), state slots are handed out and taken back,
+// and a snapshot restores a slot's state byte for byte (what speculative rollback of recurrent layers relies on).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "builtin/paged_mla_kv_layout.h"
+#include "engine/cache_manager.h"
+#include "kiln/model_info.h"
+#include "runtime/cpu_device_context.h"
+
+namespace kiln {
+namespace {
+
+struct Pool {
+  ModelInfo info;
+  std::unique_ptr<KvLayout> layout;
+  CpuDeviceContext device;
+  std::unique_ptr<CacheManager> caches;
+};
+
+// Three layers: MLA only; MLA + indexer keys (24 B a token); a recurrent layer (96 B of state per sequence, in two
+// entries of 64 and 32).
+CacheSpec mixed_spec() {
+  CacheSpec spec;
+  spec.layers.push_back({{{CacheKind::kMlaLatent, "mla"}}});
+  spec.layers.push_back({{{CacheKind::kMlaLatent, "mla"}, {CacheKind::kPagedRows, "indexer_keys", 24}}});
+  spec.layers.push_back({{{CacheKind::kState, "recurrent", 0, 64}, {CacheKind::kState, "conv", 0, 32}}});
+  return spec;
+}
+
+std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots) {
+  auto p = std::make_unique<Pool>();
+  p->info.kv_lora_rank = 16, p->info.qk_rope_head_dim = 8;
+  CreateContext ctx;
+  ctx.model = &p->info;
+  auto layout = builtin::create_fp32_kv_layout(ctx);
+  EXPECT_TRUE(layout.ok()) << layout.status().to_string();
+  p->layout = std::move(layout).value();
+  CacheManagerConfig cfg;
+  cfg.num_blocks = 10, cfg.block_size = 4, cfg.state_slots = state_slots;
+  auto made = CacheManager::create(spec, p->layout.get(), &p->device, cfg);
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  p->caches = std::move(made).value();
+  return p;
+}
+
+TEST(CacheManager, EveryLayerKindGetsItsMemory) {
+  auto p = make_pool(mixed_spec(), 3);
+  const CacheViews& v = p->caches->views();
+  ASSERT_EQ(v.layers.size(), 3u);
+  EXPECT_EQ(v.layers[0].size(), 1u);
+  EXPECT_EQ(v.layers[1].size(), 2u);
+  EXPECT_EQ(v.layers[2].size(), 2u);
+  for (const auto& l : v.layers)
+    for (void* e : l) EXPECT_NE(e, nullptr);
+  const size_t tokens = 10 * 4, latent = p->layout->bytes_per_token();
+  EXPECT_EQ(latent, (16u + 8u) * 4u);  // fp32 rows
+  // Two latent caches and one indexer cache over 40 token slots; 3 slots of 96 state bytes, twice (snapshots).
+  EXPECT_EQ(p->caches->bytes(), 2 * tokens * latent + tokens * 24 + 3 * 96 * 2);
+  EXPECT_GE(p->device.bytes_allocated(), p->caches->bytes());  // allocations are rounded up to alignment
+  EXPECT_EQ(mixed_spec().bytes_per_token(latent), 2 * latent + 24);
+  EXPECT_EQ(mixed_spec().bytes_per_sequence(), 96u);
+}
+
+TEST(CacheManager, StateSlotsAreHandedOutUntilNoneAreLeft) {
+  auto p = make_pool(mixed_spec(), 2);
+  ASSERT_TRUE(p->caches->has_state());
+  auto a = p->caches->acquire_state_slot(), b = p->caches->acquire_state_slot();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(p->caches->free_state_slots(), 0);
+  auto none = p->caches->acquire_state_slot();
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("max_num_seqs"), std::string::npos);
+  p->caches->release_state_slot(*a);
+  auto again = p->caches->acquire_state_slot();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *a);
+}
+
+TEST(CacheManager, ASnapshotRestoresTheSlotsStateExactly) {
+  auto p = make_pool(mixed_spec(), 3);
+  const CacheViews& v = p->caches->views();
+  auto slot = p->caches->acquire_state_slot();
+  ASSERT_TRUE(slot.ok());
+  auto* recurrent = static_cast<uint8_t*>(v.layers[2][0]) + *slot * 64;
+  auto* conv = static_cast<uint8_t*>(v.layers[2][1]) + *slot * 32;
+  auto* neighbour = static_cast<uint8_t*>(v.layers[2][0]) + ((*slot + 1) % 3) * 64;
+  std::memset(recurrent, 0x11, 64);
+  std::memset(conv, 0x22, 32);
+  std::memset(neighbour, 0x77, 64);
+  ASSERT_TRUE(p->caches->snapshot_state(*slot).ok());
+  std::memset(recurrent, 0x33, 64);  // a verification pass advances the state past rejected drafts
+  std::memset(conv, 0x44, 32);
+  ASSERT_TRUE(p->caches->restore_state(*slot).ok());
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(recurrent[i], 0x11) << i;
+  for (int i = 0; i < 32; ++i) ASSERT_EQ(conv[i], 0x22) << i;
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(neighbour[i], 0x77) << "another sequence's slot changed at " << i;
+  EXPECT_EQ(p->caches->restore_state(7).code(), StatusCode::kOutOfRange);
+}
+
+TEST(CacheManager, AModelWithoutStateHoldsNoSlots) {
+  CacheSpec spec;
+  spec.layers.push_back({{{CacheKind::kMlaLatent, "mla"}}});
+  auto p = make_pool(spec, 4);
+  EXPECT_FALSE(p->caches->has_state());
+  auto slot = p->caches->acquire_state_slot();
+  ASSERT_TRUE(slot.ok());
+  EXPECT_EQ(*slot, -1);
+  EXPECT_TRUE(p->caches->snapshot_state(0).ok());
+}
+
+TEST(CacheManager, ALatentCacheWithoutALayoutIsRefused) {
+  CpuDeviceContext device;
+  CacheManagerConfig cfg;
+  cfg.num_blocks = 2, cfg.block_size = 4;
+  auto made = CacheManager::create(mixed_spec(), nullptr, &device, cfg);
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("no KV layout"), std::string::npos);
+  cfg.num_blocks = 0;
+  EXPECT_FALSE(CacheManager::create(mixed_spec(), nullptr, &device, cfg).ok());
+}
+
+}  // namespace
+}  // namespace kiln
