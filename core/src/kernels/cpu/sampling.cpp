@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/token_select.h"
 #include "kernels/cpu/topk.h"
 
 namespace kiln::cpu {
@@ -60,19 +61,7 @@ void sampling_distribution(const float* logits, int64_t vocab, const SamplingPar
 }
 
 int32_t sample_from_distribution(const float* probs, int64_t vocab, std::mt19937_64& rng) {
-  const double u = static_cast<double>(rng() >> 11) * 0x1p-53;
-  double total = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) total += probs[i];
-  const double target = u * total;
-  double running = 0.0;
-  int32_t last_nonzero = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (probs[i] <= 0.0f) continue;
-    running += probs[i];
-    last_nonzero = static_cast<int32_t>(i);
-    if (running > target) return last_nonzero;
-  }
-  return last_nonzero;  // rounding left `running` a hair below `target`
+  return sample_from_distribution_u(probs, vocab, uniform_53(rng));
 }
 
 int32_t sample(const float* logits, int64_t vocab, const SamplingParams& params, std::mt19937_64& rng) {

@@ -1,29 +1,12 @@
-// argmax and the cuBLAS linear against the CPU reference (sampling: token_select_test.cpp).
+// The cuBLAS linear against the CPU reference (greedy and sampled token selection: token_select_test.cpp).
 #include <gtest/gtest.h>
 
 #include "device_buffer.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/sampling.h"
 #include "kernels/cuda/gemm.h"
-#include "kernels/cuda/sampling.h"
 
 namespace kiln::test {
 namespace {
-
-TEST(GpuSampling, ArgmaxMatchesCpu) {
-  std::mt19937_64 rng(71);
-  for (auto [rows, vocab] : {std::pair{3, 154880}, {5, 1001}, {1, 1}}) {
-    std::vector<float> logits = random_f32(size_t(rows) * vocab, rng, -10.f, 10.f);
-    if (vocab > 10) logits[3] = NAN;
-    std::vector<int32_t> want(rows);
-    for (int64_t r = 0; r < rows; ++r) want[r] = cpu::argmax(logits.data() + r * vocab, vocab);
-    DeviceBuffer<float> dl(logits);
-    DeviceBuffer<int32_t> dout(rows);
-    dout.poison();
-    KILN_STATUS_OK(cuda::argmax_rows(dl.get(), rows, vocab, dout.get(), nullptr));
-    EXPECT_EQ(dout.download(), want);
-  }
-}
 
 TEST(GpuGemm, CublasLinearMatchesCpu) {
   std::mt19937_64 rng(81);
