@@ -170,12 +170,14 @@ TEST(MtpLayer, LogitsMatchReference) {
   EXPECT_LT(relative_error(got.data(), expected.data(), expected.size()), 1e-4);
 }
 
-TEST(MtpLayer, MissingWeightsAreAClearError) {
+// A checkpoint without next-n layers loads with load_mtp set (a drafter that needs none may run on it); the MTP
+// drafter's refusal is the engine's (tests/speculative/weightless_drafter_test.cpp).
+TEST(MtpLayer, ACheckpointWithoutThemLoadsWithNone) {
   auto recipe = load_recipe("", {"model.path=" + model_dir("deepseek_v3-tiny").string()}, global_registry());
   ASSERT_TRUE(recipe.ok());
   auto m = load_model(*recipe, global_registry(), {.load_mtp = true});
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("has no MTP weights"), std::string::npos) << m.status().message();
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->model->num_mtp_layers(), 0);
 }
 
 }  // namespace

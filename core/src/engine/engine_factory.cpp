@@ -141,7 +141,10 @@ Status make_drafter(const LoadedModel& m, const Recipe& recipe, std::unique_ptr<
   KILN_ASSIGN_OR_RETURN(drafter, create_drafter(recipe, global_registry(), m.info, *m.device, services.get()));
   if (drafter->capabilities().needs_target_mtp && m.model->num_mtp_layers() == 0)
     return failed_precondition("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
-                               ") runs the checkpoint's next-n (MTP) layers, and none are loaded");
+                               ") runs the checkpoint's next-n (MTP) layers, and " + m.info.model_type + " at " +
+                               recipe.section("model").get_string("path") +
+                               " has none (num_nextn_predict_layers = 0, or its next-n weights were left out of the "
+                               "export); choose a checkpoint with its next-n layer or a drafter that needs no weights");
   return ok_status();
 }
 

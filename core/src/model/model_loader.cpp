@@ -109,10 +109,6 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.precision = precision;
   build.threads = threads;
   KILN_ASSIGN_OR_RETURN(m.model, m.arch->build(build));
-  if (options.load_mtp && m.model->num_mtp_layers() == 0)
-    return not_found(dir.string() + " has no MTP weights (next-n layers after model.layers." +
-                     std::to_string(m.info.num_layers - 1) +
-                     "); choose a checkpoint with its next-n layer or set speculative.method = \"none\"");
   log::info("loaded {} on {} ({} layers, hidden {}, {} experts{}) from {}", m.info.model_type, m.device->device().to_string(),
             m.info.num_layers, m.info.hidden_size, m.info.num_experts,
             m.model->weight_bytes() > 0 ? ", " + std::to_string(m.model->weight_bytes() >> 20) + " MiB of weights" : "",

@@ -37,7 +37,9 @@ struct LoadedModel {
 };
 
 struct ModelLoadOptions {
-  bool load_mtp = false;  // also load the checkpoint's next-n (MTP) layers
+  // Also load the checkpoint's next-n (MTP) layers, those it has (none is not an error here: a drafter that runs
+  // them refuses a model without them when the engine starts; one that needs no weights runs on any checkpoint).
+  bool load_mtp = false;
 };
 
 // Where a recipe's model runs: model.device, with "auto" resolved to CUDA when a GPU is present and the
