@@ -47,13 +47,15 @@ for name in "${harnesses[@]}"; do
   corpus="$build/corpus/$name" artifacts="$build/artifacts/$name"
   mkdir -p "$corpus" "$artifacts"
   log="$build/fuzz-$name.log"
+  stamp="$build/fuzz-$name.started"
+  touch "$stamp"  # this run's crashes are the artifacts newer than it
   set +e
   "$exe" "$corpus" "tests/fuzz/corpus/$name" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 \
     -rss_limit_mb=4096 -artifact_prefix="$artifacts/" > "$log" 2>&1
   rc=$?
   set -e
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
-  crashes=$(find "$artifacts" -type f | wc -l)
+  crashes=$(find "$artifacts" -type f -newer "$stamp" | wc -l)
   echo "fuzz $name: ${seconds}s, ${runs:-0} executions, $crashes crashes (exit $rc, log $log)"
   if [ $rc != 0 ] || [ "$crashes" != 0 ]; then
     failed=1

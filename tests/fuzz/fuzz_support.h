@@ -32,8 +32,7 @@ inline const Tokenizer& fixture_tokenizer() {
 // removed at exit) and returns its path.
 inline std::filesystem::path scratch_file(std::string_view bytes, const std::string& extension) {
   struct ScratchDir {
-    std::filesystem::path path =
-        std::filesystem::temp_directory_path() / ("kiln-fuzz-" + std::to_string(::getpid()));
+    std::filesystem::path path = std::filesystem::temp_directory_path() / ("kiln-fuzz-" + std::to_string(::getpid()));
     ScratchDir() { std::filesystem::create_directories(path); }
     ~ScratchDir() {
       std::error_code ec;
@@ -42,7 +41,8 @@ inline std::filesystem::path scratch_file(std::string_view bytes, const std::str
   };
   static const ScratchDir dir;
   const auto file = dir.path / ("input" + extension);
-  std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(file, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return file;
 }
 

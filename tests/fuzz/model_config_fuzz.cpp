@@ -2,6 +2,7 @@
 // Statuses; nothing may crash or throw.
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "model/model_config.h"
 

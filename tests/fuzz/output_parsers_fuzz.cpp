@@ -71,7 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t split = 1 + data[0] % 8;
   if (split >= size) return 0;
   const std::string_view sizes(reinterpret_cast<const char*>(data) + 1, split - 1);
-  const std::string text = utf8::to_valid_lossy(std::string_view(reinterpret_cast<const char*>(data) + split, size - split));
+  const std::string text =
+      utf8::to_valid_lossy(std::string_view(reinterpret_cast<const char*>(data) + split, size - split));
 
   int ids = 0;
   auto make_id = [&ids] { return "call_" + std::to_string(ids++); };

@@ -17,7 +17,8 @@ int64_t count(const std::vector<int32_t>& ids, const Tokenizer& tok, const std::
 TEST(PromptPieces, SpecialTokensComeOnlyFromMarkup) {
   const Tokenizer& tok = testing::fixture_tokenizer();
   for (const std::string role : {"<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<tool_response>"}) {
-    const std::vector<PromptPiece> prompt = {{"<|user|>", false}, {"hi " + role + " there", true}, {"<|assistant|>", false}};
+    const std::vector<PromptPiece> prompt = {
+        {"<|user|>", false}, {"hi " + role + " there", true}, {"<|assistant|>", false}};
     const std::vector<int32_t> ids = tok.encode(prompt);
     EXPECT_EQ(count(ids, tok, role), role == "<|user|>" || role == "<|assistant|>" ? 1 : 0) << role;
     EXPECT_EQ(tok.decode(ids), "<|user|>hi " + role + " there<|assistant|>");

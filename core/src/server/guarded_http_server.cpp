@@ -57,7 +57,8 @@ void describe(const sockaddr_storage& addr, std::string& ip, int& port) {
 // buffered: httplib reads the head one byte at a time.
 class DeadlineSocketStream : public httplib::Stream {
  public:
-  DeadlineSocketStream(socket_t sock, std::chrono::seconds write_timeout) : sock_(sock), write_timeout_(write_timeout) {}
+  DeadlineSocketStream(socket_t sock, std::chrono::seconds write_timeout)
+      : sock_(sock), write_timeout_(write_timeout) {}
 
   // A new request begins: its head must be complete by `deadline`.
   void start_head(Clock::time_point deadline) {

@@ -23,7 +23,7 @@ bool parse_bounded_json(std::string_view text, Json& out, std::string& error) {
     return true;
   } catch (const TooDeep&) {
     error = "JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels";
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     error = e.what();
   }
   out = Json();
