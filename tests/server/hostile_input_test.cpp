@@ -103,6 +103,15 @@ TEST_F(HostileInput, NumberOutOfRangeIs400) {
   EXPECT_NE(error["message"].get<std::string>().find("1e400"), std::string::npos) << error;
 }
 
+TEST_F(HostileInput, HugeIntegralFloatIs400) {
+  // 1.4e29 has no fraction, so it reads as an integer, but no int64 holds it (converting it was undefined).
+  json error = expect_client_error(
+      post_raw("/v1/completions", R"({"prompt": "x", "max_tokens": 144444444444444444444444444446})"), 400,
+      "max_tokens");
+  EXPECT_NE(error["message"].get<std::string>().find("out of range"), std::string::npos) << error;
+  expect_client_error(post_raw("/v1/completions", R"({"prompt": "x", "seed": -9.3e18})"), 400, "seed");
+}
+
 TEST_F(HostileInput, Utf8TextThatIsNotJsonIs400) {
   expect_client_error(post_raw("/v1/chat/completions", "é"), 400, "body");
   expect_client_error(post_raw("/v1/chat/completions", "привет, мир"), 400, "body");

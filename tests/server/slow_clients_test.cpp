@@ -150,6 +150,15 @@ TEST_F(SlowClients, StalledBodyIsCutAfterTheReadTimeout) {
   EXPECT_TRUE(engine_.submitted().empty());
 }
 
+TEST_F(SlowClients, StopDoesNotWaitOutIdleKeepAliveConnections) {
+  RawConnection idle(server_->port());
+  idle.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_NE(idle.receive(500ms).find("HTTP/1.1 200"), std::string::npos);  // and the connection stays open
+  const auto start = Clock::now();
+  server_->stop();
+  EXPECT_LT(Clock::now() - start, 1s) << "stop() waited for the keep-alive timeout";
+}
+
 TEST_F(SlowClients, NonStreamingRequestStopsWhenTheClientLeaves) {
   HttpServerOptions options;
   options.max_model_len = 100000;

@@ -135,8 +135,8 @@ class DeadlineSocketStream : public httplib::Stream {
   size_t begin_ = 0, end_ = 0;
 };
 
-// httplib's task queue for accepted connections: one thread per connection served. When every thread is busy
-// the accept thread runs the task itself with t_rejecting set, which answers 503 instead of queueing.
+// httplib's task queue for accepted connections: one thread per connection served. When every thread has a
+// connection the accept thread runs the task itself with t_rejecting set, which answers 503 instead of queueing.
 class ConnectionPool : public httplib::TaskQueue {
  public:
   explicit ConnectionPool(size_t threads) {
@@ -146,7 +146,10 @@ class ConnectionPool : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     {
       std::lock_guard lock(mutex_);
-      if (jobs_.size() < idle_) {
+      // Connections queued or being served; a queued one is taken by a thread as soon as it waits (threads that
+      // are still starting up count as free).
+      if (connections_ < threads_.size()) {
+        ++connections_;
         jobs_.push_back(std::move(fn));
         ready_.notify_one();
         return;
@@ -170,22 +173,21 @@ class ConnectionPool : public httplib::TaskQueue {
   void work() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      ++idle_;
       ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      --idle_;
       if (jobs_.empty()) return;  // stopping, and every accepted connection has been served
       auto fn = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
       fn();
       lock.lock();
+      --connections_;
     }
   }
 
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> jobs_;
-  size_t idle_ = 0;
+  size_t connections_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
@@ -209,6 +211,18 @@ bool GuardedHttpServer::client_connected() {
   return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
 }
 
+bool GuardedHttpServer::wait_for_request(socket_t sock) const {
+  // In slices, so that an idle connection notices stop() (which closes the listening socket) within one.
+  constexpr auto kSlice = std::chrono::milliseconds(100);
+  const auto deadline = Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_);
+  while (svr_sock_ != INVALID_SOCKET) {
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (wait_for(sock, POLLIN, std::min(deadline, now + kSlice))) return true;
+  }
+  return false;
+}
+
 void GuardedHttpServer::reject(socket_t sock) const {
   // Runs on the accept thread: nothing here may block. The socket's send buffer is empty, so the short
   // response fits; reading what the client already sent before closing avoids a reset that could discard it.
@@ -229,12 +243,9 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
   DeadlineSocketStream stream(sock, std::chrono::seconds(write_timeout_sec_));
   t_client_socket = sock;
   bool ok = false;
-  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+  for (size_t left = keep_alive_max_count_; left > 0; --left) {
     // Idle until the next request's first byte; from there its head has header_timeout.
-    if (!stream.has_buffered_bytes() &&
-        !wait_for(sock, POLLIN, Clock::now() + std::chrono::seconds(keep_alive_timeout_sec_))) {
-      break;
-    }
+    if (!stream.has_buffered_bytes() && !wait_for_request(sock)) break;
     stream.start_head(Clock::now() + limits_.header_timeout);
     bool closed = false;
     ok = process_request(stream, /*close_connection=*/left == 1, closed,

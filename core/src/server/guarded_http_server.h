@@ -46,6 +46,8 @@ class GuardedHttpServer : public httplib::Server {
 
  private:
   bool process_and_close_socket(socket_t sock) override;
+  // Waits for the first byte of the connection's next request: false after the keep-alive timeout or on stop().
+  bool wait_for_request(socket_t sock) const;
   void reject(socket_t sock) const;
 
   ConnectionLimits limits_;

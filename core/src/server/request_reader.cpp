@@ -72,7 +72,12 @@ std::optional<int64_t> RequestReader::integer(const char* key, int64_t min, int6
     fail(bad_request(std::string("'") + key + "' must be an integer, got " + json_type_phrase(*v), key));
     return std::nullopt;
   }
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+  // 2^63 is the first double past INT64_MAX; converting one at or beyond it would be undefined behaviour.
+  constexpr double kTwoTo63 = 9223372036854775808.0;
+  const bool too_large = v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                         : v->is_number_float()  ? !(std::fabs(v->get<double>()) < kTwoTo63)
+                                                 : false;
+  if (too_large) {
     fail(bad_request(std::string("'") + key + "' is out of range: " + v->dump(), key));
     return std::nullopt;
   }
