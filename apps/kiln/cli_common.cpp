@@ -40,6 +40,7 @@ PluginLoader& load_plugins(const CommonOptions& opts) {
   static PluginLoader loader(global_registry());
   static bool done = false;
   if (!done) {
+    if (Status s = check_plugin_dirs(opts.plugin_dirs); !s.ok()) std::exit(fail(s.message()));
     loader.load_search_path(plugin_search_path(opts.plugin_dirs));
     done = true;
   }

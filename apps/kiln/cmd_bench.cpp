@@ -216,12 +216,14 @@ int bench_depth(int argc, char** argv) {
   if (!probe.ok || probe.prompt_tokens <= 0) return fail("probe request failed: " + probe.error);
   const double tokens_per_word = static_cast<double>(probe.prompt_tokens) / kProbeWords;
   std::printf("| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms |\n|---|---|---|---|---|\n");
+  int failed = 0;
   for (int64_t d : ds) {
     if (max_depth > 0 && d + output_len > max_depth) continue;
     const int64_t words = std::max<int64_t>(1, static_cast<int64_t>(d / tokens_per_word));
     StreamTiming t = timed_completion(server, model, make_prompt(words, rng), output_len, true);
     if (!t.ok) {
       std::fprintf(stderr, "depth %lld: %s\n", static_cast<long long>(d), t.error.c_str());
+      ++failed;
       continue;
     }
     double decode = t.completion_tokens > 1 ? (t.completion_tokens - 1) / (t.latency - t.ttft) : 0;
@@ -233,6 +235,9 @@ int bench_depth(int argc, char** argv) {
                                 {"decode_tok_s", decode}, {"itl", to_json_ms(itl)}});
   }
   if (!out_file.empty()) std::ofstream(out_file) << report.dump(2) << "\n";
+  // A sweep with a hole in it is not a result a script should carry on with.
+  if (failed > 0) return fail(std::to_string(failed) + " of the depths failed (see above)");
+  if (report["depths"].empty()) return fail("no depth was measured (all above --max-depth?)");
   return 0;
 }
 

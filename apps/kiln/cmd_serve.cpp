@@ -1,8 +1,13 @@
 // `kiln serve RECIPE`: load the recipe's model, start the engine and the OpenAI-compatible server; SIGTERM or
-// SIGINT drains the requests in flight, then exits.
+// SIGINT drains the requests in flight (for at most server.drain_timeout_s), then exits. A second signal exits at
+// once, without waiting for them.
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <iostream>
+#include <thread>
 
 #include "cli_common.h"
 #include "commands.h"
@@ -82,6 +87,11 @@ int cmd_serve(int argc, char** argv) {
   opts.max_output_tokens = sched.get_int("max_output_tokens");
   opts.tool_parser = srv.get_string("tool_parser");
   opts.reasoning_parser = srv.get_string("reasoning_parser");
+  opts.max_body_bytes = srv.get_int("max_body_bytes");
+  opts.max_connections = static_cast<int>(srv.get_int("max_connections"));
+  opts.header_timeout = std::chrono::seconds(srv.get_int("header_timeout_s"));
+  opts.read_timeout = std::chrono::seconds(srv.get_int("read_timeout_s"));
+  opts.drain_timeout = std::chrono::seconds(srv.get_int("drain_timeout_s"));
   const std::string key_env = srv.get_string("api_key_env");
   if (!key_env.empty()) {
     const char* key = std::getenv(key_env.c_str());
@@ -97,8 +107,23 @@ int cmd_serve(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  log::info("{} received: draining requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  server.stop();
+  log::info("{} received: draining requests in flight (at most {} s; a second signal exits at once)", strsignal(sig),
+            opts.drain_timeout.count() / 1000);
+  std::atomic<bool> stopped{false};
+  std::thread stopper([&] {
+    server.stop();
+    stopped = true;
+  });
+  // Waits for the drain, or for a second signal (an operator who will not wait).
+  const timespec poll_interval{0, 100'000'000};
+  while (!stopped) {
+    siginfo_t info;
+    if (sigtimedwait(&signals, &info, &poll_interval) > 0) {
+      log::warn("second {} received: exiting without draining", strsignal(info.si_signo));
+      std::_Exit(128 + info.si_signo);
+    }
+  }
+  stopper.join();
   log::info("drained; exiting");
   return 0;
 }

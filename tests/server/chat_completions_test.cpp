@@ -262,7 +262,7 @@ TEST_F(ServerTest, SeedAndTopKReachTheEngine) {
                   {{"messages", user_says("x")}, {"seed", 1234}, {"top_k", 40}, {"top_p", 0.9}, {"temperature", 0}});
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
-  const auto& s = engine_.submitted()[0].sampling;
+  const SamplingOptions s = engine_.submitted()[0].sampling;  // submitted() returns a copy
   EXPECT_EQ(s.seed, 1234u);
   EXPECT_EQ(s.top_k, 40);
   EXPECT_FLOAT_EQ(s.top_p, 0.9f);

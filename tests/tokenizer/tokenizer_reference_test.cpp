@@ -50,7 +50,8 @@ TEST(TokenizerReference, EncodeAndDecodeMatchHuggingFace) {
 
 TEST(TokenizerReference, DecodeOfArbitraryIdsMatchesHuggingFace) {
   const Tokenizer& tok = fixture_tokenizer();
-  for (const Json& c : read_json("reference.json")["random_decodes"]) {
+  const Json ref = read_json("reference.json");  // a range-for over a temporary's member would dangle
+  for (const Json& c : ref["random_decodes"]) {
     const std::vector<int32_t> ids = ids_of(c["ids"]);
     EXPECT_EQ(tok.decode(ids), c["decoded"].get<std::string>()) << c["ids"].dump();
     EXPECT_EQ(tok.decode(ids, true), c["decoded_skip_special"].get<std::string>()) << c["ids"].dump();
@@ -120,7 +121,8 @@ TEST(TokenizerReference, MergesInStringFormGiveTheSameIds) {
   for (auto& merge : json["model"]["merges"]) merge = merge[0].get<std::string>() + " " + merge[1].get<std::string>();
   auto tok = Tokenizer::from_json_text(json.dump(), "string-merges");
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
-  for (const Json& c : read_json("reference.json")["cases"]) {
+  const Json ref = read_json("reference.json");
+  for (const Json& c : ref["cases"]) {
     EXPECT_EQ(tok->encode(c["text"].get<std::string>()), ids_of(c["ids"])) << c["text"];
   }
 }

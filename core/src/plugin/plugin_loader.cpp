@@ -1,5 +1,7 @@
 #include "plugin/plugin_loader.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <set>
@@ -71,6 +73,14 @@ std::vector<fs::path> plugin_search_path(const std::vector<std::string>& cli_dir
   return unique;
 }
 
+Status check_plugin_dirs(const std::vector<std::string>& cli_dirs) {
+  for (const auto& d : cli_dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) return not_found("--plugin-dir " + d + ": no such directory");
+  }
+  return ok_status();
+}
+
 void PluginLoader::load_search_path(const std::vector<fs::path>& dirs) {
   for (const auto& d : dirs) load_directory(d);
 }
@@ -101,11 +111,15 @@ Status PluginLoader::try_load(const fs::path& file) {
     if (fs::equivalent(p.path, file, ec)) return already_exists("this file is already loaded");
   }
   auto lib = std::make_shared<boost::dll::shared_library>();
-  try {
-    // rtld_local keeps each plugin's symbols private; rtld_now surfaces missing symbols at load, not mid-run.
-    lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
-  } catch (const std::exception& e) {
-    return failed_precondition(std::string("cannot be loaded as a shared library: ") + e.what());
+  // rtld_local keeps each plugin's symbols private; rtld_now surfaces missing symbols at load, not mid-run.
+  boost::dll::fs::error_code ec;
+  lib->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  if (ec) {
+    // Boost.DLL reports every dlopen failure as "Bad file descriptor"; the dynamic loader's reason is still
+    // waiting in dlerror().
+    const char* reason = dlerror();
+    return failed_precondition(std::string("cannot be loaded as a shared library: ") +
+                               (reason ? reason : ec.message()));
   }
   if (!lib->has(KILN_PLUGIN_ENTRY_ALIAS))
     return not_found("no `" KILN_PLUGIN_ENTRY_ALIAS "` entry point: not a kiln plugin (was it built with KILN_PLUGIN(...))?");

@@ -29,6 +29,10 @@ struct RefusedPlugin {
 // <install prefix>/lib/kiln/plugins, <exe dir>/../lib/kiln/plugins, the executable's own directory.
 std::vector<std::filesystem::path> plugin_search_path(const std::vector<std::string>& cli_dirs);
 
+// --plugin-dir names directories the user asked for: unlike the rest of the search path, one that does not exist
+// is an error (a typo would otherwise load nothing, silently).
+Status check_plugin_dirs(const std::vector<std::string>& cli_dirs);
+
 // A candidate plugin file: kiln-<name>.so (what kiln_add_plugin produces).
 bool is_plugin_file_name(const std::filesystem::path& p);
 

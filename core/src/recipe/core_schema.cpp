@@ -127,7 +127,21 @@ std::vector<CoreSection> build() {
                {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port (0 = any free port)", 0, 65535),
                  str("api_key_env", "", "environment variable holding the API key (empty = no auth)"),
                  str("tool_parser", "glm47", "tool-call parser", {"glm47", "none"}),
-                 str("reasoning_parser", "glm45", "reasoning parser", {"glm45", "none"})}},
+                 str("reasoning_parser", "glm45", "reasoning parser", {"glm45", "none"}),
+                 integer("max_body_bytes", 0,
+                         "largest request body; larger ones get 413 (0 = 1 MiB + 16 bytes per token of "
+                         "scheduler.max_model_len)",
+                         0),
+                 integer("max_connections", 512,
+                         "connections served at once (at most 900); beyond them a connection gets 503 with Retry-After", 1,
+                         900),
+                 integer("header_timeout_s", 10, "seconds from a request's first byte to the end of its headers", 1, 3600),
+                 integer("read_timeout_s", 60, "seconds a request's body may take to arrive after its headers", 1,
+                         3600),
+                 integer("drain_timeout_s", 30,
+                         "on SIGTERM / SIGINT, seconds to let requests in flight finish before cancelling them "
+                         "(0 = cancel at once)",
+                         0, 86400)}},
                std::nullopt});
   return s;
 }

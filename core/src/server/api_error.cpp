@@ -9,6 +9,10 @@ nlohmann::ordered_json ApiError::to_json() const {
   return {{"error", {{"message", message}, {"type", type}, {"param", or_null(param)}, {"code", or_null(code)}}}};
 }
 
+std::string ApiError::dump() const {
+  return to_json().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
 ApiError bad_request(std::string message, std::string param) {
   ApiError e;
   e.http_status = 400;

@@ -18,6 +18,9 @@ struct ApiError {
   std::string code;   // machine-readable reason; empty = null
 
   nlohmann::ordered_json to_json() const;
+  // The response body. A message may quote client bytes (a JSON parse error quotes the last bytes read, which
+  // can be half a UTF-8 character): those become U+FFFD rather than an exception.
+  std::string dump() const;
 };
 
 ApiError bad_request(std::string message, std::string param = "");

@@ -122,7 +122,7 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
     }
   }
   if (const auto* format = reader.value("response_format")) {
-    if (!format->is_object() || format->value("type", "") != "text") {
+    if (!format->is_object() || string_member(*format, "type") != "text") {
       reader.fail(bad_request("only response_format {\"type\": \"text\"} is supported", "response_format"));
     }
   }

@@ -116,7 +116,7 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
     for (size_t i = 0; i < tools->size(); ++i) {
       const auto& tool = (*tools)[i];
       const std::string where = "tools[" + std::to_string(i) + "]";
-      if (!tool.is_object() || tool.value("type", "") != "function") {
+      if (!tool.is_object() || string_member(tool, "type") != "function") {
         return bad_request(where + ": only tools of type \"function\" are supported", "tools");
       }
       const auto fn = tool.find("function");
@@ -139,7 +139,7 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
             "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + mode + "\"",
             "tool_choice");
       }
-    } else if (tool_choice->is_object() && tool_choice->value("type", "") == "function") {
+    } else if (tool_choice->is_object() && string_member(*tool_choice, "type") == "function") {
       const auto fn = tool_choice->find("function");
       if (fn != tool_choice->end() && fn->is_object() && fn->contains("name") && (*fn)["name"].is_string()) {
         forced_name = (*fn)["name"].get<std::string>();
@@ -175,7 +175,10 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
   setup.tools = *tools;
   setup.parse_tool_calls = !ctx.tool_parser.empty();
   if (mode == "required") setup.prefill = "<tool_call>";
-  if (mode == "named") setup.prefill = "<tool_call>" + forced_name;
+  if (mode == "named") {
+    setup.prefill = "<tool_call>" + forced_name;
+    setup.forced_name = forced_name;
+  }
   return std::nullopt;
 }
 
@@ -194,14 +197,17 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   options.enable_thinking = thinking;
   options.clear_thinking = clear_thinking;
   options.tools = tools.tools;
-  auto text = render_glm_chat(*parsed, options);
-  if (!text.ok()) return bad_request(text.status().message(), "messages");
+  auto pieces = render_glm_chat_pieces(*parsed, options);
+  if (!pieces.ok()) return bad_request(pieces.status().message(), "messages");
+  // The forced call's opening tag is markup; the function name came from the request.
+  if (!tools.prefill.empty()) pieces->push_back({"<tool_call>", false});
+  if (!tools.forced_name.empty()) pieces->push_back({tools.forced_name, true});
   request.prefill = tools.prefill;
   request.output.split_reasoning = ctx.reasoning_parser == "glm45";
   request.output.starts_in_reasoning = thinking;
   request.output.parse_tool_calls = tools.parse_tool_calls;
   request.output.tools = tools.tools;
-  return set_prompt(ctx, ctx.tokenizer->encode(*text + tools.prefill, /*parse_special=*/true), request);
+  return set_prompt(ctx, ctx.tokenizer->encode(*pieces), request);
 }
 
 }  // namespace kiln

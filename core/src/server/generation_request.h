@@ -55,7 +55,8 @@ std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t
 struct ToolSetup {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // rendered into the prompt (chat format)
   bool parse_tool_calls = false;
-  std::string prefill;  // "<tool_call>" for required, "<tool_call>NAME" for a named function
+  std::string prefill;      // "<tool_call>" for required, "<tool_call>NAME" for a named function
+  std::string forced_name;  // NAME of a named function
 };
 
 // Validates OpenAI chat-format `tools` and `tool_choice` ("auto", "none", "required", {"type":"function",

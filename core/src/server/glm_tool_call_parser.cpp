@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tokenizer/bounded_json.h"
+
 namespace kiln {
 namespace {
 
@@ -29,9 +31,14 @@ void drop_leading_space(std::string& s) {
   s.erase(0, n);
 }
 
+// A JSON string literal; a stray byte of a split character becomes U+FFFD rather than an exception.
+std::string json_quote(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // JSON string escaping without the quotes; escaping is per character, so pieces escape independently.
 std::string json_escape(const std::string& s) {
-  std::string quoted = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string quoted = json_quote(s);
   return quoted.substr(1, quoted.size() - 2);
 }
 
@@ -147,7 +154,7 @@ bool GlmToolCallParser::step(OutputPieces& out) {
       if (open == std::string::npos) return false;
       pending_.erase(0, open + kValueOpen.size());
       streaming_string_ = value_is_string(key_);
-      std::string prefix = (args_in_call_ == 0 ? "{" : ", ") + nlohmann::json(key_).dump() + ": ";
+      std::string prefix = (args_in_call_ == 0 ? "{" : ", ") + json_quote(key_) + ": ";
       if (streaming_string_) prefix += "\"";
       emit_arguments(out, prefix);
       ++args_in_call_;
@@ -166,10 +173,12 @@ bool GlmToolCallParser::step(OutputPieces& out) {
       } else {
         if (close == std::string::npos) return false;
         std::string raw = trim(std::string_view(pending_).substr(0, close));
-        auto parsed = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
-        emit_arguments(out, parsed.is_discarded()
-                                ? nlohmann::json(raw).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                                : parsed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        // A value that is not JSON (or nests too deep to re-serialise safely) is passed on as a string.
+        nlohmann::ordered_json parsed;
+        std::string error;
+        emit_arguments(out, parse_bounded_json(raw, parsed, error)
+                                ? parsed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                                : json_quote(raw));
         pending_.erase(0, close);
       }
       pending_.erase(0, kValueClose.size());

@@ -2,14 +2,15 @@
 
 #include <cmath>
 
+#include "tokenizer/bounded_json.h"
+
 namespace kiln {
 
 bool parse_json_body(const std::string& body, nlohmann::ordered_json* out, ApiError* error) {
-  try {
-    *out = nlohmann::ordered_json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
-    // e.byte is the 1-based position where parsing stopped; e.what() adds line and column.
-    *error = bad_request("request body is not valid JSON: " + std::string(e.what()), "body");
+  std::string why;
+  if (!parse_bounded_json(body, *out, why)) {
+    // nlohmann's message names the line and column where parsing stopped.
+    *error = bad_request("request body is not valid JSON: " + why, "body");
     error->code = "invalid_json";
     return false;
   }
@@ -18,6 +19,14 @@ bool parse_json_body(const std::string& body, nlohmann::ordered_json* out, ApiEr
     return false;
   }
   return true;
+}
+
+std::optional<std::string> string_member(const nlohmann::ordered_json& object, const char* key,
+                                         const std::string& fallback) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return fallback;
+  if (!it->is_string()) return std::nullopt;
+  return it->get<std::string>();
 }
 
 std::string json_type_phrase(const nlohmann::ordered_json& v) {
@@ -63,7 +72,12 @@ std::optional<int64_t> RequestReader::integer(const char* key, int64_t min, int6
     fail(bad_request(std::string("'") + key + "' must be an integer, got " + json_type_phrase(*v), key));
     return std::nullopt;
   }
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+  // 2^63 is the first double past INT64_MAX; converting one at or beyond it would be undefined behaviour.
+  constexpr double kTwoTo63 = 9223372036854775808.0;
+  const bool too_large = v->is_number_unsigned() ? v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                         : v->is_number_float()  ? !(std::fabs(v->get<double>()) < kTwoTo63)
+                                                 : false;
+  if (too_large) {
     fail(bad_request(std::string("'") + key + "' is out of range: " + v->dump(), key));
     return std::nullopt;
   }

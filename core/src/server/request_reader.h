@@ -40,6 +40,11 @@ class RequestReader {
   std::optional<ApiError> error_;
 };
 
+// object[key] when it is a string; `fallback` when it is absent or null; nullopt when it is anything else (where
+// nlohmann's value(key, default) would throw, and the client would get a 500 for its own mistake).
+std::optional<std::string> string_member(const nlohmann::ordered_json& object, const char* key,
+                                         const std::string& fallback = "");
+
 // "a string", "an object", ... for messages that say what was sent instead.
 std::string json_type_phrase(const nlohmann::ordered_json& v);
 

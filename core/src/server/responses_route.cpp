@@ -262,7 +262,7 @@ std::optional<ApiError> content_text(const ojson& content, const std::string& wh
   if (!content.is_array()) return bad_request(where + " must be a string or a list of content parts", "input");
   for (size_t i = 0; i < content.size(); ++i) {
     const auto& part = content[i];
-    const std::string type = part.is_object() ? part.value("type", "") : "";
+    const std::string type = part.is_object() ? string_member(part, "type").value_or("") : "";
     if ((type != "input_text" && type != "output_text" && type != "text") || !part.contains("text") ||
         !part["text"].is_string()) {
       return bad_request(where + "[" + std::to_string(i) + "]: only text parts (input_text, output_text) are supported",
@@ -290,9 +290,11 @@ std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
     const auto& item = input[i];
     const std::string where = "input[" + std::to_string(i) + "]";
     if (!item.is_object()) return bad_request(where + " must be an object", "input");
-    const std::string type = item.value("type", item.contains("role") ? "message" : "");
+    const auto type_member = string_member(item, "type", item.contains("role") ? "message" : "");
+    if (!type_member) return bad_request(where + ".type must be a string", "input");
+    const std::string& type = *type_member;
     if (type == "message") {
-      const std::string role = item.value("role", "");
+      const std::string role = string_member(item, "role").value_or("");
       if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
         return bad_request(where + ".role must be user, system, developer or assistant", "input");
       }
@@ -311,6 +313,8 @@ std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
           !item["call_id"].is_string()) {
         return bad_request(where + ": a function_call needs string 'name' and 'call_id'", "input");
       }
+      const auto arguments = string_member(item, "arguments", "{}");
+      if (!arguments) return bad_request(where + ".arguments must be a JSON string", "input");
       ojson* assistant = last_assistant();
       if (!pending_reasoning.empty()) {
         (*assistant)["reasoning_content"] = pending_reasoning;
@@ -320,7 +324,7 @@ std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
       (*assistant)["tool_calls"].push_back(
           {{"id", item["call_id"]},
            {"type", "function"},
-           {"function", {{"name", item["name"]}, {"arguments", item.value("arguments", std::string("{}"))}}}});
+           {"function", {{"name", item["name"]}, {"arguments", *arguments}}}});
     } else if (type == "function_call_output") {
       if (!item.contains("call_id") || !item["call_id"].is_string()) {
         return bad_request(where + ": a function_call_output needs a string 'call_id'", "input");
@@ -352,7 +356,7 @@ std::optional<ApiError> tools_to_chat(const ojson& tools, ojson& chat_tools) {
   if (!tools.is_array()) return bad_request("'tools' must be an array", "tools");
   for (size_t i = 0; i < tools.size(); ++i) {
     const auto& tool = tools[i];
-    if (!tool.is_object() || tool.value("type", "") != "function") {
+    if (!tool.is_object() || string_member(tool, "type") != "function") {
       return bad_request("tools[" + std::to_string(i) + "]: only tools of type \"function\" are supported", "tools");
     }
     ojson fn = ojson::object();
@@ -388,7 +392,11 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
                     "previous_response_id"));
   }
   if (const auto* text = reader.value("text")) {
-    if (text->is_object() && text->contains("format") && (*text)["format"].value("type", "text") != "text") {
+    const auto* format = text->is_object() && text->contains("format") ? &(*text)["format"] : nullptr;
+    if (!text->is_object()) {
+      reader.fail(bad_request("'text' must be an object, got " + json_type_phrase(*text), "text"));
+    } else if (format && !format->is_null() &&
+               (!format->is_object() || string_member(*format, "type", "text") != "text")) {
       reader.fail(bad_request("only text.format {\"type\": \"text\"} is supported", "text.format"));
     }
   }

@@ -10,9 +10,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kiln/log.h"
 #include "server/chat_completions_route.h"
 #include "server/completions_route.h"
 #include "server/generation_session.h"
+#include "server/guarded_http_server.h"
 #include "server/responses_route.h"
 #include "server/server_metrics.h"
 
@@ -25,9 +27,10 @@ using Preparer = std::function<std::optional<ApiError>(const ServerContext&, con
 
 // How long a stream may stay silent (a long prefill) before an SSE comment probes whether the client is still there.
 constexpr auto kKeepAliveInterval = std::chrono::seconds(5);
-constexpr auto kStreamPoll = std::chrono::milliseconds(50);
-// Bound on waiting for drained responses to be written out during stop().
-constexpr auto kDrainFlushTimeout = std::chrono::seconds(30);
+// How often a request's HTTP thread looks for engine events, a departed client and a shutdown deadline.
+constexpr auto kPoll = std::chrono::milliseconds(50);
+// After the drain timeout cancels what is left: bound on waiting for those requests' last writes.
+constexpr auto kCancelFlushTimeout = std::chrono::seconds(5);
 
 // Compares without an early exit, so response time does not reveal how much of a guessed key was right.
 bool constant_time_equal(const std::string& a, const std::string& b) {
@@ -59,12 +62,26 @@ GenerationResult result_of(const GenerationSession& session, const SessionUpdate
   return {last.finish_reason, session.usage(), session.tool_calls()};
 }
 
-ApiError generation_failed(const std::string& message) {
+ApiError server_fault(const std::string& message) {
   ApiError e;
   e.http_status = 500;
   e.type = "server_error";
-  e.message = "generation failed: " + message;
+  e.message = message;
   return e;
+}
+
+ApiError cancelled_by_shutdown() {
+  return api_error_from_status(
+      unavailable("the server is shutting down and cancelled this request (server.drain_timeout_s passed)"));
+}
+
+// A 500 is a fault of this server, not of the request: it is logged under an id the client is also given.
+ApiError logged(ApiError error) {
+  if (error.http_status < 500 || error.http_status == 503) return error;
+  const std::string id = random_id("req_", 16);
+  log::error("request {} failed with HTTP {}: {}", id, error.http_status, error.message);
+  error.message += " (request id " + id + ")";
+  return error;
 }
 
 int64_t unix_now() {
@@ -81,11 +98,12 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   ServerContext ctx;
   ServerMetrics metrics;
-  httplib::Server http;
+  std::unique_ptr<GuardedHttpServer> http;
   std::thread listener;
   int bound_port = 0;
   int64_t created = unix_now();
   std::atomic<bool> draining{false};
+  std::atomic<bool> cancel_in_flight{false};  // the drain timeout passed: requests still running end now
   std::atomic<int64_t> in_flight{0};
   std::mutex lifecycle_mutex;
   bool started = false, stopped = false;
@@ -93,7 +111,7 @@ struct HttpServer::Impl {
   void send_error(httplib::Response& res, const ApiError& error) {
     metrics.count_rejected(error.http_status);
     res.status = error.http_status;
-    res.set_content(error.to_json().dump(), "application/json");
+    res.set_content(logged(error).dump(), "application/json");
   }
 
   std::shared_ptr<InFlightSlot> acquire_slot() {
@@ -129,10 +147,19 @@ struct HttpServer::Impl {
       OutputPieces all;
       SessionUpdate update;
       do {
-        update = session->next(std::chrono::seconds(1));
+        update = session->next(kPoll);
         append_pieces(all, std::move(update.pieces));
-      } while (!update.finished);
-      if (update.finish_reason == "error") return send_error(res, generation_failed(update.error));
+        if (update.finished) break;
+        if (!GuardedHttpServer::client_connected()) {
+          session->abandon();  // nobody is waiting for the answer (an SDK timeout): free the sequence now
+          return;
+        }
+        if (cancel_in_flight) {
+          session->abandon();
+          return send_error(res, cancelled_by_shutdown());
+        }
+      } while (true);
+      if (update.finish_reason == "error") return send_error(res, server_fault("generation failed: " + update.error));
       res.set_content(prepared.writer->complete(all, result_of(*session, update))
                           .dump(-1, ' ', false, ojson::error_handler_t::replace),
                       "application/json");
@@ -147,17 +174,22 @@ struct HttpServer::Impl {
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [state](size_t, httplib::DataSink& sink) {
+        [this, state](size_t, httplib::DataSink& sink) {
           std::string out;
           if (!state->begun) {
             out = state->writer->stream_begin();
             state->begun = true;
           }
-          SessionUpdate update = state->session->next(kStreamPoll);
+          SessionUpdate update = state->session->next(kPoll);
           out += state->writer->stream_pieces(update.pieces);
           if (update.finished) {
-            out += update.finish_reason == "error" ? state->writer->stream_error(generation_failed(update.error))
-                                                   : state->writer->stream_end(result_of(*state->session, update));
+            out += update.finish_reason == "error"
+                       ? state->writer->stream_error(logged(server_fault("generation failed: " + update.error)))
+                       : state->writer->stream_end(result_of(*state->session, update));
+          } else if (cancel_in_flight) {
+            state->session->abandon();
+            out += state->writer->stream_error(cancelled_by_shutdown());
+            update.finished = true;
           }
           const auto now = Clock::now();
           if (out.empty() && now - state->last_write > kKeepAliveInterval) out = ": keep-alive\n\n";
@@ -175,7 +207,7 @@ struct HttpServer::Impl {
   }
 
   void install_routes() {
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
       if (constant_time_equal(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
         return httplib::Server::HandlerResponse::Unhandled;
@@ -187,18 +219,27 @@ struct HttpServer::Impl {
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
     });
-    http.set_error_handler(
+    // Statuses httplib sets itself (unknown route, oversized body, malformed request head) get OpenAI-shaped bodies.
+    http->set_error_handler(
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
           ApiError e;
           e.http_status = res.status;
-          e.message = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                        : "request failed with HTTP status " + std::to_string(res.status);
-          e.code = res.status == 404 ? "not_found" : "";
-          res.set_content(e.to_json().dump(), "application/json");
+          e.message = "request failed with HTTP status " + std::to_string(res.status);
+          if (res.status == 404) {
+            e.message = "no route for " + req.method + " " + req.path;
+            e.code = "not_found";
+          } else if (res.status == 413) {
+            e.message = "the request body is larger than this server accepts (" + std::to_string(max_body_bytes()) +
+                        " bytes, server.max_body_bytes)";
+            e.param = "body";
+            e.code = "request_too_large";
+          }
+          if (res.status >= 400) metrics.count_rejected(res.status);
+          res.set_content(logged(e).dump(), "application/json");
           return httplib::Server::HandlerResponse::Handled;
         }));
-    http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    http->set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown exception";
       try {
         std::rethrow_exception(ep);
@@ -206,23 +247,19 @@ struct HttpServer::Impl {
         what = ex.what();
       } catch (...) {
       }
-      ApiError e;
-      e.http_status = 500;
-      e.type = "server_error";
-      e.message = "internal error: " + what;
-      send_error(res, e);
+      send_error(res, server_fault("internal error in " + req.method + " " + req.path + ": " + what));
     });
 
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    http->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       serve_generation(req, res, prepare_chat_completion);
     });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    http->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       serve_generation(req, res, prepare_completion);
     });
-    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    http->Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
       serve_generation(req, res, prepare_response);
     });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       ojson model = {{"id", ctx.served_name},
                      {"object", "model"},
                      {"created", created},
@@ -232,16 +269,30 @@ struct HttpServer::Impl {
                      {"max_model_len", ctx.max_model_len}};
       res.set_content(ojson({{"object", "list"}, {"data", ojson::array({model})}}).dump(), "application/json");
     });
-    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    http->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       res.status = draining ? 503 : 200;
       res.set_content(ojson({{"status", draining ? "draining" : "ok"}}).dump(), "application/json");
     });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics.render(engine.metrics(), ctx.served_name, in_flight.load()),
                       "text/plain; version=0.0.4; charset=utf-8");
     });
   }
+
+  int64_t max_body_bytes() const {
+    return options.max_body_bytes > 0 ? options.max_body_bytes : default_max_body_bytes(options.max_model_len);
+  }
+
+  // Waits until no generation request is in flight, or `deadline`; true when none is.
+  bool wait_in_flight(Clock::time_point deadline) const {
+    while (in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return in_flight.load() == 0;
+  }
 };
+
+int64_t default_max_body_bytes(int64_t max_model_len) {
+  return (int64_t{1} << 20) + 16 * std::max<int64_t>(max_model_len, 0);
+}
 
 HttpServer::HttpServer(Engine& engine, const Tokenizer& tokenizer, HttpServerOptions options)
     : impl_(std::make_unique<Impl>(engine, tokenizer, std::move(options))) {}
@@ -271,6 +322,11 @@ Status HttpServer::start() {
                             "\" (known: glm45, none)");
   }
   if (o.max_concurrent_requests <= 0) return invalid_argument("server: max_concurrent_requests must be positive");
+  if (o.max_connections <= 0 || o.max_connections > kMaxConnections) {
+    return invalid_argument("server.max_connections must be between 1 and " + std::to_string(kMaxConnections) +
+                            ", got " + std::to_string(o.max_connections));
+  }
+  if (o.max_body_bytes < 0) return invalid_argument("server.max_body_bytes must not be negative");
 
   s.ctx.tokenizer = &s.tokenizer;
   s.ctx.model_id = o.model_id;
@@ -286,23 +342,29 @@ Status HttpServer::start() {
   // A client that disconnects makes send() raise SIGPIPE, which would kill the process; the failed write is
   // handled as a disconnect instead.
   std::signal(SIGPIPE, SIG_IGN);
-  const size_t threads = o.http_threads > 0 ? o.http_threads : o.max_concurrent_requests + 16;
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.http.set_payload_max_length(size_t{256} << 20);
+  ConnectionLimits limits;
+  limits.max_connections = o.max_connections;
+  limits.header_timeout = o.header_timeout;
+  limits.read_timeout = o.read_timeout;
+  ApiError busy = api_error_from_status(unavailable("the server has " + std::to_string(o.max_connections) +
+                                                    " connections open (server.max_connections); retry later"));
+  busy.code = "too_many_connections";
+  s.http = std::make_unique<GuardedHttpServer>(limits, busy.dump(), [&s] { s.metrics.count_rejected(503); });
+  s.http->set_payload_max_length(static_cast<size_t>(s.max_body_bytes()));
   s.install_routes();
   if (o.port == 0) {
-    s.bound_port = s.http.bind_to_any_port(o.host);
+    s.bound_port = s.http->bind_to_any_port(o.host);
     if (s.bound_port < 0) return unavailable("server: cannot bind a free port on " + o.host);
   } else {
-    if (!s.http.bind_to_port(o.host, o.port)) {
+    if (!s.http->bind_to_port(o.host, o.port)) {
       return unavailable("server: cannot bind " + o.host + ":" + std::to_string(o.port) +
                          " (in use, or not an address of this machine)");
     }
     s.bound_port = o.port;
   }
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  s.listener = std::thread([&s] { s.http->listen_after_bind(); });
   // httplib's stop() only closes a listener that is already running; wait for it so stop() can never miss it.
-  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!s.http->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   s.started = true;
   return ok_status();
 }
@@ -313,11 +375,17 @@ void HttpServer::stop() {
   if (!s.started || s.stopped) return;
   s.stopped = true;
   s.draining = true;
-  s.engine.drain();
-  // The drained requests' last chunks are written by their HTTP threads; closing the listener first would cut them.
-  const auto deadline = Clock::now() + kDrainFlushTimeout;
-  while (s.in_flight.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  s.http.stop();
+  // engine.drain() returns once every request has finished or been cancelled; the requests' HTTP threads write
+  // their last chunks meanwhile, so the listener closes only after them.
+  std::thread drainer([&s] { s.engine.drain(); });
+  if (!s.wait_in_flight(Clock::now() + s.options.drain_timeout)) {
+    log::warn("drain timeout ({} ms) passed with {} requests in flight: cancelling them",
+              s.options.drain_timeout.count(), s.in_flight.load());
+    s.cancel_in_flight = true;
+    s.wait_in_flight(Clock::now() + kCancelFlushTimeout);
+  }
+  drainer.join();
+  s.http->stop();
   if (s.listener.joinable()) s.listener.join();
 }
 

@@ -3,11 +3,12 @@
 //   POST /v1/chat/completions  POST /v1/completions  POST /v1/responses   (SSE when "stream": true)
 //   GET /v1/models  GET /health  GET /metrics (Prometheus text)
 // With an API key, /v1/* needs "Authorization: Bearer <key>" (401 otherwise); /health and /metrics stay open for
-// probes and scrapers.
+// probes and scrapers. Connection limits and timeouts against slow or abusive clients: guarded_http_server.h.
 // Engine events arrive on the engine thread and are handed to the request's HTTP thread through a small queue;
 // a client that disconnects makes the next write fail, and the request is cancelled in the engine at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,8 +30,18 @@ struct HttpServerOptions {
   std::string tool_parser = "glm47";       // "glm47", or "none"/"" (calls stay in the text)
   std::string reasoning_parser = "glm45";  // "glm45", or "none"/"" (reasoning stays in the text)
   int max_concurrent_requests = 256;       // generation requests served at once; beyond: 429
-  int http_threads = 0;                    // connection threads; 0 = max_concurrent_requests + 16
+  int max_connections = 512;               // connections served at once; beyond: 503 with Retry-After
+  int64_t max_body_bytes = 0;              // larger bodies get 413; 0 = default_max_body_bytes(max_model_len)
+  std::chrono::milliseconds header_timeout{10'000};  // request line + headers, from their first byte
+  std::chrono::milliseconds read_timeout{60'000};    // request body, from the end of the headers
+  // stop() waits this long for requests in flight, then cancels them (streams end with an error event).
+  std::chrono::milliseconds drain_timeout{30'000};
 };
+
+// What max_body_bytes = 0 means: room for a prompt of max_model_len tokens at 16 bytes each (English runs about
+// 4 bytes per token, CJK written as JSON \u escapes about 9) plus 1 MiB for tools and the rest of the body.
+// Bounding the body bounds the work (parsing, tokenising) spent on a request before its length is judged.
+int64_t default_max_body_bytes(int64_t max_model_len);
 
 class HttpServer {
  public:
@@ -46,7 +57,8 @@ class HttpServer {
   // The bound port (after start()).
   int port() const;
   // Graceful shutdown: new generation requests get 503 (and /health turns 503), engine.drain() finishes the
-  // requests in flight while their responses are still written, then the listener closes. Idempotent.
+  // requests in flight while their responses are still written, then the listener closes. Requests still running
+  // after drain_timeout are cancelled and answered 503. Idempotent.
   void stop();
 
   struct Impl;

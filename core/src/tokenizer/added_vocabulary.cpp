@@ -85,7 +85,7 @@ const AddedToken* AddedVocabulary::find(std::string_view content) const {
   return it == by_content_.end() ? nullptr : &tokens_[it->second];
 }
 
-void AddedVocabulary::split(std::vector<TextSegment>& segments, bool normalized, bool parse_special) const {
+void AddedVocabulary::split(std::vector<TextSegment>& segments, bool normalized) const {
   const Matcher& matcher = normalized ? normalized_matcher_ : raw_matcher_;
   std::vector<TextSegment> out;
   out.reserve(segments.size());
@@ -93,16 +93,18 @@ void AddedVocabulary::split(std::vector<TextSegment>& segments, bool normalized,
     if (segment.id >= 0) {
       out.push_back(std::move(segment));
     } else {
-      split_one(segment.text, matcher, parse_special, out);
+      split_one(segment, matcher, out);
     }
   }
   segments.swap(out);
 }
 
 // Scans like a leftmost-longest Aho-Corasick iterator: a match that is then rejected (single_word, or a
-// special token while parse_special is off) still consumes its bytes, as in Hugging Face.
-void AddedVocabulary::split_one(const std::string& text, const Matcher& matcher, bool parse_special,
+// special token where special tokens are off) still consumes its bytes, as in Hugging Face.
+void AddedVocabulary::split_one(const TextSegment& segment, const Matcher& matcher,
                                 std::vector<TextSegment>& out) const {
+  const std::string& text = segment.text;
+  const bool parse_special = segment.special_tokens;
   std::size_t emitted = 0;  // text before this offset has been emitted
   std::size_t scan = 0;
   while (scan < text.size()) {
@@ -148,11 +150,11 @@ void AddedVocabulary::split_one(const std::string& text, const Matcher& matcher,
       }
       scan = stop;
     }
-    if (emitted < start) out.push_back({text.substr(emitted, start - emitted), -1});
-    out.push_back({text.substr(start, stop - start), token.id});
+    if (emitted < start) out.push_back({text.substr(emitted, start - emitted), -1, parse_special});
+    out.push_back({text.substr(start, stop - start), token.id, parse_special});
     emitted = stop;
   }
-  if (emitted < text.size()) out.push_back({text.substr(emitted), -1});
+  if (emitted < text.size()) out.push_back({text.substr(emitted), -1, parse_special});
 }
 
 }  // namespace kiln

@@ -28,6 +28,7 @@ struct AddedToken {
 struct TextSegment {
   std::string text;
   int32_t id = -1;
+  bool special_tokens = true;  // whether special tokens may match in `text` (false: client text, see Tokenizer)
 };
 
 class AddedVocabulary {
@@ -36,9 +37,9 @@ class AddedVocabulary {
   template <class Normalize>
   static Result<AddedVocabulary> from_json(const nlohmann::json& json, const std::string& field, Normalize normalize);
 
-  // Splits each text segment of `segments` around the tokens of one kind (normalized or not).
-  // With parse_special false, special tokens are left in the text (Hugging Face's encode_special_tokens).
-  void split(std::vector<TextSegment>& segments, bool normalized, bool parse_special) const;
+  // Splits each text segment of `segments` around the tokens of one kind (normalized or not). Special tokens
+  // are left in the text of segments whose special_tokens is false (Hugging Face's encode_special_tokens).
+  void split(std::vector<TextSegment>& segments, bool normalized) const;
 
   const std::vector<AddedToken>& tokens() const { return tokens_; }
   const AddedToken* find(int32_t id) const;
@@ -53,8 +54,7 @@ class AddedVocabulary {
     void finish();
   };
   static Result<AddedToken> parse(const nlohmann::json& entry, const std::string& field);
-  void split_one(const std::string& text, const Matcher& matcher, bool parse_special,
-                 std::vector<TextSegment>& out) const;
+  void split_one(const TextSegment& segment, const Matcher& matcher, std::vector<TextSegment>& out) const;
 
   std::vector<AddedToken> tokens_;
   std::unordered_map<int32_t, std::size_t> by_id_;

@@ -1,4 +1,5 @@
 // parse_chat_messages (declared in chat_template.h): OpenAI request messages → ChatMessage.
+#include "tokenizer/bounded_json.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln {
@@ -49,14 +50,11 @@ Result<ToolCall> parse_tool_call(const Json& json, const std::string& field) {
   const Json arguments = function.contains("arguments") ? function["arguments"] : Json::object();
   if (arguments.is_string()) {
     const std::string& text = arguments.get_ref<const std::string&>();
+    std::string error;
     if (text.empty()) {
       call.arguments = Json::object();
-    } else {
-      try {
-        call.arguments = Json::parse(text);
-      } catch (const Json::exception& e) {
-        return invalid_argument(field + ".function.arguments: not valid JSON: " + e.what());
-      }
+    } else if (!parse_bounded_json(text, call.arguments, error)) {
+      return invalid_argument(field + ".function.arguments: not valid JSON: " + error);
     }
   } else if (arguments.is_object()) {
     call.arguments = arguments;

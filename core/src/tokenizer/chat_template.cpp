@@ -49,6 +49,22 @@ std::string_view strip_newlines_right(std::string_view s) {
   return s;
 }
 
+// Appends to the prompt, merging runs of the same kind.
+class PromptBuilder {
+ public:
+  void markup(std::string_view text) { append(text, false); }
+  void client(std::string_view text) { append(text, true); }
+  std::vector<PromptPiece> take() { return std::move(pieces_); }
+
+ private:
+  void append(std::string_view text, bool client_text) {
+    if (text.empty()) return;
+    if (pieces_.empty() || pieces_.back().client_text != client_text) pieces_.push_back({"", client_text});
+    pieces_.back().text += text;
+  }
+  std::vector<PromptPiece> pieces_;
+};
+
 // Without reasoning_content, the template reads "…<think>R</think>C" out of the content.
 void split_reasoning(const ChatMessage& m, std::string& reasoning, std::string& content) {
   content = m.content;
@@ -64,50 +80,52 @@ void split_reasoning(const ChatMessage& m, std::string& reasoning, std::string& 
   content = std::string(strip_newlines_left(std::string_view(content).substr(last_close + 8)));
 }
 
-Status render_assistant(const ChatMessage& m, std::size_t index, bool keep_reasoning, std::string& out) {
-  out += "<|assistant|>";
+Status render_assistant(const ChatMessage& m, std::size_t index, bool keep_reasoning, PromptBuilder& out) {
+  out.markup("<|assistant|>");
   std::string reasoning, content;
   split_reasoning(m, reasoning, content);
   if (keep_reasoning && !reasoning.empty()) {
-    out += "<think>";
-    out += python_strip(reasoning);
-    out += "</think>";
+    out.markup("<think>");
+    out.client(python_strip(reasoning));
+    out.markup("</think>");
   } else {
-    out += "</think>";
+    out.markup("</think>");
   }
-  out += python_strip(content);
+  out.client(python_strip(content));
   for (std::size_t c = 0; c < m.tool_calls.size(); ++c) {
     const ToolCall& call = m.tool_calls[c];
     if (!call.arguments.is_object()) {
       return invalid_argument("messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(c) +
                               "].function.arguments: expected a JSON object");
     }
-    out += "<tool_call>";
-    out += call.name;
+    out.markup("<tool_call>");
+    out.client(call.name);
     for (const auto& [key, value] : call.arguments.items()) {
-      out += "<arg_key>";
-      out += key;
-      out += "</arg_key><arg_value>";
-      out += value.is_string() ? value.get_ref<const std::string&>() : python_json_dumps(value);
-      out += "</arg_value>";
+      out.markup("<arg_key>");
+      out.client(key);
+      out.markup("</arg_key><arg_value>");
+      out.client(value.is_string() ? value.get_ref<const std::string&>() : python_json_dumps(value));
+      out.markup("</arg_value>");
     }
-    out += "</tool_call>";
+    out.markup("</tool_call>");
   }
   return ok_status();
 }
 
 }  // namespace
 
-Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) {
-  std::string out = "[gMASK]<sop>";
+Result<std::vector<PromptPiece>> render_glm_chat_pieces(const std::vector<ChatMessage>& messages,
+                                                        const ChatTemplateOptions& options) {
+  PromptBuilder out;
+  out.markup("[gMASK]<sop>");
   if (!options.tools.is_null() && !options.tools.empty()) {
     if (!options.tools.is_array()) return invalid_argument("tools: expected an array");
-    out += kToolsPreamble;
+    out.markup(kToolsPreamble);
     for (const auto& tool : options.tools) {
-      out += python_json_dumps(tool);
-      out += '\n';
+      out.client(python_json_dumps(tool));
+      out.markup("\n");
     }
-    out += kToolsPostamble;
+    out.markup(kToolsPostamble);
   }
 
   std::ptrdiff_t last_user = -1;
@@ -118,26 +136,35 @@ Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, co
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user") {
-      out += "<|user|>";
-      out += m.content;
+      out.markup("<|user|>");
+      out.client(m.content);
     } else if (m.role == "assistant") {
       const bool keep_reasoning = !options.clear_thinking || static_cast<std::ptrdiff_t>(i) > last_user;
       KILN_RETURN_IF_ERROR(render_assistant(m, i, keep_reasoning, out));
     } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|observation|>";
-      out += "<tool_response>";
-      out += m.content;
-      out += "</tool_response>";
+      if (i == 0 || messages[i - 1].role != "tool") out.markup("<|observation|>");
+      out.markup("<tool_response>");
+      out.client(m.content);
+      out.markup("</tool_response>");
     } else if (m.role == "system") {
-      out += "<|system|>";
-      out += m.content;
+      out.markup("<|system|>");
+      out.client(m.content);
     } else {
       return invalid_argument("messages[" + std::to_string(i) + "].role: '" + m.role +
                               "' is not one of system, user, assistant, tool");
     }
   }
-  if (options.add_generation_prompt) out += options.enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>";
-  return out;
+  if (options.add_generation_prompt) {
+    out.markup(options.enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>");
+  }
+  return out.take();
+}
+
+Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::vector<PromptPiece> pieces, render_glm_chat_pieces(messages, options));
+  std::string text;
+  for (const PromptPiece& piece : pieces) text += piece.text;
+  return text;
 }
 
 }  // namespace kiln

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kiln/status.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln {
 
@@ -56,7 +57,12 @@ struct ChatTemplateOptions {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // OpenAI tools, rendered as given
 };
 
-// Fails on an unknown role or on tool-call arguments that are not a JSON object, naming "messages[i]...".
+// The prompt as pieces: the template's markup, and the text the messages and tools brought (client text, in
+// which the tokenizer matches no special token). Fails on an unknown role or on tool-call arguments that are not
+// a JSON object, naming "messages[i]...".
+Result<std::vector<PromptPiece>> render_glm_chat_pieces(const std::vector<ChatMessage>& messages,
+                                                        const ChatTemplateOptions& options);
+// The same prompt as one string.
 Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options);
 
 // Reads OpenAI chat messages: content as a string, null, or an array of {"type": "text", "text": ...} parts;

@@ -85,26 +85,39 @@ Result<Tokenizer> Tokenizer::load(const std::filesystem::path& tokenizer_json) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  const PromptPiece piece{std::string(text), !parse_special};
+  return encode(std::span(&piece, 1));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::span<const PromptPiece> prompt) const {
   const Impl& impl = *impl_;
   std::vector<TextSegment> segments;
-  segments.push_back({utf8::is_valid(text) ? std::string(text) : utf8::to_valid_lossy(text), -1});
-  impl.added.split(segments, /*normalized=*/false, parse_special);
+  for (const PromptPiece& piece : prompt) {
+    if (piece.text.empty()) continue;
+    // Each piece is made valid on its own, so invalid bytes never merge with a neighbour into a character.
+    segments.push_back(
+        {utf8::is_valid(piece.text) ? piece.text : utf8::to_valid_lossy(piece.text), -1, !piece.client_text});
+  }
+  impl.added.split(segments, /*normalized=*/false);
   if (!impl.normalizer.is_identity()) {
     for (TextSegment& segment : segments) {
       if (segment.id < 0) segment.text = impl.normalizer.apply(segment.text);
     }
   }
-  impl.added.split(segments, /*normalized=*/true, parse_special);
+  impl.added.split(segments, /*normalized=*/true);
 
   std::vector<int32_t> ids;
   std::vector<std::string> pieces;
-  for (const TextSegment& segment : segments) {
-    if (segment.id >= 0) {
-      ids.push_back(segment.id);
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    if (segments[i].id >= 0) {
+      ids.push_back(segments[i].id);
       continue;
     }
+    // Text between two added tokens is pre-tokenized as one run, whichever pieces it came from.
+    std::string text = std::move(segments[i].text);
+    while (i + 1 < segments.size() && segments[i + 1].id < 0) text += segments[++i].text;
     pieces.clear();
-    impl.pre_tokenizer.split(segment.text, pieces);
+    impl.pre_tokenizer.split(text, pieces);
     for (const std::string& piece : pieces) impl.model->tokenize(piece, ids);
   }
   return ids;

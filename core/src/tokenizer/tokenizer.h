@@ -25,6 +25,14 @@
 
 namespace kiln {
 
+// Part of a prompt as a chat template assembles it: the template's own markup, where special tokens are matched,
+// or text that came from a client, where they never are. A user who types "<|assistant|>" gets those characters,
+// not the role token, and cannot forge a turn or a tool result.
+struct PromptPiece {
+  std::string text;
+  bool client_text = false;
+};
+
 class Tokenizer {
  public:
   // Malformed files fail with kDataLoss, unsupported components with kUnimplemented; both name the file and
@@ -37,6 +45,11 @@ class Tokenizer {
   // added tokens still match), like `tokenizers`' encode_special_tokens = True. Invalid UTF-8 in `text` is
   // replaced by U+FFFD first.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+
+  // The pieces' concatenation, with special tokens matched only inside markup pieces (a match must lie within
+  // one piece). Whenever the client text holds no special token this equals encode(concatenation): pieces are
+  // joined again before pre-tokenisation, so BPE sees the same words.
+  std::vector<int32_t> encode(std::span<const PromptPiece> pieces) const;
 
   // Ill-formed UTF-8 produced by the ids (a character split across a cut) becomes U+FFFD, one per maximal
   // subpart, and unknown ids are skipped, as in `tokenizers`.
