@@ -92,6 +92,12 @@ int cmd_serve(int argc, char** argv) {
   opts.header_timeout = std::chrono::seconds(srv.get_int("header_timeout_s"));
   opts.read_timeout = std::chrono::seconds(srv.get_int("read_timeout_s"));
   opts.drain_timeout = std::chrono::seconds(srv.get_int("drain_timeout_s"));
+  const RecipeSection& media = recipe->section("media");
+  opts.media.modality = started->modality;
+  opts.media.modality_name = media.get_string("modality", "text");
+  opts.media.max_images = media.get_int("max_images", 16);
+  opts.media.stream = model->device->stream();
+  opts.media.hidden_size = model->info.hidden_size;
   const std::string key_env = srv.get_string("api_key_env");
   if (!key_env.empty()) {
     const char* key = std::getenv(key_env.c_str());

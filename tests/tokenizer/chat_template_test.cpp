@@ -112,12 +112,41 @@ TEST(ChatTemplate, ParseErrorsNameTheField) {
   expect_error(R"([{"role":"user"},{"role":"user"},{"role":"wizard","content":"b"}])", "messages[2].role");
   expect_error(R"([{"role":"user","content":5}])", "messages[0].content");
   expect_error(R"([{"role":"user","content":[{"type":"image_url","image_url":{}}]}])", "messages[0].content[0]");
+  expect_error(R"([{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}])",
+               "messages[0].content[0]: image parts are accepted in user messages only");
+  expect_error(R"([{"role":"user","content":[{"type":"input_audio"}]}])", "messages[0].content[0]");
   expect_error(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}])",
                "messages[0].tool_calls[0].function.arguments");
   expect_error(R"([{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"[1]"}}]}])",
                "messages[0].tool_calls[0].function.arguments");
   expect_error(R"([{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}])",
                "messages[0].tool_calls[0].function.name");
+}
+
+// Image parts become media pieces where they stood, numbered over the request; the text around them stays client
+// text and the template's markup is unchanged.
+TEST(ChatTemplate, ImagePartsBecomeMediaPiecesInPlace) {
+  auto parsed = parse_chat_messages(Json::parse(R"([
+    {"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,QUJD"}},
+                              {"type":"text","text":"Compare "},
+                              {"type":"image_url","image_url":"data:image/png;base64,QUI="}, "with this."]},
+    {"role":"assistant","content":"Done."},
+    {"role":"user","content":[{"type":"text","text":"And "},{"type":"image_url","image_url":{"url":"x"}}]}])"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  ASSERT_EQ((*parsed)[0].media.size(), 2u);
+  EXPECT_EQ((*parsed)[0].media[0].offset, 0u);
+  EXPECT_EQ((*parsed)[0].media[1].offset, 8u);
+  EXPECT_EQ((*parsed)[0].media[1].url, "data:image/png;base64,QUI=");
+  EXPECT_EQ((*parsed)[0].media[1].field, "messages[0].content[2]");
+  EXPECT_EQ((*parsed)[2].media[0].index, 2);
+  auto pieces = render_glm_chat_pieces(*parsed, {});
+  ASSERT_TRUE(pieces.ok());
+  std::string shape;
+  for (const PromptPiece& p : *pieces)
+    shape += p.media >= 0 ? "[media " + std::to_string(p.media) + "]" : (p.client_text ? "{" + p.text + "}" : p.text);
+  EXPECT_EQ(shape,
+            "[gMASK]<sop><|user|>[media 0]{Compare }[media 1]{with this.}<|assistant|></think>{Done.}<|user|>{And }"
+            "[media 2]<|assistant|><think>");
 }
 
 TEST(ChatTemplate, RenderRejectsUnknownRoles) {

@@ -207,7 +207,16 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   request.output.starts_in_reasoning = thinking;
   request.output.parse_tool_calls = tools.parse_tool_calls;
   request.output.tools = tools.tools;
-  return set_prompt(ctx, ctx.tokenizer->encode(*pieces), request);
+  std::vector<ChatMedia> media;
+  for (const ChatMessage& m : *parsed) media.insert(media.end(), m.media.begin(), m.media.end());
+  if (media.empty()) return set_prompt(ctx, ctx.tokenizer->encode(*pieces), request);
+  if (!ctx.media) return bad_request(media.front().field + ": this server takes no media", media.front().field);
+  std::vector<int32_t> prompt;
+  std::vector<RequestMedia> spans;
+  if (auto e = ctx.media->build_prompt(*ctx.tokenizer, *pieces, media, prompt, spans)) return e;
+  if (auto e = set_prompt(ctx, std::move(prompt), request)) return e;
+  request.params.media = std::move(spans);
+  return std::nullopt;
 }
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 
 #include "engine/engine_api.h"
 #include "server/api_error.h"
+#include "server/media_input.h"
 #include "server/output_pipeline.h"
 #include "server/request_reader.h"
 #include "tokenizer/tokenizer.h"
@@ -26,6 +27,7 @@ struct ServerContext {
   std::vector<int32_t> end_of_turn_ids;
   std::string tool_parser;       // "glm47" or ""
   std::string reasoning_parser;  // "glm45" or ""
+  MediaInput* media = nullptr;   // image parts through the recipe's modality (null: none accepted)
 };
 
 struct GenerationRequest {

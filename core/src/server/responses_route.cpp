@@ -273,6 +273,33 @@ std::optional<ApiError> content_text(const ojson& content, const std::string& wh
   return std::nullopt;
 }
 
+// A user message's content with input_image parts, as chat-format parts (text parts and image_url parts) in order.
+std::optional<ApiError> content_with_images(const ojson& content, const std::string& where, ojson& parts) {
+  parts = ojson::array();
+  for (size_t i = 0; i < content.size(); ++i) {
+    const auto& part = content[i];
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    const std::string type = part.is_object() ? string_member(part, "type").value_or("") : "";
+    if (type == "input_image") {
+      if (!part.contains("image_url") || !part["image_url"].is_string())
+        return bad_request(at + ".image_url: expected a data: URL string (file ids are not supported)", "input");
+      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", part["image_url"]}}}});
+      continue;
+    }
+    std::string text;
+    if (auto e = content_text(ojson::array({part}), at, text)) return e;
+    parts.push_back({{"type", "text"}, {"text", text}});
+  }
+  return std::nullopt;
+}
+
+bool has_input_image(const ojson& content) {
+  if (!content.is_array()) return false;
+  for (const auto& part : content)
+    if (part.is_object() && string_member(part, "type").value_or("") == "input_image") return true;
+  return false;
+}
+
 // Responses input items → OpenAI chat messages (what the chat template reads).
 std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
   if (input.is_string()) {
@@ -298,11 +325,15 @@ std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
       if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
         return bad_request(where + ".role must be user, system, developer or assistant", "input");
       }
-      std::string text;
-      if (auto e = content_text(item.contains("content") ? item["content"] : ojson(""), where + ".content", text)) {
-        return e;
+      const ojson content = item.contains("content") ? item["content"] : ojson("");
+      ojson message = {{"role", role}};
+      if (role == "user" && has_input_image(content)) {
+        if (auto e = content_with_images(content, where + ".content", message["content"])) return e;
+      } else {
+        std::string text;
+        if (auto e = content_text(content, where + ".content", text)) return e;
+        message["content"] = text;
       }
-      ojson message = {{"role", role}, {"content", text}};
       if (role == "assistant" && !pending_reasoning.empty()) {
         message["reasoning_content"] = pending_reasoning;
         pending_reasoning.clear();

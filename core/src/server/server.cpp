@@ -97,6 +97,7 @@ struct HttpServer::Impl {
   Tokenizer tokenizer;
   HttpServerOptions options;
   ServerContext ctx;
+  std::unique_ptr<MediaInput> media;
   ServerMetrics metrics;
   std::unique_ptr<GuardedHttpServer> http;
   std::thread listener;
@@ -335,6 +336,11 @@ Status HttpServer::start() {
   s.ctx.max_output_tokens = o.max_output_tokens;
   s.ctx.tool_parser = o.tool_parser;
   s.ctx.reasoning_parser = o.reasoning_parser;
+  if (o.media.modality) {
+    if (o.media.max_images < 0) return invalid_argument("media.max_images must not be negative");
+    s.media = std::make_unique<MediaInput>(o.media);
+    s.ctx.media = s.media.get();
+  }
   for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>"}) {
     if (auto id = s.tokenizer.token_to_id(token)) s.ctx.end_of_turn_ids.push_back(*id);
   }

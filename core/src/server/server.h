@@ -15,6 +15,7 @@
 
 #include "engine/engine_api.h"
 #include "kiln/status.h"
+#include "server/media_input.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -36,6 +37,9 @@ struct HttpServerOptions {
   std::chrono::milliseconds read_timeout{60'000};    // request body, from the end of the headers
   // stop() waits this long for requests in flight, then cancels them (streams end with an error event).
   std::chrono::milliseconds drain_timeout{30'000};
+  // Image parts of chat and Responses requests go through this (the recipe's media.modality); without a modality
+  // they are refused.
+  MediaInputOptions media;
 };
 
 // What max_body_bytes = 0 means: room for a prompt of max_model_len tokens at 16 bytes each (English runs about

@@ -7,7 +7,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-Result<std::string> text_of(const Json& content, const std::string& field) {
+// The text of a content value; image parts (user messages only) go to `media`, numbered from `next_media` on.
+Result<std::string> text_of(const Json& content, const std::string& field, std::vector<ChatMedia>* media,
+                            int32_t& next_media) {
   if (content.is_null()) return std::string();
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return invalid_argument(field + ": expected a string, null or an array of parts");
@@ -19,8 +21,16 @@ Result<std::string> text_of(const Json& content, const std::string& field) {
       text += part.get<std::string>();
       continue;
     }
+    if (part.is_object() && part.contains("type") && part["type"] == "image_url") {
+      if (!media) return invalid_argument(where + ": image parts are accepted in user messages only");
+      const Json* url = part.contains("image_url") ? &part["image_url"] : nullptr;
+      if (url && url->is_object()) url = url->contains("url") ? &(*url)["url"] : nullptr;
+      if (!url || !url->is_string()) return invalid_argument(where + ".image_url.url: expected a string");
+      media->push_back({text.size(), next_media++, url->get<std::string>(), where});
+      continue;
+    }
     if (!part.is_object() || !part.contains("type") || part["type"] != "text") {
-      return invalid_argument(where + ": only {\"type\": \"text\"} parts are supported");
+      return invalid_argument(where + ": only {\"type\": \"text\"} and {\"type\": \"image_url\"} parts are supported");
     }
     if (!part.contains("text") || !part["text"].is_string())
       return invalid_argument(where + ".text: expected a string");
@@ -75,6 +85,7 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages
   if (!openai_messages.is_array()) return invalid_argument("messages: expected an array");
   std::vector<ChatMessage> messages;
   messages.reserve(openai_messages.size());
+  int32_t next_media = 0;
   for (std::size_t i = 0; i < openai_messages.size(); ++i) {
     const std::string field = "messages[" + std::to_string(i) + "]";
     const Json& json = openai_messages[i];
@@ -87,7 +98,8 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
       return invalid_argument(field + ".role: '" + m.role + "' is not one of system, developer, user, assistant, tool");
     }
-    KILN_ASSIGN_OR_RETURN(m.content, text_of(json.contains("content") ? json["content"] : Json(), field + ".content"));
+    KILN_ASSIGN_OR_RETURN(m.content, text_of(json.contains("content") ? json["content"] : Json(), field + ".content",
+                                             m.role == "user" ? &m.media : nullptr, next_media));
     KILN_ASSIGN_OR_RETURN(m.reasoning_content, optional_string(json, "reasoning_content", field));
     KILN_ASSIGN_OR_RETURN(m.tool_call_id, optional_string(json, "tool_call_id", field));
     KILN_ASSIGN_OR_RETURN(m.name, optional_string(json, "name", field));

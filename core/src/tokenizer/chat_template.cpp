@@ -54,12 +54,14 @@ class PromptBuilder {
  public:
   void markup(std::string_view text) { append(text, false); }
   void client(std::string_view text) { append(text, true); }
+  void media(int32_t index) { pieces_.push_back({"", false, index}); }
   std::vector<PromptPiece> take() { return std::move(pieces_); }
 
  private:
   void append(std::string_view text, bool client_text) {
     if (text.empty()) return;
-    if (pieces_.empty() || pieces_.back().client_text != client_text) pieces_.push_back({"", client_text});
+    if (pieces_.empty() || pieces_.back().client_text != client_text || pieces_.back().media >= 0)
+      pieces_.push_back({"", client_text});
     pieces_.back().text += text;
   }
   std::vector<PromptPiece> pieces_;
@@ -137,7 +139,13 @@ Result<std::vector<PromptPiece>> render_glm_chat_pieces(const std::vector<ChatMe
     const ChatMessage& m = messages[i];
     if (m.role == "user") {
       out.markup("<|user|>");
-      out.client(m.content);
+      std::size_t at = 0;
+      for (const ChatMedia& item : m.media) {
+        out.client(std::string_view(m.content).substr(at, item.offset - at));
+        out.media(item.index);
+        at = item.offset;
+      }
+      out.client(std::string_view(m.content).substr(at));
     } else if (m.role == "assistant") {
       const bool keep_reasoning = !options.clear_thinking || static_cast<std::ptrdiff_t>(i) > last_user;
       KILN_RETURN_IF_ERROR(render_assistant(m, i, keep_reasoning, out));

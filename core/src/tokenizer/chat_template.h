@@ -39,9 +39,19 @@ struct ToolCall {
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // an object: name → value
 };
 
+// An image part of a user message: where it sits in the message's text, its number among the request's media
+// (in order), and its URL as the client sent it (the server decodes it).
+struct ChatMedia {
+  std::size_t offset = 0;  // bytes of `content` before it
+  int32_t index = 0;
+  std::string url;
+  std::string field;  // "messages[1].content[2]", for errors
+};
+
 struct ChatMessage {
   std::string role;  // system, user, assistant, tool
   std::string content;
+  std::vector<ChatMedia> media;  // user messages only, by offset
   std::string reasoning_content;
   std::vector<ToolCall> tool_calls;
   std::string tool_call_id;
@@ -65,7 +75,8 @@ Result<std::vector<PromptPiece>> render_glm_chat_pieces(const std::vector<ChatMe
 // The same prompt as one string.
 Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options);
 
-// Reads OpenAI chat messages: content as a string, null, or an array of {"type": "text", "text": ...} parts;
+// Reads OpenAI chat messages: content as a string, null, or an array of {"type": "text", "text": ...} parts (and in
+// user messages {"type": "image_url", "image_url": {"url": ...}} parts, numbered in order over the request);
 // assistant tool_calls with function.arguments as a JSON string (or an object); tool_call_id and name.
 // Roles: system, developer (read as system), user, assistant, tool. Errors name the field ("messages[2].role").
 Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::ordered_json& openai_messages);

@@ -28,9 +28,12 @@ namespace kiln {
 // Part of a prompt as a chat template assembles it: the template's own markup, where special tokens are matched,
 // or text that came from a client, where they never are. A user who types "<|assistant|>" gets those characters,
 // not the role token, and cannot forge a turn or a tool result.
+// A media piece (media ≥ 0, no text) marks where the request's media item `media` goes: the server puts the tokens
+// the modality gives it there; encode() skips it.
 struct PromptPiece {
   std::string text;
   bool client_text = false;
+  int32_t media = -1;
 };
 
 class Tokenizer {
