@@ -64,7 +64,11 @@ elapsed=$(seconds_since "$t0")
 pid=""
 [ "$rc" = 0 ] || die "exit status $rc after a drain timeout, expected 0"
 grep -q "drain timeout (1000 ms) passed" "$log" || die "no drain-timeout cancellation logged"
-less_than "$elapsed" 8 || die "took ${elapsed}s to exit with a 1 s drain timeout"
+# Cancelling takes effect between engine steps: a few seconds at most here, many more under ASan (the sanitizer CI
+# run sets ASAN_OPTIONS), where one 512-token CPU step and 64 request threads run several times slower.
+limit=8
+[ -n "${ASAN_OPTIONS:-}" ] && limit=40
+less_than "$elapsed" "$limit" || die "took ${elapsed}s to exit with a 1 s drain timeout (limit ${limit}s)"
 echo "drain timeout: exited after ${elapsed}s"
 kill -9 "$load_pid" 2>/dev/null
 wait "$load_pid" 2>/dev/null
