@@ -83,9 +83,27 @@ TEST(DsaIndexer, AllReluZeroScoresSelectEarliestPositions) {
   std::vector<float> q(t_q * heads * dim, 1.0f), k(t_kv * dim, -1.0f), w(t_q * heads, 1.0f), scores(t_q * t_kv);
   dsa_indexer_scores(q.data(), k.data(), w.data(), t_q, t_kv, heads, dim, 0.5f, scores.data());
   std::vector<int32_t> top(t_q * topk);
-  dsa_select_topk(scores.data(), t_q, t_kv, topk, top.data());
+  // Both rows see more keys (8 and 9) than they keep, all scoring 0: both cuts fall inside the tie.
+  EXPECT_EQ(dsa_select_topk(scores.data(), t_q, t_kv, topk, top.data()), 2);
   for (int64_t s = 0; s < t_q; ++s)
     for (int64_t j = 0; j < topk; ++j) EXPECT_EQ(top[s * topk + j], j);
+}
+
+TEST(DsaIndexer, CountsOnlyTiesAtTheCut) {
+  // One query over 6 keys, top-3. Ties above the cut, below it, or a row that keeps every key are unambiguous.
+  int32_t top[3];
+  const float above[] = {5, 5, 4, 1, 1, 0};   // kept {0, 1, 2}: the tie at 5 is kept whole, the tie at 1 left whole
+  EXPECT_EQ(dsa_select_topk(above, 1, 6, 3, top), 0);
+  const float at_cut[] = {5, 2, 4, 2, 1, 2};  // kept {0, 2} and one of three 2s
+  EXPECT_EQ(dsa_select_topk(at_cut, 1, 6, 3, top), 1);
+  EXPECT_EQ(top[2], 1);
+  const float exact[] = {5, 2, 4, 2, 1, 0};   // kept {0, 2} and one of two 2s
+  EXPECT_EQ(dsa_select_topk(exact, 1, 6, 3, top), 1);
+  const float kept_whole[] = {5, 2, 4, 2, 1, 0};
+  int32_t four[4];
+  EXPECT_EQ(dsa_select_topk(kept_whole, 1, 6, 4, four), 0);  // both 2s kept
+  const float short_row[] = {0, 0};
+  EXPECT_EQ(dsa_select_topk(short_row, 1, 2, 3, top), 0);  // fewer keys than top-k: all kept
 }
 
 }  // namespace

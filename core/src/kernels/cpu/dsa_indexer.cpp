@@ -27,16 +27,27 @@ void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t 
   }
 }
 
-void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
   const int64_t offset = t_kv - t_q;
-#pragma omp parallel for schedule(dynamic, 1) if (t_q * t_kv >= (1 << 16))
+  int64_t tied_rows = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : tied_rows) if (t_q * t_kv >= (1 << 16))
   for (int64_t s = 0; s < t_q; ++s) {
+    const float* row = scores + s * t_kv;
     const int64_t visible = std::min(t_kv, offset + s + 1);
     const int64_t k = std::min(index_topk, visible);
     int32_t* o = out + s * index_topk;
-    topk_indices(scores + s * t_kv, visible, k, o);
+    topk_indices(row, visible, k, o);
     std::fill(o + k, o + index_topk, -1);
+    if (k <= 0 || k == visible) continue;
+    // The last key kept has the lowest score kept; the cut is ambiguous when more visible keys score exactly that
+    // than were kept.
+    const float cut = row[o[k - 1]];
+    int64_t kept_at_cut = 0, at_cut = 0;
+    for (int64_t j = 0; j < k; ++j) kept_at_cut += row[o[j]] == cut;
+    for (int64_t t = 0; t < visible; ++t) at_cut += row[t] == cut;
+    tied_rows += at_cut > kept_at_cut;
   }
+  return tied_rows;
 }
 
 }  // namespace kiln::cpu

@@ -17,6 +17,10 @@ void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t 
 // position, see topk.h), visible_s = t_kv − t_q + s + 1, then −1 up to index_topk. out [t_q, index_topk].
 // HF takes topk(min(index_topk, t_kv)) over the −inf-masked row and masks again in attention; the keys that
 // end up visible are the same.
-void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
+// Returns the number of rows whose cut fell inside an exact tie (a key left out scores exactly what the last
+// key kept scores). There the selected set is a convention: torch.topk (transformers) picks among tied keys in
+// an implementation-defined order (std::nth_element on CPU, a radix select on CUDA), kiln takes the lowest
+// positions. Few indexer heads make such ties common: a key whose logits are ≤ 0 for every head scores exactly 0.
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
 
 }  // namespace kiln::cpu
