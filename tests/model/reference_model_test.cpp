@@ -172,6 +172,38 @@ TEST(DsaVariants, NoTopkCutFallsInsideATie) {
   }
 }
 
+// A checkpoint as a new user makes it (3 indexer heads of 16, top-8 below the prompt, nothing arranged against
+// ties): top-k cuts fall inside exact ties of index scores (keys scoring exactly 0), and which tied keys a query keeps
+// decides its output. The CPU follows torch.topk's CPU procedure over the same rows, so prefill logits and the
+// cached greedy continuation match transformers. (Keeping the lowest tied positions instead diverges.)
+TEST(DsaTies, GreedyContinuationMatchesTransformersThroughExactTies) {
+  const std::string name = "glm_moe_dsa-h3d16-ties";
+  Reference ref = load_reference(name);
+  LoadedModel m = load(name, "fp32");
+  const auto prompt = ref.ids("prompt_ids");
+  const auto greedy = ref.ids("greedy_ids");
+  const auto prefill_logits = ref.floats("prefill_logits");
+  const auto decode_logits = ref.floats("decode_logits");
+  const int64_t vocab = cpu_model(m).config().vocab_size;
+  auto kv = make_kv_cache(m, 64);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv->reserve(table, static_cast<int64_t>(prompt.size() + greedy.size())).ok());
+  StepOutput out;
+  SequenceStep prefill{prompt, 0, &table, true};
+  ASSERT_TRUE(cpu_model(m).forward({&prefill, 1}, kv->views(), {}, out).ok());
+  EXPECT_LT(relative_error(out.logits.data(), prefill_logits.data(), prefill_logits.size()), 1e-4);
+  EXPECT_GT(cpu_model(m).indexer_tied_rows(), 0) << "the fixture no longer exercises ties";
+  std::vector<float> last(out.logits.end() - vocab, out.logits.end());
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    EXPECT_LT(relative_error(last.data(), decode_logits.data() + i * vocab, vocab), 1e-4) << "step " << i;
+    const int32_t next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    ASSERT_EQ(next, greedy[i]) << "step " << i;
+    SequenceStep step{std::span<const int32_t>(&greedy[i], 1), static_cast<int64_t>(prompt.size() + i), &table, false};
+    ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {}, out).ok());
+    last.assign(out.logits.begin(), out.logits.end());
+  }
+}
+
 TEST(ModelLoad, ErrorsNameTheProblem) {
   auto recipe = load_recipe("", {"model.path=/nonexistent/model"}, global_registry());
   ASSERT_TRUE(recipe.ok());

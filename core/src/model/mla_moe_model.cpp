@@ -188,10 +188,11 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
     tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
   }
   if (tied > 0 && indexer_tied_rows_->fetch_add(tied, std::memory_order_relaxed) == 0) {
-    log::warn("DSA indexer (layer {}): in {} of {} rows the top-{} cut fell inside an exact tie of index scores; kiln keeps "
-              "the lowest positions, while torch.topk (transformers) picks among tied keys in an implementation-defined "
-              "order, so outputs may legitimately differ from transformers from here on. Exact ties are common with few "
-              "indexer heads (a key whose logits are <= 0 for every head scores exactly 0). Reported once per model.",
+    log::warn("DSA indexer (layer {}): in {} of {} rows the top-{} cut fell inside an exact tie of index scores. The "
+              "CPU picks among tied keys exactly as torch.topk does on the CPU (so it matches transformers run there), "
+              "which depends on the length of the query's row, so outputs may differ between one-shot and chunked "
+              "prefill; the CUDA runner keeps the lowest positions. Exact ties are common with few indexer heads (a "
+              "key whose logits are <= 0 for every head scores exactly 0). Reported once per model.",
               kv_layer, tied, N, c.index_topk);
   }
   return ok_status();
