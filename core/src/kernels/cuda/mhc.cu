@@ -1,0 +1,219 @@
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mhc.h"
+#include "kernels/cuda/pdl.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kS = 4;                   // streams
+constexpr int kR = (2 + kS) * kS;       // 24 projections
+constexpr int kVals = kR + 1;           // + Σx²
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+// One thread's maps of one token from r (already scaled by the RMS) into pre / post / comb.
+__device__ void token_maps(const float* r, const float* base, const float* scale, float hc_eps, int iters,
+                           float* pre, float* post, float* comb) {
+  for (int i = 0; i < kS; ++i) pre[i] = sigmoidf(r[i] * scale[0] + base[i]) + hc_eps;
+  for (int j = 0; j < kS; ++j) post[j] = 2.f * sigmoidf(r[kS + j] * scale[1] + base[kS + j]);
+  float P[kS][kS];
+  for (int i = 0; i < kS; ++i) {
+    float mx = -INFINITY;
+    for (int j = 0; j < kS; ++j) {
+      P[i][j] = r[2 * kS + kS * i + j] * scale[2] + base[2 * kS + kS * i + j];
+      mx = fmaxf(mx, P[i][j]);
+    }
+    float sum = 0.f;
+    for (int j = 0; j < kS; ++j) sum += (P[i][j] = expf(P[i][j] - mx));
+    for (int j = 0; j < kS; ++j) P[i][j] = P[i][j] / sum + hc_eps;
+  }
+  auto normalise_columns = [&] {
+    for (int j = 0; j < kS; ++j) {
+      float sum = 0.f;
+      for (int i = 0; i < kS; ++i) sum += P[i][j];
+      for (int i = 0; i < kS; ++i) P[i][j] /= sum + hc_eps;
+    }
+  };
+  normalise_columns();
+  for (int it = 1; it < iters; ++it) {
+    for (int i = 0; i < kS; ++i) {
+      float sum = 0.f;
+      for (int j = 0; j < kS; ++j) sum += P[i][j];
+      for (int j = 0; j < kS; ++j) P[i][j] /= sum + hc_eps;
+    }
+    normalise_columns();
+  }
+  for (int i = 0; i < kS; ++i)
+    for (int j = 0; j < kS; ++j) comb[kS * i + j] = P[i][j];
+}
+
+template <int kTok>
+__global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __restrict__ x, int64_t n,
+                                                                 MhcDeviceParams p, float* __restrict__ pre,
+                                                                 float* __restrict__ post, float* __restrict__ comb,
+                                                                 float* __restrict__ h,
+                                                                 uint16_t* __restrict__ h_bf16) {
+  __shared__ float s_part[kWarps][kTok][kVals];
+  __shared__ float s_pre[kTok][kS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTok;
+  const int64_t F4 = kS * p.dim / 4;  // float4s per token
+  const float4* fn4 = reinterpret_cast<const float4*>(p.fn);
+  pdl_wait();
+  pdl_launch_dependents();
+  float acc[kTok][kVals];
+#pragma unroll
+  for (int t = 0; t < kTok; ++t)
+#pragma unroll
+    for (int m = 0; m < kVals; ++m) acc[t][m] = 0.f;
+  for (int64_t e = tid; e < F4; e += kThreads) {
+    float4 xv[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      xv[t] = t0 + t < n ? reinterpret_cast<const float4*>(x + (t0 + t) * kS * p.dim)[e] : make_float4(0, 0, 0, 0);
+      acc[t][kR] += dot4(xv[t], xv[t]);
+    }
+#pragma unroll
+    for (int m = 0; m < kR; ++m) {
+      const float4 f = __ldg(fn4 + m * F4 + e);
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) acc[t][m] += dot4(xv[t], f);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTok; ++t)
+#pragma unroll
+    for (int m = 0; m < kVals; ++m) {
+      float v = acc[t][m];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) s_part[warp][t][m] = v;
+    }
+  __syncthreads();
+  if (tid < kTok && t0 + tid < n) {
+    const int t = tid;
+    float r[kVals];
+    for (int m = 0; m < kVals; ++m) {
+      float v = 0.f;
+      for (int w = 0; w < kWarps; ++w) v += s_part[w][t][m];
+      r[m] = v;
+    }
+    const float inv = rsqrtf(r[kR] / static_cast<float>(kS * p.dim) + p.rms_eps);
+    for (int m = 0; m < kR; ++m) r[m] *= inv;
+    const int64_t tok = t0 + t;
+    float pr[kS], po[kS], cb[kS * kS];
+    token_maps(r, p.base, p.scale, p.hc_eps, static_cast<int>(p.sinkhorn_iters), pr, po, cb);
+    for (int i = 0; i < kS; ++i) {
+      s_pre[t][i] = pr[i];
+      if (pre) pre[tok * kS + i] = pr[i];
+      if (post) post[tok * kS + i] = po[i];
+    }
+    if (comb)
+      for (int i = 0; i < kS * kS; ++i) comb[tok * kS * kS + i] = cb[i];
+  }
+  __syncthreads();
+  const int64_t D4 = p.dim / 4;
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    const int64_t tok = t0 + t;
+    if (tok >= n) break;
+    const float4* xt = reinterpret_cast<const float4*>(x + tok * kS * p.dim);
+    for (int64_t d = tid; d < D4; d += kThreads) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        const float4 v = xt[i * D4 + d];
+        const float w = s_pre[t][i];
+        o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+      }
+      if (h) reinterpret_cast<float4*>(h + tok * p.dim)[d] = o;
+      if (h_bf16) {
+        const uint2 packed = make_uint2(
+            static_cast<uint32_t>(float_to_bf16_bits(o.x)) | (static_cast<uint32_t>(float_to_bf16_bits(o.y)) << 16),
+            static_cast<uint32_t>(float_to_bf16_bits(o.z)) | (static_cast<uint32_t>(float_to_bf16_bits(o.w)) << 16));
+        reinterpret_cast<uint2*>(h_bf16 + tok * p.dim)[d] = packed;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float4 load_y(const float* y, int64_t i) { return reinterpret_cast<const float4*>(y)[i]; }
+__device__ __forceinline__ float4 load_y(const uint16_t* y, int64_t i) {
+  const uint2 raw = reinterpret_cast<const uint2*>(y)[i];
+  return make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
+                     __uint_as_float(raw.y & 0xffff0000u));
+}
+
+// grid (dim / 4 / 256 blocks, n): one thread per 4 channels of one token, all four streams.
+template <typename Y>
+__global__ void __launch_bounds__(kThreads) mix_kernel(float* __restrict__ x, const Y* __restrict__ y,
+                                                       const float* __restrict__ post, const float* __restrict__ comb,
+                                                       int64_t dim) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t tok = blockIdx.y;
+  const int64_t D4 = dim / 4;
+  const int64_t d = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (d >= D4) return;
+  float4* xt = reinterpret_cast<float4*>(x + tok * kS * dim);
+  float4 xi[kS];
+#pragma unroll
+  for (int i = 0; i < kS; ++i) xi[i] = xt[i * D4 + d];
+  const float4 yv = load_y(y + tok * dim, d);
+  float po[kS], cb[kS * kS];
+#pragma unroll
+  for (int i = 0; i < kS; ++i) po[i] = post[tok * kS + i];
+#pragma unroll
+  for (int i = 0; i < kS * kS; ++i) cb[i] = comb[tok * kS * kS + i];
+#pragma unroll
+  for (int j = 0; j < kS; ++j) {
+    float4 o = make_float4(po[j] * yv.x, po[j] * yv.y, po[j] * yv.z, po[j] * yv.w);
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      const float c = cb[kS * i + j];
+      o.x += c * xi[i].x, o.y += c * xi[i].y, o.z += c * xi[i].z, o.w += c * xi[i].w;
+    }
+    xt[j * D4 + d] = o;
+  }
+}
+
+template <typename Y>
+Status launch_mix(float* x, const Y* y, const float* post, const float* comb, int64_t n, int64_t dim,
+                  StreamHandle stream) {
+  if (n < 0 || dim <= 0 || dim % 4 != 0 || !x || !y || !post || !comb)
+    return invalid_argument("cuda::mhc_mix: need dim a positive multiple of 4 and every pointer");
+  if (n == 0) return ok_status();
+  const dim3 grid(blocks_for(dim / 4, kThreads), static_cast<unsigned>(n));
+  return check_cuda(launch_pdl(mix_kernel<Y>, grid, dim3(kThreads), 0, stream, x, y, post, comb, dim), "cuda::mhc_mix");
+}
+
+}  // namespace
+
+Status mhc_maps_collapse(const float* x, int64_t n, const MhcDeviceParams& p, float* pre, float* post, float* comb,
+                         float* h, uint16_t* h_bf16, StreamHandle stream) {
+  if (n < 0 || p.dim <= 0 || p.dim % 4 != 0 || !x || !p.fn || !p.base || !p.scale || p.sinkhorn_iters < 1)
+    return invalid_argument("cuda::mhc_maps_collapse: need dim a positive multiple of 4, fn, base, scale, iters ≥ 1");
+  if (n == 0) return ok_status();
+  if (n >= 512)
+    return check_cuda(launch_pdl(maps_collapse_kernel<4>, dim3(blocks_for(n, 4)), dim3(kThreads), 0, stream, x, n, p,
+                                 pre, post, comb, h, h_bf16),
+                      "cuda::mhc_maps_collapse");
+  return check_cuda(launch_pdl(maps_collapse_kernel<1>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
+                               n, p, pre, post, comb, h, h_bf16),
+                    "cuda::mhc_maps_collapse");
+}
+
+Status mhc_mix(float* x, const uint16_t* y_bf16, const float* post, const float* comb, int64_t n, int64_t dim,
+               StreamHandle stream) {
+  return launch_mix(x, y_bf16, post, comb, n, dim, stream);
+}
+
+Status mhc_mix(float* x, const float* y, const float* post, const float* comb, int64_t n, int64_t dim,
+               StreamHandle stream) {
+  return launch_mix(x, y, post, comb, n, dim, stream);
+}
+
+}  // namespace kiln::cuda
