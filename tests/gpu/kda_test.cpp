@@ -113,8 +113,11 @@ void run_decode_case(int64_t heads, int64_t seqs, int64_t tokens, bool lower_bou
   L.has_lower_bound = lower_bound;
   const int64_t C = L.channels(), HD = heads * kD;
   const int64_t num_slots = seqs + 2;
-  std::vector<int32_t> slot_ids(static_cast<size_t>(seqs));
-  for (int64_t s = 0; s < seqs; ++s) slot_ids[s] = int32_t((s * 5 + 1) % num_slots);
+  // Distinct slots in scattered order.
+  std::vector<int32_t> slot_ids(static_cast<size_t>(num_slots));
+  for (int64_t s = 0; s < num_slots; ++s) slot_ids[s] = int32_t(s);
+  std::shuffle(slot_ids.begin(), slot_ids.end(), rng);
+  slot_ids.resize(static_cast<size_t>(seqs));
   std::vector<HostState> states;
   DeviceSlots slots(heads, num_slots);
   for (int64_t s = 0; s < seqs; ++s) {

@@ -13,6 +13,7 @@
 // update (warp w: key rows 16w .. 16w + 15) and in shared memory (fp32) as the B operand of W S and (Q e^G) S.
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/kda_common.cuh"
+#include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
@@ -181,6 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
   const int64_t row_width = 3LL * H * kD;
   const float a_coef = expf(a.a_log[h]);
   const float rsqrt_dk = rsqrtf(static_cast<float>(kD));
+  const float dt_ch = a.dt_bias ? a.dt_bias[static_cast<int64_t>(h) * kD + (threadIdx.x & 127)] : 0.f;
 
   pdl_wait();
   const int64_t seq_begin = a.cu[b];
@@ -209,45 +211,29 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
   for (int64_t c0 = 0; c0 < len; c0 += kC) {
     const int n = len - c0 < kC ? static_cast<int>(len - c0) : kC;
     const int64_t rowbase = seq_begin + c0;
-    // ---- load the chunk (rows ≥ n: zeros, g = 0, β = 0).
+    // ---- load the chunk, every copy in flight at once (rows ≥ n: zeros; g = 0 and β = 0 there below).
     for (int idx = tid; idx < kC * 16; idx += kThreads) {
       const int r = idx >> 4, c8 = (idx & 15) * 8;
-      uint4 qv = make_uint4(0, 0, 0, 0), kv = make_uint4(0, 0, 0, 0);
-      if (r < n) {
-        const uint16_t* src = a.qkv + (rowbase + r) * row_width + static_cast<int64_t>(h) * kD + c8;
-        qv = *reinterpret_cast<const uint4*>(src);
-        kv = *reinterpret_cast<const uint4*>(src + static_cast<int64_t>(H) * kD);
-      }
-      *reinterpret_cast<uint4*>(sQ + r * kKS + c8) = qv;
-      *reinterpret_cast<uint4*>(sK + r * kKS + c8) = kv;
+      const uint16_t* src = a.qkv + (rowbase + (r < n ? r : 0)) * row_width + static_cast<int64_t>(h) * kD + c8;
+      cp_async_16(sQ + r * kKS + c8, src, r < n);
+      cp_async_16(sK + r * kKS + c8, src + static_cast<int64_t>(H) * kD, r < n);
     }
     for (int idx = tid; idx < kC * 8; idx += kThreads) {
       const int r = idx >> 3, c8 = (idx & 7) * 8;
-      uint4 vv = make_uint4(0, 0, 0, 0);
-      if (r < n)
-        vv = *reinterpret_cast<const uint4*>(a.qkv + (rowbase + r) * row_width + 2LL * H * kD +
-                                             static_cast<int64_t>(h) * kD + j0 + c8);
-      *reinterpret_cast<uint4*>(sV + r * kVS + c8) = vv;
+      cp_async_16(sV + r * kVS + c8,
+                  a.qkv + (rowbase + (r < n ? r : 0)) * row_width + 2LL * H * kD + static_cast<int64_t>(h) * kD + j0 + c8,
+                  r < n);
     }
     for (int idx = tid; idx < kC * 32; idx += kThreads) {
       const int r = idx >> 5, c4 = (idx & 31) * 4;
-      float4 gv = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < n) {
-        float4 raw = *reinterpret_cast<const float4*>(a.g + (rowbase + r) * H * kD + static_cast<int64_t>(h) * kD + c4);
-        if (a.dt_bias) {
-          const float4 db = *reinterpret_cast<const float4*>(a.dt_bias + static_cast<int64_t>(h) * kD + c4);
-          raw.x += db.x, raw.y += db.y, raw.z += db.z, raw.w += db.w;
-        }
-        gv.x = forget_gate(raw.x, a_coef, true, a.lower_bound);
-        gv.y = forget_gate(raw.y, a_coef, true, a.lower_bound);
-        gv.z = forget_gate(raw.z, a_coef, true, a.lower_bound);
-        gv.w = forget_gate(raw.w, a_coef, true, a.lower_bound);
-      }
-      *reinterpret_cast<float4*>(sG + r * kGS + c4) = gv;
+      cp_async_16(sG + r * kGS + c4, a.g + (rowbase + (r < n ? r : 0)) * H * kD + static_cast<int64_t>(h) * kD + c4,
+                  r < n);
     }
+    cp_async_commit();
     if (tid < kC) s_beta[tid] = tid < n ? sigmoidf(a.beta_logits[(rowbase + tid) * H + h]) : 0.f;
+    cp_async_wait_all();
     __syncthreads();
-    // ---- per-row norms (warp w: rows 8w .. 8w + 7) and the cumsum of g (first half of the rows).
+    // ---- per-row norms (warp w: rows 8w .. 8w + 7); the gate and the cumsum of g (first half of the rows).
 #pragma unroll 1
     for (int rr = 0; rr < 8; ++rr) {
       const int r = 8 * warp + rr;
@@ -270,8 +256,9 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
     {
       const int ch = tid & 127, half = tid >> 7;
       float run = 0.f;
+#pragma unroll 8
       for (int r = 32 * half; r < 32 * half + 32; ++r) {
-        run += sG[r * kGS + ch];
+        if (r < n) run += forget_gate(sG[r * kGS + ch] + dt_ch, a_coef, true, a.lower_bound);
         sG[r * kGS + ch] = run;
       }
     }

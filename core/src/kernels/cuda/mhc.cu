@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/pdl.cuh"
@@ -50,17 +52,25 @@ __device__ void token_maps(const float* r, const float* base, const float* scale
     for (int j = 0; j < kS; ++j) comb[kS * i + j] = P[i][j];
 }
 
-template <int kTok>
-__global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __restrict__ x, int64_t n,
-                                                                 MhcDeviceParams p, float* __restrict__ pre,
-                                                                 float* __restrict__ post, float* __restrict__ comb,
-                                                                 float* __restrict__ h,
-                                                                 uint16_t* __restrict__ h_bf16) {
+// grid (kSplit, token groups of kTok), clusters of the kSplit CTAs of a group: CTA `rank` takes slice `rank` of
+// the flattened 4 · dim values for the 24 projections and Σx² (fn is read once per group, spread over kSplit
+// SMs), the cluster's partials are summed in rank order by rank 0 through distributed shared memory, rank 0
+// computes the maps, and every CTA collapses its slice of dim with them.
+template <int kTok, int kSplit>
+__global__ void __cluster_dims__(kSplit, 1, 1) __launch_bounds__(kThreads)
+    maps_collapse_kernel(const float* __restrict__ x, int64_t n, MhcDeviceParams p, float* __restrict__ pre,
+                         float* __restrict__ post, float* __restrict__ comb, float* __restrict__ h,
+                         uint16_t* __restrict__ h_bf16) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
   __shared__ float s_part[kWarps][kTok][kVals];
+  __shared__ float s_red[kTok][kVals];
   __shared__ float s_pre[kTok][kS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTok;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
   const int64_t F4 = kS * p.dim / 4;  // float4s per token
+  const int64_t e0 = F4 * rank / kSplit, e1 = F4 * (rank + 1) / kSplit;
   const float4* fn4 = reinterpret_cast<const float4*>(p.fn);
   pdl_wait();
   pdl_launch_dependents();
@@ -69,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __
   for (int t = 0; t < kTok; ++t)
 #pragma unroll
     for (int m = 0; m < kVals; ++m) acc[t][m] = 0.f;
-  for (int64_t e = tid; e < F4; e += kThreads) {
+  for (int64_t e = e0 + tid; e < e1; e += kThreads) {
     float4 xv[kTok];
 #pragma unroll
     for (int t = 0; t < kTok; ++t) {
@@ -77,10 +87,14 @@ __global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __
       acc[t][kR] += dot4(xv[t], xv[t]);
     }
 #pragma unroll
-    for (int m = 0; m < kR; ++m) {
-      const float4 f = __ldg(fn4 + m * F4 + e);
+    for (int mb = 0; mb < kR; mb += 8) {  // 8 rows' loads in flight before their FMAs
+      float4 f[8];
 #pragma unroll
-      for (int t = 0; t < kTok; ++t) acc[t][m] += dot4(xv[t], f);
+      for (int m = 0; m < 8; ++m) f[m] = __ldg(fn4 + (mb + m) * F4 + e);
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) acc[t][mb + m] += dot4(xv[t], f[m]);
     }
   }
 #pragma unroll
@@ -93,13 +107,20 @@ __global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __
       if (lane == 0) s_part[warp][t][m] = v;
     }
   __syncthreads();
-  if (tid < kTok && t0 + tid < n) {
+  if (tid < kTok * kVals) {
+    const int t = tid / kVals, m = tid % kVals;
+    float v = 0.f;
+    for (int w = 0; w < kWarps; ++w) v += s_part[w][t][m];
+    s_red[t][m] = v;
+  }
+  cluster.sync();
+  if (rank == 0 && tid < kTok && t0 + tid < n) {
     const int t = tid;
     float r[kVals];
-    for (int m = 0; m < kVals; ++m) {
-      float v = 0.f;
-      for (int w = 0; w < kWarps; ++w) v += s_part[w][t][m];
-      r[m] = v;
+    for (int m = 0; m < kVals; ++m) r[m] = 0.f;
+    for (int q = 0; q < kSplit; ++q) {
+      const float* part = cluster.map_shared_rank(&s_red[0][0], q) + t * kVals;
+      for (int m = 0; m < kVals; ++m) r[m] += part[m];
     }
     const float inv = rsqrtf(r[kR] / static_cast<float>(kS * p.dim) + p.rms_eps);
     for (int m = 0; m < kR; ++m) r[m] *= inv;
@@ -114,19 +135,29 @@ __global__ void __launch_bounds__(kThreads) maps_collapse_kernel(const float* __
     if (comb)
       for (int i = 0; i < kS * kS; ++i) comb[tok * kS * kS + i] = cb[i];
   }
-  __syncthreads();
+  cluster.sync();
+  float w_pre[kTok][kS];
+  {
+    const float* src = cluster.map_shared_rank(&s_pre[0][0], 0);
+#pragma unroll
+    for (int t = 0; t < kTok; ++t)
+#pragma unroll
+      for (int i = 0; i < kS; ++i) w_pre[t][i] = src[t * kS + i];
+  }
+  cluster.sync();  // rank 0's shared memory stays until every CTA has read it
   const int64_t D4 = p.dim / 4;
+  const int64_t d0 = D4 * rank / kSplit, d1 = D4 * (rank + 1) / kSplit;
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {
     const int64_t tok = t0 + t;
     if (tok >= n) break;
     const float4* xt = reinterpret_cast<const float4*>(x + tok * kS * p.dim);
-    for (int64_t d = tid; d < D4; d += kThreads) {
+    for (int64_t d = d0 + tid; d < d1; d += kThreads) {
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int i = 0; i < kS; ++i) {
         const float4 v = xt[i * D4 + d];
-        const float w = s_pre[t][i];
+        const float w = w_pre[t][i];
         o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
       }
       if (h) reinterpret_cast<float4*>(h + tok * p.dim)[d] = o;
@@ -198,11 +229,11 @@ Status mhc_maps_collapse(const float* x, int64_t n, const MhcDeviceParams& p, fl
     return invalid_argument("cuda::mhc_maps_collapse: need dim a positive multiple of 4, fn, base, scale, iters ≥ 1");
   if (n == 0) return ok_status();
   if (n >= 512)
-    return check_cuda(launch_pdl(maps_collapse_kernel<4>, dim3(blocks_for(n, 4)), dim3(kThreads), 0, stream, x, n, p,
-                                 pre, post, comb, h, h_bf16),
+    return check_cuda(launch_pdl(maps_collapse_kernel<4, 2>, dim3(2, blocks_for(n, 4)), dim3(kThreads), 0, stream, x,
+                                 n, p, pre, post, comb, h, h_bf16),
                       "cuda::mhc_maps_collapse");
-  return check_cuda(launch_pdl(maps_collapse_kernel<1>, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream, x,
-                               n, p, pre, post, comb, h, h_bf16),
+  return check_cuda(launch_pdl(maps_collapse_kernel<1, 8>, dim3(8, static_cast<unsigned>(n)), dim3(kThreads), 0,
+                               stream, x, n, p, pre, post, comb, h, h_bf16),
                     "cuda::mhc_maps_collapse");
 }
 

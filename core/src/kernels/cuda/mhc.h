@@ -25,7 +25,8 @@ struct MhcDeviceParams {
 // Maps and collapse in one kernel: for each token, the RMS of its flattened 4 · dim streams, the 24 projections
 // r = f · fnᵀ, pre / post / comb (softmax + Sinkhorn), and h = Σ_i pre[i] · x[i]. x fp32 [n, 4, dim];
 // pre, post [n, 4], comb [n, 4 (i), 4 (j)] fp32; h fp32 and/or bf16 [n, dim] (either may be null).
-// One CTA of 256 threads per token (4 tokens per CTA from 512 tokens on, so fn is read once per 4 tokens).
+// Per token a cluster of 8 CTAs of 256 threads, each a slice of the projections and of the collapse (from 512
+// tokens on: 4 tokens per cluster of 2 CTAs, so fn is read once per 4 tokens).
 Status mhc_maps_collapse(const float* x, int64_t n, const MhcDeviceParams& p, float* pre, float* post, float* comb,
                          float* h, uint16_t* h_bf16, StreamHandle stream);
 
