@@ -111,7 +111,7 @@ void bench_kda_decode(double bw) {
   float* nw = upload(rand_f32(kD, 5, 0.5f, 1.5f));
   std::printf("\nKDA decode (H 64, dk = dv 128, fp32 state 4 MiB per sequence; fused conv + gate + norm + delta rule +"
               " RMSNormGated, one launch)\n");
-  std::printf("| seqs | tokens | µs per call | MB moved | GB/s | % of copy |\n|---|---|---|---|---|---|\n");
+  std::printf("| seqs | tokens | µs per call | MB moved | GB/s | %% of copy |\n|---|---|---|---|---|---|\n");
   for (auto [B, T] : {std::pair<int64_t, int64_t>{1, 1}, {4, 1}, {16, 1}, {32, 1}, {64, 1}, {16, 4}, {64, 4}}) {
     const int64_t sets = slots / B;
     std::vector<int32_t> ids(static_cast<size_t>(slots));

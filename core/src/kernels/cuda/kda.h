@@ -74,7 +74,7 @@ Status kda_conv_prefill(const uint16_t* qkv, const float* conv_weight, const int
 // The chunked (WY, C = 64) form on the tensor cores (tf32 mma.sync, fp32 accumulation and state) over
 // convolved bf16 q, k, v [total_tokens, heads, 128] (as kda_conv_prefill writes them: q | k | v per token, row
 // stride 3 · heads · 128), continuing from and writing back each slot's recurrent state. Grid (heads, 2 halves
-// of dv, num_seqs), 256 threads, ~198 KiB shared memory; each CTA walks its sequence's chunks in order.
+// of dv, num_seqs), 512 threads, ~198 KiB shared memory; each CTA walks its sequence's chunks in order.
 // The 16-token sub-chunk exponent trick needs |lower_bound| ≤ 5.5; without a lower bound (or outside that)
 // the same call falls back to the exact recurrent kernel token by token (kda_decode's core, fp32 SIMT).
 // out: raw o, fp32 [total_tokens, heads, 128] (RMSNormGated is kda_gated_rmsnorm).

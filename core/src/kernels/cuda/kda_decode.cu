@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_recurrent_kernel(RecurrentArg
       const float x = bf16_bits_to_float(a.qkv[row * row_width + channel]);
       float y;
       if (kConv) {
-        y = round_bf16(silu(w[0] * c0 + w[1] * c1 + w[2] * c2 + w[3] * x));
+        y = round_bf16(conv_silu(w, c0, c1, c2, x));
         c0 = c1, c1 = c2, c2 = x;
       } else {
         y = x;

@@ -1,7 +1,7 @@
 // KDA prefill on the GPU: the short conv over [stored | new] inputs, the chunked (WY) delta rule on the tensor
 // cores, and RMSNormGated.
 //
-// Chunked kernel, per CTA = (head, half of dv, sequence), chunks of C = 64 tokens in order, 8 warps:
+// Chunked kernel, per CTA = (head, half of dv, sequence), chunks of C = 64 tokens in order, 16 warps:
 //   G = inclusive cumsum of g over the chunk (per channel);
 //   A_kk[r,c] = Σ_i k_r k_c e^{G_r − G_c}, A_qk likewise with q_r — per 16 × 16 block (R, C ≤ R) with the
 //     reference row s = 16R: (k_r e^{G_r − G_s}) · (k_c e^{G_s − G_c}); both exponents stay below 16 · 5 = 80 < 88
@@ -10,7 +10,7 @@
 //     lane per column), then the off-diagonal blocks by distance, T_RC = −T_RR Σ_K L_RK T_KC;
 //   W = T (β K e^G), V′ = T (β V) − W S, O = (Q e^G) S + tril(A_qk) V′, S ← e^{G_last} S + (K e^{G_last − G})ᵀ V′.
 // Every product is an m16n8k8 tf32 mma with fp32 accumulation; S lives in registers as the accumulator of its
-// update (warp w: key rows 16w .. 16w + 15) and in shared memory (fp32) as the B operand of W S and (Q e^G) S.
+// update (warp w: key rows 16(w mod 8) .., columns 32(w div 8) ..) and in shared memory (fp32) as the B operand of W S and (Q e^G) S.
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/kda_common.cuh"
 #include "kernels/cuda/mma_sync.cuh"
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kConvThreads) conv_out_kernel(const uint16_t* 
       }
     }
     const float x3 = bf16_bits_to_float(in[row * channels + c]);
-    out[row * channels + c] = float_to_bf16_bits(silu(w[0] * x0 + w[1] * x1 + w[2] * x2 + w[3] * x3));
+    out[row * channels + c] = float_to_bf16_bits(conv_silu(w, x0, x1, x2, x3));
     x0 = x1, x1 = x2, x2 = x3;
   }
 }
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kConvThreads) conv_state_kernel(const uint16_t
 // ---------------------------------------------------------------------------------------------------------------
 // Chunked delta rule.
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kC = 64;        // chunk
 constexpr int kDv = 64;       // dv columns per CTA
 constexpr int kKS = 136;      // bf16 row stride of K, Q
@@ -196,16 +196,16 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
     *reinterpret_cast<float4*>(sS + i * kSS + j) = *reinterpret_cast<const float4*>(S_glob + i * kD + j);
   }
   __syncthreads();
-  float acc_s[8][4];
-  const int si0 = 16 * warp + gq, si1 = si0 + 8;
+  float acc_s[4][4];
+  const int si0 = 16 * (warp & 7) + gq, si1 = si0 + 8, sj = 32 * (warp >> 3);
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    const int j = 8 * nt + 2 * tq;
+  for (int nt = 0; nt < 4; ++nt) {
+    const int j = sj + 8 * nt + 2 * tq;
     acc_s[nt][0] = sS[si0 * kSS + j], acc_s[nt][1] = sS[si0 * kSS + j + 1];
     acc_s[nt][2] = sS[si1 * kSS + j], acc_s[nt][3] = sS[si1 * kSS + j + 1];
   }
 
-  const int mt = warp & 3, nh = warp >> 2;  // the W / V′ / O tiles: 16 rows, half the columns
+  const int mt = warp & 3, nq = warp >> 2;  // the W / V′ / O tiles: 16 rows, a quarter of the columns
   const int r0 = 16 * mt + gq, r1 = r0 + 8;
 
   for (int64_t c0 = 0; c0 < len; c0 += kC) {
@@ -233,10 +233,10 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
     if (tid < kC) s_beta[tid] = tid < n ? sigmoidf(a.beta_logits[(rowbase + tid) * H + h]) : 0.f;
     cp_async_wait_all();
     __syncthreads();
-    // ---- per-row norms (warp w: rows 8w .. 8w + 7); the gate and the cumsum of g (first half of the rows).
+    // ---- per-row norms (warps 8..15: rows 8(w − 8) ..); the gate and the cumsum of g (warps 0..7).
 #pragma unroll 1
-    for (int rr = 0; rr < 8; ++rr) {
-      const int r = 8 * warp + rr;
+    for (int rr = 0; rr < 8 && warp >= 8; ++rr) {
+      const int r = 8 * (warp - 8) + rr;
       float sk = 0.f, sq = 0.f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
         s_rq[r] = rsqrtf(sq + 1e-6f) * rsqrt_dk;
       }
     }
-    {
+    if (tid < 256) {
       const int ch = tid & 127, half = tid >> 7;
       float run = 0.f;
 #pragma unroll 8
@@ -263,15 +263,15 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
       }
     }
     __syncthreads();
-    if (tid >= 128) {
+    if (tid >= 128 && tid < 256) {
       const int ch = tid & 127;
       const float base = sG[31 * kGS + ch];
       for (int r = 32; r < 64; ++r) sG[r * kGS + ch] += base;
     }
     __syncthreads();
 
-    // ---- A_kk → L = β ⊙ strict lower, A_qk → lower incl. diagonal; 10 blocks (R, C ≤ R) over 8 warps.
-    for (int pi = warp; pi < 10; pi += 8) {
+    // ---- A_kk → L = β ⊙ strict lower, A_qk → lower incl. diagonal; 10 blocks (R, C ≤ R), one per warp.
+    for (int pi = warp; pi < 10; pi += 16) {
       const int R = pi < 1 ? 0 : pi < 3 ? 1 : pi < 6 ? 2 : 3;
       const int Cb = pi - (R * (R + 1)) / 2;
       const int s = 16 * R;
@@ -324,63 +324,78 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
     __syncthreads();
     // Off-diagonal blocks by distance d: T_RC = −T_RR Σ_{K=C}^{R−1} L_RK T_KC.
     for (int d = 1; d < 4; ++d) {
-      const int pairs = 4 - d;
-      const int r = tid >> 4, j = tid & 15;
-      float x[3];
-      for (int q = 0; q < pairs; ++q) {
-        const int R = d + q, Cb = q;
-        float acc = 0.f;
-        for (int K = Cb; K < R; ++K)
+      const int elems = (4 - d) * 256;  // pair q = e >> 8 is the block (d + q, q); element (e >> 4 & 15, e & 15)
+      float x[2];
 #pragma unroll
-          for (int c = 0; c < 16; ++c)
-            acc += sL[(16 * R + r) * kLS + 16 * K + c] * sT[(16 * K + c) * kLS + 16 * Cb + j];
-        x[q] = acc;
-      }
-      for (int q = 0; q < pairs; ++q) sT[(16 * (d + q) + r) * kLS + 16 * q + j] = x[q];
-      __syncthreads();
-      for (int q = 0; q < pairs; ++q) {
-        const int R = d + q, Cb = q;
-        float acc = 0.f;
+      for (int k = 0; k < 2; ++k) {
+        const int e = tid + kThreads * k;
+        if (e < elems) {
+          const int q = e >> 8, r = (e >> 4) & 15, j = e & 15, R = d + q;
+          float acc = 0.f;
+          for (int K = q; K < R; ++K)
 #pragma unroll
-        for (int c = 0; c < 16; ++c) acc -= sT[(16 * R + r) * kLS + 16 * R + c] * sT[(16 * R + c) * kLS + 16 * Cb + j];
-        x[q] = acc;
+            for (int c = 0; c < 16; ++c)
+              acc += sL[(16 * R + r) * kLS + 16 * K + c] * sT[(16 * K + c) * kLS + 16 * q + j];
+          x[k] = acc;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int e = tid + kThreads * k;
+        if (e < elems) sT[(16 * (d + (e >> 8)) + ((e >> 4) & 15)) * kLS + 16 * (e >> 8) + (e & 15)] = x[k];
       }
       __syncthreads();
-      for (int q = 0; q < pairs; ++q) sT[(16 * (d + q) + r) * kLS + 16 * q + j] = x[q];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int e = tid + kThreads * k;
+        if (e < elems) {
+          const int q = e >> 8, r = (e >> 4) & 15, j = e & 15, R = d + q;
+          float acc = 0.f;
+#pragma unroll
+          for (int c = 0; c < 16; ++c) acc -= sT[(16 * R + r) * kLS + 16 * R + c] * sT[(16 * R + c) * kLS + 16 * q + j];
+          x[k] = acc;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int e = tid + kThreads * k;
+        if (e < elems) sT[(16 * (d + (e >> 8)) + ((e >> 4) & 15)) * kLS + 16 * (e >> 8) + (e & 15)] = x[k];
+      }
       __syncthreads();
     }
 
-    // ---- W = T (β K e^G) [64 × 128] (this warp: rows of tile mt, columns 64·nh ..), U = T (β V) in registers.
+    // ---- W = T (β K e^G) [64 × 128] (this warp: rows of tile mt, columns 32·nq ..), U = T (β V) in registers.
     const int kend = 16 * (mt + 1);
     {
-      float acc_w[8][4] = {};
+      float acc_w[4][4] = {};
       for (int k0 = 0; k0 < kend; k0 += 8) {
         const int ca = k0 + tq, cb = ca + 4;
         const float a0 = sT[r0 * kLS + ca], a1 = sT[r1 * kLS + ca], a2 = sT[r0 * kLS + cb], a3 = sT[r1 * kLS + cb];
         const float fa = s_beta[ca] * s_rk[ca], fb = s_beta[cb] * s_rk[cb];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int i = 64 * nh + 8 * nt + gq;
+        for (int nt = 0; nt < 4; ++nt) {
+          const int i = 32 * nq + 8 * nt + gq;
           const float b0 = bf(sK + ca * kKS + i) * fa * __expf(sG[ca * kGS + i]);
           const float b1 = bf(sK + cb * kKS + i) * fb * __expf(sG[cb * kGS + i]);
           mma_tf32(acc_w[nt], a0, a1, a2, a3, b0, b1);
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int i = 64 * nh + 8 * nt + 2 * tq;
+      for (int nt = 0; nt < 4; ++nt) {
+        const int i = 32 * nq + 8 * nt + 2 * tq;
         sW[r0 * kGS + i] = acc_w[nt][0], sW[r0 * kGS + i + 1] = acc_w[nt][1];
         sW[r1 * kGS + i] = acc_w[nt][2], sW[r1 * kGS + i + 1] = acc_w[nt][3];
       }
     }
-    float acc_u[4][4] = {};
+    float acc_u[2][4] = {};
     for (int k0 = 0; k0 < kend; k0 += 8) {
       const int ca = k0 + tq, cb = ca + 4;
       const float a0 = sT[r0 * kLS + ca], a1 = sT[r1 * kLS + ca], a2 = sT[r0 * kLS + cb], a3 = sT[r1 * kLS + cb];
       const float fa = s_beta[ca], fb = s_beta[cb];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int j = 32 * nh + 8 * nt + gq;
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = 16 * nq + 8 * nt + gq;
         mma_tf32(acc_u[nt], a0, a1, a2, a3, bf(sV + ca * kVS + j) * fa, bf(sV + cb * kVS + j) * fb);
       }
     }
@@ -391,14 +406,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
       const int i0 = k0 + tq, i1 = i0 + 4;
       const float a0 = -sW[r0 * kGS + i0], a1 = -sW[r1 * kGS + i0], a2 = -sW[r0 * kGS + i1], a3 = -sW[r1 * kGS + i1];
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int j = 32 * nh + 8 * nt + gq;
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = 16 * nq + 8 * nt + gq;
         mma_tf32(acc_u[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int j = 32 * nh + 8 * nt + 2 * tq;
+    for (int nt = 0; nt < 2; ++nt) {
+      const int j = 16 * nq + 8 * nt + 2 * tq;
       sVp[r0 * kSS + j] = acc_u[nt][0], sVp[r0 * kSS + j + 1] = acc_u[nt][1];
       sVp[r1 * kSS + j] = acc_u[nt][2], sVp[r1 * kSS + j + 1] = acc_u[nt][3];
     }
@@ -406,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 
     // ---- O = (Q e^G) S + A_qk V′.
     {
-      float acc_o[4][4] = {};
+      float acc_o[2][4] = {};
       const float rq0 = s_rq[r0], rq1 = s_rq[r1];
 #pragma unroll 4
       for (int k0 = 0; k0 < kD; k0 += 8) {
@@ -416,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
         const float a2 = bf(sQ + r0 * kKS + i1) * rq0 * __expf(sG[r0 * kGS + i1]);
         const float a3 = bf(sQ + r1 * kKS + i1) * rq1 * __expf(sG[r1 * kGS + i1]);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int j = 32 * nh + 8 * nt + gq;
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = 16 * nq + 8 * nt + gq;
           mma_tf32(acc_o[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
         }
       }
@@ -425,14 +440,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
         const int ca = k0 + tq, cb = ca + 4;
         const float a0 = sA[r0 * kLS + ca], a1 = sA[r1 * kLS + ca], a2 = sA[r0 * kLS + cb], a3 = sA[r1 * kLS + cb];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int j = 32 * nh + 8 * nt + gq;
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = 16 * nq + 8 * nt + gq;
           mma_tf32(acc_o[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int j = j0 + 32 * nh + 8 * nt + 2 * tq;
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = j0 + 16 * nq + 8 * nt + 2 * tq;
         if (r0 < n)
           *reinterpret_cast<float2*>(a.out + ((rowbase + r0) * H + h) * kD + j) = make_float2(acc_o[nt][0], acc_o[nt][1]);
         if (r1 < n)
@@ -446,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
       const float gl0 = sG[(kC - 1) * kGS + si0], gl1 = sG[(kC - 1) * kGS + si1];
       const float d0 = __expf(gl0), d1 = __expf(gl1);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) acc_s[nt][0] *= d0, acc_s[nt][1] *= d0, acc_s[nt][2] *= d1, acc_s[nt][3] *= d1;
+      for (int nt = 0; nt < 4; ++nt) acc_s[nt][0] *= d0, acc_s[nt][1] *= d0, acc_s[nt][2] *= d1, acc_s[nt][3] *= d1;
 #pragma unroll 2
       for (int k0 = 0; k0 < kC; k0 += 8) {
         const int ca = k0 + tq, cb = ca + 4;
@@ -456,14 +471,14 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
         const float a2 = bf(sK + cb * kKS + si0) * rkb * __expf(gl0 - sG[cb * kGS + si0]);
         const float a3 = bf(sK + cb * kKS + si1) * rkb * __expf(gl1 - sG[cb * kGS + si1]);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int j = 8 * nt + gq;
+        for (int nt = 0; nt < 4; ++nt) {
+          const int j = sj + 8 * nt + gq;
           mma_tf32(acc_s[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int j = 8 * nt + 2 * tq;
+      for (int nt = 0; nt < 4; ++nt) {
+        const int j = sj + 8 * nt + 2 * tq;
         sS[si0 * kSS + j] = acc_s[nt][0], sS[si0 * kSS + j + 1] = acc_s[nt][1];
         sS[si1 * kSS + j] = acc_s[nt][2], sS[si1 * kSS + j + 1] = acc_s[nt][3];
       }
@@ -472,8 +487,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
   }
 
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    const int j = 8 * nt + 2 * tq;
+  for (int nt = 0; nt < 4; ++nt) {
+    const int j = sj + 8 * nt + 2 * tq;
     *reinterpret_cast<float2*>(S_glob + si0 * kD + j) = make_float2(acc_s[nt][0], acc_s[nt][1]);
     *reinterpret_cast<float2*>(S_glob + si1 * kD + j) = make_float2(acc_s[nt][2], acc_s[nt][3]);
   }

@@ -16,39 +16,55 @@ constexpr int kVals = kR + 1;           // + Σx²
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
-// One thread's maps of one token from r (already scaled by the RMS) into pre / post / comb.
-__device__ void token_maps(const float* r, const float* base, const float* scale, float hc_eps, int iters,
-                           float* pre, float* post, float* comb) {
+// One thread's maps of one token from r (already scaled by the RMS) into pre / post / comb. Fully unrolled so
+// the 4 × 4 Sinkhorn matrix stays in registers (the 20 iterations are a serial chain on one thread).
+__device__ __forceinline__ void token_maps(const float* r, const float* base, const float* scale, float hc_eps,
+                                           int iters, float* pre, float* post, float* comb) {
+#pragma unroll
   for (int i = 0; i < kS; ++i) pre[i] = sigmoidf(r[i] * scale[0] + base[i]) + hc_eps;
+#pragma unroll
   for (int j = 0; j < kS; ++j) post[j] = 2.f * sigmoidf(r[kS + j] * scale[1] + base[kS + j]);
   float P[kS][kS];
+#pragma unroll
   for (int i = 0; i < kS; ++i) {
     float mx = -INFINITY;
+#pragma unroll
     for (int j = 0; j < kS; ++j) {
       P[i][j] = r[2 * kS + kS * i + j] * scale[2] + base[2 * kS + kS * i + j];
       mx = fmaxf(mx, P[i][j]);
     }
     float sum = 0.f;
+#pragma unroll
     for (int j = 0; j < kS; ++j) sum += (P[i][j] = expf(P[i][j] - mx));
+#pragma unroll
     for (int j = 0; j < kS; ++j) P[i][j] = P[i][j] / sum + hc_eps;
   }
-  auto normalise_columns = [&] {
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+#pragma unroll
+      for (int i = 0; i < kS; ++i) {
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kS; ++j) sum += P[i][j];
+        const float d = sum + hc_eps;
+#pragma unroll
+        for (int j = 0; j < kS; ++j) P[i][j] /= d;
+      }
+    }
+#pragma unroll
     for (int j = 0; j < kS; ++j) {
       float sum = 0.f;
+#pragma unroll
       for (int i = 0; i < kS; ++i) sum += P[i][j];
-      for (int i = 0; i < kS; ++i) P[i][j] /= sum + hc_eps;
+      const float d = sum + hc_eps;
+#pragma unroll
+      for (int i = 0; i < kS; ++i) P[i][j] /= d;
     }
-  };
-  normalise_columns();
-  for (int it = 1; it < iters; ++it) {
-    for (int i = 0; i < kS; ++i) {
-      float sum = 0.f;
-      for (int j = 0; j < kS; ++j) sum += P[i][j];
-      for (int j = 0; j < kS; ++j) P[i][j] /= sum + hc_eps;
-    }
-    normalise_columns();
   }
+#pragma unroll
   for (int i = 0; i < kS; ++i)
+#pragma unroll
     for (int j = 0; j < kS; ++j) comb[kS * i + j] = P[i][j];
 }
 
@@ -117,22 +133,27 @@ __global__ void __cluster_dims__(kSplit, 1, 1) __launch_bounds__(kThreads)
   if (rank == 0 && tid < kTok && t0 + tid < n) {
     const int t = tid;
     float r[kVals];
+#pragma unroll
     for (int m = 0; m < kVals; ++m) r[m] = 0.f;
     for (int q = 0; q < kSplit; ++q) {
       const float* part = cluster.map_shared_rank(&s_red[0][0], q) + t * kVals;
+#pragma unroll
       for (int m = 0; m < kVals; ++m) r[m] += part[m];
     }
     const float inv = rsqrtf(r[kR] / static_cast<float>(kS * p.dim) + p.rms_eps);
+#pragma unroll
     for (int m = 0; m < kR; ++m) r[m] *= inv;
     const int64_t tok = t0 + t;
     float pr[kS], po[kS], cb[kS * kS];
     token_maps(r, p.base, p.scale, p.hc_eps, static_cast<int>(p.sinkhorn_iters), pr, po, cb);
+#pragma unroll
     for (int i = 0; i < kS; ++i) {
       s_pre[t][i] = pr[i];
       if (pre) pre[tok * kS + i] = pr[i];
       if (post) post[tok * kS + i] = po[i];
     }
     if (comb)
+#pragma unroll
       for (int i = 0; i < kS * kS; ++i) comb[tok * kS * kS + i] = cb[i];
   }
   cluster.sync();
@@ -229,7 +250,7 @@ Status mhc_maps_collapse(const float* x, int64_t n, const MhcDeviceParams& p, fl
     return invalid_argument("cuda::mhc_maps_collapse: need dim a positive multiple of 4, fn, base, scale, iters ≥ 1");
   if (n == 0) return ok_status();
   if (n >= 512)
-    return check_cuda(launch_pdl(maps_collapse_kernel<4, 2>, dim3(2, blocks_for(n, 4)), dim3(kThreads), 0, stream, x,
+    return check_cuda(launch_pdl(maps_collapse_kernel<4, 1>, dim3(1, blocks_for(n, 4)), dim3(kThreads), 0, stream, x,
                                  n, p, pre, post, comb, h, h_bf16),
                       "cuda::mhc_maps_collapse");
   return check_cuda(launch_pdl(maps_collapse_kernel<1, 8>, dim3(8, static_cast<unsigned>(n)), dim3(kThreads), 0,
