@@ -127,11 +127,9 @@ constexpr int kOffW = kOffA + kC * kLS * 4;
 constexpr int kOffR = kOffW + kC * kGS * 4;   // rk, rq, β
 constexpr int kSmem = kOffR + 3 * kC * 4;
 
-__device__ __forceinline__ uint32_t tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
+// tf32 operand, rounded to nearest (ties away) by one integer add: the mma reads the top 19 bits. cvt.rna.tf32
+// is a conversion (16 per SM per cycle): at 6 per mma it was the kernel's bottleneck.
+__device__ __forceinline__ uint32_t tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 
 __device__ __forceinline__ void mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
   asm volatile(

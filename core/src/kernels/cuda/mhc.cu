@@ -16,56 +16,39 @@ constexpr int kVals = kR + 1;           // + Σx²
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
-// One thread's maps of one token from r (already scaled by the RMS) into pre / post / comb. Fully unrolled so
-// the 4 × 4 Sinkhorn matrix stays in registers (the 20 iterations are a serial chain on one thread).
-__device__ __forceinline__ void token_maps(const float* r, const float* base, const float* scale, float hc_eps,
-                                           int iters, float* pre, float* post, float* comb) {
-#pragma unroll
-  for (int i = 0; i < kS; ++i) pre[i] = sigmoidf(r[i] * scale[0] + base[i]) + hc_eps;
-#pragma unroll
-  for (int j = 0; j < kS; ++j) post[j] = 2.f * sigmoidf(r[kS + j] * scale[1] + base[kS + j]);
-  float P[kS][kS];
-#pragma unroll
-  for (int i = 0; i < kS; ++i) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kS; ++j) {
-      P[i][j] = r[2 * kS + kS * i + j] * scale[2] + base[2 * kS + kS * i + j];
-      mx = fmaxf(mx, P[i][j]);
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kS; ++j) sum += (P[i][j] = expf(P[i][j] - mx));
-#pragma unroll
-    for (int j = 0; j < kS; ++j) P[i][j] = P[i][j] / sum + hc_eps;
+// The maps of one token on 16 lanes (lane sub = 4i + j holds comb[i][j]; lanes 0..3 also pre, 4..7 post), from
+// r (the 24 projections in shared memory) · inv (the RMS scale). Every lane of the warp must call it (shuffles); `valid` guards
+// the writes. Row sums are xor-shuffles over bits 0–1 of sub, column sums over bits 2–3.
+__device__ __forceinline__ void token_maps16(const float* r, float inv, const float* base, const float* scale, float hc_eps,
+                                             int iters, int sub, bool valid, float* pre_out, float* post_out,
+                                             float* comb_out, float* s_pre) {
+  if (valid && sub < kS) {
+    const float v = sigmoidf(r[sub] * inv * scale[0] + base[sub]) + hc_eps;
+    s_pre[sub] = v;
+    if (pre_out) pre_out[sub] = v;
+  } else if (valid && sub < 2 * kS && post_out) {
+    post_out[sub - kS] = 2.f * sigmoidf(r[sub] * inv * scale[1] + base[sub]);
   }
+  const int m = 2 * kS + (sub & 15);
+  float P = r[m] * inv * scale[2] + base[m];
+  float mx = fmaxf(P, __shfl_xor_sync(0xffffffffu, P, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  P = expf(P - mx);
+  float sum = P + __shfl_xor_sync(0xffffffffu, P, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  P = P / sum + hc_eps;
 #pragma unroll 1
   for (int it = 0; it < iters; ++it) {
     if (it > 0) {
-#pragma unroll
-      for (int i = 0; i < kS; ++i) {
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kS; ++j) sum += P[i][j];
-        const float d = sum + hc_eps;
-#pragma unroll
-        for (int j = 0; j < kS; ++j) P[i][j] /= d;
-      }
+      float rs = P + __shfl_xor_sync(0xffffffffu, P, 1);
+      rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+      P /= rs + hc_eps;
     }
-#pragma unroll
-    for (int j = 0; j < kS; ++j) {
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) sum += P[i][j];
-      const float d = sum + hc_eps;
-#pragma unroll
-      for (int i = 0; i < kS; ++i) P[i][j] /= d;
-    }
+    float cs = P + __shfl_xor_sync(0xffffffffu, P, 4);
+    cs += __shfl_xor_sync(0xffffffffu, cs, 8);
+    P /= cs + hc_eps;
   }
-#pragma unroll
-  for (int i = 0; i < kS; ++i)
-#pragma unroll
-    for (int j = 0; j < kS; ++j) comb[kS * i + j] = P[i][j];
+  if (valid && comb_out) comb_out[sub & 15] = P;
 }
 
 // grid (kSplit, token groups of kTok), clusters of the kSplit CTAs of a group: CTA `rank` takes slice `rank` of
@@ -130,31 +113,24 @@ __global__ void __cluster_dims__(kSplit, 1, 1) __launch_bounds__(kThreads)
     s_red[t][m] = v;
   }
   cluster.sync();
-  if (rank == 0 && tid < kTok && t0 + tid < n) {
-    const int t = tid;
-    float r[kVals];
-#pragma unroll
-    for (int m = 0; m < kVals; ++m) r[m] = 0.f;
-    for (int q = 0; q < kSplit; ++q) {
-      const float* part = cluster.map_shared_rank(&s_red[0][0], q) + t * kVals;
-#pragma unroll
-      for (int m = 0; m < kVals; ++m) r[m] += part[m];
+  if (rank == 0) {
+    __shared__ float s_r[kTok][kVals];
+    if (tid < kTok * kVals) {  // the ranks' partials summed in rank order
+      const int t = tid / kVals, m = tid % kVals;
+      float v = 0.f;
+      for (int q = 0; q < kSplit; ++q) v += cluster.map_shared_rank(&s_red[0][0], q)[t * kVals + m];
+      s_r[t][m] = v;
     }
-    const float inv = rsqrtf(r[kR] / static_cast<float>(kS * p.dim) + p.rms_eps);
-#pragma unroll
-    for (int m = 0; m < kR; ++m) r[m] *= inv;
-    const int64_t tok = t0 + t;
-    float pr[kS], po[kS], cb[kS * kS];
-    token_maps(r, p.base, p.scale, p.hc_eps, static_cast<int>(p.sinkhorn_iters), pr, po, cb);
-#pragma unroll
-    for (int i = 0; i < kS; ++i) {
-      s_pre[t][i] = pr[i];
-      if (pre) pre[tok * kS + i] = pr[i];
-      if (post) post[tok * kS + i] = po[i];
+    __syncthreads();
+    if (tid < 32 * ((16 * kTok + 31) / 32)) {
+      const int t = tid >> 4 < kTok ? tid >> 4 : kTok - 1;
+      const int64_t tok = t0 + t;
+      const bool valid = (tid >> 4) < kTok && tok < n;
+      const float inv = rsqrtf(s_r[t][kR] / static_cast<float>(kS * p.dim) + p.rms_eps);
+      token_maps16(&s_r[t][0], inv, p.base, p.scale, p.hc_eps, static_cast<int>(p.sinkhorn_iters), tid & 15, valid,
+                   pre ? pre + tok * kS : nullptr, post ? post + tok * kS : nullptr,
+                   comb ? comb + tok * kS * kS : nullptr, &s_pre[t][0]);
     }
-    if (comb)
-#pragma unroll
-      for (int i = 0; i < kS * kS; ++i) comb[tok * kS * kS + i] = cb[i];
   }
   cluster.sync();
   float w_pre[kTok][kS];
