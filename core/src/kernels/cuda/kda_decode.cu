@@ -212,6 +212,8 @@ Status kda_decode(const KdaDecodeParams& p, StreamHandle stream) {
       (p.gate && !p.norm_weight))
     return invalid_argument(std::string(name) + ": missing input or output");
   KILN_RETURN_IF_ERROR(check_slots(p.slots, p.heads, name));
+  if (reinterpret_cast<uintptr_t>(p.conv_weight) % 16 != 0)
+    return invalid_argument(std::string(name) + ": conv_weight must be 16-byte aligned");
   if (p.num_seqs == 0 || p.tokens == 0) return ok_status();
   const RecurrentArgs a{p.qkv, p.conv_weight, p.g, p.beta_logits, p.gate, p.norm_weight, p.norm_eps,
                         p.forget.a_log, p.forget.dt_bias, p.forget.has_lower_bound, p.forget.lower_bound,

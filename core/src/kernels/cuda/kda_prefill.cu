@@ -535,6 +535,8 @@ Status kda_conv_prefill(const uint16_t* qkv, const float* conv_weight, const int
   if (heads <= 0 || num_seqs < 0 || total_tokens < 0 || !qkv || !conv_weight || !cu_seqlens || !out)
     return invalid_argument(std::string(name) + ": bad shape or missing pointer");
   KILN_RETURN_IF_ERROR(kda_check_slots(slots, heads, name));
+  if (reinterpret_cast<uintptr_t>(conv_weight) % 16 != 0)
+    return invalid_argument(std::string(name) + ": conv_weight must be 16-byte aligned");
   if (num_seqs == 0) return ok_status();
   const int64_t channels = 3 * heads * kD;
   const int64_t state_offset = heads * kD * kD * 4;
@@ -560,6 +562,9 @@ Status kda_prefill(const KdaPrefillParams& p, StreamHandle stream) {
   if (p.heads <= 0 || p.num_seqs < 0 || !p.qkv || !p.g || !p.beta_logits || !p.forget.a_log || !p.cu_seqlens || !p.out)
     return invalid_argument(std::string(name) + ": bad shape or missing pointer");
   KILN_RETURN_IF_ERROR(kda_check_slots(p.slots, p.heads, name));
+  if (reinterpret_cast<uintptr_t>(p.qkv) % 16 != 0 || reinterpret_cast<uintptr_t>(p.g) % 16 != 0 ||
+      (p.forget.dt_bias && reinterpret_cast<uintptr_t>(p.forget.dt_bias) % 16 != 0))
+    return invalid_argument(std::string(name) + ": qkv, g and dt_bias must be 16-byte aligned");
   if (p.num_seqs == 0) return ok_status();
   if (!kda_prefill_uses_chunked(p.forget)) return kda_recurrent_fallback(p, stream);
   static const cudaError_t attr = cudaFuncSetAttribute(kda_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -574,6 +579,12 @@ Status kda_gated_rmsnorm(const float* o, const float* gate, const float* weight,
                          float* y, uint16_t* y_bf16, StreamHandle stream) {
   if (n < 0 || heads <= 0 || !o || !gate || !weight || (!y && !y_bf16))
     return invalid_argument("cuda::kda_gated_rmsnorm: bad shape or missing pointer");
+  for (const void* q : {static_cast<const void*>(o), static_cast<const void*>(gate), static_cast<const void*>(weight),
+                        static_cast<const void*>(y)})
+    if (reinterpret_cast<uintptr_t>(q) % 16 != 0)
+      return invalid_argument("cuda::kda_gated_rmsnorm: o, gate, weight and y must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(y_bf16) % 8 != 0)
+    return invalid_argument("cuda::kda_gated_rmsnorm: y_bf16 must be 8-byte aligned");
   const int64_t rows = n * heads;
   if (rows == 0) return ok_status();
   return check_cuda(launch_pdl(gated_rmsnorm_kernel, dim3(blocks_for(rows, kNormThreads / 32)), dim3(kNormThreads), 0,

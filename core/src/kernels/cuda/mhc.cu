@@ -213,6 +213,8 @@ Status launch_mix(float* x, const Y* y, const float* post, const float* comb, in
                   StreamHandle stream) {
   if (n < 0 || dim <= 0 || dim % 4 != 0 || !x || !y || !post || !comb)
     return invalid_argument("cuda::mhc_mix: need dim a positive multiple of 4 and every pointer");
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(y) % (sizeof(Y) == 4 ? 16 : 8) != 0)
+    return invalid_argument("cuda::mhc_mix: x must be 16-byte aligned, y 16 (fp32) or 8 (bf16)");
   if (n == 0) return ok_status();
   const dim3 grid(blocks_for(dim / 4, kThreads), static_cast<unsigned>(n));
   return check_cuda(launch_pdl(mix_kernel<Y>, grid, dim3(kThreads), 0, stream, x, y, post, comb, dim), "cuda::mhc_mix");
@@ -224,6 +226,9 @@ Status mhc_maps_collapse(const float* x, int64_t n, const MhcDeviceParams& p, fl
                          float* h, uint16_t* h_bf16, StreamHandle stream) {
   if (n < 0 || p.dim <= 0 || p.dim % 4 != 0 || !x || !p.fn || !p.base || !p.scale || p.sinkhorn_iters < 1)
     return invalid_argument("cuda::mhc_maps_collapse: need dim a positive multiple of 4, fn, base, scale, iters ≥ 1");
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.fn) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(h_bf16) % 8 != 0)
+    return invalid_argument("cuda::mhc_maps_collapse: x, fn, h must be 16-byte aligned, h_bf16 8-byte aligned");
   if (n == 0) return ok_status();
   if (n >= 512)
     return check_cuda(launch_pdl(maps_collapse_kernel<4, 1>, dim3(1, blocks_for(n, 4)), dim3(kThreads), 0, stream, x,

@@ -113,6 +113,8 @@ Status pooled_indexer_scores(const float* q, const float* w, const float* pool_k
                              StreamHandle stream) {
   if (t_q < 0 || num_pools < 0 || heads <= 0 || heads > kMaxHeads || pool <= 0 || q_pos0 < 0)
     return invalid_argument("cuda::pooled_indexer_scores: need heads in 1..64, pool > 0, q_pos0 ≥ 0");
+  if (reinterpret_cast<uintptr_t>(pool_keys) % 16 != 0)
+    return invalid_argument("cuda::pooled_indexer_scores: pool_keys must be 16-byte aligned");
   if (t_q == 0 || num_pools == 0) return ok_status();
   const dim3 grid(blocks_for(num_pools, kScoreThreads), static_cast<unsigned>(t_q));
   return check_cuda(launch_pdl(score_kernel, grid, dim3(kScoreThreads), 0, stream, q, w, pool_keys, num_pools,
