@@ -90,7 +90,7 @@ void run_case(int64_t context, int64_t t_q, int64_t heads, bool tail, uint64_t s
   std::vector<int32_t> want(size_t(t_q * width));
   for (int64_t s = 0; s < t_q; ++s)
     cpu::pooled_indexer_select(got_scores.data() + s * num_pools, num_pools, q_pos0 + s, kPool, kTopk, tail,
-                               want.data() + s * width, width);
+                               want.data() + s * width, width, cpu::PoolTies::kLowestPool);
   DeviceBuffer<int32_t> d_ws(size_t(t_q * (kTopk / kPool))), d_out(want.size());
   d_out.poison();
   KILN_STATUS_OK(cuda::pooled_indexer_select(d_scores.get(), t_q, num_pools, q_pos0, kPool, kTopk, tail, d_ws.get(),
@@ -126,7 +126,7 @@ TEST(PooledIndexerGpu, SelectionTiesGoToTheLowerPool) {
   std::vector<int32_t> want(size_t(t_q * width));
   for (int64_t s = 0; s < t_q; ++s)
     cpu::pooled_indexer_select(scores.data() + s * num_pools, num_pools, q_pos0 + s, kPool, kTopk, true,
-                               want.data() + s * width, width);
+                               want.data() + s * width, width, cpu::PoolTies::kLowestPool);
   DeviceBuffer<float> d_scores(scores);
   DeviceBuffer<int32_t> d_ws(size_t(t_q * (kTopk / kPool))), d_out(want.size());
   d_out.poison();

@@ -25,7 +25,7 @@ Status pooled_indexer_scores(const float* q, const float* w, const float* pool_k
                              int64_t heads, float scale, int64_t q_pos0, int64_t pool, float* scores,
                              StreamHandle stream);
 
-// The selection of cpu::pooled_indexer_select for each query s (position q_pos0 + s) from the scores above:
+// The selection of cpu::pooled_indexer_select(…, PoolTies::kLowestPool) for each query s (position q_pos0 + s) from the scores above:
 // the top min(index_topk / pool, candidates) pools (cuda::topk_rows: descending, ties to the lower pool; the
 // non-candidates' −inf rank below every candidate) expanded to their positions in rank order, then with
 // select_tail the query's incomplete pool, then −1: out int32 [t_q, width], width ≥ index_topk (+ pool − 1 with
