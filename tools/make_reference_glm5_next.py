@@ -74,6 +74,7 @@ class Fixture:
     text: dict               # text-config fields (beyond kTrunk) as config.json will carry them
     names: str               # "save_pretrained" | "state_dict" | "flat_original"
     flat_config: bool = False  # text fields at the top level of config.json (no text_config)
+    tokenizer: bool = False    # a tokenizer.json cut to the vocabulary, for `kiln generate` end to end
     notes: list[str] = field(default_factory=list)
 
 
@@ -85,7 +86,7 @@ kFixtures = [
     Fixture("glm5_next-tiny", 1109, dict(
         num_hidden_layers=8, linear_num_heads=2, linear_head_dim=16, linear_conv_kernel_dim=4,
         linear_lower_bound=-5.0, hc_mult=4, index_n_heads=8, index_head_dim=16, index_kpool=4, index_topk=8),
-        names="save_pretrained"),
+        names="save_pretrained", tokenizer=True),
     # Another schedule: DSA layers back to back with a `shared` indexer, `full_attention` (the legacy
     # alias of DSA), MoE in layer 0, hc_mult 2, pools of 16, no forget-gate lower bound (softplus decay).
     Fixture("glm5_next-shared", 2206, dict(
@@ -249,6 +250,20 @@ def check_flat_names(model, path: Path) -> None:
         raise AssertionError("the flat original checkpoint should use model.layers.* names")
 
 
+def write_tokenizer(out_dir: Path) -> None:
+    """glm4_moe_lite-tiny's byte-level BPE cut to this vocabulary: the 256 byte tokens and the first merges,
+    then its special tokens renumbered to the last ids (text decodes; the model is random, so nothing reads well)."""
+    tok = json.loads((kFixtureRoot / "glm4_moe_lite-tiny" / "tokenizer.json").read_text())
+    vocab = kTrunk["vocab_size"]
+    added = tok["added_tokens"]
+    keep = vocab - len(added)
+    tok["model"]["vocab"] = {k: i for k, i in tok["model"]["vocab"].items() if i < keep}
+    tok["model"]["merges"] = tok["model"]["merges"][: keep - 256]
+    for j, a in enumerate(added):
+        a["id"] = keep + j
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, separators=(",", ":")))
+
+
 # ----------------------------------------------------------------------------- references
 
 
@@ -397,6 +412,8 @@ def generate(fixture: Fixture) -> None:
     refs = compute_references(fixture, model)
     gaps = check_margins(fixture, model, refs)
     write_checkpoint(fixture, built, path)
+    if fixture.tokenizer:
+        write_tokenizer(path)
     if fixture.names == "flat_original":
         check_flat_names(built, path)
     else:  # the file as written loads back to the same logits

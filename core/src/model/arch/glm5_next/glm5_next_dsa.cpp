@@ -1,5 +1,6 @@
 // The DSA layer of glm5_next on the CPU (specs/glm5-next.md §3): MLA without a rope part, absorbed over the
 // 512-wide latent in the recipe's KvLayout, attending through the pooled indexer's selection.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/gemm.h"

@@ -97,7 +97,9 @@ struct Loader {
         a->kv_b->dequantize(TensorView::contiguous(a->kv_b_f32.data(), DType::kF32, {a->kv_b->out_features(), latent}), {})
             .with_context(p + ".kv_b_proj"));
     KILN_ASSIGN_OR_RETURN(a->o_proj, linear(p + ".o_proj", heads * c.v_head_dim, hidden));
-    if (with_indexer) KILN_ASSIGN_OR_RETURN(a->indexer, indexer(p + ".indexer"));
+    if (with_indexer) {
+      KILN_ASSIGN_OR_RETURN(a->indexer, indexer(p + ".indexer"));
+    }
     return a;
   }
 
@@ -122,8 +124,9 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(m.experts, format.load_experts(src, spec));
     if (m.experts->hidden_size() != c.hidden_size || m.experts->intermediate_size() != c.moe_intermediate_size)
       return invalid_argument(spec.prefix + ": expert shapes do not match moe_intermediate_size / hidden_size in " + c.source);
-    if (c.n_shared_experts > 0)
+    if (c.n_shared_experts > 0) {
       KILN_ASSIGN_OR_RETURN(m.shared, mlp(p + ".shared_experts", c.moe_intermediate_size * c.n_shared_experts));
+    }
     return m;
   }
 
