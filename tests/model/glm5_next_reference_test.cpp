@@ -136,9 +136,9 @@ TEST_P(Glm5NextReference, NewSequenceInAUsedSlotStartsFromZeroState) {
 }
 
 // The bf16 layout rounds the cached latents to 8 mantissa bits, which moves these random models' logits by a few
-X
-// flips one routing choice at prompt position 8, an error of 0.23 at that row alone), so one row in the prompt
-// may exceed the bound; a systematic error would show in every row after the first DSA layer's.
+// per mille, within the MLA fixtures' 2e-2. A decision closer than that may flip for one query (glm5_next-flat
+// flips one discrete choice, an expert or a pool, at prompt position 8: an error of 0.23 at that row alone), so one
+// row in the prompt may exceed the bound; a systematic error would show in every row after the first DSA layer's.
 TEST_P(Glm5NextReference, Bf16KvStaysClose) {
   Reference ref = load_reference(GetParam());
   LoadedModel m = load_glm5_next(GetParam(), "bf16");
