@@ -29,12 +29,21 @@ inline uint64_t mix64(uint64_t h, uint64_t v) {
   return z ^ (z >> 31);
 }
 
-// The fake model: logits of the next token after `history`.
-inline void fake_logits(std::span<const int32_t> history, int64_t vocab, float* out) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t t : history) h = mix64(h, static_cast<uint32_t>(t));
+// The fake model's summary of a history: a running hash, token by token (what its "recurrent state" holds).
+inline constexpr uint64_t kFakeHashStart = 1469598103934665603ull;
+inline uint64_t fake_hash(uint64_t h, int32_t token) { return mix64(h, static_cast<uint32_t>(token)); }
+
+// Logits of the next token after the history hashed to `h`.
+inline void fake_logits_from_hash(uint64_t h, int64_t vocab, float* out) {
   for (int64_t v = 0; v < vocab; ++v)
     out[v] = static_cast<float>(mix64(h, v) >> 40) / static_cast<float>(1 << 24) * 8.0f;
+}
+
+// The fake model: logits of the next token after `history`.
+inline void fake_logits(std::span<const int32_t> history, int64_t vocab, float* out) {
+  uint64_t h = kFakeHashStart;
+  for (int32_t t : history) h = fake_hash(h, t);
+  fake_logits_from_hash(h, vocab, out);
 }
 
 // What one request yields run alone: the reference every batched run must reproduce.
@@ -69,6 +78,12 @@ class FakeModelRunner final : public ModelRunner {
         slot_pos_(num_blocks * block_size, -1) {}
 
   int64_t vocab_size() const override { return vocab_; }
+
+  // Makes the model recurrent: its logits come from a per-sequence state (the running hash) kept in state slot
+  // memory — entry 0 of layer 0 of `views`, 8 bytes per slot, as a CacheManager with that spec holds it — advanced
+  // by every token a step feeds, as a linear-attention layer's state is. A step whose stored state is not the hash
+  // of the sequence's computed history (state advanced past rejected drafts and never rolled back) is a violation.
+  void keep_state(const CacheViews* views) { state_views_ = views; }
 
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const StepOptions& options,
               StepOutput& out) override {
@@ -124,6 +139,23 @@ class FakeModelRunner final : public ModelRunner {
       }
       histories.push_back(std::move(history));
     }
+    std::vector<uint64_t> state_start(steps.size(), kFakeHashStart);
+    if (state_views_) {
+      auto* slots = static_cast<uint64_t*>(state_views_->entry(0, 0));
+      for (size_t s = 0; s < steps.size(); ++s) {
+        const SequenceStep& st = steps[s];
+        if (st.state_slot < 0 || !slots) return violation("a recurrent model's step without a state slot");
+        uint64_t expect = kFakeHashStart;
+        for (size_t i = 0; i + st.tokens.size() < histories[s].size(); ++i) expect = fake_hash(expect, histories[s][i]);
+        uint64_t& state = slots[st.state_slot];
+        if (st.start_position == 0) state = kFakeHashStart;  // a new sequence starts from zero state
+        if (state != expect)
+          return violation("state slot " + std::to_string(st.state_slot) + " does not hold the history before position " +
+                           std::to_string(st.start_position));
+        state_start[s] = state;
+        for (int32_t t : st.tokens) state = fake_hash(state, t);
+      }
+    }
     size_t rows = 0;
     for (size_t s = 0; s < steps.size(); ++s) rows += steps[s].all_logits ? steps[s].tokens.size() : 1;
     out.logits.resize(rows * vocab_);
@@ -132,6 +164,15 @@ class FakeModelRunner final : public ModelRunner {
       out.first_row.push_back(static_cast<int64_t>(row));
       const auto& h = histories[s];
       const size_t n = steps[s].tokens.size();
+      if (state_views_) {
+        // Rows from the state the step started from, advanced token by token.
+        uint64_t state = state_start[s];
+        for (size_t t = 0; t < n; ++t) {
+          state = fake_hash(state, steps[s].tokens[t]);
+          if (steps[s].all_logits || t == n - 1) fake_logits_from_hash(state, vocab_, out.logits.data() + row++ * vocab_);
+        }
+        continue;
+      }
       for (size_t t = steps[s].all_logits ? 0 : n - 1; t < n; ++t, ++row)
         fake_logits(std::span<const int32_t>(h.data(), h.size() - n + t + 1), vocab_, out.logits.data() + row * vocab_);
     }
@@ -203,6 +244,7 @@ class FakeModelRunner final : public ModelRunner {
     return internal_error("SequenceStep contract: " + what);
   }
 
+  const CacheViews* state_views_ = nullptr;
   int64_t num_blocks_, block_size_, vocab_;
   std::vector<int32_t> slot_token_;
   std::vector<int64_t> slot_pos_;

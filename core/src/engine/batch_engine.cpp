@@ -276,7 +276,13 @@ void BatchEngine::step() {
   if (plan.chunks.empty()) return;  // only after a step that preempted everything; the next one admits
   const size_t n = plan.chunks.size();
   build_step(plan);
-  Status status = runner_->step(steps_, select_, options_, output_);
+  Status status = ok_status();
+  // A verification pass feeds drafts that may be rejected through recurrent layers: keep each such sequence's state
+  // as it was before, to restore after a rejection.
+  if (caches_->has_state())
+    for (size_t i = 0; status.ok() && i < n; ++i)
+      if (!verify_tokens_[i].empty()) status = caches_->snapshot_state(plan.chunks[i].seq->state_slot);
+  if (status.ok()) status = runner_->step(steps_, select_, options_, output_);
   if (status.ok() && (output_.tokens.size() != n || output_.accepted.size() != n))
     status = internal_error("the model runner answered " + std::to_string(output_.tokens.size()) + " of " +
                             std::to_string(n) + " steps");
@@ -297,6 +303,8 @@ void BatchEngine::step() {
   }
 
   std::vector<int64_t> computed_from(n), computed_rows(n, 0);
+  replay_steps_.clear();
+  replay_seqs_.clear();
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = plan.chunks[i].seq;
     computed_from[i] = seq->num_computed;
@@ -310,6 +318,7 @@ void BatchEngine::step() {
     // Verification of t_L and K drafts: the accepted prefix, then the correction or bonus token.
     const int64_t k = select_[i].num_drafts, a = output_.accepted[i];
     spec_.record(k, a);
+
     seq->tokens.insert(seq->tokens.end(), tokens.begin(), tokens.begin() + a);
     scheduler_.on_computed(ScheduledChunk{seq, a + 1});
     computed_rows[i] = a + 1;
@@ -322,14 +331,41 @@ void BatchEngine::step() {
     const int64_t before = seq->generated() - a;
     for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, tokens[t], before + t + 1);
     if (alive) alive = emit_token(seq, tokens[a]);
-    if (!alive) computed_rows[i] = 0;
+    if (!alive) {
+      computed_rows[i] = 0;  // ended: its state slot went with it
+      continue;
+    }
+    if (a < k && caches_->has_state()) {
+      // The state went on past the rejected drafts: back to before t_L, then t_L and the accepted drafts again
+      // (their pages are rewritten with the same rows). verify_tokens_[i] lives until the replay ran.
+      if (Status r = caches_->restore_state(seq->state_slot); !r.ok()) {
+        end(seq, FinishReason::kError, "state rollback: " + r.to_string());
+        computed_rows[i] = 0;
+        continue;
+      }
+      replay_steps_.push_back(SequenceStep{std::span<const int32_t>(verify_tokens_[i].data(), a + 1),
+                                           computed_from[i], &seq->kv.blocks, false, seq->state_slot, {}});
+      replay_seqs_.push_back(seq);
+    }
   }
   if (!drafter_) return;
   if (Status s = propose(plan, computed_from, computed_rows); !s.ok()) {
     log::error("engine: drafting failed: {}", s.to_string());
     for (size_t i = 0; i < n; ++i)
       if (computed_rows[i] > 0) end(plan.chunks[i].seq, FinishReason::kError, "drafter: " + s.to_string());
+    return;  // every sequence to replay has ended
   }
+  // After the drafter read this step's taps (a step's tap memory is the model's until its next step).
+  replay_accepted();
+}
+
+void BatchEngine::replay_accepted() {
+  if (replay_steps_.empty()) return;
+  // Only sequences still running are listed (those that ended while emitting were left out).
+  const Status status = runner_->step(replay_steps_, {}, StepOptions{}, replay_output_);
+  if (status.ok()) return;
+  log::error("engine: replaying accepted tokens after a rejection failed: {}", status.to_string());
+  for (Sequence* seq : replay_seqs_) end(seq, FinishReason::kError, "state replay: " + status.to_string());
 }
 
 bool BatchEngine::emit_token(Sequence* seq, int32_t token) {

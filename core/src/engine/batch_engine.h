@@ -83,6 +83,12 @@ class BatchEngine final : public Engine {
   std::vector<SequenceStep> steps_;
   std::vector<TokenSelection> select_;
   std::vector<std::vector<int32_t>> verify_tokens_;  // per chunk: [t_L, drafts...] or empty
+  // Recurrent state after a verification that rejected drafts: the sequences' state slots are restored from the
+  // snapshot taken before it, and their accepted tokens fed again (one step over all of them, no selection).
+  std::vector<SequenceStep> replay_steps_;
+  std::vector<Sequence*> replay_seqs_;
+  StepOutput replay_output_;
+  void replay_accepted();
   std::vector<std::vector<MediaRows>> media_rows_;  // per chunk: its media overrides
   std::vector<std::vector<int32_t>> next_tokens_;   // per proposed sequence: the tokens after its rows
   std::vector<DraftProposal> proposals_;

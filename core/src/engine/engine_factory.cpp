@@ -92,13 +92,16 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   budget.max_tokens = config.max_num_seqs * config.max_model_len;
   const RecipeSection& spec = recipe.section("speculative");
   if (drafter && spec.get_string("method", "none") != "none") {
-    // A verification pass advances recurrent state past drafts that may be rejected; the engine does not yet
-    // restore state slots from their snapshots after a rejection, so drafting over such layers would be wrong.
-    if (plan.spec.has_state())
-      return unimplemented("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
-                           "): " + m.info.model_type +
-                           " keeps recurrent state per sequence, and speculative decoding over recurrent state is not "
-                           "implemented yet; set speculative.method = \"none\"");
+    // The target's recurrent state is rolled back after a rejection (snapshot before verification, then the
+    // accepted tokens fed again: BatchEngine). The drafter's own layers are rolled back by position only, so a
+    // next-n or drafter layer that keeps recurrent state cannot draft yet.
+    const int64_t target_layers = m.arch->cache_spec(0).layers.size();
+    for (size_t l = static_cast<size_t>(target_layers); l < plan.spec.layers.size(); ++l)
+      for (const CacheEntry& e : plan.spec.layers[l].entries)
+        if (e.kind == CacheKind::kState)
+          return unimplemented("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
+                               "): drafter layer " + std::to_string(l - target_layers) + " keeps recurrent state (" +
+                               e.name + "), and rolling a drafter's state back is not implemented yet");
     config.speculative_depth = spec.get_int("depth", 0);
     config.speculative_max_batch = spec.get_int("max_batch", 0);
     // A verification pass writes positions L .. L + K; after it accepts all K, a drafter sharing the pages (the
