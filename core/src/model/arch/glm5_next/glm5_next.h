@@ -22,7 +22,7 @@ class Glm5NextArchitecture final : public Architecture {
   ModelInfo info() const override { return config_.to_model_info(); }
   std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
   // KDA layers: their recurrent and conv state slots; DSA layers: the latent pages, plus the indexer's rows on
-  // layers with an indexer of their own. MTP layers are not run yet: asking for them is refused at build.
+  // layers with an indexer of their own. Next-n (MTP) layers are not run yet: none is loaded, and they cache nothing.
   CacheSpec cache_spec(int64_t mtp_layers) const override;
   Status supports(DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
