@@ -21,8 +21,12 @@ using testing::model_dir;
 using testing::Reference;
 
 std::vector<std::string> recipe_sets(const std::string& fixture, int64_t batched_tokens) {
-  return {"model.path=" + model_dir(fixture).string(), "model.device=cpu", "kv.layout=fp32", "kv.block_size=16",
-          "scheduler.max_num_seqs=2", "scheduler.max_model_len=256",
+  return {"model.path=" + model_dir(fixture).string(),
+          "model.device=cpu",
+          "kv.layout=fp32",
+          "kv.block_size=16",
+          "scheduler.max_num_seqs=2",
+          "scheduler.max_model_len=256",
           "scheduler.max_num_batched_tokens=" + std::to_string(batched_tokens)};
 }
 

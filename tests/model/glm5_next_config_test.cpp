@@ -18,7 +18,9 @@ using glm5_next::Glm5NextConfig;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-Result<Glm5NextConfig> parse(const json& j) { return Glm5NextConfig::from_json(j, "cfg/config.json"); }
+Result<Glm5NextConfig> parse(const json& j) {
+  return Glm5NextConfig::from_json(j, "cfg/config.json");
+}
 
 json fixture_config(const std::string& name) {
   std::ifstream in(testing::model_dir(name) / "config.json");
@@ -99,7 +101,7 @@ TEST(Glm5NextConfig, RefusalsNameTheFileAndField) {
 
   j = fixture_config("glm5_next-shared");
   j["text_config"]["indexer_types"] = {"full", "shared", "shared", "full", "full", "full"};
-  j["text_config"]["layer_types"] = {"linear_attention", "linear_attention", "deepseek_sparse_attention",
+  j["text_config"]["layer_types"] = {"linear_attention", "linear_attention",          "deepseek_sparse_attention",
                                      "linear_attention", "deepseek_sparse_attention", "linear_attention"};
   expect_refused(j, "text_config.indexer_types[2]", "linear_attention (KDA)");
 
@@ -149,7 +151,8 @@ void copy_without_tensor(const std::string& fixture, const std::string& dropped,
 
 TEST(Glm5NextWeights, MissingTensorIsNamed) {
   for (const auto& [fixture, dropped] :
-       {std::pair<std::string, std::string>{"glm5_next-tiny", "model.language_model.layers.3.self_attn.indexer.wk.weight"},
+       {std::pair<std::string, std::string>{"glm5_next-tiny",
+                                            "model.language_model.layers.3.self_attn.indexer.wk.weight"},
         {"glm5_next-flat", "model.layers.0.hc_ffn_base"}}) {
     testing::ScratchDir dir;
     copy_without_tensor(fixture, dropped, dir.path());

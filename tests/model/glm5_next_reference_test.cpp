@@ -10,8 +10,8 @@
 
 namespace kiln {
 namespace {
-using testing::Glm5NextCache;
 using testing::glm5_next_model;
+using testing::Glm5NextCache;
 using testing::load_glm5_next;
 using testing::load_reference;
 using testing::Reference;
@@ -69,7 +69,8 @@ TEST_P(Glm5NextReference, GreedyDecodeMatchesTransformers) {
     EXPECT_LT(err, 1e-4) << "step " << i;
     const auto next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
     ASSERT_EQ(next, greedy[i]) << "step " << i;
-    SequenceStep step{std::span<const int32_t>(&greedy[i], 1), static_cast<int64_t>(prompt.size() + i), &table, false, 0};
+    SequenceStep step{std::span<const int32_t>(&greedy[i], 1), static_cast<int64_t>(prompt.size() + i), &table, false,
+                      0};
     ASSERT_TRUE(glm5_next_model(m).forward({&step, 1}, cache.views(), {}, out).ok());
   }
   std::printf("%s: decode logits max|Δ| / max|ref| = %.3g over %zu steps\n", GetParam().c_str(), worst, greedy.size());
@@ -108,7 +109,8 @@ TEST_P(Glm5NextReference, BatchOfSequencesEqualsEachAlone) {
   const auto l1 = ref.floats("prefill_logits"), l2 = ref.floats("prompt2_logits");
   const int64_t vocab = m.model->vocab_size();
   Glm5NextCache cache(m, 512, 2);
-  std::vector<int32_t> t1 = cache.table(static_cast<int64_t>(p1.size())), t2 = cache.table(static_cast<int64_t>(p2.size()));
+  std::vector<int32_t> t1 = cache.table(static_cast<int64_t>(p1.size())),
+                       t2 = cache.table(static_cast<int64_t>(p2.size()));
   StepOutput out;
   SequenceStep first{std::span<const int32_t>(p1.data(), 10), 0, &t1, true, 1};
   ASSERT_TRUE(glm5_next_model(m).forward({&first, 1}, cache.views(), {}, out).ok());
@@ -116,9 +118,9 @@ TEST_P(Glm5NextReference, BatchOfSequencesEqualsEachAlone) {
   std::vector<SequenceStep> batch = {{std::span<const int32_t>(p1.data() + 10, p1.size() - 10), 10, &t1, true, 1},
                                      {p2, 0, &t2, true, 0}};
   ASSERT_TRUE(glm5_next_model(m).forward(batch, cache.views(), {}, out).ok());
-  EXPECT_LT(relative_error(out.logits.data() + out.first_row[0] * vocab, l1.data() + 10 * vocab,
-                           (p1.size() - 10) * vocab),
-            1e-4);
+  EXPECT_LT(
+      relative_error(out.logits.data() + out.first_row[0] * vocab, l1.data() + 10 * vocab, (p1.size() - 10) * vocab),
+      1e-4);
   EXPECT_LT(relative_error(out.logits.data() + out.first_row[1] * vocab, l2.data(), p2.size() * vocab), 1e-4);
 }
 

@@ -29,8 +29,9 @@ CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers) const {
 
 Status Glm5NextArchitecture::supports(DeviceType device) const {
   if (device == DeviceType::kCpu) return ok_status();
-  return unimplemented("glm5_next runs on the CPU only for now: its CUDA runner (KDA, mHC and pooled-indexer "
-                       "kernels) is not written yet; set model.device = \"cpu\"");
+  return unimplemented(
+      "glm5_next runs on the CPU only for now: its CUDA runner (KDA, mHC and pooled-indexer "
+      "kernels) is not written yet; set model.device = \"cpu\"");
 }
 
 Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildContext& ctx) const {
@@ -46,8 +47,9 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
                          " ranks, and glm5_next does not shard its weights (parallel.tensor = 1)");
   if (ctx.precision != Precision::kFp32)
-    return unimplemented("model.precision = \"bf16\" (the CUDA runner's rounding) is not modelled for glm5_next; "
-                         "its CPU path is the fp32 reference (model.precision = \"fp32\")");
+    return unimplemented(
+        "model.precision = \"bf16\" (the CUDA runner's rounding) is not modelled for glm5_next; "
+        "its CPU path is the fp32 reference (model.precision = \"fp32\")");
   // ctx.load_mtp is not an error: next-n layers are not run for glm5_next yet, so none is loaded
   // (num_mtp_layers() = 0) and a drafter that needs them is refused at engine start, naming what is missing.
   KILN_ASSIGN_OR_RETURN(auto m, glm5_next::Glm5NextCpuInstance::create(config_, ctx));

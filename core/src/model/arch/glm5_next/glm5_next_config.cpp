@@ -10,18 +10,30 @@ namespace {
 using nlohmann::json;
 
 Status read_scalars(const FieldReader& r, Glm5NextConfig& c) {
-  for (auto [key, out] : {std::pair{"vocab_size", &c.vocab_size}, {"hidden_size", &c.hidden_size},
-                          {"intermediate_size", &c.intermediate_size}, {"moe_intermediate_size", &c.moe_intermediate_size},
-                          {"num_hidden_layers", &c.num_hidden_layers}, {"num_attention_heads", &c.num_attention_heads},
-                          {"n_shared_experts", &c.n_shared_experts}, {"kv_lora_rank", &c.kv_lora_rank},
-                          {"qk_rope_head_dim", &c.qk_rope_head_dim}, {"v_head_dim", &c.v_head_dim},
-                          {"qk_nope_head_dim", &c.qk_nope_head_dim}, {"n_group", &c.n_group}, {"topk_group", &c.topk_group},
+  for (auto [key, out] : {std::pair{"vocab_size", &c.vocab_size},
+                          {"hidden_size", &c.hidden_size},
+                          {"intermediate_size", &c.intermediate_size},
+                          {"moe_intermediate_size", &c.moe_intermediate_size},
+                          {"num_hidden_layers", &c.num_hidden_layers},
+                          {"num_attention_heads", &c.num_attention_heads},
+                          {"n_shared_experts", &c.n_shared_experts},
+                          {"kv_lora_rank", &c.kv_lora_rank},
+                          {"qk_rope_head_dim", &c.qk_rope_head_dim},
+                          {"v_head_dim", &c.v_head_dim},
+                          {"qk_nope_head_dim", &c.qk_nope_head_dim},
+                          {"n_group", &c.n_group},
+                          {"topk_group", &c.topk_group},
                           {"num_experts_per_tok", &c.num_experts_per_tok},
-                          {"max_position_embeddings", &c.max_position_embeddings}, {"index_topk", &c.index_topk},
-                          {"index_head_dim", &c.index_head_dim}, {"index_n_heads", &c.index_n_heads},
-                          {"index_kpool", &c.index_kpool}, {"linear_head_dim", &c.linear_head_dim},
-                          {"linear_num_heads", &c.linear_num_heads}, {"linear_conv_kernel_dim", &c.linear_conv_kernel_dim},
-                          {"hc_mult", &c.hc_mult}, {"hc_sinkhorn_iters", &c.hc_sinkhorn_iters},
+                          {"max_position_embeddings", &c.max_position_embeddings},
+                          {"index_topk", &c.index_topk},
+                          {"index_head_dim", &c.index_head_dim},
+                          {"index_n_heads", &c.index_n_heads},
+                          {"index_kpool", &c.index_kpool},
+                          {"linear_head_dim", &c.linear_head_dim},
+                          {"linear_num_heads", &c.linear_num_heads},
+                          {"linear_conv_kernel_dim", &c.linear_conv_kernel_dim},
+                          {"hc_mult", &c.hc_mult},
+                          {"hc_sinkhorn_iters", &c.hc_sinkhorn_iters},
                           {"num_nextn_predict_layers", &c.num_nextn_predict_layers}})
     KILN_RETURN_IF_ERROR(r.read(key, *out));
   // num_local_experts is transformers' attribute_map alias of n_routed_experts (applied after it).
@@ -30,13 +42,18 @@ Status read_scalars(const FieldReader& r, Glm5NextConfig& c) {
   c.num_key_value_heads = c.num_attention_heads;
   if (!r.is_null("num_key_value_heads")) KILN_RETURN_IF_ERROR(r.read("num_key_value_heads", c.num_key_value_heads));
   // q_lora_rank: null is allowed by the class and then refused by its validation; keep it distinguishable.
-  if (r.is_null("q_lora_rank")) c.q_lora_rank = 0;
-  else KILN_RETURN_IF_ERROR(r.read("q_lora_rank", c.q_lora_rank));
-  for (auto [key, out] : {std::pair{"routed_scaling_factor", &c.routed_scaling_factor}, {"rms_norm_eps", &c.rms_norm_eps},
-                          {"swiglu_limit", &c.swiglu_limit}, {"hc_eps", &c.hc_eps}})
+  if (r.is_null("q_lora_rank"))
+    c.q_lora_rank = 0;
+  else
+    KILN_RETURN_IF_ERROR(r.read("q_lora_rank", c.q_lora_rank));
+  for (auto [key, out] : {std::pair{"routed_scaling_factor", &c.routed_scaling_factor},
+                          {"rms_norm_eps", &c.rms_norm_eps},
+                          {"swiglu_limit", &c.swiglu_limit},
+                          {"hc_eps", &c.hc_eps}})
     KILN_RETURN_IF_ERROR(r.read(key, *out));
   KILN_RETURN_IF_ERROR(r.read("linear_lower_bound", c.linear_lower_bound));
-  for (auto [key, out] : {std::pair{"norm_topk_prob", &c.norm_topk_prob}, {"tie_word_embeddings", &c.tie_word_embeddings},
+  for (auto [key, out] : {std::pair{"norm_topk_prob", &c.norm_topk_prob},
+                          {"tie_word_embeddings", &c.tie_word_embeddings},
                           {"index_kpool_always_select_tail", &c.index_kpool_always_select_tail}})
     KILN_RETURN_IF_ERROR(r.read(key, *out));
   KILN_RETURN_IF_ERROR(r.read_id_list("eos_token_id", c.eos_token_ids));
@@ -66,7 +83,9 @@ Status read_linear_attn_config(const FieldReader& top, const std::string& prefix
   return ok_status();
 }
 
-std::string layer_field(const char* key, int64_t i) { return std::string(key) + "[" + std::to_string(i) + "]"; }
+std::string layer_field(const char* key, int64_t i) {
+  return std::string(key) + "[" + std::to_string(i) + "]";
+}
 
 Status read_schedules(const FieldReader& r, Glm5NextConfig& c) {
   const int64_t n = c.num_hidden_layers;
@@ -76,8 +95,9 @@ Status read_schedules(const FieldReader& r, Glm5NextConfig& c) {
     return ok_status();
   };
   // Defaults: every fourth layer (i % 4 == 3) DSA, the rest KDA; the first three layers dense.
-  KILN_ASSIGN_OR_RETURN(auto layer_types,
-                        r.read_choices("layer_types", {"linear_attention", "deepseek_sparse_attention", "full_attention"}));
+  KILN_ASSIGN_OR_RETURN(
+      auto layer_types,
+      r.read_choices("layer_types", {"linear_attention", "deepseek_sparse_attention", "full_attention"}));
   c.attention.clear();
   if (layer_types) {
     KILN_RETURN_IF_ERROR(check_length("layer_types", layer_types->size()));
@@ -106,8 +126,8 @@ Status read_schedules(const FieldReader& r, Glm5NextConfig& c) {
     indexer_key = "index_topk_pattern";
     for (const char ch : r.at("index_topk_pattern").get<std::string>()) {
       if (ch != 'F' && ch != 'S')
-        return r.value_error("index_topk_pattern", "must be a string of 'F' (full) and 'S' (shared), got '" +
-                                                       std::string(1, ch) + "'");
+        return r.value_error("index_topk_pattern",
+                             "must be a string of 'F' (full) and 'S' (shared), got '" + std::string(1, ch) + "'");
       indexer.push_back(ch == 'F' ? "full" : "shared");
     }
   } else if (r.present("index_topk_pattern") && !r.is_null("index_topk_pattern")) {
@@ -119,11 +139,12 @@ Status read_schedules(const FieldReader& r, Glm5NextConfig& c) {
     KILN_RETURN_IF_ERROR(r.read("index_topk_freq", freq));
     KILN_RETURN_IF_ERROR(r.read("index_skip_topk_offset", offset));
     freq = std::max<int64_t>(freq, 1);
-    for (int64_t i = 0; i < n; ++i) indexer.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+    for (int64_t i = 0; i < n; ++i)
+      indexer.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
   }
   if (static_cast<int64_t>(indexer.size()) < n)
-    return r.value_error(indexer_key, "has " + std::to_string(indexer.size()) + " entries; num_hidden_layers is " +
-                                          std::to_string(n));
+    return r.value_error(
+        indexer_key, "has " + std::to_string(indexer.size()) + " entries; num_hidden_layers is " + std::to_string(n));
   // A shared layer reuses the selection the layer just before it hands on, and only a full DSA layer does.
   c.shared_indexer.assign(n, false);
   for (int64_t i = 0; i < n; ++i) {
@@ -145,32 +166,42 @@ Status read_schedules(const FieldReader& r, Glm5NextConfig& c) {
 // validate_architecture(), plus the shapes kiln's kernels need.
 Status validate(const FieldReader& r, const Glm5NextConfig& c) {
   if (c.qk_rope_head_dim != 0)
-    return r.value_error("qk_rope_head_dim", "is " + std::to_string(c.qk_rope_head_dim) +
-                                                 "; glm5_next has no positional encoding (NoPE DSA layers): it must be 0");
+    return r.value_error("qk_rope_head_dim",
+                         "is " + std::to_string(c.qk_rope_head_dim) +
+                             "; glm5_next has no positional encoding (NoPE DSA layers): it must be 0");
   if (c.num_attention_heads != c.num_key_value_heads)
     return r.value_error("num_key_value_heads", "is " + std::to_string(c.num_key_value_heads) +
                                                     "; it must equal num_attention_heads (" +
                                                     std::to_string(c.num_attention_heads) + ")");
   if (c.index_kpool < 1) return r.value_error("index_kpool", "must be positive, got " + std::to_string(c.index_kpool));
   if (c.index_topk < c.index_kpool || c.index_topk % c.index_kpool != 0)
-    return r.value_error("index_topk", "(" + std::to_string(c.index_topk) + ") must be a positive multiple of index_kpool (" +
+    return r.value_error("index_topk", "(" + std::to_string(c.index_topk) +
+                                           ") must be a positive multiple of index_kpool (" +
                                            std::to_string(c.index_kpool) + ")");
   if (c.q_lora_rank <= 0)
     return r.value_error("q_lora_rank", "must be set: the DSA layers and their indexer read the compressed query");
-  for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                        {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
-                        {"kv_lora_rank", c.kv_lora_rank}, {"qk_nope_head_dim", c.qk_nope_head_dim},
-                        {"v_head_dim", c.v_head_dim}, {"index_head_dim", c.index_head_dim},
-                        {"index_n_heads", c.index_n_heads}, {"linear_head_dim", c.linear_head_dim},
-                        {"linear_num_heads", c.linear_num_heads}, {"linear_conv_kernel_dim", c.linear_conv_kernel_dim},
-                        {"hc_mult", c.hc_mult}, {"hc_sinkhorn_iters", c.hc_sinkhorn_iters},
+  for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size},
+                        {"hidden_size", c.hidden_size},
+                        {"num_hidden_layers", c.num_hidden_layers},
+                        {"num_attention_heads", c.num_attention_heads},
+                        {"kv_lora_rank", c.kv_lora_rank},
+                        {"qk_nope_head_dim", c.qk_nope_head_dim},
+                        {"v_head_dim", c.v_head_dim},
+                        {"index_head_dim", c.index_head_dim},
+                        {"index_n_heads", c.index_n_heads},
+                        {"linear_head_dim", c.linear_head_dim},
+                        {"linear_num_heads", c.linear_num_heads},
+                        {"linear_conv_kernel_dim", c.linear_conv_kernel_dim},
+                        {"hc_mult", c.hc_mult},
+                        {"hc_sinkhorn_iters", c.hc_sinkhorn_iters},
                         {"intermediate_size", c.intermediate_size}})
     if (v <= 0) return r.value_error(key, "must be positive, got " + std::to_string(v));
   const bool any_moe = std::find(c.moe.begin(), c.moe.end(), true) != c.moe.end();
   if (any_moe && (c.n_routed_experts <= 0 || c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.n_routed_experts ||
                   c.moe_intermediate_size <= 0))
-    return r.value_error("num_experts_per_tok", "must be in [1, n_routed_experts] with n_routed_experts and "
-                                                "moe_intermediate_size positive, for the sparse layers");
+    return r.value_error("num_experts_per_tok",
+                         "must be in [1, n_routed_experts] with n_routed_experts and "
+                         "moe_intermediate_size positive, for the sparse layers");
   if (any_moe && (c.n_group < 1 || c.n_routed_experts % c.n_group != 0 || c.topk_group < 1 || c.topk_group > c.n_group))
     return r.value_error("n_group", "must divide n_routed_experts, with 1 ≤ topk_group ≤ n_group");
   if (c.num_nextn_predict_layers < 0) return r.value_error("num_nextn_predict_layers", "must be ≥ 0");

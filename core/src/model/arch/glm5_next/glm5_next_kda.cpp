@@ -18,7 +18,8 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
                           const float* h, float* out) const {
   const Glm5NextConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tl.positions.size());
-  const int64_t heads = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels(), width = c.linear_conv_kernel_dim;
+  const int64_t heads = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels(),
+                width = c.linear_conv_kernel_dim;
   auto* recurrent = static_cast<char*>(caches.entry(l, 0));
   auto* conv_state = static_cast<char*>(caches.entry(l, 1));
   if (!recurrent || !conv_state) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
@@ -30,7 +31,8 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
     float* conv = reinterpret_cast<float*>(conv_state + static_cast<size_t>(st.state_slot) * c.kda_conv_bytes());
     if (st.start_position == 0) std::memset(conv, 0, c.kda_conv_bytes());  // a new sequence
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
-    cpu::kda_short_conv_silu(qkv.data() + b * 3 * ch, len, 3 * ch, w.conv.data(), width, conv, mixed.data() + b * 3 * ch);
+    cpu::kda_short_conv_silu(qkv.data() + b * 3 * ch, len, 3 * ch, w.conv.data(), width, conv,
+                             mixed.data() + b * 3 * ch);
   }
   std::vector<float> q(n * ch), k(n * ch), v(n * ch);
   for (int64_t t = 0; t < n; ++t) {
@@ -65,7 +67,8 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
   std::vector<float> gate(n * ch);
   KILN_RETURN_IF_ERROR(run_linear(*w.g_a, h, n, low.data()));
   KILN_RETURN_IF_ERROR(run_linear(*w.g_b, low.data(), n, gate.data()));
-  cpu::kda_gated_rmsnorm(o.data(), gate.data(), w.o_norm.data(), n, heads, d, static_cast<float>(c.rms_norm_eps), o.data());
+  cpu::kda_gated_rmsnorm(o.data(), gate.data(), w.o_norm.data(), n, heads, d, static_cast<float>(c.rms_norm_eps),
+                         o.data());
   return run_linear(*w.o_proj, o.data(), n, out);
 }
 

@@ -35,9 +35,15 @@ void Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
     const size_t row = static_cast<size_t>(ids[i]) * hd;
     float* dst = out + i * hd;
     switch (e.dtype) {
-      case DType::kF32: std::copy_n(e.as<const float>() + row, hd, dst); break;
-      case DType::kBF16: cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, hd); break;
-      default: cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, hd); break;
+      case DType::kF32:
+        std::copy_n(e.as<const float>() + row, hd, dst);
+        break;
+      case DType::kBF16:
+        cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, hd);
+        break;
+      default:
+        cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, hd);
+        break;
     }
   }
 }
@@ -46,12 +52,14 @@ Status Glm5NextModel::lm_head(const float* normed, int64_t n, float* logits) con
   return run_linear(*weights_.lm_head, normed, n, logits);
 }
 
-Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const {
+Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches,
+                                  TokenLayout& tl) const {
   if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   const int64_t bs = caches.block_size;
-  if (bs <= 0 || !caches.layout) return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
-  const bool has_kda = std::find(config_.attention.begin(), config_.attention.end(), AttentionKind::kKda) !=
-                       config_.attention.end();
+  if (bs <= 0 || !caches.layout)
+    return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
+  const bool has_kda =
+      std::find(config_.attention.begin(), config_.attention.end(), AttentionKind::kKda) != config_.attention.end();
   tl = TokenLayout{};
   tl.seq_begin.push_back(0);
   for (size_t s = 0; s < steps.size(); ++s) {
@@ -151,8 +159,9 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
                               StepOutput& out) const {
   const Glm5NextConfig& c = config_;
   if (!options.tap_layers.empty())
-    return unimplemented("glm5_next does not hand drafters its layers' outputs (speculative decoding over its "
-                         "recurrent state is not implemented)");
+    return unimplemented(
+        "glm5_next does not hand drafters its layers' outputs (speculative decoding over its "
+        "recurrent state is not implemented)");
   TokenLayout tl;
   KILN_RETURN_IF_ERROR(make_layout(steps, caches, tl));
   const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size, s = c.hc_mult;

@@ -3,9 +3,10 @@
 //   embed → hc_mult copies of the row (the residual streams) → per layer: the attn_hc maps collapse the streams,
 //   input_layernorm, KDA or DSA, mixed back into the streams; the ffn_hc maps, post_attention_layernorm, the
 //   clamped-SwiGLU MLP or MoE, mixed back → the mean of the streams → norm → lm_head.
-// Caches, per layer as the architecture's CacheSpec lists them (glm5_next_architecture.cpp):
-//   KDA: entry 0 the recurrent state [H, dk, dv] and entry 1 the short conv's last kernel − 1 inputs [kernel − 1, 3·H·dk],
-//        one slot per sequence (SequenceStep::state_slot), fp32; a step starting at position 0 zeroes them first.
+// Caches, per layer as the architecture's CacheSpec lists them (Glm5NextArchitecture::cache_spec):
+//   KDA: entry 0 the recurrent state [H, dk, dv], entry 1 the short conv's last kernel − 1 inputs
+//        [kernel − 1, 3·H·dk]; one slot of each per sequence (SequenceStep::state_slot), fp32; a step starting at
+//        position 0 zeroes them first.
 //   DSA: entry 0 the 512-wide latent in the recipe's KvLayout (no rope part); layers with their own indexer also
 //        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token.
 #pragma once
@@ -21,7 +22,8 @@ namespace kiln::glm5_next {
 
 class Glm5NextModel {
  public:
-  Glm5NextModel(Glm5NextConfig config, Glm5NextWeights weights) : config_(std::move(config)), weights_(std::move(weights)) {}
+  Glm5NextModel(Glm5NextConfig config, Glm5NextWeights weights)
+      : config_(std::move(config)), weights_(std::move(weights)) {}
 
   const Glm5NextConfig& config() const { return config_; }
   // CPU threads for this model's kernels (0 = OpenMP's default), applied on the thread that runs each forward.
@@ -46,8 +48,8 @@ class Glm5NextModel {
  private:
   Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const;
   // One decoder layer over the streams x [N, hc_mult, hidden], in place.
-  Status run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x,
-                   std::vector<int32_t>& selected, float* router_margin) const;
+  Status run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x, std::vector<int32_t>& selected,
+                   float* router_margin) const;
   Status kda(const KdaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,
              float* out) const;
   Status dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,

@@ -75,7 +75,8 @@ Result<TensorView> Glm5NextTensorNames::get(const std::string& name) const {
     }
   }
   Status missing = stored_.get(name).status();
-  if (names.size() > 1) missing = Status(missing.code(), missing.message() + " (nor under its original name `" + names[1] + "`)");
+  if (names.size() > 1)
+    missing = Status(missing.code(), missing.message() + " (nor under its original name `" + names[1] + "`)");
   return missing;
 }
 

@@ -2,10 +2,10 @@
 // prefix (`model.language_model.` in transformers' checkpoints, `model.` in the original release's flat ones) and
 // for per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight`; this source finds each under whichever name the
 // checkpoint uses (specs/glm5-next.md §7):
-//   self_attn.forget_gate.{f_a_proj, f_b_proj, dt_bias, A_log}  ↔ self_attn.{f_a_proj, f_b_proj, dt_bias, A_log}
-//   attn_hc.{fn, base, scale} / ffn_hc.*                         ↔ hc_attn_{fn, base, scale} / hc_ffn_*
-//   mlp.experts.{e}.{gate,up}_proj.weight                        ↔ rows of the stacked mlp.experts.gate_up_proj [E, 2I, H]
-//   mlp.experts.{e}.down_proj.weight                             ↔ mlp.experts.down_proj [E, H, I]
+//   self_attn.forget_gate.{f_a_proj, f_b_proj, dt_bias, A_log} ↔ self_attn.{f_a_proj, f_b_proj, dt_bias, A_log}
+//   attn_hc.{fn, base, scale} / ffn_hc.*                        ↔ hc_attn_{fn, base, scale} / hc_ffn_*
+//   mlp.experts.{e}.{gate,up}_proj.weight ↔ rows of the stacked mlp.experts.gate_up_proj [E, 2I, H]
+//   mlp.experts.{e}.down_proj.weight      ↔ mlp.experts.down_proj [E, H, I]
 // (views into the stored tensors: nothing is copied). The short conv's q/k/v_conv1d vs conv1d is the loader's:
 // it concatenates.
 #pragma once

@@ -44,7 +44,8 @@ struct Loader {
   // conv1d.weight [3C, 1, W] in transformers' form; q_conv1d / k_conv1d / v_conv1d [C, 1, W] each in the original.
   Result<std::vector<float>> short_conv(const std::string& p) const {
     const int64_t ch = c.kda_channels(), w = c.linear_conv_kernel_dim;
-    if (src.has(p + ".conv1d.weight") || !src.has(p + ".q_conv1d.weight")) return f32(p + ".conv1d.weight", {3 * ch, 1, w});
+    if (src.has(p + ".conv1d.weight") || !src.has(p + ".q_conv1d.weight"))
+      return f32(p + ".conv1d.weight", {3 * ch, 1, w});
     std::vector<float> conv;
     for (const char* part : {"q", "k", "v"}) {
       KILN_ASSIGN_OR_RETURN(auto one, f32(p + "." + part + "_conv1d.weight", {ch, 1, w}));
@@ -94,7 +95,8 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(a->kv_b, linear(p + ".kv_b_proj", latent, heads * (c.qk_nope_head_dim + c.v_head_dim)));
     a->kv_b_f32.resize(static_cast<size_t>(a->kv_b->out_features() * latent));
     KILN_RETURN_IF_ERROR(
-        a->kv_b->dequantize(TensorView::contiguous(a->kv_b_f32.data(), DType::kF32, {a->kv_b->out_features(), latent}), {})
+        a->kv_b
+            ->dequantize(TensorView::contiguous(a->kv_b_f32.data(), DType::kF32, {a->kv_b->out_features(), latent}), {})
             .with_context(p + ".kv_b_proj"));
     KILN_ASSIGN_OR_RETURN(a->o_proj, linear(p + ".o_proj", heads * c.v_head_dim, hidden));
     if (with_indexer) {
@@ -123,7 +125,8 @@ struct Loader {
     spec.intermediate = c.moe_intermediate_size;
     KILN_ASSIGN_OR_RETURN(m.experts, format.load_experts(src, spec));
     if (m.experts->hidden_size() != c.hidden_size || m.experts->intermediate_size() != c.moe_intermediate_size)
-      return invalid_argument(spec.prefix + ": expert shapes do not match moe_intermediate_size / hidden_size in " + c.source);
+      return invalid_argument(spec.prefix + ": expert shapes do not match moe_intermediate_size / hidden_size in " +
+                              c.source);
     if (c.n_shared_experts > 0) {
       KILN_ASSIGN_OR_RETURN(m.shared, mlp(p + ".shared_experts", c.moe_intermediate_size * c.n_shared_experts));
     }
@@ -165,8 +168,10 @@ Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const We
   if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
     return invalid_argument("tensor `" + embed + "` has shape " + w.embed_tokens.shape_string() + ", expected [" +
                             std::to_string(c.vocab_size) + ", " + std::to_string(c.hidden_size) + "]");
-  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 && w.embed_tokens.dtype != DType::kF16)
-    return invalid_argument("tensor `" + embed + "` has unsupported dtype " + std::string(dtype_name(w.embed_tokens.dtype)));
+  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 &&
+      w.embed_tokens.dtype != DType::kF16)
+    return invalid_argument("tensor `" + embed + "` has unsupported dtype " +
+                            std::string(dtype_name(w.embed_tokens.dtype)));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KILN_ASSIGN_OR_RETURN(LayerWeights layer, load.layer(prefix + "layers." + std::to_string(l), l));
     w.layers.push_back(std::move(layer));

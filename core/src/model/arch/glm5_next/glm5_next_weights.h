@@ -39,7 +39,7 @@ struct PooledIndexerWeights {
 struct DsaWeights {
   std::unique_ptr<Linear> q_a, q_b, kv_a, kv_b, o_proj;
   std::vector<float> q_a_norm, kv_a_norm;
-  std::vector<float> kv_b_f32;  // kv_b as fp32 [H·(nope + v), latent], for the absorbed form
+  std::vector<float> kv_b_f32;                    // kv_b as fp32 [H·(nope + v), latent], for the absorbed form
   std::unique_ptr<PooledIndexerWeights> indexer;  // layers whose indexer is not shared
 };
 
