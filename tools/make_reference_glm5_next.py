@@ -405,6 +405,18 @@ def saved_and_reloaded(model) -> torch.nn.Module:
         return load_eager_fp32(Path(tmp))
 
 
+def check_written(fixture: Fixture, built, path: Path, refs: dict[str, torch.Tensor]) -> None:
+    """The checkpoint as written holds the model: it loads back into transformers with the reference's prefill
+    logits, or (flat original names, which transformers does not read) holds every tensor renamed bit for bit."""
+    if fixture.names == "flat_original":
+        check_flat_names(built, path)
+        return
+    with torch.no_grad():
+        again = load_eager_fp32(path)(input_ids=refs["prompt_ids"].long()[None], use_cache=False).logits[0]
+    if not torch.equal(again, refs["prefill_logits"]):
+        raise AssertionError(f"{fixture.name}: the written checkpoint reloads to different logits")
+
+
 def generate(fixture: Fixture) -> None:
     path = kFixtureRoot / fixture.name
     built = build_model(fixture)
@@ -414,13 +426,7 @@ def generate(fixture: Fixture) -> None:
     write_checkpoint(fixture, built, path)
     if fixture.tokenizer:
         write_tokenizer(path)
-    if fixture.names == "flat_original":
-        check_flat_names(built, path)
-    else:  # the file as written loads back to the same logits
-        with torch.no_grad():
-            again = load_eager_fp32(path)(input_ids=refs["prompt_ids"].long()[None], use_cache=False).logits[0]
-        if not torch.equal(again, refs["prefill_logits"]):
-            raise AssertionError(f"{fixture.name}: the written checkpoint reloads to different logits")
+    check_written(fixture, built, path, refs)
     save_file(refs, str(path / "reference.safetensors"), metadata=reference_metadata(fixture))
     sizes = ", ".join(f"{f.name} {f.stat().st_size / 1e6:.2f} MB" for f in sorted(path.iterdir()))
     print(f"{fixture.name}: wrote {path.relative_to(kRepoRoot)} ({sizes}); "
@@ -428,19 +434,21 @@ def generate(fixture: Fixture) -> None:
 
 
 def check(fixture: Fixture) -> bool:
+    """Recompute the references as generate() does and compare them exactly; check the written checkpoint too."""
     path = kFixtureRoot / fixture.name
     saved = load_file(str(path / "reference.safetensors"))
-    model = saved_and_reloaded(build_model(fixture))
-    if fixture.names == "flat_original":
-        check_flat_names(build_model(fixture), path)
-    else:
-        model = load_eager_fp32(path)
-    fresh = compute_references(fixture, model)
+    built = build_model(fixture)
+    fresh = compute_references(fixture, saved_and_reloaded(built))
     ok = saved.keys() == fresh.keys()
     for key in sorted(saved.keys() & fresh.keys()):
         if saved[key].shape != fresh[key].shape or not torch.equal(saved[key], fresh[key]):
             print(f"{fixture.name}: {key} differs")
             ok = False
+    try:
+        check_written(fixture, built, path, fresh)
+    except AssertionError as e:
+        print(f"{fixture.name}: {e}")
+        ok = False
     print(f"{fixture.name}: {'OK' if ok else 'MISMATCH'} ({len(saved)} tensors)")
     return ok
 
