@@ -62,6 +62,9 @@ kTrunk = dict(
     n_shared_experts=1,
     num_experts_per_tok=2,
     initializer_range=0.1,
+    # Nothing in the text model reads positions (NoPE); a small limit keeps the engine's default max_model_len,
+    # and so the CPU's KV pool, small for recipes that set none.
+    max_position_embeddings=4096,
     pad_token_id=0,
     tie_word_embeddings=False,
 )
