@@ -60,6 +60,18 @@ TEST(Glm5NextConfig, ReadsTheNestedTextConfig) {
   EXPECT_TRUE(c->runs_indexer(1));
 }
 
+TEST(Glm5NextConfig, EosFromEitherLevelOfANestedConfig) {
+  json j = fixture_config("glm5_next-tiny");
+  j["eos_token_id"] = {500, 501};
+  auto c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{500, 501}));
+  j["text_config"]["eos_token_id"] = 502;
+  c = parse(j);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{502}));
+}
+
 TEST(Glm5NextConfig, ReadsTheLegacyKeysAsTransformersDoes) {
   auto c = parse(fixture_config("glm5_next-flat"));
   ASSERT_TRUE(c.ok()) << c.status().to_string();

@@ -251,8 +251,13 @@ Result<Glm5NextConfig> Glm5NextConfig::from_json(const json& root, const std::st
   FieldReader r(nested ? root.at("text_config") : root, source, prefix);
   KILN_RETURN_IF_ERROR(read_scalars(r, c));
   KILN_RETURN_IF_ERROR(read_linear_attn_config(r, prefix, c));
-  // The top-level tie_word_embeddings is the one Glm5NextForConditionalGeneration ties by.
-  if (nested) KILN_RETURN_IF_ERROR(FieldReader(root, source).read("tie_word_embeddings", c.tie_word_embeddings));
+  // The top-level tie_word_embeddings is the one Glm5NextForConditionalGeneration ties by; eos_token_id may sit at
+  // either level of a nested config.
+  if (nested) {
+    const FieldReader top(root, source);
+    KILN_RETURN_IF_ERROR(top.read("tie_word_embeddings", c.tie_word_embeddings));
+    if (c.eos_token_ids.empty()) KILN_RETURN_IF_ERROR(top.read_id_list("eos_token_id", c.eos_token_ids));
+  }
   KILN_RETURN_IF_ERROR(read_schedules(r, c));
   KILN_RETURN_IF_ERROR(validate(r, c));
   return c;
