@@ -58,7 +58,8 @@ struct Glm5NextWeights {
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
   std::unique_ptr<Linear> lm_head;
-  // Views from the format may point into `names`' stacked experts: it lives as long as the weights.
+  // The source the format loaded from (the checkpoint seen through its tensor names): kept as long as the weights,
+  // for formats that hold on to their source.
   std::shared_ptr<const WeightSource> names;
 };
 
