@@ -77,6 +77,13 @@ class Fixture:
     save_dtype: torch.dtype
     with_mtp: bool = False
     published_rope_scaling: bool = False
+    # DSA: make indexer head 1 the exact negation of head 0 (see antipodal_indexer_heads).
+    antipodal_indexer_heads: bool = False
+    # Rewrites config.json after saving (another spelling of the same model; verified to load identically).
+    edit_config: Callable[[dict], None] | None = None
+    # DSA: top-k cuts inside exact ties of index scores are the point (what a new user's few-head checkpoint does):
+    # exact ties are required to occur and reproduce exactly; only inexact near-ties are refused.
+    exact_ties: bool = False
 
 
 def glm4_moe_lite_config() -> Glm4MoeLiteConfig:
@@ -132,10 +139,67 @@ def deepseek_v3_config() -> DeepseekV3Config:
     )
 
 
+# DSA variants (tools/README.md, "DSA variant fixtures"): other indexer head counts and head dims, index_topk well
+# below the prompt, 4 layers with non-prefix dense/sparse MLP patterns and shared indexer layers. A smaller vocabulary,
+# MLPs and expert count and bf16 weights keep each one near 400 KB.
+kDsaVariantTrunk = {**kTrunk, "vocab_size": 256, "num_hidden_layers": 4, "intermediate_size": 48,
+                    "moe_intermediate_size": 16, "n_routed_experts": 4}
+
+
+def glm_moe_dsa_variant_config(**overrides) -> Callable[[], GlmMoeDsaConfig]:
+    def make() -> GlmMoeDsaConfig:
+        args = dict(
+            routed_scaling_factor=1.8,
+            n_group=1,
+            topk_group=1,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+            max_position_embeddings=2048,
+        )
+        args.update(overrides)
+        return GlmMoeDsaConfig(**kDsaVariantTrunk, **args)
+    return make
+
+
+def as_topk_pattern_and_first_k_dense(cfg: dict) -> None:
+    """Write the indexer schedule as GLM's `index_topk_pattern` string and the MLP pattern as first_k_dense_replace
+    only (what a published config may carry instead of 5.17's indexer_types / mlp_layer_types)."""
+    cfg["index_topk_pattern"] = "".join("F" if t == "full" else "S" for t in cfg.pop("indexer_types"))
+    types = cfg.pop("mlp_layer_types")
+    cfg["first_k_dense_replace"] = types.index("sparse")
+    assert types == ["dense"] * types.index("sparse") + ["sparse"] * (len(types) - types.index("sparse"))
+
+
+def as_topk_freq_schedule(cfg: dict) -> None:
+    """Leave the indexer schedule to index_topk_freq (and the default index_skip_topk_offset 2)."""
+    assert "index_topk_freq" in cfg
+    del cfg["indexer_types"]
+
+
 kFixtures = [
     Fixture("glm4_moe_lite-tiny", 1001, glm4_moe_lite_config, torch.float32, with_mtp=True),
     Fixture("glm_moe_dsa-tiny", 2016, glm_moe_dsa_config, torch.bfloat16),
     Fixture("deepseek_v3-tiny", 3004, deepseek_v3_config, torch.float32, published_rope_scaling=True),
+    # 5 heads of 32 (the first 8 values of each roped, 24 passed through), top-6, MLP dense/sparse/dense/sparse.
+    Fixture("glm_moe_dsa-h5d32", 4010, glm_moe_dsa_variant_config(
+        index_n_heads=5, index_head_dim=32, index_topk=6,
+        mlp_layer_types=["dense", "sparse", "dense", "sparse"]), torch.bfloat16, antipodal_indexer_heads=True),
+    # 3 heads of 16, top-8, indexer layers full/shared/shared/full written as index_topk_pattern "FSSF",
+    # 2 dense layers written as first_k_dense_replace.
+    Fixture("glm_moe_dsa-h3d16-shared", 5000, glm_moe_dsa_variant_config(
+        index_n_heads=3, index_head_dim=16, index_topk=8, first_k_dense_replace=2,
+        indexer_types=["full", "shared", "shared", "full"]), torch.bfloat16,
+        antipodal_indexer_heads=True, edit_config=as_topk_pattern_and_first_k_dense),
+    # 4 heads of 24, top-5, MLP sparse/dense/sparse/dense (layer 0 MoE), indexer schedule from index_topk_freq 2
+    # (full, full, shared, full).
+    Fixture("glm_moe_dsa-h4d24-freq", 6002, glm_moe_dsa_variant_config(
+        index_n_heads=4, index_head_dim=24, index_topk=5, index_topk_freq=2,
+        mlp_layer_types=["sparse", "dense", "sparse", "dense"]), torch.bfloat16,
+        antipodal_indexer_heads=True, edit_config=as_topk_freq_schedule),
+    # What a new user builds: 3 heads of 16, top-8 below the prompt, nothing arranged against ties. Many keys score
+    # exactly 0 and top-k cuts fall inside those ties, where the selection is torch.topk's CPU procedure.
+    Fixture("glm_moe_dsa-h3d16-ties", 7004, glm_moe_dsa_variant_config(
+        index_n_heads=3, index_head_dim=16, index_topk=8), torch.bfloat16, exact_ties=True),
 ]
 
 
@@ -162,6 +226,21 @@ def randomize_beyond_init(model: torch.nn.Module, gen: torch.Generator) -> None:
         model.lm_head.weight.mul_(kLmHeadGain)
 
 
+def antipodal_indexer_heads(model: torch.nn.Module) -> None:
+    """Indexer head 1's query rows = −(head 0's), in every indexer.
+
+    With few heads, many keys get index score exactly 0 (ReLU is 0 for every head) and the top-k boundary falls
+    inside such a tie, where torch.topk's choice is implementation-defined. RoPE is linear, so head 1's query stays
+    the negation of head 0's after it and, for every key, exactly one of the two heads has a positive logit (unless
+    it is exactly 0): no key scores exactly 0 any more, while ReLU still decides which head counts.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("Indexer"):
+                d = module.head_dim
+                module.wq_b.weight[d:2 * d].copy_(-module.wq_b.weight[:d])
+
+
 def load_eager_fp32(path: Path) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
@@ -173,6 +252,8 @@ def build_checkpoint(fixture: Fixture, out_dir: Path) -> None:
     config = fixture.make_config()
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     randomize_beyond_init(model, gen)
+    if fixture.antipodal_indexer_heads:
+        antipodal_indexer_heads(model)
     model.eval()
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,6 +274,11 @@ def build_checkpoint(fixture: Fixture, out_dir: Path) -> None:
         add_mtp_layer(fixture, out_dir, gen)
     if fixture.published_rope_scaling:
         rewrite_rope_as_published(out_dir)
+    if fixture.edit_config:
+        cfg_path = out_dir / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        fixture.edit_config(cfg)
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def add_mtp_layer(fixture: Fixture, out_dir: Path, gen: torch.Generator) -> None:
@@ -367,18 +453,26 @@ def compute_references(fixture: Fixture, path: Path) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------- robustness checks
 
 
-def topk_gap(scores: torch.Tensor, k: int) -> float:
-    """Smallest gap between the k-th and (k+1)-th value over rows (inf when a row has <= k finite values)."""
+def topk_gap(scores: torch.Tensor, k: int, exact_ties_allowed: bool = False) -> float:
+    """Smallest gap between the k-th and (k+1)-th value over rows (inf when a row has <= k finite values).
+    With exact_ties_allowed, rows whose cut falls inside an exact tie are left out (counted in kExactTies)."""
     finite = torch.isfinite(scores) & (scores > torch.finfo(torch.float32).min / 2)
     best = float("inf")
     for row, ok in zip(scores, finite):
         vals = row[ok].sort(descending=True).values
         if vals.numel() > k:
-            best = min(best, float(vals[k - 1] - vals[k]))
+            gap = float(vals[k - 1] - vals[k])
+            if exact_ties_allowed and gap == 0.0:
+                kExactTies[0] += 1
+                continue
+            best = min(best, gap)
     return best
 
 
-def decision_gaps(model, sequences: list[torch.Tensor]) -> dict[str, float]:
+kExactTies = [0]  # rows whose top-k cut fell inside an exact tie (fixtures with exact_ties)
+
+
+def decision_gaps(model, sequences: list[torch.Tensor], exact_ties: bool = False) -> dict[str, float]:
     """Margins of every discrete choice the forward pass makes (expert groups, experts, DSA keys).
 
     Recomputed independently from the module weights and inputs; the DSA top-k sets are also
@@ -425,9 +519,13 @@ def decision_gaps(model, sequences: list[torch.Tensor]) -> dict[str, float]:
         kk = min(module.index_topk, t)
         mine = index.topk(kk, dim=-1).indices
         for s in range(t):
+            # Inside an exact tie the choice is torch's (the C++ side follows it, see topk.h); compare the rest.
+            if exact_ties and s + 1 > kk and index[s].sort(descending=True).values[kk - 1] == \
+                    index[s].sort(descending=True).values[kk]:
+                continue
             if s + 1 > kk and set(mine[s].tolist()) != set(out[0, s].tolist()):
                 raise AssertionError(f"indexer re-derivation disagrees with transformers at query {s}")
-        gaps["indexer"] = min(gaps["indexer"], topk_gap(index, module.index_topk))
+        gaps["indexer"] = min(gaps["indexer"], topk_gap(index, module.index_topk, exact_ties))
 
     for module in model.modules():
         if type(module).__name__.endswith("TopkRouter"):
@@ -447,7 +545,12 @@ def decision_gaps(model, sequences: list[torch.Tensor]) -> dict[str, float]:
 def check_margins(fixture: Fixture, path: Path, refs: dict[str, torch.Tensor]) -> dict[str, float]:
     model = load_eager_fp32(path)
     full = torch.cat([refs["prompt_ids"], refs["greedy_ids"][:-1]]).long()
-    gaps = decision_gaps(model, [full, refs["prompt2_ids"].long()])
+    kExactTies[0] = 0
+    gaps = decision_gaps(model, [full, refs["prompt2_ids"].long()], fixture.exact_ties)
+    if fixture.exact_ties:
+        if kExactTies[0] == 0:
+            raise AssertionError(f"{fixture.name}: no top-k cut fell inside an exact tie; pick another seed")
+        gaps["indexer_exact_tie_rows"] = kExactTies[0]
     top2 = refs["decode_logits"].topk(2, dim=-1).values
     gaps["greedy"] = float((top2[:, 0] - top2[:, 1]).min())
     limits = {"router_group": kMinRouterGap, "router_expert": kMinRouterGap,
@@ -484,6 +587,17 @@ def verify_checkpoint_forms(fixture: Fixture, path: Path) -> None:
         assert torch.equal(logits, same), "rope_scaling and rope_parameters forms give different logits"
     else:
         assert "rope_parameters" in cfg and "rope_scaling" not in cfg, "config.json should use rope_parameters"
+
+    if fixture.edit_config:
+        # The rewritten config.json must describe the model the fixture was built from.
+        made = fixture.make_config()
+        for key in ("indexer_types", "mlp_layer_types", "layer_types"):
+            got, want = getattr(model.config, key, None), getattr(made, key, None)
+            assert got == want, f"{fixture.name}: config.json reloads {key} = {got}, built with {want}"
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)  # 5.17's own spelling of the same config
+            same = logits_of(load_eager_fp32(Path(tmp)), prompt)
+        assert torch.equal(logits, same), "the edited config.json and 5.17's spelling give different logits"
 
     if fixture.with_mtp:
         n = model.config.num_hidden_layers

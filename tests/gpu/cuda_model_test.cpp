@@ -287,6 +287,10 @@ TEST(CudaModelMedia, MediaRowsReplaceTheirPlaceholdersLikeTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny", "glm_moe_dsa-tiny"));
+// The DSA variants (tools/README.md): 3/4/5 indexer heads of 16/24/32, top-5..8, shared indexer layers, dense/sparse
+// MLP patterns other than a prefix.
+INSTANTIATE_TEST_SUITE_P(DsaVariants, CudaModel,
+                         ::testing::Values("glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"));
 
 // The trained tiny-glm (bf16 weights, real margins): 32 free-running greedy tokens on the CPU (in `cpu_precision`) and
 // on the GPU for 8 prompts of different lengths (3 .. 38 tokens: both MLA forms), the GPU decoding all of them as

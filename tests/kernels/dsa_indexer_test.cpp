@@ -43,13 +43,23 @@ TEST_P(IndexerTest, ScoresAndTopkMatchReference) {
       }
       ASSERT_NEAR(scores[s * c.t_kv + t], ref, 1e-5);
     }
-    // Reference top-k: stable sort of the visible positions by score descending.
-    std::vector<int32_t> order(visible);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return scores[s * c.t_kv + a] > scores[s * c.t_kv + b]; });
+    // A valid top-k of the visible keys: min(topk, visible) distinct visible positions, each scoring at least as
+    // much as every visible key left out (which of several tied keys is kept is torch's choice: tests below).
     const int64_t k_eff = std::min(c.topk, visible);
-    for (int64_t j = 0; j < c.topk; ++j) ASSERT_EQ(top[s * c.topk + j], j < k_eff ? order[j] : -1) << s << "," << j;
+    std::vector<char> kept(c.t_kv, 0);
+    float lowest_kept = INFINITY;
+    for (int64_t j = 0; j < c.topk; ++j) {
+      const int32_t t = top[s * c.topk + j];
+      if (j >= k_eff) {
+        ASSERT_EQ(t, -1) << s << "," << j;
+        continue;
+      }
+      ASSERT_TRUE(t >= 0 && t < visible && !kept[t]) << s << "," << j;
+      kept[t] = 1;
+      lowest_kept = std::min(lowest_kept, scores[s * c.t_kv + t]);
+    }
+    for (int64_t t = 0; t < visible; ++t)
+      if (!kept[t]) ASSERT_LE(scores[s * c.t_kv + t], lowest_kept) << s << "," << t;
   }
 }
 
@@ -77,15 +87,54 @@ TEST(Topk, TiesGoToTheLowerIndex) {
   EXPECT_EQ(all[2], 0);
 }
 
-TEST(DsaIndexer, AllReluZeroScoresSelectEarliestPositions) {
-  // Every logit negative: all visible scores are 0 and the tie rule picks positions 0, 1, 2, ...
-  const int64_t t_q = 2, t_kv = 9, heads = 2, dim = 4, topk = 4;
-  std::vector<float> q(t_q * heads * dim, 1.0f), k(t_kv * dim, -1.0f), w(t_q * heads, 1.0f), scores(t_q * t_kv);
+TEST(Topk, TorchCpuOrderAmongTies) {
+  // What torch 2.x's torch.topk returns on the CPU for these rows (nth_element path, then partial_sort path).
+  const float v[] = {1, 3, 3, 2, 3, 0, 3};
+  int32_t out[3];
+  torch_cpu_topk_indices(v, 7, 3, out);
+  EXPECT_EQ(std::vector<int32_t>(out, out + 3), (std::vector<int32_t>{1, 6, 4}));
+  std::vector<float> zeros(12, 0.0f);
+  int32_t five[5];
+  torch_cpu_topk_indices(zeros.data(), 12, 5, five);
+  EXPECT_EQ(std::vector<int32_t>(five, five + 5), (std::vector<int32_t>{9, 7, 8, 6, 10}));
+  std::vector<float> long_row(300, 0.0f);
+  long_row[17] = 1, long_row[250] = 2;
+  int32_t four[4];
+  torch_cpu_topk_indices(long_row.data(), 300, 4, four);
+  EXPECT_EQ(std::vector<int32_t>(four, four + 4), (std::vector<int32_t>{250, 17, 1, 3}));
+}
+
+TEST(DsaIndexer, AllReluZeroScoresSelectAsTorchDoes) {
+  // Every logit negative: all visible scores are 0, and the query keeps the tied keys torch.topk keeps on the CPU
+  // from its row (masked keys at −inf): for a 10-key row whose last key is masked, torch returns [7, 5, 6, 1].
+  const int64_t t_q = 1, t_kv = 10, heads = 2, dim = 4, topk = 4;
+  std::vector<float> q(t_q * heads * dim, 1.0f), k(t_kv * dim, -1.0f), w(t_q * heads, 1.0f), scores(t_kv);
   dsa_indexer_scores(q.data(), k.data(), w.data(), t_q, t_kv, heads, dim, 0.5f, scores.data());
-  std::vector<int32_t> top(t_q * topk);
-  dsa_select_topk(scores.data(), t_q, t_kv, topk, top.data());
-  for (int64_t s = 0; s < t_q; ++s)
-    for (int64_t j = 0; j < topk; ++j) EXPECT_EQ(top[s * topk + j], j);
+  // The query at position 9 of 10 sees them all; make it the second of two so key 9 is masked.
+  std::vector<float> two_rows(2 * t_kv);
+  std::copy(scores.begin(), scores.end(), two_rows.begin());
+  std::copy(scores.begin(), scores.end(), two_rows.begin() + t_kv);
+  two_rows[9] = -INFINITY;
+  std::vector<int32_t> top(2 * topk);
+  EXPECT_EQ(dsa_select_topk(two_rows.data(), 2, t_kv, topk, top.data()), 2);
+  EXPECT_EQ(std::vector<int32_t>(top.begin(), top.begin() + topk), (std::vector<int32_t>{7, 5, 6, 1}));
+}
+
+TEST(DsaIndexer, CountsOnlyTiesAtTheCut) {
+  // One query over 6 keys, top-3. Ties above the cut, below it, or a row that keeps every key are unambiguous.
+  int32_t top[3];
+  const float above[] = {5, 5, 4, 1, 1, 0};   // kept {0, 1, 2}: the tie at 5 is kept whole, the tie at 1 left whole
+  EXPECT_EQ(dsa_select_topk(above, 1, 6, 3, top), 0);
+  const float at_cut[] = {5, 2, 4, 2, 1, 2};  // kept {0, 2} and one of three 2s
+  EXPECT_EQ(dsa_select_topk(at_cut, 1, 6, 3, top), 1);
+  EXPECT_EQ(at_cut[top[2]], 2.0f);
+  const float exact[] = {5, 2, 4, 2, 1, 0};   // kept {0, 2} and one of two 2s
+  EXPECT_EQ(dsa_select_topk(exact, 1, 6, 3, top), 1);
+  const float kept_whole[] = {5, 2, 4, 2, 1, 0};
+  int32_t four[4];
+  EXPECT_EQ(dsa_select_topk(kept_whole, 1, 6, 4, four), 0);  // both 2s kept
+  const float short_row[] = {0, 0};
+  EXPECT_EQ(dsa_select_topk(short_row, 1, 2, 3, top), 0);  // fewer keys than top-k: all kept
 }
 
 }  // namespace

@@ -54,9 +54,10 @@ TEST(PooledIndexerTest, SelectsTopCandidatePoolsThenTheTail) {
   EXPECT_EQ(select(scores, 2, 4, 8, true), (std::vector<int32_t>{0, 1, 2}));
 }
 
-TEST(PooledIndexerTest, TiesGoToTheLowerPool) {
+TEST(PooledIndexerTest, TiesGoAsTorchTopkOnTheCpu) {
+  // torch.topk([0, 1, 0, 0], 2) on the CPU returns [1, 3]: pool 3 of the three tied, not pool 0.
   const std::vector<float> scores = {0.0f, 1.0f, 0.0f, 0.0f};
-  EXPECT_EQ(select(scores, 15, 2, 4, false), (std::vector<int32_t>{2, 3, 0, 1}));
+  EXPECT_EQ(select(scores, 15, 2, 4, false), (std::vector<int32_t>{2, 3, 6, 7}));
 }
 
 }  // namespace

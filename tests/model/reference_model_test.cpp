@@ -120,6 +120,89 @@ TEST_P(ReferenceModel, Bf16KvKeepsGreedyTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel,
                          ::testing::Values("glm4_moe_lite-tiny", "glm_moe_dsa-tiny", "deepseek_v3-tiny"));
+// DSA variants (tools/README.md): other indexer head counts and head dims, index_topk below the prompt length,
+// dense/sparse MLP patterns other than a dense prefix, shared indexer layers, and the other spellings of the
+// schedules in config.json (index_topk_pattern, index_topk_freq, first_k_dense_replace).
+INSTANTIATE_TEST_SUITE_P(DsaVariants, ReferenceModel,
+                         ::testing::Values("glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"));
+
+// What each DSA variant is meant to exercise, read back through kiln's config parser: a fixture that silently
+// stopped varying (say, a regenerated config.json spelling the schedules differently) would otherwise still pass.
+TEST(DsaVariants, ConfigsParseToTheIntendedSchedules) {
+  struct Expect {
+    const char* name;
+    int64_t heads, head_dim, topk;
+    std::vector<bool> moe, shared;
+  };
+  for (const Expect& e : std::vector<Expect>{
+           {"glm_moe_dsa-h5d32", 5, 32, 6, {false, true, false, true}, {false, false, false, false}},
+           {"glm_moe_dsa-h3d16-shared", 3, 16, 8, {false, false, true, true}, {false, true, true, false}},
+           {"glm_moe_dsa-h4d24-freq", 4, 24, 5, {true, false, true, false}, {false, false, true, false}}}) {
+    SCOPED_TRACE(e.name);
+    LoadedModel m = load(e.name, "fp32");
+    const ModelConfig& c = cpu_model(m).config();
+    EXPECT_EQ(c.index_n_heads, e.heads);
+    EXPECT_EQ(c.index_head_dim, e.head_dim);
+    EXPECT_EQ(c.index_topk, e.topk);
+    EXPECT_LT(c.index_topk, static_cast<int64_t>(load_reference(e.name).ids("prompt_ids").size()));
+    EXPECT_GT(c.index_head_dim, c.qk_rope_head_dim);  // roped and pass-through parts both present
+    ASSERT_EQ(c.num_hidden_layers, 4);
+    for (int64_t l = 0; l < 4; ++l) {
+      EXPECT_EQ(c.is_moe(l), e.moe[l]) << "layer " << l;
+      EXPECT_EQ(c.indexer_is_shared(l), e.shared[l]) << "layer " << l;
+    }
+  }
+}
+
+// The variants are built without exact ties at any top-k cut (tools/make_reference.py refuses gaps < 1e-4), so the
+// selection is well defined and kiln must report no tied row; a tie-laden row set reports them.
+TEST(DsaVariants, NoTopkCutFallsInsideATie) {
+  for (const char* name : {"glm_moe_dsa-tiny", "glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"}) {
+    SCOPED_TRACE(name);
+    Reference ref = load_reference(name);
+    LoadedModel m = load(name, "fp32");
+    const auto prompt = ref.ids("prompt_ids");
+    auto kv = make_kv_cache(m, 64);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv->reserve(table, static_cast<int64_t>(prompt.size())).ok());
+    SequenceStep step{prompt, 0, &table, false};
+    StepOutput out;
+    ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {}, out).ok());
+    EXPECT_EQ(cpu_model(m).indexer_tied_rows(), 0);
+  }
+}
+
+// A checkpoint as a new user makes it (3 indexer heads of 16, top-8 below the prompt, nothing arranged against
+// ties): top-k cuts fall inside exact ties of index scores (keys scoring exactly 0), and which tied keys a query keeps
+// decides its output. The CPU follows torch.topk's CPU procedure over the same rows, so prefill logits and the
+// cached greedy continuation match transformers. (Keeping the lowest tied positions instead diverges.)
+TEST(DsaTies, GreedyContinuationMatchesTransformersThroughExactTies) {
+  const std::string name = "glm_moe_dsa-h3d16-ties";
+  Reference ref = load_reference(name);
+  LoadedModel m = load(name, "fp32");
+  const auto prompt = ref.ids("prompt_ids");
+  const auto greedy = ref.ids("greedy_ids");
+  const auto prefill_logits = ref.floats("prefill_logits");
+  const auto decode_logits = ref.floats("decode_logits");
+  const int64_t vocab = cpu_model(m).config().vocab_size;
+  auto kv = make_kv_cache(m, 64);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv->reserve(table, static_cast<int64_t>(prompt.size() + greedy.size())).ok());
+  StepOutput out;
+  SequenceStep prefill{prompt, 0, &table, true};
+  ASSERT_TRUE(cpu_model(m).forward({&prefill, 1}, kv->views(), {}, out).ok());
+  EXPECT_LT(relative_error(out.logits.data(), prefill_logits.data(), prefill_logits.size()), 1e-4);
+  EXPECT_GT(cpu_model(m).indexer_tied_rows(), 0) << "the fixture no longer exercises ties";
+  std::vector<float> last(out.logits.end() - vocab, out.logits.end());
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    EXPECT_LT(relative_error(last.data(), decode_logits.data() + i * vocab, vocab), 1e-4) << "step " << i;
+    const int32_t next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    ASSERT_EQ(next, greedy[i]) << "step " << i;
+    SequenceStep step{std::span<const int32_t>(&greedy[i], 1), static_cast<int64_t>(prompt.size() + i), &table, false};
+    ASSERT_TRUE(cpu_model(m).forward({&step, 1}, kv->views(), {}, out).ok());
+    last.assign(out.logits.begin(), out.logits.end());
+  }
+}
 
 TEST(ModelLoad, ErrorsNameTheProblem) {
   auto recipe = load_recipe("", {"model.path=/nonexistent/model"}, global_registry());

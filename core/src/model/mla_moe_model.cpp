@@ -15,6 +15,7 @@
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
 #include "kiln/drafter.h"
+#include "kiln/log.h"
 #include "model/rope_setup.h"
 
 namespace kiln {
@@ -180,6 +181,7 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
   selected.assign(N * selected_width, -1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t bs = caches.block_size;
+  int64_t tied = 0;
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
     const SequenceStep& st = *tl.steps[s];
@@ -188,7 +190,15 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
     for (int64_t t = 0; t < kv_len; ++t)
       std::copy_n(cache + kv_slot(*st.block_table, bs, t) * D, D, keys.data() + t * D);
     cpu::dsa_indexer_scores(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale, scores.data());
-    cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
+    tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
+  }
+  if (tied > 0 && indexer_tied_rows_->fetch_add(tied, std::memory_order_relaxed) == 0) {
+    log::warn("DSA indexer (layer {}): in {} of {} rows the top-{} cut fell inside an exact tie of index scores. The "
+              "CPU picks among tied keys exactly as torch.topk does on the CPU (so it matches transformers run there), "
+              "which depends on the length of the query's row, so outputs may differ between one-shot and chunked "
+              "prefill; the CUDA runner keeps the lowest positions. Exact ties are common with few indexer heads (a "
+              "key whose logits are <= 0 for every head scores exactly 0). Reported once per model.",
+              kv_layer, tied, N, c.index_topk);
   }
   return ok_status();
 }

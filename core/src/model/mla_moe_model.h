@@ -21,6 +21,7 @@
 // rope 64, nope 128 / 192), which also round the attention probabilities to bf16.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <span>
 #include <vector>
@@ -100,6 +101,10 @@ class MlaMoeModel {
                    float* router_margin = nullptr) const;
   Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const;
 
+  // DSA: how many query rows so far had their top-k cut inside an exact tie of index scores, where the selection
+  // is a convention (cpu::dsa_select_topk) and transformers may legitimately pick other keys.
+  int64_t indexer_tied_rows() const { return indexer_tied_rows_->load(std::memory_order_relaxed); }
+
  private:
   Status attention(const AttentionWeights& w, int64_t kv_layer, const TokenLayout& tl, const CacheViews& caches,
                    const float* h, float* out, std::vector<int32_t>& selected, int64_t& selected_width) const;
@@ -129,6 +134,8 @@ class MlaMoeModel {
   Status reduce_partial(float* y, int64_t count) const;
   // The tapped layers' outputs of the last forward (StepOutput::taps views them until the next one).
   mutable std::vector<float> tap_storage_;
+  // DSA rows whose top-k cut fell inside an exact tie of index scores, over this model's life (warned once).
+  std::shared_ptr<std::atomic<int64_t>> indexer_tied_rows_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // y[n, out] = x[n, in] · Wᵀ through a CPU Linear (fp32 activations).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/topk.h"
 #include "kernels/cpu/vector_ops.h"
@@ -27,16 +28,34 @@ void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t 
   }
 }
 
-void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
   const int64_t offset = t_kv - t_q;
-#pragma omp parallel for schedule(dynamic, 1) if (t_q * t_kv >= (1 << 16))
+  int64_t tied_rows = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : tied_rows) if (t_q * t_kv >= (1 << 16))
   for (int64_t s = 0; s < t_q; ++s) {
+    const float* row = scores + s * t_kv;
     const int64_t visible = std::min(t_kv, offset + s + 1);
-    const int64_t k = std::min(index_topk, visible);
     int32_t* o = out + s * index_topk;
-    topk_indices(scores + s * t_kv, visible, k, o);
-    std::fill(o + k, o + index_topk, -1);
+    // As transformers: top min(index_topk, t_kv) of the whole row, the keys after the query masked (−inf here,
+    // −FLT_MAX or −inf there: the same order), then only the visible ones kept.
+    const int64_t k = std::min(index_topk, t_kv);
+    std::vector<int32_t> picked(static_cast<size_t>(k));
+    torch_cpu_topk_indices(row, t_kv, k, picked.data());
+    int64_t kept = 0;
+    for (int32_t t : picked)
+      if (t < visible) o[kept++] = t;
+    std::fill(o + kept, o + index_topk, -1);
+    if (kept <= 0 || kept == visible) continue;
+    // The last key kept has the lowest score kept; the cut is ambiguous when more visible keys score exactly that
+    // than were kept.
+    float cut = row[o[0]];
+    for (int64_t j = 1; j < kept; ++j) cut = std::min(cut, row[o[j]]);
+    int64_t kept_at_cut = 0, at_cut = 0;
+    for (int64_t j = 0; j < kept; ++j) kept_at_cut += row[o[j]] == cut;
+    for (int64_t t = 0; t < visible; ++t) at_cut += row[t] == cut;
+    tied_rows += at_cut > kept_at_cut;
   }
+  return tied_rows;
 }
 
 }  // namespace kiln::cpu

@@ -13,10 +13,13 @@ namespace kiln::cpu {
 void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
                         int64_t head_dim, float scale, float* scores);
 
-// Per query s: the top min(index_topk, visible_s) key positions by score (descending; ties by lower
-// position, see topk.h), visible_s = t_kv − t_q + s + 1, then −1 up to index_topk. out [t_q, index_topk].
-// HF takes topk(min(index_topk, t_kv)) over the −inf-masked row and masks again in attention; the keys that
-// end up visible are the same.
-void dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
+// Per query s: the keys transformers keeps — torch.topk(min(index_topk, t_kv)) over the query's whole row with the
+// keys after it masked, as torch does it on the CPU (torch_cpu_topk_indices, topk.h: ties picked the same way),
+// then only the visible ones (positions ≤ t_kv − t_q + s), −1 padded to index_topk. out [t_q, index_topk].
+// Returns the number of rows whose cut fell inside an exact tie (a key left out scores exactly what the last key
+// kept scores): there the selection follows torch's CPU procedure, which depends on the row's length, and the CUDA
+// runner (lowest positions first) may pick differently. Few indexer heads make such ties common: a key whose
+// logits are ≤ 0 for every head scores exactly 0.
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
 
 }  // namespace kiln::cpu

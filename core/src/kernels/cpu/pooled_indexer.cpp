@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/topk.h"
@@ -39,16 +40,29 @@ void pooled_indexer_scores(const float* q, const float* w, const float* pool_key
 }
 
 void pooled_indexer_select(const float* scores, int64_t num_pools, int64_t q_pos, int64_t pool, int64_t index_topk,
-                           bool select_tail, int32_t* out, int64_t width) {
+                           bool select_tail, int32_t* out, int64_t width, PoolTies ties) {
   std::fill(out, out + width, -1);
   const int64_t visible = q_pos + 1;
   const int64_t candidates = std::min(num_pools, visible / pool);  // pools ending at or before q_pos
-  const int64_t k = std::min(index_topk / pool, candidates);
-  std::vector<int32_t> top(k);
-  topk_indices(scores, candidates, k, top.data());
+  // As transformers: torch.topk(min(index_topk / pool, num_pools)) over every complete pool's score, the pools the
+  // query cannot see set to the lowest float, then only candidates kept. Same procedure as torch on the CPU
+  // (topk.h), so the same pools are kept when scores tie exactly at the cut.
+  std::vector<int32_t> top;
+  if (ties == PoolTies::kTorchCpu) {
+    const int64_t k = std::min(index_topk / pool, num_pools);
+    std::vector<float> row(scores, scores + num_pools);
+    std::fill(row.begin() + candidates, row.end(), std::numeric_limits<float>::lowest());
+    top.resize(k);
+    torch_cpu_topk_indices(row.data(), num_pools, k, top.data());
+  } else {
+    top.resize(std::min(index_topk / pool, candidates));
+    topk_indices(scores, candidates, static_cast<int64_t>(top.size()), top.data());
+  }
   int64_t o = 0;
-  for (int64_t i = 0; i < k; ++i)
-    for (int64_t j = 0; j < pool && o < width; ++j) out[o++] = static_cast<int32_t>(top[i] * pool + j);
+  for (int32_t p : top) {
+    if (p >= candidates) continue;
+    for (int64_t j = 0; j < pool && o < width; ++j) out[o++] = static_cast<int32_t>(p * pool + j);
+  }
   if (!select_tail) return;
   const int64_t tail = visible % pool;
   for (int64_t pos = visible - tail; pos < visible && o < width; ++pos) out[o++] = static_cast<int32_t>(pos);

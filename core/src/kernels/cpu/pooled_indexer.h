@@ -19,12 +19,15 @@ void pooled_indexer_scores(const float* q, const float* w, const float* pool_key
                            int64_t heads, int64_t dim, float scale, float* scores);
 
 // The selection of one query at position q_pos (0-based, the sequence's first token at 0) from its scores over
-// the complete pools [0, num_pools): candidates are the pools whose last token is ≤ q_pos; the top
-// min(index_topk / pool, candidates) by score (descending, ties to the lower pool) each expand to their `pool`
-// positions in order; then, with select_tail, the query's own incomplete pool: positions (q_pos + 1) − tc ..
+// the complete pools among the cached tokens [0, num_pools): candidates are the pools whose last token is ≤ q_pos;
+// the top min(index_topk / pool, num_pools) pools of the row with the other pools at the lowest float — chosen as
+// torch.topk does on the CPU (topk.h: exact ties go the same way as in transformers) — and of those the candidates
+// each expand to their `pool` positions in order; then, with select_tail, the query's own incomplete pool: positions (q_pos + 1) − tc ..
 // q_pos where tc = (q_pos + 1) mod pool. out [width] (width ≥ index_topk, + pool − 1 with select_tail): the
 // selected pools' positions, then the tail's, then −1. Attention reads it as a set.
+// kLowestPool instead ranks the candidates alone, ties to the lower pool: the CUDA kernel's rule (its tests).
+enum class PoolTies { kTorchCpu, kLowestPool };
 void pooled_indexer_select(const float* scores, int64_t num_pools, int64_t q_pos, int64_t pool, int64_t index_topk,
-                           bool select_tail, int32_t* out, int64_t width);
+                           bool select_tail, int32_t* out, int64_t width, PoolTies ties = PoolTies::kTorchCpu);
 
 }  // namespace kiln::cpu

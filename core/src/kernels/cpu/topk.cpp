@@ -25,4 +25,24 @@ void topk_indices(const float* values, int64_t n, int64_t k, int32_t* out) {
   std::copy(order.begin(), order.begin() + k, out);
 }
 
+void torch_cpu_topk_indices(const float* values, int64_t n, int64_t k, int32_t* out) {
+  k = std::min(k, n);
+  if (k <= 0) return;
+  using Entry = std::pair<float, int64_t>;
+  std::vector<Entry> queue(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) queue[j] = {values[j], j};
+  // torch's comparator (aten/native TopKImpl.h, largest): by value alone, NaN first. Same algorithms, same input
+  // order: the same entries end up in front.
+  auto greater = [](const Entry& x, const Entry& y) {
+    return (std::isnan(x.first) && !std::isnan(y.first)) || x.first > y.first;
+  };
+  if (k * 64 <= n) {
+    std::partial_sort(queue.begin(), queue.begin() + k, queue.end(), greater);
+  } else {
+    std::nth_element(queue.begin(), queue.begin() + (k - 1), queue.end(), greater);
+    std::sort(queue.begin(), queue.begin() + (k - 1), greater);
+  }
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<int32_t>(queue[j].second);
+}
+
 }  // namespace kiln::cpu
