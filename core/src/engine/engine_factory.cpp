@@ -181,6 +181,10 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
   KILN_RETURN_IF_ERROR(make_drafter(m, recipe, started.draft_services, started.drafter));
   KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(m, recipe, started.drafter.get(), memory));
   log::info("{}", plan.capacity.report());
+  if (plan.spec.has_state() && plan.config.prefix_caching)
+    log::info("prefix caching is off for {}: it keeps recurrent state per sequence, which cached KV blocks do not "
+              "hold, so every prompt is computed from its first token",
+              m.info.model_type);
   started.capacity = plan.capacity;
   KILN_ASSIGN_OR_RETURN(started.caches, make_cache_manager(m, plan));
   if (started.draft_services) {

@@ -28,7 +28,8 @@ std::string KvCapacity::report() const {
   std::snprintf(windows_text, sizeof windows_text, "%.2f", windows());
   std::string state;
   if (state_bytes > 0)
-    state = "; state slots for " + with_commas(max_num_seqs) + " sequences (" + gib(state_bytes) + " with snapshots)";
+    state = "; state slots for " + with_commas(max_num_seqs) + (max_num_seqs == 1 ? " sequence (" : " sequences (") +
+            gib(state_bytes) + " with snapshots)";
   return "KV cache: " + with_commas(tokens()) + " tokens = " + windows_text + " windows of " +
          with_commas(max_model_len) + " (" + with_commas(num_blocks) + " blocks of " + std::to_string(block_size) +
          " tokens, " + gib(bytes) + ")" + state;

@@ -49,6 +49,11 @@ cpu::MoeRouterConfig moe_router_config(const ModelConfig& c) {
 }
 
 Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_size, const ModelConfig& config) {
+  return check_sequence_step(st, index, block_size, config.vocab_size, config.max_position_embeddings);
+}
+
+Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_size, int64_t vocab_size,
+                           int64_t max_position_embeddings) {
   const std::string name = "sequence step " + std::to_string(index);
   const int64_t n = static_cast<int64_t>(st.tokens.size());
   if (n == 0) return invalid_argument(name + " has no tokens");
@@ -57,13 +62,13 @@ Status check_sequence_step(const SequenceStep& st, size_t index, int64_t block_s
   if (static_cast<int64_t>(st.block_table->size()) * block_size < end)
     return invalid_argument(name + ": block table covers " + std::to_string(st.block_table->size() * block_size) +
                             " positions, needs " + std::to_string(end));
-  if (config.max_position_embeddings > 0 && end > config.max_position_embeddings)
+  if (max_position_embeddings > 0 && end > max_position_embeddings)
     return out_of_range("position " + std::to_string(end - 1) + " is beyond the model's max_position_embeddings " +
-                        std::to_string(config.max_position_embeddings));
+                        std::to_string(max_position_embeddings));
   for (const int32_t id : st.tokens)
-    if (id < 0 || id >= config.vocab_size)
+    if (id < 0 || id >= vocab_size)
       return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                              std::to_string(config.vocab_size) + ")");
+                              std::to_string(vocab_size) + ")");
   for (const MediaRows& m : st.media)
     if (m.first_row < 0 || m.count < 0 || m.first_row + m.count > n || (m.count > 0 && !m.embeddings))
       return invalid_argument(name + ": media rows [" + std::to_string(m.first_row) + ", " +

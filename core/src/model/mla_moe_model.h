@@ -50,6 +50,9 @@ enum class MlaForm { kAuto, kExpanded, kAbsorbed };
 // the model's limit, token ids outside the vocabulary, media rows outside its tokens), or ok. `index` names the
 // step in messages. Shared by the CPU and GPU forward passes so both refuse the same batches with the same words.
 Status check_sequence_step(const SequenceStep& step, size_t index, int64_t block_size, const ModelConfig& config);
+// The same for any architecture, from its vocabulary size and position limit (0: none).
+Status check_sequence_step(const SequenceStep& step, size_t index, int64_t block_size, int64_t vocab_size,
+                           int64_t max_position_embeddings);
 
 // The MoE gate's routing rule from the config (one place for the CPU and GPU forward passes).
 cpu::MoeRouterConfig moe_router_config(const ModelConfig& config);

@@ -1,0 +1,37 @@
+// Architecture `glm5_next` (GLM-5.3-Flash): hyper-connected residual streams (mHC), KDA linear-attention layers
+// with per-sequence recurrent state, NoPE MLA layers with the pooled DSA indexer, clamped-SwiGLU MoE
+// (specs/glm5-next.md). Runs on the CPU (Glm5NextModel); CUDA comes later.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "model/arch/architecture.h"
+#include "model/arch/glm5_next/glm5_next_config.h"
+
+namespace kiln::arch {
+
+class Glm5NextArchitecture final : public Architecture {
+ public:
+  explicit Glm5NextArchitecture(glm5_next::Glm5NextConfig config) : config_(std::move(config)) {}
+
+  const glm5_next::Glm5NextConfig& config() const { return config_; }
+  const std::string& model_type() const override { return model_type_; }
+  const std::string& source() const override { return config_.source; }
+  ModelInfo info() const override { return config_.to_model_info(); }
+  std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
+  // KDA layers: their recurrent and conv state slots; DSA layers: the latent pages, plus the indexer's rows on
+  // layers with an indexer of their own. Next-n (MTP) layers are not run yet: none is loaded, and they cache nothing.
+  CacheSpec cache_spec(int64_t mtp_layers) const override;
+  Status supports(DeviceType device) const override;
+  Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
+
+ private:
+  glm5_next::Glm5NextConfig config_;
+  std::string model_type_ = "glm5_next";
+};
+
+Result<std::unique_ptr<Architecture>> parse_glm5_next(const nlohmann::json& config, const std::string& source);
+
+}  // namespace kiln::arch

@@ -1,0 +1,82 @@
+// glm5_next (GLM-5.3-Flash): the text model's config as transformers 5.17 reads it (Glm5NextTextConfig), with its
+// class defaults, its legacy keys and its validation (specs/glm5-next.md §6). The config.json may nest the text
+// fields in `text_config` (beside a `vision_config`) or keep them at the top level, as the original release does.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/model_info.h"
+#include "kiln/status.h"
+
+namespace kiln::glm5_next {
+
+// layer_types: "linear_attention" (KDA) or "deepseek_sparse_attention" / its alias "full_attention" (DSA).
+enum class AttentionKind { kKda, kDsa };
+
+struct Glm5NextConfig {
+  std::string source;  // the config.json, for messages
+  int64_t vocab_size = 154880;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 12288;
+  int64_t moe_intermediate_size = 2048;
+  int64_t num_hidden_layers = 45;
+  int64_t num_attention_heads = 64;
+  int64_t num_key_value_heads = 64;
+  int64_t n_shared_experts = 1;
+  int64_t n_routed_experts = 288;
+  double routed_scaling_factor = 2.5;
+  int64_t kv_lora_rank = 512;
+  int64_t q_lora_rank = 1536;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 256;
+  int64_t qk_nope_head_dim = 256;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t num_experts_per_tok = 8;
+  bool norm_topk_prob = true;
+  int64_t max_position_embeddings = 1048576;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  std::vector<int64_t> eos_token_ids;
+  int64_t index_topk = 2048;
+  int64_t index_head_dim = 128;
+  int64_t index_n_heads = 32;
+  int64_t index_kpool = 16;
+  bool index_kpool_always_select_tail = true;
+  double swiglu_limit = 10.0;
+  int64_t linear_head_dim = 128;  // d_k = d_v of a KDA head
+  int64_t linear_num_heads = 64;
+  int64_t linear_conv_kernel_dim = 4;
+  std::optional<double> linear_lower_bound = -5.0;  // none: the legacy softplus decay
+  int64_t hc_mult = 4;
+  double hc_eps = 1e-6;
+  int64_t hc_sinkhorn_iters = 20;
+  int64_t num_nextn_predict_layers = 0;  // next-n (MTP) layers stored after the trunk's
+
+  // Per layer, after defaults and legacy keys are applied.
+  std::vector<AttentionKind> attention;
+  std::vector<bool> moe;             // mlp_layer_types[i] == "sparse"
+  std::vector<bool> shared_indexer;  // a DSA layer that reuses the previous layer's selection
+
+  bool is_kda(int64_t layer) const { return attention[layer] == AttentionKind::kKda; }
+  // DSA layers with an indexer of their own (they cache its keys).
+  bool runs_indexer(int64_t layer) const { return !is_kda(layer) && !shared_indexer[layer]; }
+  int64_t kda_channels() const { return linear_num_heads * linear_head_dim; }  // of each of q, k, v
+  // The selection a DSA query attends through: the top index_topk / index_kpool pools' tokens, then the tail.
+  int64_t selection_width() const { return index_topk + (index_kpool_always_select_tail ? index_kpool - 1 : 0); }
+  // Bytes of one sequence's KDA state in one layer: the recurrent [H, dk, dv] and the conv inputs
+  // [kernel − 1, 3·H·dk], fp32.
+  size_t kda_recurrent_bytes() const;
+  size_t kda_conv_bytes() const;
+
+  ModelInfo to_model_info() const;
+
+  // `json` is the whole config.json; errors name `source` and the field.
+  static Result<Glm5NextConfig> from_json(const nlohmann::json& json, const std::string& source);
+};
+
+}  // namespace kiln::glm5_next

@@ -1,0 +1,56 @@
+#include "model/arch/glm5_next/glm5_next_cpu_instance.h"
+
+#include <string>
+
+#include "model/host_token_select.h"
+
+namespace kiln::glm5_next {
+
+Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create(const Glm5NextConfig& config,
+                                                                         const BuildContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(Glm5NextWeights weights, load_glm5_next_weights(config, *ctx.source, *ctx.format));
+  auto model = std::make_unique<Glm5NextModel>(config, std::move(weights));
+  model->set_threads(ctx.threads);
+  return std::unique_ptr<Glm5NextCpuInstance>(new Glm5NextCpuInstance(std::move(model), *ctx.device));
+}
+
+Status Glm5NextCpuInstance::step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
+                                 const CacheViews& caches, const StepOptions& options, StepOutput& out) {
+  KILN_RETURN_IF_ERROR(model_->forward(steps, caches, options, out));
+  if (select.empty()) {
+    out.tokens.assign(steps.size(), {});
+    out.accepted.assign(steps.size(), 0);
+    return ok_status();
+  }
+  if (select.size() != steps.size())
+    return invalid_argument("token selection has " + std::to_string(select.size()) + " entries for " +
+                            std::to_string(steps.size()) + " steps");
+  return select_tokens_host(out.logits.data(), vocab_size(), out.first_row, select, out);
+}
+
+Status Glm5NextCpuInstance::mtp_step(int64_t layer, std::span<const SequenceStep>, const float*, const CacheViews&,
+                                     MtpStepOutput&) {
+  return out_of_range("MTP layer " + std::to_string(layer) + " is not loaded: glm5_next runs no next-n layers yet");
+}
+
+Status Glm5NextCpuInstance::embed(const int32_t* ids, int64_t n, TensorView out) {
+  if (!out.device.is_cpu() || out.dtype != DType::kF32 || out.numel() != n * hidden_size())
+    return invalid_argument("CPU embedding rows go to host fp32 [n, hidden]");
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size())
+      return invalid_argument("token id " + std::to_string(ids[i]) + " is outside the vocabulary");
+  model_->embed(ids, n, out.as<float>());
+  return ok_status();
+}
+
+Status Glm5NextCpuInstance::lm_head(const TensorView& hidden, float* logits) {
+  if (!hidden.device.is_cpu() || hidden.dtype != DType::kF32 || hidden.dim(-1) != hidden_size())
+    return invalid_argument("the CPU lm_head takes host fp32 [n, hidden]");
+  return model_->lm_head(hidden.as<float>(), hidden.numel() / hidden_size(), logits);
+}
+
+Status Glm5NextCpuInstance::sample_drafts(const DraftSampleRequest& request) {
+  return sample_drafts_host(request, vocab_size());
+}
+
+}  // namespace kiln::glm5_next

@@ -1,0 +1,217 @@
+#include "model/arch/glm5_next/glm5_next_model.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/half_float.h"
+#include "kernels/cpu/mhc.h"
+#include "kernels/cpu/moe_router.h"
+#include "kernels/cpu/norm.h"
+#include "model/mla_moe_model.h"
+
+namespace kiln::glm5_next {
+namespace {
+
+cpu::MhcParams mhc_params(const Glm5NextConfig& c, const MhcWeights& w) {
+  cpu::MhcParams p;
+  p.fn = w.fn.data(), p.base = w.base.data(), p.scale = w.scale.data();
+  p.streams = c.hc_mult, p.dim = c.hidden_size;
+  p.rms_eps = static_cast<float>(c.rms_norm_eps), p.hc_eps = static_cast<float>(c.hc_eps);
+  p.sinkhorn_iters = c.hc_sinkhorn_iters;
+  return p;
+}
+
+}  // namespace
+
+void Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
+  const TensorView& e = weights_.embed_tokens;
+  const int64_t hd = config_.hidden_size;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t row = static_cast<size_t>(ids[i]) * hd;
+    float* dst = out + i * hd;
+    switch (e.dtype) {
+      case DType::kF32:
+        std::copy_n(e.as<const float>() + row, hd, dst);
+        break;
+      case DType::kBF16:
+        cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, hd);
+        break;
+      default:
+        cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, hd);
+        break;
+    }
+  }
+}
+
+Status Glm5NextModel::lm_head(const float* normed, int64_t n, float* logits) const {
+  return run_linear(*weights_.lm_head, normed, n, logits);
+}
+
+Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches,
+                                  TokenLayout& tl) const {
+  if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+  const int64_t bs = caches.block_size;
+  if (bs <= 0 || !caches.layout)
+    return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
+  const bool has_kda =
+      std::find(config_.attention.begin(), config_.attention.end(), AttentionKind::kKda) != config_.attention.end();
+  tl = TokenLayout{};
+  tl.seq_begin.push_back(0);
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const SequenceStep& st = steps[s];
+    KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_.vocab_size, config_.max_position_embeddings));
+    if (has_kda && st.state_slot < 0)
+      return invalid_argument("sequence step " + std::to_string(s) +
+                              " has no state slot; glm5_next keeps recurrent KDA state per sequence");
+    for (const int32_t blk : *st.block_table)
+      if (blk < 0 || blk >= caches.num_blocks)
+        return out_of_range("sequence step " + std::to_string(s) + ": block " + std::to_string(blk) +
+                            " is outside the KV pool (" + std::to_string(caches.num_blocks) + " blocks)");
+    for (int64_t i = 0; i < static_cast<int64_t>(st.tokens.size()); ++i) {
+      const int64_t pos = st.start_position + i;
+      tl.positions.push_back(pos);
+      tl.slots.push_back(kv_slot(*st.block_table, bs, pos));
+    }
+    tl.seq_begin.push_back(static_cast<int64_t>(tl.positions.size()));
+    tl.steps.push_back(&st);
+  }
+  return ok_status();
+}
+
+Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const {
+  const int64_t inter = m.gate->out_features();
+  std::vector<float> g(n * inter), u(n * inter), a(n * inter);
+  KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
+  KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+  cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
+  return run_linear(*m.down, a.data(), n, out);
+}
+
+Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
+  const Glm5NextConfig& c = config_;
+  if (!w.is_moe) return dense_mlp(w.mlp, h, n, out);
+  const int64_t hd = c.hidden_size, experts = c.n_routed_experts, k = c.num_experts_per_tok;
+  // The router in fp32: sigmoid scores, top-k by score + correction bias, unbiased weights normalised × scaling.
+  std::vector<float> logits(n * experts), route(n * k);
+  std::vector<int32_t> ids(n * k);
+  cpu::gemm_f32(h, n, hd, w.moe.router.data(), experts, logits.data());
+  cpu::MoeRouterConfig rc;
+  rc.num_experts = experts, rc.top_k = k, rc.n_group = c.n_group, rc.topk_group = c.topk_group;
+  rc.norm_topk_prob = c.norm_topk_prob, rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+  cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), route.data(), router_margin);
+
+  std::vector<float> pairs(n * k * hd);
+  ExpertRun run;
+  run.x = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, hd});
+  run.routing.top_k = static_cast<int>(k);
+  run.routing.ids = ids.data();
+  run.routing.weights = route.data();
+  run.pair_out = pairs.data();
+  run.swiglu_limit = static_cast<float>(c.swiglu_limit);
+  KILN_RETURN_IF_ERROR(w.moe.experts->run(run, {}).status());
+  for (int64_t t = 0; t < n; ++t) {  // a token's pairs summed in slot order
+    float* dst = out + t * hd;
+    std::fill(dst, dst + hd, 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < hd; ++i) dst[i] += pairs[(t * k + j) * hd + i];
+  }
+  if (w.moe.shared.gate) {
+    std::vector<float> shared(n * hd);
+    KILN_RETURN_IF_ERROR(dense_mlp(w.moe.shared, h, n, shared.data()));
+    for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
+  }
+  return ok_status();
+}
+
+Status Glm5NextModel::run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x,
+                                std::vector<int32_t>& selected, float* router_margin) const {
+  const Glm5NextConfig& c = config_;
+  const LayerWeights& w = weights_.layers[l];
+  const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size, s = c.hc_mult;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  std::vector<float> pre(n * s), post(n * s), comb(n * s * s), h(n * hd), y(n * hd);
+  const std::string where = "layer " + std::to_string(l);
+
+  cpu::mhc_maps(x, n, mhc_params(c, w.attn_hc), pre.data(), post.data(), comb.data());
+  cpu::mhc_collapse(x, pre.data(), n, s, hd, h.data());
+  cpu::rmsnorm(h.data(), w.input_norm.data(), n, hd, eps, h.data());
+  if (w.kda) {
+    KILN_RETURN_IF_ERROR(kda(*w.kda, l, tl, caches, h.data(), y.data()).with_context(where + " KDA"));
+  } else {
+    KILN_RETURN_IF_ERROR(dsa(*w.dsa, l, tl, caches, h.data(), y.data(), selected).with_context(where + " DSA"));
+  }
+  cpu::mhc_mix(x, y.data(), post.data(), comb.data(), n, s, hd);
+
+  cpu::mhc_maps(x, n, mhc_params(c, w.ffn_hc), pre.data(), post.data(), comb.data());
+  cpu::mhc_collapse(x, pre.data(), n, s, hd, h.data());
+  cpu::rmsnorm(h.data(), w.post_attention_norm.data(), n, hd, eps, h.data());
+  KILN_RETURN_IF_ERROR(mlp(w, h.data(), n, y.data(), router_margin).with_context(where + " MLP"));
+  cpu::mhc_mix(x, y.data(), post.data(), comb.data(), n, s, hd);
+  return ok_status();
+}
+
+Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
+                              StepOutput& out) const {
+  const Glm5NextConfig& c = config_;
+  if (!options.tap_layers.empty())
+    return unimplemented(
+        "glm5_next does not hand drafters its layers' outputs (speculative decoding over its "
+        "recurrent state is not implemented)");
+  TokenLayout tl;
+  KILN_RETURN_IF_ERROR(make_layout(steps, caches, tl));
+  const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size, s = c.hc_mult;
+
+  std::vector<int32_t> ids;
+  ids.reserve(n);
+  for (const SequenceStep& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
+  std::vector<float> e(n * hd);
+  embed(ids.data(), n, e.data());
+  for (size_t i = 0; i < steps.size(); ++i)  // media rows replace their placeholders' embeddings
+    for (const MediaRows& m : steps[i].media)
+      std::copy_n(m.embeddings, m.count * hd, e.data() + (tl.seq_begin[i] + m.first_row) * hd);
+  std::vector<float> x(n * s * hd);  // the residual streams [n, hc_mult, hidden], each starting as the embedding
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < s; ++j) std::copy_n(e.data() + t * hd, hd, x.data() + (t * s + j) * hd);
+
+  out.router_margin.clear();
+  if (options.record_router_margin) out.router_margin.assign(n, std::numeric_limits<float>::infinity());
+  float* margin = options.record_router_margin ? out.router_margin.data() : nullptr;
+  // A shared DSA layer reuses the selection of the full layer just before it.
+  std::vector<int32_t> selected;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    KILN_RETURN_IF_ERROR(run_layer(l, tl, caches, x.data(), selected, margin));
+
+  // The final collapse is the plain mean of the streams (no learned weights), then the final norm.
+  std::vector<float> normed(n * hd, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = normed.data() + t * hd;
+    for (int64_t j = 0; j < s; ++j)
+      for (int64_t i = 0; i < hd; ++i) dst[i] += x[(t * s + j) * hd + i];
+    for (int64_t i = 0; i < hd; ++i) dst[i] /= static_cast<float>(s);
+  }
+  cpu::rmsnorm(normed.data(), weights_.final_norm.data(), n, hd, static_cast<float>(c.rms_norm_eps), normed.data());
+
+  std::vector<int64_t> rows;  // the last token of each step, or all of them
+  out.first_row.clear();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    out.first_row.push_back(static_cast<int64_t>(rows.size()));
+    const int64_t b = tl.seq_begin[i], end = tl.seq_begin[i + 1];
+    for (int64_t t = steps[i].all_logits ? b : end - 1; t < end; ++t) rows.push_back(t);
+  }
+  const int64_t r = static_cast<int64_t>(rows.size());
+  std::vector<float> picked(r * hd);
+  for (int64_t i = 0; i < r; ++i) std::copy_n(normed.data() + rows[i] * hd, hd, picked.data() + i * hd);
+  out.logits.resize(r * c.vocab_size);
+  KILN_RETURN_IF_ERROR(lm_head(picked.data(), r, out.logits.data()));
+  out.hidden.clear();
+  if (options.want_hidden) out.hidden = std::move(normed);
+  out.taps.clear();
+  return ok_status();
+}
+
+}  // namespace kiln::glm5_next

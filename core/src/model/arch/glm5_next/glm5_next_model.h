@@ -1,0 +1,67 @@
+// The forward pass of glm5_next (GLM-5.3-Flash) on the CPU in fp32 — the reference against transformers 5.17 and
+// for the CUDA runner to come (specs/glm5-next.md §1–3). A batch of sequences at different positions in one call:
+//   embed → hc_mult copies of the row (the residual streams) → per layer: the attn_hc maps collapse the streams,
+//   input_layernorm, KDA or DSA, mixed back into the streams; the ffn_hc maps, post_attention_layernorm, the
+//   clamped-SwiGLU MLP or MoE, mixed back → the mean of the streams → norm → lm_head.
+// Caches, per layer as the architecture's CacheSpec lists them (Glm5NextArchitecture::cache_spec):
+//   KDA: entry 0 the recurrent state [H, dk, dv], entry 1 the short conv's last kernel − 1 inputs
+//        [kernel − 1, 3·H·dk]; one slot of each per sequence (SequenceStep::state_slot), fp32; a step starting at
+//        position 0 zeroes them first.
+//   DSA: entry 0 the 512-wide latent in the recipe's KvLayout (no rope part); layers with their own indexer also
+//        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "model/arch/glm5_next/glm5_next_config.h"
+#include "model/arch/glm5_next/glm5_next_weights.h"
+#include "model/model_step.h"
+
+namespace kiln::glm5_next {
+
+class Glm5NextModel {
+ public:
+  Glm5NextModel(Glm5NextConfig config, Glm5NextWeights weights)
+      : config_(std::move(config)), weights_(std::move(weights)) {}
+
+  const Glm5NextConfig& config() const { return config_; }
+  // CPU threads for this model's kernels (0 = OpenMP's default), applied on the thread that runs each forward.
+  void set_threads(int threads) { threads_ = threads; }
+
+  // Runs all steps as one batch: updates their caches and state slots, and returns the logits rows they ask for
+  // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden, and with
+  // record_router_margin each token's smallest MoE routing margin.
+  Status forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
+                 StepOutput& out) const;
+  void embed(const int32_t* ids, int64_t n, float* out) const;
+  // Logits [n, vocab] of final-normed rows [n, hidden].
+  Status lm_head(const float* normed, int64_t n, float* logits) const;
+
+  // The step's tokens flattened, grouped by sequence.
+  struct TokenLayout {
+    std::vector<int64_t> positions, slots;  // per token: position and paged-cache slot
+    std::vector<int64_t> seq_begin;         // [steps + 1] token offsets
+    std::vector<const SequenceStep*> steps;
+  };
+
+ private:
+  Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const;
+  // One decoder layer over the streams x [N, hc_mult, hidden], in place.
+  Status run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x, std::vector<int32_t>& selected,
+                   float* router_margin) const;
+  Status kda(const KdaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,
+             float* out) const;
+  Status dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,
+             float* out, std::vector<int32_t>& selected) const;
+  Status indexer_select(const PooledIndexerWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches,
+                        const float* h, const float* q_resid, std::vector<int32_t>& selected) const;
+  Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
+  Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
+
+  Glm5NextConfig config_;
+  Glm5NextWeights weights_;
+  int threads_ = 0;
+};
+
+}  // namespace kiln::glm5_next

@@ -1,0 +1,185 @@
+#include "model/arch/glm5_next/glm5_next_weights.h"
+
+#include <string>
+
+#include "model/arch/glm5_next/glm5_next_tensor_names.h"
+
+namespace kiln::glm5_next {
+namespace {
+
+struct Loader {
+  const Glm5NextConfig& c;
+  const WeightSource& src;
+  WeightFormat& format;
+
+  // Modules reading the same input, stacked along the output dimension (one name: a plain projection).
+  Result<std::unique_ptr<Linear>> linear(std::vector<std::string> names, std::vector<int64_t> outs, int64_t in) const {
+    LinearSpec spec;
+    spec.names = names;
+    spec.out_features = outs;
+    spec.in_features = in;
+    KILN_ASSIGN_OR_RETURN(auto l, format.load_linear(src, spec));
+    if (l->in_features() != in || l->out_features() != spec.total_out())
+      return invalid_argument("`" + names[0] + "` is [" + std::to_string(l->out_features()) + ", " +
+                              std::to_string(l->in_features()) + "], the config implies [" +
+                              std::to_string(spec.total_out()) + ", " + std::to_string(in) + "] (" + c.source + ")");
+    return l;
+  }
+  Result<std::unique_ptr<Linear>> linear(const std::string& name, int64_t in, int64_t out) const {
+    return linear(std::vector<std::string>{name}, std::vector<int64_t>{out}, in);
+  }
+  Result<std::vector<float>> f32(const std::string& name, std::initializer_list<int64_t> shape) const {
+    return load_f32(src, name, shape);
+  }
+
+  Result<MhcWeights> mhc(const std::string& p) const {
+    const int64_t s = c.hc_mult, mix = (2 + s) * s;
+    MhcWeights m;
+    KILN_ASSIGN_OR_RETURN(m.fn, f32(p + ".fn", {mix, s * c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(m.base, f32(p + ".base", {mix}));
+    KILN_ASSIGN_OR_RETURN(m.scale, f32(p + ".scale", {3}));
+    return m;
+  }
+
+  // conv1d.weight [3C, 1, W] in transformers' form; q_conv1d / k_conv1d / v_conv1d [C, 1, W] each in the original.
+  Result<std::vector<float>> short_conv(const std::string& p) const {
+    const int64_t ch = c.kda_channels(), w = c.linear_conv_kernel_dim;
+    if (src.has(p + ".conv1d.weight") || !src.has(p + ".q_conv1d.weight"))
+      return f32(p + ".conv1d.weight", {3 * ch, 1, w});
+    std::vector<float> conv;
+    for (const char* part : {"q", "k", "v"}) {
+      KILN_ASSIGN_OR_RETURN(auto one, f32(p + "." + part + "_conv1d.weight", {ch, 1, w}));
+      conv.insert(conv.end(), one.begin(), one.end());
+    }
+    return conv;
+  }
+
+  Result<std::unique_ptr<KdaWeights>> kda(const std::string& p) const {
+    const int64_t hidden = c.hidden_size, h = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels();
+    auto k = std::make_unique<KdaWeights>();
+    KILN_ASSIGN_OR_RETURN(k->qkv, linear({p + ".q_proj", p + ".k_proj", p + ".v_proj"}, {ch, ch, ch}, hidden));
+    KILN_ASSIGN_OR_RETURN(k->conv, short_conv(p));
+    KILN_ASSIGN_OR_RETURN(k->f_a, linear(p + ".forget_gate.f_a_proj", hidden, d));
+    KILN_ASSIGN_OR_RETURN(k->f_b, linear(p + ".forget_gate.f_b_proj", d, ch));
+    KILN_ASSIGN_OR_RETURN(k->dt_bias, f32(p + ".forget_gate.dt_bias", {ch}));
+    KILN_ASSIGN_OR_RETURN(k->a_log, f32(p + ".forget_gate.A_log", {h}));
+    KILN_ASSIGN_OR_RETURN(k->b_proj, linear(p + ".b_proj", hidden, h));
+    KILN_ASSIGN_OR_RETURN(k->g_a, linear(p + ".g_a_proj", hidden, d));
+    KILN_ASSIGN_OR_RETURN(k->g_b, linear(p + ".g_b_proj", d, ch));
+    KILN_ASSIGN_OR_RETURN(k->o_norm, f32(p + ".o_norm.weight", {d}));
+    KILN_ASSIGN_OR_RETURN(k->o_proj, linear(p + ".o_proj", ch, hidden));
+    return k;
+  }
+
+  Result<std::unique_ptr<PooledIndexerWeights>> indexer(const std::string& p) const {
+    const int64_t dim = c.index_head_dim;
+    auto x = std::make_unique<PooledIndexerWeights>();
+    KILN_ASSIGN_OR_RETURN(x->wq_b, linear(p + ".wq_b", c.q_lora_rank, c.index_n_heads * dim));
+    KILN_ASSIGN_OR_RETURN(x->wk, linear(p + ".wk", c.hidden_size, dim));
+    KILN_ASSIGN_OR_RETURN(x->weights_proj, linear(p + ".weights_proj", c.hidden_size, c.index_n_heads));
+    KILN_ASSIGN_OR_RETURN(x->k_norm_weight, f32(p + ".k_norm.weight", {dim}));
+    KILN_ASSIGN_OR_RETURN(x->k_norm_bias, f32(p + ".k_norm.bias", {dim}));
+    KILN_ASSIGN_OR_RETURN(x->ape, f32(p + ".index_kpool_compress_ape", {c.index_kpool, dim}));
+    KILN_ASSIGN_OR_RETURN(x->compress_gate, f32(p + ".index_kpool_compress_gate", {dim, c.hidden_size}));
+    return x;
+  }
+
+  Result<std::unique_ptr<DsaWeights>> dsa(const std::string& p, bool with_indexer) const {
+    const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, latent = c.kv_lora_rank;
+    auto a = std::make_unique<DsaWeights>();
+    KILN_ASSIGN_OR_RETURN(a->q_a, linear(p + ".q_a_proj", hidden, c.q_lora_rank));
+    KILN_ASSIGN_OR_RETURN(a->q_a_norm, f32(p + ".q_a_layernorm.weight", {c.q_lora_rank}));
+    KILN_ASSIGN_OR_RETURN(a->q_b, linear(p + ".q_b_proj", c.q_lora_rank, heads * c.qk_nope_head_dim));
+    KILN_ASSIGN_OR_RETURN(a->kv_a, linear(p + ".kv_a_proj_with_mqa", hidden, latent));
+    KILN_ASSIGN_OR_RETURN(a->kv_a_norm, f32(p + ".kv_a_layernorm.weight", {latent}));
+    KILN_ASSIGN_OR_RETURN(a->kv_b, linear(p + ".kv_b_proj", latent, heads * (c.qk_nope_head_dim + c.v_head_dim)));
+    a->kv_b_f32.resize(static_cast<size_t>(a->kv_b->out_features() * latent));
+    KILN_RETURN_IF_ERROR(
+        a->kv_b
+            ->dequantize(TensorView::contiguous(a->kv_b_f32.data(), DType::kF32, {a->kv_b->out_features(), latent}), {})
+            .with_context(p + ".kv_b_proj"));
+    KILN_ASSIGN_OR_RETURN(a->o_proj, linear(p + ".o_proj", heads * c.v_head_dim, hidden));
+    if (with_indexer) {
+      KILN_ASSIGN_OR_RETURN(a->indexer, indexer(p + ".indexer"));
+    }
+    return a;
+  }
+
+  Result<MlpWeights> mlp(const std::string& p, int64_t inter) const {
+    MlpWeights m;
+    KILN_ASSIGN_OR_RETURN(m.gate, linear(p + ".gate_proj", c.hidden_size, inter));
+    KILN_ASSIGN_OR_RETURN(m.up, linear(p + ".up_proj", c.hidden_size, inter));
+    KILN_ASSIGN_OR_RETURN(m.down, linear(p + ".down_proj", inter, c.hidden_size));
+    return m;
+  }
+
+  Result<MoeWeights> moe(const std::string& p) const {
+    const int64_t experts = c.n_routed_experts;
+    MoeWeights m;
+    KILN_ASSIGN_OR_RETURN(m.router, f32(p + ".gate.weight", {experts, c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(m.router_bias, f32(p + ".gate.e_score_correction_bias", {experts}));
+    ExpertSpec spec;
+    spec.prefix = p + ".experts";
+    spec.num_experts = experts;
+    spec.hidden = c.hidden_size;
+    spec.intermediate = c.moe_intermediate_size;
+    KILN_ASSIGN_OR_RETURN(m.experts, format.load_experts(src, spec));
+    if (m.experts->hidden_size() != c.hidden_size || m.experts->intermediate_size() != c.moe_intermediate_size)
+      return invalid_argument(spec.prefix + ": expert shapes do not match moe_intermediate_size / hidden_size in " +
+                              c.source);
+    if (c.n_shared_experts > 0) {
+      KILN_ASSIGN_OR_RETURN(m.shared, mlp(p + ".shared_experts", c.moe_intermediate_size * c.n_shared_experts));
+    }
+    return m;
+  }
+
+  Result<LayerWeights> layer(const std::string& p, int64_t l) const {
+    LayerWeights w;
+    KILN_ASSIGN_OR_RETURN(w.input_norm, f32(p + ".input_layernorm.weight", {c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(w.post_attention_norm, f32(p + ".post_attention_layernorm.weight", {c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(w.attn_hc, mhc(p + ".attn_hc"));
+    KILN_ASSIGN_OR_RETURN(w.ffn_hc, mhc(p + ".ffn_hc"));
+    if (c.is_kda(l)) {
+      KILN_ASSIGN_OR_RETURN(w.kda, kda(p + ".self_attn"));
+    } else {
+      KILN_ASSIGN_OR_RETURN(w.dsa, dsa(p + ".self_attn", c.runs_indexer(l)));
+    }
+    w.is_moe = c.moe[l];
+    if (w.is_moe) {
+      KILN_ASSIGN_OR_RETURN(w.moe, moe(p + ".mlp"));
+    } else {
+      KILN_ASSIGN_OR_RETURN(w.mlp, mlp(p + ".mlp", c.intermediate_size));
+    }
+    return w;
+  }
+};
+
+}  // namespace
+
+Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const WeightSource& checkpoint,
+                                               WeightFormat& format) {
+  Glm5NextWeights w;
+  auto names = std::make_shared<Glm5NextTensorNames>(checkpoint);
+  w.names = names;
+  const std::string prefix = names->trunk_prefix();
+  const Loader load{c, *names, format};
+  const std::string embed = prefix + "embed_tokens.weight";
+  KILN_ASSIGN_OR_RETURN(w.embed_tokens, names->get(embed));
+  if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
+    return invalid_argument("tensor `" + embed + "` has shape " + w.embed_tokens.shape_string() + ", expected [" +
+                            std::to_string(c.vocab_size) + ", " + std::to_string(c.hidden_size) + "]");
+  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 &&
+      w.embed_tokens.dtype != DType::kF16)
+    return invalid_argument("tensor `" + embed + "` has unsupported dtype " +
+                            std::string(dtype_name(w.embed_tokens.dtype)));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    KILN_ASSIGN_OR_RETURN(LayerWeights layer, load.layer(prefix + "layers." + std::to_string(l), l));
+    w.layers.push_back(std::move(layer));
+  }
+  KILN_ASSIGN_OR_RETURN(w.final_norm, load.f32(prefix + "norm.weight", {c.hidden_size}));
+  const std::string head = c.tie_word_embeddings && !names->has("lm_head.weight") ? prefix + "embed_tokens" : "lm_head";
+  KILN_ASSIGN_OR_RETURN(w.lm_head, load.linear(head, c.hidden_size, c.vocab_size));
+  return w;
+}
+
+}  // namespace kiln::glm5_next

@@ -1,0 +1,71 @@
+// The weights of a glm5_next model for the CPU forward pass, resolved once at load: projections and experts
+// through the recipe's WeightFormat, the small tensors the model computes with in fp32 (norms, the router and its
+// correction bias, the short conv, dt_bias, A_log, the mHC maps, the k-pool ape and compress gate) as fp32 copies.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kiln/weight_format.h"
+#include "model/arch/glm5_next/glm5_next_config.h"
+#include "model/model_weights.h"
+
+namespace kiln::glm5_next {
+
+// One hyper-connection site (attn_hc or ffn_hc): fn [(2 + S)·S, S·hidden], base [(2 + S)·S], scale [3].
+struct MhcWeights {
+  std::vector<float> fn, base, scale;
+};
+
+struct KdaWeights {
+  std::unique_ptr<Linear> qkv;       // q_proj, k_proj, v_proj stacked: [3·H·dk, hidden]
+  std::vector<float> conv;           // [3·H·dk, kernel] depthwise, weight[c, kernel − 1] on the current token
+  std::unique_ptr<Linear> f_a, f_b;  // forget gate: hidden → dk → H·dk
+  std::vector<float> dt_bias;        // [H·dk]
+  std::vector<float> a_log;          // [H]
+  std::unique_ptr<Linear> b_proj;    // hidden → H (β)
+  std::unique_ptr<Linear> g_a, g_b;  // output gate: hidden → dv → H·dv
+  std::vector<float> o_norm;         // [dv], shared by the heads
+  std::unique_ptr<Linear> o_proj;    // H·dv → hidden
+};
+
+struct PooledIndexerWeights {
+  std::unique_ptr<Linear> wq_b, wk, weights_proj;
+  std::vector<float> k_norm_weight, k_norm_bias;
+  std::vector<float> ape;            // index_kpool_compress_ape [pool, D]
+  std::vector<float> compress_gate;  // index_kpool_compress_gate [D, hidden]
+};
+
+struct DsaWeights {
+  std::unique_ptr<Linear> q_a, q_b, kv_a, kv_b, o_proj;
+  std::vector<float> q_a_norm, kv_a_norm;
+  std::vector<float> kv_b_f32;                    // kv_b as fp32 [H·(nope + v), latent], for the absorbed form
+  std::unique_ptr<PooledIndexerWeights> indexer;  // layers whose indexer is not shared
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_attention_norm;
+  MhcWeights attn_hc, ffn_hc;
+  std::unique_ptr<KdaWeights> kda;  // exactly one of kda / dsa
+  std::unique_ptr<DsaWeights> dsa;
+  bool is_moe = false;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // sparse layers (router, correction bias, experts, shared expert)
+};
+
+struct Glm5NextWeights {
+  TensorView embed_tokens;  // [vocab, hidden] as stored; rows widened on lookup
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;
+  std::unique_ptr<Linear> lm_head;
+  // The source the format loaded from (the checkpoint seen through its tensor names): kept as long as the weights,
+  // for formats that hold on to their source.
+  std::shared_ptr<const WeightSource> names;
+};
+
+// Every trunk layer through `format`, from a checkpoint in any of the naming schemes Glm5NextTensorNames reads.
+// Errors name the missing or misshapen tensor.
+Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& config, const WeightSource& checkpoint,
+                                               WeightFormat& format);
+
+}  // namespace kiln::glm5_next

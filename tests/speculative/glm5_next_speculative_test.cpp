@@ -1,0 +1,69 @@
+// Speculative decoding over glm5_next's recurrent KDA state: the engine snapshots the state slots before a
+// verification pass and restores them after a rejection (BatchEngine), so a drafter that needs no weights (the
+// plugin template's n-gram prompt lookup) leaves the greedy output unchanged. The MTP drafter is refused at start:
+// glm5_next loads no next-n layer yet.
+#include <gtest/gtest.h>
+
+#include "common/glm5_next_test_model.h"
+#include "plugin/plugin_loader.h"
+#include "speculative/speculative_test_support.h"
+
+namespace kiln {
+namespace {
+
+using testing::model_dir;
+
+void load_template_plugin() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(std::filesystem::path(KILN_TEMPLATE_PLUGIN_DIR) / "kiln-example.so");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-example target)";
+}
+
+std::vector<std::string> sets(const std::string& method) {
+  std::vector<std::string> s = {"model.path=" + model_dir("glm5_next-tiny").string(),
+                                "model.device=cpu",
+                                "model.threads=1",
+                                "kv.layout=fp32",
+                                "kv.block_size=16",
+                                "scheduler.max_model_len=512",
+                                "scheduler.max_num_seqs=2",
+                                "speculative.method=" + method,
+                                "speculative.depth=" + std::string(method == "none" ? "0" : "3")};
+  if (method == "ngram") s.push_back("speculative.ngram_size=1");
+  return s;
+}
+
+TEST(Glm5NextSpeculative, NgramDraftsLeaveGreedyOutputUnchanged) {
+  load_template_plugin();
+  auto recipe = load_recipe("", sets("ngram"), global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto m = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  std::vector<int32_t> prompt;  // repeats itself, so prompt lookup finds continuations to propose
+  for (int r = 0; r < 6; ++r)
+    for (int32_t t : {101, 57, 302, 88, 19, 240, 7, 411}) prompt.push_back(t);
+  EngineMetrics metrics;
+  auto drafted = testing::engine_generate(*m, sets("ngram"), prompt, 40, {}, {}, &metrics);
+  ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
+  auto plain = testing::engine_generate(*m, sets("none"), prompt, 40);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(*drafted, *plain);
+  EXPECT_GT(metrics.spec_draft_tokens, 0) << "the n-gram drafter proposed nothing";
+  EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens) << "no draft was rejected: nothing rolled back";
+}
+
+TEST(Glm5NextSpeculative, TheMtpDrafterIsRefusedNamingTheMissingLayers) {
+  testing::load_mtp_plugin();
+  auto recipe = load_recipe("", sets("mtp"), global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto m = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  auto e = start_engine(*m, *recipe);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("MTP"), std::string::npos) << e.status().to_string();
+}
+
+}  // namespace
+}  // namespace kiln
