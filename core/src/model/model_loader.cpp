@@ -69,6 +69,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   if (precision != Precision::kFp32 && device == DeviceType::kCuda)
     return model.error("precision", "is the CPU runner's arithmetic and has no effect on CUDA (the CUDA runner is bf16); "
                                     "remove it or run on the CPU");
+  if (Status s = m.arch->supports_precision(precision); !s.ok()) return model.error("precision", s.message());
   // model.threads: the OpenMP team size of kiln's host-side kernels (the CPU forward; conversions at load).
   const int threads = static_cast<int>(model.get_int("threads", 0));
   if (threads > 0) omp_set_num_threads(threads);

@@ -117,6 +117,7 @@ class Checker {
     check_model_path();
     check_draft_model_path();
     check_device();
+    check_precision();
     check_capability_devices();
     if (!device_known_ || !can_create_) return;
     check_kv_layout();
@@ -192,6 +193,18 @@ class Checker {
     } else {
       device_known_ = false;  // "auto" resolves against the model's architecture, which could not be read
     }
+  }
+
+  // model.precision is the CPU runner's arithmetic: refused on CUDA, and where the architecture has no such mode.
+  void check_precision() {
+    const RecipeSection& model = recipe_.section("model");
+    if (!model.has("precision") || model.get_string("precision") == "fp32" || !device_known_) return;
+    if (device_ == DeviceType::kCuda)
+      return problem(about(model, "precision",
+                           invalid_argument("is the CPU runner's arithmetic and has no effect on CUDA (the CUDA runner "
+                                            "is bf16); remove it or run on the CPU")));
+    if (arch_)
+      if (Status s = arch_->supports_precision(Precision::kBf16); !s.ok()) problem(about(model, "precision", s));
   }
 
   // Each selected capability implements the device.

@@ -18,6 +18,7 @@
 #include "kiln/device.h"
 #include "kiln/model_info.h"
 #include "kiln/status.h"
+#include "model/precision.h"
 
 namespace kiln {
 
@@ -35,6 +36,8 @@ class Architecture {
   virtual CacheSpec cache_spec(int64_t mtp_layers) const = 0;
   // Why this model cannot run on `device` (shapes its kernels do not take), or ok.
   virtual Status supports(DeviceType device) const = 0;
+  // Why its CPU path cannot run in `precision` (model.precision), or ok; asked at load and by `kiln recipe check`.
+  virtual Status supports_precision(Precision precision) const { return ok_status(); }
   // The model on ctx's device: weights through its WeightFormat, attention through its KvLayout.
   virtual Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const = 0;
 };

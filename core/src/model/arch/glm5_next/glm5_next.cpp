@@ -46,14 +46,18 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
   if (ctx.collective && ctx.collective->world_size() > 1)
     return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
                          " ranks, and glm5_next does not shard its weights (parallel.tensor = 1)");
-  if (ctx.precision != Precision::kFp32)
-    return unimplemented(
-        "model.precision = \"bf16\" (the CUDA runner's rounding) is not modelled for glm5_next; "
-        "its CPU path is the fp32 reference (model.precision = \"fp32\")");
+  KILN_RETURN_IF_ERROR(supports_precision(ctx.precision));
   // ctx.load_mtp is not an error: next-n layers are not run for glm5_next yet, so none is loaded
   // (num_mtp_layers() = 0) and a drafter that needs them is refused at engine start, naming what is missing.
   KILN_ASSIGN_OR_RETURN(auto m, glm5_next::Glm5NextCpuInstance::create(config_, ctx));
   return std::unique_ptr<ModelInstance>(std::move(m));
+}
+
+Status Glm5NextArchitecture::supports_precision(Precision precision) const {
+  if (precision == Precision::kFp32) return ok_status();
+  return unimplemented(
+      "model.precision = \"bf16\" (the CUDA runner's rounding) is not modelled for glm5_next; "
+      "its CPU path is the fp32 reference (model.precision = \"fp32\")");
 }
 
 Result<std::unique_ptr<Architecture>> parse_glm5_next(const nlohmann::json& config, const std::string& source) {

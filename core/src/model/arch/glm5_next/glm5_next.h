@@ -25,6 +25,7 @@ class Glm5NextArchitecture final : public Architecture {
   // layers with an indexer of their own. Next-n (MTP) layers are not run yet: none is loaded, and they cache nothing.
   CacheSpec cache_spec(int64_t mtp_layers) const override;
   Status supports(DeviceType device) const override;
+  Status supports_precision(Precision precision) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
  private:
