@@ -21,7 +21,7 @@ void load_template_plugin() {
   ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-example target)";
 }
 
-std::vector<std::string> sets(const std::string& method) {
+std::vector<std::string> sets(const std::string& method, int depth = 3) {
   std::vector<std::string> s = {"model.path=" + model_dir("glm5_next-tiny").string(),
                                 "model.device=cpu",
                                 "model.threads=1",
@@ -30,12 +30,12 @@ std::vector<std::string> sets(const std::string& method) {
                                 "scheduler.max_model_len=512",
                                 "scheduler.max_num_seqs=2",
                                 "speculative.method=" + method,
-                                "speculative.depth=" + std::string(method == "none" ? "0" : "3")};
+                                "speculative.depth=" + std::to_string(method == "none" ? 0 : depth)};
   if (method == "ngram") s.push_back("speculative.ngram_size=1");
   return s;
 }
 
-TEST(Glm5NextSpeculative, NgramDraftsLeaveGreedyOutputUnchanged) {
+TEST(Glm5NextSpeculative, NgramDraftsLeaveGreedyOutputUnchangedAtDepths1To5) {
   load_template_plugin();
   auto recipe = load_recipe("", sets("ngram"), global_registry());
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
@@ -44,14 +44,17 @@ TEST(Glm5NextSpeculative, NgramDraftsLeaveGreedyOutputUnchanged) {
   std::vector<int32_t> prompt;  // repeats itself, so prompt lookup finds continuations to propose
   for (int r = 0; r < 6; ++r)
     for (int32_t t : {101, 57, 302, 88, 19, 240, 7, 411}) prompt.push_back(t);
-  EngineMetrics metrics;
-  auto drafted = testing::engine_generate(*m, sets("ngram"), prompt, 40, {}, {}, &metrics);
-  ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
   auto plain = testing::engine_generate(*m, sets("none"), prompt, 40);
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
-  EXPECT_EQ(*drafted, *plain);
-  EXPECT_GT(metrics.spec_draft_tokens, 0) << "the n-gram drafter proposed nothing";
-  EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens) << "no draft was rejected: nothing rolled back";
+  for (int depth = 1; depth <= 5; ++depth) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    EngineMetrics metrics;
+    auto drafted = testing::engine_generate(*m, sets("ngram", depth), prompt, 40, {}, {}, &metrics);
+    ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
+    EXPECT_EQ(*drafted, *plain);
+    EXPECT_GT(metrics.spec_draft_tokens, 0) << "the n-gram drafter proposed nothing";
+    EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens) << "no draft was rejected: nothing rolled back";
+  }
 }
 
 TEST(Glm5NextSpeculative, TheMtpDrafterIsRefusedNamingTheMissingLayers) {
