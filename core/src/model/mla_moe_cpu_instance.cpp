@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "model/host_model_args.h"
 #include "model/host_token_select.h"
 
 namespace kiln {
@@ -39,18 +40,13 @@ Status MlaMoeCpuInstance::mtp_step(int64_t layer, std::span<const SequenceStep> 
 }
 
 Status MlaMoeCpuInstance::embed(const int32_t* ids, int64_t n, TensorView out) {
-  if (!out.device.is_cpu() || out.dtype != DType::kF32 || out.numel() != n * hidden_size())
-    return invalid_argument("CPU embedding rows go to host fp32 [n, hidden]");
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= vocab_size())
-      return invalid_argument("token id " + std::to_string(ids[i]) + " is outside the vocabulary");
+  KILN_RETURN_IF_ERROR(check_host_embed_args(ids, n, out, vocab_size(), hidden_size()));
   model_->embed(ids, n, out.as<float>());
   return ok_status();
 }
 
 Status MlaMoeCpuInstance::lm_head(const TensorView& hidden, float* logits) {
-  if (!hidden.device.is_cpu() || hidden.dtype != DType::kF32 || hidden.dim(-1) != hidden_size())
-    return invalid_argument("the CPU lm_head takes host fp32 [n, hidden]");
+  KILN_RETURN_IF_ERROR(check_host_lm_head_args(hidden, hidden_size()));
   return model_->lm_head(hidden.as<float>(), hidden.numel() / hidden_size(), logits);
 }
 
