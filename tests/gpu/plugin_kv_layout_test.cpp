@@ -8,6 +8,8 @@
 // widths and with a DSA selection, and the plugin's own host half), which differ only by summation order and expf.
 #include <gtest/gtest.h>
 
+#include "common/template_plugin.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -30,10 +32,7 @@ constexpr int64_t kBlockSize = 16;
 
 // Loads kiln-example.so into the global registry once per process.
 void load_template_plugin() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    return loader.load_file(std::filesystem::path(KILN_TEMPLATE_PLUGIN_DIR) / "kiln-example.so");
-  }();
+  const Status& loaded = testing::template_plugin_loaded();
   ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-example target)";
 }
 

@@ -137,8 +137,9 @@ TEST(Glm5NextConfig, CacheSpecHoldsStateForKdaAndPagesForDsa) {
   ASSERT_EQ(spec.layers.size(), 6u);
   // KDA layers 0, 3, 5: recurrent [4, 8, 8] + conv [3, 3·32] fp32 per sequence.
   EXPECT_EQ(spec.bytes_per_sequence(), 3u * (4 * 8 * 8 + 3 * 96) * 4);
-  // DSA layers 1, 2, 4: the latent in the layout; 1 and 4 run their indexer ([k | gate] of 32 each, fp32).
-  EXPECT_EQ(spec.bytes_per_token(64), 3u * 64 + 2u * 64 * 4);
+  // DSA layers 1, 2, 4: the latent in the layout; 1 and 4 run their indexer ([k | gate] of 32 each, fp32, and a
+  // 32-float pool key per 16 tokens).
+  EXPECT_EQ(spec.bytes_per_token(64), 3u * 64 + 2u * (64 * 4 + 32 * 4 / 16));
   EXPECT_EQ(spec.layers[2].entries.size(), 1u);
   EXPECT_EQ((*arch)->info().qk_rope_head_dim, 0);
   EXPECT_FALSE((*arch)->supports(DeviceType::kCuda).ok());

@@ -4,6 +4,8 @@
 // glm5_next loads no next-n layer yet.
 #include <gtest/gtest.h>
 
+#include "common/template_plugin.h"
+
 #include "common/glm5_next_test_model.h"
 #include "plugin/plugin_loader.h"
 #include "speculative/speculative_test_support.h"
@@ -14,10 +16,7 @@ namespace {
 using testing::model_dir;
 
 void load_template_plugin() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    return loader.load_file(std::filesystem::path(KILN_TEMPLATE_PLUGIN_DIR) / "kiln-example.so");
-  }();
+  const Status& loaded = testing::template_plugin_loaded();
   ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-example target)";
 }
 

@@ -3,6 +3,8 @@
 // checkpoint is refused when the engine starts, naming what is missing.
 #include <gtest/gtest.h>
 
+#include "common/template_plugin.h"
+
 #include "plugin/plugin_loader.h"
 #include "speculative/speculative_test_support.h"
 
@@ -12,10 +14,7 @@ namespace {
 using testing::model_dir;
 
 void load_template_plugin() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    return loader.load_file(std::filesystem::path(KILN_TEMPLATE_PLUGIN_DIR) / "kiln-example.so");
-  }();
+  const Status& loaded = testing::template_plugin_loaded();
   ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-example target)";
 }
 

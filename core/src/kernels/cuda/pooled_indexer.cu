@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kDim) pool_key_kernel(const float* __restrict_
 // memory (broadcast reads), heads summed in order.
 __global__ void __launch_bounds__(kScoreThreads) score_kernel(const float* __restrict__ q, const float* __restrict__ w,
                                                               const float* __restrict__ keys, int64_t num_pools,
-                                                              int heads, float scale, int64_t q_pos0, int64_t pool,
+                                                              int heads, float scale, int64_t q_pos0, const int64_t* __restrict__ positions, int64_t pool,
                                                               float* __restrict__ scores) {
   __shared__ __align__(16) float s_q[kMaxHeads * kDim];
   __shared__ float s_w[kMaxHeads];
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(const float* __res
   __syncthreads();
   const int64_t p = static_cast<int64_t>(blockIdx.x) * kScoreThreads + threadIdx.x;
   if (p >= num_pools) return;
-  const int64_t q_pos = q_pos0 + s;
+  const int64_t q_pos = positions ? positions[s] : q_pos0 + s;
   if (p * pool + pool - 1 > q_pos) {
     scores[s * num_pools + p] = -INFINITY;
     return;
@@ -72,12 +72,12 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(const float* __res
 
 // One block per query: the ranked pools' positions, the tail, −1.
 __global__ void __launch_bounds__(256) expand_kernel(const int32_t* __restrict__ ranked, int64_t top, int64_t num_pools,
-                                                     int64_t q_pos0, int64_t pool, bool select_tail,
+                                                     int64_t q_pos0, const int64_t* __restrict__ positions, int64_t pool, bool select_tail,
                                                      int32_t* __restrict__ out, int64_t width) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t s = blockIdx.x;
-  const int64_t q_pos = q_pos0 + s;
+  const int64_t q_pos = positions ? positions[s] : q_pos0 + s;
   const int64_t candidates = min(num_pools, (q_pos + 1) / pool);
   const int64_t m = min(top, candidates);
   const int64_t tc = select_tail ? (q_pos + 1) % pool : 0;
@@ -110,7 +110,7 @@ Status pooled_indexer_pool_keys(const float* k, int64_t k_stride, const float* g
 
 Status pooled_indexer_scores(const float* q, const float* w, const float* pool_keys, int64_t t_q, int64_t num_pools,
                              int64_t heads, float scale, int64_t q_pos0, int64_t pool, float* scores,
-                             StreamHandle stream) {
+                             StreamHandle stream, const int64_t* positions) {
   if (t_q < 0 || num_pools < 0 || heads <= 0 || heads > kMaxHeads || pool <= 0 || q_pos0 < 0)
     return invalid_argument("cuda::pooled_indexer_scores: need heads in 1..64, pool > 0, q_pos0 ≥ 0");
   if (reinterpret_cast<uintptr_t>(pool_keys) % 16 != 0)
@@ -118,13 +118,13 @@ Status pooled_indexer_scores(const float* q, const float* w, const float* pool_k
   if (t_q == 0 || num_pools == 0) return ok_status();
   const dim3 grid(blocks_for(num_pools, kScoreThreads), static_cast<unsigned>(t_q));
   return check_cuda(launch_pdl(score_kernel, grid, dim3(kScoreThreads), 0, stream, q, w, pool_keys, num_pools,
-                               static_cast<int>(heads), scale, q_pos0, pool, scores),
+                               static_cast<int>(heads), scale, q_pos0, positions, pool, scores),
                     "cuda::pooled_indexer_scores");
 }
 
 Status pooled_indexer_select(const float* scores, int64_t t_q, int64_t num_pools, int64_t q_pos0, int64_t pool,
                              int64_t index_topk, bool select_tail, int32_t* workspace, int32_t* out, int64_t width,
-                             StreamHandle stream) {
+                             StreamHandle stream, const int64_t* positions) {
   const int64_t top = pool > 0 ? index_topk / pool : 0;
   if (t_q < 0 || num_pools < 0 || pool <= 0 || top <= 0 || top > kMaxTopK || q_pos0 < 0 ||
       width < index_topk + (select_tail ? pool - 1 : 0))
@@ -133,7 +133,7 @@ Status pooled_indexer_select(const float* scores, int64_t t_q, int64_t num_pools
   if (t_q == 0) return ok_status();
   if (num_pools > 0) KILN_RETURN_IF_ERROR(topk_rows(scores, t_q, num_pools, top, -1, workspace, stream));
   return check_cuda(launch_pdl(expand_kernel, dim3(static_cast<unsigned>(t_q)), dim3(256), 0, stream, workspace, top,
-                               num_pools, q_pos0, pool, select_tail, out, width),
+                               num_pools, q_pos0, positions, pool, select_tail, out, width),
                     "cuda::pooled_indexer_select");
 }
 

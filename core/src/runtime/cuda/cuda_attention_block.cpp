@@ -47,7 +47,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, flo
   if (w.qkv_a) {
     KILN_RETURN_IF_ERROR(run_linear(x, *w.qkv_a, b.h, N, b.qkv_a, DType::kF32));
     KILN_RETURN_IF_ERROR(
-        rmsnorm_rounded_f32_bf16(b.qkv_a, qkv, w.q_a_norm, N, q_lora, kLatentNormEps, b.q_res_n, st));
+        rmsnorm_rounded_f32_bf16(b.qkv_a, qkv, w.q_a_norm, N, q_lora, w.latent_norm_eps, b.q_res_n, st));
     KILN_RETURN_IF_ERROR(run_linear(x, *w.q_b, b.q_res_n, N, b.q, DType::kF32));
   } else {
     KILN_RETURN_IF_ERROR(run_linear(x, *w.q_proj, b.h, N, b.q, DType::kF32));
@@ -57,7 +57,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, flo
   // fuses it all; else the core finishes the rows and queries first and the layout stores final rows.
   KvAppendArgs append;
   append.pages = pages, append.slots = b.slots, append.n = N, append.rows = ckv, append.row_stride = qkv;
-  append.norm_weight = w.kv_a_norm, append.eps = kLatentNormEps;
+  append.norm_weight = w.kv_a_norm, append.eps = w.latent_norm_eps;
   append.positions = Rr > 0 ? b.positions : nullptr, append.inv_freq = I.inv_freq, append.rope_factor = I.rope_factor;
   append.q = b.q, append.heads = H, append.nope = nope, append.q_bf = b.q_bf, append.q_abs = b.q_abs;
   const uint32_t fused = layout.append_fusions();
@@ -67,7 +67,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, flo
     MlaRopeCacheWrite rw;
     rw.q = b.q, rw.ckv = ckv, rw.ckv_stride = qkv, rw.n = N, rw.heads = H, rw.nope = nope, rw.rope = Rr, rw.latent = L;
     rw.positions = append.positions, rw.inv_freq = I.inv_freq, rw.attention_factor = I.rope_factor;
-    rw.norm_weight = w.kv_a_norm, rw.eps = kLatentNormEps, rw.slots = b.slots, rw.cache = nullptr;
+    rw.norm_weight = w.kv_a_norm, rw.eps = w.latent_norm_eps, rw.slots = b.slots, rw.cache = nullptr;
     rw.q_bf = b.q_bf, rw.q_abs = b.q_abs;
     KILN_RETURN_IF_ERROR(mla_rope_cache_write(rw, st));
     append.norm_weight = nullptr, append.positions = nullptr, append.q = nullptr;
@@ -76,6 +76,9 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, flo
   I.timer.mark("attention: projections, rope, cache write");
   if (w.indexer) {
     KILN_RETURN_IF_ERROR(indexer_block(x, *w.indexer, index_keys));
+    I.timer.mark("attention: DSA indexer");
+  } else if (x.select) {
+    KILN_RETURN_IF_ERROR((*x.select)());  // the architecture's own selection (b.q_res_n is ready)
     I.timer.mark("attention: DSA indexer");
   }
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).

@@ -134,7 +134,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   }
   if (!media.empty() && mtp) return invalid_argument("an MTP step takes no media rows");
 
-  const StepContext x{c, I, sh, b, caches.block_size, lay.prefill};
+  const StepContext x{c, I, sh, b, caches.block_size, lay.prefill, nullptr};
   const float eps = static_cast<float>(c.rms_norm_eps);
   StepTimer& timer = I.timer;
   auto tap_slot = [&](int layer) -> float* {

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -125,6 +126,7 @@ struct GraphKey {
   bool want_hidden;
   const void* scratch;
   const void* pages;
+  int64_t extra = 0;  // what else an architecture's step bakes in (glm5_next: a hash of its per-sequence launches)
   bool operator==(const GraphKey&) const = default;
 };
 
@@ -187,6 +189,9 @@ struct StepContext {
   const StepBuffers& b;
   int64_t block_size;
   std::span<const MlaPrefillSequence> prefill;  // sequences attending through the prefill kernel
+  // A DSA layer without a lightning indexer of its own calls this (when set) after its KV append, to fill
+  // b.selected: an architecture's own selection (glm5_next's pooled indexer), which may read b.q_res_n.
+  const std::function<Status()>* select = nullptr;
 };
 
 // y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).

@@ -16,7 +16,8 @@ namespace {
 // y = down(silu(gate(x)) · up(x)) for a dense MLP / shared expert with fused gate_up: the format's Linear takes the
 // SwiGLU as its epilogue when it can (the built-in one: one skinny GEMM in batch-invariant steps, no [N, 2·inter]
 // round trip; cuBLAS into b.gu, then the SwiGLU kernel, past them), else the core applies it.
-Status dense_mlp(const StepContext& x, const Linear& gate_up, const Linear& down, const uint16_t* in, uint16_t* y) {
+Status dense_mlp(const StepContext& x, const Linear& gate_up, const Linear& down, const uint16_t* in, uint16_t* y,
+                 float limit) {
   const StreamHandle st = x.I.s();
   const int64_t N = x.shape.N, inter = down.in_features();
   if (gate_up.supports(Epilogue::kSwiGLU)) {
@@ -24,12 +25,13 @@ Status dense_mlp(const StepContext& x, const Linear& gate_up, const Linear& down
     r.x = TensorView::contiguous(const_cast<uint16_t*>(in), DType::kBF16, {N, gate_up.in_features()}, x.I.dev.device());
     r.y = TensorView::contiguous(x.b.act, DType::kBF16, {N, inter}, x.I.dev.device());
     r.epilogue = Epilogue::kSwiGLU;
+    r.swiglu_limit = limit;
     r.workspace = x.b.gu;
     r.workspace_bytes = static_cast<size_t>(N * gate_up.out_features()) * 2;
     KILN_RETURN_IF_ERROR(gate_up.run(r, x.I.sdk_stream()));
   } else {
     KILN_RETURN_IF_ERROR(run_linear(x, gate_up, in, N, x.b.gu, DType::kBF16));
-    KILN_RETURN_IF_ERROR(swiglu_bf16(x.b.gu, x.b.gu + inter, N, inter, 2 * inter, x.b.act, st));
+    KILN_RETURN_IF_ERROR(swiglu_bf16(x.b.gu, x.b.gu + inter, N, inter, 2 * inter, x.b.act, st, limit));
   }
   return run_linear(x, down, x.b.act, N, y, DType::kBF16);
 }
@@ -42,7 +44,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   const StreamHandle st = x.I.s();
   StepTimer& timer = x.I.timer;
   if (!w.is_moe) {
-    KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.y));
+    KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.y, w.swiglu_limit));
     KILN_RETURN_IF_ERROR(reduce_partial(x, b.y, x.shape.N * c.hidden_size, DType::kBF16));
     timer.mark("dense MLP");
     if (next) {
@@ -84,6 +86,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   run.routing.ids = b.route_ids, run.routing.weights = b.route_w;
   run.routing.offsets = b.offsets, run.routing.active = b.active, run.routing.order = b.order;
   run.pair_out = b.moe_y;
+  run.swiglu_limit = w.swiglu_limit;
   if (w.has_shared) {
     run.shared_gate_up = w.gate_up.get(), run.shared_down = w.down.get();
     run.shared_out = b.moe_y + N * topk * Hd;
@@ -91,7 +94,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   run.workspace = b.expert_workspace, run.workspace_bytes = x.shape.expert_workspace;
   KILN_ASSIGN_OR_RETURN(const bool folded, w.experts->run(run, x.I.sdk_stream()));
   timer.mark("MoE: routed experts");  // with the folded shared expert
-  if (w.has_shared && !folded) KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.shared));
+  if (w.has_shared && !folded) KILN_RETURN_IF_ERROR(dense_mlp(x, *w.gate_up, *w.down, b.h, b.shared, w.swiglu_limit));
   // Each rank holds its shard's share of every routed pair (and of the shared expert): summed before the combine,
   // which is linear in them.
   KILN_RETURN_IF_ERROR(reduce_partial(x, b.moe_y, (N * topk + (folded ? N : 0)) * Hd, DType::kF32));

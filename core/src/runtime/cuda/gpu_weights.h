@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,10 @@ struct GpuLayer {
   const uint16_t* kv_b_dense = nullptr;
   const uint16_t* w_uk_t = nullptr;
   std::unique_ptr<GpuIndexer> indexer;  // DSA layers that run their own; other layers reuse the previous selection
+  // The q_a / kv_a RMSNorms' eps: HF builds them with the class default 1e-6; glm5_next passes rms_norm_eps.
+  float latent_norm_eps = 1e-6f;
+  // SwiGLU clamp of the dense MLP, shared and routed experts (glm5_next's swiglu_limit; inf: none).
+  float swiglu_limit = std::numeric_limits<float>::infinity();
   bool is_moe = false;
   // The dense MLP, or the shared expert(s) of a MoE layer: gate and up stacked ([2·I, hidden], gate rows first).
   std::unique_ptr<Linear> gate_up, down;

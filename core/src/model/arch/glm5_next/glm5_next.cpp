@@ -3,6 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "model/arch/glm5_next/glm5_next_cpu_instance.h"
+#ifdef KILN_WITH_CUDA
+#include "model/arch/glm5_next/cuda/glm5_next_cuda_model.h"
+#endif
 #include "model/model_instance.h"
 
 namespace kiln::arch {
@@ -13,12 +16,17 @@ CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers) const {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerCacheSpec layer;
     if (c.is_kda(l)) {
-      layer.entries.push_back({CacheKind::kState, "kda_recurrent", 0, c.kda_recurrent_bytes()});
-      layer.entries.push_back({CacheKind::kState, "kda_conv", 0, c.kda_conv_bytes()});
+      // One slot holds both: the recurrent state, then the conv state (the CUDA kernels' slot format), so a
+      // snapshot or restore is one copy.
+      layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes()});
     } else {
       layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
-      if (c.runs_indexer(l))  // [k | compress-gate score] fp32 per token
+      if (c.runs_indexer(l)) {  // [k | compress-gate score] fp32 per token
         layer.entries.push_back({CacheKind::kPagedRows, "indexer_rows", 2 * sizeof(float) * c.index_head_dim, 0});
+        // A complete pool's key never changes: the CUDA runner computes it once, into row slot(first token) / pool
+        // of this entry (a pool's share of a row per token). The CPU model recomputes keys from the rows instead.
+        layer.entries.push_back({CacheKind::kPagedRows, "indexer_pool_keys", c.pool_key_bytes_per_token(), 0});
+      }
     }
     spec.layers.push_back(std::move(layer));
   }
@@ -29,15 +37,16 @@ CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers) const {
 
 Status Glm5NextArchitecture::supports(DeviceType device) const {
   if (device == DeviceType::kCpu) return ok_status();
-  return unimplemented(
-      "glm5_next runs on the CPU only for now: its CUDA runner (KDA, mHC and pooled-indexer "
-      "kernels) is not written yet; set model.device = \"cpu\"");
+#ifdef KILN_WITH_CUDA
+  return glm5_next::cuda::Glm5NextCudaModel::supports(config_);
+#else
+  return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
 }
 
 Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildContext& ctx) const {
   if (!ctx.source || !ctx.format || !ctx.layout || !ctx.device)
     return invalid_argument("building glm5_next needs a weight source, format, KV layout and device");
-  if (ctx.device->device().is_cuda()) return supports(DeviceType::kCuda);
   const KvGeometry g = ctx.layout->geometry();
   if (g.latent_dim != config_.kv_lora_rank || g.rope_dim != 0)
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
@@ -46,6 +55,15 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
   if (ctx.collective && ctx.collective->world_size() > 1)
     return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
                          " ranks, and glm5_next does not shard its weights (parallel.tensor = 1)");
+  if (ctx.device->device().is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));
+    KILN_ASSIGN_OR_RETURN(auto m, glm5_next::cuda::Glm5NextCudaModel::create(config_, ctx));
+    return std::unique_ptr<ModelInstance>(std::move(m));
+#else
+    return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+  }
   KILN_RETURN_IF_ERROR(supports_precision(ctx.precision));
   // ctx.load_mtp is not an error: next-n layers are not run for glm5_next yet, so none is loaded
   // (num_mtp_layers() = 0) and a drafter that needs them is refused at engine start, naming what is missing.

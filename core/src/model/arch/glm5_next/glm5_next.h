@@ -1,6 +1,6 @@
 // Architecture `glm5_next` (GLM-5.3-Flash): hyper-connected residual streams (mHC), KDA linear-attention layers
 // with per-sequence recurrent state, NoPE MLA layers with the pooled DSA indexer, clamped-SwiGLU MoE
-// (specs/glm5-next.md). Runs on the CPU (Glm5NextModel); CUDA comes later.
+// (specs/glm5-next.md). Runs on the CPU (Glm5NextModel, the fp32 reference) and on CUDA (cuda/Glm5NextCudaModel).
 #pragma once
 
 #include <memory>
@@ -21,7 +21,7 @@ class Glm5NextArchitecture final : public Architecture {
   const std::string& source() const override { return config_.source; }
   ModelInfo info() const override { return config_.to_model_info(); }
   std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
-  // KDA layers: their recurrent and conv state slots; DSA layers: the latent pages, plus the indexer's rows on
+  // KDA layers: their state slot (recurrent, then conv state); DSA layers: the latent pages, plus the indexer's rows on
   // layers with an indexer of their own. Next-n (MTP) layers are not run yet: none is loaded, and they cache nothing.
   CacheSpec cache_spec(int64_t mtp_layers) const override;
   Status supports(DeviceType device) const override;

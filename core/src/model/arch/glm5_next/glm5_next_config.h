@@ -72,6 +72,12 @@ struct Glm5NextConfig {
   // [kernel − 1, 3·H·dk], fp32.
   size_t kda_recurrent_bytes() const;
   size_t kda_conv_bytes() const;
+  // A KDA layer's state slot: the recurrent state at byte 0, the conv state right after it.
+  size_t kda_state_bytes() const { return kda_recurrent_bytes() + kda_conv_bytes(); }
+  // The pool keys' cache entry per token: one fp32 key of index_head_dim per index_kpool tokens, rounded up.
+  size_t pool_key_bytes_per_token() const {
+    return static_cast<size_t>((4 * index_head_dim + index_kpool - 1) / index_kpool);
+  }
 
   ModelInfo to_model_info() const;
 

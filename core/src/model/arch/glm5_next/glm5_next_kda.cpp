@@ -20,15 +20,16 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
   const int64_t n = static_cast<int64_t>(tl.positions.size());
   const int64_t heads = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels(),
                 width = c.linear_conv_kernel_dim;
-  auto* recurrent = static_cast<char*>(caches.entry(l, 0));
-  auto* conv_state = static_cast<char*>(caches.entry(l, 1));
-  if (!recurrent || !conv_state) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
+  // Slot layout (Glm5NextArchitecture::cache_spec): recurrent state, then conv state.
+  auto* slots = static_cast<char*>(caches.entry(l, 0));
+  const size_t slot_bytes = c.kda_state_bytes(), state_bytes = c.kda_recurrent_bytes();
+  if (!slots) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
 
   std::vector<float> qkv(n * 3 * ch), mixed(n * 3 * ch);
   KILN_RETURN_IF_ERROR(run_linear(*w.qkv, h, n, qkv.data()));
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
-    float* conv = reinterpret_cast<float*>(conv_state + static_cast<size_t>(st.state_slot) * c.kda_conv_bytes());
+    float* conv = reinterpret_cast<float*>(slots + static_cast<size_t>(st.state_slot) * slot_bytes + state_bytes);
     if (st.start_position == 0) std::memset(conv, 0, c.kda_conv_bytes());  // a new sequence
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
     cpu::kda_short_conv_silu(qkv.data() + b * 3 * ch, len, 3 * ch, w.conv.data(), width, conv,
@@ -54,10 +55,9 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
   cpu::sigmoid(beta.data(), n * heads, beta.data());
 
   std::vector<float> o(n * ch);
-  const size_t state_bytes = c.kda_recurrent_bytes();
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
-    float* state = reinterpret_cast<float*>(recurrent + static_cast<size_t>(st.state_slot) * state_bytes);
+    float* state = reinterpret_cast<float*>(slots + static_cast<size_t>(st.state_slot) * slot_bytes);
     if (st.start_position == 0) std::memset(state, 0, state_bytes);
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
     cpu::kda_recurrent(q.data() + b * ch, k.data() + b * ch, v.data() + b * ch, g.data() + b * ch,

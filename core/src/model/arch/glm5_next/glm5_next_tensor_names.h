@@ -26,6 +26,9 @@ class Glm5NextTensorNames final : public WeightSource {
   bool has(const std::string& name) const override;
   // A missing tensor's error names it and the original name it was also looked for under.
   Result<TensorView> get(const std::string& name) const override;
+  // A synthetic source (model.load = "dummy") stays synthetic through the renaming.
+  bool synthetic() const override { return stored_.synthetic(); }
+  uint64_t seed() const override { return stored_.seed(); }
 
  private:
   // The names `name` may be stored under, in the order they are tried.

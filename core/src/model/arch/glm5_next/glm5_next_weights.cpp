@@ -41,18 +41,7 @@ struct Loader {
     return m;
   }
 
-  // conv1d.weight [3C, 1, W] in transformers' form; q_conv1d / k_conv1d / v_conv1d [C, 1, W] each in the original.
-  Result<std::vector<float>> short_conv(const std::string& p) const {
-    const int64_t ch = c.kda_channels(), w = c.linear_conv_kernel_dim;
-    if (src.has(p + ".conv1d.weight") || !src.has(p + ".q_conv1d.weight"))
-      return f32(p + ".conv1d.weight", {3 * ch, 1, w});
-    std::vector<float> conv;
-    for (const char* part : {"q", "k", "v"}) {
-      KILN_ASSIGN_OR_RETURN(auto one, f32(p + "." + part + "_conv1d.weight", {ch, 1, w}));
-      conv.insert(conv.end(), one.begin(), one.end());
-    }
-    return conv;
-  }
+  Result<std::vector<float>> short_conv(const std::string& p) const { return load_glm5_next_short_conv(c, src, p); }
 
   Result<std::unique_ptr<KdaWeights>> kda(const std::string& p) const {
     const int64_t hidden = c.hidden_size, h = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels();
@@ -155,6 +144,20 @@ struct Loader {
 };
 
 }  // namespace
+
+// conv1d.weight [3C, 1, W] in transformers' form; q_conv1d / k_conv1d / v_conv1d [C, 1, W] each in the original.
+Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& c, const WeightSource& src,
+                                                     const std::string& p) {
+  const int64_t ch = c.kda_channels(), w = c.linear_conv_kernel_dim;
+  if (src.has(p + ".conv1d.weight") || !src.has(p + ".q_conv1d.weight"))
+    return load_f32(src, p + ".conv1d.weight", {3 * ch, 1, w});
+  std::vector<float> conv;
+  for (const char* part : {"q", "k", "v"}) {
+    KILN_ASSIGN_OR_RETURN(auto one, load_f32(src, p + "." + part + "_conv1d.weight", {ch, 1, w}));
+    conv.insert(conv.end(), one.begin(), one.end());
+  }
+  return conv;
+}
 
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const WeightSource& checkpoint,
                                                WeightFormat& format) {

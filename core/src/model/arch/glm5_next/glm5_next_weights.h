@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kiln/weight_format.h"
@@ -62,6 +63,11 @@ struct Glm5NextWeights {
   // for formats that hold on to their source.
   std::shared_ptr<const WeightSource> names;
 };
+
+// A KDA layer's short conv [3·H·dk, kernel] fp32 from `<prefix>.conv1d.weight` or the original per-part
+// q_conv1d / k_conv1d / v_conv1d (source: the checkpoint seen through Glm5NextTensorNames).
+Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& config, const WeightSource& source,
+                                                     const std::string& prefix);
 
 // Every trunk layer through `format`, from a checkpoint in any of the naming schemes Glm5NextTensorNames reads.
 // Errors name the missing or misshapen tensor.

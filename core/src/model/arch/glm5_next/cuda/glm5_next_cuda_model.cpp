@@ -1,0 +1,505 @@
+#include "model/arch/glm5_next/cuda/glm5_next_cuda_model.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/kda.h"
+#include "kernels/cuda/mhc.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/pooled_indexer.h"
+#include "kernels/cuda/topk.h"
+#include "kiln/drafter.h"
+#include "model/arch/glm5_next/cuda/glm5_next_glue_kernels.h"
+#include "runtime/cuda/cuda_model_step.h"
+#include "runtime/cuda/model_glue_kernels.h"
+
+namespace kiln::glm5_next::cuda {
+
+namespace kc = kiln::cuda;
+
+// The indexer key's LayerNorm eps (nn.LayerNorm(index_head_dim, eps=1e-6) in transformers).
+constexpr float kIndexerNormEps = 1e-6f;
+
+// One launch of the KDA kernels over consecutive sequences of the step: decode-shaped ones of equal length
+// (kda_decode's [seqs, tokens] grid), or prompt chunks (kda_conv_prefill + kda_prefill over cu_seqlens).
+struct KdaGroup {
+  bool decode = true;
+  int64_t first_seq = 0, seqs = 0, first_token = 0;
+  int64_t tokens = 0;      // decode: per sequence; prefill: in all
+  int64_t cu_offset = -1;  // prefill: where its cu_seqlens start in Plan::ints
+};
+
+// A sequence's part in the pooled indexer: its queries, and its complete pools (keys at pool_offset in the step's
+// gathered pool-key rows).
+struct SeqPools {
+  int64_t first_token = 0, len = 0, start = 0, num_pools = 0, pool_offset = 0;
+};
+
+struct Glm5NextCudaModel::Plan {
+  std::vector<int32_t> ints;  // uploaded once per step (offsets below)
+  int64_t slot_off = 0, num_pools_off = 0, pool_offset_off = 0, new_first_off = 0, new_dst_off = 0, new_id_off = 0;
+  std::vector<KdaGroup> kda;
+  std::vector<SeqPools> seqs;
+  int64_t total_pools = 0, max_pools = 0, new_pools = 0;
+  std::vector<int32_t> fresh_slots;  // state slots of sequences starting at position 0 (zeroed before the step)
+  uint64_t hash = 0;                 // what the launches bake in beyond runtime/cuda's GraphKey
+};
+
+namespace {
+
+// The glm5_next buffers of one step, carved after runtime/cuda's StepBuffers.
+struct Glm5Buffers {
+  float* x = nullptr;  // the streams [N, hc, hidden]
+  float *pre = nullptr, *post = nullptr, *comb = nullptr;
+  uint16_t *qkv = nullptr, *low = nullptr, *conv = nullptr, *o_bf = nullptr;
+  float *g = nullptr, *beta = nullptr, *gate = nullptr, *o = nullptr;
+  float *idx_gate = nullptr, *idx_rows = nullptr, *pool_keys = nullptr, *new_keys = nullptr;
+  int32_t *select_ws = nullptr, *ints = nullptr;
+};
+
+void carve_glm5(const Glm5NextConfig& c, const Glm5NextCudaModel::Plan& P, int64_t N, kc::StepScratch& sc,
+                Glm5Buffers& g) {
+  const int64_t Hd = c.hidden_size, hc = c.hc_mult, C = c.kda_channels(), H = c.linear_num_heads;
+  const int64_t dim = c.index_head_dim;
+  g.x = sc.carve<float>(N * hc * Hd);
+  g.pre = sc.carve<float>(N * hc), g.post = sc.carve<float>(N * hc), g.comb = sc.carve<float>(N * hc * hc);
+  g.qkv = sc.carve<uint16_t>(N * 3 * C), g.conv = sc.carve<uint16_t>(N * 3 * C);
+  g.low = sc.carve<uint16_t>(N * c.linear_head_dim), g.o_bf = sc.carve<uint16_t>(N * C);
+  g.g = sc.carve<float>(N * C), g.beta = sc.carve<float>(N * H), g.gate = sc.carve<float>(N * C);
+  g.o = sc.carve<float>(N * C);
+  g.idx_gate = sc.carve<float>(N * dim), g.idx_rows = sc.carve<float>(N * 2 * dim);
+  g.pool_keys = sc.carve<float>(std::max<int64_t>(P.total_pools, 1) * dim);
+  g.new_keys = sc.carve<float>(std::max<int64_t>(P.new_pools, 1) * dim);
+  g.select_ws = sc.carve<int32_t>(N * std::max<int64_t>(c.index_topk / c.index_kpool, 1));
+  g.ints = sc.carve<int32_t>(std::max<size_t>(P.ints.size(), 1));
+}
+
+uint64_t mix(uint64_t h, int64_t v) { return (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; }
+
+}  // namespace
+
+Glm5NextCudaModel::Glm5NextCudaModel(Glm5NextConfig config, kc::CudaDeviceContext& dev)
+    : config_(std::move(config)), impl_(std::make_unique<kc::CudaMlaMoeModel::Impl>(dev)), plan_(std::make_unique<Plan>()) {}
+Glm5NextCudaModel::~Glm5NextCudaModel() = default;
+
+Device Glm5NextCudaModel::device() const { return impl_->dev.device(); }
+DeviceContext& Glm5NextCudaModel::device_context() { return impl_->dev; }
+void Glm5NextCudaModel::set_step_profiling(bool on) { impl_->timer.enabled = on; }
+std::vector<std::pair<std::string, double>> Glm5NextCudaModel::step_profile() const { return impl_->timer.totals(); }
+int64_t Glm5NextCudaModel::profiled_steps() const { return impl_->timer.steps(); }
+void Glm5NextCudaModel::clear_step_profile() { impl_->timer.clear(); }
+
+Status Glm5NextCudaModel::supports(const Glm5NextConfig& c) {
+  const std::string who = c.source + ": the CUDA runner for glm5_next ";
+  if (c.linear_head_dim != kc::kKdaHeadDim || c.linear_conv_kernel_dim != kc::kKdaConvWidth)
+    return unimplemented(who + "takes KDA heads of " + std::to_string(kc::kKdaHeadDim) + " and a short conv of " +
+                         std::to_string(kc::kKdaConvWidth) + " (linear_head_dim " + std::to_string(c.linear_head_dim) +
+                         ", linear_conv_kernel_dim " + std::to_string(c.linear_conv_kernel_dim) + ")");
+  if (c.hc_mult != kc::kMhcStreams)
+    return unimplemented(who + "takes hc_mult = " + std::to_string(kc::kMhcStreams) + " (got " +
+                         std::to_string(c.hc_mult) + ")");
+  if (c.hidden_size % 8 != 0 || c.moe_intermediate_size % 8 != 0 || c.kv_lora_rank % 8 != 0)
+    return unimplemented(who + "needs hidden_size, moe_intermediate_size and kv_lora_rank to be multiples of 8");
+  if (c.index_head_dim != kc::kPooledIndexerDim || c.index_n_heads > 64)
+    return unimplemented(who + "takes index_head_dim = " + std::to_string(kc::kPooledIndexerDim) +
+                         " and at most 64 indexer heads (got " + std::to_string(c.index_head_dim) + ", " +
+                         std::to_string(c.index_n_heads) + ")");
+  if (c.selection_width() > kc::kMaxTopK + c.index_kpool)
+    return unimplemented(who + "selects at most " + std::to_string(kc::kMaxTopK) + " tokens (index_topk)");
+  if (c.kda_state_bytes() != static_cast<size_t>(kc::kda_state_slot_bytes(c.linear_num_heads)))
+    return internal_error(who + "disagrees with the KDA kernels on the state slot size");
+  return ok_status();
+}
+
+Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5NextConfig& c, const BuildContext& ctx) {
+  KILN_RETURN_IF_ERROR(supports(c));
+  auto* dev = dynamic_cast<kc::CudaDeviceContext*>(ctx.device);
+  if (!dev) return failed_precondition("the CUDA model needs the core's CUDA device context");
+  if (!ctx.layout->device().is_cuda())
+    return failed_precondition("the KV layout was made for " + ctx.layout->device().to_string() + ", not CUDA");
+  std::unique_ptr<Glm5NextCudaModel> m(new Glm5NextCudaModel(c, *dev));
+  // The DSA attention and the MoE as runtime/cuda's MLA + MoE blocks read them: no rope part, the selection as
+  // wide as the pooled indexer's (top pools + the query's own tail pool).
+  ModelConfig& a = m->mla_;
+  a.model_type = "glm5_next", a.source = c.source;
+  a.vocab_size = c.vocab_size, a.hidden_size = c.hidden_size, a.intermediate_size = c.intermediate_size;
+  a.moe_intermediate_size = c.moe_intermediate_size, a.num_hidden_layers = c.num_hidden_layers;
+  a.num_attention_heads = c.num_attention_heads, a.num_key_value_heads = c.num_attention_heads;
+  a.q_lora_rank = c.q_lora_rank, a.kv_lora_rank = c.kv_lora_rank, a.qk_nope_head_dim = c.qk_nope_head_dim;
+  a.qk_rope_head_dim = 0, a.v_head_dim = c.v_head_dim;
+  a.n_routed_experts = c.n_routed_experts, a.n_shared_experts = c.n_shared_experts;
+  a.num_experts_per_tok = c.num_experts_per_tok, a.n_group = c.n_group, a.topk_group = c.topk_group;
+  a.routed_scaling_factor = c.routed_scaling_factor, a.norm_topk_prob = c.norm_topk_prob;
+  a.moe_layers = c.moe, a.rms_norm_eps = c.rms_norm_eps, a.max_position_embeddings = c.max_position_embeddings;
+  a.index_topk = c.selection_width(), a.index_head_dim = c.index_head_dim, a.index_n_heads = c.index_n_heads;
+  a.indexer_shared_layers.assign(c.num_hidden_layers, false);
+  kc::CudaMlaMoeModel::Impl& I = *m->impl_;
+  I.layout = ctx.layout;
+  I.collective = ctx.collective;
+  I.sm_count = dev->multiprocessor_count();
+  KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
+  I.route_done = static_cast<unsigned*>(done);
+  KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(I.route_done, 0, sizeof(unsigned), I.stream), "MoE gate + route counter"));
+  KILN_ASSIGN_OR_RETURN(m->weights_, load_glm5_next_gpu_weights(c, *ctx.source, *ctx.format, *dev));
+  return m;
+}
+
+Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const CacheViews& caches,
+                                   const StepOptions& options, std::vector<int64_t>& first_row) {
+  const Glm5NextConfig& c = config_;
+  kc::CudaMlaMoeModel::Impl& I = *impl_;
+  const kc::StreamHandle st = I.s();
+  const int64_t Hd = c.hidden_size, hc = c.hc_mult, bs = caches.block_size, pool = c.index_kpool;
+  if (!caches.layout || bs <= 0) return invalid_argument("the CUDA model got no cache memory");
+  for (int tap : options.tap_layers)
+    if (tap != kTapFinalNormed)
+      return unimplemented("glm5_next on CUDA taps only the final-normed hidden states (asked for layer " +
+                           std::to_string(tap) + ")");
+  bool has_kda = false, has_indexer = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_kda |= c.is_kda(l), has_indexer |= c.runs_indexer(l);
+  if (has_indexer && bs % pool != 0)
+    return failed_precondition("kv.block_size " + std::to_string(bs) + " is not a multiple of index_kpool " +
+                               std::to_string(pool) + ": the CUDA pooled indexer reads a pool's keys from one block");
+
+  kc::StepLayout& lay = I.layout_host;
+  KILN_RETURN_IF_ERROR(kc::build_step_layout(steps, caches, mla_, lay, first_row));
+  const int64_t S = static_cast<int64_t>(steps.size()), N = lay.tokens(), R = lay.logit_rows();
+
+  // The step's plan: state slots, KDA launch groups, pools.
+  Plan& P = *plan_;
+  P.ints.clear(), P.kda.clear(), P.seqs.clear(), P.fresh_slots.clear();
+  P.total_pools = P.max_pools = P.new_pools = 0;
+  uint64_t h = 1469598103934665603ull;
+  P.slot_off = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    if (has_kda && steps[s].state_slot < 0)
+      return failed_precondition("sequence step " + std::to_string(s) + " has no state slot (glm5_next's KDA layers need one)");
+    P.ints.push_back(static_cast<int32_t>(std::max<int64_t>(steps[s].state_slot, 0)));
+    if (has_kda && steps[s].start_position == 0) P.fresh_slots.push_back(static_cast<int32_t>(steps[s].state_slot));
+  }
+  for (int64_t s = 0, token = 0; s < S;) {
+    const int64_t len = static_cast<int64_t>(steps[s].tokens.size());
+    KdaGroup g;
+    g.first_seq = s, g.first_token = token;
+    int64_t e = s;
+    if (len <= kKdaDecodeMaxTokens) {
+      while (e < S && static_cast<int64_t>(steps[e].tokens.size()) == len) ++e;
+      g.decode = true, g.seqs = e - s, g.tokens = len;
+      token += g.seqs * len;
+    } else {
+      g.decode = false, g.cu_offset = static_cast<int64_t>(P.ints.size());
+      P.ints.push_back(0);
+      int64_t total = 0;
+      while (e < S && static_cast<int64_t>(steps[e].tokens.size()) > kKdaDecodeMaxTokens) {
+        total += static_cast<int64_t>(steps[e].tokens.size());
+        P.ints.push_back(static_cast<int32_t>(total));
+        ++e;
+      }
+      g.seqs = e - s, g.tokens = total;
+      token += total;
+    }
+    h = mix(mix(mix(h, g.decode), g.seqs), g.tokens);
+    P.kda.push_back(g);
+    s = e;
+  }
+  if (has_indexer) {
+    P.num_pools_off = static_cast<int64_t>(P.ints.size());
+    for (int64_t s = 0, token = 0; s < S; ++s) {
+      SeqPools q;
+      q.first_token = token, q.len = static_cast<int64_t>(steps[s].tokens.size()), q.start = steps[s].start_position;
+      q.num_pools = (q.start + q.len) / pool, q.pool_offset = P.total_pools;
+      P.total_pools += q.num_pools, P.max_pools = std::max(P.max_pools, q.num_pools);
+      P.ints.push_back(static_cast<int32_t>(q.num_pools));
+      P.seqs.push_back(q);
+      h = mix(mix(h, q.len), q.num_pools);
+      token += q.len;
+    }
+    P.pool_offset_off = static_cast<int64_t>(P.ints.size());
+    for (const SeqPools& q : P.seqs) P.ints.push_back(static_cast<int32_t>(q.pool_offset));
+    // Pools completed by this step's tokens: their keys are computed once, from the rows just written.
+    std::vector<int32_t> first, dst;
+    for (int64_t s = 0; s < S; ++s) {
+      const SeqPools& q = P.seqs[s];
+      for (int64_t p = q.start / pool; p < (q.start + q.len) / pool; ++p) {
+        const int64_t slot = kv_slot(*steps[s].block_table, bs, p * pool);
+        first.push_back(static_cast<int32_t>(slot));
+        dst.push_back(static_cast<int32_t>(slot / pool));
+      }
+    }
+    // Decode-shaped steps complete at most one pool a sequence: padded to S entries (dst −1 skipped), so a
+    // captured graph's launch stays the same while pools complete.
+    if (N == S) first.resize(S, 0), dst.resize(S, -1);
+    P.new_pools = static_cast<int64_t>(first.size());
+    P.new_first_off = static_cast<int64_t>(P.ints.size());
+    P.ints.insert(P.ints.end(), first.begin(), first.end());
+    P.new_dst_off = static_cast<int64_t>(P.ints.size());
+    P.ints.insert(P.ints.end(), dst.begin(), dst.end());
+    P.new_id_off = static_cast<int64_t>(P.ints.size());
+    for (int64_t i = 0; i < P.new_pools; ++i) P.ints.push_back(static_cast<int32_t>(i));
+    h = mix(h, P.new_pools);
+  }
+  P.hash = h;
+
+  kc::StepShape sh;
+  sh.N = N, sh.R = R, sh.S = S, sh.max_blocks = lay.max_blocks, sh.max_kv = lay.max_kv;
+  sh.attend_shape = {N, c.num_attention_heads, lay.max_kv, c.selection_width(), N <= kc::kBatchInvariantMaxRows, I.sm_count};
+  sh.attend = I.layout->plan_attend(sh.attend_shape);
+  sh.scores_kv = std::max<int64_t>(P.max_pools, 1);
+  for (const LayerGpu& l : weights_.layers)
+    if (l.block.experts)
+      sh.expert_workspace = std::max(sh.expert_workspace, l.block.experts->workspace_bytes(N, static_cast<int>(c.num_experts_per_tok)));
+  sh.want_hidden = options.want_hidden || !options.tap_layers.empty();
+
+  kc::StepBuffers& b = I.buffers;
+  b = kc::StepBuffers{};
+  Glm5Buffers G;
+  I.scratch.begin(true);
+  kc::carve_step_buffers(mla_, sh, I.scratch, b);
+  carve_glm5(c, P, N, I.scratch, G);
+  KILN_RETURN_IF_ERROR(I.scratch.ensure(I.scratch.offset()));
+  I.scratch.begin(false);
+  kc::carve_step_buffers(mla_, sh, I.scratch, b);
+  carve_glm5(c, P, N, I.scratch, G);
+  I.shape = sh;
+  KILN_RETURN_IF_ERROR(kc::upload_step_layout(lay, b, I.uploads, I.stream));
+  if (!P.ints.empty()) {
+    KILN_RETURN_IF_ERROR(plan_upload_.ensure(P.ints.size() * 4));
+    std::memcpy(plan_upload_.data(), P.ints.data(), P.ints.size() * 4);
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemcpyAsync(G.ints, plan_upload_.data(), P.ints.size() * 4,
+                                                     cudaMemcpyHostToDevice, I.stream),
+                                     "glm5_next step plan"));
+  }
+  // A new sequence's KDA state starts at zero.
+  for (int32_t slot : P.fresh_slots)
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (c.is_kda(l)) {
+        auto* base = static_cast<char*>(caches.entry(l, 0));
+        if (!base) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
+        KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(base + static_cast<size_t>(slot) * c.kda_state_bytes(), 0,
+                                                         c.kda_state_bytes(), I.stream),
+                                         "KDA state reset"));
+      }
+  for (const SequenceStep& s : steps)
+    if (!s.media.empty()) return unimplemented("glm5_next on CUDA takes text only (media rows in a step)");
+
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  kc::StepTimer& timer = I.timer;
+  auto mhc_params = [&](const MhcGpu& m) {
+    kc::MhcDeviceParams p;
+    p.fn = m.fn, p.base = m.base, p.scale = m.scale, p.dim = Hd, p.rms_eps = eps;
+    p.hc_eps = static_cast<float>(c.hc_eps), p.sinkhorn_iters = c.hc_sinkhorn_iters;
+    return p;
+  };
+
+  // KDA: b.h → b.y through the layer's state slots.
+  auto kda_block = [&](const kc::StepContext& x, const KdaGpu& k, int64_t l) -> Status {
+    const int64_t H = c.linear_num_heads, C = c.kda_channels();
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.qkv, b.h, N, G.qkv, DType::kBF16));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.f_a, b.h, N, G.low, DType::kBF16));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.f_b, G.low, N, G.g, DType::kF32));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.b_proj, b.h, N, G.beta, DType::kF32));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.g_a, b.h, N, G.low, DType::kBF16));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.g_b, G.low, N, G.gate, DType::kF32));
+    timer.mark("KDA: projections");
+    kc::KdaGate forget;
+    forget.a_log = k.a_log, forget.dt_bias = k.dt_bias, forget.has_lower_bound = c.linear_lower_bound.has_value();
+    forget.lower_bound = static_cast<float>(c.linear_lower_bound.value_or(0.0));
+    auto* state = static_cast<char*>(caches.entry(l, 0));
+    if (!state) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
+    for (const KdaGroup& grp : P.kda) {
+      const int64_t t0 = grp.first_token;
+      kc::KdaStateSlots slots;
+      slots.state = state, slots.slot_bytes = static_cast<int64_t>(c.kda_state_bytes());
+      slots.slot_ids = G.ints + P.slot_off + grp.first_seq;
+      if (grp.decode) {
+        kc::KdaDecodeParams p;
+        p.qkv = G.qkv + t0 * 3 * C, p.conv_weight = k.conv, p.g = G.g + t0 * C, p.beta_logits = G.beta + t0 * H;
+        p.gate = G.gate + t0 * C, p.norm_weight = k.o_norm, p.norm_eps = eps, p.forget = forget, p.slots = slots;
+        p.num_seqs = grp.seqs, p.tokens = grp.tokens, p.heads = H, p.out_bf16 = G.o_bf + t0 * C;
+        KILN_RETURN_IF_ERROR(kc::kda_decode(p, st).with_context("KDA decode"));
+      } else {
+        const int32_t* cu = G.ints + grp.cu_offset;
+        KILN_RETURN_IF_ERROR(kc::kda_conv_prefill(G.qkv + t0 * 3 * C, k.conv, cu, grp.seqs, grp.tokens, H, slots,
+                                                  G.conv + t0 * 3 * C, st)
+                                 .with_context("KDA short conv"));
+        kc::KdaPrefillParams p;
+        p.qkv = G.conv + t0 * 3 * C, p.g = G.g + t0 * C, p.beta_logits = G.beta + t0 * H, p.forget = forget;
+        p.slots = slots, p.cu_seqlens = cu, p.num_seqs = grp.seqs, p.total_tokens = grp.tokens, p.heads = H;
+        p.out = G.o + t0 * C;
+        KILN_RETURN_IF_ERROR(kc::kda_prefill(p, st).with_context("KDA chunked prefill"));
+        KILN_RETURN_IF_ERROR(kc::kda_gated_rmsnorm(G.o + t0 * C, G.gate + t0 * C, k.o_norm, grp.tokens, H, eps, nullptr,
+                                                   G.o_bf + t0 * C, st));
+      }
+    }
+    timer.mark("KDA: kernel");
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.o_proj, G.o_bf, N, b.y, DType::kBF16));
+    timer.mark("KDA: o_proj");
+    return ok_status();
+  };
+
+  // The pooled indexer of layer l (called by the MLA block once b.q_res_n is ready): writes the step's [k | gate]
+  // rows, the keys of pools this step completes, then scores every complete pool per query and selects.
+  auto pooled_indexer = [&](const kc::StepContext& x, const PooledIndexerGpu& ix, int64_t l) -> Status {
+    const int64_t dim = c.index_head_dim, heads = c.index_n_heads, width = c.selection_width();
+    auto* rows = static_cast<float*>(caches.entry(l, 1));
+    auto* keys = static_cast<float*>(caches.entry(l, 2));
+    if (!rows || !keys) return failed_precondition("layer " + std::to_string(l) + " has no indexer caches");
+    const float one = 1.0f, zero = 0.0f;
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *ix.wq_b, b.q_res_n, N, b.idx_q, DType::kF32));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *ix.wk, b.h, N, b.idx_k, DType::kF32));
+    KILN_RETURN_IF_ERROR(kc::layernorm_f32(b.idx_k, ix.k_norm_weight, ix.k_norm_bias, N, dim, kIndexerNormEps, b.idx_k, st));
+    KILN_RETURN_IF_ERROR(kc::bf16_to_f32(b.h, N * Hd, b.h32, st));
+    KILN_RETURN_IF_ERROR(kc::blas_ok(cublasSgemm(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, dim, N, Hd, &one, ix.compress_gate, Hd,
+                                                 b.h32, Hd, &zero, G.idx_gate, dim),
+                                     "indexer compress gate"));
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *ix.weights_proj, b.h, N, b.idx_w, DType::kF32));
+    const size_t row = dim * sizeof(float);
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpy2DAsync(G.idx_rows, 2 * row, b.idx_k, row, row, N, cudaMemcpyDeviceToDevice, I.stream), "indexer rows"));
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpy2DAsync(G.idx_rows + dim, 2 * row, G.idx_gate, row, row, N, cudaMemcpyDeviceToDevice, I.stream),
+        "indexer rows"));
+    KILN_RETURN_IF_ERROR(kc::scatter_rows_f32(G.idx_rows, N, 2 * dim, b.slots, rows, st));
+    if (P.new_pools > 0) {
+      KILN_RETURN_IF_ERROR(kc::pooled_indexer_pool_keys(rows, 2 * dim, rows + dim, 2 * dim, ix.ape, G.ints + P.new_first_off,
+                                                        G.ints + P.new_id_off, P.new_pools, pool, G.new_keys, st));
+      KILN_RETURN_IF_ERROR(scatter_rows_skip(G.new_keys, G.ints + P.new_dst_off, P.new_pools, dim, keys, st));
+    }
+    KILN_RETURN_IF_ERROR(gather_pool_keys(keys, b.tables, sh.max_blocks, bs, pool, G.ints + P.num_pools_off,
+                                          G.ints + P.pool_offset_off, S, P.max_pools, G.pool_keys, st));
+    // w_h · relu(s · q·k) · heads^-½ = w_h · relu(s · heads^-½ · q·k): the head-count scale rides in the score scale.
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim)) / std::sqrt(static_cast<float>(heads));
+    const int64_t ws_row = std::max<int64_t>(c.index_topk / pool, 1);
+    for (const SeqPools& q : P.seqs) {
+      float* scores = b.idx_scores + q.first_token * sh.scores_kv;
+      if (q.num_pools > 0)
+        KILN_RETURN_IF_ERROR(kc::pooled_indexer_scores(b.idx_q + q.first_token * heads * dim, b.idx_w + q.first_token * heads,
+                                                       G.pool_keys + q.pool_offset * dim, q.len, q.num_pools, heads, scale,
+                                                       q.start, pool, scores, st, b.positions + q.first_token));
+      KILN_RETURN_IF_ERROR(kc::pooled_indexer_select(scores, q.len, q.num_pools, q.start, pool, c.index_topk,
+                                                     c.index_kpool_always_select_tail, G.select_ws + q.first_token * ws_row,
+                                                     b.selected + q.first_token * width, width, st,
+                                                     b.positions + q.first_token));
+    }
+    return ok_status();
+  };
+
+  auto enqueue = [&]() -> Status {
+    KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    KILN_RETURN_IF_ERROR(hc_broadcast(b.y, N, hc, Hd, G.x, st));
+    timer.mark("embedding");
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const LayerGpu& w = weights_.layers[l];
+      const std::string where = "layer " + std::to_string(l);
+      std::function<Status()> hook;
+      kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
+      if (w.indexer) {
+        hook = [&, l]() { return pooled_indexer(x, *w.indexer, l); };
+        x.select = &hook;
+      }
+      KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.attn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
+      KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.input_norm, N, Hd, eps, b.h, st));
+      timer.mark("mHC maps + collapse + RMSNorm");
+      if (w.kda) {
+        KILN_RETURN_IF_ERROR(kda_block(x, *w.kda, l).with_context(where + " KDA (GPU)"));
+      } else {
+        KILN_RETURN_IF_ERROR(kc::attention_block(x, w.block, caches.entry(l, 0), nullptr).with_context(where + " DSA (GPU)"));
+      }
+      KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
+      KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.ffn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
+      KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.post_attention_norm, N, Hd, eps, b.h, st));
+      timer.mark("mHC maps + collapse + RMSNorm");
+      KILN_RETURN_IF_ERROR(kc::mlp_block(x, w.block, nullptr).with_context(where + " mlp (GPU)"));
+      KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
+      timer.mark("mHC mix");
+    }
+    KILN_RETURN_IF_ERROR(hc_mean_bf16(G.x, N, hc, Hd, b.y, st));
+    KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, weights_.final_norm, N, Hd, eps, b.normed, st));
+    if (sh.want_hidden) KILN_RETURN_IF_ERROR(kc::bf16_to_f32(b.normed, N * Hd, b.hidden, st));
+    KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
+    const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *weights_.lm_head, b.row_states, R, b.logits, DType::kF32));
+    timer.mark("final norm + lm_head");
+    return ok_status();
+  };
+
+  if (graphs_ && N == S) {
+    kc::GraphKey key{-1, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
+                     caches.entry(0, 0), static_cast<int64_t>(P.hash)};
+    return I.graphs.run(key, I.stream, enqueue);
+  }
+  timer.begin(I.stream);
+  const Status enqueued = enqueue();
+  if (!enqueued.ok()) timer.finish();
+  return enqueued;
+}
+
+Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
+                               const CacheViews& caches, const StepOptions& options, StepOutput& out) {
+  kc::CudaMlaMoeModel::Impl& I = *impl_;
+  if (!select.empty() && select.size() != steps.size())
+    return invalid_argument("token selection has " + std::to_string(select.size()) + " entries for " +
+                            std::to_string(steps.size()) + " steps");
+  KILN_RETURN_IF_ERROR(run_step(steps, caches, options, out.first_row));
+  const kc::StepBuffers& b = I.buffers;
+  const int64_t N = I.shape.N, R = I.shape.R, Hd = config_.hidden_size, V = config_.vocab_size;
+  out.taps.clear();
+  for (size_t t = 0; t < options.tap_layers.size(); ++t)
+    out.taps.push_back(TensorView::contiguous(b.hidden, DType::kF32, {N, Hd}, I.dev.device()));
+  out.hidden.clear();
+  if (options.want_hidden) {
+    out.hidden.resize(N * Hd);
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpyAsync(out.hidden.data(), b.hidden, N * Hd * sizeof(float), cudaMemcpyDeviceToHost, I.stream), "hidden"));
+  }
+  out.logits.clear();
+  if (options.want_logits) {
+    out.logits.resize(R * V);
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpyAsync(out.logits.data(), b.logits, R * V * sizeof(float), cudaMemcpyDeviceToHost, I.stream), "logits"));
+  }
+  if (select.empty()) {
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaStreamSynchronize(I.stream), "forward step"));
+    out.tokens.assign(steps.size(), {});
+    out.accepted.assign(steps.size(), 0);
+  } else {
+    KILN_RETURN_IF_ERROR(selection_.select(b.logits, V, out.first_row, select, I.stream, out));
+  }
+  I.timer.finish();
+  return ok_status();
+}
+
+Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep>, const float*, const CacheViews&,
+                                   MtpStepOutput&) {
+  return out_of_range("MTP layer " + std::to_string(layer) + ": glm5_next's next-n layers are not run on CUDA yet");
+}
+
+Status Glm5NextCudaModel::embed(const int32_t* ids, int64_t n, TensorView out) {
+  if (!out.device.is_cuda() || out.dtype != DType::kBF16 || out.numel() != n * config_.hidden_size)
+    return invalid_argument("CUDA embedding rows go to device bf16 [n, hidden]");
+  return kc::embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
+                                   out.as<uint16_t>(), impl_->s());
+}
+
+Status Glm5NextCudaModel::lm_head(const TensorView& hidden, float* logits) {
+  if (!hidden.device.is_cuda() || hidden.dtype != DType::kBF16 || hidden.dim(-1) != config_.hidden_size)
+    return invalid_argument("the CUDA lm_head takes device bf16 [n, hidden]");
+  LinearRun r;
+  const int64_t n = hidden.numel() / config_.hidden_size;
+  r.x = hidden;
+  r.y = TensorView::contiguous(logits, DType::kF32, {n, config_.vocab_size}, impl_->dev.device());
+  return weights_.lm_head->run(r, impl_->dev.stream());
+}
+
+Status Glm5NextCudaModel::sample_drafts(const DraftSampleRequest& r) {
+  return selection_.sample_drafts(r, config_.vocab_size, impl_->stream);
+}
+
+}  // namespace kiln::glm5_next::cuda

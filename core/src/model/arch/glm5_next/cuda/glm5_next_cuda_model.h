@@ -1,0 +1,78 @@
+// glm5_next (GLM-5.3-Flash) on one CUDA device, as a ModelInstance: the math of Glm5NextModel::forward with bf16
+// activations and fp32 hyper-connected residual streams [N, hc_mult, hidden] (kernels/cuda/mhc). Per layer: the
+// attn_hc maps collapse the streams, input_layernorm, then
+//   KDA: q | k | v, forget gate, β and output gate projections through the weight format; decode-shaped
+//        sequences (≤ kKdaDecodeMaxTokens new tokens) through the fused recurrent kernel, prompt chunks through
+//        the short-conv kernel and the chunked tensor-core kernel, both continuing from the sequence's state slot;
+//   DSA: runtime/cuda's MLA block (absorbed NoPE attention over the 512-wide latent in the recipe's KvLayout),
+//        attending through the pooled indexer's selection (pool keys computed once per complete pool, kept in the
+//        layer's third cache entry), shared-indexer layers reusing the previous selection;
+// mixed back into the streams; the ffn_hc maps, post_attention_layernorm, runtime/cuda's MLP / MoE block with the
+// SwiGLU clamp, mixed back. The mean of the streams, norm, lm_head. Decode-shaped steps replay CUDA graphs.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/arch/glm5_next/cuda/glm5_next_cuda_weights.h"
+#include "model/arch/glm5_next/glm5_next_config.h"
+#include "model/model_config.h"
+#include "model/model_instance.h"
+#include "runtime/cuda/cuda_mla_moe_model.h"
+#include "runtime/cuda/cuda_token_selection.h"
+#include "runtime/cuda/device_arena.h"
+
+namespace kiln::glm5_next::cuda {
+
+// Sequences bringing at most this many tokens run the fused recurrent KDA kernel (decode, verification of 1 + K
+// rows); more, the chunked prefill kernels. So a sequence's decode-time rows always take one arithmetic path.
+inline constexpr int64_t kKdaDecodeMaxTokens = 16;
+
+class Glm5NextCudaModel final : public ModelInstance {
+ public:
+  static Result<std::unique_ptr<Glm5NextCudaModel>> create(const Glm5NextConfig& config, const BuildContext& ctx);
+  ~Glm5NextCudaModel() override;
+  // Why this config cannot run on the CUDA kernels (head widths they are built for), or ok.
+  static Status supports(const Glm5NextConfig& config);
+
+  Device device() const override;
+  DeviceContext& device_context() override;
+  size_t weight_bytes() const override { return weights_.bytes; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  int64_t num_mtp_layers() const override { return 0; }
+  Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
+              const StepOptions& options, StepOutput& out) override;
+  Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
+                  MtpStepOutput& out) override;
+  Status embed(const int32_t* ids, int64_t n, TensorView out) override;
+  Status lm_head(const TensorView& hidden, float* logits) override;
+  Status sample_drafts(const DraftSampleRequest& request) override;
+  void set_graphs(bool on) override { graphs_ = on; }
+  void set_step_profiling(bool on) override;
+  std::vector<std::pair<std::string, double>> step_profile() const override;
+  int64_t profiled_steps() const override;
+  void clear_step_profile() override;
+
+  // The step's glm5_next-specific host layout (KDA launch groups, pools), built beside runtime/cuda's StepLayout.
+  struct Plan;
+
+ private:
+  Glm5NextCudaModel(Glm5NextConfig config, kiln::cuda::CudaDeviceContext& dev);
+  Status run_step(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
+                  std::vector<int64_t>& first_row);
+
+  Glm5NextConfig config_;
+  ModelConfig mla_;  // the DSA attention's and MoE's shapes, as runtime/cuda's blocks read them
+  std::unique_ptr<kiln::cuda::CudaMlaMoeModel::Impl> impl_;
+  Glm5NextGpuWeights weights_;
+  std::unique_ptr<Plan> plan_;
+  kiln::cuda::PinnedHostBuffer plan_upload_;
+  kiln::cuda::DeviceTokenSelection selection_;
+  bool graphs_ = true;
+};
+
+}  // namespace kiln::glm5_next::cuda
