@@ -98,9 +98,9 @@ TEST(Glm5NextEngine, CapacityCountsDsaTokensAndStateSlots) {
   ASSERT_TRUE(recipe.ok());
   auto plan = plan_recipe(m, *recipe);
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  // Three DSA layers hold a 32-wide fp32 latent per token, two of them also the indexer's [k | gate] (2 × 32 fp32);
-  // the three KDA layers hold nothing per token.
-  EXPECT_EQ(plan->spec.bytes_per_token(m.layout->bytes_per_token()), 3u * 32 * 4 + 2u * 64 * 4);
+  // Three DSA layers hold a 32-wide fp32 latent per token, two of them also the indexer's [k | gate] (2 × 32 fp32)
+  // and a 32-float pool key per 16 tokens; the three KDA layers hold nothing per token.
+  EXPECT_EQ(plan->spec.bytes_per_token(m.layout->bytes_per_token()), 3u * 32 * 4 + 2u * (64 * 4 + 32 * 4 / 16));
   // Per sequence: three KDA layers' recurrent [4, 8, 8] and conv [3, 96] state, fp32, with a snapshot each.
   const uint64_t per_sequence = 3u * (4 * 8 * 8 + 3 * 96) * 4;
   EXPECT_EQ(plan->capacity.state_bytes, 2u * 2 * per_sequence);
