@@ -13,7 +13,6 @@
 namespace kiln::test {
 namespace {
 
-constexpr int64_t kRow = 576;
 // q and the softmax weights enter the tensor cores as bf16: rel ‖Δ‖/‖ref‖ < 1e-2.
 constexpr double kTolerance = 1e-2;
 
@@ -29,6 +28,7 @@ struct Case {
   bool grouped = false;  // pass row_groups from mla_decode_row_groups
   bool split_by_length = false;  // num_splits is then taken from mla_decode_length_splits(longest row)
   bool bf16_only = false;        // out = null: only the bf16 output is written (checked against the reference)
+  int64_t rope = 64;             // 0: rows of the latent alone (NoPE DSA)
 };
 
 // Runs one case against the CPU reference. The bf16 output, written alongside, must be the fp32 output rounded to
@@ -36,6 +36,7 @@ struct Case {
 // it) must give the same bits as beside the other rows (batch invariance).
 void run_case(const Case& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
+  const int64_t kRow = 512 + c.rope;
   const int64_t num_seqs = static_cast<int64_t>(c.kv_lens.size());
   std::vector<int32_t> query_seq, row_len;
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -83,7 +84,7 @@ void run_case(const Case& c, uint64_t seed) {
       for (int64_t p = 0; p < row_len[s]; ++p) slots.push_back(slot_of(p));
     }
     std::vector<float> scratch(c.heads * slots.size() + kRow);
-    cpu::mla_attention_absorbed_bf16(q.values.data() + s * c.heads * kRow, c.heads, 512, 64, cache.bits.data(),
+    cpu::mla_attention_absorbed_bf16(q.values.data() + s * c.heads * kRow, c.heads, 512, c.rope, cache.bits.data(),
                                      slots.data(), slots.size(), scale, want.data() + s * c.heads * 512,
                                      scratch.data());
   }
@@ -99,6 +100,7 @@ void run_case(const Case& c, uint64_t seed) {
   dout.poison();
   cuda::MlaDecodeParams p;
   p.q = dq.get();
+  p.rope_dim = c.rope;
   p.num_queries = nq;
   p.num_heads = c.heads;
   p.cache = dcache.get();
@@ -178,6 +180,17 @@ TEST(GpuMlaDecode, SplitKvMatchesCpu) {
 TEST(GpuMlaDecode, SelectedTokensMatchCpu) {
   run_case({20, 64, {3000, 50}, 1, 2048}, 8);
   run_case({64, 64, {5000}, 5, 2048}, 9);
+}
+
+// GLM-5.3-Flash's NoPE DSA rows: the 512-wide latent alone, 64 heads, through a 2063-wide selection (top 2048 +
+// the tail pool) and densely, one split and split-KV, batch-invariant splitting.
+TEST(GpuMlaDecode, NoPeRowsMatchCpu) {
+  run_case({64, 64, {3000, 50}, 1, 2063, {}, false, false, false, 0}, 21);
+  run_case({64, 64, {5000}, 5, 2063, {}, false, false, false, 0}, 22);
+  run_case({64, 16, {1, 37, 300}, 1, 0, {}, false, false, false, 0}, 23);
+  run_case({20, 64, {4099}, 16, 0, {}, false, false, false, 0}, 24);
+  run_case({64, 64, {2063, 2100}, cuda::mla_decode_length_splits(2063), 2063, {}, false, true, false, 0}, 25);
+  run_case({64, 64, {700}, 3, 2063, {3}, false, false, true, 0}, 26);
 }
 
 TEST(GpuMlaDecode, GroupedRowsMatchCpu) {

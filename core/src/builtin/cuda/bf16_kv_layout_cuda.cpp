@@ -43,10 +43,14 @@ class Bf16KvLayoutCuda final : public KvLayout {
     return cuda::mla_rope_cache_write(w, cuda::cuda_stream_of(stream));
   }
 
-  // The tensor-core kernel takes 512 + 64 and no selection; everything else the plain kernel, whose score rows
-  // are rounded up to a power of two so a growing context changes the shape (and a captured graph) only rarely.
+  // The tensor-core kernel takes 512 + 64 without a selection, and 512 + 0 (NoPE DSA: GLM-5.3-Flash) with or
+  // without one; everything else the plain kernel, whose score rows are rounded up to a power of two so a growing
+  // context changes the shape (and a captured graph) only rarely. (512 + 64 with a selection, GLM-5, stays on the
+  // plain kernel, which the CPU model's bf16 precision mode mirrors.)
   bool fast(const MlaAttendShape& s) const {
-    return g_.latent_dim == cuda::kMlaLatentDim && g_.rope_dim == cuda::kMlaRopeDim && s.selected_width == 0;
+    if (g_.latent_dim != cuda::kMlaLatentDim) return false;
+    if (g_.rope_dim == 0) return true;
+    return g_.rope_dim == cuda::kMlaRopeDim && s.selected_width == 0;
   }
   int64_t reference_width(const MlaAttendShape& s) const {
     const int64_t kv = round_up_pow2(std::max<int64_t>(s.max_kv_len, 1), 16);
@@ -59,10 +63,12 @@ class Bf16KvLayoutCuda final : public KvLayout {
     if (fast(s)) {
       // Batch invariance: each row is split by its own length. Those grids are rounded up to 16 splits (the extra
       // ones are empty), so a growing context re-captures the step's graph every 1,024 keys rather than every 64.
+      // A selection is a fixed number of keys (its width) at any context.
+      const int64_t keys = s.selected_width > 0 ? s.selected_width : s.max_kv_len;
       p.split_by_length = s.batch_invariant;
       p.num_splits = p.split_by_length
-                         ? static_cast<int>((cuda::mla_decode_length_splits(s.max_kv_len) + 15) / 16 * 16)
-                         : cuda::mla_decode_num_splits(s.num_queries, s.num_heads, s.max_kv_len, s.multiprocessor_count);
+                         ? static_cast<int>((cuda::mla_decode_length_splits(keys) + 15) / 16 * 16)
+                         : cuda::mla_decode_num_splits(s.num_queries, s.num_heads, keys, s.multiprocessor_count);
       p.workspace_bytes = p.num_splits > 1 ? cuda::mla_decode_workspace_bytes(s.num_queries, s.num_heads, p.num_splits) : 0;
       return p;
     }
@@ -82,6 +88,8 @@ class Bf16KvLayoutCuda final : public KvLayout {
       p.q = a.q, p.num_queries = a.num_queries, p.num_heads = a.num_heads, p.cache = static_cast<const uint16_t*>(a.cache);
       p.block_size = g_.block_size, p.block_tables = a.block_tables, p.max_blocks = a.max_blocks;
       p.query_seq = a.query_seq, p.kv_len = a.kv_len, p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
+      p.rope_dim = g_.rope_dim;
+      p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
       p.num_splits = a.num_splits, p.split_by_length = a.split_by_length, p.workspace = a.workspace;
       return cuda::mla_decode_bf16(p, st);
     }

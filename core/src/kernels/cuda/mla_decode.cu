@@ -16,27 +16,36 @@ __host__ __device__ inline int64_t tiles_per_length_split(int64_t tiles) {
   return spread > 2 ? spread : 2;
 }
 
-constexpr int kRow = 576;             // latent + rope values per cached token
-constexpr int kRowStride = kRow + 8;  // smem row pitch in bf16: 1168 bytes, so fragment reads avoid bank conflicts
 constexpr int kTile = 64;             // tokens per pipeline stage (2 stages)
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kChunksPerRow = kRow * 2 / 16;  // 16-byte copies per cached row
 constexpr int kMaxPairs = 32;                 // (row, head) pairs per CTA: up to 4 n8 tiles of the mma
-// Score phase: warp w multiplies keys 32·(w % 2) .. + 31 of the tile by q over dims 144·(w / 2) .. + 143, so each
-// warp keeps its quarter of q in registers for the whole kernel and reads every K value from shared memory once;
-// the four quarters' partial scores meet in shared memory.
+// Score phase: warp w multiplies keys 32·(w % 2) .. + 31 of the tile by q over dims (row / 4)·(w / 2) onward, so
+// each warp keeps its quarter of q in registers for the whole kernel and reads every K value from shared memory
+// once; the four quarters' partial scores meet in shared memory.
 constexpr int kDimQuarters = 4;
-constexpr int kQuarterDims = kRow / kDimQuarters;
-constexpr int kQuarterSteps = kQuarterDims / 16;  // k16 steps per quarter
+
+// A cached row: the 512 latent values, then kRope roped k_pe values (64: GLM-4.7 / DeepSeek; 0: GLM-5.3-Flash's
+// NoPE DSA layers).
+template <int kRope>
+struct RowGeometry {
+  static constexpr int kRow = static_cast<int>(kMlaLatentDim) + kRope;
+  // smem row pitch in bf16: 1168 or 1040 bytes, odd multiples of 16, so fragment reads avoid bank conflicts
+  static constexpr int kRowStride = kRow + 8;
+  static constexpr int kChunksPerRow = kRow * 2 / 16;  // 16-byte copies per cached row
+  static constexpr int kQuarterDims = kRow / kDimQuarters;
+  static constexpr int kQuarterSteps = kQuarterDims / 16;  // k16 steps per quarter
+  static_assert(kQuarterDims % 16 == 0, "a quarter of the row is whole k16 steps");
+};
 constexpr int kPartStride = kTile + 4;            // fp32 partial scores [quarter][pair][key]
 constexpr int kPStride = kTile + 8;               // bf16 softmax weights [pair][key]
 constexpr int kOutStride = static_cast<int>(kMlaLatentDim) + 4;  // fp32 output staging [pair][dim]
 constexpr int kSoftmaxThreads = 8;                // per pair, 8 keys each
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int kN>
+template <int kN, int kRope>
 struct Smem {
+  static constexpr int kRowStride = RowGeometry<kRope>::kRowStride;
   static constexpr int kPairs = 8 * kN;
   static constexpr size_t kKv = 0;  // two stages [kTile][kRowStride] bf16; the output staging after the loop
   static constexpr size_t kPart = kKv + sizeof(uint16_t) * 2 * kTile * kRowStride;
@@ -51,10 +60,13 @@ struct Smem {
 // evenly over the fewest CTAs of 8·kN pairs (the rest of blockIdx.x exits); each CTA streams one split of the keys
 // its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
 // One row per group is the plain decode case: CTA x takes heads 8·kN·x onward.
-template <int kN>
+template <int kN, int kRope>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(MlaDecodeParams p, float* part_out,
                                                                  float* part_lse) {
-  using L = Smem<kN>;
+  using L = Smem<kN, kRope>;
+  using G = RowGeometry<kRope>;
+  constexpr int kRow = G::kRow, kRowStride = G::kRowStride, kChunksPerRow = G::kChunksPerRow;
+  constexpr int kQuarterDims = G::kQuarterDims, kQuarterSteps = G::kQuarterSteps;
   constexpr int kPairs = L::kPairs;
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* s_kv = reinterpret_cast<uint16_t*>(smem + L::kKv);
@@ -408,17 +420,17 @@ int ntiles_for(int64_t rows, int64_t heads) {
   return static_cast<int>(((pairs + ctas - 1) / ctas + 7) / 8);
 }
 
-template <int kN>
+template <int kN, int kRope>
 Status launch(const MlaDecodeParams& p, StreamHandle stream, float* part_out, float* part_lse) {
-  constexpr size_t kBytes = Smem<kN>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_kernel<kN>,
+  constexpr size_t kBytes = Smem<kN, kRope>::kBytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_kernel<kN, kRope>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_decode_bf16: shared memory limit"));
   const int64_t rows = p.row_groups ? p.max_group_rows : 1;
   const int64_t pairs = rows * p.num_heads;
   const dim3 grid(static_cast<unsigned>((pairs + 8 * kN - 1) / (8 * kN)), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.row_groups ? p.num_groups : p.num_queries));
-  return check_cuda(launch_pdl(mla_decode_kernel<kN>, grid, dim3(kThreads), kBytes, stream, p, part_out, part_lse),
+  return check_cuda(launch_pdl(mla_decode_kernel<kN, kRope>, grid, dim3(kThreads), kBytes, stream, p, part_out, part_lse),
                     "cuda::mla_decode_bf16");
 }
 
@@ -455,6 +467,8 @@ size_t mla_decode_workspace_bytes(int64_t num_queries, int64_t num_heads, int nu
 }
 
 Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
+  if (p.rope_dim != kMlaRopeDim && p.rope_dim != 0)
+    return invalid_argument("cuda::mla_decode_bf16: rows are 512 latent values plus 64 or 0 rope values");
   if (p.num_queries < 0 || p.num_heads <= 0 || p.block_size <= 0 || p.num_splits < 1)
     return invalid_argument("cuda::mla_decode_bf16: need num_heads > 0, block_size > 0 and num_splits ≥ 1");
   if (!p.out && !p.out_bf16) return invalid_argument("cuda::mla_decode_bf16: need out or out_bf16");
@@ -472,10 +486,12 @@ Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
   float* part_out = static_cast<float*>(p.workspace);
   float* part_lse = p.num_splits > 1 ? part_out + static_cast<int64_t>(p.num_splits) * rows * kMlaLatentDim : nullptr;
   const int ntiles = ntiles_for(p.row_groups ? p.max_group_rows : 1, p.num_heads);
-  const Status launched = ntiles == 1   ? launch<1>(p, stream, part_out, part_lse)
-                          : ntiles == 2 ? launch<2>(p, stream, part_out, part_lse)
-                          : ntiles == 3 ? launch<3>(p, stream, part_out, part_lse)
-                                        : launch<4>(p, stream, part_out, part_lse);
+  const bool nope = p.rope_dim == 0;
+  const Status launched =
+      ntiles == 1   ? (nope ? launch<1, 0>(p, stream, part_out, part_lse) : launch<1, 64>(p, stream, part_out, part_lse))
+      : ntiles == 2 ? (nope ? launch<2, 0>(p, stream, part_out, part_lse) : launch<2, 64>(p, stream, part_out, part_lse))
+      : ntiles == 3 ? (nope ? launch<3, 0>(p, stream, part_out, part_lse) : launch<3, 64>(p, stream, part_out, part_lse))
+                    : (nope ? launch<4, 0>(p, stream, part_out, part_lse) : launch<4, 64>(p, stream, part_out, part_lse));
   KILN_RETURN_IF_ERROR(launched);
   if (p.num_splits == 1) return ok_status();
   return check_cuda(launch_pdl(mla_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineGroups * 128), 0,

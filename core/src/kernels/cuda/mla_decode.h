@@ -1,7 +1,8 @@
 // Absorbed MLA decode attention over the paged bf16 latent cache (the GPU form of KvLayout::attend for the
 // built-in bf16 layout; math of cpu::mla_attention_absorbed_bf16).
 //
-// Pages are bf16 [block_size, 576]: 512 latent values then 64 roped k_pe values per token; token p of a
+// Pages are bf16 [block_size, 512 + rope_dim]: 512 latent values then rope_dim (64, or 0 without a rope part)
+// roped k_pe values per token; token p of a
 // sequence lives at slot block_tables[seq, p / block_size] · block_size + p % block_size. Each query row is
 // one CTA column of up to 32 (row, head) pairs: its score and value products run on the tensor cores (bf16
 // operands, fp32 accumulation; q is rounded to bf16) with the pairs in the mma N dimension, q held in registers,
@@ -29,7 +30,8 @@ inline constexpr int64_t kMlaLatentDim = 512;
 inline constexpr int64_t kMlaRopeDim = 64;
 
 struct MlaDecodeParams {
-  const float* q = nullptr;               // [num_queries, num_heads, 576]: absorbed q_lat then roped q_pe
+  int64_t rope_dim = kMlaRopeDim;         // 64, or 0 for rows of the latent alone (NoPE: GLM-5.3-Flash's DSA)
+  const float* q = nullptr;               // [num_queries, num_heads, 512 + rope_dim]: absorbed q_lat then roped q_pe
   int64_t num_queries = 0;
   int64_t num_heads = 0;                  // any count; up to 32 (row, head) pairs per CTA
   const uint16_t* cache = nullptr;        // this layer's pages
