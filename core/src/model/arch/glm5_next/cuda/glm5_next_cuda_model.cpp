@@ -124,6 +124,13 @@ Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5N
   if (!dev) return failed_precondition("the CUDA model needs the core's CUDA device context");
   if (!ctx.layout->device().is_cuda())
     return failed_precondition("the KV layout was made for " + ctx.layout->device().to_string() + ", not CUDA");
+  const int64_t block_size = ctx.layout->geometry().block_size;
+  bool indexer = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) indexer |= c.runs_indexer(l);
+  if (indexer && block_size % c.index_kpool != 0)
+    return failed_precondition("kv.block_size = " + std::to_string(block_size) + " is not a multiple of index_kpool (" +
+                               std::to_string(c.index_kpool) + " in " + c.source +
+                               "): the CUDA pooled indexer reads each pool's keys from one block");
   std::unique_ptr<Glm5NextCudaModel> m(new Glm5NextCudaModel(c, *dev));
   // The DSA attention and the MoE as runtime/cuda's MLA + MoE blocks read them: no rope part, the selection as
   // wide as the pooled indexer's (top pools + the query's own tail pool).
