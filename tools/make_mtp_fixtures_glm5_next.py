@@ -46,6 +46,9 @@ class MtpFixture:
     # embedding half of eh_proj through scaled likewise and heads with the same lm_head, a bigram of the same map.
     # Random next-n weights are otherwise almost never right, and the accepted path would go untested.
     bigram: bool = False
+    # Trunk layers to make further next-n layers from (indices 1, 2, …): plain (no hc), the trunk's lm_head.
+    # The drafter runs only layer 0; these are for the loader and the services' state handling.
+    extra_plain_from: tuple = ()
 
 
 kFixtures = [
@@ -55,7 +58,9 @@ kFixtures = [
     MtpFixture("glm5_next-mtp-kda", "glm5_next-flat", 4402, from_layer=0, hyper_connections=True, own_head=False,
                bigram=True),
     # A plain residual layer (no hc) with a DSA attention without indexer, dense MLP; transformers' state_dict names.
-    MtpFixture("glm5_next-mtp-plain", "glm5_next-shared", 4403, from_layer=1, hyper_connections=False, indexer=False),
+    # Its second next-n layer is a plain KDA one with a MoE (stacked experts).
+    MtpFixture("glm5_next-mtp-plain", "glm5_next-shared", 4403, from_layer=1, hyper_connections=False, indexer=False,
+               extra_plain_from=(0,)),
 ]
 
 
@@ -63,14 +68,14 @@ def text_config(config: dict) -> dict:
     return config["text_config"] if "text_config" in config else config
 
 
-def cut_config(config: dict) -> dict:
+def cut_config(config: dict, extra: tuple) -> dict:
     config = json.loads(json.dumps(config))
     text = text_config(config)
     text["num_hidden_layers"] = kTrunkLayers
     for key in ("layer_types", "mlp_layer_types", "indexer_types"):
         if key in text:
             text[key] = text[key][:kTrunkLayers]
-    text["num_nextn_predict_layers"] = 1
+    text["num_nextn_predict_layers"] = 1 + len(extra)
     config.pop("vision_config", None)
     return config
 
@@ -92,26 +97,29 @@ def build(f: MtpFixture) -> None:
     gen = torch.Generator().manual_seed(f.seed)
 
     kept: dict[str, torch.Tensor] = {}
-    mtp_index = kTrunkLayers
-    mtp_prefix = f"{prefix}layers.{mtp_index}."
     for name in sorted(state):
         if name.startswith("model.visual."):
             continue
         m = layer_re.fullmatch(name)
-        if not m:
+        if not m or int(m.group(1)) < kTrunkLayers:
             kept[name] = state[name]
-            continue
-        layer, leaf = int(m.group(1)), m.group(2)
-        if layer < kTrunkLayers:
-            kept[name] = state[name]
-        if layer != f.from_layer:
-            continue
-        if not f.hyper_connections and re.match(r"(hc_attn_|hc_ffn_|attn_hc\.|ffn_hc\.)", leaf):
-            continue
-        if not f.indexer and leaf.startswith("self_attn.indexer."):
-            continue
-        kept[mtp_prefix + leaf] = perturbed(state[name], gen)
 
+    def copy_layer(index: int, from_layer: int, hyper_connections: bool, indexer: bool) -> str:
+        """Trunk layer `from_layer` as next-n layer `index`, perturbed; returns its prefix."""
+        mtp_prefix = f"{prefix}layers.{kTrunkLayers + index}."
+        for name in sorted(state):
+            m = layer_re.fullmatch(name)
+            if not m or int(m.group(1)) != from_layer:
+                continue
+            leaf = m.group(2)
+            if not hyper_connections and re.match(r"(hc_attn_|hc_ffn_|attn_hc\.|ffn_hc\.)", leaf):
+                continue
+            if not indexer and leaf.startswith("self_attn.indexer."):
+                continue
+            kept[mtp_prefix + leaf] = perturbed(state[name], gen)
+        return mtp_prefix
+
+    mtp_prefix = copy_layer(0, f.from_layer, f.hyper_connections, f.indexer)
     norm = state[prefix + "norm.weight"]
     eh_proj = torch.randn(hidden, 2 * hidden, generator=gen) * 0.1
     if f.bigram:
@@ -131,11 +139,17 @@ def build(f: MtpFixture) -> None:
             kept[mtp_prefix + "shared_head.head.weight"] = perturbed(state["lm_head.weight"], gen)
     kept[mtp_prefix + "hnorm.weight"] = perturbed(torch.ones(hidden), gen)
     kept[mtp_prefix + "eh_proj.weight"] = eh_proj.contiguous()
+    for i, from_layer in enumerate(f.extra_plain_from, start=1):
+        p = copy_layer(i, from_layer, hyper_connections=False, indexer=True)
+        kept[p + "enorm.weight"] = perturbed(torch.ones(hidden), gen)
+        kept[p + "hnorm.weight"] = perturbed(torch.ones(hidden), gen)
+        kept[p + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.1).contiguous()
+        kept[p + "shared_head.norm.weight"] = perturbed(norm, gen)
 
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(cut_config(config), indent=2, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(cut_config(config, f.extra_plain_from), indent=2, sort_keys=True) + "\n")
     save_file(dict(sorted(kept.items())), out / "model.safetensors", metadata={"format": "pt"})
     print(f"{f.name}: {len(kept)} tensors, {(out / 'model.safetensors').stat().st_size} bytes")
 

@@ -59,15 +59,17 @@ TEST(Glm5NextMtp, LayoutsAreReadFromTheCheckpointNames) {
   ASSERT_EQ(config_of(**kda).mtp.size(), 1u);
   const glm5_next::MtpLayerLayout k = config_of(**kda).mtp[0];
   EXPECT_TRUE(k.attention == AttentionKind::kKda && k.hyper_connections && !k.moe && !k.own_head);
-  ASSERT_EQ(config_of(**plain).mtp.size(), 1u);
-  const glm5_next::MtpLayerLayout p = config_of(**plain).mtp[0];
+  ASSERT_EQ(config_of(**plain).mtp.size(), 2u);
+  const glm5_next::MtpLayerLayout p = config_of(**plain).mtp[0], p1 = config_of(**plain).mtp[1];
   EXPECT_TRUE(p.attention == AttentionKind::kDsa && !p.indexer && !p.hyper_connections && !p.moe && p.own_head);
+  EXPECT_TRUE(p1.attention == AttentionKind::kKda && !p1.hyper_connections && p1.moe && !p1.own_head);
   EXPECT_TRUE(config_of(**none).mtp.empty());
   EXPECT_EQ((*none)->info().num_mtp_layers, 0);
   EXPECT_EQ((*kda)->info().num_mtp_layers, 1);
 
   // The cache of the next-n layer is its kind's: a state slot for KDA, latent pages (+ indexer rows) for DSA.
   const CacheSpec ks = (*kda)->cache_spec(1), ds = (*dsa)->cache_spec(1), ps = (*plain)->cache_spec(1);
+  EXPECT_EQ((*plain)->cache_spec(2).layers.back().entries.size(), 1u);  // one KDA state slot
   ASSERT_EQ(ks.layers.back().entries.size(), 1u);  // recurrent then conv state, one slot
   EXPECT_EQ(ks.layers.back().entries[0].kind, CacheKind::kState);
   ASSERT_EQ(ds.layers.back().entries.size(), 3u);  // latent, indexer rows, pool keys
@@ -139,7 +141,7 @@ TEST_P(Glm5NextMtpDrafting, GreedyOutputIsUnchangedAtDepths1To5) {
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), model_load_options(*recipe));
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  ASSERT_EQ(m->model->num_mtp_layers(), 1);
+  ASSERT_GE(m->model->num_mtp_layers(), 1);
   const std::vector<int32_t> prompt = long_prompt();
   auto plain = testing::engine_generate(*m, sets(GetParam(), "none", 0), prompt, 40);
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
@@ -166,17 +168,21 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Glm5NextMtpDrafting,
                            return n;
                          });
 
-// The KDA-kind layer through the draft services as the drafter drives it: target rows in three pieces, each
+// A KDA-kind next-n layer through the draft services as the drafter drives it: target rows in three pieces, each
 // followed by draft rows that run through the layer's state and are then dropped. Every target row's logits must
 // equal those of one pass over all rows in a sequence of its own (no drafts), so the drafts left no trace.
-TEST(Glm5NextMtp, KdaStateFollowsOnlyTheAcceptedRows) {
+// glm5_next-mtp-kda's layer 0 has hyper-connections; glm5_next-mtp-plain's layer 1 is plain, beside a DSA layer 0.
+class Glm5NextMtpKdaState : public ::testing::TestWithParam<std::pair<std::string, int64_t>> {};
+
+TEST_P(Glm5NextMtpKdaState, FollowsOnlyTheAcceptedRows) {
+  const auto [fixture, layer] = GetParam();
   testing::load_mtp_plugin();
-  auto recipe = load_recipe("", sets("glm5_next-mtp-kda", "mtp", 3), global_registry());
+  auto recipe = load_recipe("", sets(fixture, "mtp", 3), global_registry());
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto loaded = load_model(*recipe, global_registry(), {.load_mtp = true});
   ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
   LoadedModel& m = *loaded;
-  ASSERT_EQ(m.model->num_mtp_layers(), 1);
+  ASSERT_GT(m.model->num_mtp_layers(), layer);
   const int64_t trunk = m.info.num_layers, vocab = m.info.vocab_size, hd = m.info.hidden_size;
 
   CacheManagerConfig cfg;
@@ -185,7 +191,7 @@ TEST(Glm5NextMtp, KdaStateFollowsOnlyTheAcceptedRows) {
   cfg.prefix_caching = false;
   cfg.state_slots = 2;
   cfg.target_layers = trunk;
-  auto made = CacheManager::create(m.arch->cache_spec(1), m.layout.get(), m.device.get(), cfg);
+  auto made = CacheManager::create(m.arch->cache_spec(m.model->num_mtp_layers()), m.layout.get(), m.device.get(), cfg);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   CacheManager& caches = **made;
   std::vector<int32_t> ref_table, test_table;
@@ -211,14 +217,14 @@ TEST(Glm5NextMtp, KdaStateFollowsOnlyTheAcceptedRows) {
   services.attach(&caches, static_cast<int64_t>(caches.views().layers.size()));
   MtpOutput out;
   MtpRows all{ref_table.data(), 8, 0, tokens.data() + 1, hidden.data(), 0, rows, true};
-  ASSERT_TRUE(services.mtp_run(0, {all}, out).ok());
+  ASSERT_TRUE(services.mtp_run(layer, {all}, out).ok());
   const std::vector<float> ref(out.logits, out.logits + rows * vocab);
 
   std::mt19937 rng(11);
   int64_t pos = 0;
   for (int64_t end : {int64_t{40}, int64_t{70}, rows}) {
     MtpRows piece{test_table.data(), 8, pos, tokens.data() + pos + 1, hidden.data() + pos * hd, 0, end - pos, true};
-    ASSERT_TRUE(services.mtp_run(0, {piece}, out).ok());
+    ASSERT_TRUE(services.mtp_run(layer, {piece}, out).ok());
     for (int64_t r = 0; r < end - pos; ++r)
       for (int64_t v = 0; v < vocab; ++v)
         ASSERT_NEAR(out.logits[r * vocab + v], ref[(pos + r) * vocab + v], 1e-4f) << "row " << pos + r;
@@ -226,12 +232,20 @@ TEST(Glm5NextMtp, KdaStateFollowsOnlyTheAcceptedRows) {
     for (int k = 0; k < 3 && end < rows; ++k) {  // drafts on the layer's own output, to be rejected
       const int32_t draft = static_cast<int32_t>(rng() % vocab);
       MtpRows d{test_table.data(), 8, end + k, &draft, prev, 0, 1, false};
-      ASSERT_TRUE(services.mtp_run(0, {d}, out).ok());
+      ASSERT_TRUE(services.mtp_run(layer, {d}, out).ok());
       prev = out.hidden;
     }
     pos = end;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Layers, Glm5NextMtpKdaState,
+                         ::testing::Values(std::pair<std::string, int64_t>{"glm5_next-mtp-kda", 0},
+                                           std::pair<std::string, int64_t>{"glm5_next-mtp-plain", 1}),
+                         [](const auto& info) {
+                           return info.param.first.substr(std::string("glm5_next-mtp-").size()) + "_layer" +
+                                  std::to_string(info.param.second);
+                         });
 
 }  // namespace
 }  // namespace kiln
