@@ -4,11 +4,11 @@
 //   input_layernorm, KDA or DSA, mixed back into the streams; the ffn_hc maps, post_attention_layernorm, the
 //   clamped-SwiGLU MLP or MoE, mixed back → the mean of the streams → norm → lm_head.
 // Caches, per layer as the architecture's CacheSpec lists them (Glm5NextArchitecture::cache_spec):
-//   KDA: entry 0 the recurrent state [H, dk, dv], entry 1 the short conv's last kernel − 1 inputs
-//        [kernel − 1, 3·H·dk]; one slot of each per sequence (SequenceStep::state_slot), fp32; a step starting at
-//        position 0 zeroes them first.
+//   KDA: entry 0, one slot per sequence (SequenceStep::state_slot), fp32: the recurrent state [H, dk, dv], then
+//        the short conv's last kernel − 1 inputs [kernel − 1, 3·H·dk]; a step starting at position 0 zeroes them.
 //   DSA: entry 0 the 512-wide latent in the recipe's KvLayout (no rope part); layers with their own indexer also
-//        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token.
+//        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token,
+//        and entry 2, the pool keys the CUDA runner keeps (this model recomputes them from entry 1).
 //   Next-n (MTP) layer i: cache layer num_hidden_layers + i, with the entries of its kind as above (KDA: state in
 //   the sequence's state slot; DSA: rows in the sequence's pages).
 #pragma once
