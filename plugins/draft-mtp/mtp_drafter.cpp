@@ -6,7 +6,8 @@
 //           layer's KV; the last row's logits give draft 1;
 //   steps 2..K: one row each, on the previous step's MTP output hidden state and the previous draft.
 // The MTP layer's KV shares the target's pages, so rows past the accepted ones are simply overwritten next time
-// (from the target's real hidden states). Drafts are argmax at temperature 0, else sampled on the device from q =
+// (from the target's real hidden states); a layer with recurrent state is rolled back by the engine's services,
+// which tell step-1 rows (on the target's hidden states) from draft rows (on the layer's own output). Drafts are argmax at temperature 0, else sampled on the device from q =
 // softmax(logits / T) over its kQWidth likeliest tokens, which is returned (sparse) for rejection sampling. Only
 // the draft ids cross to the host.
 #include <algorithm>

@@ -47,6 +47,7 @@ class TestKv {
   }
   const CacheViews& views() const { return caches_->views(); }
   const CacheManager& manager() const { return *caches_; }
+  CacheManager& manager() { return *caches_; }
   int64_t block_size() const { return caches_->views().block_size; }
   int64_t num_blocks() const { return caches_->views().num_blocks; }
   int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }

@@ -30,7 +30,7 @@ CacheSpec mixed_spec() {
   return spec;
 }
 
-std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots) {
+std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots, int64_t target_layers = -1) {
   auto p = std::make_unique<Pool>();
   p->info.kv_lora_rank = 16, p->info.qk_rope_head_dim = 8;
   CreateContext ctx;
@@ -40,6 +40,7 @@ std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots) {
   p->layout = std::move(layout).value();
   CacheManagerConfig cfg;
   cfg.num_blocks = 10, cfg.block_size = 4, cfg.state_slots = state_slots;
+  cfg.target_layers = target_layers;
   auto made = CacheManager::create(spec, p->layout.get(), &p->device, cfg);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   p->caches = std::move(made).value();
@@ -100,6 +101,40 @@ TEST(CacheManager, ASnapshotRestoresTheSlotsStateExactly) {
   for (int i = 0; i < 32; ++i) ASSERT_EQ(conv[i], 0x22) << i;
   for (int i = 0; i < 64; ++i) ASSERT_EQ(neighbour[i], 0x77) << "another sequence's slot changed at " << i;
   EXPECT_EQ(p->caches->restore_state(7).code(), StatusCode::kOutOfRange);
+}
+
+// A next-n layer with state (layer 3, past the target's three) keeps its own snapshot: the target's snapshot and
+// restore around verification leave it alone, and the draft services find the slot by its holder's block table.
+TEST(CacheManager, ANextNLayersStateIsSnapshottedApartFromTheTargets) {
+  CacheSpec spec = mixed_spec();
+  spec.layers.push_back({{{CacheKind::kState, "mtp_recurrent", 0, 16}}});
+  auto p = make_pool(spec, 2, /*target_layers=*/3);
+  const CacheViews& v = p->caches->views();
+  std::vector<int32_t> table = {4, 5};
+  auto slot = p->caches->acquire_state_slot(&table);
+  ASSERT_TRUE(slot.ok());
+  EXPECT_EQ(p->caches->state_slot_of(table.data()), *slot);
+  std::vector<int32_t> other = {4, 5};
+  EXPECT_EQ(p->caches->state_slot_of(other.data()), -1);
+  EXPECT_TRUE(p->caches->has_state(3));
+  EXPECT_FALSE(p->caches->has_state(1));
+
+  auto* target = static_cast<uint8_t*>(v.layers[2][0]) + *slot * 64;
+  auto* mtp = static_cast<uint8_t*>(v.layers[3][0]) + *slot * 16;
+  std::memset(target, 0x11, 64);
+  std::memset(mtp, 0x55, 16);
+  ASSERT_TRUE(p->caches->snapshot_layer_state(*slot, 3).ok());
+  std::memset(mtp, 0x66, 16);
+  ASSERT_TRUE(p->caches->snapshot_state(*slot).ok());
+  std::memset(target, 0x33, 64);
+  ASSERT_TRUE(p->caches->restore_state(*slot).ok());
+  EXPECT_EQ(target[0], 0x11);
+  EXPECT_EQ(mtp[0], 0x66) << "the target's restore touched the next-n layer";
+  ASSERT_TRUE(p->caches->restore_layer_state(*slot, 3).ok());
+  for (int i = 0; i < 16; ++i) ASSERT_EQ(mtp[i], 0x55) << i;
+  EXPECT_EQ(target[0], 0x11);
+  p->caches->release_state_slot(*slot);
+  EXPECT_EQ(p->caches->state_slot_of(table.data()), -1);
 }
 
 TEST(CacheManager, AModelWithoutStateHoldsNoSlots) {

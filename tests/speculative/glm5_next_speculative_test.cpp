@@ -1,7 +1,8 @@
 // Speculative decoding over glm5_next's recurrent KDA state: the engine snapshots the state slots before a
 // verification pass and restores them after a rejection (BatchEngine), so a drafter that needs no weights (the
-// plugin template's n-gram prompt lookup) leaves the greedy output unchanged. The MTP drafter is refused at start:
-// glm5_next loads no next-n layer yet.
+// plugin template's n-gram prompt lookup) leaves the greedy output unchanged. On a checkpoint without the next-n
+// layer (glm5_next-tiny, like a Hugging Face export) the MTP drafter is refused at start; drafting with the layer is
+// glm5_next_mtp_test.cpp.
 #include <gtest/gtest.h>
 
 #include "common/template_plugin.h"

@@ -28,6 +28,9 @@ struct CacheManagerConfig {
   bool prefix_caching = true;
   int64_t lookahead_slots = 0;  // positions reserved past each step (speculative verification)
   int64_t state_slots = 0;      // sequences that can hold state at once (max_num_seqs); used only with state
+  // Layers [0, target_layers) are the target's, the rest its next-n layers and a drafter's (−1: all the target's).
+  // snapshot_state / restore_state cover the target's; a next-n layer's state is kept by the draft services.
+  int64_t target_layers = -1;
 };
 
 class CacheManager {
@@ -45,20 +48,29 @@ class CacheManager {
   // Bytes of cache memory held.
   size_t bytes() const { return bytes_; }
 
-  // State slots (models with recurrent layers; a model without any gets -1 and nothing is held).
+  // State slots (models with recurrent layers; a model without any gets -1 and nothing is held). The holder's
+  // block table, when given, identifies the slot to state_slot_of (the draft services know a sequence only by
+  // the block table the drafter passes them).
   bool has_state() const { return state_bytes_ > 0; }
-  Result<int32_t> acquire_state_slot();
+  Result<int32_t> acquire_state_slot(const std::vector<int32_t>* holder_blocks = nullptr);
   void release_state_slot(int32_t slot);
   int64_t free_state_slots() const { return static_cast<int64_t>(state_free_.size()); }
-  // Copies every layer's state of `slot` to its snapshot, or back (on the device's stream).
+  // The slot held with the block table whose pages start at `block_table` (its data() now), or −1.
+  int32_t state_slot_of(const int32_t* block_table) const;
+  // Copies the target layers' state of `slot` to its snapshot, or back (on the device's stream).
   Status snapshot_state(int32_t slot);
   Status restore_state(int32_t slot);
+  // The same for one layer past the target's (a next-n layer), whose snapshot is its own to keep.
+  bool has_state(int64_t layer) const;
+  Status snapshot_layer_state(int32_t slot, int64_t layer);
+  Status restore_layer_state(int32_t slot, int64_t layer);
 
  private:
   CacheManager(const CacheManagerConfig& config)
       : blocks_(config.num_blocks, config.block_size, config.prefix_caching, config.lookahead_slots) {}
   Status allocate(const CacheSpec& spec);
-  Status copy_state(int32_t slot, bool to_snapshot);
+  // Copies the entries of layers [first, end) of `slot`.
+  Status copy_state(int32_t slot, bool to_snapshot, int64_t first, int64_t end);
 
   BlockManager blocks_;
   CacheViews views_;
@@ -69,11 +81,14 @@ class CacheManager {
     char* slots = nullptr;
     char* snapshots = nullptr;
     size_t slot_bytes = 0;
+    int64_t layer = 0;
   };
   std::vector<StateEntry> state_entries_;
   size_t state_bytes_ = 0;
   int64_t state_slots_ = 0;
   std::vector<int32_t> state_free_;
+  std::vector<const std::vector<int32_t>*> state_holder_;  // per slot: the holder's block table, if given
+  int64_t target_layers_ = 0;
 };
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #include "engine/engine_draft_services.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "model/checkpoint.h"
@@ -46,10 +47,32 @@ Status EngineDraftServices::mtp_run(int64_t layer, const std::vector<MtpRows>& b
     tables_[b].assign(r.block_table, r.block_table + r.num_blocks);
     offset += r.num_rows;
   }
-  for (size_t b = 0; b < batch.size(); ++b)
-    steps_.push_back(SequenceStep{std::span<const int32_t>(batch[b].tokens, batch[b].num_rows), batch[b].start_position,
-                                  &tables_[b], batch[b].all_logits, -1, {}});
+  // State slots and committed rows of a next-n layer with state (see the header).
+  const int64_t cache_layer = target_layers_ + layer;
+  const bool stateful = caches_->has_state(cache_layer);
+  std::vector<bool> committed(batch.size(), false);
+  const float* own_begin = step_out_.hidden;
+  const float* own_end = own_begin ? own_begin + step_out_rows_ * H : nullptr;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const MtpRows& r = batch[b];
+    int32_t slot = -1;
+    if (stateful) {
+      slot = caches_->state_slot_of(r.block_table);
+      if (slot < 0)
+        return failed_precondition("next-n layer " + std::to_string(layer) +
+                                   " keeps recurrent state, and batch entry " + std::to_string(b) +
+                                   "'s block table is no running sequence's (pass DraftSequence::block_table)");
+      const std::less<const float*> before;  // a total order across allocations
+      committed[b] = !(own_begin && !before(r.hidden, own_begin) && before(r.hidden, own_end));
+      if (committed[b]) KILN_RETURN_IF_ERROR(caches_->restore_layer_state(slot, cache_layer));
+    }
+    steps_.push_back(SequenceStep{std::span<const int32_t>(r.tokens, r.num_rows), r.start_position, &tables_[b],
+                                  r.all_logits, slot, {}});
+  }
   KILN_RETURN_IF_ERROR(model_.mtp_step(layer, steps_, packed_, caches_->views(), step_out_));
+  step_out_rows_ = rows;
+  for (size_t b = 0; b < batch.size(); ++b)
+    if (committed[b]) KILN_RETURN_IF_ERROR(caches_->snapshot_layer_state(steps_[b].state_slot, cache_layer));
   out.logits = step_out_.logits;
   out.first_row = step_out_.first_row;
   out.hidden = step_out_.hidden;

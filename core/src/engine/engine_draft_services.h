@@ -22,7 +22,7 @@ class EngineDraftServices final : public DraftServices {
 
   // Once the pool exists: its layers from `first_drafter_layer` on are the drafter's own (cache()), and the next-n
   // layers are the target's num_target_layers .. (mtp_run).
-  void attach(const CacheManager* caches, int64_t first_drafter_layer) {
+  void attach(CacheManager* caches, int64_t first_drafter_layer) {
     caches_ = caches;
     first_drafter_layer_ = first_drafter_layer;
   }
@@ -36,6 +36,17 @@ class EngineDraftServices final : public DraftServices {
   Status sample(const DraftSampleRequest& request) override { return model_.sample_drafts(request); }
 
   int64_t num_mtp_layers() const override { return model_.num_mtp_layers(); }
+  // A next-n layer with recurrent state (glm5_next's KDA kind) runs in each sequence's state slot, found by its
+  // block table (CacheManager::state_slot_of: MtpRows::block_table must be the DraftSequence's), and is kept
+  // lossless for drafting by a committed copy in the slot's snapshot:
+  //   - rows conditioned on the target's hidden states are the target's computed rows, which the engine hands the
+  //     drafter only once accepted: before them the state goes back to the committed copy (dropping whatever
+  //     drafts advanced it since), and after them the new state becomes the committed copy;
+  //   - rows conditioned on this layer's own output (MtpOutput::hidden of the previous run) are drafts: they
+  //     advance the live state only.
+  // So the state a step-1 batch starts from is always that of the accepted tokens, however many drafts ran or
+  // were rejected, and no replay is needed (the committed rows are exactly those that ran). Paged next-n caches
+  // (DSA kind) need none of this: rows past the accepted ones are rewritten by the next step's rows.
   Status mtp_run(int64_t layer, const std::vector<MtpRows>& batch, MtpOutput& out) override;
 
   void* cache(int64_t layer, size_t entry) override;
@@ -50,7 +61,7 @@ class EngineDraftServices final : public DraftServices {
   std::shared_ptr<WeightFormat> format_;
   int64_t target_layers_;
   std::string draft_model_;
-  const CacheManager* caches_ = nullptr;
+  CacheManager* caches_ = nullptr;
   int64_t first_drafter_layer_ = 0;
   // mtp_run's packed hidden rows on the device, grown as batches need (device memory lives as long as the model).
   float* packed_ = nullptr;
@@ -58,6 +69,7 @@ class EngineDraftServices final : public DraftServices {
   std::vector<std::vector<int32_t>> tables_;
   std::vector<SequenceStep> steps_;
   MtpStepOutput step_out_;
+  int64_t step_out_rows_ = 0;  // rows of hidden in step_out_ (tells a draft row from a target row)
 };
 
 }  // namespace kiln

@@ -93,15 +93,16 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   const RecipeSection& spec = recipe.section("speculative");
   if (drafter && spec.get_string("method", "none") != "none") {
     // The target's recurrent state is rolled back after a rejection (snapshot before verification, then the
-    // accepted tokens fed again: BatchEngine). The drafter's own layers are rolled back by position only, so a
-    // next-n or drafter layer that keeps recurrent state cannot draft yet.
-    const int64_t target_layers = m.arch->cache_spec(0).layers.size();
-    for (size_t l = static_cast<size_t>(target_layers); l < plan.spec.layers.size(); ++l)
+    // accepted tokens fed again: BatchEngine); a next-n layer's by the draft services, which keep its state as of
+    // the accepted rows (EngineDraftServices::mtp_run). A drafter's own layers are rolled back by position only,
+    // so one that keeps recurrent state cannot draft yet.
+    const int64_t own_layers_from = static_cast<int64_t>(m.arch->cache_spec(0).layers.size()) + mtp_layers;
+    for (size_t l = static_cast<size_t>(own_layers_from); l < plan.spec.layers.size(); ++l)
       for (const CacheEntry& e : plan.spec.layers[l].entries)
         if (e.kind == CacheKind::kState)
           return unimplemented("`speculative.method = \"" + spec.get_string("method") + "\"` (" + spec.origin("method") +
-                               "): drafter layer " + std::to_string(l - target_layers) + " keeps recurrent state (" +
-                               e.name + "), and rolling a drafter's state back is not implemented yet");
+                               "): drafter layer " + std::to_string(l - own_layers_from) + " keeps recurrent state (" +
+                               e.name + "), and rolling a drafter's own state back is not implemented yet");
     config.speculative_depth = spec.get_int("depth", 0);
     config.speculative_max_batch = spec.get_int("max_batch", 0);
     // A verification pass writes positions L .. L + K; after it accepts all K, a drafter sharing the pages (the
@@ -124,6 +125,7 @@ Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& m, c
   cm.prefix_caching = plan.config.prefix_caching;
   cm.lookahead_slots = plan.config.lookahead_slots;
   cm.state_slots = plan.config.max_num_seqs;
+  cm.target_layers = static_cast<int64_t>(m.arch->cache_spec(0).layers.size());
   KILN_ASSIGN_OR_RETURN(auto made, CacheManager::create(plan.spec, m.layout.get(), m.device.get(), cm));
   return std::shared_ptr<CacheManager>(std::move(made));
 }

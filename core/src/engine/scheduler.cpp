@@ -84,7 +84,7 @@ bool Scheduler::admit(Sequence* seq, int64_t& budget, ScheduledStep& step) {
     seq->num_computed = 0;
     return false;
   }
-  auto slot = caches_.acquire_state_slot();
+  auto slot = caches_.acquire_state_slot(&seq->kv.blocks);
   if (!slot.ok()) {  // max_num_seqs bounds the running sequences, so this is a bookkeeping bug: refuse to admit
     blocks_.release(seq->kv);
     seq->num_computed = 0;

@@ -1,37 +1,54 @@
 #include "model/arch/glm5_next/glm5_next.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "model/arch/glm5_next/glm5_next_cpu_instance.h"
 #ifdef KILN_WITH_CUDA
 #include "model/arch/glm5_next/cuda/glm5_next_cuda_model.h"
 #endif
+#include "model/arch/glm5_next/glm5_next_mtp_layout.h"
+#include "model/checkpoint.h"
 #include "model/model_instance.h"
 
 namespace kiln::arch {
 
+namespace {
+
+LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool indexer) {
+  LayerCacheSpec layer;
+  if (kda) {
+    // One slot holds both: the recurrent state, then the conv state (the CUDA kernels' slot format), so a
+    // snapshot or restore is one copy.
+    layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes()});
+  } else {
+    layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
+    if (indexer) {  // [k | compress-gate score] fp32 per token
+      layer.entries.push_back({CacheKind::kPagedRows, "indexer_rows", 2 * sizeof(float) * c.index_head_dim, 0});
+      // A complete pool's key never changes: the CUDA runner computes it once, into row slot(first token) / pool
+      // of this entry (a pool's share of a row per token). The CPU model recomputes keys from the rows instead.
+      layer.entries.push_back({CacheKind::kPagedRows, "indexer_pool_keys", c.pool_key_bytes_per_token(), 0});
+    }
+  }
+  return layer;
+}
+
+}  // namespace
+
 CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers) const {
   const glm5_next::Glm5NextConfig& c = config_;
   CacheSpec spec;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerCacheSpec layer;
-    if (c.is_kda(l)) {
-      // One slot holds both: the recurrent state, then the conv state (the CUDA kernels' slot format), so a
-      // snapshot or restore is one copy.
-      layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes()});
-    } else {
-      layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
-      if (c.runs_indexer(l)) {  // [k | compress-gate score] fp32 per token
-        layer.entries.push_back({CacheKind::kPagedRows, "indexer_rows", 2 * sizeof(float) * c.index_head_dim, 0});
-        // A complete pool's key never changes: the CUDA runner computes it once, into row slot(first token) / pool
-        // of this entry (a pool's share of a row per token). The CPU model recomputes keys from the rows instead.
-        layer.entries.push_back({CacheKind::kPagedRows, "indexer_pool_keys", c.pool_key_bytes_per_token(), 0});
-      }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) spec.layers.push_back(layer_cache(c, c.is_kda(l), c.runs_indexer(l)));
+  // A next-n layer caches what a trunk layer of its kind does, in the same pages and state slots (layer index
+  // num_hidden_layers + i). Layers the checkpoint does not hold are never run and cache nothing.
+  for (int64_t i = 0; i < mtp_layers; ++i) {
+    if (i >= static_cast<int64_t>(c.mtp.size())) {
+      spec.layers.emplace_back();
+      continue;
     }
-    spec.layers.push_back(std::move(layer));
+    const glm5_next::MtpLayerLayout& m = c.mtp[i];
+    spec.layers.push_back(layer_cache(c, m.attention == glm5_next::AttentionKind::kKda, m.indexer));
   }
-  // Next-n layers are not run by this model yet (build refuses load_mtp), so they cache nothing.
-  for (int64_t l = 0; l < mtp_layers; ++l) spec.layers.emplace_back();
   return spec;
 }
 
@@ -65,8 +82,9 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
 #endif
   }
   KILN_RETURN_IF_ERROR(supports_precision(ctx.precision));
-  // ctx.load_mtp is not an error: next-n layers are not run for glm5_next yet, so none is loaded
-  // (num_mtp_layers() = 0) and a drafter that needs them is refused at engine start, naming what is missing.
+  // Without next-n layers in the checkpoint none is loaded (num_mtp_layers() = 0), and a drafter that needs them
+  // is refused at engine start; a layer of a layout kiln does not know is refused here, naming its tensors.
+  if (ctx.load_mtp && !config_.mtp_refusal.empty()) return failed_precondition(config_.mtp_refusal);
   KILN_ASSIGN_OR_RETURN(auto m, glm5_next::Glm5NextCpuInstance::create(config_, ctx));
   return std::unique_ptr<ModelInstance>(std::move(m));
 }
@@ -80,6 +98,15 @@ Status Glm5NextArchitecture::supports_precision(Precision precision) const {
 
 Result<std::unique_ptr<Architecture>> parse_glm5_next(const nlohmann::json& config, const std::string& source) {
   KILN_ASSIGN_OR_RETURN(glm5_next::Glm5NextConfig c, glm5_next::Glm5NextConfig::from_json(config, source));
+  // The next-n layers' structure is in the checkpoint's names only (glm5_next_mtp_layout.h): read them when the
+  // checkpoint sits beside its config.json. Headers only; nothing is read from the tensors.
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(source).parent_path();
+  if (!dir.empty() && (std::filesystem::exists(dir / Checkpoint::kSingleFileName, ec) ||
+                       std::filesystem::exists(dir / Checkpoint::kIndexFileName, ec))) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::open(dir));
+    glm5_next::read_mtp_layouts(checkpoint->names(), c);
+  }
   return std::unique_ptr<Architecture>(new Glm5NextArchitecture(std::move(c)));
 }
 

@@ -21,8 +21,9 @@ class Glm5NextArchitecture final : public Architecture {
   const std::string& source() const override { return config_.source; }
   ModelInfo info() const override { return config_.to_model_info(); }
   std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
-  // KDA layers: their state slot (recurrent, then conv state); DSA layers: the latent pages, plus the indexer's rows on
-  // layers with an indexer of their own. Next-n (MTP) layers are not run yet: none is loaded, and they cache nothing.
+  // KDA layers: their state slot (recurrent, then conv state); DSA layers: the latent pages, plus the indexer's rows
+  // (and pool keys) on layers with an indexer of their own. Next-n (MTP) layers likewise by the kind their checkpoint
+  // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
   CacheSpec cache_spec(int64_t mtp_layers) const override;
   Status supports(DeviceType device) const override;
   Status supports_precision(Precision precision) const override;
@@ -33,6 +34,8 @@ class Glm5NextArchitecture final : public Architecture {
   std::string model_type_ = "glm5_next";
 };
 
+// `source` is the config.json's path: when a checkpoint sits beside it, its tensor names give the next-n layers'
+// layouts (glm5_next_mtp_layout.h).
 Result<std::unique_ptr<Architecture>> parse_glm5_next(const nlohmann::json& config, const std::string& source);
 
 }  // namespace kiln::arch

@@ -224,7 +224,7 @@ ModelInfo Glm5NextConfig::to_model_info() const {
   m.vocab_size = vocab_size;
   m.hidden_size = hidden_size;
   m.num_layers = num_hidden_layers;
-  m.num_mtp_layers = num_nextn_predict_layers;
+  m.num_mtp_layers = static_cast<int64_t>(mtp.size());  // the next-n layers present and runnable
   m.num_heads = num_attention_heads;
   m.q_lora_rank = q_lora_rank;
   m.kv_lora_rank = kv_lora_rank;
@@ -250,6 +250,7 @@ Result<Glm5NextConfig> Glm5NextConfig::from_json(const json& root, const std::st
   const std::string prefix = nested ? "text_config." : "";
   FieldReader r(nested ? root.at("text_config") : root, source, prefix);
   KILN_RETURN_IF_ERROR(read_scalars(r, c));
+  c.num_nextn_predict_layers_given = r.present("num_nextn_predict_layers");
   KILN_RETURN_IF_ERROR(read_linear_attn_config(r, prefix, c));
   // The top-level tie_word_embeddings is the one Glm5NextForConditionalGeneration ties by; eos_token_id may sit at
   // either level of a nested config.

@@ -17,6 +17,16 @@ namespace kiln::glm5_next {
 // layer_types: "linear_attention" (KDA) or "deepseek_sparse_attention" / its alias "full_attention" (DSA).
 enum class AttentionKind { kKda, kDsa };
 
+// A next-n (MTP) layer's structure, read from the tensor names its checkpoint holds (glm5_next_mtp_layout.h):
+// transformers does not model the layer, so no config field describes it.
+struct MtpLayerLayout {
+  AttentionKind attention = AttentionKind::kKda;
+  bool indexer = false;            // DSA with an indexer of its own; without one it attends densely (causal)
+  bool hyper_connections = false;  // attn_hc / ffn_hc: hc_mult streams; without them a plain pre-norm residual
+  bool moe = false;                // mlp.experts / mlp.gate, else a dense mlp.gate_proj
+  bool own_head = false;           // shared_head.head, else the trunk's lm_head
+};
+
 struct Glm5NextConfig {
   std::string source;  // the config.json, for messages
   int64_t vocab_size = 154880;
@@ -56,6 +66,14 @@ struct Glm5NextConfig {
   double hc_eps = 1e-6;
   int64_t hc_sinkhorn_iters = 20;
   int64_t num_nextn_predict_layers = 0;  // next-n (MTP) layers stored after the trunk's
+  bool num_nextn_predict_layers_given = false;  // in config.json; if not, the checkpoint's names decide
+
+  // The checkpoint's next-n layers, when the architecture was parsed beside its checkpoint (parse_glm5_next):
+  // the leading layers num_hidden_layers + i that are present, at most num_nextn_predict_layers. Empty when none
+  // is stored (Hugging Face exports drop it) or no checkpoint was seen. mtp_refusal, when set, says why a present
+  // layer cannot be run (a layout of names kiln does not know); loading the next-n layers then fails with it.
+  std::vector<MtpLayerLayout> mtp;
+  std::string mtp_refusal;
 
   // Per layer, after defaults and legacy keys are applied.
   std::vector<AttentionKind> attention;

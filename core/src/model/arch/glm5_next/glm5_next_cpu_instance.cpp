@@ -9,7 +9,7 @@ namespace kiln::glm5_next {
 
 Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create(const Glm5NextConfig& config,
                                                                          const BuildContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(Glm5NextWeights weights, load_glm5_next_weights(config, *ctx.source, *ctx.format));
+  KILN_ASSIGN_OR_RETURN(Glm5NextWeights weights, load_glm5_next_weights(config, *ctx.source, *ctx.format, ctx.load_mtp));
   auto model = std::make_unique<Glm5NextModel>(config, std::move(weights));
   model->set_threads(ctx.threads);
   return std::unique_ptr<Glm5NextCpuInstance>(new Glm5NextCpuInstance(std::move(model), *ctx.device));
@@ -29,9 +29,13 @@ Status Glm5NextCpuInstance::step(std::span<const SequenceStep> steps, std::span<
   return select_tokens_host(out.logits.data(), vocab_size(), out.first_row, select, out);
 }
 
-Status Glm5NextCpuInstance::mtp_step(int64_t layer, std::span<const SequenceStep>, const float*, const CacheViews&,
-                                     MtpStepOutput&) {
-  return out_of_range("MTP layer " + std::to_string(layer) + " is not loaded: glm5_next runs no next-n layers yet");
+Status Glm5NextCpuInstance::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
+                                     const CacheViews& caches, MtpStepOutput& out) {
+  KILN_RETURN_IF_ERROR(model_->mtp_forward(layer, steps, hidden, caches, mtp_out_));
+  out.logits = mtp_out_.logits.data();
+  out.first_row = mtp_out_.first_row;
+  out.hidden = mtp_out_.hidden.data();
+  return ok_status();
 }
 
 Status Glm5NextCpuInstance::embed(const int32_t* ids, int64_t n, TensorView out) {

@@ -20,10 +20,10 @@ class Glm5NextCpuInstance final : public ModelInstance {
   size_t weight_bytes() const override { return 0; }  // views into the checkpoint's mapping
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   int64_t hidden_size() const override { return model_->config().hidden_size; }
-  int64_t num_mtp_layers() const override { return 0; }
+  int64_t num_mtp_layers() const override { return static_cast<int64_t>(model_->weights().mtp.size()); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
-  // No next-n layer is loaded (num_mtp_layers() is 0): refused.
+  // Glm5NextModel::mtp_forward; the outputs live in this instance until its next MTP step.
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
                   MtpStepOutput& out) override;
   Status embed(const int32_t* ids, int64_t n, TensorView out) override;
@@ -35,6 +35,7 @@ class Glm5NextCpuInstance final : public ModelInstance {
       : model_(std::move(model)), device_(device) {}
   std::unique_ptr<Glm5NextModel> model_;
   DeviceContext& device_;
+  StepOutput mtp_out_;
 };
 
 }  // namespace kiln::glm5_next

@@ -90,7 +90,9 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   append.pages = pages, append.slots = tl.slots.data(), append.n = n, append.rows = lat.data();
   KILN_RETURN_IF_ERROR(layout.append(append, {}));
 
-  if (w.indexer) {
+  if (w.dense) {
+    selected.clear();  // nothing selects: every visible token
+  } else if (w.indexer) {
     KILN_RETURN_IF_ERROR(indexer_select(*w.indexer, l, tl, caches, h, q_resid.data(), selected));
   } else if (selected.size() != static_cast<size_t>(n * c.selection_width())) {
     return failed_precondition("layer " + std::to_string(l) + " shares an indexer selection no earlier layer made");
@@ -116,8 +118,8 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
     args.max_blocks = static_cast<int64_t>(st.block_table->size());
     args.query_seq = query_seq.data();
     args.kv_len = kv_len.data();
-    args.selected = selected.data() + b * width;
-    args.selected_width = width;
+    args.selected = w.dense ? nullptr : selected.data() + b * width;
+    args.selected_width = w.dense ? 0 : width;
     args.scale = scale;
     args.max_kv_len = st.start_position + len;
     args.out = o_lat.data() + b * heads * latent;

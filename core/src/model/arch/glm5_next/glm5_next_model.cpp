@@ -12,6 +12,7 @@
 #include "kernels/cpu/mhc.h"
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
+#include "kiln/drafter.h"
 #include "model/mla_moe_model.h"
 
 namespace kiln::glm5_next {
@@ -52,20 +53,18 @@ Status Glm5NextModel::lm_head(const float* normed, int64_t n, float* logits) con
   return run_linear(*weights_.lm_head, normed, n, logits);
 }
 
-Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches,
+Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, bool state,
                                   TokenLayout& tl) const {
   if (threads_ > 0 && omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   const int64_t bs = caches.block_size;
   if (bs <= 0 || !caches.layout)
     return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
-  const bool has_kda =
-      std::find(config_.attention.begin(), config_.attention.end(), AttentionKind::kKda) != config_.attention.end();
   tl = TokenLayout{};
   tl.seq_begin.push_back(0);
   for (size_t s = 0; s < steps.size(); ++s) {
     const SequenceStep& st = steps[s];
     KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_.vocab_size, config_.max_position_embeddings));
-    if (has_kda && st.state_slot < 0)
+    if (state && st.state_slot < 0)
       return invalid_argument("sequence step " + std::to_string(s) +
                               " has no state slot; glm5_next keeps recurrent KDA state per sequence");
     for (const int32_t blk : *st.block_table)
@@ -128,23 +127,31 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
   return ok_status();
 }
 
-Status Glm5NextModel::run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x,
-                                std::vector<int32_t>& selected, float* router_margin) const {
+Status Glm5NextModel::run_layer(const LayerWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches,
+                                float* x, std::vector<int32_t>& selected, float* router_margin) const {
   const Glm5NextConfig& c = config_;
-  const LayerWeights& w = weights_.layers[l];
   const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size, s = c.hc_mult;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  std::vector<float> pre(n * s), post(n * s), comb(n * s * s), h(n * hd), y(n * hd);
+  std::vector<float> h(n * hd), y(n * hd);
   const std::string where = "layer " + std::to_string(l);
-
+  auto attention = [&] {
+    if (w.kda) return kda(*w.kda, l, tl, caches, h.data(), y.data()).with_context(where + " KDA");
+    return dsa(*w.dsa, l, tl, caches, h.data(), y.data(), selected).with_context(where + " DSA");
+  };
+  if (!w.hyper_connections) {  // x += attn(input_norm(x)); x += mlp(post_attention_norm(x))
+    cpu::rmsnorm(x, w.input_norm.data(), n, hd, eps, h.data());
+    KILN_RETURN_IF_ERROR(attention());
+    for (int64_t i = 0; i < n * hd; ++i) x[i] += y[i];
+    cpu::rmsnorm(x, w.post_attention_norm.data(), n, hd, eps, h.data());
+    KILN_RETURN_IF_ERROR(mlp(w, h.data(), n, y.data(), router_margin).with_context(where + " MLP"));
+    for (int64_t i = 0; i < n * hd; ++i) x[i] += y[i];
+    return ok_status();
+  }
+  std::vector<float> pre(n * s), post(n * s), comb(n * s * s);
   cpu::mhc_maps(x, n, mhc_params(c, w.attn_hc), pre.data(), post.data(), comb.data());
   cpu::mhc_collapse(x, pre.data(), n, s, hd, h.data());
   cpu::rmsnorm(h.data(), w.input_norm.data(), n, hd, eps, h.data());
-  if (w.kda) {
-    KILN_RETURN_IF_ERROR(kda(*w.kda, l, tl, caches, h.data(), y.data()).with_context(where + " KDA"));
-  } else {
-    KILN_RETURN_IF_ERROR(dsa(*w.dsa, l, tl, caches, h.data(), y.data(), selected).with_context(where + " DSA"));
-  }
+  KILN_RETURN_IF_ERROR(attention());
   cpu::mhc_mix(x, y.data(), post.data(), comb.data(), n, s, hd);
 
   cpu::mhc_maps(x, n, mhc_params(c, w.ffn_hc), pre.data(), post.data(), comb.data());
@@ -155,15 +162,94 @@ Status Glm5NextModel::run_layer(int64_t l, const TokenLayout& tl, const CacheVie
   return ok_status();
 }
 
+namespace {
+
+// Each token's streams [n, streams, hd] → their plain mean [n, hd] (the model's final collapse: no learned weights).
+void mean_of_streams(const float* x, int64_t n, int64_t streams, int64_t hd, float* out) {
+  std::fill(out, out + n * hd, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = out + t * hd;
+    for (int64_t j = 0; j < streams; ++j)
+      for (int64_t i = 0; i < hd; ++i) dst[i] += x[(t * streams + j) * hd + i];
+    for (int64_t i = 0; i < hd; ++i) dst[i] /= static_cast<float>(streams);
+  }
+}
+
+}  // namespace
+
+Status Glm5NextModel::logits(const TokenLayout& tl, const float* normed, const Linear& head, StepOutput& out) const {
+  const int64_t hd = config_.hidden_size;
+  std::vector<int64_t> rows;  // the last token of each step, or all of them
+  out.first_row.clear();
+  for (size_t i = 0; i < tl.steps.size(); ++i) {
+    out.first_row.push_back(static_cast<int64_t>(rows.size()));
+    const int64_t b = tl.seq_begin[i], end = tl.seq_begin[i + 1];
+    for (int64_t t = tl.steps[i]->all_logits ? b : end - 1; t < end; ++t) rows.push_back(t);
+  }
+  const int64_t r = static_cast<int64_t>(rows.size());
+  std::vector<float> picked(r * hd);
+  for (int64_t i = 0; i < r; ++i) std::copy_n(normed + rows[i] * hd, hd, picked.data() + i * hd);
+  out.logits.resize(r * config_.vocab_size);
+  return run_linear(head, picked.data(), r, out.logits.data());
+}
+
+Status Glm5NextModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                                  const CacheViews& caches, StepOutput& out) const {
+  const Glm5NextConfig& c = config_;
+  if (mtp_index < 0 || mtp_index >= static_cast<int64_t>(weights_.mtp.size()))
+    return out_of_range("next-n layer " + std::to_string(mtp_index) + " is not loaded (" +
+                        std::to_string(weights_.mtp.size()) + " present)");
+  const MtpLayerWeights& m = weights_.mtp[mtp_index];
+  TokenLayout tl;
+  KILN_RETURN_IF_ERROR(make_layout(steps, caches, m.layer.kda != nullptr, tl));
+  const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  std::vector<int32_t> ids;
+  ids.reserve(n);
+  for (const SequenceStep& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
+  std::vector<float> e(n * hd), hn(n * hd), cat(n * 2 * hd), x0(n * hd);
+  embed(ids.data(), n, e.data());
+  cpu::rmsnorm(e.data(), m.enorm.data(), n, hd, eps, e.data());
+  cpu::rmsnorm(prev_hidden, m.hnorm.data(), n, hd, eps, hn.data());
+  for (int64_t t = 0; t < n; ++t) {  // the embedding's half first, then the hidden state's
+    std::copy_n(e.data() + t * hd, hd, cat.data() + t * 2 * hd);
+    std::copy_n(hn.data() + t * hd, hd, cat.data() + t * 2 * hd + hd);
+  }
+  KILN_RETURN_IF_ERROR(run_linear(*m.eh_proj, cat.data(), n, x0.data()));
+
+  const int64_t layer = c.num_hidden_layers + mtp_index;
+  std::vector<int32_t> selected;
+  out.router_margin.clear();
+  out.hidden.resize(n * hd);
+  if (m.layer.hyper_connections) {  // hc_mult copies of x as the streams, as the trunk starts from its embedding
+    const int64_t s = c.hc_mult;
+    std::vector<float> x(n * s * hd);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < s; ++j) std::copy_n(x0.data() + t * hd, hd, x.data() + (t * s + j) * hd);
+    KILN_RETURN_IF_ERROR(run_layer(m.layer, layer, tl, caches, x.data(), selected, nullptr));
+    mean_of_streams(x.data(), n, s, hd, out.hidden.data());
+  } else {
+    KILN_RETURN_IF_ERROR(run_layer(m.layer, layer, tl, caches, x0.data(), selected, nullptr));
+    std::copy(x0.begin(), x0.end(), out.hidden.begin());
+  }
+  std::vector<float> normed(n * hd);
+  cpu::rmsnorm(out.hidden.data(), m.head_norm.data(), n, hd, eps, normed.data());
+  out.taps.clear();
+  return logits(tl, normed.data(), m.head ? *m.head : *weights_.lm_head, out);
+}
+
 Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
                               StepOutput& out) const {
   const Glm5NextConfig& c = config_;
-  if (!options.tap_layers.empty())
-    return unimplemented(
-        "glm5_next does not hand drafters its layers' outputs (speculative decoding over its "
-        "recurrent state is not implemented)");
+  for (int tap : options.tap_layers)
+    if (tap != kTapFinalNormed)
+      return unimplemented("glm5_next hands drafters only its final-normed output (kTapFinalNormed), not layer " +
+                           std::to_string(tap) + "'s");
   TokenLayout tl;
-  KILN_RETURN_IF_ERROR(make_layout(steps, caches, tl));
+  const bool state =
+      std::find(c.attention.begin(), c.attention.end(), AttentionKind::kKda) != c.attention.end();
+  KILN_RETURN_IF_ERROR(make_layout(steps, caches, state, tl));
   const int64_t n = static_cast<int64_t>(tl.positions.size()), hd = c.hidden_size, s = c.hc_mult;
 
   std::vector<int32_t> ids;
@@ -184,33 +270,17 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
   // A shared DSA layer reuses the selection of the full layer just before it.
   std::vector<int32_t> selected;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    KILN_RETURN_IF_ERROR(run_layer(l, tl, caches, x.data(), selected, margin));
+    KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, caches, x.data(), selected, margin));
 
-  // The final collapse is the plain mean of the streams (no learned weights), then the final norm.
-  std::vector<float> normed(n * hd, 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    float* dst = normed.data() + t * hd;
-    for (int64_t j = 0; j < s; ++j)
-      for (int64_t i = 0; i < hd; ++i) dst[i] += x[(t * s + j) * hd + i];
-    for (int64_t i = 0; i < hd; ++i) dst[i] /= static_cast<float>(s);
-  }
+  std::vector<float> normed(n * hd);
+  mean_of_streams(x.data(), n, s, hd, normed.data());
   cpu::rmsnorm(normed.data(), weights_.final_norm.data(), n, hd, static_cast<float>(c.rms_norm_eps), normed.data());
-
-  std::vector<int64_t> rows;  // the last token of each step, or all of them
-  out.first_row.clear();
-  for (size_t i = 0; i < steps.size(); ++i) {
-    out.first_row.push_back(static_cast<int64_t>(rows.size()));
-    const int64_t b = tl.seq_begin[i], end = tl.seq_begin[i + 1];
-    for (int64_t t = steps[i].all_logits ? b : end - 1; t < end; ++t) rows.push_back(t);
-  }
-  const int64_t r = static_cast<int64_t>(rows.size());
-  std::vector<float> picked(r * hd);
-  for (int64_t i = 0; i < r; ++i) std::copy_n(normed.data() + rows[i] * hd, hd, picked.data() + i * hd);
-  out.logits.resize(r * c.vocab_size);
-  KILN_RETURN_IF_ERROR(lm_head(picked.data(), r, out.logits.data()));
+  KILN_RETURN_IF_ERROR(logits(tl, normed.data(), *weights_.lm_head, out));
   out.hidden.clear();
-  if (options.want_hidden) out.hidden = std::move(normed);
   out.taps.clear();
+  if (options.want_hidden || !options.tap_layers.empty()) out.hidden = std::move(normed);
+  for (size_t i = 0; i < options.tap_layers.size(); ++i)
+    out.taps.push_back(TensorView::contiguous(out.hidden.data(), DType::kF32, {n, hd}));
   return ok_status();
 }
 

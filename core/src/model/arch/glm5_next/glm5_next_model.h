@@ -4,11 +4,13 @@
 //   input_layernorm, KDA or DSA, mixed back into the streams; the ffn_hc maps, post_attention_layernorm, the
 //   clamped-SwiGLU MLP or MoE, mixed back → the mean of the streams → norm → lm_head.
 // Caches, per layer as the architecture's CacheSpec lists them (Glm5NextArchitecture::cache_spec):
-//   KDA: entry 0 the recurrent state [H, dk, dv], entry 1 the short conv's last kernel − 1 inputs
-//        [kernel − 1, 3·H·dk]; one slot of each per sequence (SequenceStep::state_slot), fp32; a step starting at
-//        position 0 zeroes them first.
+//   KDA: entry 0, one slot per sequence (SequenceStep::state_slot), fp32: the recurrent state [H, dk, dv], then
+//        the short conv's last kernel − 1 inputs [kernel − 1, 3·H·dk]; a step starting at position 0 zeroes them.
 //   DSA: entry 0 the 512-wide latent in the recipe's KvLayout (no rope part); layers with their own indexer also
-//        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token.
+//        entry 1, the indexer's rows [k (index_head_dim) | compress-gate score (index_head_dim)] fp32 per token,
+//        and entry 2, the pool keys the CUDA runner keeps (this model recomputes them from entry 1).
+//   Next-n (MTP) layer i: cache layer num_hidden_layers + i, with the entries of its kind as above (KDA: state in
+//   the sequence's state slot; DSA: rows in the sequence's pages).
 #pragma once
 
 #include <span>
@@ -30,10 +32,19 @@ class Glm5NextModel {
   void set_threads(int threads) { threads_ = threads; }
 
   // Runs all steps as one batch: updates their caches and state slots, and returns the logits rows they ask for
-  // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden, and with
+  // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden or a
+  // kTapFinalNormed tap (out.taps views into out.hidden; no other tap is offered), and with
   // record_router_margin each token's smallest MoE routing margin.
   Status forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
                  StepOutput& out) const;
+  // Next-n layer `mtp_index` (weights().mtp) over steps whose token i is t_{p+1} for position p = start_position + i,
+  // row i of prev_hidden [tokens, hidden] the hidden state it conditions on (the trunk's final-normed output, or
+  // this layer's own for recursive drafts). Logits come from shared_head.norm → shared_head.head (or lm_head);
+  // out.hidden is the layer's output before that norm (the mean of its streams with hyper-connections).
+  // A KDA-kind layer advances the steps' state slots, as a trunk KDA layer does.
+  Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                     const CacheViews& caches, StepOutput& out) const;
+  const Glm5NextWeights& weights() const { return weights_; }
   void embed(const int32_t* ids, int64_t n, float* out) const;
   // Logits [n, vocab] of final-normed rows [n, hidden].
   Status lm_head(const float* normed, int64_t n, float* logits) const;
@@ -46,10 +57,14 @@ class Glm5NextModel {
   };
 
  private:
-  Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const;
-  // One decoder layer over the streams x [N, hc_mult, hidden], in place.
-  Status run_layer(int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x, std::vector<int32_t>& selected,
-                   float* router_margin) const;
+  // `state`: the layers run keep KDA state, so every step needs a state slot.
+  Status make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, bool state, TokenLayout& tl) const;
+  // One decoder layer whose caches are layer `l` of `caches`, in place over x: the streams [N, hc_mult, hidden]
+  // with hyper-connections, else the residual [N, hidden].
+  Status run_layer(const LayerWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, float* x,
+                   std::vector<int32_t>& selected, float* router_margin) const;
+  // Logits of the rows the steps ask for (the last of each, or all) of the final-normed `normed` [N, hidden].
+  Status logits(const TokenLayout& tl, const float* normed, const Linear& head, StepOutput& out) const;
   Status kda(const KdaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,
              float* out) const;
   Status dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches, const float* h,

@@ -122,24 +122,44 @@ struct Loader {
     return m;
   }
 
-  Result<LayerWeights> layer(const std::string& p, int64_t l) const {
+  // One decoder layer of the given structure (a trunk layer's from the config, a next-n layer's from its names).
+  Result<LayerWeights> layer(const std::string& p, bool kda, bool indexer, bool moe, bool hyper_connections) const {
     LayerWeights w;
     KILN_ASSIGN_OR_RETURN(w.input_norm, f32(p + ".input_layernorm.weight", {c.hidden_size}));
     KILN_ASSIGN_OR_RETURN(w.post_attention_norm, f32(p + ".post_attention_layernorm.weight", {c.hidden_size}));
-    KILN_ASSIGN_OR_RETURN(w.attn_hc, mhc(p + ".attn_hc"));
-    KILN_ASSIGN_OR_RETURN(w.ffn_hc, mhc(p + ".ffn_hc"));
-    if (c.is_kda(l)) {
-      KILN_ASSIGN_OR_RETURN(w.kda, kda(p + ".self_attn"));
-    } else {
-      KILN_ASSIGN_OR_RETURN(w.dsa, dsa(p + ".self_attn", c.runs_indexer(l)));
+    w.hyper_connections = hyper_connections;
+    if (hyper_connections) {
+      KILN_ASSIGN_OR_RETURN(w.attn_hc, mhc(p + ".attn_hc"));
+      KILN_ASSIGN_OR_RETURN(w.ffn_hc, mhc(p + ".ffn_hc"));
     }
-    w.is_moe = c.moe[l];
+    if (kda) {
+      KILN_ASSIGN_OR_RETURN(w.kda, this->kda(p + ".self_attn"));
+    } else {
+      KILN_ASSIGN_OR_RETURN(w.dsa, dsa(p + ".self_attn", indexer));
+    }
+    w.is_moe = moe;
     if (w.is_moe) {
-      KILN_ASSIGN_OR_RETURN(w.moe, moe(p + ".mlp"));
+      KILN_ASSIGN_OR_RETURN(w.moe, this->moe(p + ".mlp"));
     } else {
       KILN_ASSIGN_OR_RETURN(w.mlp, mlp(p + ".mlp", c.intermediate_size));
     }
     return w;
+  }
+
+  Result<MtpLayerWeights> mtp(const std::string& p, const MtpLayerLayout& layout) const {
+    const int64_t hidden = c.hidden_size;
+    MtpLayerWeights m;
+    KILN_ASSIGN_OR_RETURN(m.enorm, f32(p + ".enorm.weight", {hidden}));
+    KILN_ASSIGN_OR_RETURN(m.hnorm, f32(p + ".hnorm.weight", {hidden}));
+    KILN_ASSIGN_OR_RETURN(m.head_norm, f32(p + ".shared_head.norm.weight", {hidden}));
+    KILN_ASSIGN_OR_RETURN(m.eh_proj, linear(p + ".eh_proj", 2 * hidden, hidden));
+    if (layout.own_head) {
+      KILN_ASSIGN_OR_RETURN(m.head, linear(p + ".shared_head.head", hidden, c.vocab_size));
+    }
+    const bool kda = layout.attention == AttentionKind::kKda;
+    KILN_ASSIGN_OR_RETURN(m.layer, layer(p, kda, layout.indexer, layout.moe, layout.hyper_connections));
+    if (m.layer.dsa) m.layer.dsa->dense = !layout.indexer;
+    return m;
   }
 };
 
@@ -160,7 +180,7 @@ Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& c, co
 }
 
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const WeightSource& checkpoint,
-                                               WeightFormat& format) {
+                                               WeightFormat& format, bool load_mtp) {
   Glm5NextWeights w;
   auto names = std::make_shared<Glm5NextTensorNames>(checkpoint);
   w.names = names;
@@ -176,12 +196,19 @@ Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const We
     return invalid_argument("tensor `" + embed + "` has unsupported dtype " +
                             std::string(dtype_name(w.embed_tokens.dtype)));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    KILN_ASSIGN_OR_RETURN(LayerWeights layer, load.layer(prefix + "layers." + std::to_string(l), l));
+    KILN_ASSIGN_OR_RETURN(LayerWeights layer, load.layer(prefix + "layers." + std::to_string(l), c.is_kda(l),
+                                                         c.runs_indexer(l), c.moe[l], true));
     w.layers.push_back(std::move(layer));
   }
   KILN_ASSIGN_OR_RETURN(w.final_norm, load.f32(prefix + "norm.weight", {c.hidden_size}));
   const std::string head = c.tie_word_embeddings && !names->has("lm_head.weight") ? prefix + "embed_tokens" : "lm_head";
   KILN_ASSIGN_OR_RETURN(w.lm_head, load.linear(head, c.hidden_size, c.vocab_size));
+  if (load_mtp)
+    for (size_t i = 0; i < c.mtp.size(); ++i) {
+      const std::string p = prefix + "layers." + std::to_string(c.num_hidden_layers + static_cast<int64_t>(i));
+      KILN_ASSIGN_OR_RETURN(MtpLayerWeights m, load.mtp(p, c.mtp[i]));
+      w.mtp.push_back(std::move(m));
+    }
   return w;
 }
 

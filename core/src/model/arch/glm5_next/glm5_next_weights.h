@@ -42,10 +42,13 @@ struct DsaWeights {
   std::vector<float> q_a_norm, kv_a_norm;
   std::vector<float> kv_b_f32;                    // kv_b as fp32 [H·(nope + v), latent], for the absorbed form
   std::unique_ptr<PooledIndexerWeights> indexer;  // layers whose indexer is not shared
+  // Attends to every earlier token: a next-n DSA layer stored without an indexer (no selection to follow).
+  bool dense = false;
 };
 
 struct LayerWeights {
   std::vector<float> input_norm, post_attention_norm;
+  bool hyper_connections = true;  // attn_hc / ffn_hc over hc_mult streams, else a plain pre-norm residual
   MhcWeights attn_hc, ffn_hc;
   std::unique_ptr<KdaWeights> kda;  // exactly one of kda / dsa
   std::unique_ptr<DsaWeights> dsa;
@@ -54,11 +57,21 @@ struct LayerWeights {
   MoeWeights moe;  // sparse layers (router, correction bias, experts, shared expert)
 };
 
+// A next-n (MTP) layer, DeepSeek style: x = eh_proj(cat(enorm(embed(t)), hnorm(h))), one decoder layer of the
+// kind its names show (MtpLayerLayout), then shared_head.norm and the head.
+struct MtpLayerWeights {
+  std::vector<float> enorm, hnorm, head_norm;
+  std::unique_ptr<Linear> eh_proj;  // [hidden, 2·hidden], the embedding's half first
+  std::unique_ptr<Linear> head;     // shared_head.head; null: the trunk's lm_head
+  LayerWeights layer;
+};
+
 struct Glm5NextWeights {
   TensorView embed_tokens;  // [vocab, hidden] as stored; rows widened on lookup
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
   std::unique_ptr<Linear> lm_head;
+  std::vector<MtpLayerWeights> mtp;  // config.mtp's layers, when asked for
   // The source the format loaded from (the checkpoint seen through its tensor names): kept as long as the weights,
   // for formats that hold on to their source.
   std::shared_ptr<const WeightSource> names;
@@ -69,9 +82,9 @@ struct Glm5NextWeights {
 Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& config, const WeightSource& source,
                                                      const std::string& prefix);
 
-// Every trunk layer through `format`, from a checkpoint in any of the naming schemes Glm5NextTensorNames reads.
-// Errors name the missing or misshapen tensor.
+// Every trunk layer through `format`, from a checkpoint in any of the naming schemes Glm5NextTensorNames reads, and
+// with `load_mtp` the next-n layers config.mtp lists. Errors name the missing or misshapen tensor.
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& config, const WeightSource& checkpoint,
-                                               WeightFormat& format);
+                                               WeightFormat& format, bool load_mtp = false);
 
 }  // namespace kiln::glm5_next
