@@ -6,6 +6,7 @@
 // top-2 gap exceeds 5e-2 · max|cpu| (near-ties are counted and printed).
 // Exact properties on the GPU alone: decode rows are bitwise independent of their batch and of CUDA graphs, and
 // n-gram drafting at depths 1–5 leaves greedy output unchanged (the engine's KDA state rollback on the device).
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,10 +19,12 @@
 
 #include "common/template_plugin.h"
 #include "common/test_model.h"
+#include "engine/engine_factory.h"
 #include "engine/cache_manager.h"
 #include "model/safetensors_writer.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
+#include "speculative/speculative_test_support.h"
 
 namespace kiln {
 namespace {
@@ -38,12 +41,16 @@ constexpr int64_t kSparseTopK = 32, kDenseTopK = 256;
 
 // A random glm5_next checkpoint (transformers' names, fp32) in a fresh directory; the weights do not depend on
 // index_topk.
-fs::path write_checkpoint(int64_t index_topk = kSparseTopK) {
-  static std::map<int64_t, fs::path> dirs;
-  if (auto it = dirs.find(index_topk); it != dirs.end()) return it->second;
+// The next-n (MTP) layer a checkpoint carries after its 6 trunk layers (layer 6), by its layout.
+enum class Mtp { kNone, kDsaHyperConnected, kKdaPlain };
+
+fs::path write_checkpoint(int64_t index_topk = kSparseTopK, Mtp mtp = Mtp::kNone) {
+  static std::map<std::pair<int64_t, Mtp>, fs::path> dirs;
+  if (auto it = dirs.find({index_topk, mtp}); it != dirs.end()) return it->second;
   const fs::path dir = [&] {
     const fs::path d = fs::temp_directory_path() /
-                       ("kiln_glm5_next_gpu_" + std::to_string(::getpid()) + "_" + std::to_string(index_topk));
+                       ("kiln_glm5_next_gpu_" + std::to_string(::getpid()) + "_" + std::to_string(index_topk) + "_" +
+                        std::to_string(static_cast<int>(mtp)));
     fs::create_directories(d);
     nlohmann::json text = {
         {"model_type", "glm5_next_text"}, {"vocab_size", kVocab}, {"hidden_size", kHidden},
@@ -80,19 +87,19 @@ fs::path write_checkpoint(int64_t index_topk = kSparseTopK) {
     };
     const std::string m = "model.language_model.";
     add(m + "embed_tokens.weight", {kVocab, kHidden}, 0.1f);
-    const std::vector<bool> kda = {true, false, true, true, false, false};
-    const std::vector<bool> moe = {false, true, true, false, true, true};
-    for (int l = 0; l < 6; ++l) {
+    // One decoder layer: KDA or DSA (with an indexer of its own or not), MoE or dense, hyper-connections or not.
+    auto add_layer = [&](int l, bool kda, bool indexer, bool moe, bool hc) {
       const std::string p = m + "layers." + std::to_string(l) + ".";
       add(p + "input_layernorm.weight", {kHidden}, 0.1f, 1.f);
       add(p + "post_attention_layernorm.weight", {kHidden}, 0.1f, 1.f);
       for (const char* site : {"hc_attn_", "hc_ffn_"}) {
+        if (!hc) break;
         add(p + site + "fn", {24, 4 * kHidden}, 0.1f);
         add(p + site + "base", {24}, 0.5f);
         add(p + site + "scale", {3}, 1.f, 0.5f, true);
       }
       const std::string a = p + "self_attn.";
-      if (kda[l]) {
+      if (kda) {
         for (const char* x : {"q", "k", "v"}) {
           add(a + x + "_proj.weight", {256, kHidden}, kProj);
           add(a + x + "_conv1d.weight", {256, 1, 4}, 0.5f);
@@ -114,7 +121,7 @@ fs::path write_checkpoint(int64_t index_topk = kSparseTopK) {
         add(a + "kv_a_layernorm.weight", {128}, 0.1f, 1.f);
         add(a + "kv_b_proj.weight", {128, 128}, kProj);
         add(a + "o_proj.weight", {kHidden, 64}, kProj);
-        if (l != 5) {
+        if (indexer) {
           const std::string ix = a + "indexer.";
           add(ix + "wq_b.weight", {512, 64}, kProj);
           add(ix + "wk.weight", {128, kHidden}, kProj);
@@ -125,7 +132,7 @@ fs::path write_checkpoint(int64_t index_topk = kSparseTopK) {
           add(ix + "index_kpool_compress_gate", {128, kHidden}, kProj);
         }
       }
-      if (moe[l]) {
+      if (moe) {
         // Routing by a near-tie flips an expert under bf16 rounding, a different function rather than an error,
         // and random routers over 8 experts tie often. The correction bias (which picks experts but does not
         // weigh them) sends every token to two experts of the layer's own by a wide margin; the weights are
@@ -149,19 +156,35 @@ fs::path write_checkpoint(int64_t index_topk = kSparseTopK) {
         add(p + "mlp.up_proj.weight", {96, kHidden}, kProj);
         add(p + "mlp.down_proj.weight", {kHidden, 96}, kProj);
       }
-    }
+    };
+    const std::vector<bool> kda = {true, false, true, true, false, false};
+    const std::vector<bool> moe = {false, true, true, false, true, true};
+    for (int l = 0; l < 6; ++l) add_layer(l, kda[l], !kda[l] && l != 5, moe[l], true);
     add(m + "norm.weight", {kHidden}, 0.1f, 1.f);
     add("lm_head.weight", {kVocab, kHidden}, 0.25f);
+    if (mtp != Mtp::kNone) {  // layer 6: enorm, hnorm, eh_proj over [embedding | hidden], the layer, shared_head
+      const std::string p = m + "layers.6.";
+      add(p + "enorm.weight", {kHidden}, 0.1f, 1.f);
+      add(p + "hnorm.weight", {kHidden}, 0.1f, 1.f);
+      add(p + "eh_proj.weight", {kHidden, 2 * kHidden}, kProj);
+      add(p + "shared_head.norm.weight", {kHidden}, 0.1f, 1.f);
+      if (mtp == Mtp::kDsaHyperConnected) {
+        add(p + "shared_head.head.weight", {kVocab, kHidden}, 0.25f);
+        add_layer(6, false, true, true, true);
+      } else {
+        add_layer(6, true, false, false, false);
+      }
+    }
     testing::write_file(d / "model.safetensors", testing::build_safetensors(specs));
     return d;
   }();
-  dirs[index_topk] = dir;
+  dirs[{index_topk, mtp}] = dir;
   return dir;
 }
 
 std::vector<std::string> sets(const std::string& device, const std::string& method = "none", int depth = 0,
-                              int64_t index_topk = kSparseTopK) {
-  std::vector<std::string> s = {"model.path=" + write_checkpoint(index_topk).string(), "model.device=" + device,
+                              int64_t index_topk = kSparseTopK, Mtp mtp = Mtp::kNone) {
+  std::vector<std::string> s = {"model.path=" + write_checkpoint(index_topk, mtp).string(), "model.device=" + device,
                                 "kv.layout=bf16", "kv.block_size=" + std::to_string(kBlock),
                                 "scheduler.max_model_len=1024", "scheduler.max_num_seqs=2",
                                 "speculative.method=" + method, "speculative.depth=" + std::to_string(depth)};
@@ -191,14 +214,14 @@ std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
 struct Pool {
   std::unique_ptr<CacheManager> caches;
   std::vector<std::vector<int32_t>> tables;
-  Pool(const LoadedModel& m, int64_t tokens, int64_t slots) {
+  Pool(const LoadedModel& m, int64_t tokens, int64_t slots, int64_t mtp_layers = 0) {
     CacheManagerConfig cfg;
     const int64_t per = (tokens + kBlock - 1) / kBlock;
     cfg.num_blocks = per * slots + 2;
     cfg.block_size = kBlock;
     cfg.prefix_caching = false;
     cfg.state_slots = slots;
-    auto made = CacheManager::create(m.arch->cache_spec(0), m.layout.get(), m.device.get(), cfg);
+    auto made = CacheManager::create(m.arch->cache_spec(mtp_layers), m.layout.get(), m.device.get(), cfg);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     caches = std::move(made).value();
     for (int64_t s = 0; s < slots; ++s) {  // blocks in reverse order, so paged addressing is exercised
@@ -388,6 +411,99 @@ TEST(Glm5NextCuda, NgramDraftingIsLosslessWithKdaRollbackOnTheDevice) {
     EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens) << "no draft was rejected: nothing rolled back";
   }
 }
+
+// The next-n layer on the GPU through the `mtp` drafter, for both layouts the checkpoint names can describe: a DSA
+// layer with its own pooled indexer, hyper-connection streams, a MoE and its own head; a plain (no streams) KDA
+// layer with a dense MLP and the trunk's head, whose recurrent state the draft services keep committed to the
+// accepted rows (restored before and saved after them, drafts only advancing a live copy). Greedy output with
+// drafting at K = 1..5 equals output without. (The random layer's drafts are rarely accepted; what is checked is
+// that every rejection and rollback leaves the output exact.)
+class Glm5NextCudaMtp : public ::testing::TestWithParam<Mtp> {};
+
+TEST_P(Glm5NextCudaMtp, DraftingIsLosslessAtDepths1To5) {
+  testing::load_mtp_plugin();
+  const Mtp layout = GetParam();
+  auto recipe = load_recipe("", sets("cuda", "mtp", 3, kSparseTopK, layout), global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto m = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_TRUE(m->on_gpu());
+  ASSERT_EQ(m->model->num_mtp_layers(), 1);
+  const std::vector<int32_t> prompt = random_prompt(90, 31);  // past a KDA chunk and 5 pools
+  auto plain = testing::engine_generate(*m, sets("cuda", "none", 0, kSparseTopK, layout), prompt, 40);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  for (int depth = 1; depth <= 5; ++depth) {
+    SCOPED_TRACE("depth " + std::to_string(depth));
+    EngineMetrics metrics;
+    auto drafted = testing::engine_generate(*m, sets("cuda", "mtp", depth, kSparseTopK, layout), prompt, 40, {}, {},
+                                            &metrics);
+    ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
+    EXPECT_EQ(*drafted, *plain);
+    EXPECT_GT(metrics.spec_draft_tokens, 0) << "the MTP drafter proposed nothing";
+    std::printf("next-n layout %d, depth %d: %lld drafts, %lld accepted\n", static_cast<int>(layout), depth,
+                static_cast<long long>(metrics.spec_draft_tokens), static_cast<long long>(metrics.spec_accepted_tokens));
+  }
+}
+
+// The next-n layer's logits on the GPU against the CPU model's, on the same inputs: the CPU trunk's final-normed
+// hidden states of a 100-token prompt (dense selection) and the tokens one position later, in one step.
+TEST_P(Glm5NextCudaMtp, LogitsMatchTheCpuNextNLayer) {
+  const Mtp layout = GetParam();
+  ModelLoadOptions with_mtp;
+  with_mtp.load_mtp = true;
+  LoadedModel cpu = testing::load_recipe_model(sets("cpu", "none", 0, kDenseTopK, layout), with_mtp);
+  LoadedModel gpu = testing::load_recipe_model(sets("cuda", "none", 0, kDenseTopK, layout), with_mtp);
+  ASSERT_EQ(cpu.model->num_mtp_layers(), 1);
+  ASSERT_EQ(gpu.model->num_mtp_layers(), 1);
+  const std::vector<int32_t> prompt = random_prompt(100, 41);
+  const std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  const int64_t n = static_cast<int64_t>(next.size());
+  Pool cpu_pool(cpu, 128, 1, 1), gpu_pool(gpu, 128, 1, 1);
+  StepOutput trunk;
+  StepOptions o;
+  o.want_hidden = true;
+  SequenceStep s{prompt, 0, &cpu_pool.tables[0], false, 0};
+  ASSERT_TRUE(cpu.model->step({&s, 1}, {}, cpu_pool.caches->views(), o, trunk).ok());
+  ASSERT_EQ(trunk.hidden.size(), prompt.size() * kHidden);
+  auto mtp_rows = [&](LoadedModel& m, Pool& pool) {
+    // The GPU's trunk writes its own caches first (the next-n layer shares the sequence's pages and slot).
+    StepOutput ignored;
+    SequenceStep t{prompt, 0, &pool.tables[0], false, 0};
+    EXPECT_TRUE(m.model->step({&t, 1}, {}, pool.caches->views(), StepOptions{}, ignored).ok());
+    SequenceStep r{next, 0, &pool.tables[0], true, 0};
+    MtpStepOutput out;
+    const Status ran = m.model->mtp_step(0, {&r, 1}, trunk.hidden.data(), pool.caches->views(), out);
+    EXPECT_TRUE(ran.ok()) << ran.to_string();
+    std::vector<float> logits(n * kVocab);
+    if (!ran.ok()) return logits;
+    if (m.on_gpu()) {
+      EXPECT_EQ(cudaMemcpy(logits.data(), out.logits, logits.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    } else {
+      std::copy_n(out.logits, logits.size(), logits.begin());
+    }
+    return logits;
+  };
+  const std::vector<float> want = mtp_rows(cpu, cpu_pool), got = mtp_rows(gpu, gpu_pool);
+  double worst = 0;
+  int agree = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    float scale = 0, diff = 0;
+    for (int64_t v = 0; v < kVocab; ++v) {
+      scale = std::max(scale, std::fabs(want[r * kVocab + v]));
+      diff = std::max(diff, std::fabs(want[r * kVocab + v] - got[r * kVocab + v]));
+    }
+    worst = std::max(worst, static_cast<double>(diff / scale));
+    EXPECT_LE(diff / scale, 5e-2) << "row " << r;
+    agree += argmax(want.data() + r * kVocab) == argmax(got.data() + r * kVocab);
+  }
+  std::printf("next-n layout %d, GPU vs CPU over %lld rows: worst relative logits error %.3g, argmax agrees on %d\n",
+              static_cast<int>(layout), static_cast<long long>(n), worst, agree);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, Glm5NextCudaMtp, ::testing::Values(Mtp::kDsaHyperConnected, Mtp::kKdaPlain),
+                         [](const ::testing::TestParamInfo<Mtp>& i) {
+                           return i.param == Mtp::kDsaHyperConnected ? std::string("dsa_hc") : std::string("kda_plain");
+                         });
 
 }  // namespace
 }  // namespace kiln

@@ -154,12 +154,14 @@ Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5N
   KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
   I.route_done = static_cast<unsigned*>(done);
   KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(I.route_done, 0, sizeof(unsigned), I.stream), "MoE gate + route counter"));
-  KILN_ASSIGN_OR_RETURN(m->weights_, load_glm5_next_gpu_weights(c, *ctx.source, *ctx.format, *dev));
+  if (ctx.load_mtp && !c.mtp_refusal.empty()) return failed_precondition(c.mtp_refusal);
+  KILN_ASSIGN_OR_RETURN(m->weights_, load_glm5_next_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp));
   return m;
 }
 
-Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const CacheViews& caches,
-                                   const StepOptions& options, std::vector<int64_t>& first_row) {
+Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                                   const CacheViews& caches, const StepOptions& options,
+                                   std::vector<int64_t>& first_row) {
   const Glm5NextConfig& c = config_;
   kc::CudaMlaMoeModel::Impl& I = *impl_;
   const kc::StreamHandle st = I.s();
@@ -169,8 +171,17 @@ Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const Ca
     if (tap != kTapFinalNormed)
       return unimplemented("glm5_next on CUDA taps only the final-normed hidden states (asked for layer " +
                            std::to_string(tap) + ")");
-  bool has_kda = false, has_indexer = false;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) has_kda |= c.is_kda(l), has_indexer |= c.runs_indexer(l);
+  // The layers this step runs and their cache layers: the trunk's, or one next-n layer after them.
+  const MtpGpu* mtp = mtp_index >= 0 ? &weights_.mtp[mtp_index] : nullptr;
+  std::vector<std::pair<const LayerGpu*, int64_t>> layers;
+  if (mtp) {
+    layers.emplace_back(&mtp->layer, c.num_hidden_layers + mtp_index);
+  } else {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) layers.emplace_back(&weights_.layers[l], l);
+  }
+  bool has_kda = false, has_indexer = false, dense = false;
+  for (const auto& [w, l] : layers)
+    has_kda |= w->kda != nullptr, has_indexer |= w->indexer != nullptr, dense |= w->dense_attention;
   if (has_indexer && bs % pool != 0)
     return failed_precondition("kv.block_size " + std::to_string(bs) + " is not a multiple of index_kpool " +
                                std::to_string(pool) + ": the CUDA pooled indexer reads a pool's keys from one block");
@@ -256,13 +267,17 @@ Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const Ca
 
   kc::StepShape sh;
   sh.N = N, sh.R = R, sh.S = S, sh.max_blocks = lay.max_blocks, sh.max_kv = lay.max_kv;
-  sh.attend_shape = {N, c.num_attention_heads, lay.max_kv, c.selection_width(), N <= kc::kBatchInvariantMaxRows, I.sm_count};
+  // A DSA next-n layer without an indexer attends to every visible key (no selection).
+  sh.attend_shape = {N, c.num_attention_heads, lay.max_kv, dense ? 0 : c.selection_width(),
+                     N <= kc::kBatchInvariantMaxRows, I.sm_count};
   sh.attend = I.layout->plan_attend(sh.attend_shape);
   sh.scores_kv = std::max<int64_t>(P.max_pools, 1);
-  for (const LayerGpu& l : weights_.layers)
-    if (l.block.experts)
-      sh.expert_workspace = std::max(sh.expert_workspace, l.block.experts->workspace_bytes(N, static_cast<int>(c.num_experts_per_tok)));
-  sh.want_hidden = options.want_hidden || !options.tap_layers.empty();
+  for (const auto& [w, l] : layers)
+    if (w->block.experts)
+      sh.expert_workspace =
+          std::max(sh.expert_workspace, w->block.experts->workspace_bytes(N, static_cast<int>(c.num_experts_per_tok)));
+  sh.want_hidden = !mtp && (options.want_hidden || !options.tap_layers.empty());
+  sh.mtp = mtp != nullptr;
 
   kc::StepBuffers& b = I.buffers;
   b = kc::StepBuffers{};
@@ -283,10 +298,13 @@ Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const Ca
                                                      cudaMemcpyHostToDevice, I.stream),
                                      "glm5_next step plan"));
   }
+  if (mtp)
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyDefault, I.stream), "MTP hidden rows"));
   // A new sequence's KDA state starts at zero.
   for (int32_t slot : P.fresh_slots)
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-      if (c.is_kda(l)) {
+    for (const auto& [w, l] : layers)
+      if (w->kda) {
         auto* base = static_cast<char*>(caches.entry(l, 0));
         if (!base) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
         KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(base + static_cast<size_t>(slot) * c.kda_state_bytes(), 0,
@@ -398,47 +416,93 @@ Status Glm5NextCudaModel::run_step(std::span<const SequenceStep> steps, const Ca
     return ok_status();
   };
 
-  auto enqueue = [&]() -> Status {
+  // One decoder layer over the streams G.x (hyper-connections) or the fp32 residual b.resid (a plain next-n
+  // layer: x += attn(input_norm x); x += mlp(post_attention_norm x), the last add left to the caller, b.y holding
+  // the MLP's output).
+  kc::StepBuffers dense_b = b;  // a DSA layer without an indexer attends with no selection
+  dense_b.selected = nullptr;
+  auto run_layer = [&](const LayerGpu& w, int64_t l) -> Status {
+    const std::string where = "layer " + std::to_string(l);
+    std::function<Status()> hook;
+    kc::StepContext x{mla_, I, sh, w.dense_attention ? dense_b : b, bs, {}, nullptr};
+    if (w.indexer) {
+      hook = [&, l]() { return pooled_indexer(x, *w.indexer, l); };
+      x.select = &hook;
+    }
+    auto attention = [&]() -> Status {
+      if (w.kda) return kda_block(x, *w.kda, l).with_context(where + " KDA (GPU)");
+      return kc::attention_block(x, w.block, caches.entry(l, 0), nullptr).with_context(where + " DSA (GPU)");
+    };
+    if (!w.hyper_connections) {
+      KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(b.y, 0, N * Hd * sizeof(uint16_t), I.stream), "zero block"));
+      KILN_RETURN_IF_ERROR(kc::add_rmsnorm_bf16(b.y, b.resid, w.block.input_norm, N, Hd, eps, b.h, st));
+      KILN_RETURN_IF_ERROR(attention());
+      KILN_RETURN_IF_ERROR(kc::add_rmsnorm_bf16(b.y, b.resid, w.block.post_attention_norm, N, Hd, eps, b.h, st));
+      return kc::mlp_block(x, w.block, nullptr).with_context(where + " mlp (GPU)");
+    }
+    KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.attn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
+    KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.input_norm, N, Hd, eps, b.h, st));
+    timer.mark("mHC maps + collapse + RMSNorm");
+    KILN_RETURN_IF_ERROR(attention());
+    KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
+    KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.ffn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
+    KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.post_attention_norm, N, Hd, eps, b.h, st));
+    timer.mark("mHC maps + collapse + RMSNorm");
+    KILN_RETURN_IF_ERROR(kc::mlp_block(x, w.block, nullptr).with_context(where + " mlp (GPU)"));
+    KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
+    timer.mark("mHC mix");
+    return ok_status();
+  };
+
+  auto enqueue_trunk = [&]() -> Status {
     KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
     KILN_RETURN_IF_ERROR(hc_broadcast(b.y, N, hc, Hd, G.x, st));
     timer.mark("embedding");
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const LayerGpu& w = weights_.layers[l];
-      const std::string where = "layer " + std::to_string(l);
-      std::function<Status()> hook;
-      kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
-      if (w.indexer) {
-        hook = [&, l]() { return pooled_indexer(x, *w.indexer, l); };
-        x.select = &hook;
-      }
-      KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.attn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
-      KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.input_norm, N, Hd, eps, b.h, st));
-      timer.mark("mHC maps + collapse + RMSNorm");
-      if (w.kda) {
-        KILN_RETURN_IF_ERROR(kda_block(x, *w.kda, l).with_context(where + " KDA (GPU)"));
-      } else {
-        KILN_RETURN_IF_ERROR(kc::attention_block(x, w.block, caches.entry(l, 0), nullptr).with_context(where + " DSA (GPU)"));
-      }
-      KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
-      KILN_RETURN_IF_ERROR(kc::mhc_maps_collapse(G.x, N, mhc_params(w.ffn_hc), G.pre, G.post, G.comb, nullptr, b.y, st));
-      KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, w.block.post_attention_norm, N, Hd, eps, b.h, st));
-      timer.mark("mHC maps + collapse + RMSNorm");
-      KILN_RETURN_IF_ERROR(kc::mlp_block(x, w.block, nullptr).with_context(where + " mlp (GPU)"));
-      KILN_RETURN_IF_ERROR(kc::mhc_mix(G.x, b.y, G.post, G.comb, N, Hd, st));
-      timer.mark("mHC mix");
-    }
+    for (const auto& [w, l] : layers) KILN_RETURN_IF_ERROR(run_layer(*w, l));
     KILN_RETURN_IF_ERROR(hc_mean_bf16(G.x, N, hc, Hd, b.y, st));
     KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, weights_.final_norm, N, Hd, eps, b.normed, st));
     if (sh.want_hidden) KILN_RETURN_IF_ERROR(kc::bf16_to_f32(b.normed, N * Hd, b.hidden, st));
+    return ok_status();
+  };
+  // x = eh_proj(cat(enorm(embed(t)), hnorm(h))) into the fp32 residual (or copied into the streams), the layer,
+  // its output (the next draft's hidden: b.resid) and shared_head.norm of it into b.normed.
+  auto enqueue_mtp = [&]() -> Status {
+    KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, mtp->enorm, N, Hd, eps, b.normed, st));
+    KILN_RETURN_IF_ERROR(kc::rmsnorm_rounded_f32_bf16(b.prev, Hd, mtp->hnorm, N, Hd, eps, b.h, st));
+    const size_t row = Hd * sizeof(uint16_t);
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpy2DAsync(b.cat, 2 * row, b.normed, row, row, N, cudaMemcpyDeviceToDevice, I.stream), "MTP concat"));
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(
+        cudaMemcpy2DAsync(b.cat + Hd, 2 * row, b.h, row, row, N, cudaMemcpyDeviceToDevice, I.stream), "MTP concat"));
+    const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, *mtp->eh_proj, b.cat, N, b.resid, DType::kF32));
+    timer.mark("MTP input");
+    const LayerGpu& w = mtp->layer;
+    if (w.hyper_connections) {
+      KILN_RETURN_IF_ERROR(hc_broadcast_f32(b.resid, N, hc, Hd, G.x, st));
+      KILN_RETURN_IF_ERROR(run_layer(w, layers[0].second));
+      KILN_RETURN_IF_ERROR(hc_mean_f32(G.x, N, hc, Hd, b.resid, st));
+      KILN_RETURN_IF_ERROR(kc::rmsnorm_rounded_f32_bf16(b.resid, Hd, mtp->head_norm, N, Hd, eps, b.normed, st));
+    } else {
+      KILN_RETURN_IF_ERROR(run_layer(w, layers[0].second));
+      KILN_RETURN_IF_ERROR(kc::add_rmsnorm_bf16(b.y, b.resid, mtp->head_norm, N, Hd, eps, b.normed, st));
+    }
+    return ok_status();
+  };
+  auto enqueue = [&]() -> Status {
+    KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : enqueue_trunk());
+    // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
     KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
     const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
-    KILN_RETURN_IF_ERROR(kc::run_linear(x, *weights_.lm_head, b.row_states, R, b.logits, DType::kF32));
+    const Linear& head = mtp && mtp->head ? *mtp->head : *weights_.lm_head;
+    KILN_RETURN_IF_ERROR(kc::run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
     timer.mark("final norm + lm_head");
     return ok_status();
   };
 
   if (graphs_ && N == S) {
-    kc::GraphKey key{-1, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
+    kc::GraphKey key{mtp_index, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
                      caches.entry(0, 0), static_cast<int64_t>(P.hash)};
     return I.graphs.run(key, I.stream, enqueue);
   }
@@ -454,7 +518,7 @@ Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<co
   if (!select.empty() && select.size() != steps.size())
     return invalid_argument("token selection has " + std::to_string(select.size()) + " entries for " +
                             std::to_string(steps.size()) + " steps");
-  KILN_RETURN_IF_ERROR(run_step(steps, caches, options, out.first_row));
+  KILN_RETURN_IF_ERROR(run_step(-1, steps, nullptr, caches, options, out.first_row));
   const kc::StepBuffers& b = I.buffers;
   const int64_t N = I.shape.N, R = I.shape.R, Hd = config_.hidden_size, V = config_.vocab_size;
   out.taps.clear();
@@ -483,9 +547,34 @@ Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<co
   return ok_status();
 }
 
-Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep>, const float*, const CacheViews&,
-                                   MtpStepOutput&) {
-  return out_of_range("MTP layer " + std::to_string(layer) + ": glm5_next's next-n layers are not run on CUDA yet");
+Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
+                                   const CacheViews& caches, MtpStepOutput& out) {
+  if (layer < 0 || layer >= num_mtp_layers())
+    return out_of_range("next-n layer " + std::to_string(layer) + " is not on the GPU (" +
+                        std::to_string(num_mtp_layers()) + " loaded)");
+  if (!hidden) return invalid_argument("MTP step without the hidden states it conditions on");
+  kc::CudaMlaMoeModel::Impl& I = *impl_;
+  KILN_RETURN_IF_ERROR(run_step(layer, steps, hidden, caches, StepOptions{}, out.first_row));
+  // The layer's output rows go to a buffer of their own that outlives the step's scratch: the draft services tell a
+  // draft row from an accepted one by whether its hidden state points into the previous step's output, so it must
+  // never alias the target's taps (which live in the scratch).
+  const int64_t rows = I.shape.N * config_.hidden_size;
+  if (rows > mtp_hidden_rows_) {
+    const int64_t want = std::max<int64_t>(rows, 2 * mtp_hidden_rows_);
+    KILN_ASSIGN_OR_RETURN(void* p, I.dev.allocate(static_cast<size_t>(want) * sizeof(float), "next-n hidden rows"));
+    mtp_hidden_ = static_cast<float*>(p);
+    mtp_hidden_rows_ = want;
+  }
+  KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemcpyAsync(mtp_hidden_, I.buffers.resid, rows * sizeof(float),
+                                                   cudaMemcpyDeviceToDevice, I.stream),
+                                   "next-n hidden rows"));
+  out.logits = I.buffers.logits;
+  out.hidden = mtp_hidden_;
+  if (I.timer.active()) {
+    KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaStreamSynchronize(I.stream), "MTP step"));
+    I.timer.finish();
+  }
+  return ok_status();
 }
 
 Status Glm5NextCudaModel::embed(const int32_t* ids, int64_t n, TensorView out) {

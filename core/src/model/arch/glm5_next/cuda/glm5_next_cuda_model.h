@@ -43,7 +43,7 @@ class Glm5NextCudaModel final : public ModelInstance {
   size_t weight_bytes() const override { return weights_.bytes; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t hidden_size() const override { return config_.hidden_size; }
-  int64_t num_mtp_layers() const override { return 0; }
+  int64_t num_mtp_layers() const override { return static_cast<int64_t>(weights_.mtp.size()); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
@@ -62,8 +62,10 @@ class Glm5NextCudaModel final : public ModelInstance {
 
  private:
   Glm5NextCudaModel(Glm5NextConfig config, kiln::cuda::CudaDeviceContext& dev);
-  Status run_step(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
-                  std::vector<int64_t>& first_row);
+  // One step of the trunk (mtp_index < 0) or of next-n layer mtp_index over `prev_hidden` (device fp32 [N, hidden]);
+  // leaves the logits in the step's buffers.
+  Status run_step(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
+                  const CacheViews& caches, const StepOptions& options, std::vector<int64_t>& first_row);
 
   Glm5NextConfig config_;
   ModelConfig mla_;  // the DSA attention's and MoE's shapes, as runtime/cuda's blocks read them
@@ -73,6 +75,8 @@ class Glm5NextCudaModel final : public ModelInstance {
   kiln::cuda::PinnedHostBuffer plan_upload_;
   kiln::cuda::DeviceTokenSelection selection_;
   bool graphs_ = true;
+  float* mtp_hidden_ = nullptr;  // the last next-n step's output rows (device memory of its own)
+  int64_t mtp_hidden_rows_ = 0;  // its capacity in floats
 };
 
 }  // namespace kiln::glm5_next::cuda

@@ -136,14 +136,14 @@ struct Loader {
     return ok_status();
   }
 
-  Status mlp(const std::string& p, int64_t l, GpuLayer& w) {
+  Status mlp(const std::string& p, bool moe, GpuLayer& w) {
     const int64_t hd = c.hidden_size;
     auto swiglu = [&](const std::string& m, int64_t inter) -> Status {
       KILN_ASSIGN_OR_RETURN(w.gate_up, linear({m + ".gate_proj", m + ".up_proj"}, {inter, inter}, hd));
       KILN_ASSIGN_OR_RETURN(w.down, linear(m + ".down_proj", inter, hd));
       return ok_status();
     };
-    w.is_moe = c.moe[l];
+    w.is_moe = moe;
     if (!w.is_moe) return swiglu(p + ".mlp", c.intermediate_size);
     const int64_t E = c.n_routed_experts;
     KILN_ASSIGN_OR_RETURN(w.router, f32(p + ".mlp.gate.weight", E, hd, DummyInit::kRandom));
@@ -164,32 +164,53 @@ struct Loader {
     return ok_status();
   }
 
-  Result<LayerGpu> layer(const std::string& p, int64_t l) {
+  // One decoder layer of the given structure (a trunk layer's from the config, a next-n layer's from its names).
+  Result<LayerGpu> layer(const std::string& p, bool is_kda, bool has_indexer, bool moe, bool hyper_connections) {
     LayerGpu w;
     GpuLayer& b = w.block;
     b.latent_norm_eps = static_cast<float>(c.rms_norm_eps);
     b.swiglu_limit = static_cast<float>(c.swiglu_limit);
+    w.hyper_connections = hyper_connections;
     KILN_ASSIGN_OR_RETURN(b.input_norm, norm(p + ".input_layernorm.weight", c.hidden_size));
     KILN_ASSIGN_OR_RETURN(b.post_attention_norm, norm(p + ".post_attention_layernorm.weight", c.hidden_size));
-    KILN_ASSIGN_OR_RETURN(w.attn_hc, mhc(p + ".attn_hc"));
-    KILN_ASSIGN_OR_RETURN(w.ffn_hc, mhc(p + ".ffn_hc"));
-    if (c.is_kda(l)) {
+    if (hyper_connections) {
+      KILN_ASSIGN_OR_RETURN(w.attn_hc, mhc(p + ".attn_hc"));
+      KILN_ASSIGN_OR_RETURN(w.ffn_hc, mhc(p + ".ffn_hc"));
+    }
+    if (is_kda) {
       KILN_ASSIGN_OR_RETURN(w.kda, kda(p + ".self_attn"));
     } else {
       KILN_RETURN_IF_ERROR(dsa(p + ".self_attn", b));
-      if (c.runs_indexer(l)) {
+      if (has_indexer) {
         KILN_ASSIGN_OR_RETURN(w.indexer, indexer(p + ".self_attn.indexer"));
       }
     }
-    KILN_RETURN_IF_ERROR(mlp(p, l, b));
+    KILN_RETURN_IF_ERROR(mlp(p, moe, b));
     return w;
+  }
+
+  Result<MtpGpu> mtp(const std::string& p, const MtpLayerLayout& layout) {
+    const int64_t hidden = c.hidden_size;
+    MtpGpu m;
+    KILN_ASSIGN_OR_RETURN(m.enorm, norm(p + ".enorm.weight", hidden));
+    KILN_ASSIGN_OR_RETURN(m.hnorm, norm(p + ".hnorm.weight", hidden));
+    KILN_ASSIGN_OR_RETURN(m.head_norm, norm(p + ".shared_head.norm.weight", hidden));
+    KILN_ASSIGN_OR_RETURN(m.eh_proj, linear(p + ".eh_proj", 2 * hidden, hidden));
+    if (layout.own_head) {
+      KILN_ASSIGN_OR_RETURN(m.head, linear(p + ".shared_head.head", hidden, c.vocab_size));
+    }
+    const bool is_kda = layout.attention == AttentionKind::kKda;
+    KILN_ASSIGN_OR_RETURN(m.layer, layer(p, is_kda, layout.indexer, layout.moe, layout.hyper_connections));
+    m.layer.dense_attention = !is_kda && !layout.indexer;
+    return m;
   }
 };
 
 }  // namespace
 
 Result<Glm5NextGpuWeights> load_glm5_next_gpu_weights(const Glm5NextConfig& c, const WeightSource& source,
-                                                      WeightFormat& format, kiln::cuda::CudaDeviceContext& device) {
+                                                      WeightFormat& format, kiln::cuda::CudaDeviceContext& device,
+                                                      bool load_mtp) {
   Glm5NextGpuWeights w;
   auto names = std::make_shared<Glm5NextTensorNames>(source);
   w.names = names;
@@ -199,13 +220,20 @@ Result<Glm5NextGpuWeights> load_glm5_next_gpu_weights(const Glm5NextConfig& c, c
   KILN_ASSIGN_OR_RETURN(w.embed, ld.linear(prefix + "embed_tokens", c.hidden_size, c.vocab_size));
   KILN_ASSIGN_OR_RETURN(w.embed_tokens, ld.dense(*w.embed, prefix + "embed_tokens"));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    KILN_ASSIGN_OR_RETURN(LayerGpu layer, ld.layer(prefix + "layers." + std::to_string(l), l));
+    KILN_ASSIGN_OR_RETURN(LayerGpu layer, ld.layer(prefix + "layers." + std::to_string(l), c.is_kda(l),
+                                                   c.runs_indexer(l), c.moe[l], true));
     w.layers.push_back(std::move(layer));
   }
   KILN_ASSIGN_OR_RETURN(w.final_norm, ld.norm(prefix + "norm.weight", c.hidden_size));
   const std::string head =
       c.tie_word_embeddings && !source.synthetic() && !names->has("lm_head.weight") ? prefix + "embed_tokens" : "lm_head";
   KILN_ASSIGN_OR_RETURN(w.lm_head, ld.linear(head, c.hidden_size, c.vocab_size));
+  if (load_mtp && !source.synthetic())
+    for (size_t i = 0; i < c.mtp.size(); ++i) {
+      const std::string p = prefix + "layers." + std::to_string(c.num_hidden_layers + static_cast<int64_t>(i));
+      KILN_ASSIGN_OR_RETURN(MtpGpu m, ld.mtp(p, c.mtp[i]));
+      w.mtp.push_back(std::move(m));
+    }
   KILN_RETURN_IF_ERROR(ld.up.finish());
   w.bytes = ld.bytes;
   return w;

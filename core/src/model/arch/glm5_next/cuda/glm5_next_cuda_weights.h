@@ -39,9 +39,20 @@ struct PooledIndexerGpu {
 
 struct LayerGpu {
   kiln::cuda::GpuLayer block;  // input / post-attention norms, DSA attention (no indexer), MLP or MoE
+  bool hyper_connections = true;  // false (next-n layers without attn_hc / ffn_hc): a plain pre-norm residual block
+  bool dense_attention = false;   // a DSA next-n layer without an indexer of its own: dense causal attention
   MhcGpu attn_hc, ffn_hc;
   std::unique_ptr<KdaGpu> kda;                // KDA layers
   std::unique_ptr<PooledIndexerGpu> indexer;  // DSA layers that run their own indexer
+};
+
+// A next-n (MTP) layer: x = eh_proj(cat(enorm(embed(t)), hnorm(h))), one decoder layer of its layout
+// (Glm5NextConfig::mtp), then shared_head.norm and its own head or the trunk's lm_head.
+struct MtpGpu {
+  const uint16_t *enorm = nullptr, *hnorm = nullptr, *head_norm = nullptr;
+  std::unique_ptr<Linear> eh_proj;  // [hidden, 2·hidden], the embedding's half first
+  std::unique_ptr<Linear> head;     // null: the trunk's lm_head
+  LayerGpu layer;
 };
 
 struct Glm5NextGpuWeights {
@@ -50,11 +61,14 @@ struct Glm5NextGpuWeights {
   std::vector<LayerGpu> layers;
   const uint16_t* final_norm = nullptr;
   std::unique_ptr<Linear> lm_head;
+  std::vector<MtpGpu> mtp;  // config.mtp's layers, when asked for
   std::shared_ptr<const WeightSource> names;  // the checkpoint seen through Glm5NextTensorNames
   size_t bytes = 0;
 };
 
+// With `load_mtp`, also the next-n layers config.mtp lists (none from a synthetic source).
 Result<Glm5NextGpuWeights> load_glm5_next_gpu_weights(const Glm5NextConfig& config, const WeightSource& source,
-                                                      WeightFormat& format, kiln::cuda::CudaDeviceContext& device);
+                                                      WeightFormat& format, kiln::cuda::CudaDeviceContext& device,
+                                                      bool load_mtp);
 
 }  // namespace kiln::glm5_next::cuda

@@ -15,23 +15,29 @@ constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-__global__ void hc_broadcast_kernel(const uint16_t* __restrict__ e, int64_t n, int streams, int64_t dim,
+__device__ __forceinline__ float load_value(const uint16_t* p, int64_t i) { return bf16_bits_to_float(p[i]); }
+__device__ __forceinline__ float load_value(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ void store_value(uint16_t* p, int64_t i, float v) { p[i] = float_to_bf16_bits(v); }
+__device__ __forceinline__ void store_value(float* p, int64_t i, float v) { p[i] = v; }
+
+template <typename T>
+__global__ void hc_broadcast_kernel(const T* __restrict__ e, int64_t n, int streams, int64_t dim,
                                     float* __restrict__ x) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * dim) return;
   const int64_t t = i / dim, d = i % dim;
-  const float v = bf16_bits_to_float(e[i]);
+  const float v = load_value(e, i);
   for (int s = 0; s < streams; ++s) x[(t * streams + s) * dim + d] = v;
 }
 
-__global__ void hc_mean_kernel(const float* __restrict__ x, int64_t n, int streams, int64_t dim,
-                               uint16_t* __restrict__ out) {
+template <typename T>
+__global__ void hc_mean_kernel(const float* __restrict__ x, int64_t n, int streams, int64_t dim, T* __restrict__ out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * dim) return;
   const int64_t t = i / dim, d = i % dim;
   float sum = 0.f;
   for (int s = 0; s < streams; ++s) sum += x[(t * streams + s) * dim + d];
-  out[i] = float_to_bf16_bits(sum / static_cast<float>(streams));
+  store_value(out, i, sum / static_cast<float>(streams));
 }
 
 // One warp per (pool, sequence): 32 lanes × float4 = a 128-float key.
@@ -74,10 +80,22 @@ Status hc_broadcast(const uint16_t* e, int64_t n, int64_t streams, int64_t dim, 
   return check_launch("hc_broadcast");
 }
 
+Status hc_broadcast_f32(const float* e, int64_t n, int64_t streams, int64_t dim, float* x, StreamHandle stream) {
+  if (n == 0) return ok_status();
+  hc_broadcast_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(e, n, static_cast<int>(streams), dim, x);
+  return check_launch("hc_broadcast_f32");
+}
+
 Status hc_mean_bf16(const float* x, int64_t n, int64_t streams, int64_t dim, uint16_t* out, StreamHandle stream) {
   if (n == 0) return ok_status();
   hc_mean_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(x, n, static_cast<int>(streams), dim, out);
   return check_launch("hc_mean_bf16");
+}
+
+Status hc_mean_f32(const float* x, int64_t n, int64_t streams, int64_t dim, float* out, StreamHandle stream) {
+  if (n == 0) return ok_status();
+  hc_mean_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(x, n, static_cast<int>(streams), dim, out);
+  return check_launch("hc_mean_f32");
 }
 
 Status gather_pool_keys(const float* keys, const int32_t* tables, int64_t max_blocks, int64_t block_size, int64_t pool,

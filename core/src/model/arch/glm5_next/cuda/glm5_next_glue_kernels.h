@@ -15,8 +15,13 @@ using kiln::cuda::StreamHandle;
 // x[t, s, :] = float(e[t, :]) for every stream s: e bf16 [n, dim], x fp32 [n, streams, dim].
 Status hc_broadcast(const uint16_t* e, int64_t n, int64_t streams, int64_t dim, float* x, StreamHandle stream);
 
+// The same from fp32 rows (a next-n layer's eh_proj output).
+Status hc_broadcast_f32(const float* e, int64_t n, int64_t streams, int64_t dim, float* x, StreamHandle stream);
+
 // out[t, :] = bf16(mean_s x[t, s, :]) (summed in stream order in fp32, as the CPU model).
 Status hc_mean_bf16(const float* x, int64_t n, int64_t streams, int64_t dim, uint16_t* out, StreamHandle stream);
+// The same in fp32 (a next-n layer's output hidden state).
+Status hc_mean_f32(const float* x, int64_t n, int64_t streams, int64_t dim, float* out, StreamHandle stream);
 
 // The pool keys of sequence s's first num_pools[s] pools into out rows pool_offset[s] .. + num_pools[s] (dim = 128
 // floats each). Pool p's key lives in `keys` row slot(p · pool) / pool, where slot(t) = table[t / block_size] ·
