@@ -92,7 +92,7 @@ double prefill_flops(const Glm5NextConfig& c, const LayerCounts& n, double activ
 
 int main(int argc, char** argv) {
   std::string recipe_path = std::string(KILN_BENCH_SOURCE_DIR) + "/configs/glm-5.3-flash-8layer-dummy.toml";
-  std::vector<int64_t> contexts = {4096, 32768, 131072, 1048576 - 64}, prefill = {4096, 32768};
+  std::vector<int64_t> contexts = {4096, 32768, 131072, 1048576}, prefill = {4096, 32768};
   int64_t steps = 32, chunk = 4096;
   double bandwidth = 4.26e12, flops = 989e12;
   for (int i = 1; i < argc; ++i) {
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   // One sequence on whole pages: the longest context plus the steps after it, or the longest prompt.
   const int64_t bs = m->layout->geometry().block_size;
   int64_t positions = 0;
-  for (int64_t ctx : contexts) positions = std::max(positions, ctx + steps + 8);
+  for (int64_t ctx : contexts) positions = std::max(positions, std::min(ctx, c.max_position_embeddings - 4 - steps) + steps + 8);
   for (int64_t len : prefill) positions = std::max(positions, len);
   kiln::CacheManagerConfig cfg;
   cfg.block_size = bs;
@@ -147,6 +147,8 @@ int main(int argc, char** argv) {
   // Decode.
   std::printf("\n| context | tok/s | ms/step | roofline tok/s | %% of roofline | GB read/step | KDA layer ms | DSA layer ms "
               "| MoE MLP ms | dense MLP ms | mHC ms/layer |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int64_t& ctx : contexts)  // the last steps must stay inside max_position_embeddings
+    ctx = std::min(ctx, c.max_position_embeddings - 4 - steps);
   for (int64_t ctx : contexts) {
     // Position 0 first: the step resets the sequence's KDA state, as a new sequence's would be.
     if (auto s = step(&token, 1, 0); !s.ok()) return die(s);

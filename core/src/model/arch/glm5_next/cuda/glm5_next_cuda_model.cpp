@@ -37,10 +37,14 @@ struct KdaGroup {
 };
 
 // A sequence's part in the pooled indexer: its queries, and its complete pools (keys at pool_offset in the step's
-// gathered pool-key rows).
+// gathered pool-key rows). The score and select launches take `bound` pools, num_pools rounded up to a whole
+// bucket: pools past a query's position score −inf, which ranks below every candidate, so the extra ones change
+// nothing, and a decode step's captured graph then stays valid for kPoolBucket pools (4,096 tokens at pools of 16)
+// instead of being captured again at every completed pool.
 struct SeqPools {
-  int64_t first_token = 0, len = 0, start = 0, num_pools = 0, pool_offset = 0;
+  int64_t first_token = 0, len = 0, start = 0, num_pools = 0, bound = 0, pool_offset = 0;
 };
+constexpr int64_t kPoolBucket = 256;
 
 struct Glm5NextCudaModel::Plan {
   std::vector<int32_t> ints;  // uploaded once per step (offsets below)
@@ -233,10 +237,11 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
       SeqPools q;
       q.first_token = token, q.len = static_cast<int64_t>(steps[s].tokens.size()), q.start = steps[s].start_position;
       q.num_pools = (q.start + q.len) / pool, q.pool_offset = P.total_pools;
-      P.total_pools += q.num_pools, P.max_pools = std::max(P.max_pools, q.num_pools);
+      q.bound = (q.num_pools + kPoolBucket - 1) / kPoolBucket * kPoolBucket;
+      P.total_pools += q.bound, P.max_pools = std::max(P.max_pools, q.bound);
       P.ints.push_back(static_cast<int32_t>(q.num_pools));
       P.seqs.push_back(q);
-      h = mix(mix(h, q.len), q.num_pools);
+      h = mix(mix(h, q.len), q.bound);
       token += q.len;
     }
     P.pool_offset_off = static_cast<int64_t>(P.ints.size());
@@ -404,11 +409,11 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     const int64_t ws_row = std::max<int64_t>(c.index_topk / pool, 1);
     for (const SeqPools& q : P.seqs) {
       float* scores = b.idx_scores + q.first_token * sh.scores_kv;
-      if (q.num_pools > 0)
+      if (q.bound > 0)
         KILN_RETURN_IF_ERROR(kc::pooled_indexer_scores(b.idx_q + q.first_token * heads * dim, b.idx_w + q.first_token * heads,
-                                                       G.pool_keys + q.pool_offset * dim, q.len, q.num_pools, heads, scale,
+                                                       G.pool_keys + q.pool_offset * dim, q.len, q.bound, heads, scale,
                                                        q.start, pool, scores, st, b.positions + q.first_token));
-      KILN_RETURN_IF_ERROR(kc::pooled_indexer_select(scores, q.len, q.num_pools, q.start, pool, c.index_topk,
+      KILN_RETURN_IF_ERROR(kc::pooled_indexer_select(scores, q.len, q.bound, q.start, pool, c.index_topk,
                                                      c.index_kpool_always_select_tail, G.select_ws + q.first_token * ws_row,
                                                      b.selected + q.first_token * width, width, st,
                                                      b.positions + q.first_token));
