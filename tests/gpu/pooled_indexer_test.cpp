@@ -105,6 +105,8 @@ TEST(PooledIndexerGpu, MatchesCpuAroundTheDenseThreshold) {
   run_case(2064, 2, 32, true, 43);
   run_case(5003, 5, 32, true, 44);
   run_case(20000, 2, 32, true, 45);
+  run_case(65536, 2, 32, true, 51);  // 4,096 pools: the largest row ranked in one block
+  run_case(70000, 2, 32, true, 52);  // 4,375 pools: ranked by topk_rows
 }
 
 TEST(PooledIndexerGpu, SmallOddShapesAndNoTail) {
@@ -114,9 +116,12 @@ TEST(PooledIndexerGpu, SmallOddShapesAndNoTail) {
   run_case(16, 1, 1, true, 49);
 }
 
-TEST(PooledIndexerGpu, SelectionTiesGoToTheLowerPool) {
+class PooledIndexerTies : public ::testing::TestWithParam<int64_t> {};
+
+// Both ranking paths (one block up to 4,096 pools, topk_rows beyond), with many exact ties.
+TEST_P(PooledIndexerTies, SelectionTiesGoToTheLowerPool) {
   std::mt19937_64 rng(50);
-  const int64_t num_pools = 700, t_q = 3, q_pos0 = num_pools * kPool - 2;
+  const int64_t num_pools = GetParam(), t_q = 3, q_pos0 = num_pools * kPool - 2;
   std::vector<float> scores = random_f32(size_t(t_q * num_pools), rng, 0.f, 1.f);
   for (auto& v : scores) v = std::round(v * 8.f) / 8.f;  // many exact ties
   for (int64_t s = 0; s < t_q; ++s)
@@ -134,6 +139,8 @@ TEST(PooledIndexerGpu, SelectionTiesGoToTheLowerPool) {
                                              d_out.get(), width, nullptr));
   EXPECT_EQ(d_out.download(), want);
 }
+
+INSTANTIATE_TEST_SUITE_P(Pools, PooledIndexerTies, ::testing::Values(700, 4096, 5000));
 
 }  // namespace
 }  // namespace kiln::test

@@ -70,6 +70,54 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(const float* __res
   scores[s * num_pools + p] = total;
 }
 
+// Rows of at most kSmallTopKRow pools rank in one block: a bitonic sort of (score, pool) in shared memory, in
+// topk_rows's order (score descending, NaN last, ties to the lower pool), the first `top` written (−1 past n).
+// A decode step's few hundred pools take a few µs this way; topk_rows's radix passes cost ~35 µs at any size.
+constexpr int64_t kSmallTopKRow = 4096;
+constexpr int kSmallTopKThreads = 512;
+
+__device__ __forceinline__ bool ranks_before(float a, int32_t ia, float b, int32_t ib) {
+  const bool na = isnan(a), nb = isnan(b);
+  if (na != nb) return nb;
+  if (!na && a != b) return a > b;
+  return ia < ib;
+}
+
+__global__ void __launch_bounds__(kSmallTopKThreads) small_topk_kernel(const float* __restrict__ scores, int64_t n,
+                                                                       int64_t top, int32_t* __restrict__ out) {
+  __shared__ float s_v[kSmallTopKRow];
+  __shared__ int32_t s_i[kSmallTopKRow];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.x;
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = threadIdx.x; i < size; i += blockDim.x) {
+    s_v[i] = i < n ? scores[row * n + i] : __int_as_float(0x7fffffff);  // padding: NaN with the highest index
+    s_i[i] = i;
+  }
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        const int l = i ^ j;
+        if (l > i) {
+          const bool ascending = (i & k) == 0;  // "ascending" = in rank order
+          const bool swap = ascending ? ranks_before(s_v[l], s_i[l], s_v[i], s_i[i])
+                                      : ranks_before(s_v[i], s_i[i], s_v[l], s_i[l]);
+          if (swap) {
+            const float v = s_v[i];
+            s_v[i] = s_v[l], s_v[l] = v;
+            const int32_t x = s_i[i];
+            s_i[i] = s_i[l], s_i[l] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  for (int64_t j = threadIdx.x; j < top; j += blockDim.x) out[row * top + j] = j < n ? s_i[j] : -1;
+}
+
 // One block per query: the ranked pools' positions, the tail, −1.
 __global__ void __launch_bounds__(256) expand_kernel(const int32_t* __restrict__ ranked, int64_t top, int64_t num_pools,
                                                      int64_t q_pos0, const int64_t* __restrict__ positions, int64_t pool, bool select_tail,
@@ -131,7 +179,13 @@ Status pooled_indexer_select(const float* scores, int64_t t_q, int64_t num_pools
     return invalid_argument("cuda::pooled_indexer_select: need pool > 0, 1 ≤ index_topk / pool ≤ 2048, and width ≥ "
                             "index_topk (+ pool − 1 with the tail)");
   if (t_q == 0) return ok_status();
-  if (num_pools > 0) KILN_RETURN_IF_ERROR(topk_rows(scores, t_q, num_pools, top, -1, workspace, stream));
+  if (num_pools > 0 && num_pools <= kSmallTopKRow) {
+    KILN_RETURN_IF_ERROR(check_cuda(launch_pdl(small_topk_kernel, dim3(static_cast<unsigned>(t_q)),
+                                               dim3(kSmallTopKThreads), 0, stream, scores, num_pools, top, workspace),
+                                    "cuda::pooled_indexer_select (top-k)"));
+  } else if (num_pools > 0) {
+    KILN_RETURN_IF_ERROR(topk_rows(scores, t_q, num_pools, top, -1, workspace, stream));
+  }
   return check_cuda(launch_pdl(expand_kernel, dim3(static_cast<unsigned>(t_q)), dim3(256), 0, stream, workspace, top,
                                num_pools, q_pos0, positions, pool, select_tail, out, width),
                     "cuda::pooled_indexer_select");
