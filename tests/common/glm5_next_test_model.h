@@ -22,10 +22,12 @@ inline const std::vector<std::string>& glm5_next_fixtures() {
   return names;
 }
 
-inline LoadedModel load_glm5_next(const std::string& name, const std::string& layout = "fp32") {
-  auto recipe = load_recipe(
-      "", {"model.path=" + model_dir(name).string(), "model.device=cpu", "kv.layout=" + layout, "kv.block_size=16"},
-      global_registry());
+inline LoadedModel load_glm5_next(const std::string& name, const std::string& layout = "fp32",
+                                  const std::string& precision = "fp32") {
+  auto recipe = load_recipe("",
+                            {"model.path=" + model_dir(name).string(), "model.device=cpu", "kv.layout=" + layout,
+                             "kv.block_size=16", "model.precision=" + precision},
+                            global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), {});
   EXPECT_TRUE(m.ok()) << m.status().to_string();

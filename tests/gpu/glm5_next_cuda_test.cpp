@@ -183,18 +183,27 @@ fs::path write_checkpoint(int64_t index_topk = kSparseTopK, Mtp mtp = Mtp::kNone
 }
 
 std::vector<std::string> sets(const std::string& device, const std::string& method = "none", int depth = 0,
-                              int64_t index_topk = kSparseTopK, Mtp mtp = Mtp::kNone) {
+                              int64_t index_topk = kSparseTopK, Mtp mtp = Mtp::kNone,
+                              const std::string& precision = "fp32") {
   std::vector<std::string> s = {"model.path=" + write_checkpoint(index_topk, mtp).string(), "model.device=" + device,
                                 "kv.layout=bf16", "kv.block_size=" + std::to_string(kBlock),
                                 "scheduler.max_model_len=1024", "scheduler.max_num_seqs=2",
                                 "speculative.method=" + method, "speculative.depth=" + std::to_string(depth)};
   if (method == "ngram") s.push_back("speculative.ngram_size=1");
+  if (precision != "fp32") s.push_back("model.precision=" + precision);
   return s;
 }
 
 LoadedModel& gpu_model(int64_t index_topk = kSparseTopK) {
   static std::map<int64_t, LoadedModel> models;
   if (!models.count(index_topk)) models[index_topk] = testing::load_recipe_model(sets("cuda", "none", 0, index_topk));
+  return models[index_topk];
+}
+// The CPU model with the GPU's rounding points (model.precision = "bf16").
+LoadedModel& cpu_bf16_model(int64_t index_topk) {
+  static std::map<int64_t, LoadedModel> models;
+  if (!models.count(index_topk))
+    models[index_topk] = testing::load_recipe_model(sets("cpu", "none", 0, index_topk, Mtp::kNone, "bf16"));
   return models[index_topk];
 }
 LoadedModel& cpu_model(int64_t index_topk = kSparseTopK) {
@@ -410,6 +419,44 @@ TEST(Glm5NextCuda, NgramDraftingIsLosslessWithKdaRollbackOnTheDevice) {
     EXPECT_GT(metrics.spec_draft_tokens, 0) << "the n-gram drafter proposed nothing";
     EXPECT_LT(metrics.spec_accepted_tokens, metrics.spec_draft_tokens) << "no draft was rejected: nothing rolled back";
   }
+}
+
+// Against the CPU model in bf16 precision (the GPU's rounding points). What it does not mirror — fp32 summation
+// order, the chunked KDA kernel's tf32 products, the attention kernel's bf16 softmax weights — still separates
+// them: measured on the H200 (2026-12-02), 180 teacher-forced rows worst 2.7 % / mean 1.1 % of a row's largest
+// (against the fp32 CPU: 4.9 % / 1.8 %), and free-running greedy decoding agrees for the first 13 tokens of 40 on
+// this random model. Held here: within the same tolerance as the fp32 CPU, closer than it on average, and the
+// length of the identical greedy prefix is reported. (Bit-level parity — identical free-running greedy — needs the
+// CPU to mirror the tf32 KDA chunks and the bf16 softmax weights too: not done.)
+TEST(Glm5NextCuda, IsCloserToTheCpuInBf16Precision) {
+  const std::vector<int32_t> prompt = random_prompt(150, 11);
+  std::vector<int32_t> forced;
+  const auto gpu = decode_rows(gpu_model(kDenseTopK), prompt, forced, 30);
+  const auto bf16 = decode_rows(cpu_bf16_model(kDenseTopK), prompt, forced, 30);
+  const auto fp32 = decode_rows(cpu_model(kDenseTopK), prompt, forced, 30);
+  ASSERT_EQ(gpu.size(), bf16.size());
+  auto row_error = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float scale = 0, diff = 0;
+    for (int64_t v = 0; v < kVocab; ++v) scale = std::max(scale, std::fabs(b[v])), diff = std::max(diff, std::fabs(a[v] - b[v]));
+    return static_cast<double>(diff / scale);
+  };
+  double worst_bf16 = 0, worst_fp32 = 0, sum_bf16 = 0, sum_fp32 = 0;
+  for (size_t r = 0; r < gpu.size(); ++r) {
+    const double e16 = row_error(gpu[r], bf16[r]), e32 = row_error(gpu[r], fp32[r]);
+    worst_bf16 = std::max(worst_bf16, e16), worst_fp32 = std::max(worst_fp32, e32);
+    sum_bf16 += e16, sum_fp32 += e32;
+  }
+  std::vector<int32_t> gpu_tokens, cpu_tokens;
+  decode_rows(gpu_model(kDenseTopK), prompt, gpu_tokens, 40);
+  decode_rows(cpu_bf16_model(kDenseTopK), prompt, cpu_tokens, 40);
+  size_t same = 0;
+  while (same < gpu_tokens.size() && same < cpu_tokens.size() && gpu_tokens[same] == cpu_tokens[same]) ++same;
+  std::printf("glm5_next GPU vs CPU, %zu teacher-forced rows: bf16 precision worst %.3g mean %.3g; fp32 worst %.3g mean "
+              "%.3g; free-running greedy identical for %zu of %zu tokens\n",
+              gpu.size(), worst_bf16, sum_bf16 / gpu.size(), worst_fp32, sum_fp32 / gpu.size(), same, gpu_tokens.size());
+  EXPECT_LE(worst_bf16, 5e-2);
+  EXPECT_LT(sum_bf16, sum_fp32) << "bf16 precision does not bring the CPU closer to the GPU";
+  EXPECT_GE(same, 8u);
 }
 
 // The next-n layer on the GPU through the `mtp` drafter, for both layouts the checkpoint names can describe: a DSA

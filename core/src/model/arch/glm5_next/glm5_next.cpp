@@ -81,7 +81,6 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
 #endif
   }
-  KILN_RETURN_IF_ERROR(supports_precision(ctx.precision));
   // Without next-n layers in the checkpoint none is loaded (num_mtp_layers() = 0), and a drafter that needs them
   // is refused at engine start; a layer of a layout kiln does not know is refused here, naming its tensors.
   if (ctx.load_mtp && !config_.mtp_refusal.empty()) return failed_precondition(config_.mtp_refusal);
@@ -89,12 +88,6 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
   return std::unique_ptr<ModelInstance>(std::move(m));
 }
 
-Status Glm5NextArchitecture::supports_precision(Precision precision) const {
-  if (precision == Precision::kFp32) return ok_status();
-  return unimplemented(
-      "model.precision = \"bf16\" (the CUDA runner's rounding) is not modelled for glm5_next; "
-      "its CPU path is the fp32 reference (model.precision = \"fp32\")");
-}
 
 Result<std::unique_ptr<Architecture>> parse_glm5_next(const nlohmann::json& config, const std::string& source) {
   KILN_ASSIGN_OR_RETURN(glm5_next::Glm5NextConfig c, glm5_next::Glm5NextConfig::from_json(config, source));

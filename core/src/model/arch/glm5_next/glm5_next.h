@@ -26,7 +26,6 @@ class Glm5NextArchitecture final : public Architecture {
   // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
   CacheSpec cache_spec(int64_t mtp_layers) const override;
   Status supports(DeviceType device) const override;
-  Status supports_precision(Precision precision) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
  private:

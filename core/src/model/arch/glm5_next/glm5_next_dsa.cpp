@@ -78,7 +78,9 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
 
   std::vector<float> q_resid(n * c.q_lora_rank), q(n * heads * nope), lat(n * latent);
   KILN_RETURN_IF_ERROR(run_linear(*w.q_a, h, n, q_resid.data()));
+  round_bf16(q_resid.data(), n * c.q_lora_rank);
   cpu::rmsnorm(q_resid.data(), w.q_a_norm.data(), n, c.q_lora_rank, eps, q_resid.data());
+  round_bf16(q_resid.data(), n * c.q_lora_rank);
   KILN_RETURN_IF_ERROR(run_linear(*w.q_b, q_resid.data(), n, q.data()));
   KILN_RETURN_IF_ERROR(run_linear(*w.kv_a, h, n, lat.data()));
   cpu::rmsnorm(lat.data(), w.kv_a_norm.data(), n, latent, eps, lat.data());
@@ -101,7 +103,10 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   // Absorbed form: q_lat = q · W_UK per head, attention over the cached latents, o = W_UV · o_lat.
   const cpu::MlaAbsorbDims dims{heads, nope, vd, latent};
   std::vector<float> q_lat(n * heads * latent), o_lat(n * heads * latent), attn(n * heads * vd);
+  // bf16: the absorption GEMM reads q in bf16, and the tensor-core attention rounds the absorbed query to bf16.
+  round_bf16(q.data(), n * heads * nope);
   cpu::mla_absorb_query(q.data(), n, nope, w.kv_b_f32.data(), dims, q_lat.data(), latent);
+  round_bf16(q_lat.data(), n * heads * latent);
   const float scale = 1.0f / std::sqrt(static_cast<float>(nope + c.qk_rope_head_dim));
   const int64_t width = c.selection_width();
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
@@ -125,8 +130,12 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
     args.out = o_lat.data() + b * heads * latent;
     KILN_RETURN_IF_ERROR(layout.attend(args, {}));
   }
+  round_bf16(o_lat.data(), n * heads * latent);
   cpu::mla_unabsorb_output(o_lat.data(), n, w.kv_b_f32.data(), dims, attn.data());
-  return run_linear(*w.o_proj, attn.data(), n, out);
+  round_bf16(attn.data(), n * heads * vd);
+  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, attn.data(), n, out));
+  round_bf16(out, n * c.hidden_size);
+  return ok_status();
 }
 
 }  // namespace kiln::glm5_next

@@ -27,6 +27,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
 
   std::vector<float> qkv(n * 3 * ch), mixed(n * 3 * ch);
   KILN_RETURN_IF_ERROR(run_linear(*w.qkv, h, n, qkv.data()));
+  round_bf16(qkv.data(), n * 3 * ch);
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
     float* conv = reinterpret_cast<float*>(slots + static_cast<size_t>(st.state_slot) * slot_bytes + state_bytes);
@@ -35,6 +36,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
     cpu::kda_short_conv_silu(qkv.data() + b * 3 * ch, len, 3 * ch, w.conv.data(), width, conv,
                              mixed.data() + b * 3 * ch);
   }
+  round_bf16(mixed.data(), n * 3 * ch);  // the GPU's conv kernels store the SiLU output in bf16
   std::vector<float> q(n * ch), k(n * ch), v(n * ch);
   for (int64_t t = 0; t < n; ++t) {
     const float* row = mixed.data() + t * 3 * ch;
@@ -46,6 +48,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
 
   std::vector<float> low(n * d), g(n * ch), beta(n * heads);
   KILN_RETURN_IF_ERROR(run_linear(*w.f_a, h, n, low.data()));
+  round_bf16(low.data(), n * d);
   KILN_RETURN_IF_ERROR(run_linear(*w.f_b, low.data(), n, g.data()));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < ch; ++i) g[t * ch + i] += w.dt_bias[i];
@@ -66,10 +69,14 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
 
   std::vector<float> gate(n * ch);
   KILN_RETURN_IF_ERROR(run_linear(*w.g_a, h, n, low.data()));
+  round_bf16(low.data(), n * d);
   KILN_RETURN_IF_ERROR(run_linear(*w.g_b, low.data(), n, gate.data()));
   cpu::kda_gated_rmsnorm(o.data(), gate.data(), w.o_norm.data(), n, heads, d, static_cast<float>(c.rms_norm_eps),
                          o.data());
-  return run_linear(*w.o_proj, o.data(), n, out);
+  round_bf16(o.data(), n * ch);
+  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, o.data(), n, out));
+  round_bf16(out, n * c.hidden_size);
+  return ok_status();
 }
 
 }  // namespace kiln::glm5_next

@@ -18,6 +18,10 @@
 namespace kiln::glm5_next {
 namespace {
 
+// cuda::kSkinnyGemmMaxRows: up to this many rows the CUDA expert set folds the shared expert into the routed
+// experts' launches (bf16 precision mirrors it).
+constexpr int64_t kGpuFoldedSharedExpertRows = 32;
+
 cpu::MhcParams mhc_params(const Glm5NextConfig& c, const MhcWeights& w) {
   cpu::MhcParams p;
   p.fn = w.fn.data(), p.base = w.base.data(), p.scale = w.scale.data();
@@ -47,6 +51,10 @@ void Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
         break;
     }
   }
+}
+
+void Glm5NextModel::round_bf16(float* x, int64_t n) const {
+  if (bf16()) cpu::round_to_bf16(x, n);
 }
 
 Status Glm5NextModel::lm_head(const float* normed, int64_t n, float* logits) const {
@@ -82,13 +90,60 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
   return ok_status();
 }
 
+// bf16: the fused gate_up Linear rounds each half to bf16 before the SwiGLU, whose output is stored in bf16, and down
+// stores bf16.
 Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const {
   const int64_t inter = m.gate->out_features();
   std::vector<float> g(n * inter), u(n * inter), a(n * inter);
   KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
   KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+  round_bf16(g.data(), n * inter);
+  round_bf16(u.data(), n * inter);
   cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
-  return run_linear(*m.down, a.data(), n, out);
+  round_bf16(a.data(), n * inter);
+  KILN_RETURN_IF_ERROR(run_linear(*m.down, a.data(), n, out));
+  round_bf16(out, n * config_.hidden_size);
+  return ok_status();
+}
+
+Status Glm5NextModel::expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y) const {
+  const int64_t inter = w.gate->out_features();
+  std::vector<float> g(rows * inter), u(rows * inter), a(rows * inter);
+  KILN_RETURN_IF_ERROR(run_linear(*w.gate, x, rows, g.data()));
+  KILN_RETURN_IF_ERROR(run_linear(*w.up, x, rows, u.data()));
+  cpu::swiglu(g.data(), u.data(), rows, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
+  cpu::round_to_bf16(a.data(), rows * inter);
+  return run_linear(*w.down, a.data(), rows, y);
+}
+
+Status Glm5NextModel::routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
+                                          const float* route_weights, float* out) const {
+  const int64_t hd = config_.hidden_size, k = config_.num_experts_per_tok;
+  const int64_t E = static_cast<int64_t>(m.expert_mlps.size());
+  std::vector<std::vector<int64_t>> pairs(E);
+  for (int64_t p = 0; p < n * k; ++p) {
+    if (ids[p] < 0 || ids[p] >= E)
+      return out_of_range("expert id " + std::to_string(ids[p]) + " (token " + std::to_string(p / k) +
+                          ") is outside [0, " + std::to_string(E) + ")");
+    pairs[ids[p]].push_back(p);
+  }
+  std::vector<float> pair_out(n * k * hd), x, y;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t rows = static_cast<int64_t>(pairs[e].size());
+    if (rows == 0) continue;
+    x.resize(rows * hd), y.resize(rows * hd);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(h + (pairs[e][r] / k) * hd, hd, x.data() + r * hd);
+    KILN_RETURN_IF_ERROR(expert_mlp_bf16(m.expert_mlps[e], x.data(), rows, y.data()));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < hd; ++i) pair_out[pairs[e][r] * hd + i] = y[r * hd + i] * route_weights[pairs[e][r]];
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = out + t * hd;
+    std::fill(dst, dst + hd, 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < hd; ++i) dst[i] += pair_out[(t * k + j) * hd + i];
+  }
+  return ok_status();
 }
 
 Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
@@ -104,6 +159,20 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
   rc.norm_topk_prob = c.norm_topk_prob, rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), route.data(), router_margin);
 
+  if (bf16()) {
+    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe, h, n, ids.data(), route.data(), out));
+    if (w.moe.shared.gate) {
+      // The GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
+      // (up to 32 rows: its output stays fp32), else runs it as a dense MLP (bf16 output).
+      std::vector<float> shared(n * hd);
+      const bool folded = n <= kGpuFoldedSharedExpertRows && w.moe.shared.gate->out_features() == c.moe_intermediate_size;
+      KILN_RETURN_IF_ERROR(folded ? expert_mlp_bf16(w.moe.shared, h, n, shared.data())
+                                  : dense_mlp(w.moe.shared, h, n, shared.data()));
+      for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
+    }
+    round_bf16(out, n * hd);
+    return ok_status();
+  }
   std::vector<float> pairs(n * k * hd);
   ExpertRun run;
   run.x = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, hd});
@@ -138,11 +207,14 @@ Status Glm5NextModel::run_layer(const LayerWeights& w, int64_t l, const TokenLay
     if (w.kda) return kda(*w.kda, l, tl, caches, h.data(), y.data()).with_context(where + " KDA");
     return dsa(*w.dsa, l, tl, caches, h.data(), y.data(), selected).with_context(where + " DSA");
   };
+  // Blocks return their output rounded where the GPU stores it in bf16; the residual (streams) stays fp32.
   if (!w.hyper_connections) {  // x += attn(input_norm(x)); x += mlp(post_attention_norm(x))
     cpu::rmsnorm(x, w.input_norm.data(), n, hd, eps, h.data());
+    round_bf16(h.data(), n * hd);
     KILN_RETURN_IF_ERROR(attention());
     for (int64_t i = 0; i < n * hd; ++i) x[i] += y[i];
     cpu::rmsnorm(x, w.post_attention_norm.data(), n, hd, eps, h.data());
+    round_bf16(h.data(), n * hd);
     KILN_RETURN_IF_ERROR(mlp(w, h.data(), n, y.data(), router_margin).with_context(where + " MLP"));
     for (int64_t i = 0; i < n * hd; ++i) x[i] += y[i];
     return ok_status();
@@ -150,13 +222,17 @@ Status Glm5NextModel::run_layer(const LayerWeights& w, int64_t l, const TokenLay
   std::vector<float> pre(n * s), post(n * s), comb(n * s * s);
   cpu::mhc_maps(x, n, mhc_params(c, w.attn_hc), pre.data(), post.data(), comb.data());
   cpu::mhc_collapse(x, pre.data(), n, s, hd, h.data());
+  round_bf16(h.data(), n * hd);
   cpu::rmsnorm(h.data(), w.input_norm.data(), n, hd, eps, h.data());
+  round_bf16(h.data(), n * hd);
   KILN_RETURN_IF_ERROR(attention());
   cpu::mhc_mix(x, y.data(), post.data(), comb.data(), n, s, hd);
 
   cpu::mhc_maps(x, n, mhc_params(c, w.ffn_hc), pre.data(), post.data(), comb.data());
   cpu::mhc_collapse(x, pre.data(), n, s, hd, h.data());
+  round_bf16(h.data(), n * hd);
   cpu::rmsnorm(h.data(), w.post_attention_norm.data(), n, hd, eps, h.data());
+  round_bf16(h.data(), n * hd);
   KILN_RETURN_IF_ERROR(mlp(w, h.data(), n, y.data(), router_margin).with_context(where + " MLP"));
   cpu::mhc_mix(x, y.data(), post.data(), comb.data(), n, s, hd);
   return ok_status();
@@ -211,7 +287,11 @@ Status Glm5NextModel::mtp_forward(int64_t mtp_index, std::span<const SequenceSte
   std::vector<float> e(n * hd), hn(n * hd), cat(n * 2 * hd), x0(n * hd);
   embed(ids.data(), n, e.data());
   cpu::rmsnorm(e.data(), m.enorm.data(), n, hd, eps, e.data());
-  cpu::rmsnorm(prev_hidden, m.hnorm.data(), n, hd, eps, hn.data());
+  round_bf16(e.data(), n * hd);
+  std::copy_n(prev_hidden, n * hd, hn.data());
+  round_bf16(hn.data(), n * hd);  // the GPU normalises the hidden rows as bf16
+  cpu::rmsnorm(hn.data(), m.hnorm.data(), n, hd, eps, hn.data());
+  round_bf16(hn.data(), n * hd);
   for (int64_t t = 0; t < n; ++t) {  // the embedding's half first, then the hidden state's
     std::copy_n(e.data() + t * hd, hd, cat.data() + t * 2 * hd);
     std::copy_n(hn.data() + t * hd, hd, cat.data() + t * 2 * hd + hd);
@@ -233,8 +313,10 @@ Status Glm5NextModel::mtp_forward(int64_t mtp_index, std::span<const SequenceSte
     KILN_RETURN_IF_ERROR(run_layer(m.layer, layer, tl, caches, x0.data(), selected, nullptr));
     std::copy(x0.begin(), x0.end(), out.hidden.begin());
   }
-  std::vector<float> normed(n * hd);
-  cpu::rmsnorm(out.hidden.data(), m.head_norm.data(), n, hd, eps, normed.data());
+  std::vector<float> normed(out.hidden);
+  if (m.layer.hyper_connections) round_bf16(normed.data(), n * hd);  // the GPU norms the streams' mean as bf16
+  cpu::rmsnorm(normed.data(), m.head_norm.data(), n, hd, eps, normed.data());
+  round_bf16(normed.data(), n * hd);
   out.taps.clear();
   return logits(tl, normed.data(), m.head ? *m.head : *weights_.lm_head, out);
 }
@@ -260,6 +342,7 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
   for (size_t i = 0; i < steps.size(); ++i)  // media rows replace their placeholders' embeddings
     for (const MediaRows& m : steps[i].media)
       std::copy_n(m.embeddings, m.count * hd, e.data() + (tl.seq_begin[i] + m.first_row) * hd);
+  round_bf16(e.data(), n * hd);  // the GPU's embedding rows (and media rows) are bf16
   std::vector<float> x(n * s * hd);  // the residual streams [n, hc_mult, hidden], each starting as the embedding
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < s; ++j) std::copy_n(e.data() + t * hd, hd, x.data() + (t * s + j) * hd);
@@ -274,7 +357,9 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
 
   std::vector<float> normed(n * hd);
   mean_of_streams(x.data(), n, s, hd, normed.data());
+  round_bf16(normed.data(), n * hd);
   cpu::rmsnorm(normed.data(), weights_.final_norm.data(), n, hd, static_cast<float>(c.rms_norm_eps), normed.data());
+  round_bf16(normed.data(), n * hd);
   KILN_RETURN_IF_ERROR(logits(tl, normed.data(), *weights_.lm_head, out));
   out.hidden.clear();
   out.taps.clear();

@@ -28,6 +28,11 @@ class Glm5NextModel {
       : config_(std::move(config)), weights_(std::move(weights)) {}
 
   const Glm5NextConfig& config() const { return config_; }
+  // fp32 (the reference against transformers) or the CUDA runner's rounding (Precision::kBf16: weights as loaded
+  // by load_glm5_next_weights in bf16, activations rounded to bf16 wherever the GPU stores them in bf16 — the
+  // points are marked round_bf16 in this model's files). Must match the precision the weights were loaded with.
+  void set_precision(Precision p) { precision_ = p; }
+  bool bf16() const { return precision_ == Precision::kBf16; }
   // CPU threads for this model's kernels (0 = OpenMP's default), applied on the thread that runs each forward.
   void set_threads(int threads) { threads_ = threads; }
 
@@ -73,10 +78,18 @@ class Glm5NextModel {
                         const float* h, const float* q_resid, std::vector<int32_t>& selected) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
   Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
+  // bf16 precision: the GPU's expert kernels — gate and up of each (token, slot) pair in fp32, the clamped SwiGLU
+  // output stored in bf16, down in fp32 scaled by the pair's route weight — summed per token in slot order into out.
+  Status routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
+                             const float* route_weights, float* out) const;
+  // One expert-shaped SwiGLU MLP as the expert kernels compute it (the act rounded to bf16 only), × weight.
+  Status expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y) const;
+  void round_bf16(float* x, int64_t n) const;
 
   Glm5NextConfig config_;
   Glm5NextWeights weights_;
   int threads_ = 0;
+  Precision precision_ = Precision::kFp32;
 };
 
 }  // namespace kiln::glm5_next

@@ -3,14 +3,20 @@
 #include <string>
 
 #include "model/arch/glm5_next/glm5_next_tensor_names.h"
+#include "model/bf16_weight_source.h"
 
 namespace kiln::glm5_next {
 namespace {
 
+// `src` serves what the GPU holds in bf16 (projections, experts, the bf16 norms, the embedding): rounded in bf16
+// precision. `exact` serves what it keeps in fp32 (mHC maps, the short conv, dt_bias, A_log, o_norm, the indexer's
+// key LayerNorm, ape and compress gate, the router).
 struct Loader {
   const Glm5NextConfig& c;
   const WeightSource& src;
+  const WeightSource& exact;
   WeightFormat& format;
+  bool bf16 = false;
 
   // Modules reading the same input, stacked along the output dimension (one name: a plain projection).
   Result<std::unique_ptr<Linear>> linear(std::vector<std::string> names, std::vector<int64_t> outs, int64_t in) const {
@@ -28,20 +34,25 @@ struct Loader {
   Result<std::unique_ptr<Linear>> linear(const std::string& name, int64_t in, int64_t out) const {
     return linear(std::vector<std::string>{name}, std::vector<int64_t>{out}, in);
   }
+  // A norm the GPU stores in bf16.
   Result<std::vector<float>> f32(const std::string& name, std::initializer_list<int64_t> shape) const {
     return load_f32(src, name, shape);
+  }
+  // A tensor the GPU keeps in fp32.
+  Result<std::vector<float>> exact_f32(const std::string& name, std::initializer_list<int64_t> shape) const {
+    return load_f32(exact, name, shape);
   }
 
   Result<MhcWeights> mhc(const std::string& p) const {
     const int64_t s = c.hc_mult, mix = (2 + s) * s;
     MhcWeights m;
-    KILN_ASSIGN_OR_RETURN(m.fn, f32(p + ".fn", {mix, s * c.hidden_size}));
-    KILN_ASSIGN_OR_RETURN(m.base, f32(p + ".base", {mix}));
-    KILN_ASSIGN_OR_RETURN(m.scale, f32(p + ".scale", {3}));
+    KILN_ASSIGN_OR_RETURN(m.fn, exact_f32(p + ".fn", {mix, s * c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(m.base, exact_f32(p + ".base", {mix}));
+    KILN_ASSIGN_OR_RETURN(m.scale, exact_f32(p + ".scale", {3}));
     return m;
   }
 
-  Result<std::vector<float>> short_conv(const std::string& p) const { return load_glm5_next_short_conv(c, src, p); }
+  Result<std::vector<float>> short_conv(const std::string& p) const { return load_glm5_next_short_conv(c, exact, p); }
 
   Result<std::unique_ptr<KdaWeights>> kda(const std::string& p) const {
     const int64_t hidden = c.hidden_size, h = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels();
@@ -50,12 +61,12 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(k->conv, short_conv(p));
     KILN_ASSIGN_OR_RETURN(k->f_a, linear(p + ".forget_gate.f_a_proj", hidden, d));
     KILN_ASSIGN_OR_RETURN(k->f_b, linear(p + ".forget_gate.f_b_proj", d, ch));
-    KILN_ASSIGN_OR_RETURN(k->dt_bias, f32(p + ".forget_gate.dt_bias", {ch}));
-    KILN_ASSIGN_OR_RETURN(k->a_log, f32(p + ".forget_gate.A_log", {h}));
+    KILN_ASSIGN_OR_RETURN(k->dt_bias, exact_f32(p + ".forget_gate.dt_bias", {ch}));
+    KILN_ASSIGN_OR_RETURN(k->a_log, exact_f32(p + ".forget_gate.A_log", {h}));
     KILN_ASSIGN_OR_RETURN(k->b_proj, linear(p + ".b_proj", hidden, h));
     KILN_ASSIGN_OR_RETURN(k->g_a, linear(p + ".g_a_proj", hidden, d));
     KILN_ASSIGN_OR_RETURN(k->g_b, linear(p + ".g_b_proj", d, ch));
-    KILN_ASSIGN_OR_RETURN(k->o_norm, f32(p + ".o_norm.weight", {d}));
+    KILN_ASSIGN_OR_RETURN(k->o_norm, exact_f32(p + ".o_norm.weight", {d}));
     KILN_ASSIGN_OR_RETURN(k->o_proj, linear(p + ".o_proj", ch, hidden));
     return k;
   }
@@ -66,10 +77,10 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(x->wq_b, linear(p + ".wq_b", c.q_lora_rank, c.index_n_heads * dim));
     KILN_ASSIGN_OR_RETURN(x->wk, linear(p + ".wk", c.hidden_size, dim));
     KILN_ASSIGN_OR_RETURN(x->weights_proj, linear(p + ".weights_proj", c.hidden_size, c.index_n_heads));
-    KILN_ASSIGN_OR_RETURN(x->k_norm_weight, f32(p + ".k_norm.weight", {dim}));
-    KILN_ASSIGN_OR_RETURN(x->k_norm_bias, f32(p + ".k_norm.bias", {dim}));
-    KILN_ASSIGN_OR_RETURN(x->ape, f32(p + ".index_kpool_compress_ape", {c.index_kpool, dim}));
-    KILN_ASSIGN_OR_RETURN(x->compress_gate, f32(p + ".index_kpool_compress_gate", {dim, c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(x->k_norm_weight, exact_f32(p + ".k_norm.weight", {dim}));
+    KILN_ASSIGN_OR_RETURN(x->k_norm_bias, exact_f32(p + ".k_norm.bias", {dim}));
+    KILN_ASSIGN_OR_RETURN(x->ape, exact_f32(p + ".index_kpool_compress_ape", {c.index_kpool, dim}));
+    KILN_ASSIGN_OR_RETURN(x->compress_gate, exact_f32(p + ".index_kpool_compress_gate", {dim, c.hidden_size}));
     return x;
   }
 
@@ -105,14 +116,19 @@ struct Loader {
   Result<MoeWeights> moe(const std::string& p) const {
     const int64_t experts = c.n_routed_experts;
     MoeWeights m;
-    KILN_ASSIGN_OR_RETURN(m.router, f32(p + ".gate.weight", {experts, c.hidden_size}));
-    KILN_ASSIGN_OR_RETURN(m.router_bias, f32(p + ".gate.e_score_correction_bias", {experts}));
+    KILN_ASSIGN_OR_RETURN(m.router, exact_f32(p + ".gate.weight", {experts, c.hidden_size}));
+    KILN_ASSIGN_OR_RETURN(m.router_bias, exact_f32(p + ".gate.e_score_correction_bias", {experts}));
     ExpertSpec spec;
     spec.prefix = p + ".experts";
     spec.num_experts = experts;
     spec.hidden = c.hidden_size;
     spec.intermediate = c.moe_intermediate_size;
     KILN_ASSIGN_OR_RETURN(m.experts, format.load_experts(src, spec));
+    // bf16 precision: each expert also as three Linears, so the model can round its SwiGLU output as the GPU does.
+    for (int64_t e = 0; bf16 && e < experts; ++e) {
+      KILN_ASSIGN_OR_RETURN(MlpWeights one, mlp(spec.prefix + "." + std::to_string(e), c.moe_intermediate_size));
+      m.expert_mlps.push_back(std::move(one));
+    }
     if (m.experts->hidden_size() != c.hidden_size || m.experts->intermediate_size() != c.moe_intermediate_size)
       return invalid_argument(spec.prefix + ": expert shapes do not match moe_intermediate_size / hidden_size in " +
                               c.source);
@@ -180,14 +196,17 @@ Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& c, co
 }
 
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const WeightSource& checkpoint,
-                                               WeightFormat& format, bool load_mtp) {
+                                               WeightFormat& format, bool load_mtp, Precision precision) {
   Glm5NextWeights w;
   auto names = std::make_shared<Glm5NextTensorNames>(checkpoint);
   w.names = names;
+  const bool bf16 = precision == Precision::kBf16;
+  if (bf16) w.rounded = std::make_shared<Bf16WeightSource>(*names);
+  const WeightSource& src = bf16 ? *w.rounded : *names;
   const std::string prefix = names->trunk_prefix();
-  const Loader load{c, *names, format};
+  const Loader load{c, src, *names, format, bf16};
   const std::string embed = prefix + "embed_tokens.weight";
-  KILN_ASSIGN_OR_RETURN(w.embed_tokens, names->get(embed));
+  KILN_ASSIGN_OR_RETURN(w.embed_tokens, src.get(embed));
   if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
     return invalid_argument("tensor `" + embed + "` has shape " + w.embed_tokens.shape_string() + ", expected [" +
                             std::to_string(c.vocab_size) + ", " + std::to_string(c.hidden_size) + "]");

@@ -10,6 +10,7 @@
 #include "kiln/weight_format.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
 #include "model/model_weights.h"
+#include "model/precision.h"
 
 namespace kiln::glm5_next {
 
@@ -75,6 +76,8 @@ struct Glm5NextWeights {
   // The source the format loaded from (the checkpoint seen through its tensor names): kept as long as the weights,
   // for formats that hold on to their source.
   std::shared_ptr<const WeightSource> names;
+  // bf16 precision: `names` rounded to bf16 (what the projections, experts, bf16 norms and embedding came from).
+  std::shared_ptr<const WeightSource> rounded;
 };
 
 // A KDA layer's short conv [3·H·dk, kernel] fp32 from `<prefix>.conv1d.weight` or the original per-part
@@ -84,7 +87,10 @@ Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& confi
 
 // Every trunk layer through `format`, from a checkpoint in any of the naming schemes Glm5NextTensorNames reads, and
 // with `load_mtp` the next-n layers config.mtp lists. Errors name the missing or misshapen tensor.
+// bf16 precision: the weights the CUDA runner holds in bf16 are rounded to it (projections, experts — also
+// kept as per-expert Linears —, the RMSNorm weights, the embedding); those it keeps in fp32 are not.
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& config, const WeightSource& checkpoint,
-                                               WeightFormat& format, bool load_mtp = false);
+                                               WeightFormat& format, bool load_mtp = false,
+                                               Precision precision = Precision::kFp32);
 
 }  // namespace kiln::glm5_next
