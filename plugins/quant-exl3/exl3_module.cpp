@@ -1,6 +1,7 @@
 #include "exl3_module.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstring>
 
@@ -20,7 +21,7 @@ Status need_host(const std::string& tensor, const TensorView& t) {
   return ok_status();
 }
 
-// An fp16 (or fp32) scale vector of `length`.
+// An fp16 (or fp32, or bf16) scale vector of `length`.
 Result<std::vector<float>> read_scales(const WeightSource& source, const std::string& tensor, int64_t length) {
   KILN_ASSIGN_OR_RETURN(TensorView t, source.get(tensor));
   KILN_RETURN_IF_ERROR(need_host(tensor, t));
@@ -32,6 +33,9 @@ Result<std::vector<float>> read_scales(const WeightSource& source, const std::st
     for (int64_t i = 0; i < length; ++i) v[i] = half_to_float(t.as<const uint16_t>()[i]);
   } else if (t.dtype == DType::kF32) {
     std::copy_n(t.as<const float>(), length, v.begin());
+  } else if (t.dtype == DType::kBF16) {
+    // model.precision = "bf16" hands every float tensor over rounded to bf16 (the CUDA runner's rounding).
+    for (int64_t i = 0; i < length; ++i) v[i] = std::bit_cast<float>(static_cast<uint32_t>(t.as<const uint16_t>()[i]) << 16);
   } else {
     return invalid_argument("tensor `" + tensor + "` is " + dtype_name(t.dtype) + ", expected F16");
   }

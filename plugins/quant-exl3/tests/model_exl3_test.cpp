@@ -133,6 +133,12 @@ TEST(Exl3Model, MixedCheckpointMatchesItsDequantizedDenseTwin) {
   EXPECT_LT(kiln::testing::relative_error(logits[0].data(), logits[1].data(), logits[1].size()), 1e-4);
   EXPECT_GT(kiln::testing::relative_error(logits[0].data(), logits[2].data(), logits[2].size()), 1e-2);
   EXPECT_EQ(kiln::testing::greedy_reference(q, prompt, 8), kiln::testing::greedy_reference(d, prompt, 8));
+  // model.precision = "bf16" hands the format bf16-rounded scales; the model still loads and generates.
+  auto bf16_sets = sets(dir / "exl3", "exl3");
+  bf16_sets.push_back("model.precision=bf16");
+  LoadedModel b = kiln::testing::load_recipe_model(bf16_sets);
+  ASSERT_TRUE(b.model);
+  EXPECT_EQ(kiln::testing::greedy_reference(b, prompt, 4).size(), 4u);
   fs::remove_all(dir);
 }
 
