@@ -1,0 +1,75 @@
+// The `exl3` weight format and the plugin's entry point. Modules the checkpoint stores as EXL3 are decoded from
+// their trellis; every other module (what the quantizer left dense: the head at head_bits 16, shared layers) is
+// served from its `.weight` by the plugin's own small dense path: the SDK offers a plugin no handle on the
+// built-in `dense` format, and a mixed stack (gate_proj EXL3, up_proj dense) needs both inside one Linear anyway.
+#include <string>
+
+#include "exl3_cpu_linear.h"
+#include "kiln/plugin.h"
+#include "kiln/weight_format.h"
+
+namespace kiln::exl3 {
+namespace {
+
+class Exl3CpuWeightFormat final : public WeightFormat {
+ public:
+  Result<std::unique_ptr<Linear>> load_linear(const WeightSource& source, const LinearSpec& spec) override {
+    if (spec.names.empty() || spec.names.size() != spec.out_features.size() || spec.in_features <= 0)
+      return invalid_argument("`exl3`: malformed linear request (" + std::to_string(spec.names.size()) + " names, " +
+                              std::to_string(spec.out_features.size()) + " output sizes, in_features " +
+                              std::to_string(spec.in_features) + ")");
+    if (source.synthetic())
+      return unimplemented("`model.load = \"dummy\"` is not provided by the `exl3` format on the CPU; set "
+                           "model.load = \"mmap\"");
+    std::vector<Part> parts;
+    for (size_t i = 0; i < spec.names.size(); ++i) {
+      if (spec.out_features[i] <= 0) return invalid_argument("`" + spec.names[i] + "`: out_features must be positive");
+      KILN_ASSIGN_OR_RETURN(Part p, read_part(source, spec.names[i], spec.in_features, spec.out_features[i]));
+      parts.push_back(std::move(p));
+    }
+    return make_cpu_linear(std::move(parts), spec.in_features);
+  }
+
+  Result<std::unique_ptr<ExpertSet>> load_experts(const WeightSource& source, const ExpertSpec& spec) override {
+    if (spec.num_experts <= 0)
+      return invalid_argument("`" + spec.prefix + "`: num_experts must be positive, got " + std::to_string(spec.num_experts));
+    const int64_t H = spec.hidden, I = spec.intermediate;
+    std::vector<ExpertLinears> experts;
+    for (int64_t e = 0; e < spec.num_experts; ++e) {
+      const std::string base = spec.prefix + "." + std::to_string(e) + ".";
+      ExpertLinears x;
+      KILN_ASSIGN_OR_RETURN(x.gate, load_linear(source, one(base + "gate_proj", I, H)));
+      KILN_ASSIGN_OR_RETURN(x.up, load_linear(source, one(base + "up_proj", I, H)));
+      KILN_ASSIGN_OR_RETURN(x.down, load_linear(source, one(base + "down_proj", H, I)));
+      experts.push_back(std::move(x));
+    }
+    return make_cpu_expert_set(spec.prefix, std::move(experts), H, I);
+  }
+
+ private:
+  static LinearSpec one(const std::string& name, int64_t out, int64_t in) {
+    LinearSpec s;
+    s.names = {name};
+    s.out_features = {out};
+    s.in_features = in;
+    return s;
+  }
+};
+
+Result<std::unique_ptr<WeightFormat>> create_exl3_format(const CreateContext& ctx) {
+  if (!ctx.device.is_cpu())
+    return unimplemented("the `exl3` weight format runs on the CPU only so far (its CUDA kernels are issue 14's next "
+                         "step); set model.device = \"cpu\"");
+  return std::unique_ptr<WeightFormat>(new Exl3CpuWeightFormat());
+}
+
+Status register_exl3(Registrar& registrar) {
+  return registrar.add<WeightFormat>(
+      "exl3", "EXL3 trellis-quantized linears and experts (K = 1..8, 3INST/MCG/MUL1; unquantized modules dense)",
+      &create_exl3_format, DeviceSet::cpu());
+}
+
+}  // namespace
+}  // namespace kiln::exl3
+
+KILN_PLUGIN("quant-exl3", "0.1.0", "EXL3 trellis-quantized weights (ExLlamaV3 format)", kiln::exl3::register_exl3)

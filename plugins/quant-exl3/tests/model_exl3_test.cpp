@@ -1,0 +1,146 @@
+// The format through the SDK and a whole model: the built plugin registers `exl3`, a recipe selecting it validates,
+// and a tiny glm4_moe_lite checkpoint with most projections (experts included) turned into EXL3 modules with random
+// codes, mixed with modules left dense (lm_head, one q_b_proj, the router), loads through `weights.format = "exl3"`
+// and computes the same logits and greedy tokens as the dense model whose weights are the dequantized ones.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/reference_fixture.h"
+#include "common/test_model.h"
+#include "exl3_module.h"
+#include "exl3_test_source.h"
+#include "model/safetensors_file.h"
+#include "model/safetensors_writer.h"
+#include "plugin/plugin_loader.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+
+namespace kiln::exl3 {
+namespace {
+namespace fs = std::filesystem;
+
+void load_exl3_plugin() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-quant-exl3.so");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+}
+
+const char* safetensors_dtype(DType d) {
+  switch (d) {
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
+    case DType::kI16: return "I16";
+    case DType::kI32: return "I32";
+    default: return "?";
+  }
+}
+
+kiln::testing::TensorSpec spec_of(const std::string& name, const TensorView& t) {
+  kiln::testing::TensorSpec s{name, safetensors_dtype(t.dtype), {}, {}};
+  for (int i = 0; i < t.rank; ++i) s.shape.push_back(t.shape[i]);
+  s.bytes.assign(static_cast<const char*>(t.data), t.nbytes());
+  return s;
+}
+
+// Writes `<dir>/exl3` (EXL3 where chosen) and `<dir>/dense` (the same model, every weight dense, the converted ones
+// as their dequantized fp32 matrices) from the glm4_moe_lite-tiny fixture.
+void write_checkpoints(const fs::path& dir) {
+  const fs::path fixture = kiln::testing::model_dir("glm4_moe_lite-tiny");
+  auto file = SafetensorsFile::open(fixture / "model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  std::vector<kiln::testing::TensorSpec> quantized, dense;
+  std::vector<std::vector<float>> keep;  // dequantized weights, alive until written
+  int index = 0;
+  for (const std::string& name : file->names()) {
+    const TensorView t = *file->get(name);
+    const std::string module = name.substr(0, name.size() - 7);
+    const bool convert = name.ends_with("_proj.weight") && t.rank == 2 &&
+                         name != "model.layers.1.self_attn.q_b_proj.weight";  // one projection stays dense
+    if (!convert) {
+      quantized.push_back(spec_of(name, t));
+      dense.push_back(spec_of(name, t));
+      continue;
+    }
+    test::MemorySource source;
+    test::ModuleOptions o;
+    o.bits = 2 + index % 5;
+    o.codebook = static_cast<Codebook>(index % 3);
+    o.legacy_signs = index % 7 == 3;
+    const int64_t out = t.shape[0], in = t.shape[1];
+    test::add_random_module(source, module, in, out, o, 1000 + index++);
+    auto m = read_module(source, module, in, out);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    for (const char* suffix : {".trellis", ".suh", ".svh", ".su", ".sv", ".mcg", ".mul1"})
+      if (source.has(module + suffix)) quantized.push_back(spec_of(module + suffix, *source.get(module + suffix)));
+    keep.push_back(dequantize(*m));
+    dense.push_back({name, "F32", {out, in}, kiln::testing::raw_bytes(keep.back())});
+  }
+  ASSERT_GT(index, 30) << "most projections should be EXL3";
+  for (const char* kind : {"exl3", "dense"}) {
+    fs::create_directories(dir / kind);
+    fs::copy_file(fixture / "config.json", dir / kind / "config.json");
+    fs::copy_file(fixture / "tokenizer.json", dir / kind / "tokenizer.json");
+    kiln::testing::write_file(dir / kind / "model.safetensors",
+                              kiln::testing::build_safetensors(std::string(kind) == "exl3" ? quantized : dense));
+  }
+}
+
+std::vector<std::string> sets(const fs::path& path, const std::string& format) {
+  return {"model.path=" + path.string(), "model.device=cpu", "weights.format=" + format, "kv.layout=fp32",
+          "kv.block_size=4"};
+}
+
+TEST(Exl3Plugin, RegistersTheFormatAndRecipesSelectingItValidate) {
+  load_exl3_plugin();
+  EXPECT_NE(global_registry().find(PluginKind::kWeightFormat, "exl3"), nullptr);
+  auto recipe = load_recipe("", sets(kiln::testing::model_dir("glm4_moe_lite-tiny"), "exl3"), global_registry());
+  EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
+}
+
+TEST(Exl3Model, MixedCheckpointMatchesItsDequantizedDenseTwin) {
+  load_exl3_plugin();
+  const fs::path dir = fs::temp_directory_path() / ("kiln-exl3-model-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_checkpoints(dir);
+  if (HasFatalFailure()) return;
+  LoadedModel q = kiln::testing::load_recipe_model(sets(dir / "exl3", "exl3"));
+  LoadedModel d = kiln::testing::load_recipe_model(sets(dir / "dense", "dense"));
+  // The fixture as trained: the random codes must make a different model, or the comparison proves nothing.
+  LoadedModel original = kiln::testing::load_recipe_model(sets(kiln::testing::model_dir("glm4_moe_lite-tiny"), "dense"));
+  ASSERT_TRUE(q.model && d.model && original.model);
+
+  const std::vector<int32_t> prompt = {1, 17, 400, 23, 9, 3000, 77};
+  std::vector<float> logits[3];
+  LoadedModel* models[3] = {&q, &d, &original};
+  for (int k = 0; k < 3; ++k) {
+    kiln::testing::TestKv kv(*models[k], 16);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv.reserve(table, 16).ok());
+    SequenceStep step{prompt, 0, &table, true};
+    StepOptions options;
+    options.want_logits = true;
+    StepOutput out;
+    ASSERT_TRUE(models[k]->model->step({&step, 1}, {}, kv.views(), options, out).ok());
+    logits[k] = out.logits;
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_LT(kiln::testing::relative_error(logits[0].data(), logits[1].data(), logits[1].size()), 1e-4);
+  EXPECT_GT(kiln::testing::relative_error(logits[0].data(), logits[2].data(), logits[2].size()), 1e-2);
+  EXPECT_EQ(kiln::testing::greedy_reference(q, prompt, 8), kiln::testing::greedy_reference(d, prompt, 8));
+  // model.precision = "bf16" hands the format bf16-rounded scales; the model still loads and generates.
+  auto bf16_sets = sets(dir / "exl3", "exl3");
+  bf16_sets.push_back("model.precision=bf16");
+  LoadedModel b = kiln::testing::load_recipe_model(bf16_sets);
+  ASSERT_TRUE(b.model);
+  EXPECT_EQ(kiln::testing::greedy_reference(b, prompt, 4).size(), 4u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln::exl3
