@@ -16,6 +16,7 @@
 #include "kernels/cpu/norm.h"
 #include "kiln/drafter.h"
 #include "kiln/log.h"
+#include "model/host_experts_bf16.h"
 #include "model/rope_setup.h"
 
 namespace kiln {
@@ -336,45 +337,6 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   return ok_status();
 }
 
-// The GPU's expert kernels: gate and up of each (token, slot) pair in fp32, the SwiGLU output stored in bf16, down
-// in fp32 scaled by the pair's route weight; the pairs of a token summed in slot order (moe_combine_bf16).
-Status MlaMoeModel::routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
-                                        const float* route_weights, float* out) const {
-  const int64_t Hd = config_.hidden_size, k = config_.num_experts_per_tok, I = config_.moe_intermediate_size;
-  const int64_t E = static_cast<int64_t>(m.expert_mlps.size());
-  std::vector<std::vector<int64_t>> pairs(E);
-  for (int64_t p = 0; p < n * k; ++p) {
-    if (ids[p] < 0 || ids[p] >= E)
-      return out_of_range("expert id " + std::to_string(ids[p]) + " (token " + std::to_string(p / k) +
-                          ") is outside [0, " + std::to_string(E) + ")");
-    pairs[ids[p]].push_back(p);
-  }
-  std::vector<float> pair_out(n * k * Hd), x, g, u, a, y;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t rows = static_cast<int64_t>(pairs[e].size());
-    if (rows == 0) continue;
-    x.resize(rows * Hd), g.resize(rows * I), u.resize(rows * I), a.resize(rows * I), y.resize(rows * Hd);
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(h + (pairs[e][r] / k) * Hd, Hd, x.data() + r * Hd);
-    const MlpWeights& w = m.expert_mlps[e];
-    KILN_RETURN_IF_ERROR(run_linear(*w.gate, x.data(), rows, g.data()));
-    KILN_RETURN_IF_ERROR(run_linear(*w.up, x.data(), rows, u.data()));
-    cpu::swiglu(g.data(), u.data(), rows, I, I, a.data());
-    cpu::round_to_bf16(a.data(), rows * I);
-    KILN_RETURN_IF_ERROR(run_linear(*w.down, a.data(), rows, y.data()));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t p = pairs[e][r];
-      for (int64_t i = 0; i < Hd; ++i) pair_out[p * Hd + i] = y[r * Hd + i] * route_weights[p];
-    }
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    float* dst = out + t * Hd;
-    std::fill(dst, dst + Hd, 0.0f);
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t i = 0; i < Hd; ++i) dst[i] += pair_out[(t * k + j) * Hd + i];
-  }
-  return ok_status();
-}
-
 Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
   const ModelConfig& c = config_;
   const int64_t Hd = c.hidden_size;
@@ -400,7 +362,7 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   const cpu::MoeRouterConfig rc = moe_router_config(c);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data(), router_margin);
   if (bf16()) {
-    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe, h, n, ids.data(), weights.data(), out));
+    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe.expert_mlps, h, n, Hd, k, ids.data(), weights.data(), out));
   } else {
     // Each (token, slot) pair's weighted expert output, then a token's pairs summed in slot order.
     std::vector<float> pairs(n * k * Hd);

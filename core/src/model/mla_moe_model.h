@@ -112,9 +112,6 @@ class MlaMoeModel {
                         const float* h, const float* q_resid, std::vector<int32_t>& selected,
                         int64_t& selected_width) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
-  // bf16 precision: the routed experts as the GPU's expert kernels compute them (see mla_moe_model.cpp).
-  Status routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
-                             const float* route_weights, float* out) const;
   bool bf16() const { return weights_.precision == Precision::kBf16; }
   // x[0, n) rounded to bf16 in bf16 precision (a GPU rounding point); nothing in fp32.
   void round_bf16(float* x, int64_t n) const;

@@ -13,6 +13,7 @@
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
 #include "kiln/drafter.h"
+#include "model/host_experts_bf16.h"
 #include "model/mla_moe_model.h"
 
 namespace kiln::glm5_next {
@@ -106,46 +107,6 @@ Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, 
   return ok_status();
 }
 
-Status Glm5NextModel::expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y) const {
-  const int64_t inter = w.gate->out_features();
-  std::vector<float> g(rows * inter), u(rows * inter), a(rows * inter);
-  KILN_RETURN_IF_ERROR(run_linear(*w.gate, x, rows, g.data()));
-  KILN_RETURN_IF_ERROR(run_linear(*w.up, x, rows, u.data()));
-  cpu::swiglu(g.data(), u.data(), rows, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
-  cpu::round_to_bf16(a.data(), rows * inter);
-  return run_linear(*w.down, a.data(), rows, y);
-}
-
-Status Glm5NextModel::routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
-                                          const float* route_weights, float* out) const {
-  const int64_t hd = config_.hidden_size, k = config_.num_experts_per_tok;
-  const int64_t E = static_cast<int64_t>(m.expert_mlps.size());
-  std::vector<std::vector<int64_t>> pairs(E);
-  for (int64_t p = 0; p < n * k; ++p) {
-    if (ids[p] < 0 || ids[p] >= E)
-      return out_of_range("expert id " + std::to_string(ids[p]) + " (token " + std::to_string(p / k) +
-                          ") is outside [0, " + std::to_string(E) + ")");
-    pairs[ids[p]].push_back(p);
-  }
-  std::vector<float> pair_out(n * k * hd), x, y;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t rows = static_cast<int64_t>(pairs[e].size());
-    if (rows == 0) continue;
-    x.resize(rows * hd), y.resize(rows * hd);
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(h + (pairs[e][r] / k) * hd, hd, x.data() + r * hd);
-    KILN_RETURN_IF_ERROR(expert_mlp_bf16(m.expert_mlps[e], x.data(), rows, y.data()));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < hd; ++i) pair_out[pairs[e][r] * hd + i] = y[r * hd + i] * route_weights[pairs[e][r]];
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    float* dst = out + t * hd;
-    std::fill(dst, dst + hd, 0.0f);
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t i = 0; i < hd; ++i) dst[i] += pair_out[(t * k + j) * hd + i];
-  }
-  return ok_status();
-}
-
 Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
   const Glm5NextConfig& c = config_;
   if (!w.is_moe) return dense_mlp(w.mlp, h, n, out);
@@ -160,13 +121,14 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), route.data(), router_margin);
 
   if (bf16()) {
-    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe, h, n, ids.data(), route.data(), out));
+    const float limit = static_cast<float>(c.swiglu_limit);
+    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe.expert_mlps, h, n, hd, k, ids.data(), route.data(), out, limit));
     if (w.moe.shared.gate) {
       // The GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
       // (up to 32 rows: its output stays fp32), else runs it as a dense MLP (bf16 output).
       std::vector<float> shared(n * hd);
       const bool folded = n <= kGpuFoldedSharedExpertRows && w.moe.shared.gate->out_features() == c.moe_intermediate_size;
-      KILN_RETURN_IF_ERROR(folded ? expert_mlp_bf16(w.moe.shared, h, n, shared.data())
+      KILN_RETURN_IF_ERROR(folded ? expert_mlp_bf16(w.moe.shared, h, n, shared.data(), limit)
                                   : dense_mlp(w.moe.shared, h, n, shared.data()));
       for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
     }

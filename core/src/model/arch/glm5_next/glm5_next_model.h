@@ -78,12 +78,6 @@ class Glm5NextModel {
                         const float* h, const float* q_resid, std::vector<int32_t>& selected) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
   Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
-  // bf16 precision: the GPU's expert kernels — gate and up of each (token, slot) pair in fp32, the clamped SwiGLU
-  // output stored in bf16, down in fp32 scaled by the pair's route weight — summed per token in slot order into out.
-  Status routed_experts_bf16(const MoeWeights& m, const float* h, int64_t n, const int32_t* ids,
-                             const float* route_weights, float* out) const;
-  // One expert-shaped SwiGLU MLP as the expert kernels compute it (the act rounded to bf16 only), × weight.
-  Status expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y) const;
   void round_bf16(float* x, int64_t n) const;
 
   Glm5NextConfig config_;

@@ -1,0 +1,25 @@
+// The CUDA runner's routed-expert arithmetic on the host, for the CPU models' bf16 precision (model.precision =
+// "bf16"): per (token, slot) pair, gate and up in fp32, the (clamped) SwiGLU output stored in bf16, down in fp32
+// scaled by the pair's route weight; a token's pairs summed in slot order (what moe_combine_bf16 sums). Shared by
+// every architecture whose CPU path models the GPU's rounding.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+
+#include "kiln/status.h"
+#include "model/model_weights.h"
+
+namespace kiln {
+
+// One expert-shaped SwiGLU MLP as the expert kernels compute it (only the SwiGLU output rounded): y [rows, hidden].
+Status expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y,
+                       float swiglu_limit = std::numeric_limits<float>::infinity());
+
+// out [n, hidden] = Σ_j route_weights[t, j] · expert_{ids[t, j]}(h[t]) over the top_k slots in order.
+Status routed_experts_bf16(std::span<const MlpWeights> experts, const float* h, int64_t n, int64_t hidden,
+                           int64_t top_k, const int32_t* ids, const float* route_weights, float* out,
+                           float swiglu_limit = std::numeric_limits<float>::infinity());
+
+}  // namespace kiln
