@@ -175,6 +175,8 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     if (tap != kTapFinalNormed)
       return unimplemented("glm5_next on CUDA taps only the final-normed hidden states (asked for layer " +
                            std::to_string(tap) + ")");
+  for (const SequenceStep& s : steps)
+    if (!s.media.empty()) return unimplemented("glm5_next on CUDA takes text only (media rows in a step)");
   // The layers this step runs and their cache layers: the trunk's, or one next-n layer after them.
   const MtpGpu* mtp = mtp_index >= 0 ? &weights_.mtp[mtp_index] : nullptr;
   std::vector<std::pair<const LayerGpu*, int64_t>> layers;
@@ -316,8 +318,6 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
                                                          c.kda_state_bytes(), I.stream),
                                          "KDA state reset"));
       }
-  for (const SequenceStep& s : steps)
-    if (!s.media.empty()) return unimplemented("glm5_next on CUDA takes text only (media rows in a step)");
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   kc::StepTimer& timer = I.timer;

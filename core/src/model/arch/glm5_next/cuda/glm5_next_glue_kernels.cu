@@ -67,11 +67,6 @@ __global__ void scatter_rows_skip_kernel(const float* __restrict__ src, const in
   keys[static_cast<int64_t>(dst[r]) * dim + i % dim] = src[i];
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float s) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] *= s;
-}
-
 }  // namespace
 
 Status hc_broadcast(const uint16_t* e, int64_t n, int64_t streams, int64_t dim, float* x, StreamHandle stream) {
@@ -115,12 +110,6 @@ Status scatter_rows_skip(const float* src, const int32_t* dst, int64_t n, int64_
   if (n == 0) return ok_status();
   scatter_rows_skip_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(src, dst, n, dim, keys);
   return check_launch("scatter_rows_skip");
-}
-
-Status scale_f32(float* x, int64_t n, float s, StreamHandle stream) {
-  if (n == 0) return ok_status();
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, s);
-  return check_launch("scale_f32");
 }
 
 }  // namespace kiln::glm5_next::cuda

@@ -35,7 +35,4 @@ Status gather_pool_keys(const float* keys, const int32_t* tables, int64_t max_bl
 Status scatter_rows_skip(const float* src, const int32_t* dst, int64_t n, int64_t dim, float* keys,
                          StreamHandle stream);
 
-// x *= s over n floats.
-Status scale_f32(float* x, int64_t n, float s, StreamHandle stream);
-
 }  // namespace kiln::glm5_next::cuda
