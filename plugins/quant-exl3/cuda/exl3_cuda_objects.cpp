@@ -26,8 +26,8 @@ Status check_bf16_input(const TensorView& t, int64_t width, const std::string& n
 
 class CudaLinear final : public Linear {
  public:
-  CudaLinear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in)
-      : dev_(dev), parts_(std::move(parts)), in_(in), k_pad_((in + 127) / 128 * 128) {
+  CudaLinear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in, std::shared_ptr<SharedScratch> scratch)
+      : dev_(dev), parts_(std::move(parts)), in_(in), k_pad_((in + 127) / 128 * 128), scratch_(std::move(scratch)) {
     for (DevicePart& p : parts_) {
       out_ += p.out;
       if (p.quantized) {
@@ -67,27 +67,35 @@ class CudaLinear final : public Linear {
       return invalid_argument("`" + name + "`: input " + a.x.shape_string() + " and output " + a.y.shape_string() +
                               " have different numbers of rows");
     if (n == 0) return ok_status();
-    const bool uses_workspace = max_partial_ > 0;
-    if (uses_workspace && (!a.workspace || a.workspace_bytes < workspace_bytes(n, a.epilogue)))
-      return invalid_argument("`" + name + "`: " + std::to_string(n) + " rows need " +
-                              std::to_string(workspace_bytes(n, a.epilogue)) + " bytes of workspace, got " +
-                              std::to_string(a.workspace_bytes));
-    auto* xr = static_cast<float*>(a.workspace);
-    auto* partial = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + align256(static_cast<size_t>(n * k_pad_) * 4));
+    if (max_partial_ == 0 || (a.workspace && a.workspace_bytes >= workspace_bytes(n, a.epilogue)))
+      return run_rows(a, 0, n, a.workspace, stream);
+    // No (or too little) workspace from the caller: passes of kScratchRows rows through the shared scratch.
+    if (!scratch_ || scratch_->bytes() < workspace_bytes(kScratchRows, a.epilogue))
+      return internal_error("`" + name + "`: the format's shared scratch was not reserved");
+    for (int64_t r = 0; r < n; r += kScratchRows)
+      KILN_RETURN_IF_ERROR(run_rows(a, r, std::min(kScratchRows, n - r), scratch_->data(), stream));
+    return ok_status();
+  }
+
+  Status run_rows(const LinearRun& a, int64_t row0, int64_t n, void* workspace, Stream stream) const {
+    auto* xr = static_cast<float*>(workspace);
+    auto* partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(n * k_pad_) * 4));
     const bool y_bf16 = a.y.dtype == DType::kBF16;
+    const uint16_t* x = a.x.as<uint16_t>() + row0 * in_;
+    void* y = static_cast<char*>(a.y.data) + row0 * out_ * (y_bf16 ? 2 : 4);
     int64_t col = 0;
     for (size_t pi = 0; pi < parts_.size(); ++pi) {
       const DevicePart& p = parts_[pi];
       if (!p.quantized) {
         KILN_RETURN_IF_ERROR(launched("`" + p.name + "` dense product",
-                                      dense_gemv(a.x.as<uint16_t>(), n, in_, p.dense, p.out, p.dense_bias, a.y.data,
+                                      dense_gemv(x, n, in_, p.dense, p.out, p.dense_bias, y,
                                                  y_bf16, out_, col, a.accumulate, stream.handle)));
         col += p.out;
         continue;
       }
       const DeviceModule& m = *p.quantized;
       RotateInputArgs r;
-      r.x_bf16 = a.x.as<uint16_t>(), r.x_stride = in_, r.rows = n, r.in = in_, r.k_pad = m.k_pad;
+      r.x_bf16 = x, r.x_stride = in_, r.rows = n, r.in = in_, r.k_pad = m.k_pad;
       r.suh.fixed = m.suh, r.hadamard_scale = hadamard_scale(), r.xr = xr;
       KILN_RETURN_IF_ERROR(launched("`" + p.name + "` input rotation", rotate_input(r, stream.handle)));
       GemvArgs g;
@@ -97,7 +105,7 @@ class CudaLinear final : public Linear {
       FinishArgs f;
       f.partial = partial, f.splits = splits_[pi], f.rows = n, f.n_pad = m.n_pad, f.out = m.out;
       f.hadamard_scale = hadamard_scale(), f.svh.fixed = m.svh, f.bias = m.bias;
-      f.y = a.y.data, f.y_bf16 = y_bf16, f.y_stride = out_, f.col_offset = col, f.accumulate = a.accumulate;
+      f.y = y, f.y_bf16 = y_bf16, f.y_stride = out_, f.col_offset = col, f.accumulate = a.accumulate;
       KILN_RETURN_IF_ERROR(launched("`" + p.name + "` output rotation", finish_output(f, stream.handle)));
       col += p.out;
     }
@@ -131,6 +139,7 @@ class CudaLinear final : public Linear {
   DeviceContext& dev_;
   std::vector<DevicePart> parts_;
   int64_t in_ = 0, out_ = 0, k_pad_ = 0;
+  std::shared_ptr<SharedScratch> scratch_;
   std::vector<int> splits_;
   int64_t max_partial_ = 0;  // max over EXL3 parts of splits · n_pad
 };
@@ -245,8 +254,20 @@ size_t DeviceModule::bytes() const {
 
 float hadamard_scale() { return 1.0f / std::sqrt(static_cast<float>(kHadamardSize)); }
 
-std::unique_ptr<Linear> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in) {
-  return std::unique_ptr<Linear>(new CudaLinear(dev, std::move(parts), in));
+Status SharedScratch::reserve(size_t bytes) {
+  if (bytes <= bytes_) return ok_status();
+  // Grown geometrically: the arena frees nothing before the model goes, so each step up strands the old buffer.
+  const size_t grown = std::max(bytes, 2 * bytes_);
+  KILN_ASSIGN_OR_RETURN(data_, dev_.allocate(grown, "exl3 shared scratch"));
+  bytes_ = grown;
+  return ok_status();
+}
+
+Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in,
+                                                 std::shared_ptr<SharedScratch> scratch) {
+  auto l = std::make_unique<CudaLinear>(dev, std::move(parts), in, scratch);
+  KILN_RETURN_IF_ERROR(scratch->reserve(l->workspace_bytes(kScratchRows, Epilogue::kNone)));
+  return std::unique_ptr<Linear>(std::move(l));
 }
 
 Result<std::unique_ptr<ExpertSet>> make_cuda_expert_set(DeviceContext& dev, const std::string& prefix,

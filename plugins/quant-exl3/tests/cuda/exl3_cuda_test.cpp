@@ -60,7 +60,8 @@ class Exl3Cuda : public ::testing::Test {
       EXPECT_TRUE(p.ok()) << p.status().to_string();
       parts.push_back(std::move(*p));
     }
-    return std::move(*make_cpu_linear(std::move(parts), in));
+    auto l = make_cpu_linear(std::move(parts), in);
+    return l.ok() ? std::move(l).value() : nullptr;
   }
 
   // y (fp32 or bf16 widened) of the GPU linear for bf16 inputs `x` [rows, in].
