@@ -101,7 +101,8 @@ class CudaLinear final : public Linear {
       GemvArgs g;
       g.trellis.fixed = m.trellis, g.bits = m.bits, g.codebook = m.codebook, g.xr = xr, g.rows = n;
       g.k_pad = m.k_pad, g.n_pad = m.n_pad, g.splits = splits_[pi], g.partial = partial;
-      KILN_RETURN_IF_ERROR(launched("`" + p.name + "` trellis product", trellis_gemv(g, 8, stream.handle)));
+      const int rows_per_block = n == 1 ? 1 : n <= 4 ? 4 : 8;
+      KILN_RETURN_IF_ERROR(launched("`" + p.name + "` trellis product", trellis_gemv(g, rows_per_block, stream.handle)));
       FinishArgs f;
       f.partial = partial, f.splits = splits_[pi], f.rows = n, f.n_pad = m.n_pad, f.out = m.out;
       f.hadamard_scale = hadamard_scale(), f.svh.fixed = m.svh, f.bias = m.bias;

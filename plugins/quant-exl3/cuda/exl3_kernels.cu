@@ -364,7 +364,8 @@ const char* rotate_input(const RotateInputArgs& a, void* stream) {
 int gemv_splits(int64_t k_pad, int64_t n_pad, int sm_count) {
   const int64_t k_tiles = k_pad / 16;
   const int64_t col_blocks = (n_pad / 16 + kColumnTilesPerBlock - 1) / kColumnTilesPerBlock;
-  const int64_t want = std::max<int64_t>(1, (2 * std::max(sm_count, 1) + col_blocks - 1) / col_blocks);
+  // Four blocks per SM: with kUnroll tiles in flight per warp, fewer leave HBM idle between loads.
+  const int64_t want = std::max<int64_t>(1, (4 * std::max(sm_count, 1) + col_blocks - 1) / col_blocks);
   int64_t splits = std::clamp<int64_t>(want, (k_tiles + kMaxTilesPerSplit - 1) / kMaxTilesPerSplit, k_tiles);
   // Every split gets at least one tile: with tps = ceil(k_tiles / splits), only ceil(k_tiles / tps) splits are needed.
   const int64_t tps = (k_tiles + splits - 1) / splits;
@@ -373,9 +374,12 @@ int gemv_splits(int64_t k_pad, int64_t n_pad, int sm_count) {
 
 const char* trellis_gemv(const GemvArgs& a, int rows_per_block, void* stream) {
   if (a.rows <= 0) return nullptr;
-  if (rows_per_block == 8) return launch_gemv_g<8>(a, as_stream(stream));
-  if (rows_per_block == 1) return launch_gemv_g<1>(a, as_stream(stream));
-  return "trellis_gemv: rows per block must be 1 or 8";
+  switch (rows_per_block) {
+    case 1: return launch_gemv_g<1>(a, as_stream(stream));
+    case 4: return launch_gemv_g<4>(a, as_stream(stream));
+    case 8: return launch_gemv_g<8>(a, as_stream(stream));
+  }
+  return "trellis_gemv: rows per block must be 1, 4 or 8";
 }
 
 const char* finish_output(const FinishArgs& a, void* stream) {

@@ -55,7 +55,9 @@ struct GemvArgs {
   int splits = 1;
   float* partial = nullptr;  // [splits, rows, n_pad]
 };
-// rows_per_block: 8 for a Linear (one decode serves up to 8 rows), 1 for expert pairs (each its own trellis).
+// rows_per_block (1, 4 or 8): how many rows one decode serves; expert pairs use 1 (each has its own trellis). A row's
+// arithmetic is the same for every choice (its own accumulators, the same order), so the choice may follow the row
+// count without breaking batch invariance.
 const char* trellis_gemv(const GemvArgs& a, int rows_per_block, void* stream);
 // The split count (and so the summation order) for a shape: enough blocks to fill `sm_count` SMs with one row.
 int gemv_splits(int64_t k_pad, int64_t n_pad, int sm_count);
