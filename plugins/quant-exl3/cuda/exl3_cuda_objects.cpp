@@ -24,19 +24,39 @@ Status check_bf16_input(const TensorView& t, int64_t width, const std::string& n
   return ok_status();
 }
 
+// Zeroed device counters for trellis_product's last-block handoff (each launch leaves them zero again).
+Result<int*> make_counters(DeviceContext& dev, int64_t n_pad, const std::string& what) {
+  const int64_t count = product_counters(n_pad);
+  KILN_ASSIGN_OR_RETURN(void* mem, dev.allocate(static_cast<size_t>(count) * 4, (what + " counters").c_str()));
+  const std::vector<int> zeros(static_cast<size_t>(count), 0);
+  KILN_RETURN_IF_ERROR(dev.copy(mem, zeros.data(), zeros.size() * 4, /*wait=*/true));
+  return static_cast<int*>(mem);
+}
+
+int rows_per_block(int64_t rows) { return rows == 1 ? 1 : rows <= 4 ? 4 : 8; }
+
 class CudaLinear final : public Linear {
  public:
   CudaLinear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in, std::shared_ptr<SharedScratch> scratch)
-      : dev_(dev), parts_(std::move(parts)), in_(in), k_pad_((in + 127) / 128 * 128), scratch_(std::move(scratch)) {
+      : dev_(dev), parts_(std::move(parts)), in_(in), scratch_(std::move(scratch)) {
     for (DevicePart& p : parts_) {
       out_ += p.out;
       if (p.quantized) {
-        splits_.push_back(gemv_splits(p.quantized->k_pad, p.quantized->n_pad, dev_.multiprocessor_count()));
+        splits_.push_back(product_splits(p.quantized->k_pad, p.quantized->n_pad, dev_.multiprocessor_count()));
         max_partial_ = std::max<int64_t>(max_partial_, splits_.back() * p.quantized->n_pad);
       } else {
         splits_.push_back(0);
       }
     }
+  }
+
+  Status make_counters() {
+    counters_.assign(parts_.size(), nullptr);
+    for (size_t i = 0; i < parts_.size(); ++i)
+      if (parts_[i].quantized) {
+        KILN_ASSIGN_OR_RETURN(counters_[i], cuda::make_counters(dev_, parts_[i].quantized->n_pad, parts_[i].name));
+      }
+    return ok_status();
   }
 
   int64_t in_features() const override { return in_; }
@@ -50,8 +70,9 @@ class CudaLinear final : public Linear {
   // Every row runs the same arithmetic whatever the row count: the split count depends on the shape only, and rows
   // never share a sum (see exl3_kernels.h).
   int64_t batch_invariant_rows() const override { return INT64_MAX; }
+  // Partial sums for one pass of up to kMaxPassRows rows.
   size_t workspace_bytes(int64_t max_rows, Epilogue) const override {
-    return align256(static_cast<size_t>(max_rows * k_pad_) * 4) + align256(static_cast<size_t>(max_rows * max_partial_) * 4);
+    return align256(static_cast<size_t>(std::min(max_rows, kMaxPassRows) * max_partial_) * 4);
   }
 
   Status run(const LinearRun& a, Stream stream) const override {
@@ -67,47 +88,37 @@ class CudaLinear final : public Linear {
       return invalid_argument("`" + name + "`: input " + a.x.shape_string() + " and output " + a.y.shape_string() +
                               " have different numbers of rows");
     if (n == 0) return ok_status();
-    if (max_partial_ == 0 || (a.workspace && a.workspace_bytes >= workspace_bytes(n, a.epilogue)))
-      return run_rows(a, 0, n, a.workspace, stream);
-    // No (or too little) workspace from the caller: passes of kScratchRows rows through the shared scratch.
-    if (!scratch_ || scratch_->bytes() < workspace_bytes(kScratchRows, a.epilogue))
-      return internal_error("`" + name + "`: the format's shared scratch was not reserved");
-    for (int64_t r = 0; r < n; r += kScratchRows)
-      KILN_RETURN_IF_ERROR(run_rows(a, r, std::min(kScratchRows, n - r), scratch_->data(), stream));
-    return ok_status();
-  }
-
-  Status run_rows(const LinearRun& a, int64_t row0, int64_t n, void* workspace, Stream stream) const {
-    auto* xr = static_cast<float*>(workspace);
-    auto* partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + align256(static_cast<size_t>(n * k_pad_) * 4));
+    // Without (enough) workspace from the caller, the format's shared scratch.
+    void* partial = a.workspace;
+    if (max_partial_ > 0 && (!a.workspace || a.workspace_bytes < workspace_bytes(n, a.epilogue))) {
+      if (!scratch_ || scratch_->bytes() < workspace_bytes(kMaxPassRows, a.epilogue))
+        return internal_error("`" + name + "`: the format's shared scratch was not reserved");
+      partial = scratch_->data();
+    }
     const bool y_bf16 = a.y.dtype == DType::kBF16;
-    const uint16_t* x = a.x.as<uint16_t>() + row0 * in_;
-    void* y = static_cast<char*>(a.y.data) + row0 * out_ * (y_bf16 ? 2 : 4);
     int64_t col = 0;
     for (size_t pi = 0; pi < parts_.size(); ++pi) {
       const DevicePart& p = parts_[pi];
       if (!p.quantized) {
         KILN_RETURN_IF_ERROR(launched("`" + p.name + "` dense product",
-                                      dense_gemv(x, n, in_, p.dense, p.out, p.dense_bias, y,
+                                      dense_gemv(a.x.as<uint16_t>(), n, in_, p.dense, p.out, p.dense_bias, a.y.data,
                                                  y_bf16, out_, col, a.accumulate, stream.handle)));
         col += p.out;
         continue;
       }
       const DeviceModule& m = *p.quantized;
-      RotateInputArgs r;
-      r.x_bf16 = x, r.x_stride = in_, r.rows = n, r.in = in_, r.k_pad = m.k_pad;
-      r.suh.fixed = m.suh, r.hadamard_scale = hadamard_scale(), r.xr = xr;
-      KILN_RETURN_IF_ERROR(launched("`" + p.name + "` input rotation", rotate_input(r, stream.handle)));
-      GemvArgs g;
-      g.trellis.fixed = m.trellis, g.bits = m.bits, g.codebook = m.codebook, g.xr = xr, g.rows = n;
-      g.k_pad = m.k_pad, g.n_pad = m.n_pad, g.splits = splits_[pi], g.partial = partial;
-      const int rows_per_block = n == 1 ? 1 : n <= 4 ? 4 : 8;
-      KILN_RETURN_IF_ERROR(launched("`" + p.name + "` trellis product", trellis_gemv(g, rows_per_block, stream.handle)));
-      FinishArgs f;
-      f.partial = partial, f.splits = splits_[pi], f.rows = n, f.n_pad = m.n_pad, f.out = m.out;
-      f.hadamard_scale = hadamard_scale(), f.svh.fixed = m.svh, f.bias = m.bias;
-      f.y = y, f.y_bf16 = y_bf16, f.y_stride = out_, f.col_offset = col, f.accumulate = a.accumulate;
-      KILN_RETURN_IF_ERROR(launched("`" + p.name + "` output rotation", finish_output(f, stream.handle)));
+      ProductArgs g;
+      g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = in_, g.in = in_, g.suh.fixed = m.suh;
+      g.trellis.fixed = m.trellis, g.bits = m.bits, g.codebook = m.codebook, g.k_pad = m.k_pad, g.n_pad = m.n_pad;
+      g.splits = splits_[pi], g.hadamard_scale = hadamard_scale();
+      g.out = m.out, g.svh.fixed = m.svh, g.bias = m.bias;
+      g.y = a.y.data, g.y_bf16 = y_bf16, g.y_stride = out_, g.col_offset = col, g.accumulate = a.accumulate;
+      g.partial = static_cast<float*>(partial), g.counters = counters_[pi];
+      for (int64_t r = 0; r < n; r += kMaxPassRows) {
+        g.row_begin = r, g.rows = std::min(kMaxPassRows, n - r);
+        KILN_RETURN_IF_ERROR(
+            launched("`" + p.name + "` trellis product", trellis_product(g, rows_per_block(g.rows), stream.handle)));
+      }
       col += p.out;
     }
     return ok_status();
@@ -139,9 +150,10 @@ class CudaLinear final : public Linear {
  private:
   DeviceContext& dev_;
   std::vector<DevicePart> parts_;
-  int64_t in_ = 0, out_ = 0, k_pad_ = 0;
+  int64_t in_ = 0, out_ = 0;
   std::shared_ptr<SharedScratch> scratch_;
   std::vector<int> splits_;
+  std::vector<int*> counters_;
   int64_t max_partial_ = 0;  // max over EXL3 parts of splits · n_pad
 };
 
@@ -152,6 +164,7 @@ struct Projection {
   const uint32_t* const* trellis = nullptr;
   const float* const* suh = nullptr;
   const float* const* svh = nullptr;
+  int* counters = nullptr;
 };
 
 class CudaExpertSet final : public ExpertSet {
@@ -170,9 +183,8 @@ class CudaExpertSet final : public ExpertSet {
   int64_t batch_invariant_rows() const override { return INT64_MAX; }
   size_t workspace_bytes(int64_t max_tokens, int top_k) const override {
     const int64_t pairs = max_tokens * top_k;
-    const int64_t partial = std::max({gate_.splits * gate_.n_pad, up_.splits * up_.n_pad, down_.splits * down_.n_pad});
-    return align256(static_cast<size_t>(pairs * std::max(gate_.k_pad, down_.k_pad)) * 4) +
-           align256(static_cast<size_t>(pairs * partial) * 4) + 2 * align256(static_cast<size_t>(pairs * inter_) * 4);
+    return align256(static_cast<size_t>(std::min(pairs, kMaxPassRows) * partial_width()) * 4) +
+           2 * align256(static_cast<size_t>(pairs * inter_) * 4);
   }
 
   Result<bool> run(const ExpertRun& a, Stream stream) const override {
@@ -188,55 +200,52 @@ class CudaExpertSet final : public ExpertSet {
       return invalid_argument("`" + prefix_ + "`: workspace of " + std::to_string(a.workspace_bytes) + " bytes, needs " +
                               std::to_string(workspace_bytes(n, top_k)));
     char* ws = static_cast<char*>(a.workspace);
-    auto* xr = reinterpret_cast<float*>(ws);
-    ws += align256(static_cast<size_t>(pairs * std::max(gate_.k_pad, down_.k_pad)) * 4);
     auto* partial = reinterpret_cast<float*>(ws);
-    const int64_t partial_width =
-        std::max({gate_.splits * gate_.n_pad, up_.splits * up_.n_pad, down_.splits * down_.n_pad});
-    ws += align256(static_cast<size_t>(pairs * partial_width) * 4);
+    ws += align256(static_cast<size_t>(std::min(pairs, kMaxPassRows) * partial_width()) * 4);
     auto* gate_out = reinterpret_cast<float*>(ws);
     ws += align256(static_cast<size_t>(pairs * inter_) * 4);
     auto* up_out = reinterpret_cast<float*>(ws);
 
-    // gate and up: every pair reads its token's row (pair / top_k) and its expert's module (ids[pair]).
+    // gate and up: every pair reads its token's row (pair / top_k) and its expert's module (ids[pair]); down reads
+    // the pair's SwiGLU and scales by its routing weight.
+    const ProductArgs common = [&] {
+      ProductArgs g;
+      g.hadamard_scale = hadamard_scale(), g.partial = partial;
+      return g;
+    }();
     for (const auto& [proj, dst] : {std::pair{&gate_, gate_out}, std::pair{&up_, up_out}}) {
-      RotateInputArgs r;
-      r.x_bf16 = a.x.as<uint16_t>(), r.x_stride = hidden_, r.x_div = top_k, r.rows = pairs, r.in = hidden_;
-      r.k_pad = proj->k_pad, r.suh = table(proj->suh, a.routing.ids), r.hadamard_scale = hadamard_scale(), r.xr = xr;
-      KILN_RETURN_IF_ERROR(launched("`" + prefix_ + "` input rotation", rotate_input(r, stream.handle)));
-      KILN_RETURN_IF_ERROR(product(*proj, xr, pairs, a.routing.ids, partial, stream));
-      FinishArgs f;
-      f.partial = partial, f.splits = proj->splits, f.rows = pairs, f.n_pad = proj->n_pad, f.out = inter_;
-      f.hadamard_scale = hadamard_scale(), f.svh = table(proj->svh, a.routing.ids);
-      f.y = dst, f.y_stride = inter_;
-      KILN_RETURN_IF_ERROR(launched("`" + prefix_ + "` output rotation", finish_output(f, stream.handle)));
+      ProductArgs g = with(common, *proj, a.routing.ids);
+      g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = hidden_, g.x_div = top_k, g.in = hidden_;
+      g.y = dst, g.y_stride = inter_;
+      KILN_RETURN_IF_ERROR(passes(g, pairs, stream));
     }
-    KILN_RETURN_IF_ERROR(launched("`" + prefix_ + "` SwiGLU",
-                                  swiglu_rotate(gate_out, up_out, pairs, inter_, down_.k_pad, a.swiglu_limit,
-                                                table(down_.suh, a.routing.ids), hadamard_scale(), xr, stream.handle)));
-    KILN_RETURN_IF_ERROR(product(down_, xr, pairs, a.routing.ids, partial, stream));
-    FinishArgs f;
-    f.partial = partial, f.splits = down_.splits, f.rows = pairs, f.n_pad = down_.n_pad, f.out = hidden_;
-    f.hadamard_scale = hadamard_scale(), f.svh = table(down_.svh, a.routing.ids), f.row_weight = a.routing.weights;
-    f.y = a.pair_out, f.y_stride = hidden_;
-    KILN_RETURN_IF_ERROR(launched("`" + prefix_ + "` down output", finish_output(f, stream.handle)));
+    ProductArgs d = with(common, down_, a.routing.ids);
+    d.gate = gate_out, d.up = up_out, d.swiglu_limit = a.swiglu_limit, d.in = inter_;
+    d.row_weight = a.routing.weights, d.y = a.pair_out, d.y_stride = hidden_;
+    KILN_RETURN_IF_ERROR(passes(d, pairs, stream));
     return false;  // the shared expert is the caller's
   }
 
  private:
-  template <class T>
-  static PerRow<T> table(const T* const* t, const int32_t* ids) {
-    PerRow<T> p;
-    p.table = t, p.ids = ids;
-    return p;
+  int64_t partial_width() const {
+    return std::max({gate_.splits * gate_.n_pad, up_.splits * up_.n_pad, down_.splits * down_.n_pad});
   }
 
-  Status product(const Projection& proj, const float* xr, int64_t pairs, const int32_t* ids, float* partial,
-                 Stream stream) const {
-    GemvArgs g;
-    g.trellis = table(proj.trellis, ids), g.bits = proj.bits, g.codebook = proj.codebook, g.xr = xr, g.rows = pairs;
-    g.k_pad = proj.k_pad, g.n_pad = proj.n_pad, g.splits = proj.splits, g.partial = partial;
-    return launched("`" + prefix_ + "` trellis product", trellis_gemv(g, 1, stream.handle));
+  static ProductArgs with(ProductArgs g, const Projection& p, const int32_t* ids) {
+    g.suh.table = p.suh, g.suh.ids = ids;
+    g.trellis.table = p.trellis, g.trellis.ids = ids;
+    g.svh.table = p.svh, g.svh.ids = ids;
+    g.bits = p.bits, g.codebook = p.codebook, g.k_pad = p.k_pad, g.n_pad = p.n_pad, g.splits = p.splits;
+    g.out = p.out, g.counters = p.counters;
+    return g;
+  }
+
+  Status passes(ProductArgs g, int64_t pairs, Stream stream) const {
+    for (int64_t r = 0; r < pairs; r += kMaxPassRows) {
+      g.row_begin = r, g.rows = std::min(kMaxPassRows, pairs - r);
+      KILN_RETURN_IF_ERROR(launched("`" + prefix_ + "` trellis product", trellis_product(g, 1, stream.handle)));
+    }
+    return ok_status();
   }
 
   DeviceContext& dev_;
@@ -267,7 +276,8 @@ Status SharedScratch::reserve(size_t bytes) {
 Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in,
                                                  std::shared_ptr<SharedScratch> scratch) {
   auto l = std::make_unique<CudaLinear>(dev, std::move(parts), in, scratch);
-  KILN_RETURN_IF_ERROR(scratch->reserve(l->workspace_bytes(kScratchRows, Epilogue::kNone)));
+  KILN_RETURN_IF_ERROR(l->make_counters());
+  KILN_RETURN_IF_ERROR(scratch->reserve(l->workspace_bytes(kMaxPassRows, Epilogue::kNone)));
   return std::unique_ptr<Linear>(std::move(l));
 }
 
@@ -306,7 +316,8 @@ Result<std::unique_ptr<ExpertSet>> make_cuda_expert_set(DeviceContext& dev, cons
     Projection& p = proj[k];
     p.bits = first.bits, p.codebook = first.codebook, p.in = first.in, p.out = first.out;
     p.k_pad = first.k_pad, p.n_pad = first.n_pad;
-    p.splits = gemv_splits(p.k_pad, p.n_pad, dev.multiprocessor_count());
+    p.splits = product_splits(p.k_pad, p.n_pad, dev.multiprocessor_count());
+    KILN_ASSIGN_OR_RETURN(p.counters, make_counters(dev, p.n_pad, prefix + "." + names[k]));
     p.trellis = reinterpret_cast<const uint32_t* const*>(tables);
     p.suh = reinterpret_cast<const float* const*>(tables + count);
     p.svh = reinterpret_cast<const float* const*>(tables + 2 * count);

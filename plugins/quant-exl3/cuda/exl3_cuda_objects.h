@@ -37,7 +37,8 @@ struct DevicePart {
 float hadamard_scale();
 
 // Device scratch shared by a format's Linears (one stream orders them), for callers that pass no workspace: the
-// core's CUDA runner plans workspace for expert sets but runs plain linears without any. Grows only at load time.
+// core's CUDA runner plans workspace for expert sets but runs plain linears without any. Grows only at load time;
+// holds the partial sums of one pass of kMaxPassRows rows (a call with more rows runs in passes).
 class SharedScratch {
  public:
   explicit SharedScratch(DeviceContext& dev) : dev_(dev) {}
@@ -50,9 +51,6 @@ class SharedScratch {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
-// Rows per pass through the shared scratch; a call with more rows runs in passes (the same arithmetic per row).
-constexpr int64_t kScratchRows = 64;
-
 Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in,
                                                  std::shared_ptr<SharedScratch> scratch);
 

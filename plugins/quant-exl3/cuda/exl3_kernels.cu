@@ -23,31 +23,23 @@ __device__ __forceinline__ const T* pick(const PerRow<T>& p, int64_t row) {
   return p.fixed ? p.fixed : p.table[p.ids[row / p.ids_div]];
 }
 
-// In-place 128-point Sylvester butterfly over v[0..128) in shared memory, 128 threads, then × scale: every element
-// sees the CPU reference's operations in its order (hadamard128 in exl3_tile.cpp), so results agree bit for bit.
-__device__ __forceinline__ float hadamard128_block(float* v, float value, float scale) {
-  const int t = threadIdx.x;
-  v[t] = value;
+// The 128-point Sylvester butterflies over every 128-block of v[0..count) in shared memory, by all threads of the
+// block, then × scale: each element sees the CPU reference's operations in its order (hadamard128 in
+// exl3_tile.cpp), so results agree bit for bit. Callers synchronise before (v written) and after.
+__device__ __forceinline__ void hadamard128_shared(float* v, int count, float scale) {
   for (int h = 1; h < kHadamardSize; h *= 2) {
     __syncthreads();
-    if ((t & h) == 0) {
-      const float a = v[t], b = v[t + h];
-      v[t] = __fadd_rn(a, b);
-      v[t + h] = __fsub_rn(a, b);
+    for (int p = threadIdx.x; p < count / 2; p += blockDim.x) {
+      const int base = (p / (kHadamardSize / 2)) * kHadamardSize, w = p % (kHadamardSize / 2);
+      const int i = base + (w / h) * 2 * h + w % h;
+      const float x = v[i], y = v[i + h];
+      v[i] = __fadd_rn(x, y);
+      v[i + h] = __fsub_rn(x, y);
     }
   }
   __syncthreads();
-  return __fmul_rn(v[t], scale);
-}
-
-__global__ void rotate_input_kernel(RotateInputArgs a) {
-  __shared__ float v[kHadamardSize];
-  const int64_t q = blockIdx.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * kHadamardSize + threadIdx.x;
-  const float* suh = pick(a.suh, q);
-  float x = 0.0f;
-  if (i < a.in) x = __fmul_rn(__bfloat162float(__ushort_as_bfloat16(a.x_bf16[(q / a.x_div) * a.x_stride + i])), suh[i]);
-  a.xr[q * a.k_pad + i] = hadamard128_block(v, x, a.hadamard_scale);
+  for (int i = threadIdx.x; i < count; i += blockDim.x) v[i] = __fmul_rn(v[i], scale);
+  __syncthreads();
 }
 
 // The lane's three stream words of a tile held across the warp (lane l has word l in `lo`, word l + 32 in `hi`).
@@ -71,37 +63,31 @@ __device__ __forceinline__ void decode_lane(uint32_t lo, uint32_t hi, int lane, 
   for (int q = 0; q < 8; ++q) w[q] = decode_state(lane_state(w0, w1, w2, lane, q, K), CB);
 }
 
-// One warp per 16-column output tile, kColumnTilesPerBlock per block, over the input tiles of one split; G rows per
-// block. The tile loads of kUnroll tiles are issued before any is decoded, to keep enough bytes in flight.
+constexpr int kGroupTiles = kHadamardSize / 16;  // a block's column tiles: one warp each, one output rotation
+constexpr int kProductThreads = 32 * kGroupTiles;
+
 template <int K, int CB, int G>
-__global__ void __launch_bounds__(32 * kColumnTilesPerBlock) trellis_gemv_kernel(GemvArgs a, int tiles_per_split) {
+__global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(ProductArgs a, int tiles_per_split) {
   constexpr int kWords = 8 * K;
   constexpr int kUnroll = K <= 4 ? 8 : 4;
-  extern __shared__ float xs[];  // [G][len]
+  extern __shared__ float xs[];  // [G][len]: the rotated input slice
+  __shared__ float fin[G * kHadamardSize];
+  __shared__ int last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * G;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * G;  // local
   const int rows = static_cast<int>(a.rows - row0 < G ? a.rows - row0 : G);
   const int64_t k_tiles = a.k_pad / 16, n_tiles = a.n_pad / 16;
-  const int64_t j = static_cast<int64_t>(blockIdx.y) * kColumnTilesPerBlock + warp;
-  const int split = blockIdx.z;
+  const int group = blockIdx.y, split = blockIdx.z;
+  const int64_t j = static_cast<int64_t>(group) * kGroupTiles + warp;
   const int64_t i_begin = static_cast<int64_t>(split) * tiles_per_split;
   const int64_t i_end = k_tiles < i_begin + tiles_per_split ? k_tiles : i_begin + tiles_per_split;
-  const int len = static_cast<int>(i_end - i_begin) * 16;
-  for (int idx = threadIdx.x; idx < G * len; idx += blockDim.x) {
-    const int r = idx / len, c = idx % len;
-    xs[idx] = r < rows ? a.xr[(row0 + r) * a.k_pad + i_begin * 16 + c] : 0.0f;
-  }
-  __syncthreads();
-  if (j >= n_tiles || len <= 0) return;
-  const uint32_t* trellis = pick(a.trellis, row0);
-  const int first = lane_first_word(lane, K);
-  const int r0 = 2 * (lane & 3), c0 = lane >> 2;
-  float acc[G][2];
-#pragma unroll
-  for (int r = 0; r < G; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  const int len = static_cast<int>(i_end - i_begin) * 16;  // a multiple of 128
+  const int64_t q0 = a.row_begin + row0;                    // global row of local row 0
+  const uint32_t* trellis = pick(a.trellis, q0);
 
-  for (int64_t i = i_begin; i < i_end; i += kUnroll) {
-    uint32_t lo[kUnroll], hi[kUnroll];
+  // 1. The first tiles' loads go out before the input slice is rotated, so the two latencies overlap.
+  uint32_t lo[kUnroll], hi[kUnroll];
+  auto load_chunk = [&](int64_t i) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       lo[u] = hi[u] = 0;
@@ -111,9 +97,38 @@ __global__ void __launch_bounds__(32 * kColumnTilesPerBlock) trellis_gemv_kernel
         if (kWords > 32 && lane + 32 < kWords) hi[u] = __ldg(tile + lane + 32);
       }
     }
+  };
+  load_chunk(i_begin);
+  for (int idx = threadIdx.x; idx < G * len; idx += blockDim.x) {
+    const int r = idx / len;
+    const int64_t k = i_begin * 16 + idx % len;
+    float v = 0.0f;
+    if (r < rows && k < a.in) {
+      const int64_t q = q0 + r;
+      if (a.gate) {  // an expert's SwiGLU, as the CPU computes it
+        const float g = fminf(a.gate[q * a.in + k], a.swiglu_limit);
+        const float u = fminf(fmaxf(a.up[q * a.in + k], -a.swiglu_limit), a.swiglu_limit);
+        v = g / (1.0f + expf(-g)) * u;
+      } else {
+        v = __bfloat162float(__ushort_as_bfloat16(a.x_bf16[(q / a.x_div) * a.x_stride + k]));
+      }
+      v = __fmul_rn(v, pick(a.suh, q)[k]);
+    }
+    xs[idx] = v;
+  }
+  hadamard128_shared(xs, G * len, a.hadamard_scale);
+
+  // 2. Decode and multiply.
+  const int first = lane_first_word(lane, K);
+  const int r0 = 2 * (lane & 3), c0 = lane >> 2;
+  float acc[G][2];
+#pragma unroll
+  for (int r = 0; r < G; ++r) acc[r][0] = acc[r][1] = 0.0f;
+  for (int64_t i = i_begin; i < i_end; i += kUnroll) {
+    if (i != i_begin) load_chunk(i);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (i + u >= i_end) break;  // uniform across the warp
+      if (i + u >= i_end) break;  // uniform across the block
       float w[8];
       decode_lane<K, CB>(lo[u], hi[u], lane, first, w);
       const float* xb = xs + (i + u - i_begin) * 16;
@@ -126,8 +141,8 @@ __global__ void __launch_bounds__(32 * kColumnTilesPerBlock) trellis_gemv_kernel
       }
     }
   }
-  // The four lanes of a column hold its partial sums over input rows r0 ∈ {0, 2, 4, 6} (+1, +8, +9): add them in a
-  // symmetric butterfly, so all four get the same bits.
+  // The four lanes of a column hold its sums over input rows r0 ∈ {0, 2, 4, 6} (+1, +8, +9): a symmetric butterfly
+  // gives all four the same bits.
 #pragma unroll
   for (int r = 0; r < G; ++r)
 #pragma unroll
@@ -137,85 +152,90 @@ __global__ void __launch_bounds__(32 * kColumnTilesPerBlock) trellis_gemv_kernel
       v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
       acc[r][h] = v;
     }
-  if ((lane & 3) != 0) return;
+  if ((lane & 3) == 0) {
 #pragma unroll
-  for (int r = 0; r < G; ++r) {
-    if (r >= rows) break;
-    float* dst = a.partial + (static_cast<int64_t>(split) * a.rows + row0 + r) * a.n_pad + j * 16 + c0;
-    dst[0] = acc[r][0];
-    dst[8] = acc[r][1];
+    for (int r = 0; r < G; ++r) {
+      if (r >= rows) break;
+      float* dst = a.partial + (static_cast<int64_t>(split) * a.rows + row0 + r) * a.n_pad + j * 16 + c0;
+      dst[0] = acc[r][0];
+      dst[8] = acc[r][1];
+    }
+  }
+
+  // 3. The last split block of this (row group, column group) finishes it.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* counter = a.counters + blockIdx.x * gridDim.y + group;
+    last = atomicAdd(counter, 1) == a.splits - 1;
+    if (last) *counter = 0;  // ready for the next launch (stream order) or graph replay
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * kHadamardSize; idx += blockDim.x) {
+    const int r = idx / kHadamardSize, c = idx % kHadamardSize;
+    float sum = 0.0f;
+    if (r < rows)
+      for (int s = 0; s < a.splits; ++s)
+        sum += __ldcg(a.partial + (static_cast<int64_t>(s) * a.rows + row0 + r) * a.n_pad + group * kHadamardSize + c);
+    fin[idx] = sum;
+  }
+  hadamard128_shared(fin, G * kHadamardSize, a.hadamard_scale);
+  for (int idx = threadIdx.x; idx < G * kHadamardSize; idx += blockDim.x) {
+    const int r = idx / kHadamardSize;
+    const int64_t col = static_cast<int64_t>(group) * kHadamardSize + idx % kHadamardSize;
+    if (r >= rows || col >= a.out) continue;
+    const int64_t q = q0 + r;
+    float o = __fmul_rn(fin[idx], pick(a.svh, q)[col]);
+    if (a.bias) o = __fadd_rn(o, a.bias[col]);
+    if (a.row_weight) o = __fmul_rn(a.row_weight[q], o);
+    const int64_t at = q * a.y_stride + a.col_offset + col;
+    if (a.y_bf16) {
+      auto* y = static_cast<__nv_bfloat16*>(a.y);
+      y[at] = __float2bfloat16_rn(a.accumulate ? __bfloat162float(y[at]) + o : o);
+    } else {
+      auto* y = static_cast<float*>(a.y);
+      y[at] = a.accumulate ? y[at] + o : o;
+    }
   }
 }
 
 template <int K, int CB, int G>
-const char* launch_gemv_kgc(const GemvArgs& a, cudaStream_t st) {
-  const int64_t k_tiles = a.k_pad / 16, n_tiles = a.n_pad / 16;
-  const int tps = static_cast<int>((k_tiles + a.splits - 1) / a.splits);
-  const dim3 grid(static_cast<unsigned>((a.rows + G - 1) / G),
-                  static_cast<unsigned>((n_tiles + kColumnTilesPerBlock - 1) / kColumnTilesPerBlock),
+const char* launch_product_kgc(const ProductArgs& a, cudaStream_t st) {
+  // Whole 128-input blocks per split: each rotates its own slice.
+  const int64_t k_blocks = a.k_pad / kHadamardSize;
+  const int tps = static_cast<int>((k_blocks + a.splits - 1) / a.splits) * (kHadamardSize / 16);
+  const dim3 grid(static_cast<unsigned>((a.rows + G - 1) / G), static_cast<unsigned>(a.n_pad / kHadamardSize),
                   static_cast<unsigned>(a.splits));
   const size_t smem = static_cast<size_t>(G) * tps * 16 * sizeof(float);
-  trellis_gemv_kernel<K, CB, G><<<grid, 32 * kColumnTilesPerBlock, smem, st>>>(a, tps);
+  trellis_product_kernel<K, CB, G><<<grid, kProductThreads, smem, st>>>(a, tps);
   return launched();
 }
 
 template <int K, int G>
-const char* launch_gemv_kg(const GemvArgs& a, cudaStream_t st) {
+const char* launch_product_kg(const ProductArgs& a, cudaStream_t st) {
   switch (a.codebook) {
-    case kCb3Inst: return launch_gemv_kgc<K, kCb3Inst, G>(a, st);
-    case kCbMcg: return launch_gemv_kgc<K, kCbMcg, G>(a, st);
-    case kCbMul1: return launch_gemv_kgc<K, kCbMul1, G>(a, st);
+    case kCb3Inst: return launch_product_kgc<K, kCb3Inst, G>(a, st);
+    case kCbMcg: return launch_product_kgc<K, kCbMcg, G>(a, st);
+    case kCbMul1: return launch_product_kgc<K, kCbMul1, G>(a, st);
   }
   return "unknown EXL3 codebook";
 }
 
 template <int G>
-const char* launch_gemv_g(const GemvArgs& a, cudaStream_t st) {
+const char* launch_product_g(const ProductArgs& a, cudaStream_t st) {
   switch (a.bits) {
-    case 1: return launch_gemv_kg<1, G>(a, st);
-    case 2: return launch_gemv_kg<2, G>(a, st);
-    case 3: return launch_gemv_kg<3, G>(a, st);
-    case 4: return launch_gemv_kg<4, G>(a, st);
-    case 5: return launch_gemv_kg<5, G>(a, st);
-    case 6: return launch_gemv_kg<6, G>(a, st);
-    case 7: return launch_gemv_kg<7, G>(a, st);
-    case 8: return launch_gemv_kg<8, G>(a, st);
+    case 1: return launch_product_kg<1, G>(a, st);
+    case 2: return launch_product_kg<2, G>(a, st);
+    case 3: return launch_product_kg<3, G>(a, st);
+    case 4: return launch_product_kg<4, G>(a, st);
+    case 5: return launch_product_kg<5, G>(a, st);
+    case 6: return launch_product_kg<6, G>(a, st);
+    case 7: return launch_product_kg<7, G>(a, st);
+    case 8: return launch_product_kg<8, G>(a, st);
   }
   return "EXL3 K outside 1..8";
-}
-
-__global__ void finish_output_kernel(FinishArgs a) {
-  __shared__ float v[kHadamardSize];
-  const int64_t q = blockIdx.x;
-  const int64_t col = static_cast<int64_t>(blockIdx.y) * kHadamardSize + threadIdx.x;
-  float sum = 0.0f;
-  for (int s = 0; s < a.splits; ++s) sum += a.partial[(s * a.rows + q) * a.n_pad + col];
-  const float h = hadamard128_block(v, sum, a.hadamard_scale);
-  if (col >= a.out) return;
-  float o = __fmul_rn(h, pick(a.svh, q)[col]);
-  if (a.bias) o = __fadd_rn(o, a.bias[col]);
-  if (a.row_weight) o = __fmul_rn(a.row_weight[q], o);
-  const int64_t at = q * a.y_stride + a.col_offset + col;
-  if (a.y_bf16) {
-    auto* y = static_cast<__nv_bfloat16*>(a.y);
-    y[at] = __float2bfloat16_rn(a.accumulate ? __bfloat162float(y[at]) + o : o);
-  } else {
-    auto* y = static_cast<float*>(a.y);
-    y[at] = a.accumulate ? y[at] + o : o;
-  }
-}
-
-__global__ void swiglu_rotate_kernel(const float* gate, const float* up, int64_t inter, int64_t inter_pad, float limit,
-                                     PerRow<float> suh, float scale, float* xr) {
-  __shared__ float v[kHadamardSize];
-  const int64_t p = blockIdx.x;
-  const int64_t i = static_cast<int64_t>(blockIdx.y) * kHadamardSize + threadIdx.x;
-  float x = 0.0f;
-  if (i < inter) {
-    const float g = fminf(gate[p * inter + i], limit), u = fminf(fmaxf(up[p * inter + i], -limit), limit);
-    x = __fmul_rn(g / (1.0f + expf(-g)) * u, pick(suh, p)[i]);
-  }
-  xr[p * inter_pad + i] = hadamard128_block(v, x, scale);
 }
 
 __global__ void dense_gemv_kernel(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out,
@@ -354,47 +374,28 @@ unsigned grid_for(int64_t count, int threads) {
 
 }  // namespace
 
-const char* rotate_input(const RotateInputArgs& a, void* stream) {
-  if (a.rows <= 0) return nullptr;
-  rotate_input_kernel<<<dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.k_pad / kHadamardSize)),
-                        kHadamardSize, 0, as_stream(stream)>>>(a);
-  return launched();
+int product_splits(int64_t k_pad, int64_t n_pad, int sm_count) {
+  const int64_t k_tiles = k_pad / 16, k_blocks = k_pad / kHadamardSize, groups = n_pad / kHadamardSize;
+  // About four blocks per SM for one row, each split whole 128-input blocks (its own input rotation), at most
+  // kMaxTilesPerSplit tiles.
+  const int64_t want = std::max<int64_t>(1, (4 * std::max(sm_count, 1) + groups - 1) / groups);
+  const int64_t least = (k_tiles + kMaxTilesPerSplit - 1) / kMaxTilesPerSplit;
+  const int64_t splits = std::clamp<int64_t>(want, least, k_blocks);
+  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
+  return static_cast<int>((k_blocks + blocks_per_split - 1) / blocks_per_split);  // none empty
 }
 
-int gemv_splits(int64_t k_pad, int64_t n_pad, int sm_count) {
-  const int64_t k_tiles = k_pad / 16;
-  const int64_t col_blocks = (n_pad / 16 + kColumnTilesPerBlock - 1) / kColumnTilesPerBlock;
-  // Four blocks per SM: with kUnroll tiles in flight per warp, fewer leave HBM idle between loads.
-  const int64_t want = std::max<int64_t>(1, (4 * std::max(sm_count, 1) + col_blocks - 1) / col_blocks);
-  int64_t splits = std::clamp<int64_t>(want, (k_tiles + kMaxTilesPerSplit - 1) / kMaxTilesPerSplit, k_tiles);
-  // Every split gets at least one tile: with tps = ceil(k_tiles / splits), only ceil(k_tiles / tps) splits are needed.
-  const int64_t tps = (k_tiles + splits - 1) / splits;
-  return static_cast<int>((k_tiles + tps - 1) / tps);
-}
+int64_t product_counters(int64_t n_pad) { return kMaxPassRows * (n_pad / kHadamardSize); }
 
-const char* trellis_gemv(const GemvArgs& a, int rows_per_block, void* stream) {
+const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream) {
   if (a.rows <= 0) return nullptr;
+  if (a.rows > kMaxPassRows) return "trellis_product: more rows than one pass takes";
   switch (rows_per_block) {
-    case 1: return launch_gemv_g<1>(a, as_stream(stream));
-    case 4: return launch_gemv_g<4>(a, as_stream(stream));
-    case 8: return launch_gemv_g<8>(a, as_stream(stream));
+    case 1: return launch_product_g<1>(a, as_stream(stream));
+    case 4: return launch_product_g<4>(a, as_stream(stream));
+    case 8: return launch_product_g<8>(a, as_stream(stream));
   }
-  return "trellis_gemv: rows per block must be 1, 4 or 8";
-}
-
-const char* finish_output(const FinishArgs& a, void* stream) {
-  if (a.rows <= 0) return nullptr;
-  finish_output_kernel<<<dim3(static_cast<unsigned>(a.rows), static_cast<unsigned>(a.n_pad / kHadamardSize)),
-                         kHadamardSize, 0, as_stream(stream)>>>(a);
-  return launched();
-}
-
-const char* swiglu_rotate(const float* gate, const float* up, int64_t pairs, int64_t inter, int64_t inter_pad,
-                          float limit, PerRow<float> suh, float hadamard_scale, float* xr, void* stream) {
-  if (pairs <= 0) return nullptr;
-  swiglu_rotate_kernel<<<dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(inter_pad / kHadamardSize)),
-                         kHadamardSize, 0, as_stream(stream)>>>(gate, up, inter, inter_pad, limit, suh, hadamard_scale, xr);
-  return launched();
+  return "trellis_product: rows per block must be 1, 4 or 8";
 }
 
 const char* dense_gemv(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w, int64_t out, const float* bias,

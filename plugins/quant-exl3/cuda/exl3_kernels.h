@@ -2,17 +2,21 @@
 // code stays plain C++). A launch returns null or the CUDA error's text. All of them are graph-capturable: no
 // allocation, no host synchronisation.
 //
-// The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) runs in three launches:
-//   1. rotate_input: xr = Hadamard128(x ⊙ suh), fp32, zero in the padding (the CPU reference's butterfly order, so
-//      xr equals the CPU's bit for bit);
-//   2. trellis_gemv: partial[split] = xr · Ŵ over one slice of the input tiles, Ŵ decoded in registers (each lane's
-//      8 states are its mma B-fragment positions), fp32 FMAs in one fixed order per output;
-//   3. finish_output: Σ over splits in order, Hadamard128, ⊙ svh, + bias, × a per-row weight, to bf16 or fp32.
-// The split count depends on the matrix shape only, never on the row count, so every row's arithmetic is the same
-// whatever shares the call (batch invariance for any number of rows).
+// The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) is one launch (trellis_product): block (row group, 128-column
+// group, split of the input tiles)
+//   1. issues its first trellis loads, then rotates its slice of the input in shared memory: x ⊙ suh (or the SwiGLU
+//      of an expert's gate and up outputs ⊙ suh), 128-point fp32 butterflies in the CPU reference's order, so the
+//      rotated input equals the CPU's bit for bit;
+//   2. decodes Ŵ in registers (each lane's 8 states are its mma B-fragment positions, cut from three stream words)
+//      and accumulates fp32 FMAs in one fixed order per output; the lanes of a column add in a symmetric butterfly;
+//   3. writes its partial sums; the last split block of a (row group, column group) to finish (a counter, reset by
+//      that block, so launches and graph replays start from zero) sums the splits in split order, rotates the 128
+//      outputs, applies ⊙ svh, + bias, × a per-row weight, and stores bf16 or fp32 (or adds).
+// The split count depends on the matrix shape only, never on the row count, and every row has its own accumulators,
+// so each row's arithmetic is the same whatever shares the call (batch invariance for any number of rows).
 //
 // "Problems": a Linear's rows all use one trellis; an expert set's rows are (token, expert) pairs, each reading the
-// trellis of its expert through a device table indexed by routing ids, so one launch serves every pair.
+// trellis and scales of its expert through device tables indexed by routing ids, so one launch serves every pair.
 #pragma once
 
 #include <cstdint>
@@ -20,11 +24,10 @@
 namespace kiln::exl3::cuda {
 
 constexpr int kHadamardSize = 128;
-constexpr int kColumnTilesPerBlock = 4;  // one warp per 16-column output tile
-constexpr int kMaxTilesPerSplit = 64;    // bounds the shared x slice (8 rows × 64 tiles × 16 × 4 B = 32 KiB)
+constexpr int kMaxTilesPerSplit = 64;  // bounds the shared input slice (8 rows × 64 tiles × 16 × 4 B = 32 KiB)
+constexpr int64_t kMaxPassRows = 64;   // rows per launch: bounds the partial sums and the counters
 
-// Where a problem's weights come from: `fixed` for every row, else table[ids[row / ids_div]] (one entry per
-// expert). Same shape for every entry.
+// Where a row's weights come from: `fixed` for every row, else table[ids[row / ids_div]] (one entry per expert).
 template <class T>
 struct PerRow {
   const T* fixed = nullptr;
@@ -33,54 +36,42 @@ struct PerRow {
   int ids_div = 1;
 };
 
-struct RotateInputArgs {
-  const uint16_t* x_bf16 = nullptr;  // [*, x_stride]: row q reads x row q / x_div
+struct ProductArgs {
+  int64_t row_begin = 0, rows = 0;  // this launch's rows (global row q = row_begin + local row), rows ≤ kMaxPassRows
+  // Input, one of: bf16 x (global row q reads x row q / x_div) or, with `gate`, the SwiGLU of gate and up [*, in].
+  const uint16_t* x_bf16 = nullptr;
   int64_t x_stride = 0;
   int x_div = 1;
-  int64_t rows = 0;
-  int64_t in = 0, k_pad = 0;
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  float swiglu_limit = 0.0f;
+  int64_t in = 0;
   PerRow<float> suh;  // [k_pad]
-  float hadamard_scale = 0.0f;
-  float* xr = nullptr;  // [rows, k_pad]
-};
-const char* rotate_input(const RotateInputArgs& a, void* stream);
-
-struct GemvArgs {
+  // Weights.
   PerRow<uint32_t> trellis;  // [k_pad/16, n_pad/16, 8·K] uint32 stream words
-  int bits = 0;
-  int codebook = 0;  // exl3::Codebook
-  const float* xr = nullptr;  // [rows, k_pad]
-  int64_t rows = 0;
+  int bits = 0, codebook = 0;  // codebook: exl3::Codebook's order
   int64_t k_pad = 0, n_pad = 0;
   int splits = 1;
-  float* partial = nullptr;  // [splits, rows, n_pad]
-};
-// rows_per_block (1, 4 or 8): how many rows one decode serves; expert pairs use 1 (each has its own trellis). A row's
-// arithmetic is the same for every choice (its own accumulators, the same order), so the choice may follow the row
-// count without breaking batch invariance.
-const char* trellis_gemv(const GemvArgs& a, int rows_per_block, void* stream);
-// The split count (and so the summation order) for a shape: enough blocks to fill `sm_count` SMs with one row.
-int gemv_splits(int64_t k_pad, int64_t n_pad, int sm_count);
-
-struct FinishArgs {
-  const float* partial = nullptr;  // [splits, rows, n_pad]
-  int splits = 1;
-  int64_t rows = 0, n_pad = 0, out = 0;
   float hadamard_scale = 0.0f;
-  PerRow<float> svh;             // [n_pad]
-  const float* bias = nullptr;   // [out] or null
-  const float* row_weight = nullptr;  // [rows] or null (routing weights)
-  void* y = nullptr;             // row q at y + q·y_stride + col_offset
+  // Output: global row q at y + q·y_stride + col_offset.
+  int64_t out = 0;
+  PerRow<float> svh;                  // [n_pad]
+  const float* bias = nullptr;        // [out] or null
+  const float* row_weight = nullptr;  // [global rows] or null (routing weights)
+  void* y = nullptr;
   bool y_bf16 = false;
   int64_t y_stride = 0, col_offset = 0;
   bool accumulate = false;
+  // Scratch: partial sums [splits, rows, n_pad]; counters [product_counters(n_pad)], zero before the first launch
+  // (each launch leaves them zero).
+  float* partial = nullptr;
+  int* counters = nullptr;
 };
-const char* finish_output(const FinishArgs& a, void* stream);
-
-// SwiGLU of an expert pair's gate and up outputs (fp32 [pairs, inter] each), then rotated as the down projection's
-// input: xr[p] = Hadamard128(silu(min(g, limit)) · clamp(u, −limit, limit) ⊙ suh_down[ids[p]]).
-const char* swiglu_rotate(const float* gate, const float* up, int64_t pairs, int64_t inter, int64_t inter_pad,
-                          float limit, PerRow<float> suh, float hadamard_scale, float* xr, void* stream);
+// rows_per_block (1, 4 or 8): how many rows one decode serves; a row's arithmetic is the same for every choice.
+const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream);
+// The split count (so the summation order) for a shape: about four blocks per SM for one row.
+int product_splits(int64_t k_pad, int64_t n_pad, int sm_count);
+int64_t product_counters(int64_t n_pad);
 
 // A dense bf16 part [out, in] of a mixed stack: y[q, col_offset + o] (+)= x[q]·w[o] (+ bias[o]), one warp per output,
 // fixed order.
