@@ -4,9 +4,9 @@
 // GLM-5.3-Flash experts (hidden 4096, moe_intermediate 2048; specs/glm5-next.md §6), K = 2..6 (MCG codebook, dummy
 // trellis words: the kernels' work does not depend on the payload), 1 / 4 / 16 / 64 rows.
 // Each figure: one CUDA graph that runs the product over enough distinct matrices (≥ 256 MiB, so the 50 MiB L2 does not
-// serve them), replayed; time per product = graph time ÷ matrices (kernel boundaries included: the input rotation,
-// the trellis GEMV and the output rotation are three launches). Then the routed experts of one decode token (one
-// ExpertSet::run: every (token, expert) pair in one launch per projection), expert ids rotated across graph nodes.
+// serve them), replayed; time per product = graph time ÷ matrices (kernel boundaries included: one launch per
+// product). Then the routed experts of one decode token (one ExpertSet::run: every (token, expert) pair in one
+// launch per projection), expert ids rotated across graph nodes.
 // Copy bandwidth: cudaMemcpyAsync device → device of 1 GiB, counted as bytes read + bytes written.
 // Usage: kiln_bench_exl3_bench
 #include <cuda_runtime.h>
