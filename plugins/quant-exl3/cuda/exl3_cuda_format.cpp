@@ -2,7 +2,6 @@
 
 #include <bit>
 #include <cmath>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,16 +10,12 @@
 #include "exl3_half.h"
 #include "exl3_kernels.h"
 #include "exl3_module.h"
+#include "exl3_synthetic.h"
 
 namespace kiln::exl3::cuda {
 namespace {
 
 int64_t padded(int64_t v) { return (v + 127) / 128 * 128; }
-
-// Synthetic scales: |suh| = |svh| = s with s² · RMS(MCG codebook) = 0.02, so W = diag(suh)·Hb·Ŵ·Hb·diag(svh) has
-// the std of HF's initializer_range (the rotations are orthonormal and keep Ŵ's RMS).
-constexpr float kMcgRms = 1.2441f;
-const float kSyntheticScale = std::sqrt(0.02f / kMcgRms);
 
 uint16_t to_bf16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
@@ -121,7 +116,8 @@ class CudaWeightFormat final : public WeightFormat {
     return p;
   }
 
-  // model.load = "dummy": an EXL3 module of the requested shape made on the device (any trellis payload is valid).
+  // model.load = "dummy": an EXL3 module of the requested shape made on the device (any trellis payload is valid),
+  // the same words and scales as the CPU's (exl3_synthetic.h).
   Result<DevicePart> synthetic_part(const WeightSource& source, const std::string& name, int64_t in, int64_t out) {
     DevicePart p;
     p.name = name;
@@ -130,14 +126,14 @@ class CudaWeightFormat final : public WeightFormat {
     d.in = in, d.out = out, d.k_pad = padded(in), d.n_pad = padded(out), d.bits = synthetic_bits_;
     d.codebook = static_cast<int>(Codebook::kMcg);
     const int64_t words = d.k_pad / 16 * d.n_pad / 16 * 8 * d.bits;
-    const uint64_t seed = source.seed() ^ (std::hash<std::string>{}(name) * 0x9E3779B97F4A7C15ull);
+    const uint64_t seed = synthetic_seed(source.seed(), name);  // as the CPU's make_synthetic_module
     KILN_ASSIGN_OR_RETURN(void* t, dev_.allocate(static_cast<size_t>(words) * 4, (name + ".trellis").c_str()));
     KILN_ASSIGN_OR_RETURN(void* su, dev_.allocate(static_cast<size_t>(d.k_pad) * 4, (name + ".suh").c_str()));
     KILN_ASSIGN_OR_RETURN(void* sv, dev_.allocate(static_cast<size_t>(d.n_pad) * 4, (name + ".svh").c_str()));
     void* stream = dev_.stream().handle;
     for (const char* error : {fill_random_words(static_cast<uint32_t*>(t), words, seed, stream),
-                              fill_random_signs(static_cast<float*>(su), d.k_pad, kSyntheticScale, seed + 1, stream),
-                              fill_random_signs(static_cast<float*>(sv), d.n_pad, kSyntheticScale, seed + 2, stream)})
+                              fill_random_signs(static_cast<float*>(su), d.k_pad, synthetic_scale(), seed + 1, stream),
+                              fill_random_signs(static_cast<float*>(sv), d.n_pad, synthetic_scale(), seed + 2, stream)})
       if (error) return internal_error("`" + name + "`: generating dummy EXL3 weights: " + error);
     d.trellis = static_cast<const uint32_t*>(t), d.suh = static_cast<const float*>(su);
     d.svh = static_cast<const float*>(sv);
