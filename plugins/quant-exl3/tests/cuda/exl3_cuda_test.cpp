@@ -314,6 +314,20 @@ TEST_F(Exl3Cuda, ExpertsOfDifferentKPerProjectionAreRefusedNamingTheTensor) {
   EXPECT_NE(g.status().to_string().find("x.1.gate_proj"), std::string::npos) << g.status().to_string();
 }
 
+// Host-only (runs without a GPU): every split of the input tiles is whole 128-input blocks (each rotates its own
+// slice), none is empty, and the shared input slice stays within kMaxTilesPerSplit tiles.
+TEST(Exl3CudaSplits, WholeBlocksNoneEmptyBounded) {
+  for (int64_t k_pad = 128; k_pad <= 20480; k_pad += 128)
+    for (int64_t n_pad : {128, 384, 1536, 2048, 4096, 154880 / 128 * 128})
+      for (int sms : {1, 78, 132}) {
+        const int splits = cuda::product_splits(k_pad, n_pad, sms);
+        const int64_t k_blocks = k_pad / 128, per_split = (k_blocks + splits - 1) / splits;
+        ASSERT_GE(splits, 1);
+        ASSERT_LE(per_split * 8, cuda::kMaxTilesPerSplit) << k_pad << " " << n_pad << " " << sms;
+        ASSERT_LT((splits - 1) * per_split, k_blocks) << k_pad << " " << n_pad << " " << sms;
+      }
+}
+
 class SyntheticSource : public WeightSource {
  public:
   bool has(const std::string&) const override { return true; }
