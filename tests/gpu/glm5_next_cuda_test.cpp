@@ -437,6 +437,56 @@ TEST(Glm5NextCuda, NgramDraftingIsLosslessWithKdaRollbackOnTheDevice) {
   }
 }
 
+// GLM-5.3-Flash's DSA layers on `fp8_ds_mla` pages (plugin kv-fp8mla; NoPE rows: the e4m3 latent and its scales)
+// through the CUDA runner: teacher-forced rows against the CPU model on the same layout within the runner's
+// tolerance, and n-gram drafting over KDA state and fp8 pages lossless.
+TEST(Glm5NextCuda, Fp8DsMlaPagesMatchTheCpuAndDraftLosslessly) {
+  static const Status fp8_loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-kv-fp8mla.so");
+  }();
+  ASSERT_TRUE(fp8_loaded.ok()) << fp8_loaded.to_string();
+  ASSERT_TRUE(testing::template_plugin_loaded().ok());
+  auto with = [](const std::string& device, const std::string& method = "none", int depth = 0) {
+    std::vector<std::string> s = sets(device, method, depth, kDenseTopK);
+    for (std::string& kv : s)
+      if (kv == "kv.layout=bf16") kv = "kv.layout=fp8_ds_mla";
+    return s;
+  };
+  LoadedModel gpu = testing::load_recipe_model(with("cuda"));
+  LoadedModel cpu = testing::load_recipe_model(with("cpu"));
+  ASSERT_TRUE(gpu.on_gpu());
+  ASSERT_EQ(gpu.layout->bytes_per_token(), cpu.layout->bytes_per_token());
+  const std::vector<int32_t> prompt = random_prompt(150, 11);
+  std::vector<int32_t> forced;
+  const auto c = decode_rows(cpu, prompt, forced, 20);
+  const auto g = decode_rows(gpu, prompt, forced, 20);
+  ASSERT_EQ(c.size(), g.size());
+  double worst = 0;
+  int agree = 0;
+  for (size_t r = 0; r < c.size(); ++r) {
+    float scale = 0, diff = 0;
+    for (int64_t v = 0; v < kVocab; ++v) scale = std::max(scale, std::fabs(c[r][v])), diff = std::max(diff, std::fabs(c[r][v] - g[r][v]));
+    worst = std::max(worst, static_cast<double>(diff / scale));
+    agree += argmax(c[r].data()) == argmax(g[r].data());
+  }
+  std::printf("glm5_next on fp8_ds_mla pages (%zu bytes a token): GPU vs CPU, %zu teacher-forced rows, worst %.3g, "
+              "argmax agrees on %d\n", gpu.layout->bytes_per_token(), c.size(), worst, agree);
+  EXPECT_LE(worst, kStrictTolerance);
+  EXPECT_GE(agree, static_cast<int>(c.size()) * 9 / 10);
+
+  std::vector<int32_t> repeating;  // prompt lookup finds continuations to propose
+  for (int r = 0; r < 10; ++r)
+    for (int32_t t : {101, 57, 302, 88, 19, 240, 7, 411}) repeating.push_back(t);
+  auto plain = testing::engine_generate(gpu, with("cuda"), repeating, 40);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  for (int depth : {1, 3, 5}) {
+    auto drafted = testing::engine_generate(gpu, with("cuda", "ngram", depth), repeating, 40);
+    ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
+    EXPECT_EQ(*drafted, *plain) << "ngram depth " << depth;
+  }
+}
+
 // Against the CPU model in bf16 precision (the GPU's rounding points): teacher-forced rows twice as close as to the
 // fp32 CPU, free-running greedy output identical until a near-tie (a CPU top-1/top-2 gap within twice the rows'
 // difference; on this random checkpoint one prompt of three stays identical for all 40 tokens, the others part at
