@@ -21,25 +21,10 @@
 
 #include "exl3_cuda_format.h"
 #include "runtime/cuda/cuda_device_context.h"
+#include "bench_check.h"
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define CHECK_OK(x)                                         \
-  do {                                                      \
-    kiln::Status s_ = (x);                                  \
-    if (!s_.ok()) {                                         \
-      std::fprintf(stderr, "%s\n", s_.to_string().c_str()); \
-      std::exit(1);                                         \
-    }                                                       \
-  } while (0)
 
 class SyntheticSource : public kiln::WeightSource {
  public:

@@ -17,25 +17,10 @@
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/pooled_indexer.h"
+#include "bench_check.h"
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define CHECK_OK(x)                                         \
-  do {                                                      \
-    kiln::Status s_ = (x);                                  \
-    if (!s_.ok()) {                                         \
-      std::fprintf(stderr, "%s\n", s_.to_string().c_str()); \
-      std::exit(1);                                         \
-    }                                                       \
-  } while (0)
 
 constexpr int64_t kH = 64, kD = 128, kDim = 4096;
 
