@@ -1,7 +1,8 @@
 // The device half of `fp8_ds_mla`: checks what the core passes and launches the plugin's kernels on the core's
 // stream. It fuses nothing into append() (append_fusions() = 0): the core normalises and ropes the rows and
-// finishes the queries before it, so the layout sees final fp32 rows. Attention needs no workspace, so the
-// default plan_attend() (one split, no workspace) is the plan.
+// finishes the queries before it, so the layout sees final fp32 rows. Attention: the split-KV kernel when the plan's
+// workspace comes with the call (the runners carve it from plan_attend), else the plain kernel (no workspace).
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -16,6 +17,8 @@ static_assert(sizeof(GatherSeq) == sizeof(KvGatherSeq) && offsetof(GatherSeq, ta
                   offsetof(GatherSeq, key_start) == offsetof(KvGatherSeq, key_start) &&
                   offsetof(GatherSeq, kv_len) == offsetof(KvGatherSeq, kv_len),
               "the gather kernel reads kiln::KvGatherSeq as GatherSeq");
+
+constexpr size_t kMaxWorkspace = size_t{256} << 20;  // the split kernel's partial sums at most
 
 Status launched(const char* error, const char* what) {
   if (error == nullptr) return ok_status();
@@ -45,6 +48,22 @@ class Fp8MlaCudaLayout final : public KvLayout {
                     "append");
   }
 
+  // The split kernel's workspace depends on the shape only (rows, heads), never on lengths, so graphs stay valid.
+  // 64 splits a row where they fit kMaxWorkspace (decode and verification batches), and always when the rows must
+  // be batch-invariant (a row's splits then depend on its own length only); big prompt chunks take fewer.
+  MlaAttendPlan plan_attend(const MlaAttendShape& shape) const override {
+    MlaAttendPlan plan;
+    if (!split_attend_supported(shape_, shape.selected_width) || shape.num_queries <= 0 || shape.num_heads <= 0)
+      return plan;
+    const size_t per_slot = split_attend_workspace(shape.num_queries, shape.num_heads, g_.latent_dim, 1);
+    int64_t slots = kSplitSlots;
+    if (!shape.batch_invariant)
+      slots = std::clamp<int64_t>(static_cast<int64_t>(kMaxWorkspace / per_slot), 1, kSplitSlots);
+    plan.num_splits = static_cast<int>(slots);
+    plan.workspace_bytes = per_slot * static_cast<size_t>(slots);
+    return plan;
+  }
+
   Status attend(const MlaAttendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_stream(stream));
     if (a.num_queries > 0 && (a.cache == nullptr || a.q == nullptr || a.block_tables == nullptr ||
@@ -58,6 +77,12 @@ class Fp8MlaCudaLayout final : public KvLayout {
     p.block_tables = a.block_tables, p.max_blocks = a.max_blocks, p.query_seq = a.query_seq, p.kv_len = a.kv_len;
     p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
     p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
+    p.split_slots = a.num_splits;
+    const bool split = a.workspace != nullptr && a.num_splits >= 1 && a.num_splits <= kSplitSlots &&
+                       a.workspace_bytes >= split_attend_workspace(a.num_queries, a.num_heads, g_.latent_dim,
+                                                                   a.num_splits) &&
+                       split_attend_supported(shape_, p.selected_width);
+    if (split) return launched(launch_split_attend(p, a.workspace, stream.handle), "attend");
     return launched(launch_attend(p, stream.handle), "attend");
   }
 

@@ -38,8 +38,21 @@ struct AttendParams {
   float scale = 1.0f;
   float* out = nullptr;          // [num_queries, num_heads, latent], optional
   uint16_t* out_bf16 = nullptr;  // the same rounded to bf16, optional
+  int64_t split_slots = 0;       // launch_split_attend: splits a row may take (1..kSplitSlots)
 };
 const char* launch_attend(const AttendParams& p, void* stream);
+
+// The split-KV form of the same attention: grid (query rows, kSplitSlots, head groups of 16); each block takes up
+// to 16 heads of one row over one contiguous range of its candidates, so a row's keys are read once per head group
+// rather than once per head, dequantized into shared memory tile by tile, with an online softmax; a second launch
+// merges a row's splits in order. How a row is split depends on its own candidate count only (batch-invariant),
+// and the grid and workspace only on the shape and `split_slots` (graph-safe). Returns null, or why not.
+inline constexpr int64_t kSplitSlots = 64;
+// Workspace bytes for `num_queries` rows of `num_heads` heads with latent `latent`, `slots` splits a row.
+size_t split_attend_workspace(int64_t num_queries, int64_t num_heads, int64_t latent, int64_t slots);
+// Whether the split form takes this shape (shared memory for its tiles and the selection list).
+bool split_attend_supported(const RowShape& s, int64_t selected_width);
+const char* launch_split_attend(const AttendParams& p, void* workspace, void* stream);
 
 // kiln::KvGatherSeq as the kernel reads it (the layout checks the two agree).
 struct GatherSeq {
