@@ -5,6 +5,7 @@
 #include <string>
 
 #include "exl3_cpu_linear.h"
+#include "exl3_quantizer.h"
 #include "kiln/plugin.h"
 #include "kiln/weight_format.h"
 
@@ -64,6 +65,7 @@ Result<std::unique_ptr<WeightFormat>> create_exl3_format(const CreateContext& ct
 }
 
 Status register_exl3(Registrar& registrar) {
+  KILN_RETURN_IF_ERROR(register_exl3_quantizer(registrar));
   return registrar.add<WeightFormat>(
       "exl3", "EXL3 trellis-quantized linears and experts (K = 1..8, 3INST/MCG/MUL1; unquantized modules dense)",
       &create_exl3_format, DeviceSet::cpu());
