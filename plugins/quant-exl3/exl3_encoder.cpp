@@ -65,20 +65,24 @@ float search_scale(const std::vector<float>& t, int64_t k, int64_t n, const Enco
   constexpr int64_t kSamples = 4;
   const float base = rms_of(codebook_values(o.codebook)) / std::max(rms_of(t), 1e-12f);
   const int64_t tiles = (k / kTile) * (n / kTile), samples = std::min(kSamples, tiles);
+  // Each (sample, candidate) error in its own slot, summed in a fixed order: the choice is the same for any
+  // thread count, so a rerun writes the same bytes.
+  std::vector<double> errors(static_cast<size_t>(samples) * kGrid.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t job = 0; job < static_cast<int64_t>(errors.size()); ++job) {
+    thread_local ViterbiWorkspace ws;
+    const int64_t s = job / static_cast<int64_t>(kGrid.size());
+    const size_t g = static_cast<size_t>(job % static_cast<int64_t>(kGrid.size()));
+    const int64_t tile = s * tiles / samples;
+    float target[kTileValues];
+    uint32_t states[kTileValues];
+    const float gain = base * kGrid[g];
+    gather_tile(t, n, tile / (n / kTile), tile % (n / kTile), gain, target);
+    errors[static_cast<size_t>(job)] =
+        viterbi_path(target, kTileValues, o.bits, values, -1, ws, states) / (double(gain) * gain);
+  }
   std::array<double, kGrid.size()> err{};
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads)
-  for (int64_t s = 0; s < samples; ++s)
-    for (int g = 0; g < static_cast<int>(kGrid.size()); ++g) {
-      thread_local ViterbiWorkspace ws;
-      const int64_t tile = s * tiles / samples;
-      float target[kTileValues];
-      uint32_t states[kTileValues];
-      const float gain = base * kGrid[static_cast<size_t>(g)];
-      gather_tile(t, n, tile / (n / kTile), tile % (n / kTile), gain, target);
-      const double e = viterbi_path(target, kTileValues, o.bits, values, -1, ws, states) / (double(gain) * gain);
-#pragma omp atomic
-      err[static_cast<size_t>(g)] += e;
-    }
+  for (size_t job = 0; job < errors.size(); ++job) err[job % kGrid.size()] += errors[job];
   const size_t best = static_cast<size_t>(std::min_element(err.begin(), err.end()) - err.begin());
   return base * kGrid[best];
 }
