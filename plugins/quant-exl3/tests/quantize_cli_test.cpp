@@ -17,6 +17,7 @@
 
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
+#include "model/safetensors_writer.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
 
@@ -26,8 +27,8 @@ namespace fs = std::filesystem;
 
 const fs::path kTinyGlm = fs::path(KILN_SOURCE_DIR) / "models" / "tiny-glm";
 
-int run_kiln(const std::string& args) {
-  const std::string cmd = std::string(KILN_EXECUTABLE) + " quantize " + args + " > /dev/null 2>&1";
+int run_kiln(const std::string& args, const fs::path& output = "/dev/null") {
+  const std::string cmd = std::string(KILN_EXECUTABLE) + " quantize " + args + " > " + output.string() + " 2>&1";
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
@@ -74,6 +75,25 @@ TEST(Exl3QuantizeCli, ResumedRunWritesTheSameBytes) {
 std::vector<std::string> sets(const fs::path& path, const std::string& format) {
   return {"model.path=" + path.string(), "model.device=cpu", "weights.format=" + format, "kv.layout=fp32",
           "kv.block_size=4"};
+}
+
+// A selected weight that cannot be converted is refused with its name and the checkpoint's directory.
+TEST(Exl3QuantizeCli, RefusesWeightsItCannotConvertNamingThem) {
+  const fs::path dir = scratch("bad-input");
+  fs::create_directories(dir / "in");
+  kiln::testing::write_file(dir / "in" / "config.json", "{}");
+  auto check = [&](const kiln::testing::TensorSpec& spec, const std::string& expected) {
+    kiln::testing::write_file(dir / "in" / "model.safetensors", kiln::testing::build_safetensors({spec}));
+    fs::remove_all(dir / "out");
+    EXPECT_NE(run_kiln("--bits 4 " + (dir / "in").string() + " " + (dir / "out").string(), dir / "log"), 0);
+    const std::string log = read_all(dir / "log");
+    EXPECT_NE(log.find(expected), std::string::npos) << log;
+    EXPECT_NE(log.find(spec.name), std::string::npos) << log;
+  };
+  check({"model.layers.0.mlp.up_proj.weight", "I32", {4, 4}, std::string(64, '\0')}, "is I32");
+  check({"model.layers.0.mlp.experts.gate_up_proj.weight", "BF16", {2, 4, 4}, std::string(64, '\0')},
+        "not a 2-D Linear weight");
+  fs::remove_all(dir);
 }
 
 struct Agreement {
