@@ -17,25 +17,10 @@
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/mhc.h"
 #include "kernels/cuda/pooled_indexer.h"
+#include "bench_check.h"
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define CHECK_OK(x)                                         \
-  do {                                                      \
-    kiln::Status s_ = (x);                                  \
-    if (!s_.ok()) {                                         \
-      std::fprintf(stderr, "%s\n", s_.to_string().c_str()); \
-      std::exit(1);                                         \
-    }                                                       \
-  } while (0)
 
 constexpr int64_t kH = 64, kD = 128, kDim = 4096;
 
@@ -152,10 +137,10 @@ void bench_kda_decode(double bw) {
 // ---- KDA prefill: conv, chunked kernel, RMSNormGated over `total` tokens in `seqs` equal sequences.
 void bench_kda_prefill(double bw) {
   const int64_t C = 3 * kH * kD, slot_bytes = kiln::cuda::kda_state_slot_bytes(kH);
-  std::printf("\nKDA prefill (H 64; chunked = tf32 mma.sync, C 64; FLOPs = 9.2 M per chunk per head, the"
-              " products of the WY form)\n");
-  std::printf("| seqs × tokens | conv µs (GB/s) | chunked µs | TFLOP/s | Mtok/s | gated norm µs (GB/s) |"
-              " recurrent fallback µs |\n|---|---|---|---|---|---|---|\n");
+  std::printf("\nKDA prefill (H 64; chunked = 3xTF32 mma.sync (the default), C 64; FLOPs = 9.2 M per chunk per head,"
+              " the products of the WY form, counted once; beside it the single-tf32 form)\n");
+  std::printf("| seqs × tokens | conv µs (GB/s) | chunked µs | TFLOP/s | Mtok/s | single tf32 µs | gated norm µs (GB/s) |"
+              " recurrent fallback µs |\n|---|---|---|---|---|---|---|---|\n");
   float* conv_w = upload(rand_f32(size_t(C * 4), 2, -0.5f, 0.5f));
   float* a_log = upload(rand_f32(kH, 3, -1.f, 1.f));
   float* dt = upload(rand_f32(kH * kD, 4, -0.5f, 0.5f));
@@ -190,6 +175,9 @@ void bench_kda_prefill(double bw) {
     p.qkv = conv, p.g = g, p.beta_logits = bl, p.forget.a_log = a_log, p.forget.dt_bias = dt, p.slots = slots;
     p.cu_seqlens = d_cu, p.num_seqs = seqs, p.total_tokens = total, p.heads = kH, p.out = o;
     const float chunk_ms = median_ms([&](int) { CHECK_OK(kiln::cuda::kda_prefill(p, nullptr)); }, 10);
+    p.split_tf32 = false;
+    const float tf32_ms = median_ms([&](int) { CHECK_OK(kiln::cuda::kda_prefill(p, nullptr)); }, 10);
+    p.split_tf32 = true;
     const float norm_ms = median_ms(
         [&](int) { CHECK_OK(kiln::cuda::kda_gated_rmsnorm(o, gate, nw, total, kH, 1e-5f, nullptr, y, nullptr)); }, 10);
     float rec_ms = 0;
@@ -201,9 +189,9 @@ void bench_kda_prefill(double bw) {
     const double chunks = double(seqs) * ((len + 63) / 64);
     const double flops = 9.2e6 * chunks * kH;
     const double conv_bytes = double(total) * C * 4, norm_bytes = double(total) * kH * kD * 10;
-    std::printf("| %ld × %ld | %.1f (%.0f) | %.1f | %.1f | %.2f | %.1f (%.0f) | %.0f |\n", long(seqs), long(len),
+    std::printf("| %ld × %ld | %.1f (%.0f) | %.1f | %.1f | %.2f | %.1f | %.1f (%.0f) | %.0f |\n", long(seqs), long(len),
                 conv_ms * 1e3, conv_bytes / (conv_ms * 1e-3) / 1e9, chunk_ms * 1e3, flops / (chunk_ms * 1e-3) / 1e12,
-                total / (chunk_ms * 1e-3) / 1e6, norm_ms * 1e3, norm_bytes / (norm_ms * 1e-3) / 1e9, rec_ms * 1e3);
+                total / (chunk_ms * 1e-3) / 1e6, tf32_ms * 1e3, norm_ms * 1e3, norm_bytes / (norm_ms * 1e-3) / 1e9, rec_ms * 1e3);
     for (void* q : {static_cast<void*>(state), static_cast<void*>(d_cu), static_cast<void*>(d_ids),
                     static_cast<void*>(pre), static_cast<void*>(conv), static_cast<void*>(g), static_cast<void*>(bl),
                     static_cast<void*>(gate), static_cast<void*>(o), static_cast<void*>(y)})

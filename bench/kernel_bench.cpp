@@ -32,25 +32,10 @@
 #include "kernels/cuda/moe_router.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "bench_check.h"
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
-#define CHECK_OK(x)                                                     \
-  do {                                                                  \
-    kiln::Status s_ = (x);                                              \
-    if (!s_.ok()) {                                                     \
-      std::fprintf(stderr, "%s\n", s_.to_string().c_str());             \
-      std::exit(1);                                                     \
-    }                                                                   \
-  } while (0)
 
 template <class T>
 T* device_random(size_t n, uint64_t seed) {

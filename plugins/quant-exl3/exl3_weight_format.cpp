@@ -7,6 +7,10 @@
 #include "exl3_cpu_linear.h"
 #include "exl3_quantizer.h"
 #include "kiln/plugin.h"
+#if KILN_EXL3_WITH_CUDA
+#include "cuda/exl3_cuda_format.h"
+#include "kiln/device_context.h"
+#endif
 #include "kiln/weight_format.h"
 
 namespace kiln::exl3 {
@@ -58,17 +62,46 @@ class Exl3CpuWeightFormat final : public WeightFormat {
 };
 
 Result<std::unique_ptr<WeightFormat>> create_exl3_format(const CreateContext& ctx) {
+#if KILN_EXL3_WITH_CUDA
+  if (ctx.device.is_cuda()) {
+    if (!ctx.device_context)
+      return failed_precondition("the `exl3` weight format on CUDA needs the core's device context");
+    const int bits = static_cast<int>(ctx.section ? ctx.section->get_int("bits", 4) : 4);
+    return cuda::make_cuda_weight_format(*ctx.device_context, bits);
+  }
+#endif
   if (!ctx.device.is_cpu())
-    return unimplemented("the `exl3` weight format runs on the CPU only so far (its CUDA kernels are issue 14's next "
-                         "step); set model.device = \"cpu\"");
+    return unimplemented("this build of the `exl3` weight format has no CUDA kernels (built without nvcc); set "
+                         "model.device = \"cpu\"");
   return std::unique_ptr<WeightFormat>(new Exl3CpuWeightFormat());
+}
+
+SectionSchema exl3_schema() {
+#if KILN_EXL3_WITH_CUDA
+  // Read only where the format makes weights itself (model.load = "dummy", on CUDA): a checkpoint's K is per tensor.
+  KeySpec bits;
+  bits.name = "bits";
+  bits.type = ValueType::kInteger;
+  bits.default_value = int64_t{4};
+  bits.min = 1;
+  bits.max = 8;
+  bits.doc = "K (bits per weight) of the EXL3 modules generated for model.load = \"dummy\" (MCG codebook)";
+  return {{bits}};
+#else
+  return {};
+#endif
 }
 
 Status register_exl3(Registrar& registrar) {
   KILN_RETURN_IF_ERROR(register_exl3_quantizer(registrar));
+#if KILN_EXL3_WITH_CUDA
+  const DeviceSet devices = DeviceSet::cpu_and_cuda();
+#else
+  const DeviceSet devices = DeviceSet::cpu();
+#endif
   return registrar.add<WeightFormat>(
       "exl3", "EXL3 trellis-quantized linears and experts (K = 1..8, 3INST/MCG/MUL1; unquantized modules dense)",
-      &create_exl3_format, DeviceSet::cpu());
+      &create_exl3_format, devices, exl3_schema());
 }
 
 }  // namespace

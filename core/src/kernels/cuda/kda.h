@@ -71,7 +71,7 @@ Status kda_conv_prefill(const uint16_t* qkv, const float* conv_weight, const int
                         int64_t total_tokens, int64_t heads, const KdaStateSlots& slots, uint16_t* out,
                         StreamHandle stream);
 
-// The chunked (WY, C = 64) form on the tensor cores (tf32 mma.sync, fp32 accumulation and state) over
+// The chunked (WY, C = 64) form on the tensor cores (3xTF32 mma.sync, fp32 accumulation and state) over
 // convolved bf16 q, k, v [total_tokens, heads, 128] (as kda_conv_prefill writes them: q | k | v per token, row
 // stride 3 · heads · 128), continuing from and writing back each slot's recurrent state. Grid (heads, 2 halves
 // of dv, num_seqs), 512 threads, ~198 KiB shared memory; each CTA walks its sequence's chunks in order.
@@ -89,6 +89,9 @@ struct KdaPrefillParams {
   int64_t total_tokens = 0;
   int64_t heads = 0;
   float* out = nullptr;                 // fp32 [total_tokens, heads, 128]
+  // Each tf32 product split in three (3xTF32), accurate to fp32 rounding, so prompt chunks agree with the fp32
+  // recurrence (decode, the CPU reference); false: one tf32 product each (2^-11 operands), for comparison only.
+  bool split_tf32 = true;
 };
 Status kda_prefill(const KdaPrefillParams& p, StreamHandle stream);
 // Whether kda_prefill takes the tensor-core path for this gate (else the recurrent fallback).

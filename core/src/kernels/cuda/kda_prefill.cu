@@ -9,7 +9,7 @@
 //   T = (I + β ⊙ strict-lower(A_kk))⁻¹: 16 × 16 diagonal blocks by forward substitution (one warp each, one
 //     lane per column), then the off-diagonal blocks by distance, T_RC = −T_RR Σ_K L_RK T_KC;
 //   W = T (β K e^G), V′ = T (β V) − W S, O = (Q e^G) S + tril(A_qk) V′, S ← e^{G_last} S + (K e^{G_last − G})ᵀ V′.
-// Every product is an m16n8k8 tf32 mma with fp32 accumulation; S lives in registers as the accumulator of its
+// Every product is an m16n8k8 tf32 mma with fp32 accumulation, by default split in three (3xTF32: fp32-accurate); S lives in registers as the accumulator of its
 // update (warp w: key rows 16(w mod 8) .., columns 32(w div 8) ..) and in shared memory (fp32) as the B operand of W S and (Q e^G) S.
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/kda_common.cuh"
@@ -131,11 +131,37 @@ constexpr int kSmem = kOffR + 3 * kC * 4;
 // is a conversion (16 per SM per cycle): at 6 per mma it was the kernel's bottleneck.
 __device__ __forceinline__ uint32_t tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 
-__device__ __forceinline__ void mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+__device__ __forceinline__ void mma_tf32_raw(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(tf32(a0)), "r"(tf32(a1)), "r"(tf32(a2)), "r"(tf32(a3)), "r"(tf32(b0)), "r"(tf32(b1)));
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// x = big + small with big the tf32 rounding of x (exact in tf32) and small the tf32 rounding of the rest.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
+  big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  small = tf32(x - __uint_as_float(big));
+}
+
+// d += a·b. kSplit (the default): three tf32 products (small·big + big·small + big·big, the small·small term
+// dropped) give the fp32 product to ~2^-21 of each term, so the chunked form agrees with the fp32 recurrence
+// of the CPU reference to fp32 rounding instead of tf32's 2^-11: one tf32 product per pair left the GPU 1 %
+// of a logit row from the CPU model in bf16 precision on random checkpoints, and free-running greedy output
+// parted within 13 tokens. Without kSplit: one tf32 product (the faster, coarser form, kept for the benchmark).
+template <bool kSplit>
+__device__ __forceinline__ void mma_tf32(float (&d)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+  if constexpr (kSplit) {
+    uint32_t A0, A1, A2, A3, B0, B1, a0s, a1s, a2s, a3s, b0s, b1s;
+    split_tf32(a0, A0, a0s), split_tf32(a1, A1, a1s), split_tf32(a2, A2, a2s), split_tf32(a3, A3, a3s);
+    split_tf32(b0, B0, b0s), split_tf32(b1, B1, b1s);
+    mma_tf32_raw(d, a0s, a1s, a2s, a3s, B0, B1);
+    mma_tf32_raw(d, A0, A1, A2, A3, b0s, b1s);
+    mma_tf32_raw(d, A0, A1, A2, A3, B0, B1);
+  } else {
+    mma_tf32_raw(d, tf32(a0), tf32(a1), tf32(a2), tf32(a3), tf32(b0), tf32(b1));
+  }
 }
 
 __device__ __forceinline__ float bf(const uint16_t* p) { return bf16_bits_to_float(*p); }
@@ -155,6 +181,7 @@ struct ChunkArgs {
   float* out;
 };
 
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t* sK = reinterpret_cast<uint16_t*>(smem + kOffK);
@@ -292,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
           const float rkc = s_rk[cc];
           const float b0 = bf(sK + cc * kKS + i0) * rkc * __expf(gs0 - sG[cc * kGS + i0]);
           const float b1 = bf(sK + cc * kKS + i1) * rkc * __expf(gs1 - sG[cc * kGS + i1]);
-          mma_tf32(akk[nt], ka0, ka1, ka2, ka3, b0, b1);
-          mma_tf32(aqk[nt], qa0, qa1, qa2, qa3, b0, b1);
+          mma_tf32<kSplit>(akk[nt], ka0, ka1, ka2, ka3, b0, b1);
+          mma_tf32<kSplit>(aqk[nt], qa0, qa1, qa2, qa3, b0, b1);
         }
       }
 #pragma unroll
@@ -376,7 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
           const int i = 32 * nq + 8 * nt + gq;
           const float b0 = bf(sK + ca * kKS + i) * fa * __expf(sG[ca * kGS + i]);
           const float b1 = bf(sK + cb * kKS + i) * fb * __expf(sG[cb * kGS + i]);
-          mma_tf32(acc_w[nt], a0, a1, a2, a3, b0, b1);
+          mma_tf32<kSplit>(acc_w[nt], a0, a1, a2, a3, b0, b1);
         }
       }
 #pragma unroll
@@ -394,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int j = 16 * nq + 8 * nt + gq;
-        mma_tf32(acc_u[nt], a0, a1, a2, a3, bf(sV + ca * kVS + j) * fa, bf(sV + cb * kVS + j) * fb);
+        mma_tf32<kSplit>(acc_u[nt], a0, a1, a2, a3, bf(sV + ca * kVS + j) * fa, bf(sV + cb * kVS + j) * fb);
       }
     }
     __syncthreads();
@@ -406,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int j = 16 * nq + 8 * nt + gq;
-        mma_tf32(acc_u[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
+        mma_tf32<kSplit>(acc_u[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
       }
     }
 #pragma unroll
@@ -431,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = 16 * nq + 8 * nt + gq;
-          mma_tf32(acc_o[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
+          mma_tf32<kSplit>(acc_o[nt], a0, a1, a2, a3, sS[i0 * kSS + j], sS[i1 * kSS + j]);
         }
       }
       for (int k0 = 0; k0 < kend; k0 += 8) {
@@ -440,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = 16 * nq + 8 * nt + gq;
-          mma_tf32(acc_o[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
+          mma_tf32<kSplit>(acc_o[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
         }
       }
 #pragma unroll
@@ -471,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(ChunkArgs a) {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int j = sj + 8 * nt + gq;
-          mma_tf32(acc_s[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
+          mma_tf32<kSplit>(acc_s[nt], a0, a1, a2, a3, sVp[ca * kSS + j], sVp[cb * kSS + j]);
         }
       }
 #pragma unroll
@@ -567,12 +594,17 @@ Status kda_prefill(const KdaPrefillParams& p, StreamHandle stream) {
     return invalid_argument(std::string(name) + ": qkv, g and dt_bias must be 16-byte aligned");
   if (p.num_seqs == 0) return ok_status();
   if (!kda_prefill_uses_chunked(p.forget)) return kda_recurrent_fallback(p, stream);
-  static const cudaError_t attr = cudaFuncSetAttribute(kda_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  KILN_RETURN_IF_ERROR(check_cuda(attr, name));
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kda_chunk_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  static const cudaError_t attr_tf32 =
+      cudaFuncSetAttribute(kda_chunk_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  KILN_RETURN_IF_ERROR(check_cuda(p.split_tf32 ? attr : attr_tf32, name));
   const ChunkArgs a{p.qkv, p.g, p.beta_logits, p.forget.a_log, p.forget.dt_bias, p.forget.lower_bound,
                     p.slots.state, p.slots.slot_bytes, p.slots.slot_ids, p.cu_seqlens, static_cast<int>(p.heads), p.out};
   const dim3 grid(static_cast<unsigned>(p.heads), kD / kDv, static_cast<unsigned>(p.num_seqs));
-  return check_cuda(launch_pdl(kda_chunk_kernel, grid, dim3(kThreads), kSmem, stream, a), name);
+  return check_cuda(p.split_tf32 ? launch_pdl(kda_chunk_kernel<true>, grid, dim3(kThreads), kSmem, stream, a)
+                                  : launch_pdl(kda_chunk_kernel<false>, grid, dim3(kThreads), kSmem, stream, a),
+                    name);
 }
 
 Status kda_gated_rmsnorm(const float* o, const float* gate, const float* weight, int64_t n, int64_t heads, float eps,

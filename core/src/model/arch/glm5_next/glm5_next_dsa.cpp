@@ -13,6 +13,10 @@
 namespace kiln::glm5_next {
 namespace {
 
+// The latent width the CUDA bf16 layout's tensor-core attention takes (cuda::kMlaLatentDim; the CPU build has no
+// CUDA headers): only it rounds the absorbed query to bf16.
+constexpr int64_t kGpuTensorCoreLatent = 512;
+
 // The indexer key's LayerNorm (nn.LayerNorm(index_head_dim, eps=1e-6) in transformers).
 constexpr float kIndexerNormEps = 1e-6f;
 
@@ -103,10 +107,12 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   // Absorbed form: q_lat = q · W_UK per head, attention over the cached latents, o = W_UV · o_lat.
   const cpu::MlaAbsorbDims dims{heads, nope, vd, latent};
   std::vector<float> q_lat(n * heads * latent), o_lat(n * heads * latent), attn(n * heads * vd);
-  // bf16: the absorption GEMM reads q in bf16, and the tensor-core attention rounds the absorbed query to bf16.
+  // bf16: the absorption GEMM reads q in bf16 and writes the absorbed query in fp32. The bf16 layout's tensor-core
+  // attention (latent 512, GLM-5.3-Flash's shape) rounds that query to bf16; its plain kernel (any other latent
+  // width) reads it in fp32 — rounding it here regardless left a 128-wide latent's rows 0.4 % from the GPU's.
   round_bf16(q.data(), n * heads * nope);
   cpu::mla_absorb_query(q.data(), n, nope, w.kv_b_f32.data(), dims, q_lat.data(), latent);
-  round_bf16(q_lat.data(), n * heads * latent);
+  if (latent == kGpuTensorCoreLatent) round_bf16(q_lat.data(), n * heads * latent);
   const float scale = 1.0f / std::sqrt(static_cast<float>(nope + c.qk_rope_head_dim));
   const int64_t width = c.selection_width();
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {

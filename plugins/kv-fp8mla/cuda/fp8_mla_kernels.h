@@ -1,0 +1,55 @@
+// The CUDA kernels of `fp8_ds_mla` (fp8_mla_kernels.cu): raw device pointers and sizes in, launched on `stream` (a
+// cudaStream_t). No CUDA or kiln header here, so the layout's C++ half compiles with the host compiler alone. Rows
+// are fp8_mla_row.h's format, `row_bytes` apart; slot = page · block_size + offset. Each launcher returns null
+// once its kernel is queued, else what went wrong.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::fp8mla {
+
+struct RowShape {
+  int64_t latent = 0, rope = 0;
+  int64_t tiles = 0, scales_offset = 0, rope_offset = 0, row_bytes = 0;
+};
+
+// Quantize on write: row t of `rows` (fp32, latent then rope, `row_stride` floats apart) into slot slots[t], as
+// encode_row does on the host, bit for bit (amax per 128-value tile, scale = max(amax / 448, FLT_MIN), e4m3 of
+// x / scale rounded to nearest even and saturated, bf16 rope). A negative slot stores nothing.
+const char* launch_append(const RowShape& s, const float* rows, int64_t row_stride, const int64_t* slots, int64_t n,
+                          uint8_t* pages, void* stream);
+
+// Absorbed MLA attention over the fp8 pages, one thread block per (query row, head), exact two-pass softmax in
+// fp32 on CUDA cores: out[r, h, :] = Σ_t softmax_t(scale · q[r, h, :] · row_t) · row_t[:latent] over query r's
+// visible positions — those below kv_len[r], or with `selected` the listed ones below kv_len[r] (each once; −1 =
+// padding) — each row dequantized as it is read (e4m3 · its tile's scale; the rope part widened).
+struct AttendParams {
+  RowShape shape;
+  const uint8_t* pages = nullptr;
+  int64_t block_size = 0;
+  const float* q = nullptr;  // [num_queries, num_heads, latent + rope]
+  int64_t num_queries = 0, num_heads = 0;
+  const int32_t* block_tables = nullptr;  // [rows, max_blocks]
+  int64_t max_blocks = 0;
+  const int32_t* query_seq = nullptr;  // [num_queries]
+  const int32_t* kv_len = nullptr;     // [num_queries]
+  const int32_t* selected = nullptr;   // [num_queries, selected_width] or null
+  int64_t selected_width = 0;
+  float scale = 1.0f;
+  float* out = nullptr;          // [num_queries, num_heads, latent], optional
+  uint16_t* out_bf16 = nullptr;  // the same rounded to bf16, optional
+};
+const char* launch_attend(const AttendParams& p, void* stream);
+
+// kiln::KvGatherSeq as the kernel reads it (the layout checks the two agree).
+struct GatherSeq {
+  int32_t table_row, key_start, kv_len, reserved;
+};
+
+// out[seq.key_start + t, :] = the dequantized row of position t (bf16, rounded to nearest even) for t < kv_len of
+// each sequence; max_kv_len ≥ every kv_len.
+const char* launch_gather(const RowShape& s, const uint8_t* pages, int64_t block_size, const int32_t* block_tables,
+                          int64_t max_blocks, const GatherSeq* seqs, int64_t num_seqs, int64_t max_kv_len,
+                          uint16_t* out, void* stream);
+
+}  // namespace kiln::fp8mla

@@ -1,0 +1,212 @@
+// The CUDA half of `fp8_ds_mla` against its host half (ctest label `gpu`; skipped without a device): append writes
+// the same bytes, bit for bit, for every row shape (the named 512 + 64 and NoPE 512 + 0, a small latent, a partial
+// last tile; zero, tiny and huge tiles); gather gives the host's dequantized rows rounded to bf16; attention (all
+// keys and DSA selections) agrees with the host's to fp32 summation order. Then the trained tiny-glm through the
+// CUDA runner and the engine on fp8 pages.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/test_model.h"
+#include "fp8_mla_row.h"
+#include "plugin/plugin_loader.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::fp8mla {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int64_t kBlock = 16;
+
+void load_plugins() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    const fs::path dir = fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins";
+    KILN_RETURN_IF_ERROR(loader.load_file(dir / "kiln-kv-fp8mla.so"));
+    return loader.load_file(dir / "kiln-draft-mtp.so");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+}
+
+std::shared_ptr<KvLayout> make_layout(Device device, int64_t latent, int64_t rope) {
+  ModelInfo info;
+  info.kv_lora_rank = latent;
+  info.qk_rope_head_dim = rope;
+  RecipeSection kv("kv");
+  kv.set("block_size", kBlock);
+  CreateContext ctx;
+  ctx.section = &kv;
+  ctx.device = device;
+  ctx.model = &info;
+  auto made = global_registry().create<KvLayout>("fp8_ds_mla", ctx);
+  EXPECT_TRUE(made.ok()) << made.status().to_string();
+  return made.ok() ? *made : nullptr;
+}
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+struct Shape {
+  int64_t latent, rope;
+};
+
+class Fp8MlaCuda : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Fp8MlaCuda, AppendGatherAndAttendMatchTheHostHalf) {
+  load_plugins();
+  const Shape sh = GetParam();
+  auto gpu = make_layout(Device::cuda(0), sh.latent, sh.rope);
+  auto cpu = make_layout(Device::cpu(), sh.latent, sh.rope);
+  ASSERT_TRUE(gpu && cpu);
+  ASSERT_EQ(gpu->bytes_per_token(), cpu->bytes_per_token());
+  const int64_t W = sh.latent + sh.rope, row_bytes = static_cast<int64_t>(cpu->bytes_per_token());
+  const int64_t keys = 150, blocks = (keys + kBlock - 1) / kBlock + 2, heads = 4;
+  std::mt19937 rng(static_cast<uint32_t>(sh.latent * 7 + sh.rope));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rows(keys * W);
+  for (int64_t t = 0; t < keys; ++t) {
+    // Rows of every kind of tile: ordinary, all zero, tiny (subnormal codes), huge.
+    const float spread = t % 11 == 3 ? 0.0f : t % 11 == 5 ? 1e-30f : t % 11 == 7 ? 1e30f : std::ldexp(1.0f, t % 9 - 4);
+    for (int64_t i = 0; i < W; ++i) rows[t * W + i] = spread * normal(rng);
+  }
+  std::vector<int32_t> table;
+  for (int64_t b = blocks - 1; b >= 0; --b) table.push_back(static_cast<int32_t>(b));  // shuffled pages
+  std::vector<int64_t> slots(keys);
+  for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / kBlock] * kBlock + t % kBlock;
+  slots[17] = -1;  // padding stores nothing
+
+  std::vector<uint8_t> host_pages(static_cast<size_t>(blocks * kBlock * row_bytes), 0);
+  KvAppendArgs a;
+  a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = host_pages.data();
+  ASSERT_TRUE(cpu->append(a, {}).ok());
+  Dev<float> d_rows(rows);
+  Dev<int64_t> d_slots(slots);
+  Dev<uint8_t> d_pages(host_pages.size());
+  ASSERT_EQ(cudaMemset(d_pages.p, 0, host_pages.size()), cudaSuccess);
+  a.slots = d_slots.p, a.rows = d_rows.p, a.pages = d_pages.p;
+  const Stream stream{Device::cuda(0), nullptr};
+  ASSERT_TRUE(gpu->append(a, stream).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_pages.get(), host_pages) << "the device's quantization differs from the host codec";
+  slots[17] = table[17 / kBlock] * kBlock + 17 % kBlock;  // position 17's page holds zeros: a valid (zero) row
+
+  // Gather: the host's dequantized rows, rounded to bf16.
+  const KvGatherSeq seq{0, 0, static_cast<int32_t>(keys), 0};
+  Dev<int32_t> d_table(table);
+  Dev<KvGatherSeq> d_seq(std::vector<KvGatherSeq>{seq});
+  Dev<uint16_t> d_gathered(static_cast<size_t>(keys * W));
+  KvGatherArgs g;
+  g.pages = d_pages.p, g.block_tables = d_table.p, g.max_blocks = blocks, g.seqs = d_seq.p, g.num_seqs = 1;
+  g.max_kv_len = keys, g.out = d_gathered.p;
+  ASSERT_TRUE(gpu->gather(g, stream).ok());
+  std::vector<float> decoded(keys * W);
+  const RowGeometry row{sh.latent, sh.rope};
+  for (int64_t t = 0; t < keys; ++t) decode_row(row, host_pages.data() + slots[t] * row_bytes, decoded.data() + t * W);
+  const std::vector<uint16_t> gathered = d_gathered.get();
+  int64_t mismatched = 0;
+  for (size_t i = 0; i < gathered.size(); ++i) mismatched += gathered[i] != float_to_bf16(decoded[i]);
+  EXPECT_EQ(mismatched, 0);
+
+  // Attention: 5 query rows (kv_len 1 .. 150), all keys, then a selection of 40 with pads and repeats.
+  const int64_t nq = 5;
+  std::vector<float> q(nq * heads * W);
+  for (float& x : q) x = 0.2f * normal(rng);
+  const std::vector<int32_t> query_seq(nq, 0), kv_len = {1, 16, 17, 99, 150};
+  std::vector<int32_t> selected(nq * 40);
+  std::uniform_int_distribution<int32_t> pos(-1, 149);
+  for (int32_t& s : selected) s = pos(rng);
+  Dev<float> d_q(q);
+  Dev<int32_t> d_qs(query_seq), d_kv(kv_len), d_sel(selected);
+  for (bool with_selection : {false, true}) {
+    SCOPED_TRACE(with_selection ? "selection" : "all keys");
+    MlaAttendArgs m;
+    m.num_queries = nq, m.num_heads = heads, m.max_blocks = blocks, m.scale = 0.5f, m.max_kv_len = keys;
+    m.selected_width = with_selection ? 40 : 0;
+    std::vector<float> want(nq * heads * sh.latent);
+    m.cache = host_pages.data(), m.q = q.data(), m.block_tables = table.data(), m.query_seq = query_seq.data();
+    m.kv_len = kv_len.data(), m.selected = with_selection ? selected.data() : nullptr, m.out = want.data();
+    ASSERT_TRUE(cpu->attend(m, {}).ok());
+    Dev<float> d_out(want.size());
+    m.cache = d_pages.p, m.q = d_q.p, m.block_tables = d_table.p, m.query_seq = d_qs.p, m.kv_len = d_kv.p;
+    m.selected = with_selection ? d_sel.p : nullptr, m.out = d_out.p;
+    ASSERT_TRUE(gpu->attend(m, stream).ok());
+    const std::vector<float> got = d_out.get();
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      diff = std::max(diff, std::fabs(double(got[i]) - want[i])), scale = std::max(scale, std::fabs(double(want[i])));
+    std::printf("fp8_ds_mla %lld + %lld attend (%s): GPU vs host max |Δ| %.3g of max |out| %.3g\n",
+                static_cast<long long>(sh.latent), static_cast<long long>(sh.rope),
+                with_selection ? "selection" : "all keys", diff, scale);
+    EXPECT_LE(diff, 1e-5 * std::max(scale, 1e-30));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8MlaCuda,
+                         ::testing::Values(Shape{512, 64}, Shape{512, 0}, Shape{32, 16}, Shape{200, 8}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.latent) + "_" + std::to_string(info.param.rope);
+                         });
+
+// The trained tiny-glm through the CUDA runner and the engine on fp8 pages: 32 greedy tokens of a text prompt,
+// against the same runner on bf16 pages and against the CPU model on fp8 pages; MTP drafting at depths 1, 3, 5 on
+// fp8 pages leaves the GPU's tokens unchanged.
+TEST(Fp8MlaCudaModel, TinyGlmOnTheCudaRunner) {
+  load_plugins();
+  auto sets = [](const std::string& device, const std::string& layout, const std::string& method = "none",
+                 int depth = 0) {
+    return std::vector<std::string>{"model.path=" + (fs::path(KILN_SOURCE_DIR) / "models/tiny-glm").string(),
+                                    "model.device=" + device, "kv.layout=" + layout, "kv.block_size=16",
+                                    "scheduler.max_model_len=256", "speculative.method=" + method,
+                                    "speculative.depth=" + std::to_string(depth)};
+  };
+  auto tok = Tokenizer::load(fs::path(KILN_SOURCE_DIR) / "models/tiny-glm/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const std::vector<int32_t> prompt = tok->encode(
+      "Return a new sorted list from the items in iterable. A custom key function can be supplied to customize the "
+      "sort order, and the reverse flag can be set to request the result in descending order.");
+  LoadedModel gpu = kiln::testing::load_recipe_model(sets("cuda", "fp8_ds_mla"), {.load_mtp = true});
+  LoadedModel gpu_bf16 = kiln::testing::load_recipe_model(sets("cuda", "bf16"));
+  LoadedModel cpu = kiln::testing::load_recipe_model(sets("cpu", "fp8_ds_mla"));
+  ASSERT_TRUE(gpu.on_gpu());
+  auto fp8 = kiln::testing::engine_generate(gpu, sets("cuda", "fp8_ds_mla"), prompt, 32);
+  auto bf16 = kiln::testing::engine_generate(gpu_bf16, sets("cuda", "bf16"), prompt, 32);
+  auto host = kiln::testing::engine_generate(cpu, sets("cpu", "fp8_ds_mla"), prompt, 32);
+  ASSERT_TRUE(fp8.ok() && bf16.ok() && host.ok()) << fp8.status().to_string() << bf16.status().to_string()
+                                                  << host.status().to_string();
+  auto same = [](const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    return std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin();
+  };
+  std::printf("tiny-glm on the CUDA runner, fp8_ds_mla pages: %td of 32 greedy tokens as on bf16 pages, %td as the "
+              "CPU model on fp8 pages\n", same(*fp8, *bf16), same(*fp8, *host));
+  EXPECT_GE(same(*fp8, *bf16), 24);
+  for (int depth : {1, 3, 5}) {
+    auto drafted = kiln::testing::engine_generate(gpu, sets("cuda", "fp8_ds_mla", "mtp", depth), prompt, 32);
+    ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
+    EXPECT_EQ(*drafted, *fp8) << "mtp depth " << depth;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::fp8mla

@@ -1,0 +1,97 @@
+// The EXL3 CUDA kernels, as host-callable launches on raw device pointers (no CUDA types here, so the plugin's host
+// code stays plain C++). A launch returns null or the CUDA error's text. All of them are graph-capturable: no
+// allocation, no host synchronisation.
+//
+// The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) is one launch (trellis_product): block (row group, 128-column
+// group, split of the input tiles)
+//   1. issues its first trellis loads, then rotates its slice of the input in shared memory: x ⊙ suh (or the SwiGLU
+//      of an expert's gate and up outputs ⊙ suh), 128-point fp32 butterflies in the CPU reference's order, so the
+//      rotated input equals the CPU's bit for bit;
+//   2. decodes Ŵ in registers (each lane's 8 states are its mma B-fragment positions, cut from three stream words)
+//      and accumulates fp32 FMAs in one fixed order per output; the lanes of a column add in a symmetric butterfly;
+//   3. writes its partial sums; the last split block of a (row group, column group) to finish (a counter, reset by
+//      that block, so launches and graph replays start from zero) sums the splits in split order, rotates the 128
+//      outputs, applies ⊙ svh, + bias, × a per-row weight, and stores bf16 or fp32 (or adds).
+// The split count depends on the matrix shape only, never on the row count, and every row has its own accumulators,
+// so each row's arithmetic is the same whatever shares the call (batch invariance for any number of rows).
+//
+// "Problems": a Linear's rows all use one trellis; an expert set's rows are (token, expert) pairs, each reading the
+// trellis and scales of its expert through device tables indexed by routing ids, so one launch serves every pair.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::exl3::cuda {
+
+constexpr int kHadamardSize = 128;
+constexpr int kMaxTilesPerSplit = 64;  // bounds the shared input slice (8 rows × 64 tiles × 16 × 4 B = 32 KiB)
+constexpr int64_t kMaxPassRows = 64;   // rows per launch: bounds the partial sums and the counters
+
+// Where a row's weights come from: `fixed` for every row, else table[ids[row / ids_div]] (one entry per expert).
+template <class T>
+struct PerRow {
+  const T* fixed = nullptr;
+  const T* const* table = nullptr;
+  const int32_t* ids = nullptr;
+  int ids_div = 1;
+};
+
+struct ProductArgs {
+  int64_t row_begin = 0, rows = 0;  // this launch's rows (global row q = row_begin + local row), rows ≤ kMaxPassRows
+  // Input, one of: bf16 x (global row q reads x row q / x_div) or, with `gate`, the SwiGLU of gate and up [*, in].
+  const uint16_t* x_bf16 = nullptr;
+  int64_t x_stride = 0;
+  int x_div = 1;
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  float swiglu_limit = 0.0f;
+  int64_t in = 0;
+  PerRow<float> suh;  // [k_pad]
+  // Weights.
+  PerRow<uint32_t> trellis;  // [k_pad/16, n_pad/16, 8·K] uint32 stream words
+  int bits = 0, codebook = 0;  // codebook: exl3::Codebook's order
+  int64_t k_pad = 0, n_pad = 0;
+  int splits = 1;
+  float hadamard_scale = 0.0f;
+  // Output: global row q at y + q·y_stride + col_offset.
+  int64_t out = 0;
+  PerRow<float> svh;                  // [n_pad]
+  const float* bias = nullptr;        // [out] or null
+  const float* row_weight = nullptr;  // [global rows] or null (routing weights)
+  void* y = nullptr;
+  bool y_bf16 = false;
+  int64_t y_stride = 0, col_offset = 0;
+  bool accumulate = false;
+  // Scratch: partial sums [splits, rows, n_pad]; counters [product_counters(n_pad)], zero before the first launch
+  // (each launch leaves them zero).
+  float* partial = nullptr;
+  int* counters = nullptr;
+};
+// rows_per_block (1, 4 or 8): how many rows one decode serves; a row's arithmetic is the same for every choice.
+const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream);
+// The split count (so the summation order) for a shape: about four blocks per SM for one row.
+int product_splits(int64_t k_pad, int64_t n_pad, int sm_count);
+int64_t product_counters(int64_t n_pad);
+
+// A dense bf16 part [out, in] of a mixed stack: y[q, col_offset + o] (+)= x[q]·w[o] (+ bias[o]), one warp per output,
+// fixed order.
+const char* dense_gemv(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w, int64_t out, const float* bias,
+                       void* y, bool y_bf16, int64_t y_stride, int64_t col_offset, bool accumulate, void* stream);
+
+// W [out, in] (HF orientation) = (diag(suh)·Hb·Ŵ·Hb·diag(svh))ᵀ cropped, into rows [row_offset, row_offset + out) of
+// `dst` (row length `in`), fp32 or bf16: the CPU reference's operations in its order, so fp32 output is bitwise equal.
+const char* dequantize(const uint32_t* trellis, int bits, int codebook, int64_t k_pad, int64_t n_pad, int64_t in,
+                       int64_t out, const float* suh, const float* svh, float hadamard_scale, void* dst, bool dst_bf16,
+                       int64_t row_offset, void* stream);
+// A dense bf16 part's rows into the same kind of buffer.
+const char* copy_dense_rows(const uint16_t* w, int64_t count, void* dst, bool dst_bf16, int64_t offset, void* stream);
+
+// Only the decode: Ŵ [k_pad, n_pad] fp32 (tests hold it to the CPU's decode_matrix bit for bit).
+const char* decode_matrix(const uint32_t* trellis, int bits, int codebook, int64_t k_pad, int64_t n_pad, float* w,
+                          void* stream);
+
+// Synthetic weights (model.load = "dummy"): uniformly random stream words, and ±scale with random signs.
+const char* fill_random_words(uint32_t* words, int64_t count, uint64_t seed, void* stream);
+const char* fill_random_signs(float* v, int64_t count, float scale, uint64_t seed, void* stream);
+
+}  // namespace kiln::exl3::cuda
