@@ -19,6 +19,7 @@ constexpr const char* kUsage =
     "  serve RECIPE        the OpenAI-compatible server (chat, completions, responses, metrics)\n"
     "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
     "  bench decode|prefill RECIPE   time the recipe's model in-process against its roofline\n"
+    "  quantize --bits K IN OUT   quantize an HF checkpoint into a weight format (exl3) from its plugin\n"
     "  generate            stream a completion: --recipe FILE (or --model DIR) --prompt TEXT | --chat TEXT\n"
     "\n"
     "options:\n"
@@ -37,6 +38,7 @@ constexpr Command kCommands[] = {
     {"bench", kiln::cli::cmd_bench},
     {"ab", kiln::cli::cmd_ab},
     {"serve", kiln::cli::cmd_serve},
+    {"quantize", kiln::cli::cmd_quantize},
 };
 
 }  // namespace

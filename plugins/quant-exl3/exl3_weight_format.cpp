@@ -5,6 +5,7 @@
 #include <string>
 
 #include "exl3_cpu_linear.h"
+#include "exl3_quantizer.h"
 #include "kiln/plugin.h"
 #if KILN_EXL3_WITH_CUDA
 #include "cuda/exl3_cuda_format.h"
@@ -92,6 +93,7 @@ SectionSchema exl3_schema() {
 }
 
 Status register_exl3(Registrar& registrar) {
+  KILN_RETURN_IF_ERROR(register_exl3_quantizer(registrar));
 #if KILN_EXL3_WITH_CUDA
   const DeviceSet devices = DeviceSet::cpu_and_cuda();
 #else

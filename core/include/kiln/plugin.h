@@ -1,5 +1,5 @@
 // The plugin ABI: version numbers, the descriptor every plugin exports, and the registrar through which
-// it registers factories for the five capability kinds.
+// it registers factories for the six capability kinds.
 //
 // A plugin is a MODULE library exporting one alias, `kiln_plugin_descriptor`, that returns a pointer to a
 // POD KilnPluginDescriptor. The loader checks abi_major (must equal the host's), struct_size (lets minor
@@ -44,8 +44,9 @@
 
 namespace kiln {
 
-enum class PluginKind : uint32_t { kWeightFormat = 0, kKvLayout, kDrafter, kCollective, kModality };
-constexpr int kNumPluginKinds = 5;
+// New kinds go at the end so every existing kind keeps its number across plugins built against older SDKs.
+enum class PluginKind : uint32_t { kWeightFormat = 0, kKvLayout, kDrafter, kCollective, kModality, kQuantizer };
+constexpr int kNumPluginKinds = 6;
 
 inline const char* plugin_kind_name(PluginKind k) {
   switch (k) {
@@ -54,6 +55,7 @@ inline const char* plugin_kind_name(PluginKind k) {
     case PluginKind::kDrafter: return "drafter";
     case PluginKind::kCollective: return "collective";
     case PluginKind::kModality: return "modality";
+    case PluginKind::kQuantizer: return "quantizer";
   }
   return "?";
 }
@@ -80,7 +82,7 @@ using Factory = Result<std::unique_ptr<Interface>> (*)(const CreateContext&);
 
 class Registrar {
  public:
-  // Registers `Interface` (WeightFormat, KvLayout, Drafter, Collective, Modality) under `name`, implemented on
+  // Registers `Interface` (WeightFormat, KvLayout, Drafter, Collective, Modality, Quantizer) under `name`, implemented on
   // `devices`. `schema` lists the keys this implementation adds to its recipe section.
   template <class Interface>
   Status add(const char* name, const char* description, Factory<Interface> factory, DeviceSet devices,
