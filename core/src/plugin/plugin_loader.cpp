@@ -32,7 +32,7 @@ constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // drafter
     0,  // collective
     0,  // modality
-    0,  // quantizer (added in 2.0 at the end of the enum; no struct of an older kind changed)
+    1,  // quantizer: the kind exists from ABI 2.1 (appended to the enum; no struct of an older kind changed)
 };
 
 }  // namespace
