@@ -13,21 +13,6 @@ size_t OutputTensor::nbytes() const {
   return n;
 }
 
-const char* safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kF8E4M3: return "F8_E4M3";
-    case DType::kI8: return "I8";
-    case DType::kI16: return "I16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
-  }
-  return "?";
-}
-
 uint64_t tensor_bytes(const std::vector<OutputTensor>& tensors) {
   uint64_t n = 0;
   for (const auto& t : tensors) n += t.nbytes();
@@ -41,7 +26,7 @@ Status write_safetensors(const fs::path& path, const std::vector<OutputTensor>& 
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape},
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
                       {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }

@@ -21,8 +21,6 @@ struct OutputTensor {
   size_t nbytes() const;
 };
 
-const char* safetensors_dtype_name(DType dtype);
-
 // Tensors in the given order, header space-padded to 8 bytes. Written to `<path>.tmp` and renamed, so a killed run
 // never leaves a truncated file under the final name (the resume logic trusts any file that exists).
 Status write_safetensors(const std::filesystem::path& path, const std::vector<OutputTensor>& tensors,
