@@ -1,7 +1,9 @@
 // The device half of `fp8_ds_mla`: checks what the core passes and launches the plugin's kernels on the core's
 // stream. It fuses nothing into append() (append_fusions() = 0): the core normalises and ropes the rows and
-// finishes the queries before it, so the layout sees final fp32 rows. Attention: the split-KV kernel when the plan's
-// workspace comes with the call (the runners carve it from plan_attend), else the plain kernel (no workspace).
+// finishes the queries before it, so the layout sees final fp32 rows. Attention: for the published shapes (latent
+// 512) the SDK's tensor-core MLA decode over fp8 tiles widened in shared memory, planned exactly as the bf16
+// layout's; for other shapes the split-KV CUDA-core kernel when the plan's workspace comes with the call (the runners
+// carve it from plan_attend), else the plain kernel (no workspace).
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -9,6 +11,7 @@
 #include "fp8_mla_kernels.h"
 #include "fp8_mla_layout.h"
 #include "fp8_mla_row.h"
+#include "kiln/cuda/mla_decode_plan.h"
 
 namespace kiln::fp8mla {
 namespace {
@@ -53,6 +56,18 @@ class Fp8MlaCudaLayout final : public KvLayout {
   // be batch-invariant (a row's splits then depend on its own length only); big prompt chunks take fewer.
   MlaAttendPlan plan_attend(const MlaAttendShape& shape) const override {
     MlaAttendPlan plan;
+    if (tc_attend_supported(shape_, shape.selected_width)) {
+      // As the bf16 layout: under batch invariance each row is split by its own length, the grid rounded up to 16
+      // splits (a growing context re-captures the step's graph every 1,024 keys, not every 64).
+      const int64_t keys = shape.selected_width > 0 ? shape.selected_width : shape.max_kv_len;
+      plan.split_by_length = shape.batch_invariant;
+      plan.num_splits = plan.split_by_length ? (cuda::mla_decode_length_splits(keys) + 15) / 16 * 16
+                                             : cuda::mla_decode_num_splits(shape.num_queries, shape.num_heads, keys,
+                                                                          std::max(1, shape.multiprocessor_count));
+      plan.workspace_bytes =
+          plan.num_splits > 1 ? cuda::mla_decode_workspace_bytes(shape.num_queries, shape.num_heads, plan.num_splits) : 0;
+      return plan;
+    }
     if (!split_attend_supported(shape_, shape.selected_width) || shape.num_queries <= 0 || shape.num_heads <= 0)
       return plan;
     const size_t per_slot = split_attend_workspace(shape.num_queries, shape.num_heads, g_.latent_dim, 1);
@@ -77,6 +92,14 @@ class Fp8MlaCudaLayout final : public KvLayout {
     p.block_tables = a.block_tables, p.max_blocks = a.max_blocks, p.query_seq = a.query_seq, p.kv_len = a.kv_len;
     p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
     p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
+    if (tc_attend_supported(shape_, p.selected_width)) {
+      // Without the plan's workspace the rows are not split (correct, slower).
+      const bool planned = a.num_splits > 1 && a.workspace != nullptr &&
+                           a.workspace_bytes >= cuda::mla_decode_workspace_bytes(a.num_queries, a.num_heads, a.num_splits);
+      return launched(launch_tc_attend(p, planned ? a.num_splits : 1, planned && a.split_by_length,
+                                       planned ? a.workspace : nullptr, stream.handle),
+                      "attend");
+    }
     p.split_slots = a.num_splits;
     const bool split = a.workspace != nullptr && a.num_splits >= 1 && a.num_splits <= kSplitSlots &&
                        a.workspace_bytes >= split_attend_workspace(a.num_queries, a.num_heads, g_.latent_dim,

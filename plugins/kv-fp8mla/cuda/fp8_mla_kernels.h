@@ -54,6 +54,14 @@ size_t split_attend_workspace(int64_t num_queries, int64_t num_heads, int64_t la
 bool split_attend_supported(const RowShape& s, int64_t selected_width);
 const char* launch_split_attend(const AttendParams& p, void* workspace, void* stream);
 
+// The tensor-core form (fp8_mla_tc_attend.cu): the SDK's MLA decode attention (kiln/cuda/mla_decode_tc.cuh) over
+// fp8 rows widened to bf16 in shared memory (q and the attention weights rounded to bf16 as well, fp32 sums), for
+// latent 512 with rope 64 (dense) or 0 (dense or selected). Splits, split_by_length and workspace as planned by
+// kiln/cuda/mla_decode_plan.h; num_splits > 1 needs mla_decode_workspace_bytes of workspace.
+bool tc_attend_supported(const RowShape& s, int64_t selected_width);
+const char* launch_tc_attend(const AttendParams& p, int num_splits, bool split_by_length, void* workspace,
+                             void* stream);
+
 // kiln::KvGatherSeq as the kernel reads it (the layout checks the two agree).
 struct GatherSeq {
   int32_t table_row, key_start, kv_len, reserved;

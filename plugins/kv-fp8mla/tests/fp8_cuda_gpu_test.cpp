@@ -159,7 +159,9 @@ TEST_P(Fp8MlaCuda, AppendGatherAndAttendMatchTheHostHalf) {
     Dev<float> d_out(want.size());
     m.cache = d_pages.p, m.q = d_q.p, m.block_tables = d_table.p, m.query_seq = d_qs.p, m.kv_len = d_kv.p;
     m.selected = with_selection ? d_sel.p : nullptr, m.out = d_out.p;
-    if (split) m.workspace = workspace.p, m.workspace_bytes = plan.workspace_bytes, m.num_splits = plan.num_splits;
+    if (split)
+      m.workspace = workspace.p, m.workspace_bytes = plan.workspace_bytes, m.num_splits = plan.num_splits,
+      m.split_by_length = plan.split_by_length;
     ASSERT_TRUE(gpu->attend(m, stream).ok());
     const std::vector<float> got = d_out.get();
     // Per (row, head): max |Δ| of its largest |out| (rows of 1e30-scale keys beside ordinary ones).
@@ -170,10 +172,31 @@ TEST_P(Fp8MlaCuda, AppendGatherAndAttendMatchTheHostHalf) {
         diff = std::max(diff, std::fabs(double(got[i]) - want[i])), scale = std::max(scale, std::fabs(double(want[i])));
       worst = std::max(worst, scale > 0 ? diff / scale : diff);
     }
-    std::printf("fp8_ds_mla %lld + %lld attend (%s, %s kernel): GPU vs host, worst max |Δ| of a head's largest "
+    // The published shapes take the tensor cores (latent 512; rope 64 dense or NoPE: fp8_mla_kernels.h): q, the
+    // widened rows and the softmax weights enter them as bf16 (fp32 sums), as in the bf16 layout's kernel — so a
+    // bf16-level bound; the CUDA-core kernels of the other shapes are fp32 throughout.
+    const bool tensor_cores = sh.latent == 512 && (sh.rope == 0 || m.selected_width == 0);
+    std::printf("fp8_ds_mla %lld + %lld attend (%s, %s, %s): GPU vs host, worst max |Δ| of a head's largest "
                 "|out| %.3g\n", static_cast<long long>(sh.latent), static_cast<long long>(sh.rope),
-                with_selection ? "selection" : "all keys", split ? "split" : "plain", worst);
-    EXPECT_LE(worst, 1e-5);
+                with_selection ? "selection" : "all keys", split ? "planned splits" : "no workspace",
+                tensor_cores ? "tensor cores" : "CUDA cores", worst);
+    EXPECT_LE(worst, tensor_cores ? 2e-2 : 1e-5);
+    if (!split) continue;
+    // Batch invariance: the last row alone, planned alone, gives the same bits as among the five.
+    MlaAttendShape alone = shape;
+    alone.num_queries = 1;
+    const MlaAttendPlan plan1 = gpu->plan_attend(alone);
+    Dev<char> workspace1(plan1.workspace_bytes);
+    Dev<float> d_out1(static_cast<size_t>(heads * sh.latent));
+    MlaAttendArgs m1 = m;
+    m1.num_queries = 1, m1.q = d_q.p + (nq - 1) * heads * W, m1.query_seq = d_qs.p + nq - 1, m1.kv_len = d_kv.p + nq - 1;
+    m1.selected = with_selection ? d_sel.p + (nq - 1) * width : nullptr, m1.out = d_out1.p;
+    m1.workspace = workspace1.p, m1.workspace_bytes = plan1.workspace_bytes, m1.num_splits = plan1.num_splits;
+    m1.split_by_length = plan1.split_by_length;
+    ASSERT_TRUE(gpu->attend(m1, stream).ok());
+    const std::vector<float> got1 = d_out1.get();
+    EXPECT_TRUE(std::equal(got1.begin(), got1.end(), got.end() - heads * sh.latent))
+        << "the last row alone differs from the same row among five";
   }
 }
 

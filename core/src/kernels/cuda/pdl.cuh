@@ -20,19 +20,9 @@
 
 #include <utility>
 
+#include "kiln/cuda/warp_mma.cuh"  // pdl_wait, pdl_launch_dependents
+
 namespace kiln::cuda {
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 // Pulls [p, p + bytes) toward L2 without waiting for it (no register is written): the prologue of a weight-
 // streaming kernel issues this for the weights its CTA will read, before pdl_wait().
