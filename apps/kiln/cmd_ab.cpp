@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "build_info.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
@@ -237,10 +238,11 @@ int cmd_ab(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command += (i ? " " : "kiln ") + std::string(argv[i]);
   const std::string device = arms[0].recipe.section("model").get_string("device") == "cuda" ? "cuda" : "cpu";
 
-  nlohmann::json j = {{"date", date}, {"command", command}, {"device", device}, {"reps", reps},
+  nlohmann::json j = {{"date", date}, {"command", command}, {"commit", build_commit()}, {"device", device}, {"reps", reps},
                       {"prompts", num_prompts}, {"max_tokens", max_tokens}, {"concurrency", concurrency}, {"arms", nlohmann::json::array()}};
   std::ostringstream md;
-  md << "# kiln ab result\n\n" << date << " · device: " << device << " · `" << command << "`\n\n"
+  md << "# kiln ab result\n\n" << date << " · kiln " << build_commit() << " · device: " << device << " · `" << command
+     << "`\n\n"
      << num_prompts << " prompts × " << max_tokens << " tokens, concurrency " << concurrency << ", " << reps
      << " interleaved repetitions (A B A B …)\n\n"
      << "| arm | recipe | overrides | hash | decode tok/s (per request) | output tok/s | TTFT ms | acceptance | mean acc. length | per-position acceptance |\n"

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "build_info.h"
 #include "bench_model.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -68,6 +69,7 @@ nlohmann::json report_header(const std::string& benchmark, const BenchTarget& t,
   if (t.weight_gib > 0) model["gpu_weight_gib"] = t.weight_gib;
   return {{"benchmark", benchmark},
           {"date", utc_now()},
+          {"commit", build_commit()},
           {"device", t.device},
           {"command", command},
           {"model", model},
@@ -77,7 +79,8 @@ nlohmann::json report_header(const std::string& benchmark, const BenchTarget& t,
 
 void print_header(const std::string& title, const BenchTarget& t, const std::string& command) {
   const ModelConfig& c = *t.config;
-  std::printf("%s, %s, %s: %s (%lld layers, %lld experts top-%lld)", title.c_str(), utc_now().c_str(), t.device.c_str(),
+  std::printf("%s, %s, kiln %s, %s: %s (%lld layers, %lld experts top-%lld)", title.c_str(), utc_now().c_str(),
+              build_commit(), t.device.c_str(),
               c.source.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.n_routed_experts),
               static_cast<long long>(c.num_experts_per_tok));
   if (t.weight_gib > 0) std::printf(", %.2f GiB of bf16 weights", t.weight_gib);

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <string>
 
+#include "build_info.h"
 #include "commands.h"
 #include "kiln/plugin.h"
 
@@ -49,7 +50,8 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!std::strcmp(argv[1], "--version")) {
-    std::cout << "kiln " KILN_VERSION " (plugin ABI " << KILN_ABI_MAJOR << "." << KILN_ABI_MINOR << ", " KILN_ABI_TAG ")\n";
+    std::cout << "kiln " KILN_VERSION " (plugin ABI " << KILN_ABI_MAJOR << "." << KILN_ABI_MINOR << ", " KILN_ABI_TAG
+              << "; commit " << kiln::build_commit() << ")\n";
     return 0;
   }
   for (const auto& c : kCommands)
