@@ -347,6 +347,32 @@ def export(drafter: Drafter, out: Path, info: dict) -> None:
     (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+@torch.no_grad()
+def write_reference(drafter_dir: Path, target_dir: Path, out: Path) -> None:
+    """Greedy drafts of the exported drafter (its bf16 values in fp32) for a few anchors of the target's greedy
+    continuations, as kiln's drafter must propose them (plugins/draft-dflash2/tests compare)."""
+    from safetensors.torch import load_file
+
+    c = json.loads((drafter_dir / "config.json").read_text())
+    drafter = Drafter(c)
+    drafter.load_state_dict({k: v.float() for k, v in load_file(str(drafter_dir / "model.safetensors")).items()})
+    drafter.eval()
+    target = Target(target_dir, c["dflash_config"]["target_layer_ids"], torch.device("cpu"))
+    dc = c["dflash_config"]
+    cases = []
+    for prompt in ([1437, 309, 3264, 14, 880, 37], [100, 200, 300, 400, 500, 600, 700, 800, 900]):
+        seq = target.model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+        taps = target.tapped(seq)
+        anchors = torch.tensor([[len(prompt) + 3, len(prompt) + 11]])
+        h = drafter(taps, seq, anchors, target.embed)[:, :, 1:]
+        logits = target.lm_head(h)
+        drafts = walk(drafter, h[0], logits[0], seq[0, anchors[0]], dc["selector_top_k"])
+        for a, d in zip(anchors[0].tolist(), drafts.tolist()):
+            cases.append({"tokens": seq[0, : a + 1].tolist(), "anchor_position": a, "drafts": d})
+    out.write_text(json.dumps({"drafter": str(drafter_dir.name), "cases": cases}, indent=1) + "\n")
+    print(f"wrote {out}: {len(cases)} cases")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=REPO / "models" / "tiny-glm")
@@ -367,7 +393,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: a minute of training, small evaluation")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--reference", type=Path, metavar="JSON",
+                    help="instead of training: write the greedy drafts of the drafter in --out (exported) to JSON")
     args = ap.parse_args()
+    if args.reference:
+        write_reference(args.out, args.target, args.reference)
+        return 0
     if args.quick:
         args.device, args.max_minutes, args.seq_len, args.anchors = "cpu", min(args.max_minutes, 1.0), 128, 8
     if args.batch is None:

@@ -276,34 +276,90 @@ TEST(Dflash2, AdvertisesItsCheckpointsShape) {
   EXPECT_EQ(caps.cache_layers[0].entries[0].row_bytes, 2u * 2 * 64);  // 2 KV heads × 64, bf16
 }
 
+// A pool of the target's layers and the drafter's own (as the engine makes it), attached to the fixture's services;
+// one sequence's block table covering all of it.
+struct DraftPool {
+  std::unique_ptr<CacheManager> caches;
+  std::vector<int32_t> table;
+  bool ok = false;
+
+  explicit DraftPool(Fixture& f, int64_t blocks = 16) {
+    if (!f.drafter.ok()) return;
+    CacheSpec spec = f.m.arch->cache_spec(0);
+    const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
+    for (const LayerCacheSpec& l : (*f.drafter)->capabilities().cache_layers) spec.layers.push_back(l);
+    CacheManagerConfig cfg;
+    cfg.num_blocks = blocks;
+    cfg.block_size = f.m.layout->geometry().block_size;
+    cfg.prefix_caching = false;
+    cfg.state_slots = 1;
+    auto made = CacheManager::create(spec, f.m.layout.get(), f.m.device.get(), cfg);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    if (!made.ok()) return;
+    caches = std::move(made).value();
+    f.services->attach(caches.get(), target_layers);
+    for (int32_t b = 0; b < blocks; ++b) table.push_back(b);
+    ok = true;
+  }
+};
+
+// Greedy drafts equal those of the training script's forward (tools/train_dflash.py --reference, on the shipped
+// drafter's values): the conventions (taps, RoPE, convs, the selector walk) are the trainer's.
+TEST(Dflash2, GreedyDraftsMatchTheTrainersForward) {
+  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "plugins/draft-dflash2/tests/data/reference_drafts.json");
+  ASSERT_TRUE(in.good());
+  const json ref = json::parse(in);
+  Fixture f("dflash2", kDrafter, 7);
+  ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+  int matched = 0, total = 0;
+  for (const json& c : ref["cases"]) {
+    DraftPool pool(f);
+    ASSERT_TRUE(pool.ok);
+    const std::vector<int32_t> tokens = c["tokens"].get<std::vector<int32_t>>();
+    const int64_t a = c["anchor_position"].get<int64_t>();
+    ASSERT_EQ(static_cast<int64_t>(tokens.size()), a + 1);
+    SequenceStep step{std::span<const int32_t>(tokens.data(), a), 0, &pool.table, false};
+    StepOptions options;
+    options.tap_layers = (*f.drafter)->capabilities().tap_layers;
+    StepOutput o;
+    ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
+    DraftStep ds;
+    ds.taps = o.taps;
+    DraftSequence s;
+    s.seq_id = 1;
+    s.num_rows = a;
+    s.next_tokens = tokens.data() + 1;
+    s.depth = 7;
+    s.block_table = pool.table.data();
+    s.num_blocks = static_cast<int64_t>(pool.table.size());
+    ds.seqs = {s};
+    std::vector<DraftProposal> out;
+    ASSERT_TRUE((*f.drafter)->propose(ds, out).ok());
+    const std::vector<int32_t> want = c["drafts"].get<std::vector<int32_t>>();
+    EXPECT_EQ(out[0].tokens, want) << "anchor at " << a;
+    matched += out[0].tokens == want;
+    ++total;
+    (*f.drafter)->release(1);
+  }
+  std::printf("%d of %d reference blocks drafted identically\n", matched, total);
+}
+
 // Drafts at T > 0 are draws from the q returned with them: the same context proposed again and again (the rows
 // are rewritten, the sequence's generator advances) gives first drafts whose counts match q by chi-square.
 TEST(Dflash2, SampledDraftsFollowTheirQ) {
   Fixture f("dflash2", kDrafter, 3);
   ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
-  // A pool of the target's layers and the drafter's own, as the engine makes it.
-  const DrafterCapabilities caps = (*f.drafter)->capabilities();
-  CacheSpec spec = f.m.arch->cache_spec(0);
-  const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
-  for (const LayerCacheSpec& l : caps.cache_layers) spec.layers.push_back(l);
-  CacheManagerConfig cfg;
-  cfg.num_blocks = 16;
-  cfg.block_size = f.m.layout->geometry().block_size;
-  cfg.prefix_caching = false;
-  cfg.state_slots = 1;
-  auto pool = CacheManager::create(spec, f.m.layout.get(), f.m.device.get(), cfg);
-  ASSERT_TRUE(pool.ok()) << pool.status().to_string();
-  f.services->attach(pool->get(), target_layers);
-  std::vector<int32_t> table;
-  for (int32_t b = 0; b < 16; ++b) table.push_back(b);
+  DraftPool pool(f);
+  ASSERT_TRUE(pool.ok);
+  std::vector<int32_t>& table = pool.table;
   // The target's taps for a short prompt.
   const std::vector<int32_t> prompt = {100, 200, 300, 400, 500, 600};
   SequenceStep step{std::span<const int32_t>(prompt.data(), prompt.size()), 0, &table, false};
   StepOptions options;
   options.want_logits = true;
-  options.tap_layers = caps.tap_layers;
+  options.tap_layers = (*f.drafter)->capabilities().tap_layers;
   StepOutput o;
-  ASSERT_TRUE(f.m.model->step({&step, 1}, {}, (*pool)->views(), options, o).ok());
+  ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
   const std::vector<int32_t> next = {200, 300, 400, 500, 600, 700};
   DraftStep ds;
   ds.taps = o.taps;
