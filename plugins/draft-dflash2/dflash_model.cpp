@@ -9,15 +9,21 @@
 namespace kiln::dflash {
 namespace {
 
+// Vectorised (-fopenmp-simd): the sum's order is fixed by the build, not by the data, so results are reproducible.
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
 // y[n, W.rows] = x[n, W.cols] · Wᵀ
 void linear(const float* x, int64_t n, const Matrix& W, float* y) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = x + i * W.cols;
     for (int64_t o = 0; o < W.rows; ++o) {
       const float* wo = W.w.data() + o * W.cols;
-      float s = 0.0f;
-      for (int64_t c = 0; c < W.cols; ++c) s += xi[c] * wo[c];
-      y[i * W.rows + o] = s;
+      y[i * W.rows + o] = dot(xi, wo, W.cols);
     }
   }
 }
@@ -264,9 +270,7 @@ void DflashModel::layer_forward(int64_t li, float* h, int64_t n, int64_t anchor_
           continue;
         }
         const float* kv = in_block ? k_.data() + (j - nctx) * kvw + g * hd : ctx_k_.data() + j * kvw + g * hd;
-        float s = 0.0f;
-        for (int64_t e = 0; e < hd; ++e) s += qv[e] * kv[e];
-        scores_[j] = s * scale;
+        scores_[j] = dot(qv, kv, hd) * scale;
         mx = std::max(mx, scores_[j]);
       }
       double sum = 0.0;
@@ -354,9 +358,7 @@ Status DflashModel::draft(int32_t anchor, int64_t anchor_position, int k, float 
       for (int64_t r = 0; r < c_.selector_rank; ++r) ag[r] = a[r] * g[r];
       for (int64_t j = 0; j < width; ++j) {
         const float* b = w_.successor.w.data() + static_cast<int64_t>(cand[j]) * c_.selector_rank;
-        float s = 0.0f;
-        for (int64_t r = 0; r < c_.selector_rank; ++r) s += ag[r] * b[r];
-        row[j] += s;
+        row[j] += dot(ag.data(), b, c_.selector_rank);
       }
     }
     int64_t pick = 0;

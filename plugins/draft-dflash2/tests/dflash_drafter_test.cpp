@@ -263,6 +263,15 @@ TEST(DflashCheckpoint, ArchitectureMustMatchTheDrafter) {
   EXPECT_NE(missing.find("config.json: cannot be read"), std::string::npos) << missing;
 }
 
+TEST(Dflash2, DepthBeyondTheBlockIsRefusedAtLoad) {
+  const Recipe recipe = recipe_for("dflash2", kDrafter, 8);
+  LoadedModel m = load(recipe);
+  auto started = start_engine(m, recipe);
+  ASSERT_FALSE(started.ok());
+  EXPECT_NE(started.status().message().find("beyond the drafter's maximum of 7"), std::string::npos)
+      << started.status().to_string();
+}
+
 TEST(Dflash2, AdvertisesItsCheckpointsShape) {
   Fixture f("dflash2", kDrafter);
   ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
