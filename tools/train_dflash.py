@@ -274,20 +274,27 @@ class Target:
         return self.model.lm_head(h)
 
     @torch.no_grad()
-    def tapped(self, ids):
-        out = self.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1)
-        return torch.cat([out.hidden_states[i + 1] for i in self.taps], -1)
+    def tapped(self, ids, want_greedy: bool = False):
+        out = self.model(input_ids=ids, output_hidden_states=True, logits_to_keep=0 if want_greedy else 1)
+        taps = torch.cat([out.hidden_states[i + 1] for i in self.taps], -1)
+        return (taps, out.logits.argmax(-1)) if want_greedy else taps
 
 
-def losses(drafter: Drafter, target: Target, ids: torch.Tensor, n_anchors: int, gen: torch.Generator):
+def losses(drafter: Drafter, target: Target, ids: torch.Tensor, n_anchors: int, gen: torch.Generator,
+           greedy_labels: bool = False):
     dc = drafter.c["dflash_config"]
     bs, k_sel = dc["block_size"], dc["selector_top_k"]
     B, S = ids.shape
-    taps = target.tapped(ids)
+    taps, greedy = target.tapped(ids, want_greedy=True)
     anchors = torch.stack([torch.randperm(S - bs + 1, generator=gen)[:n_anchors] for _ in range(B)]).to(ids.device)
     h = drafter(taps, ids, anchors, target.embed)  # [B, A, bs, H]
     pos = anchors[..., None] + torch.arange(bs, device=ids.device)
     labels = ids.gather(1, pos.flatten(1)).view_as(pos)  # x_{p+k}
+    if greedy_labels:
+        # Drafts 1..K against the target's greedy continuation from the anchor: label k = the target's argmax after
+        # the text up to p + k − 1 (teacher forcing on the text; the greedy chain itself only where they agree).
+        greedy_next = greedy.gather(1, (pos[..., :-1]).flatten(1)).view(B, -1, bs - 1)
+        labels = torch.cat([labels[..., :1], greedy_next], -1)
     logits = target.lm_head(h[:, :, 1:])  # [B, A, bs−1, V]
     w = decay_weights(bs).to(ids.device)
     ce = F.cross_entropy(logits.flatten(0, 2), labels[..., 1:].flatten(), reduction="none").view(B, -1, bs - 1)
@@ -393,6 +400,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: a minute of training, small evaluation")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--init", type=Path, metavar="DIR", help="start from this exported drafter (same shapes)")
+    ap.add_argument("--greedy-labels", action="store_true",
+                    help="label drafts with the target's greedy next tokens instead of the text")
     ap.add_argument("--reference", type=Path, metavar="JSON",
                     help="instead of training: write the greedy drafts of the drafter in --out (exported) to JSON")
     args = ap.parse_args()
@@ -417,7 +427,13 @@ def main() -> int:
     target_cfg = json.loads((args.target / "config.json").read_text())
     c = drafter_config(target_cfg, mask_id, args)
     target = Target(args.target, c["dflash_config"]["target_layer_ids"], device)
-    drafter = Drafter(c).to(device)
+    drafter = Drafter(c)
+    if args.init:
+        from safetensors.torch import load_file
+
+        drafter.load_state_dict({k: v.float() for k, v in load_file(str(args.init / "model.safetensors")).items()})
+        print(f"starting from {args.init}")
+    drafter = drafter.to(device)
     n_params = sum(p.numel() for p in drafter.parameters())
     print(f"corpus {train_ids.numel()} train / {val_ids.numel()} val tokens; drafter {n_params / 1e6:.2f} M params, "
           f"taps {c['dflash_config']['target_layer_ids']}, block {args.block}; device {device} "
@@ -438,7 +454,7 @@ def main() -> int:
         for g in opt.param_groups:
             g["lr"] = lr
         windows = train_tiny.random_windows(train_dev, gen, args.batch, args.seq_len)
-        loss, sel, acc = losses(drafter, target, windows, args.anchors, gen)
+        loss, sel, acc = losses(drafter, target, windows, args.anchors, gen, args.greedy_labels)
         opt.zero_grad(set_to_none=True)
         (loss + sel).backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -455,7 +471,8 @@ def main() -> int:
     print(f"trained {step} steps in {train_seconds:.0f} s; simulated greedy acceptance at K = {args.block - 1} "
           f"(target's greedy continuations of {prompts} validation prompts): mean accepted {mean_len:.2f}, "
           "per position " + " ".join(f"{a:.2f}" for a in per_pos), flush=True)
-    info = {"steps": step, "train_seconds": round(train_seconds, 1), "device": str(device), "batch": args.batch,
+    info = {"init": str(args.init) if args.init else None, "greedy_labels": args.greedy_labels, "lr": args.lr,
+            "steps": step, "train_seconds": round(train_seconds, 1), "device": str(device), "batch": args.batch,
             "seq_len": args.seq_len, "anchors": args.anchors, "seed": args.seed, "torch": torch.__version__,
             "simulated_greedy_acceptance": {"K": args.block - 1, "mean_accepted": round(mean_len, 3),
                                             "per_position": [round(a, 3) for a in per_pos]}}
