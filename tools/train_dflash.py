@@ -285,7 +285,7 @@ def losses(drafter: Drafter, target: Target, ids: torch.Tensor, n_anchors: int, 
     dc = drafter.c["dflash_config"]
     bs, k_sel = dc["block_size"], dc["selector_top_k"]
     B, S = ids.shape
-    taps, greedy = target.tapped(ids, want_greedy=True)
+    taps, greedy = target.tapped(ids, want_greedy=True) if greedy_labels else (target.tapped(ids), None)
     anchors = torch.stack([torch.randperm(S - bs + 1, generator=gen)[:n_anchors] for _ in range(B)]).to(ids.device)
     h = drafter(taps, ids, anchors, target.embed)  # [B, A, bs, H]
     pos = anchors[..., None] + torch.arange(bs, device=ids.device)
