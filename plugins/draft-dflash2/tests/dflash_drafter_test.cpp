@@ -1,0 +1,498 @@
+// The `dflash` / `dflash2` drafters (plugins/draft-dflash2) on the CPU against the trained tiny target
+// (models/tiny-glm):
+//   - greedy output through the batching engine equals plain greedy generation, token for token, for K = 1..7 with
+//     the shipped DFlash2 drafter (models/tiny-glm-dflash2) and with a random DFlash (v1) checkpoint, and with an
+//     fp8 draft KV cache;
+//   - at T > 0 the drafts are distributed as the q returned with them (chi-square over repeated proposals), and the
+//     engine's rejection sampling with that q leaves the target's distribution of sampled tokens unchanged
+//     (chi-square against the target's exact probabilities);
+//   - malformed or mismatched checkpoints are refused with a message naming the file and the tensor or key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "common/reference_fixture.h"
+#include "common/test_model.h"
+#include "engine/engine_draft_services.h"
+#include "engine/engine_factory.h"
+#include "engine/speculative_drafter.h"
+#include "engine_harness.h"
+#include "kernels/cpu/sampling.h"
+#include "plugin/plugin_loader.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+
+namespace kiln::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const fs::path kTarget = fs::path(KILN_SOURCE_DIR) / "models/tiny-glm";
+const fs::path kDrafter = fs::path(KILN_SOURCE_DIR) / "models/tiny-glm-dflash2";
+
+void load_plugin() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-draft-dflash2.so");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-draft-dflash2 target)";
+}
+
+// A safetensors file of fp32 tensors.
+void write_safetensors(const fs::path& file, const std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>& t) {
+  json header = json::object();
+  size_t offset = 0;
+  for (const auto& [name, v] : t) {
+    header[name] = {{"dtype", "F32"}, {"shape", v.first}, {"data_offsets", {offset, offset + v.second.size() * 4}}};
+    offset += v.second.size() * 4;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::ofstream out(file, std::ios::binary);
+  const uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const auto& [name, v] : t) out.write(reinterpret_cast<const char*>(v.second.data()), static_cast<std::streamsize>(v.second.size() * 4));
+}
+
+// A random DFlash (v1, or v2 with identity convs) checkpoint for the tiny target: hidden 256, `layers` layers.
+struct RandomCheckpoint {
+  json config;
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+
+  RandomCheckpoint(bool v2, int layers = 1, bool model_prefix = false) {
+    const int64_t H = 256, I = 256, nh = 4, nkv = 2, hd = 64, V = 4096, T = 2, G = H / 16, R = 16;
+    config = {{"architectures", {v2 ? "DFlash2DraftModel" : "DFlashDraftModel"}},
+              {"hidden_size", H}, {"intermediate_size", I}, {"num_hidden_layers", layers},
+              {"num_attention_heads", nh}, {"num_key_value_heads", nkv}, {"head_dim", hd}, {"hidden_act", "silu"},
+              {"rms_norm_eps", 1e-6}, {"vocab_size", V}, {"rope_theta", 10000.0}, {"num_target_layers", 6},
+              {"tie_word_embeddings", false},
+              {"layer_types", json::array()}, {"sliding_window", 6}, {"use_sliding_window", true}, {"is_causal", false},
+              {"dflash_config", {{"target_layer_ids", {1, 4}}, {"mask_token_id", 4061}, {"block_size", 8}}}};
+    for (int i = 0; i < layers; ++i) config["layer_types"].push_back("sliding_attention");
+    if (v2) {
+      config["dflash_config"]["conv_kernel_size"] = T;
+      config["dflash_config"]["conv_group_size"] = 16;
+      config["dflash_config"]["selector_rank"] = R;
+      config["dflash_config"]["selector_top_k"] = 16;
+    }
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    const std::string pre = model_prefix ? "model." : "";
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, float fill = NAN) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = std::isnan(fill) ? nd(rng) : fill;
+      tensors[pre + name] = {shape, v};
+    };
+    add("fc.weight", {H, 2 * H});
+    add("hidden_norm.weight", {H}, 1.0f);
+    add("norm.weight", {H}, 1.0f);
+    for (int i = 0; i < layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", {H}, 1.0f);
+      add(p + "post_attention_layernorm.weight", {H}, 1.0f);
+      add(p + "self_attn.q_proj.weight", {nh * hd, H});
+      add(p + "self_attn.k_proj.weight", {nkv * hd, H});
+      add(p + "self_attn.v_proj.weight", {nkv * hd, H});
+      add(p + "self_attn.o_proj.weight", {H, nh * hd});
+      add(p + "self_attn.q_norm.weight", {hd}, 1.0f);
+      add(p + "self_attn.k_norm.weight", {hd}, 1.0f);
+      add(p + "mlp.gate_proj.weight", {I, H});
+      add(p + "mlp.up_proj.weight", {I, H});
+      add(p + "mlp.down_proj.weight", {H, I});
+      if (v2)
+        for (const char* conv : {"attention_conv", "mlp_conv"}) {
+          add(p + conv + ".base_kernel", {2, T, H});
+          add(p + conv + ".kernel_projection.weight", {2 * T * G, H});
+        }
+    }
+    if (v2) {
+      add("candidate_selector.hidden_projection.weight", {R, H});
+      add("candidate_selector.predecessor_codebook", {V, R});
+      add("candidate_selector.successor_codebook", {V, R});
+    }
+  }
+
+  fs::path write(const std::string& name) const {
+    const fs::path dir = fs::temp_directory_path() / ("kiln-dflash-" + std::to_string(::getpid()) + "-" + name);
+    fs::create_directories(dir);
+    std::ofstream(dir / "config.json") << config.dump(2);
+    write_safetensors(dir / "model.safetensors", tensors);
+    return dir;
+  }
+};
+
+fs::path random_v1() {
+  static const fs::path dir = RandomCheckpoint(false, 2).write("v1");
+  return dir;
+}
+
+Recipe recipe_for(const std::string& method, const fs::path& draft, int depth, const std::vector<std::string>& extra = {}) {
+  load_plugin();
+  std::vector<std::string> sets = {"model.path=" + kTarget.string(), "kv.layout=fp32", "kv.block_size=4",
+                                   "scheduler.max_model_len=160", "scheduler.max_num_seqs=4",
+                                   "scheduler.max_num_batched_tokens=32", "speculative.method=" + method,
+                                   "speculative.depth=" + std::to_string(depth), "speculative.draft_model=" + draft.string()};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  auto r = load_recipe("", sets, global_registry());
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+LoadedModel load(const Recipe& recipe) {
+  auto m = load_model(recipe, global_registry(), model_load_options(recipe));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+// Concurrent requests through the engine against plain greedy generation; returns the engine's metrics.
+EngineMetrics expect_same_as_plain(const Recipe& recipe, int depth) {
+  LoadedModel m = load(recipe);
+  std::mt19937 rng(300 + depth);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 3 + 9 * i, 4000));
+    lengths.push_back(6 + 11 * i);  // 6 .. 39 tokens: budgets shorter than K, and many passes
+  }
+  std::vector<std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) expected.push_back(greedy_reference(m, prompts[i], lengths[i]));
+  auto started = start_engine(m, recipe);
+  EXPECT_TRUE(started.ok()) << started.status().to_string();
+  if (!started.ok()) return {};
+  const std::vector<Outcome> outcomes = run_requests(*started->engine, prompts, lengths);
+  EXPECT_EQ(outcomes.size(), prompts.size());
+  for (size_t i = 0; i < outcomes.size(); ++i)
+    EXPECT_EQ(outcomes[i].tokens, expected[i]) << "request " << i << " at depth " << depth;
+  EngineMetrics metrics = wait_idle(*started->engine);
+  EXPECT_EQ(metrics.kv_blocks_used, 0);
+  EXPECT_GT(metrics.spec_draft_tokens, 0);
+  std::printf("K=%d: %lld of %lld drafts accepted\n", depth, static_cast<long long>(metrics.spec_accepted_tokens),
+              static_cast<long long>(metrics.spec_draft_tokens));
+  return metrics;
+}
+
+class GreedyDflash2 : public ::testing::TestWithParam<int> {};
+TEST_P(GreedyDflash2, OutputEqualsNoDrafting) {
+  const int depth = GetParam();
+  expect_same_as_plain(recipe_for("dflash2", kDrafter, depth), depth);
+}
+INSTANTIATE_TEST_SUITE_P(Depths, GreedyDflash2, ::testing::Range(1, 8));
+
+class GreedyDflash : public ::testing::TestWithParam<int> {};
+TEST_P(GreedyDflash, OutputEqualsNoDrafting) {
+  const int depth = GetParam();
+  expect_same_as_plain(recipe_for("dflash", random_v1(), depth), depth);
+}
+INSTANTIATE_TEST_SUITE_P(Depths, GreedyDflash, ::testing::Range(1, 8));
+
+TEST(Dflash2, Fp8DraftKvStaysLossless) {
+  expect_same_as_plain(recipe_for("dflash2", kDrafter, 5, {"speculative.draft_kv_dtype=fp8"}), 5);
+}
+
+TEST(Dflash2, ModelPrefixedKeysLoadLikeBareOnes) {
+  static const fs::path dir = RandomCheckpoint(true, 1, true).write("v2-prefixed");
+  expect_same_as_plain(recipe_for("dflash2", dir, 3), 3);
+}
+
+// A drafter over the engine's services with a pool of the target's layers and the drafter's own.
+struct Fixture {
+  Recipe recipe;
+  LoadedModel m;
+  std::unique_ptr<EngineDraftServices> services;
+  Result<std::shared_ptr<Drafter>> drafter = failed_precondition("not made");
+
+  Fixture(const std::string& method, const fs::path& draft, int depth = 3, const std::vector<std::string>& extra = {})
+      : recipe(recipe_for(method, draft, depth, extra)), m(load(recipe)) {
+    services = std::make_unique<EngineDraftServices>(*m.model, m.format, m.info.num_layers, draft.string());
+    drafter = create_drafter(recipe, global_registry(), m.info, *m.device, services.get());
+  }
+};
+
+std::string refusal(const fs::path& dir, const std::string& method = "dflash2") {
+  Fixture f(method, dir);
+  EXPECT_FALSE(f.drafter.ok());
+  return f.drafter.ok() ? "" : f.drafter.status().message();
+}
+
+TEST(DflashCheckpoint, MissingTensorIsNamedWithTheFile) {
+  RandomCheckpoint c(true);
+  c.tensors.erase("layers.0.mlp_conv.kernel_projection.weight");
+  const fs::path dir = c.write("missing");
+  const std::string m = refusal(dir);
+  EXPECT_NE(m.find((dir / "model.safetensors").string()), std::string::npos) << m;
+  EXPECT_NE(m.find("`layers.0.mlp_conv.kernel_projection.weight`"), std::string::npos) << m;
+}
+
+TEST(DflashCheckpoint, WrongShapeIsNamedWithBothShapes) {
+  RandomCheckpoint c(true);
+  c.tensors["layers.0.self_attn.k_proj.weight"] = {{64, 256}, std::vector<float>(64 * 256, 0.0f)};
+  const fs::path dir = c.write("shape");
+  const std::string m = refusal(dir);
+  EXPECT_NE(m.find((dir / "model.safetensors").string()), std::string::npos) << m;
+  EXPECT_NE(m.find("`layers.0.self_attn.k_proj.weight` has shape [64, 256], config.json implies [128, 256]"),
+            std::string::npos) << m;
+}
+
+TEST(DflashCheckpoint, TargetMismatchIsNamedWithTheConfig) {
+  RandomCheckpoint c(true);
+  c.config["hidden_size"] = 128;
+  const fs::path dir = c.write("hidden");
+  const std::string m = refusal(dir);
+  EXPECT_NE(m.find((dir / "config.json").string() + ": hidden_size 128 differs from the target's 256"), std::string::npos)
+      << m;
+  RandomCheckpoint t(true);
+  t.config["dflash_config"]["target_layer_ids"] = {1, 6};
+  EXPECT_NE(refusal(t.write("taps")).find("target_layer_ids holds 6, not a layer of the target (0..5)"), std::string::npos);
+}
+
+TEST(DflashCheckpoint, ArchitectureMustMatchTheDrafter) {
+  const std::string m = refusal(kDrafter, "dflash");
+  EXPECT_NE(m.find("this is a DFlash2DraftModel checkpoint: select `dflash2`"), std::string::npos) << m;
+  const std::string missing = refusal(fs::temp_directory_path() / "kiln-no-such-drafter");
+  EXPECT_NE(missing.find("config.json: cannot be read"), std::string::npos) << missing;
+}
+
+TEST(Dflash2, DepthBeyondTheBlockIsRefusedAtLoad) {
+  const Recipe recipe = recipe_for("dflash2", kDrafter, 8);
+  LoadedModel m = load(recipe);
+  auto started = start_engine(m, recipe);
+  ASSERT_FALSE(started.ok());
+  EXPECT_NE(started.status().message().find("beyond the drafter's maximum of 7"), std::string::npos)
+      << started.status().to_string();
+}
+
+TEST(Dflash2, AdvertisesItsCheckpointsShape) {
+  Fixture f("dflash2", kDrafter);
+  ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+  const DrafterCapabilities caps = (*f.drafter)->capabilities();
+  EXPECT_EQ(caps.tap_layers, (std::vector<int>{1, 3}));
+  EXPECT_EQ(caps.max_depth, 7);
+  EXPECT_TRUE(caps.parallel_drafting);
+  EXPECT_TRUE(caps.has_draft_probs);
+  EXPECT_TRUE(caps.needs_draft_model);
+  ASSERT_EQ(caps.cache_layers.size(), 2u);
+  EXPECT_EQ(caps.cache_layers[0].entries[0].row_bytes, 2u * 2 * 64);  // 2 KV heads × 64, bf16
+}
+
+// A pool of the target's layers and the drafter's own (as the engine makes it), attached to the fixture's services;
+// one sequence's block table covering all of it.
+struct DraftPool {
+  std::unique_ptr<CacheManager> caches;
+  std::vector<int32_t> table;
+  bool ok = false;
+
+  explicit DraftPool(Fixture& f, int64_t blocks = 16) {
+    if (!f.drafter.ok()) return;
+    CacheSpec spec = f.m.arch->cache_spec(0);
+    const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
+    for (const LayerCacheSpec& l : (*f.drafter)->capabilities().cache_layers) spec.layers.push_back(l);
+    CacheManagerConfig cfg;
+    cfg.num_blocks = blocks;
+    cfg.block_size = f.m.layout->geometry().block_size;
+    cfg.prefix_caching = false;
+    cfg.state_slots = 1;
+    auto made = CacheManager::create(spec, f.m.layout.get(), f.m.device.get(), cfg);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    if (!made.ok()) return;
+    caches = std::move(made).value();
+    f.services->attach(caches.get(), target_layers);
+    for (int32_t b = 0; b < blocks; ++b) table.push_back(b);
+    ok = true;
+  }
+};
+
+// Greedy drafts equal those of the training script's forward (tools/train_dflash.py --reference, on the shipped
+// drafter's values): the conventions (taps, RoPE, convs, the selector walk) are the trainer's.
+TEST(Dflash2, GreedyDraftsMatchTheTrainersForward) {
+  std::ifstream in(fs::path(KILN_SOURCE_DIR) / "plugins/draft-dflash2/tests/data/reference_drafts.json");
+  ASSERT_TRUE(in.good());
+  const json ref = json::parse(in);
+  Fixture f("dflash2", kDrafter, 7);
+  ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+  int matched = 0, total = 0;
+  for (const json& c : ref["cases"]) {
+    DraftPool pool(f);
+    ASSERT_TRUE(pool.ok);
+    const std::vector<int32_t> tokens = c["tokens"].get<std::vector<int32_t>>();
+    const int64_t a = c["anchor_position"].get<int64_t>();
+    ASSERT_EQ(static_cast<int64_t>(tokens.size()), a + 1);
+    SequenceStep step{std::span<const int32_t>(tokens.data(), a), 0, &pool.table, false};
+    StepOptions options;
+    options.tap_layers = (*f.drafter)->capabilities().tap_layers;
+    StepOutput o;
+    ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
+    DraftStep ds;
+    ds.taps = o.taps;
+    DraftSequence s;
+    s.seq_id = 1;
+    s.num_rows = a;
+    s.next_tokens = tokens.data() + 1;
+    s.depth = 7;
+    s.block_table = pool.table.data();
+    s.num_blocks = static_cast<int64_t>(pool.table.size());
+    ds.seqs = {s};
+    std::vector<DraftProposal> out;
+    ASSERT_TRUE((*f.drafter)->propose(ds, out).ok());
+    const std::vector<int32_t> want = c["drafts"].get<std::vector<int32_t>>();
+    EXPECT_EQ(out[0].tokens, want) << "anchor at " << a;
+    matched += out[0].tokens == want;
+    ++total;
+    (*f.drafter)->release(1);
+  }
+  std::printf("%d of %d reference blocks drafted identically\n", matched, total);
+}
+
+// Drafts at T > 0 are draws from the q returned with them: the same context proposed again and again (the rows
+// are rewritten, the sequence's generator advances) gives first drafts whose counts match q by chi-square.
+TEST(Dflash2, SampledDraftsFollowTheirQ) {
+  Fixture f("dflash2", kDrafter, 3);
+  ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+  DraftPool pool(f);
+  ASSERT_TRUE(pool.ok);
+  std::vector<int32_t>& table = pool.table;
+  // The target's taps for a short prompt.
+  const std::vector<int32_t> prompt = {100, 200, 300, 400, 500, 600};
+  SequenceStep step{std::span<const int32_t>(prompt.data(), prompt.size()), 0, &table, false};
+  StepOptions options;
+  options.want_logits = true;
+  options.tap_layers = (*f.drafter)->capabilities().tap_layers;
+  StepOutput o;
+  ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
+  const std::vector<int32_t> next = {200, 300, 400, 500, 600, 700};
+  DraftStep ds;
+  ds.taps = o.taps;
+  DraftSequence s;
+  s.seq_id = 1;
+  s.num_rows = 6;
+  s.next_tokens = next.data();
+  s.depth = 3;
+  s.temperature = 1.0f;
+  s.seed = 5;
+  s.block_table = table.data();
+  s.num_blocks = static_cast<int64_t>(table.size());
+  ds.seqs = {s};
+  std::map<int32_t, int64_t> counts;
+  std::vector<int32_t> q_ids;
+  std::vector<float> q;
+  constexpr int64_t kDraws = 4000;
+  for (int64_t i = 0; i < kDraws; ++i) {
+    std::vector<DraftProposal> out;
+    ASSERT_TRUE((*f.drafter)->propose(ds, out).ok());
+    ASSERT_EQ(out[0].tokens.size(), 3u);
+    ASSERT_GT(out[0].q_width, 0);
+    if (i == 0) {
+      q_ids.assign(out[0].q_ids, out[0].q_ids + out[0].q_width);
+      q.assign(out[0].q_probs, out[0].q_probs + out[0].q_width);
+      double sum = 0;
+      for (float p : q) sum += p;
+      EXPECT_NEAR(sum, 1.0, 1e-4);
+    } else {
+      ASSERT_TRUE(std::equal(q_ids.begin(), q_ids.end(), out[0].q_ids));  // the same context gives the same q
+    }
+    ++counts[out[0].tokens[0]];
+  }
+  double chi = 0;
+  int cells = 0;
+  for (size_t j = 0; j < q.size(); ++j) {
+    const double e = q[j] * kDraws;
+    if (e < 5) continue;
+    chi += (counts[q_ids[j]] - e) * (counts[q_ids[j]] - e) / e;
+    ++cells;
+  }
+  EXPECT_GT(cells, 1);
+  EXPECT_LT(chi, 45.0) << "over " << cells << " cells";  // df ≤ 15: 1e-4 tail ≈ 44
+  std::printf("first drafts against q: chi-square %.1f over %d cells\n", chi, cells);
+}
+
+// Rejection sampling with DFlash2's q leaves the target's distribution unchanged: the first two sampled tokens of
+// many requests (the second verified against a draft from q) against the target's exact joint probabilities.
+TEST(Dflash2, RejectionSamplingPreservesTheTargetDistribution) {
+  constexpr float kT = 1.0f;
+  constexpr int64_t kRequests = 1500;
+  const Recipe recipe = recipe_for("dflash2", kDrafter, 3, {"scheduler.max_num_seqs=16", "scheduler.prefix_caching=false"});
+  LoadedModel m = load(recipe);
+  const std::vector<int32_t> prompt = {1437, 309, 3264, 14};
+  const int64_t V = m.info.vocab_size;
+  // Exact p(t1) and p(t2 | t1) at temperature kT for the likely t1.
+  auto dist = [&](const std::vector<int32_t>& ids) {
+    TestKv kv(m, 64);
+    std::vector<int32_t> table;
+    EXPECT_TRUE(kv.reserve(table, 64).ok());
+    SequenceStep step{std::span<const int32_t>(ids.data(), ids.size()), 0, &table, false};
+    StepOptions options;
+    options.want_logits = true;
+    StepOutput o;
+    EXPECT_TRUE(m.model->step({&step, 1}, {}, kv.views(), options, o).ok());
+    std::vector<float> logits(o.logits.end() - V, o.logits.end()), p(V);
+    cpu::SamplingParams sp;
+    sp.temperature = kT;
+    cpu::sampling_distribution(logits.data(), V, sp, p.data());
+    return p;
+  };
+  const std::vector<float> p1 = dist(prompt);
+  std::map<std::pair<int32_t, int32_t>, double> joint;
+  for (int32_t a = 0; a < V; ++a) {
+    if (p1[a] * kRequests < 2) continue;
+    auto h = prompt;
+    h.push_back(a);
+    const std::vector<float> p2 = dist(h);
+    for (int32_t b = 0; b < V; ++b) joint[{a, b}] = double(p1[a]) * p2[b];
+  }
+  auto started = start_engine(m, recipe);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  std::map<std::pair<int32_t, int32_t>, int64_t> counts;
+  for (int64_t base = 0; base < kRequests; base += 250) {
+    Collector c;
+    for (int64_t i = 0; i < 250; ++i) {
+      RequestParams p;
+      p.prompt = prompt;
+      p.max_tokens = 3;  // t2 is verified against a draft whenever one is proposed
+      p.sampling.temperature = kT;
+      p.sampling.seed = static_cast<uint64_t>(base + i + 1) * 7919;
+      ASSERT_TRUE(started->engine->submit(p, c.sink(static_cast<int>(i))).ok());
+    }
+    for (int64_t i = 0; i < 250; ++i) {
+      ASSERT_TRUE(c.wait(static_cast<int>(i)));
+      const auto t = c.get(static_cast<int>(i)).tokens;
+      ASSERT_EQ(t.size(), 3u);
+      ++counts[{t[0], t[1]}];
+    }
+  }
+  const EngineMetrics metrics = wait_idle(*started->engine);
+  EXPECT_GT(metrics.spec_draft_tokens, 0);
+  // Cells with an expected count ≥ 5, the rest pooled into one.
+  double chi = 0, rest_p = 1.0;
+  int64_t rest_n = kRequests;
+  int cells = 0;
+  for (const auto& [key, p] : joint) {
+    const double e = p * kRequests;
+    if (e < 5) continue;
+    const int64_t n = counts.count(key) ? counts[key] : 0;
+    chi += (n - e) * (n - e) / e;
+    rest_p -= p;
+    rest_n -= n;
+    ++cells;
+  }
+  const double e = rest_p * kRequests;
+  chi += (rest_n - e) * (rest_n - e) / e;
+  EXPECT_GT(cells, 3);
+  // df = cells; the 1e-4 tail of chi-square(df) is below df + 4.3·sqrt(2·df) + 12 for df ≤ 60.
+  EXPECT_LT(chi, cells + 4.3 * std::sqrt(2.0 * cells) + 12) << "over " << cells << " + 1 cells";
+  std::printf("sampled (t1, t2) with DFlash2 drafts: chi-square %.1f over %d + 1 cells; %lld of %lld drafts accepted\n",
+              chi, cells, static_cast<long long>(metrics.spec_accepted_tokens),
+              static_cast<long long>(metrics.spec_draft_tokens));
+}
+
+}  // namespace
+}  // namespace kiln::testing
