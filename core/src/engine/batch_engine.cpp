@@ -313,6 +313,7 @@ void BatchEngine::step() {
       scheduler_.on_computed(plan.chunks[i]);
       computed_rows[i] = plan.chunks[i].num_tokens;
       if (select_[i].select && !emit_token(seq, tokens[0])) computed_rows[i] = 0;
+      if (!select_[i].select && seq->report_prefill_progress && seq->generated() == 0 && !emit_prefill_progress(seq)) computed_rows[i] = 0;
       continue;
     }
     // Verification of t_L and K drafts: the accepted prefix, then the correction or bonus token.
@@ -384,6 +385,12 @@ bool BatchEngine::emit_accepted(Sequence* seq, int32_t token, int64_t completion
   else if (completion_tokens >= seq->max_tokens)
     event.finish_reason = FinishReason::kLength;
   event.finished = event.finish_reason != FinishReason::kNone;
+  return emit(seq, event);
+}
+
+bool BatchEngine::emit_prefill_progress(Sequence* seq) {
+  TokenEvent event;
+  event.prefilled_tokens = std::min(seq->num_computed, seq->prompt_len);
   return emit(seq, event);
 }
 

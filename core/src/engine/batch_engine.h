@@ -66,6 +66,8 @@ class BatchEngine final : public Engine {
   // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
   // then invalid). Returns whether the sequence is still running.
   bool emit(Sequence* seq, const TokenEvent& event);
+  // A prefill chunk that left part of the prompt to compute, for a request that asked to hear of it.
+  bool emit_prefill_progress(Sequence* seq);
   // Appends a sampled token and emits it with its stop / length check; false once the sequence has ended.
   bool emit_token(Sequence* seq, int32_t token);
   // Emits a token already in seq->tokens as the request's `completion_tokens`-th.

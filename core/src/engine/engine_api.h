@@ -30,6 +30,9 @@ struct RequestParams {
   int64_t max_tokens = 256;
   SamplingOptions sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends after one of these (it is reported, with finished = true)
+  // Report each prefill chunk that does not finish the prompt (a token-less event with prefilled_tokens), so a
+  // client waiting out a long prompt can be told how far it got.
+  bool report_prefill_progress = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -43,6 +46,7 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // including this token
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t prefilled_tokens = 0;      // progress events only: prompt tokens whose KV is computed so far
 };
 
 // Returns false when the consumer is gone (client disconnected): the engine then frees the sequence at once.

@@ -111,14 +111,24 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_completion_tokens", "max_tokens"}, request);
   bool enable_thinking = true, clear_thinking = true;
+  ojson template_kwargs = ojson::object();
   if (const auto* kwargs = reader.value("chat_template_kwargs")) {
     if (!kwargs->is_object()) {
       reader.fail(bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs"));
     } else {
+      template_kwargs = *kwargs;
       RequestReader kw(*kwargs);
       enable_thinking = kw.boolean("enable_thinking").value_or(true);
       clear_thinking = kw.boolean("clear_thinking").value_or(true);
       if (!kw.ok()) reader.fail(bad_request(kw.error().message, "chat_template_kwargs." + kw.error().param));
+      // The template's own variables cannot be overridden (transformers would fail with a TypeError).
+      for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+        if (kwargs->contains(reserved)) {
+          reader.fail(bad_request(std::string("chat_template_kwargs.") + reserved +
+                                      " is set by the server, not by the request",
+                                  std::string("chat_template_kwargs.") + reserved));
+        }
+      }
     }
   }
   if (const auto* format = reader.value("response_format")) {
@@ -133,7 +143,8 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
 
   ToolSetup tools;
   if (auto e = setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), tools)) return e;
-  if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request)) return e;
+  if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request, template_kwargs))
+    return e;
   out.writer = std::make_unique<ChatWriter>(ctx.served_name, request.include_usage);
   return std::nullopt;
 }

@@ -14,6 +14,7 @@
 #include "server/media_input.h"
 #include "server/output_pipeline.h"
 #include "server/request_reader.h"
+#include "tokenizer/jinja_chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -28,6 +29,9 @@ struct ServerContext {
   std::string tool_parser;       // "glm47" or ""
   std::string reasoning_parser;  // "glm45" or ""
   MediaInput* media = nullptr;   // image parts through the recipe's modality (null: none accepted)
+  // The checkpoint's template, rendered by Jinja; null: the built-in GLM-4.7 renderer.
+  const JinjaChatTemplate* chat_template = nullptr;
+  std::vector<std::string> special_token_texts;  // the tokenizer's, escaped in client text (jinja_chat_template.h)
 };
 
 struct GenerationRequest {
@@ -67,10 +71,12 @@ struct ToolSetup {
 std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
                                     const nlohmann::ordered_json* tool_choice, ToolSetup& setup);
 
-// Renders OpenAI chat messages with the GLM template, tokenizes, and fills prompt, prefill and output options.
-// `enable_thinking` comes from chat_template_kwargs (default on); a forced tool call turns it off.
+// Renders OpenAI chat messages with the checkpoint's template (or the built-in GLM-4.7 one), tokenizes, and fills
+// prompt, prefill and output options. `enable_thinking` comes from chat_template_kwargs (default on); a forced tool
+// call turns it off. `template_kwargs` (the request's chat_template_kwargs) reach a Jinja template as variables.
 std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                           const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
-                                          GenerationRequest& request);
+                                          GenerationRequest& request,
+                                          const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
 
 }  // namespace kiln

@@ -69,6 +69,10 @@ SessionUpdate GenerationSession::next(std::chrono::milliseconds timeout) {
   for (const TokenEvent& event : stream_->wait(update.pieces.empty() ? timeout : std::chrono::milliseconds(0))) {
     usage_.prompt_tokens = event.prompt_tokens > 0 ? event.prompt_tokens : usage_.prompt_tokens;
     usage_.cached_tokens = event.cached_prompt_tokens;
+    if (event.token < 0 && !event.finished && event.prefilled_tokens > 0) {
+      update.prefilled_tokens = event.prefilled_tokens;
+      update.prefill_total = event.prompt_tokens;
+    }
     if (event.token >= 0) {
       auto now = Clock::now();
       if (!seen_token_) {

@@ -25,6 +25,8 @@ struct SessionUpdate {
   bool finished = false;
   std::string finish_reason;  // stop, length, abort, error (set when finished)
   std::string error;          // with "error"
+  // The latest prefill progress event since the last update (prefill_total 0: none).
+  int64_t prefilled_tokens = 0, prefill_total = 0;
 };
 
 class GenerationSession {
