@@ -105,6 +105,7 @@ TEST_F(PrefillKeepAlive, ProgressEventsWhenAsked) {
     EXPECT_FALSE(seen_content) << "progress after the first token";
     const json j = json::parse(e.data);
     EXPECT_EQ(j["object"], "prefill.progress");
+    EXPECT_EQ(j["choices"], json::array());
     done.push_back(j["prompt_tokens_done"].get<int64_t>());
     total = j["prompt_tokens_total"].get<int64_t>();
   }

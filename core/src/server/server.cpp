@@ -198,6 +198,7 @@ struct HttpServer::Impl {
           if (state->report_progress && update.prefill_total > 0 && !state->begun_tokens && !update.finished) {
             out += "event: prefill_progress\ndata: " +
                    ojson{{"object", "prefill.progress"},
+                         {"choices", ojson::array()},  // SDKs that read it as a chunk see one without choices
                          {"prompt_tokens_done", update.prefilled_tokens},
                          {"prompt_tokens_total", update.prefill_total}}
                        .dump() +
