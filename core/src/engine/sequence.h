@@ -19,6 +19,7 @@ struct Sequence {
         max_tokens(params.max_tokens),
         stop_token_ids(std::move(params.stop_token_ids)),
         report_prefill_progress(params.report_prefill_progress),
+        logprobs(params.logprobs),
         sampler(params.sampling),
         sink(std::move(sink_)),
         media(std::move(params.media)) {
@@ -36,6 +37,7 @@ struct Sequence {
   int64_t max_tokens;
   std::vector<int32_t> stop_token_ids;
   bool report_prefill_progress;
+  int32_t logprobs;  // -1: none
   Sampler sampler;
   TokenSink sink;
   BlockTable kv;

@@ -68,9 +68,18 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
       }
     }
   }
-  if (auto logprobs = reader.boolean("logprobs"); logprobs && *logprobs) {
-    reader.fail(bad_request("logprobs are not supported by this server", "logprobs"));
+}
+
+std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, const char* field,
+                                         GenerationRequest& request) {
+  if (!ctx.logprobs_supported) {
+    return bad_request(std::string(field) +
+                           ": logprobs are not computed on this model's device yet (a CPU recipe computes them)",
+                       field);
   }
+  request.logprobs = true;
+  request.params.logprobs = static_cast<int32_t>(top);
+  return std::nullopt;
 }
 
 std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t> prompt, GenerationRequest& request) {

@@ -25,6 +25,7 @@ struct ServerContext {
   std::string served_name;
   int64_t max_model_len = 0;
   int64_t max_output_tokens = 0;  // 0 = whatever the context leaves
+  bool logprobs_supported = false;  // the engine computes logprobs (Engine::reports_logprobs)
   std::vector<int32_t> end_of_turn_ids;
   std::string tool_parser;       // "glm47" or ""
   std::string reasoning_parser;  // "glm45" or ""
@@ -41,6 +42,7 @@ struct GenerationRequest {
   std::optional<int64_t> requested_max_tokens;
   bool stream = false;
   bool include_usage = false;
+  bool logprobs = false;  // also params.logprobs: how many alternatives (0..20)
   // Echoed in responses.
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   nlohmann::ordered_json tool_choice = "auto";
@@ -53,6 +55,10 @@ std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& rea
 // `max_tokens_keys` present (chat accepts max_tokens and max_completion_tokens).
 void read_sampling_fields(RequestReader& reader, const std::vector<const char*>& max_tokens_keys,
                           GenerationRequest& request);
+
+// Asks the engine for logprobs with `top` alternatives; 400 naming `field` when this engine cannot compute them.
+std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, const char* field,
+                                         GenerationRequest& request);
 
 // Sets the prompt and the final token limit: 400 naming both numbers when prompt + max_tokens exceeds
 // max_model_len (the engine would refuse it too; answering here keeps the message in HTTP terms).

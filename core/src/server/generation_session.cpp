@@ -83,6 +83,7 @@ SessionUpdate GenerationSession::next(std::chrono::milliseconds timeout) {
       }
       last_token_ = now;
       usage_.completion_tokens = event.completion_tokens;
+      if (event.has_logprobs) update.logprobs.push_back({event.token, event.logprob, event.top_logprobs});
       append_pieces(update.pieces, pipeline_.feed_token(event.token));
       if (pipeline_.stopped_by_string()) {
         // The engine would keep generating past the stop string: release the sequence now.

@@ -152,6 +152,7 @@ struct HttpServer::Impl {
       do {
         update = session->next(kPoll);
         append_pieces(all, std::move(update.pieces));
+        prepared.writer->add_logprobs(std::move(update.logprobs));
         if (update.finished) break;
         if (!GuardedHttpServer::client_connected()) {
           session->abandon();  // nobody is waiting for the answer (an SDK timeout): free the sequence now
@@ -185,6 +186,7 @@ struct HttpServer::Impl {
             state->begun = true;
           }
           SessionUpdate update = state->session->next(kPoll);
+          state->writer->add_logprobs(std::move(update.logprobs));
           out += state->writer->stream_pieces(update.pieces);
           if (update.finished) {
             out += update.finish_reason == "error"
@@ -348,6 +350,7 @@ Status HttpServer::start() {
   s.ctx.served_name = !o.served_name.empty() ? o.served_name : (!o.model_id.empty() ? o.model_id : "kiln");
   s.ctx.max_model_len = o.max_model_len;
   s.ctx.max_output_tokens = o.max_output_tokens;
+  s.ctx.logprobs_supported = s.engine.reports_logprobs();
   s.ctx.tool_parser = o.tool_parser;
   s.ctx.reasoning_parser = o.reasoning_parser;
   if (o.media.modality) {
