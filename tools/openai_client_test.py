@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives a running `kiln serve` with the official `openai` package: models, chat (plain and streamed), a tool
-round trip (tool call -> tool result -> answer), the Responses API (plain, streamed, with a function tool) and one
+round trip (tool call -> tool result -> answer), prefill progress events (stream_options.include_prefill_progress), the Responses API (plain, streamed, with a function tool) and one
 error path. Checks the shapes the client library relies on, not the model's wording, so it passes against a tiny
 random checkpoint as well as a real one. Exits 1 when any check fails.
 
@@ -54,6 +54,27 @@ def test_chat_stream(client, model, max_tokens):
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     check(finish and finish[-1] in ("stop", "length"), f"finish reasons {finish}")
     check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, "no usage chunk")
+
+
+EXPECT_PREFILL_PROGRESS = False  # --expect-prefill-progress: the server prefills a 1200-token prompt in several chunks
+
+
+def test_prefill_progress(client, model, max_tokens):
+    # About 1200 prompt tokens: several prefill chunks in the tiny recipe (scheduler.max_num_batched_tokens = 512);
+    # a server with larger chunks sends no progress event, and the events' shape is checked when there are some.
+    stream = client.completions.create(model=model, prompt="plain words again " * 300, max_tokens=4, temperature=0,
+                                       stream=True,
+                                       stream_options={"include_prefill_progress": True, "include_usage": True})
+    chunks = list(stream)
+    progress = [c for c in chunks if getattr(c, "object", None) == "prefill.progress"]
+    check(len(progress) >= 1 or not EXPECT_PREFILL_PROGRESS, f"no prefill_progress events in {len(chunks)} chunks")
+    total = chunks[-1].usage.prompt_tokens
+    if not progress:
+        return
+    done = [p.prompt_tokens_done for p in progress]
+    check(done == sorted(done) and 0 < done[-1] < total, f"progress {done} of {total}")
+    check(all(p.prompt_tokens_total == total for p in progress), "prompt_tokens_total differs from usage")
+    check(any(c.choices for c in chunks if getattr(c, "object", None) == "text_completion"), "no text chunks")
 
 
 def test_tool_round_trip(client, model, max_tokens):
@@ -138,11 +159,16 @@ def main():
     parser.add_argument("--api-key", default=os.environ.get("KILN_API_KEY", "none"))
     parser.add_argument("--model", help="default: the first model the server lists")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--expect-prefill-progress", action="store_true",
+                        help="fail when a 1200-token prompt brings no prefill_progress event")
     args = parser.parse_args()
+    global EXPECT_PREFILL_PROGRESS
+    EXPECT_PREFILL_PROGRESS = args.expect_prefill_progress
 
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
     model = args.model or client.models.list().data[0].id
-    tests = [test_models, test_chat, test_chat_stream, test_tool_round_trip, test_responses, test_bad_request]
+    tests = [test_models, test_chat, test_chat_stream, test_prefill_progress, test_tool_round_trip, test_responses,
+             test_bad_request]
     failed = 0
     for test in tests:
         try:

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <iostream>
@@ -72,6 +73,8 @@ int cmd_serve(int argc, char** argv) {
   const std::filesystem::path dir = recipe->section("model").get_string("path");
   auto tokenizer = Tokenizer::load(dir / "tokenizer.json");
   if (!tokenizer.ok()) return fail(tokenizer.status().message());
+  auto chat_template = JinjaChatTemplate::from_checkpoint(dir);
+  if (!chat_template.ok()) return fail(chat_template.status().message());
   auto started = start_engine(*model, *recipe);
   if (!started.ok()) return fail(started.status().message());
 
@@ -91,6 +94,8 @@ int cmd_serve(int argc, char** argv) {
   opts.max_connections = static_cast<int>(srv.get_int("max_connections"));
   opts.header_timeout = std::chrono::seconds(srv.get_int("header_timeout_s"));
   opts.read_timeout = std::chrono::seconds(srv.get_int("read_timeout_s"));
+  opts.keep_alive_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(std::llround(srv.get_float("keep_alive_interval_s") * 1000.0)));
   opts.drain_timeout = std::chrono::seconds(srv.get_int("drain_timeout_s"));
   const RecipeSection& media = recipe->section("media");
   opts.media.modality = started->modality;
@@ -104,6 +109,11 @@ int cmd_serve(int argc, char** argv) {
     if (!key || !*key)
       return fail("`server.api_key_env` (" + srv.origin("api_key_env") + ") names $" + key_env + ", which is not set");
     opts.api_key = key;
+  }
+  if (chat_template->has_value()) {
+    opts.chat_template = std::make_shared<const JinjaChatTemplate>(std::move(**chat_template));
+  } else {
+    log::info("{} has no chat template (tokenizer_config.json, chat_template.jinja): using GLM-4.7's", dir.string());
   }
   HttpServer server(*started->engine, *tokenizer, opts);
   Status s = server.start();

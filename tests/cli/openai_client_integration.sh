@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts `kiln serve` on a free loopback port and drives it with the official `openai` Python client
-# (tools/openai_client_test.py: chat, streaming, tools round trip, Responses, a bad request), then sends
+# (tools/openai_client_test.py: chat, streaming, prefill progress, tools round trip, Responses, a bad request), then sends
 # SIGTERM and checks that the server drains and exits cleanly. Exits 77 (skipped) without the openai package.
 set -u
 kiln=$1 recipe=$2 client=$3
@@ -17,7 +17,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [ -n "$url" ] || { echo "kiln serve did not start:"; cat "$log"; exit 1; }
-python3 "$client" --base-url "$url/v1"
+python3 "$client" --base-url "$url/v1" --expect-prefill-progress
 rc=$?
 kill -TERM $pid
 wait $pid

@@ -340,6 +340,45 @@ TEST(BatchEngine, DecodesKeepGoingWhileALongPromptPrefillsInChunks) {
   EXPECT_GE(chunk_steps, 20);
 }
 
+TEST(BatchEngine, ReportsPrefillProgressOnlyWhenAsked) {
+  EngineConfig config = small_config(512);
+  config.max_num_batched_tokens = 16;
+  config.max_model_len = 1024;
+  auto t = make_engine(config);
+  std::mt19937 rng(5);
+  // Different prompts: the second must not be served from the first one's cached prefix.
+  const std::vector<std::vector<int32_t>> prompts = {random_prompt(rng, 100, kVocab), random_prompt(rng, 100, kVocab)};
+  Collector c;
+  for (int key : {0, 1}) {
+    RequestParams p;
+    p.prompt = prompts[key];
+    p.max_tokens = 3;
+    p.report_prefill_progress = key == 1;
+    ASSERT_TRUE(t.engine->submit(p, c.sink(key)).ok());
+    ASSERT_TRUE(c.wait(key));
+  }
+  for (int key : {0, 1}) EXPECT_EQ(c.get(key).tokens, reference_tokens(prompts[key], 3, {}, kVocab));
+  for (const TokenEvent& e : c.get(0).events) EXPECT_GE(e.token, 0) << "progress events nobody asked for";
+  // 100 tokens in chunks of at most 16: progress after each chunk but the last, rising, then the tokens.
+  std::vector<int64_t> done;
+  bool seen_token = false;
+  for (const TokenEvent& e : c.get(1).events) {
+    if (e.token >= 0) {
+      seen_token = true;
+      continue;
+    }
+    if (e.finished) continue;
+    EXPECT_FALSE(seen_token) << "a progress event after the first token";
+    EXPECT_EQ(e.prompt_tokens, 100);
+    done.push_back(e.prefilled_tokens);
+  }
+  ASSERT_GE(done.size(), 6u);
+  for (size_t i = 1; i < done.size(); ++i) EXPECT_GT(done[i], done[i - 1]);
+  EXPECT_GT(done.front(), 0);
+  EXPECT_LT(done.back(), 100);
+  EXPECT_EQ(wait_idle(*t.engine).kv_blocks_used, 0);
+}
+
 TEST(BatchEngine, RefusesRequestsThatCanNeverFit) {
   EngineConfig config = small_config(16);  // 64 tokens of KV
   config.max_model_len = 100;

@@ -2,6 +2,9 @@
 // tool calls (whole, streamed, forced), tool-result round trips, and stop strings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "server_test_support.h"
 
 namespace kiln::testing {
@@ -267,6 +270,55 @@ TEST_F(ServerTest, SeedAndTopKReachTheEngine) {
   EXPECT_EQ(s.top_k, 40);
   EXPECT_FLOAT_EQ(s.top_p, 0.9f);
   EXPECT_EQ(s.temperature, 0.0f);
+}
+
+}  // namespace
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+// A checkpoint with its own template (tests/data/chat_templates/glm5_next): the prompt is what that template renders
+// for the request's messages and chat_template_kwargs, and client-written special tokens stay text.
+class CheckpointTemplate : public ServerTest {
+ protected:
+  void SetUp() override {
+    auto t = JinjaChatTemplate::from_checkpoint(std::filesystem::path(KILN_SOURCE_DIR) /
+                                                "tests/data/chat_templates/glm5_next");
+    ASSERT_TRUE(t.ok() && t->has_value()) << t.status().to_string();
+    HttpServerOptions options;
+    options.chat_template = std::make_shared<const JinjaChatTemplate>(std::move(**t));
+    start_server(options);
+    engine_.set_default_reply(reply_tokens("Fine."));
+  }
+};
+
+TEST_F(CheckpointTemplate, PromptIsTheCheckpointTemplateWithTheRequestsKwargs) {
+  auto res = post("/v1/chat/completions",
+                  {{"messages", json::array({{{"role", "user"}, {"content", "Hi <|user|>"}}})},
+                   {"chat_template_kwargs", {{"reasoning_effort", "high"}, {"enable_thinking", false}}}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::vector<int32_t> prompt = engine_.submitted().back().prompt;
+  EXPECT_EQ(server_test_tokenizer().decode(prompt), "[gMASK]<sop><|user|>Hi <|user|><|assistant|></think>effort=high");
+  const int32_t user = *server_test_tokenizer().token_to_id("<|user|>");
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), user), 1) << "the client's <|user|> became a token";
+}
+
+TEST_F(CheckpointTemplate, TemplateErrorsAndReservedKwargsAre400) {
+  auto res = post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                                           {"chat_template_kwargs", {{"add_generation_prompt", false}}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400);
+  EXPECT_EQ(json::parse(res->body)["error"]["param"], "chat_template_kwargs.add_generation_prompt") << res->body;
+
+  // The template gets the messages as sent, and this one raises for a role it does not know ("developer").
+  res = post("/v1/chat/completions", {{"messages", json::array({{{"role", "developer"}, {"content", "x"}}})}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 400) << res->body;
+  const json error = json::parse(res->body)["error"];
+  EXPECT_EQ(error["param"], "messages") << res->body;
+  EXPECT_NE(error["message"].get<std::string>().find("unknown role developer"), std::string::npos) << res->body;
 }
 
 }  // namespace

@@ -161,3 +161,42 @@ TEST_F(ServerTest, OverloadIs429NotAQueue) {
 
 }  // namespace
 }  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+// The fake engine computes no logprobs (like device token selection today): asking is a 400 naming the field, and
+// out-of-range values are 400s before that.
+TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
+  const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
+  struct Case {
+    std::string path;
+    json body;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", {{"messages", chat}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logprobs", true}, {"top_logprobs", -1}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"messages", chat}, {"top_logprobs", 2}}, "top_logprobs"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logprobs", "yes"}}, "logprobs"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logprobs", true}}, "logprobs"},
+      {"/v1/completions", {{"prompt", "hi"}, {"logprobs", 6}}, "logprobs"},
+      {"/v1/completions", {{"prompt", "hi"}, {"logprobs", true}}, "logprobs"},
+      {"/v1/completions", {{"prompt", "hi"}, {"logprobs", 1}}, "logprobs"},
+      {"/v1/responses", {{"input", "hi"}, {"top_logprobs", 2}}, "top_logprobs"},
+  };
+  for (const Case& c : cases) {
+    auto res = post(c.path, c.body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << c.path << " " << c.body.dump() << ": " << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump() << ": " << res->body;
+  }
+  // Off is fine: logprobs false, or null.
+  auto res = post("/v1/chat/completions", {{"messages", chat}, {"logprobs", false}, {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_TRUE(json::parse(res->body)["choices"][0]["logprobs"].is_null());
+}
+
+}  // namespace
+}  // namespace kiln::testing

@@ -47,6 +47,13 @@ class FakeEngine : public Engine {
     refusal_ = std::move(status);
   }
   void set_cached_prompt_tokens(int64_t n) { cached_ = n; }
+  // Each later request "prefills" for this long before its first token, in `chunks` equal chunks; one that asked
+  // for prefill progress hears of each chunk but the last.
+  void set_prefill_time(std::chrono::milliseconds time, int chunks = 4) {
+    std::lock_guard lock(mutex_);
+    prefill_time_ = time;
+    prefill_chunks_ = chunks;
+  }
 
   Result<uint64_t> submit(RequestParams params, TokenSink sink) override {
     std::lock_guard lock(mutex_);
@@ -60,6 +67,7 @@ class FakeEngine : public Engine {
     Active a;
     a.params = params;
     a.sink = std::move(sink);
+    a.submitted = std::chrono::steady_clock::now();
     if (!scripts_.empty()) {
       a.tokens = std::move(scripts_.front());
       scripts_.pop_front();
@@ -129,6 +137,8 @@ class FakeEngine : public Engine {
     TokenSink sink;
     std::vector<int32_t> tokens;
     size_t next = 0;
+    std::chrono::steady_clock::time_point submitted;
+    int chunks_done = 0;
   };
 
   void loop() {
@@ -142,6 +152,17 @@ class FakeEngine : public Engine {
         ev.request_id = id;
         ev.prompt_tokens = static_cast<int64_t>(a.params.prompt.size());
         ev.cached_prompt_tokens = cached_;
+        if (a.chunks_done < prefill_chunks_ && prefill_time_.count() > 0) {
+          const auto chunk_end = a.submitted + prefill_time_ * (a.chunks_done + 1) / prefill_chunks_;
+          if (std::chrono::steady_clock::now() < chunk_end) continue;
+          if (++a.chunks_done == prefill_chunks_ || !a.params.report_prefill_progress) continue;
+          ev.prefilled_tokens = std::max<int64_t>(1, ev.prompt_tokens * a.chunks_done / prefill_chunks_);
+          if (!a.sink(ev)) {
+            ++sink_refusals_;
+            done.push_back(id);
+          }
+          continue;
+        }
         if (a.next < a.tokens.size()) {
           ev.token = a.tokens[a.next++];
           ev.completion_tokens = static_cast<int64_t>(a.next);
@@ -179,6 +200,8 @@ class FakeEngine : public Engine {
   }
 
   std::chrono::milliseconds tick_;
+  std::chrono::milliseconds prefill_time_{0};
+  int prefill_chunks_ = 4;
   mutable std::mutex mutex_;
   std::condition_variable wake_, changed_;
   std::thread thread_;

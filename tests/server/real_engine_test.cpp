@@ -132,5 +132,69 @@ TEST_F(RealEngineServer, DisconnectingClientsLeaveNoBlocks) {
   EXPECT_FALSE(stream_completion("Return a new list", 8).empty());
 }
 
+// Logprobs come from the logits row that selected each token: greedy picks the most likely token, so each chosen
+// token is its own top alternative with the same log-probability; streamed and whole answers agree.
+TEST_F(RealEngineServer, LogprobsOfGreedyTokensAreTheirRowsMaximum) {
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(60, 0);
+  const nlohmann::json body = {{"messages", nlohmann::json::array({{{"role", "user"}, {"content", "Return a new list"}}})},
+                               {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+  auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto j = nlohmann::json::parse(res->body);
+  const auto& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(static_cast<int64_t>(content.size()), j["usage"]["completion_tokens"].get<int64_t>()) << res->body;
+  std::vector<double> whole;
+  for (const auto& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);
+    EXPECT_FLOAT_EQ(t["top_logprobs"][0]["logprob"].get<float>(), t["logprob"].get<float>());
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][1]["logprob"].get<double>());
+    whole.push_back(t["logprob"].get<double>());
+  }
+
+  nlohmann::json streamed_body = body;
+  streamed_body["stream"] = true;
+  std::string raw;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = streamed_body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  ASSERT_TRUE(c.send(req));
+  std::vector<double> streamed;
+  for (const auto& e : parse_sse(raw)) {
+    if (e.data == "[DONE]") continue;
+    const auto chunk = nlohmann::json::parse(e.data);
+    if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+    for (const auto& t : chunk["choices"][0]["logprobs"]["content"]) streamed.push_back(t["logprob"].get<double>());
+  }
+  EXPECT_EQ(streamed, whole);
+
+  // Completions: logprobs as an integer, OpenAI's legacy shape.
+  auto cres = c.Post("/v1/completions",
+                     nlohmann::json({{"prompt", "Return a new list"}, {"max_tokens", 6}, {"temperature", 0},
+                                     {"logprobs", 2}})
+                         .dump(),
+                     "application/json");
+  ASSERT_TRUE(cres);
+  ASSERT_EQ(cres->status, 200) << cres->body;
+  const auto lp = nlohmann::json::parse(cres->body)["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), lp["token_logprobs"].size());
+  ASSERT_EQ(lp["top_logprobs"].size(), lp["tokens"].size());
+  ASSERT_FALSE(lp["tokens"].empty()) << cres->body;
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 2u);
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+}
+
 }  // namespace
 }  // namespace kiln::testing

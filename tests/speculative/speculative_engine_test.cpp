@@ -166,12 +166,13 @@ class OracleDrafter final : public Drafter {
 
 struct OracleRun {
   std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logprobs;  // per request, per token (with logprobs ≥ 0)
   EngineMetrics metrics;
 };
 
 OracleRun run_with_oracle(LoadedModel& m, const Recipe& recipe, const std::vector<std::vector<int32_t>>& prompts,
                           const std::vector<std::vector<int32_t>>& truth, int wrong_every, int depth, int64_t max_tokens,
-                          const std::vector<int32_t>& stop = {}) {
+                          const std::vector<int32_t>& stop = {}, int32_t logprobs = -1) {
   OracleRun run;
   auto plan = plan_engine(m, recipe);
   EXPECT_TRUE(plan.ok()) << plan.status().to_string();
@@ -191,11 +192,16 @@ OracleRun run_with_oracle(LoadedModel& m, const Recipe& recipe, const std::vecto
     p.prompt = prompts[i];
     p.max_tokens = max_tokens;
     p.stop_token_ids = stop;
+    p.logprobs = logprobs;
     EXPECT_TRUE((*engine)->submit(p, c.sink(static_cast<int>(i))).ok());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_TRUE(c.wait(static_cast<int>(i)));
-    run.tokens.push_back(c.get(static_cast<int>(i)).tokens);
+    const Outcome o = c.get(static_cast<int>(i));
+    run.tokens.push_back(o.tokens);
+    run.logprobs.emplace_back();
+    for (const TokenEvent& e : o.events)
+      if (e.token >= 0 && e.has_logprobs) run.logprobs.back().push_back(e.logprob);
   }
   run.metrics = wait_idle(**engine);
   return run;
@@ -233,6 +239,35 @@ TEST(SpeculativeEngineAcceptance, AcceptedDraftsStreamAsTheirOwnTokens) {
       EXPECT_LT(run.metrics.spec_accepted_tokens, run.metrics.spec_draft_tokens);
     }
     if (wrong_every == 1) EXPECT_EQ(run.metrics.spec_accepted_tokens, 0);
+  }
+}
+
+// A verified draft's logprob comes from the target's own row for its position: whether drafts are all accepted
+// (rows 0..K of verification passes) or all rejected (every token a correction from row 0), each token's logprob
+// is the same, and the greedy token is the row's most likely one.
+TEST(SpeculativeEngineAcceptance, LogprobsOfVerifiedTokensComeFromTheTargetRows) {
+  const Recipe recipe = plain_recipe();
+  auto loaded = load_model(recipe, global_registry());
+  ASSERT_TRUE(loaded.ok());
+  LoadedModel& m = *loaded;
+  std::mt19937 rng(6);
+  std::vector<std::vector<int32_t>> prompts, expected;
+  for (int i = 0; i < 2; ++i) {
+    prompts.push_back(random_prompt(rng, 7 + 5 * i, m.info.vocab_size));
+    expected.push_back(greedy_reference(m, prompts.back(), 16));
+  }
+  const OracleRun accepted = run_with_oracle(m, recipe, prompts, expected, 1000, 4, 16, {}, 2);
+  const OracleRun rejected = run_with_oracle(m, recipe, prompts, expected, 1, 4, 16, {}, 2);
+  EXPECT_GT(accepted.metrics.spec_accepted_tokens, 0);
+  EXPECT_EQ(rejected.metrics.spec_accepted_tokens, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(accepted.tokens[i], expected[i]);
+    ASSERT_EQ(accepted.logprobs[i].size(), expected[i].size());
+    ASSERT_EQ(rejected.logprobs[i].size(), expected[i].size());
+    for (size_t t = 0; t < expected[i].size(); ++t) {
+      EXPECT_NEAR(accepted.logprobs[i][t], rejected.logprobs[i][t], 1e-4) << "request " << i << " token " << t;
+      EXPECT_LE(accepted.logprobs[i][t], 0.0f);
+    }
   }
 }
 

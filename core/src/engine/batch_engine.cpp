@@ -71,6 +71,11 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
       return invalid_argument("prompt token " + std::to_string(i) + " is " + std::to_string(params.prompt[i]) +
                               ", outside the vocabulary (size " + std::to_string(vocab) + ")");
   KILN_RETURN_IF_ERROR(check_media(params));
+  if (params.logprobs > kMaxTopLogprobs)
+    return invalid_argument("logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives, got " +
+                            std::to_string(params.logprobs));
+  if (params.logprobs >= 0 && !runner_->reports_logprobs())
+    return invalid_argument("logprobs are not computed on this model's device yet (the CPU path computes them)");
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -213,6 +218,7 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
     sel.temperature = seq->sampler.greedy() ? 0.0f : o.temperature;
     sel.top_k = static_cast<int32_t>(std::min<int64_t>(o.top_k, INT32_MAX));
     sel.top_p = o.top_p;
+    sel.logprobs = seq->logprobs;
     if (!seq->sampler.greedy())
       for (int64_t u = 0; u <= k; ++u) sel.uniforms.push_back(seq->sampler.uniform());
   }
@@ -312,7 +318,8 @@ void BatchEngine::step() {
     if (verify_tokens_[i].empty()) {
       scheduler_.on_computed(plan.chunks[i]);
       computed_rows[i] = plan.chunks[i].num_tokens;
-      if (select_[i].select && !emit_token(seq, tokens[0])) computed_rows[i] = 0;
+      if (select_[i].select && !emit_token(seq, tokens[0], logprobs_of(i, 0))) computed_rows[i] = 0;
+      if (!select_[i].select && seq->report_prefill_progress && seq->generated() == 0 && !emit_prefill_progress(seq)) computed_rows[i] = 0;
       continue;
     }
     // Verification of t_L and K drafts: the accepted prefix, then the correction or bonus token.
@@ -329,8 +336,8 @@ void BatchEngine::step() {
     }
     bool alive = true;
     const int64_t before = seq->generated() - a;
-    for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, tokens[t], before + t + 1);
-    if (alive) alive = emit_token(seq, tokens[a]);
+    for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, tokens[t], before + t + 1, logprobs_of(i, t));
+    if (alive) alive = emit_token(seq, tokens[a], logprobs_of(i, a));
     if (!alive) {
       computed_rows[i] = 0;  // ended: its state slot went with it
       continue;
@@ -368,22 +375,40 @@ void BatchEngine::replay_accepted() {
   for (Sequence* seq : replay_seqs_) end(seq, FinishReason::kError, "state replay: " + status.to_string());
 }
 
-bool BatchEngine::emit_token(Sequence* seq, int32_t token) {
-  seq->tokens.push_back(token);
-  return emit_accepted(seq, token, seq->generated());
+const TokenLogprobs* BatchEngine::logprobs_of(size_t entry, int64_t t) const {
+  if (entry >= output_.logprobs.size() || t >= static_cast<int64_t>(output_.logprobs[entry].size())) return nullptr;
+  return &output_.logprobs[entry][t];
 }
 
-bool BatchEngine::emit_accepted(Sequence* seq, int32_t token, int64_t completion_tokens) {
+bool BatchEngine::reports_logprobs() const { return runner_->reports_logprobs(); }
+
+bool BatchEngine::emit_token(Sequence* seq, int32_t token, const TokenLogprobs* logprobs) {
+  seq->tokens.push_back(token);
+  return emit_accepted(seq, token, seq->generated(), logprobs);
+}
+
+bool BatchEngine::emit_accepted(Sequence* seq, int32_t token, int64_t completion_tokens, const TokenLogprobs* logprobs) {
   if (completion_tokens == 1) prompt_tokens_total_ += seq->prompt_len;
   ++generation_tokens_total_;
   TokenEvent event;
   event.token = token;
+  if (logprobs && seq->logprobs >= 0) {
+    event.has_logprobs = true;
+    event.logprob = logprobs->logprob;
+    event.top_logprobs = logprobs->top;
+  }
   event.completion_tokens = completion_tokens;
   if (std::find(seq->stop_token_ids.begin(), seq->stop_token_ids.end(), token) != seq->stop_token_ids.end())
     event.finish_reason = FinishReason::kStop;
   else if (completion_tokens >= seq->max_tokens)
     event.finish_reason = FinishReason::kLength;
   event.finished = event.finish_reason != FinishReason::kNone;
+  return emit(seq, event);
+}
+
+bool BatchEngine::emit_prefill_progress(Sequence* seq) {
+  TokenEvent event;
+  event.prefilled_tokens = std::min(seq->num_computed, seq->prompt_len);
   return emit(seq, event);
 }
 

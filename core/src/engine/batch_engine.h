@@ -46,6 +46,7 @@ class BatchEngine final : public Engine {
   EngineMetrics metrics() const override;
   // Refuses new requests (kUnavailable), runs the queued and running ones to completion, stops the loop.
   void drain() override;
+  bool reports_logprobs() const override;
 
   const EngineConfig& config() const { return config_; }
 
@@ -66,10 +67,15 @@ class BatchEngine final : public Engine {
   // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
   // then invalid). Returns whether the sequence is still running.
   bool emit(Sequence* seq, const TokenEvent& event);
+  // A prefill chunk that left part of the prompt to compute, for a request that asked to hear of it.
+  bool emit_prefill_progress(Sequence* seq);
   // Appends a sampled token and emits it with its stop / length check; false once the sequence has ended.
-  bool emit_token(Sequence* seq, int32_t token);
+  bool emit_token(Sequence* seq, int32_t token, const TokenLogprobs* logprobs = nullptr);
   // Emits a token already in seq->tokens as the request's `completion_tokens`-th.
-  bool emit_accepted(Sequence* seq, int32_t token, int64_t completion_tokens);
+  bool emit_accepted(Sequence* seq, int32_t token, int64_t completion_tokens,
+                     const TokenLogprobs* logprobs = nullptr);
+  // This step's logprobs of entry `entry`'s t-th selected token; null when not asked or not reported.
+  const TokenLogprobs* logprobs_of(size_t entry, int64_t t) const;
   void end(Sequence* seq, FinishReason reason, const std::string& error = "");
   void publish_metrics();
 

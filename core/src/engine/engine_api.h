@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -30,7 +31,15 @@ struct RequestParams {
   int64_t max_tokens = 256;
   SamplingOptions sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends after one of these (it is reported, with finished = true)
+  // Report each prefill chunk that does not finish the prompt (a token-less event with prefilled_tokens), so a
+  // client waiting out a long prompt can be told how far it got.
+  bool report_prefill_progress = false;
+  // ≥ 0: each token event carries the token's logprob and this many top alternatives (Engine::reports_logprobs).
+  int32_t logprobs = -1;
 };
+
+// The most top alternatives a token event carries (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
 
@@ -43,6 +52,12 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // including this token
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t prefilled_tokens = 0;      // progress events only: prompt tokens whose KV is computed so far
+  // With RequestParams::logprobs ≥ 0, on token events: the token's log-probability under the model (log-softmax of
+  // the target's logits row that selected it, before temperature / top-k / top-p) and the row's top alternatives.
+  bool has_logprobs = false;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 // Returns false when the consumer is gone (client disconnected): the engine then frees the sequence at once.
@@ -70,6 +85,8 @@ class Engine {
   virtual Result<uint64_t> submit(RequestParams params, TokenSink sink) = 0;
   virtual void cancel(uint64_t request_id) = 0;
   virtual EngineMetrics metrics() const = 0;
+  // Whether token events can carry logprobs (the CPU path computes them; device selection does not yet).
+  virtual bool reports_logprobs() const { return false; }
   // Stops admitting requests, finishes the running and waiting ones, then returns.
   virtual void drain() = 0;
 };

@@ -23,6 +23,9 @@ class ModelRunner {
   virtual int64_t vocab_size() const = 0;
   // The width of the embedding rows a step's media may carry (the model's hidden size); 0: it takes no media.
   virtual int64_t hidden_size() const { return 0; }
+  // Whether step() fills StepOutput::logprobs for selections that ask (host token selection does; the device
+  // selection does not yet).
+  virtual bool reports_logprobs() const { return false; }
 };
 
 }  // namespace kiln

@@ -18,6 +18,8 @@ struct Sequence {
         prompt_len(static_cast<int64_t>(tokens.size())),
         max_tokens(params.max_tokens),
         stop_token_ids(std::move(params.stop_token_ids)),
+        report_prefill_progress(params.report_prefill_progress),
+        logprobs(params.logprobs),
         sampler(params.sampling),
         sink(std::move(sink_)),
         media(std::move(params.media)) {
@@ -34,6 +36,8 @@ struct Sequence {
   int64_t num_computed = 0;  // tokens whose KV is in the cache; reset to 0 by preemption (recompute)
   int64_t max_tokens;
   std::vector<int32_t> stop_token_ids;
+  bool report_prefill_progress;
+  int32_t logprobs;  // -1: none
   Sampler sampler;
   TokenSink sink;
   BlockTable kv;

@@ -1,6 +1,7 @@
 #include "model/host_token_select.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace kiln {
@@ -88,6 +89,25 @@ void unpack_selection(const SelectionPlan& plan, size_t num_steps, const int32_t
   }
 }
 
+TokenLogprobs token_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_n) {
+  float max = row[0];
+  for (int64_t v = 1; v < vocab; ++v) max = std::max(max, row[v]);
+  double sum = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - max);
+  const double log_z = max + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(row[token] - log_z);
+  const int64_t n = std::min<int64_t>(top_n, vocab);
+  if (n <= 0) return out;
+  std::vector<int32_t> ids(vocab);
+  for (int64_t v = 0; v < vocab; ++v) ids[v] = static_cast<int32_t>(v);
+  // Ties go to the lower id, as a stable argmax would.
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                    [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+  for (int64_t k = 0; k < n; ++k) out.top.emplace_back(ids[k], static_cast<float>(row[ids[k]] - log_z));
+  return out;
+}
+
 Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
                           std::span<const TokenSelection> select, StepOutput& out) {
   SelectionPlan plan;
@@ -122,6 +142,14 @@ Status select_tokens_host(const float* logits, int64_t vocab, std::span<const in
   a.uniforms = plan.uniforms.data(), a.tokens = tokens.data(), a.accepted = accepted.data(), a.max_drafts = plan.max_drafts;
   KILN_RETURN_IF_ERROR(cpu::select_tokens(a));
   unpack_selection(plan, select.size(), tokens.data(), accepted.data(), out);
+  out.logprobs.assign(select.size(), {});
+  for (size_t i = 0; i < select.size(); ++i) {
+    if (!select[i].select || select[i].logprobs < 0) continue;
+    for (size_t t = 0; t < out.tokens[i].size(); ++t)
+      out.logprobs[i].push_back(
+          token_logprobs(logits + (first_row[i] + static_cast<int64_t>(t)) * vocab, vocab, out.tokens[i][t],
+                         select[i].logprobs));
+  }
   return ok_status();
 }
 

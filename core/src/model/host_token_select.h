@@ -36,7 +36,10 @@ Status plan_selection(std::span<const int64_t> first_row, std::span<const TokenS
 void unpack_selection(const SelectionPlan& plan, size_t num_steps, const int32_t* tokens, const int32_t* accepted,
                       StepOutput& out);
 
-// The whole selection over host logits [rows, vocab].
+// `token`'s log-softmax in one logits row and the row's `top_n` most likely tokens (ties: lower id first).
+TokenLogprobs token_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top_n);
+
+// The whole selection over host logits [rows, vocab], with logprobs where a selection asks for them.
 Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
                           std::span<const TokenSelection> select, StepOutput& out);
 

@@ -46,6 +46,15 @@ struct TokenSelection {
   // K + 1 uniforms in [0, 1) from the request's seeded generator: one per draft's acceptance test, then one for
   // the sampled token (unused when greedy).
   std::vector<double> uniforms;
+  // ≥ 0: report each selected token's log-probability and this many most likely alternatives (StepOutput::logprobs).
+  int32_t logprobs = -1;
+};
+
+// A selected token's log-probability under the model's distribution (log-softmax of its logits row, before
+// temperature, top-k and top-p), and the most likely tokens of that row, best first.
+struct TokenLogprobs {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // Cache memory by layer: entries in the order the layer's CacheSpec lists them. Paged entries are
@@ -80,6 +89,9 @@ struct StepOutput {
   // them are accepted drafts.
   std::vector<std::vector<int32_t>> tokens;
   std::vector<int64_t> accepted;
+  // Per step entry whose selection asked for logprobs, one per token in `tokens` (from the row that selected it: a
+  // verified draft's or the bonus token's own target row); empty otherwise, and on runners that do not report them.
+  std::vector<std::vector<TokenLogprobs>> logprobs;
   // With want_logits: [rows, vocab] on the host, and per entry its first row.
   std::vector<float> logits;
   std::vector<int64_t> first_row;

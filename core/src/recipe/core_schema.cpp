@@ -141,7 +141,11 @@ std::vector<CoreSection> build() {
                  integer("drain_timeout_s", 30,
                          "on SIGTERM / SIGINT, seconds to let requests in flight finish before cancelling them "
                          "(0 = cancel at once)",
-                         0, 86400)}},
+                         0, 86400),
+                 real("keep_alive_interval_s", 5.0,
+                      "seconds a stream may stay silent (a long prefill) before an SSE \": keep-alive\" comment; also "
+                      "the TCP keep-alive probe interval (whole seconds, at least 1)",
+                      0.01, 3600.0)}},
                std::nullopt});
   return s;
 }

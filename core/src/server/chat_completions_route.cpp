@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "server/logprobs_json.h"
+
 namespace kiln {
 namespace {
 
@@ -13,8 +15,12 @@ int64_t unix_now() {
 
 class ChatWriter : public ResponseWriter {
  public:
-  ChatWriter(std::string model, bool include_usage)
-      : id_(random_id("chatcmpl-")), model_(std::move(model)), created_(unix_now()), include_usage_(include_usage) {}
+  ChatWriter(std::string model, bool include_usage, const Tokenizer* logprobs_tokenizer)
+      : id_(random_id("chatcmpl-")),
+        model_(std::move(model)),
+        created_(unix_now()),
+        include_usage_(include_usage),
+        logprobs_(logprobs_tokenizer) {}
 
   std::string stream_begin() override { return chunk({{"role", "assistant"}, {"content", ""}}, nullptr); }
 
@@ -77,8 +83,10 @@ class ChatWriter : public ResponseWriter {
       message["tool_calls"] = calls;
     }
     ojson body = {{"id", id_}, {"object", "chat.completion"}, {"created", created_}, {"model", model_}};
-    body["choices"] = ojson::array(
-        {{{"index", 0}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(result)}}});
+    body["choices"] = ojson::array({{{"index", 0},
+                                     {"message", message},
+                                     {"logprobs", take_logprobs()},
+                                     {"finish_reason", openai_finish_reason(result)}}});
     body["usage"] = usage_json(result.usage);
     return body;
   }
@@ -88,11 +96,19 @@ class ChatWriter : public ResponseWriter {
     return {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", model_}};
   }
 
-  std::string chunk(ojson delta, ojson finish_reason) const {
+  // The logprobs received since the last chunk (null when the request did not ask, or there are none).
+  ojson take_logprobs() {
+    if (!logprobs_ || pending_logprobs_.empty()) return logprobs_ ? chat_logprobs_json(*logprobs_, {}) : nullptr;
+    ojson out = chat_logprobs_json(*logprobs_, pending_logprobs_);
+    pending_logprobs_.clear();
+    return out;
+  }
+
+  std::string chunk(ojson delta, ojson finish_reason) {
     ojson c = header();
     c["choices"] = ojson::array({{{"index", 0},
                                   {"delta", std::move(delta)},
-                                  {"logprobs", nullptr},
+                                  {"logprobs", logprobs_ && !pending_logprobs_.empty() ? take_logprobs() : ojson(nullptr)},
                                   {"finish_reason", std::move(finish_reason)}}});
     if (include_usage_) c["usage"] = nullptr;
     return sse_event(c);
@@ -101,6 +117,7 @@ class ChatWriter : public ResponseWriter {
   std::string id_, model_;
   int64_t created_;
   bool include_usage_;
+  const Tokenizer* logprobs_;  // set when the request asked for logprobs
 };
 
 }  // namespace
@@ -111,14 +128,24 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_completion_tokens", "max_tokens"}, request);
   bool enable_thinking = true, clear_thinking = true;
+  ojson template_kwargs = ojson::object();
   if (const auto* kwargs = reader.value("chat_template_kwargs")) {
     if (!kwargs->is_object()) {
       reader.fail(bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs"));
     } else {
+      template_kwargs = *kwargs;
       RequestReader kw(*kwargs);
       enable_thinking = kw.boolean("enable_thinking").value_or(true);
       clear_thinking = kw.boolean("clear_thinking").value_or(true);
       if (!kw.ok()) reader.fail(bad_request(kw.error().message, "chat_template_kwargs." + kw.error().param));
+      // The template's own variables cannot be overridden (transformers would fail with a TypeError).
+      for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+        if (kwargs->contains(reserved)) {
+          reader.fail(bad_request(std::string("chat_template_kwargs.") + reserved +
+                                      " is set by the server, not by the request",
+                                  std::string("chat_template_kwargs.") + reserved));
+        }
+      }
     }
   }
   if (const auto* format = reader.value("response_format")) {
@@ -127,14 +154,23 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
     }
   }
   reader.boolean("parallel_tool_calls");
+  const bool logprobs = reader.boolean("logprobs").value_or(false);
+  const auto top_logprobs = reader.integer("top_logprobs", 0, kMaxTopLogprobs);
+  if (top_logprobs && !logprobs)
+    reader.fail(bad_request("'top_logprobs' needs \"logprobs\": true", "top_logprobs"));
   if (!reader.ok()) return reader.error();
+  if (logprobs) {
+    if (auto e = request_logprobs(ctx, top_logprobs.value_or(0), "logprobs", request)) return e;
+  }
   const ojson* messages = reader.value("messages");
   if (!messages) return bad_request("'messages' is required", "messages");
 
   ToolSetup tools;
   if (auto e = setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), tools)) return e;
-  if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request)) return e;
-  out.writer = std::make_unique<ChatWriter>(ctx.served_name, request.include_usage);
+  if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request, template_kwargs))
+    return e;
+  out.writer =
+      std::make_unique<ChatWriter>(ctx.served_name, request.include_usage, request.logprobs ? ctx.tokenizer : nullptr);
   return std::nullopt;
 }
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "server/logprobs_json.h"
+
 namespace kiln {
 namespace {
 
@@ -12,8 +14,9 @@ constexpr int64_t kDefaultCompletionTokens = 16;
 
 class CompletionWriter : public ResponseWriter {
  public:
-  CompletionWriter(std::string model, bool include_usage)
-      : id_(random_id("cmpl-")),
+  CompletionWriter(std::string model, bool include_usage, const Tokenizer* logprobs_tokenizer)
+      : logprobs_(logprobs_tokenizer),
+        id_(random_id("cmpl-")),
         model_(std::move(model)),
         created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
                      .count()),
@@ -25,6 +28,14 @@ class CompletionWriter : public ResponseWriter {
     std::string text;
     for (const auto& p : pieces) text += p.text;
     return text.empty() ? std::string() : sse_event(body(text, nullptr, false));
+  }
+
+  // The logprobs received since the last chunk (null when the request did not ask).
+  ojson take_logprobs() {
+    if (!logprobs_) return nullptr;
+    ojson out = completion_logprobs_json(*logprobs_, pending_logprobs_, text_offset_);
+    pending_logprobs_.clear();
+    return out;
   }
 
   std::string stream_end(const GenerationResult& result) override {
@@ -49,14 +60,16 @@ class CompletionWriter : public ResponseWriter {
   }
 
  private:
-  ojson body(const std::string& text, ojson finish_reason, bool final_body) const {
+  ojson body(const std::string& text, ojson finish_reason, bool final_body) {
     ojson b = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_}};
     b["choices"] = ojson::array(
-        {{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", std::move(finish_reason)}}});
+        {{{"index", 0}, {"text", text}, {"logprobs", take_logprobs()}, {"finish_reason", std::move(finish_reason)}}});
     if (include_usage_ && !final_body) b["usage"] = nullptr;
     return b;
   }
 
+  const Tokenizer* logprobs_;  // set when the request asked for logprobs
+  int64_t text_offset_ = 0;
   std::string id_, model_;
   int64_t created_;
   bool include_usage_;
@@ -100,7 +113,12 @@ std::optional<ApiError> prepare_completion(const ServerContext& ctx, const ojson
   if (auto best_of = reader.integer("best_of", 1, INT32_MAX); best_of && *best_of != 1) {
     reader.fail(bad_request("only best_of=1 is supported", "best_of"));
   }
+  // OpenAI's completions take up to 5 alternatives.
+  const auto logprobs = reader.integer("logprobs", 0, 5);
   if (!reader.ok()) return reader.error();
+  if (logprobs) {
+    if (auto e = request_logprobs(ctx, *logprobs, "logprobs", request)) return e;
+  }
   if (!request.requested_max_tokens) request.requested_max_tokens = kDefaultCompletionTokens;
   std::vector<int32_t> ids;
   if (auto e = read_prompt(ctx, reader.value("prompt"), ids)) return e;
@@ -108,7 +126,8 @@ std::optional<ApiError> prepare_completion(const ServerContext& ctx, const ojson
     if (e->param == "messages") e->param = "prompt";
     return e;
   }
-  out.writer = std::make_unique<CompletionWriter>(ctx.served_name, request.include_usage);
+  out.writer = std::make_unique<CompletionWriter>(ctx.served_name, request.include_usage,
+                                                  request.logprobs ? ctx.tokenizer : nullptr);
   return std::nullopt;
 }
 

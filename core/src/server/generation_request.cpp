@@ -58,6 +58,9 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
     } else {
       RequestReader options_reader(*opts);
       request.include_usage = options_reader.boolean("include_usage").value_or(false);
+      // A kiln extension: "event: prefill_progress" events while the prompt is computed (streams only).
+      request.params.report_prefill_progress =
+          options_reader.boolean("include_prefill_progress").value_or(false) && request.stream;
       if (!options_reader.ok()) {
         ApiError e = options_reader.error();
         e.param = "stream_options." + e.param;
@@ -65,9 +68,18 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
       }
     }
   }
-  if (auto logprobs = reader.boolean("logprobs"); logprobs && *logprobs) {
-    reader.fail(bad_request("logprobs are not supported by this server", "logprobs"));
+}
+
+std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, const char* field,
+                                         GenerationRequest& request) {
+  if (!ctx.logprobs_supported) {
+    return bad_request(std::string(field) +
+                           ": logprobs are not computed on this model's device yet (a CPU recipe computes them)",
+                       field);
   }
+  request.logprobs = true;
+  request.params.logprobs = static_cast<int32_t>(top);
+  return std::nullopt;
 }
 
 std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t> prompt, GenerationRequest& request) {
@@ -184,7 +196,7 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
 
 std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                           const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
-                                          GenerationRequest& request) {
+                                          GenerationRequest& request, const nlohmann::ordered_json& template_kwargs) {
   if (!messages.is_array()) {
     return bad_request("'messages' must be an array, got " + json_type_phrase(messages), "messages");
   }
@@ -193,12 +205,30 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   if (!parsed.ok()) return bad_request(parsed.status().message(), "messages");
   // A forced call starts the answer, so there is no room for reasoning before it.
   const bool thinking = enable_thinking && tools.prefill.empty();
-  ChatTemplateOptions options;
-  options.enable_thinking = thinking;
-  options.clear_thinking = clear_thinking;
-  options.tools = tools.tools;
-  auto pieces = render_glm_chat_pieces(*parsed, options);
-  if (!pieces.ok()) return bad_request(pieces.status().message(), "messages");
+  std::vector<ChatMedia> media;
+  for (const ChatMessage& m : *parsed) media.insert(media.end(), m.media.begin(), m.media.end());
+  Result<std::vector<PromptPiece>> pieces = std::vector<PromptPiece>();
+  if (ctx.chat_template && media.empty()) {
+    ChatRenderInput input;
+    auto template_input = template_messages(messages);
+    if (!template_input.ok()) return bad_request(template_input.status().message(), "messages");
+    input.messages = std::move(template_input).value();
+    if (!tools.tools.empty()) input.tools = tools.tools;
+    input.kwargs = template_kwargs;
+    if (!thinking) input.kwargs["enable_thinking"] = false;
+    pieces = ctx.chat_template->render_pieces(input, ctx.special_token_texts);
+    if (!pieces.ok()) {
+      return bad_request("the model's chat template refused these messages: " + pieces.status().message(),
+                         "messages");
+    }
+  } else {
+    ChatTemplateOptions options;
+    options.enable_thinking = thinking;
+    options.clear_thinking = clear_thinking;
+    options.tools = tools.tools;
+    pieces = render_glm_chat_pieces(*parsed, options);
+    if (!pieces.ok()) return bad_request(pieces.status().message(), "messages");
+  }
   // The forced call's opening tag is markup; the function name came from the request.
   if (!tools.prefill.empty()) pieces->push_back({"<tool_call>", false});
   if (!tools.forced_name.empty()) pieces->push_back({tools.forced_name, true});
@@ -207,8 +237,6 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   request.output.starts_in_reasoning = thinking;
   request.output.parse_tool_calls = tools.parse_tool_calls;
   request.output.tools = tools.tools;
-  std::vector<ChatMedia> media;
-  for (const ChatMessage& m : *parsed) media.insert(media.end(), m.media.begin(), m.media.end());
   if (media.empty()) return set_prompt(ctx, ctx.tokenizer->encode(*pieces), request);
   if (!ctx.media) return bad_request(media.front().field + ": this server takes no media", media.front().field);
   std::vector<int32_t> prompt;

@@ -14,6 +14,7 @@
 #include "server/media_input.h"
 #include "server/output_pipeline.h"
 #include "server/request_reader.h"
+#include "tokenizer/jinja_chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -24,10 +25,14 @@ struct ServerContext {
   std::string served_name;
   int64_t max_model_len = 0;
   int64_t max_output_tokens = 0;  // 0 = whatever the context leaves
+  bool logprobs_supported = false;  // the engine computes logprobs (Engine::reports_logprobs)
   std::vector<int32_t> end_of_turn_ids;
   std::string tool_parser;       // "glm47" or ""
   std::string reasoning_parser;  // "glm45" or ""
   MediaInput* media = nullptr;   // image parts through the recipe's modality (null: none accepted)
+  // The checkpoint's template, rendered by Jinja; null: the built-in GLM-4.7 renderer.
+  const JinjaChatTemplate* chat_template = nullptr;
+  std::vector<std::string> special_token_texts;  // the tokenizer's, escaped in client text (jinja_chat_template.h)
 };
 
 struct GenerationRequest {
@@ -37,6 +42,7 @@ struct GenerationRequest {
   std::optional<int64_t> requested_max_tokens;
   bool stream = false;
   bool include_usage = false;
+  bool logprobs = false;  // also params.logprobs: how many alternatives (0..20)
   // Echoed in responses.
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   nlohmann::ordered_json tool_choice = "auto";
@@ -49,6 +55,10 @@ std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& rea
 // `max_tokens_keys` present (chat accepts max_tokens and max_completion_tokens).
 void read_sampling_fields(RequestReader& reader, const std::vector<const char*>& max_tokens_keys,
                           GenerationRequest& request);
+
+// Asks the engine for logprobs with `top` alternatives; 400 naming `field` when this engine cannot compute them.
+std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, const char* field,
+                                         GenerationRequest& request);
 
 // Sets the prompt and the final token limit: 400 naming both numbers when prompt + max_tokens exceeds
 // max_model_len (the engine would refuse it too; answering here keeps the message in HTTP terms).
@@ -67,10 +77,12 @@ struct ToolSetup {
 std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
                                     const nlohmann::ordered_json* tool_choice, ToolSetup& setup);
 
-// Renders OpenAI chat messages with the GLM template, tokenizes, and fills prompt, prefill and output options.
-// `enable_thinking` comes from chat_template_kwargs (default on); a forced tool call turns it off.
+// Renders OpenAI chat messages with the checkpoint's template (or the built-in GLM-4.7 one), tokenizes, and fills
+// prompt, prefill and output options. `enable_thinking` comes from chat_template_kwargs (default on); a forced tool
+// call turns it off. `template_kwargs` (the request's chat_template_kwargs) reach a Jinja template as variables.
 std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                           const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
-                                          GenerationRequest& request);
+                                          GenerationRequest& request,
+                                          const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
 
 }  // namespace kiln

@@ -69,6 +69,10 @@ SessionUpdate GenerationSession::next(std::chrono::milliseconds timeout) {
   for (const TokenEvent& event : stream_->wait(update.pieces.empty() ? timeout : std::chrono::milliseconds(0))) {
     usage_.prompt_tokens = event.prompt_tokens > 0 ? event.prompt_tokens : usage_.prompt_tokens;
     usage_.cached_tokens = event.cached_prompt_tokens;
+    if (event.token < 0 && !event.finished && event.prefilled_tokens > 0) {
+      update.prefilled_tokens = event.prefilled_tokens;
+      update.prefill_total = event.prompt_tokens;
+    }
     if (event.token >= 0) {
       auto now = Clock::now();
       if (!seen_token_) {
@@ -79,6 +83,7 @@ SessionUpdate GenerationSession::next(std::chrono::milliseconds timeout) {
       }
       last_token_ = now;
       usage_.completion_tokens = event.completion_tokens;
+      if (event.has_logprobs) update.logprobs.push_back({event.token, event.logprob, event.top_logprobs});
       append_pieces(update.pieces, pipeline_.feed_token(event.token));
       if (pipeline_.stopped_by_string()) {
         // The engine would keep generating past the stop string: release the sequence now.

@@ -20,11 +20,21 @@ struct Usage {
   int64_t cached_tokens = 0;
 };
 
+// One generated token's logprobs as the engine reported them (TokenEvent).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 struct SessionUpdate {
   OutputPieces pieces;
+  std::vector<TokenLogprob> logprobs;  // of the tokens received in this update (requests that asked)
   bool finished = false;
   std::string finish_reason;  // stop, length, abort, error (set when finished)
   std::string error;          // with "error"
+  // The latest prefill progress event since the last update (prefill_total 0: none).
+  int64_t prefilled_tokens = 0, prefill_total = 0;
 };
 
 class GenerationSession {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -223,6 +224,13 @@ bool GuardedHttpServer::wait_for_request(socket_t sock) const {
   return false;
 }
 
+bool enable_tcp_keepalive(socket_t sock, std::chrono::seconds idle) {
+  const int on = 1, seconds = static_cast<int>(std::clamp<int64_t>(idle.count(), 1, 32767));
+  return ::setsockopt(sock, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on)) == 0 &&
+         ::setsockopt(sock, IPPROTO_TCP, TCP_KEEPIDLE, &seconds, sizeof(seconds)) == 0 &&
+         ::setsockopt(sock, IPPROTO_TCP, TCP_KEEPINTVL, &seconds, sizeof(seconds)) == 0;
+}
+
 void GuardedHttpServer::reject(socket_t sock) const {
   // Runs on the accept thread: nothing here may block. The socket's send buffer is empty, so the short
   // response fits; reading what the client already sent before closing avoids a reset that could discard it.
@@ -240,6 +248,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     reject(sock);
     return false;
   }
+  if (limits_.tcp_keepalive_idle.count() > 0) (void)enable_tcp_keepalive(sock, limits_.tcp_keepalive_idle);
   DeadlineSocketStream stream(sock, std::chrono::seconds(write_timeout_sec_));
   t_client_socket = sock;
   bool ok = false;

@@ -26,7 +26,13 @@ struct ConnectionLimits {
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds read_timeout{60'000};
   int retry_after_seconds = 1;
+  // TCP keep-alive probes on every served connection after this long without traffic (0 = off): a non-streaming
+  // request that waits out a long prefill sends nothing, and NATs and proxies drop connections that look dead.
+  std::chrono::seconds tcp_keepalive_idle{0};
 };
+
+// SO_KEEPALIVE with the first probe after `idle` and further probes every `idle` (at least 1 s each).
+bool enable_tcp_keepalive(socket_t sock, std::chrono::seconds idle);
 
 // Every connection holds a socket, and httplib (built to select(), not poll()) answers 500 on sockets numbered at
 // or above FD_SETSIZE (1024): this leaves room below it for the process's other descriptors.

@@ -2,6 +2,7 @@
 // JSON body at the end. The server's generation driver is shared; only the shapes differ.
 #pragma once
 
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -30,6 +31,15 @@ class ResponseWriter {
   virtual std::string stream_error(const ApiError& error) = 0;
   // The whole non-streamed body.
   virtual nlohmann::ordered_json complete(const OutputPieces& pieces, const GenerationResult& result) = 0;
+  // Logprobs of the tokens received since the last call: the writer puts them on the next chunk it writes (or in
+  // the final body). Called before stream_pieces / stream_end / complete.
+  void add_logprobs(std::vector<TokenLogprob> entries) {
+    pending_logprobs_.insert(pending_logprobs_.end(), std::make_move_iterator(entries.begin()),
+                             std::make_move_iterator(entries.end()));
+  }
+
+ protected:
+  std::vector<TokenLogprob> pending_logprobs_;
 };
 
 // A parsed request and the writer for its route.

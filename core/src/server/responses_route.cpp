@@ -406,6 +406,13 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
   if (auto e = check_model(ctx, reader)) return e;
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_output_tokens"}, request);
+  if (auto logprobs = reader.boolean("logprobs"); logprobs && *logprobs) {
+    reader.fail(bad_request("logprobs are not supported on /v1/responses (use /v1/chat/completions)", "logprobs"));
+  }
+  if (reader.value("top_logprobs")) {
+    reader.fail(bad_request("top_logprobs is not supported on /v1/responses (use /v1/chat/completions)",
+                            "top_logprobs"));
+  }
   auto instructions = reader.string("instructions");
   bool enable_thinking = true;
   if (const auto* reasoning = reader.value("reasoning")) {

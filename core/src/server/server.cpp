@@ -17,6 +17,7 @@
 #include "server/guarded_http_server.h"
 #include "server/responses_route.h"
 #include "server/server_metrics.h"
+#include "tokenizer/chat_template.h"
 
 namespace kiln {
 namespace {
@@ -25,8 +26,6 @@ using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 using Preparer = std::function<std::optional<ApiError>(const ServerContext&, const ojson&, PreparedGeneration&)>;
 
-// How long a stream may stay silent (a long prefill) before an SSE comment probes whether the client is still there.
-constexpr auto kKeepAliveInterval = std::chrono::seconds(5);
 // How often a request's HTTP thread looks for engine events, a departed client and a shutdown deadline.
 constexpr auto kPoll = std::chrono::milliseconds(50);
 // After the drain timeout cancels what is left: bound on waiting for those requests' last writes.
@@ -55,6 +54,8 @@ struct StreamState {
   std::unique_ptr<ResponseWriter> writer;
   std::shared_ptr<InFlightSlot> slot;
   bool begun = false;
+  bool report_progress = false;  // stream_options.include_prefill_progress
+  bool begun_tokens = false;     // output has started: no more progress events
   Clock::time_point last_write = Clock::now();
 };
 
@@ -141,6 +142,7 @@ struct HttpServer::Impl {
                                                                       " requests in flight); retry later")));
     }
     auto session = std::make_shared<GenerationSession>(engine, metrics, tokenizer, prepared.request.output, arrival);
+    const bool report_progress = prepared.request.params.report_prefill_progress;
     Status submitted = session->start(std::move(prepared.request.params), prepared.request.prefill);
     if (!submitted.ok()) return send_error(res, api_error_from_status(submitted));
 
@@ -150,6 +152,7 @@ struct HttpServer::Impl {
       do {
         update = session->next(kPoll);
         append_pieces(all, std::move(update.pieces));
+        prepared.writer->add_logprobs(std::move(update.logprobs));
         if (update.finished) break;
         if (!GuardedHttpServer::client_connected()) {
           session->abandon();  // nobody is waiting for the answer (an SDK timeout): free the sequence now
@@ -171,6 +174,7 @@ struct HttpServer::Impl {
     state->session = session;
     state->writer = std::move(prepared.writer);
     state->slot = slot;
+    state->report_progress = report_progress;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
@@ -182,6 +186,7 @@ struct HttpServer::Impl {
             state->begun = true;
           }
           SessionUpdate update = state->session->next(kPoll);
+          state->writer->add_logprobs(std::move(update.logprobs));
           out += state->writer->stream_pieces(update.pieces);
           if (update.finished) {
             out += update.finish_reason == "error"
@@ -192,8 +197,18 @@ struct HttpServer::Impl {
             out += state->writer->stream_error(cancelled_by_shutdown());
             update.finished = true;
           }
+          if (state->report_progress && update.prefill_total > 0 && !state->begun_tokens && !update.finished) {
+            out += "event: prefill_progress\ndata: " +
+                   ojson{{"object", "prefill.progress"},
+                         {"choices", ojson::array()},  // SDKs that read it as a chunk see one without choices
+                         {"prompt_tokens_done", update.prefilled_tokens},
+                         {"prompt_tokens_total", update.prefill_total}}
+                       .dump() +
+                   "\n\n";
+          }
+          if (!update.pieces.empty()) state->begun_tokens = true;
           const auto now = Clock::now();
-          if (out.empty() && now - state->last_write > kKeepAliveInterval) out = ": keep-alive\n\n";
+          if (out.empty() && now - state->last_write >= options.keep_alive_interval) out = ": keep-alive\n\n";
           if (!out.empty()) {
             if (!sink.write(out.data(), out.size())) {
               state->session->abandon();  // the client is gone: free the sequence now
@@ -328,18 +343,26 @@ Status HttpServer::start() {
                             ", got " + std::to_string(o.max_connections));
   }
   if (o.max_body_bytes < 0) return invalid_argument("server.max_body_bytes must not be negative");
+  if (o.keep_alive_interval.count() <= 0) return invalid_argument("server.keep_alive_interval_s must be positive");
 
   s.ctx.tokenizer = &s.tokenizer;
   s.ctx.model_id = o.model_id;
   s.ctx.served_name = !o.served_name.empty() ? o.served_name : (!o.model_id.empty() ? o.model_id : "kiln");
   s.ctx.max_model_len = o.max_model_len;
   s.ctx.max_output_tokens = o.max_output_tokens;
+  s.ctx.logprobs_supported = s.engine.reports_logprobs();
   s.ctx.tool_parser = o.tool_parser;
   s.ctx.reasoning_parser = o.reasoning_parser;
   if (o.media.modality) {
     if (o.media.max_images < 0) return invalid_argument("media.max_images must not be negative");
     s.media = std::make_unique<MediaInput>(o.media);
     s.ctx.media = s.media.get();
+  }
+  // GLM-4.7's own template renders with the built-in renderer, proven identical and faster.
+  const auto& t = o.chat_template;
+  if (t && !(t->source(false) == glm47_chat_template_source() && t->source(true) == glm47_chat_template_source())) {
+    s.ctx.chat_template = t.get();
+    s.ctx.special_token_texts = s.tokenizer.special_token_texts();
   }
   for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>"}) {
     if (auto id = s.tokenizer.token_to_id(token)) s.ctx.end_of_turn_ids.push_back(*id);
@@ -352,6 +375,8 @@ Status HttpServer::start() {
   limits.max_connections = o.max_connections;
   limits.header_timeout = o.header_timeout;
   limits.read_timeout = o.read_timeout;
+  limits.tcp_keepalive_idle =
+      std::chrono::ceil<std::chrono::seconds>(std::chrono::duration_cast<std::chrono::milliseconds>(o.keep_alive_interval));
   ApiError busy = api_error_from_status(unavailable("the server has " + std::to_string(o.max_connections) +
                                                     " connections open (server.max_connections); retry later"));
   busy.code = "too_many_connections";

@@ -16,6 +16,7 @@
 #include "engine/engine_api.h"
 #include "kiln/status.h"
 #include "server/media_input.h"
+#include "tokenizer/jinja_chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -37,9 +38,16 @@ struct HttpServerOptions {
   std::chrono::milliseconds read_timeout{60'000};    // request body, from the end of the headers
   // stop() waits this long for requests in flight, then cancels them (streams end with an error event).
   std::chrono::milliseconds drain_timeout{30'000};
+  // A stream with nothing to send for this long (a long prefill) gets an SSE comment ": keep-alive", so clients and
+  // proxies with idle timeouts stay connected; every connection also gets TCP keep-alive probes at this interval
+  // (rounded up to whole seconds), which is what keeps a non-streaming request's silent connection alive.
+  std::chrono::milliseconds keep_alive_interval{5'000};
   // Image parts of chat and Responses requests go through this (the recipe's media.modality); without a modality
   // they are refused.
   MediaInputOptions media;
+  // The checkpoint's chat template (JinjaChatTemplate::from_checkpoint). Null, or GLM-4.7's own template, renders
+  // with the built-in GLM-4.7 renderer (tokenizer/chat_template.h), as do requests with image parts for now.
+  std::shared_ptr<const JinjaChatTemplate> chat_template;
 };
 
 // What max_body_bytes = 0 means: room for a prompt of max_model_len tokens at 16 bytes each (English runs about

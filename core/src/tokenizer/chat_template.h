@@ -1,5 +1,8 @@
 // GLM-4.7's chat template (zai-org/GLM-4.7 chat_template.jinja, as rendered by transformers with
-// trim_blocks/lstrip_blocks), reproduced in C++ without a Jinja engine. GLM-4.7-Flash ships the same template.
+// trim_blocks/lstrip_blocks), reproduced in C++ as a faster cache of that one template: checkpoints ship their own
+// template, which jinja_chat_template.h renders; the server uses this only when the checkpoint's template is exactly
+// GLM-4.7's (tests prove the two identical), when it has none, and for requests with image parts.
+// GLM-4.7-Flash ships the same template.
 //
 //   [gMASK]<sop>
 //   tools present  <|system|>\n# Tools\n\nYou may call ... <tools>\n{tool JSON}\n...</tools>\n\nFor each function
@@ -72,6 +75,10 @@ struct ChatTemplateOptions {
 // a JSON object, naming "messages[i]...".
 Result<std::vector<PromptPiece>> render_glm_chat_pieces(const std::vector<ChatMessage>& messages,
                                                         const ChatTemplateOptions& options);
+// GLM-4.7's chat_template.jinja. A checkpoint whose template is exactly this text is rendered by the functions
+// above instead of by Jinja (faster; tests/tokenizer/jinja_chat_template_test.cpp proves the output identical).
+const std::string& glm47_chat_template_source();
+
 // The same prompt as one string.
 Result<std::string> render_glm_chat(const std::vector<ChatMessage>& messages, const ChatTemplateOptions& options);
 

@@ -165,4 +165,11 @@ bool Tokenizer::is_special(int32_t id) const {
   return added != nullptr && added->special;
 }
 
+std::vector<std::string> Tokenizer::special_token_texts() const {
+  std::vector<std::string> out;
+  for (const AddedToken& t : impl_->added.tokens())
+    if (t.special) out.push_back(t.content);
+  return out;
+}
+
 }  // namespace kiln

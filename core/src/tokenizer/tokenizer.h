@@ -67,6 +67,8 @@ class Tokenizer {
   // Largest id + 1 over the model vocabulary and the added tokens.
   int64_t vocab_size() const;
   bool is_special(int32_t id) const;
+  // The text of every special added token ("<|user|>", "[gMASK]"), as the chat template renderer escapes them.
+  std::vector<std::string> special_token_texts() const;
 
   struct Impl;  // opaque, defined in tokenizer.cpp
 
