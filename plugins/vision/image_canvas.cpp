@@ -9,13 +9,15 @@
 namespace kiln::vision {
 namespace {
 
-int64_t align_up(int64_t value, int64_t factor) { return (value + factor - 1) / factor * factor; }
+int64_t align_up(int64_t value, int64_t factor) {
+  return (value + factor - 1) / factor * factor;
+}
 
 }  // namespace
 
 Result<CanvasPlan> plan_canvas(int64_t height, int64_t width, const ImageProcessorConfig& config) {
-  if (height <= 0 || width <= 0) return invalid_argument("image of size " + std::to_string(width) + "×" +
-                                                         std::to_string(height) + " is empty");
+  if (height <= 0 || width <= 0)
+    return invalid_argument("image of size " + std::to_string(width) + "×" + std::to_string(height) + " is empty");
   const int64_t factor = config.factor();
   const int64_t frames = config.temporal_patch_size;  // a still image is repeated over the temporal patch
   const int64_t pixels_per_token = frames * factor * factor;
@@ -43,7 +45,8 @@ Result<CanvasPlan> plan_canvas(int64_t height, int64_t width, const ImageProcess
     while (low <= high) {
       const int64_t content_height = (low + high) / 2;
       const int64_t content_width = std::max<int64_t>(
-          1, static_cast<int64_t>(std::floor(static_cast<double>(width * content_height) / static_cast<double>(height))));
+          1,
+          static_cast<int64_t>(std::floor(static_cast<double>(width * content_height) / static_cast<double>(height))));
       const int64_t candidate_height = align_up(content_height, factor);
       const int64_t candidate_width = align_up(content_width, factor);
       if (aligned_frames * candidate_height * candidate_width <= max_pixels) {

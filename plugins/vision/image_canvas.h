@@ -23,7 +23,7 @@ struct ImageProcessorConfig {
 };
 
 struct CanvasPlan {
-  int64_t canvas_height = 0;   // multiples of factor
+  int64_t canvas_height = 0;  // multiples of factor
   int64_t canvas_width = 0;
   int64_t content_height = 0;  // the resized image, top-left; the rest is zero
   int64_t content_width = 0;

@@ -18,10 +18,14 @@ ImageFormat sniff_image_format(std::span<const uint8_t> bytes) {
 
 const char* image_format_name(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kPng: return "PNG";
-    case ImageFormat::kJpeg: return "JPEG";
-    case ImageFormat::kWebp: return "WebP";
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kWebp:
+      return "WebP";
+    case ImageFormat::kUnknown:
+      break;
   }
   return "unknown";
 }
@@ -43,10 +47,14 @@ Result<RgbImage> decode_image(std::span<const uint8_t> bytes, const DecodeLimits
     return invalid_argument("encoded image of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +
                             std::to_string(limits.max_bytes) + " bytes");
   switch (sniff_image_format(bytes)) {
-    case ImageFormat::kPng: return decode_png(bytes, limits);
-    case ImageFormat::kJpeg: return decode_jpeg(bytes, limits);
-    case ImageFormat::kWebp: return decode_webp(bytes, limits);
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kPng:
+      return decode_png(bytes, limits);
+    case ImageFormat::kJpeg:
+      return decode_jpeg(bytes, limits);
+    case ImageFormat::kWebp:
+      return decode_webp(bytes, limits);
+    case ImageFormat::kUnknown:
+      break;
   }
   return invalid_argument("not a PNG, JPEG or WebP");
 }

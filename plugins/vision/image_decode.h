@@ -19,9 +19,9 @@
 namespace kiln::vision {
 
 struct DecodeLimits {
-  uint64_t max_bytes = 32ull << 20;        // encoded size
-  uint64_t max_pixels = 40'000'000;        // height * width
-  uint64_t max_side = 32'768;              // either dimension
+  uint64_t max_bytes = 32ull << 20;  // encoded size
+  uint64_t max_pixels = 40'000'000;  // height * width
+  uint64_t max_side = 32'768;        // either dimension
 };
 
 enum class ImageFormat { kUnknown, kPng, kJpeg, kWebp };

@@ -14,8 +14,8 @@
 namespace kiln::vision {
 
 struct ProcessedImage {
-  std::vector<float> pixel_values;     // [num_patches, patch_dim] row-major
-  std::array<int64_t, 3> grid_thw{};   // {1, canvas_h / patch, canvas_w / patch}
+  std::vector<float> pixel_values;    // [num_patches, patch_dim] row-major
+  std::array<int64_t, 3> grid_thw{};  // {1, canvas_h / patch, canvas_w / patch}
   CanvasPlan plan;
   int64_t num_patches() const { return grid_thw[0] * grid_thw[1] * grid_thw[2]; }
   // LLM tokens the image becomes after the merge (grid_h · grid_w / merge²).

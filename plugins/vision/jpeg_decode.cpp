@@ -2,7 +2,8 @@
 // locals are never read after a jump; the pixels and the Status live in the caller's JpegJob. A truncated file is
 // an error (libjpeg would pad it with gray; PIL refuses it as truncated), and progressive files are limited in
 // scans and memory so a hostile file cannot make decoding slow or large.
-// clang-format off: jpeglib.h needs size_t and FILE declared first; jerror.h names the warning codes.
+// jpeglib.h needs size_t and FILE declared before it; jerror.h (after it) names the warning codes.
+// clang-format off
 #include <cstdio>
 #include <jpeglib.h>
 #include <jerror.h>
@@ -81,8 +82,7 @@ int run_libjpeg(jpeg_decompress_struct* cinfo, std::span<const uint8_t> bytes, J
   } else if (cinfo->num_components == 1 || cinfo->num_components == 3) {
     cinfo->out_color_space = JCS_RGB;
   } else {
-    std::snprintf(job->error, sizeof(job->error), "unsupported color space with %d components",
-                  cinfo->num_components);
+    std::snprintf(job->error, sizeof(job->error), "unsupported color space with %d components", cinfo->num_components);
     return 1;
   }
   jpeg_start_decompress(cinfo);

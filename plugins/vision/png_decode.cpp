@@ -21,7 +21,7 @@ struct PngJob {
   size_t offset = 0;
   const DecodeLimits* limits = nullptr;
   char error[200] = {};
-  Status limit_status;         // set when the header's dimensions are refused
+  Status limit_status;  // set when the header's dimensions are refused
   RgbImage image;
   std::vector<uint8_t> gray16;  // 16-bit gray is clipped by hand (PIL's I;16 → RGB): libpng has no such transform
   std::vector<png_bytep> rows;

@@ -14,8 +14,8 @@ Result<RgbImage> decode_webp(std::span<const uint8_t> bytes, const DecodeLimits&
   if (header != VP8_STATUS_OK)
     return invalid_argument("corrupt WebP (header: libwebp status " + std::to_string(static_cast<int>(header)) + ")");
   if (features.has_animation) return invalid_argument("animated WebP is not supported (a still image is expected)");
-  KILN_RETURN_IF_ERROR(check_dimensions(static_cast<uint64_t>(features.height), static_cast<uint64_t>(features.width),
-                                        limits, "WebP"));
+  KILN_RETURN_IF_ERROR(
+      check_dimensions(static_cast<uint64_t>(features.height), static_cast<uint64_t>(features.width), limits, "WebP"));
   RgbImage image;
   image.height = features.height;
   image.width = features.width;

@@ -17,7 +17,9 @@ using testing::checksum;
 using testing::data_dir;
 using testing::read_bytes;
 
-std::vector<uint8_t> fixture(const std::string& name) { return read_bytes(data_dir() / "images" / name); }
+std::vector<uint8_t> fixture(const std::string& name) {
+  return read_bytes(data_dir() / "images" / name);
+}
 
 TEST(ImageDecode, FixturesDecodeAsTransformersDoes) {
   const auto manifest = testing::read_json("images.json");

@@ -6,16 +6,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "rgb_image.h"
 
 namespace kiln::vision::testing {
 
-inline std::filesystem::path data_dir() { return KILN_VISION_TEST_DATA; }
+inline std::filesystem::path data_dir() {
+  return KILN_VISION_TEST_DATA;
+}
 
 inline std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
