@@ -133,6 +133,11 @@ def make_images() -> dict[str, tuple[bytes, str]]:
     images["panorama.webp"] = (encode(PIL.Image.fromarray(scene(600, 16000, 7, noise=1.0)), "WEBP", quality=30), "data_url")
     images["huge.jpg"] = (encode(PIL.Image.fromarray(scene(2900, 2300, 8, noise=1.0)), "JPEG", quality=30), "data_url")
     images["tall_thin.png"] = (encode(PIL.Image.fromarray(scene(3000, 1, 9)), "PNG"), "data_url")
+    # EXIF orientation 6 (rotate 90° on display): the reference's decode leaves the pixels as stored.
+    exif = PIL.Image.Exif()
+    exif[0x0112] = 6
+    images["exif_rotated.jpg"] = (encode(PIL.Image.fromarray(scene(60, 90, 10)), "JPEG", quality=85, exif=exif),
+                                  "data_url")
     return images
 
 

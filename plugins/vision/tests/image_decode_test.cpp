@@ -35,6 +35,14 @@ TEST(ImageDecode, FixturesDecodeAsTransformersDoes) {
   }
 }
 
+// transformers' default path (torchvision decode_image) ignores EXIF orientation; so does kiln.
+TEST(ImageDecode, ExifOrientationIsNotApplied) {
+  auto image = decode_image(fixture("exif_rotated.jpg"));
+  ASSERT_TRUE(image.ok()) << image.status().to_string();
+  EXPECT_EQ(image->height, 60);
+  EXPECT_EQ(image->width, 90);
+}
+
 TEST(ImageDecode, SniffsTheContainer) {
   EXPECT_EQ(sniff_image_format(fixture("tiny_rgb.png")), ImageFormat::kPng);
   EXPECT_EQ(sniff_image_format(fixture("photo.jpg")), ImageFormat::kJpeg);
