@@ -9,7 +9,7 @@
 # grows a working corpus in $KILN_FUZZ_BUILD/corpus/<name> (kept between runs); a crashing input is written to
 # $KILN_FUZZ_BUILD/artifacts/<name>/. Prints one line per harness (executions, crashes) and exits 1 when any
 # harness crashed. The harnesses: request, chat_template, output_parsers, tokenizer, tokenizer_json, recipe,
-# safetensors, model_config (ls tests/fuzz/*_fuzz.cpp).
+# safetensors, model_config, image_decode (ls tests/fuzz/*_fuzz.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${KILN_FUZZ_BUILD:-build-fuzz}
