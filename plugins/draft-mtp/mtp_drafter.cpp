@@ -8,8 +8,9 @@
 // The MTP layer's KV shares the target's pages, so rows past the accepted ones are simply overwritten next time
 // (from the target's real hidden states); a layer with recurrent state is rolled back by the engine's services,
 // which tell step-1 rows (on the target's hidden states) from draft rows (on the layer's own output). Drafts are argmax at temperature 0, else sampled on the device from q =
-// softmax(logits / T) over its kQWidth likeliest tokens, which is returned (sparse) for rejection sampling. Only
-// the draft ids cross to the host.
+// softmax(logits / T) over its kQWidth likeliest tokens, which is returned (sparse) for rejection sampling. Steps
+// 2..K take the previous draft from the device (DraftServices::mtp_run_device_tokens), so the K steps run without a
+// host synchronisation; only the draft ids cross to the host, once, after the last step.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -85,26 +86,28 @@ class MtpDrafter final : public kiln::Drafter {
     if (drafting == 0) return {};
 
     KILN_RETURN_IF_ERROR(ensure_buffers(static_cast<int64_t>(drafting), depth));
-    // Per drafting sequence: the previous draft and the MTP output row that drafted it.
-    std::vector<int32_t> prev(drafting);
+    // Per drafting sequence: the MTP output row that drafted its previous draft. Draft k of every drafting sequence
+    // lands on the device at tokens_dev_ + (k − 1) · drafting, and step k + 1 reads it from there: the K steps are
+    // enqueued back to back and the drafts cross to the host once, after the last.
     std::vector<const float*> prev_hidden(drafting);
     for (size_t i = 0, row = 0; i < B; row += step.seqs[order[i]].num_rows, ++i)
       if (i < drafting) prev_hidden[i] = mo.hidden + (row + step.seqs[order[i]].num_rows - 1) * hidden_;
-    std::vector<std::vector<int32_t>> drafts(drafting);
+    std::vector<float> temperatures(drafting);
+    std::vector<double> uniforms(drafting);
     for (int k = 1; k <= depth; ++k) {
+      int32_t* const drafts_k = tokens_dev_ + static_cast<int64_t>(k - 1) * static_cast<int64_t>(drafting);
       if (k > 1) {
         rows.clear();
         for (size_t i = 0; i < drafting; ++i) {
           const kiln::DraftSequence& s = step.seqs[order[i]];
-          rows.push_back({s.block_table, s.num_blocks, s.start_position + s.num_rows + k - 2, &prev[i], prev_hidden[i],
+          rows.push_back({s.block_table, s.num_blocks, s.start_position + s.num_rows + k - 2, nullptr, prev_hidden[i],
                           0, 1, false});
         }
-        KILN_RETURN_IF_ERROR(services_.mtp_run(kMtpLayer, rows, mo).with_context("mtp drafter, step " + std::to_string(k)));
+        KILN_RETURN_IF_ERROR(services_.mtp_run_device_tokens(kMtpLayer, rows, drafts_k - drafting, mo)
+                                 .with_context("mtp drafter, step " + std::to_string(k)));
         for (size_t i = 0; i < drafting; ++i) prev_hidden[i] = mo.hidden + i * hidden_;
       }
       // The drafting sequences' logits are rows 0 .. drafting − 1 (one row each, in `order`).
-      std::vector<float> temperatures(drafting);
-      std::vector<double> uniforms(drafting);
       for (size_t i = 0; i < drafting; ++i) {
         const kiln::DraftSequence& s = step.seqs[order[i]];
         temperatures[i] = s.temperature;
@@ -116,14 +119,18 @@ class MtpDrafter final : public kiln::Drafter {
       r.temperatures = temperatures.data();
       r.uniforms = uniforms.data();
       r.q_width = kQWidth;
-      r.tokens = tokens_dev_;
+      r.tokens = drafts_k;
       r.q_ids = q_ids_ + (k - 1) * kQWidth;
       r.q_probs = q_probs_ + (k - 1) * kQWidth;
       r.q_row_stride = static_cast<int64_t>(max_depth_) * kQWidth;
       KILN_RETURN_IF_ERROR(services_.sample(r).with_context("mtp drafter, sampling draft " + std::to_string(k)));
-      KILN_RETURN_IF_ERROR(services_.device().copy(prev.data(), tokens_dev_, drafting * sizeof(int32_t), true));
-      for (size_t i = 0; i < drafting; ++i) drafts[i].push_back(prev[i]);
     }
+    // [depth, drafting] drafts, step-major.
+    std::vector<int32_t> all(static_cast<size_t>(depth) * drafting);
+    KILN_RETURN_IF_ERROR(services_.device().copy(all.data(), tokens_dev_, all.size() * sizeof(int32_t), true));
+    std::vector<std::vector<int32_t>> drafts(drafting);
+    for (int k = 0; k < depth; ++k)
+      for (size_t i = 0; i < drafting; ++i) drafts[i].push_back(all[static_cast<size_t>(k) * drafting + i]);
     for (size_t i = 0; i < drafting; ++i) {
       const size_t b = order[i];
       const kiln::DraftSequence& s = step.seqs[b];
@@ -168,7 +175,7 @@ class MtpDrafter final : public kiln::Drafter {
     if (rows <= max_rows_ && depth <= max_depth_) return {};
     const int64_t r = std::max(rows, 2 * max_rows_);
     const int d = std::max(depth, max_depth_);
-    KILN_ASSIGN_OR_RETURN(void* t, services_.device().allocate(static_cast<size_t>(r) * sizeof(int32_t), "mtp drafts"));
+    KILN_ASSIGN_OR_RETURN(void* t, services_.device().allocate(static_cast<size_t>(r * d) * sizeof(int32_t), "mtp drafts"));
     KILN_ASSIGN_OR_RETURN(void* qi, services_.device().allocate(static_cast<size_t>(r * d * kQWidth) * 4, "mtp q ids"));
     KILN_ASSIGN_OR_RETURN(void* qp, services_.device().allocate(static_cast<size_t>(r * d * kQWidth) * 4, "mtp q"));
     tokens_dev_ = static_cast<int32_t*>(t);

@@ -69,6 +69,21 @@ class DraftServices {
   virtual int64_t num_mtp_layers() const = 0;
   virtual Status mtp_run(int64_t layer, const std::vector<MtpRows>& batch, MtpOutput& out) = 0;
 
+  // (ABI 2.2) mtp_run with the rows' tokens on the device: device_tokens [Σ num_rows] in batch order (each entry's
+  // `tokens` is then ignored). A drafter chains its recursive steps through it — step k's sampled drafts are step
+  // k + 1's tokens — with no host synchronisation between them. The engine's services keep them on the device; this
+  // fallback copies them to the host first.
+  virtual Status mtp_run_device_tokens(int64_t layer, std::vector<MtpRows> batch, const int32_t* device_tokens,
+                                       MtpOutput& out) {
+    int64_t rows = 0;
+    for (const MtpRows& r : batch) rows += r.num_rows;
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    KILN_RETURN_IF_ERROR(device().copy(host.data(), device_tokens, host.size() * sizeof(int32_t), true));
+    int64_t at = 0;
+    for (MtpRows& r : batch) r.tokens = host.data() + at, at += r.num_rows;
+    return mtp_run(layer, batch, out);
+  }
+
   // The drafter's own paged caches (its capabilities' cache_layers, in order): entry `entry` of layer `layer`,
   // [num_blocks · block_size, that entry's bytes per token], addressed by the sequences' block tables.
   virtual void* cache(int64_t layer, size_t entry) = 0;

@@ -20,8 +20,9 @@
 // 2.0: device-aware interfaces (Linear / ExpertSet / KvLayout run on CPU or CUDA with a plan/run split, drafters
 //      get DraftServices on the device and return sparse q, registrations declare their devices).
 // 2.1: the `quantizer` kind (kiln/quantizer.h), appended; a 2.0 host refuses a 2.1 plugin as newer than itself.
+// 2.2: DraftServices::mtp_run_device_tokens (appended virtual), so drafters chain next-n steps on the device.
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 1
+#define KILN_ABI_MINOR 2
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

@@ -9,6 +9,23 @@
 namespace kiln {
 
 Status EngineDraftServices::mtp_run(int64_t layer, const std::vector<MtpRows>& batch, MtpOutput& out) {
+  return run_mtp(layer, batch, nullptr, out);
+}
+
+Status EngineDraftServices::mtp_run_device_tokens(int64_t layer, std::vector<MtpRows> batch, const int32_t* device_tokens,
+                                                  MtpOutput& out) {
+  if (!device_tokens) return invalid_argument("next-n layer run on device tokens without the tokens");
+  // On the CPU the device is the host: the tokens are read where they are.
+  if (!device().device().is_cuda()) {
+    int64_t at = 0;
+    for (MtpRows& r : batch) r.tokens = device_tokens + at, at += r.num_rows;
+    return run_mtp(layer, batch, nullptr, out);
+  }
+  return run_mtp(layer, batch, device_tokens, out);
+}
+
+Status EngineDraftServices::run_mtp(int64_t layer, const std::vector<MtpRows>& batch, const int32_t* device_tokens,
+                                    MtpOutput& out) {
   if (layer < 0 || layer >= num_mtp_layers())
     return out_of_range("next-n layer " + std::to_string(layer) + " does not exist (" + std::to_string(num_mtp_layers()) +
                         " loaded)");
@@ -17,7 +34,7 @@ Status EngineDraftServices::mtp_run(int64_t layer, const std::vector<MtpRows>& b
   const int64_t H = hidden_size();
   int64_t rows = 0;
   for (const MtpRows& r : batch) {
-    if (r.num_rows <= 0 || !r.tokens || !r.hidden || !r.block_table || r.start_position < 0)
+    if (r.num_rows <= 0 || (!r.tokens && !device_tokens) || !r.hidden || !r.block_table || r.start_position < 0)
       return invalid_argument("a next-n batch entry needs rows, tokens, hidden states, a block table and a position");
     if (r.num_blocks * caches_->views().block_size < r.start_position + r.num_rows)
       return invalid_argument("a next-n batch entry's block table covers " +
@@ -53,6 +70,8 @@ Status EngineDraftServices::mtp_run(int64_t layer, const std::vector<MtpRows>& b
   std::vector<bool> committed(batch.size(), false);
   const float* own_begin = step_out_.hidden;
   const float* own_end = own_begin ? own_begin + step_out_rows_ * H : nullptr;
+  int64_t token_offset = 0;
+  if (device_tokens && placeholder_tokens_.size() < static_cast<size_t>(rows)) placeholder_tokens_.resize(rows, 0);
   for (size_t b = 0; b < batch.size(); ++b) {
     const MtpRows& r = batch[b];
     int32_t slot = -1;
@@ -66,8 +85,15 @@ Status EngineDraftServices::mtp_run(int64_t layer, const std::vector<MtpRows>& b
       committed[b] = !(own_begin && !before(r.hidden, own_begin) && before(r.hidden, own_end));
       if (committed[b]) KILN_RETURN_IF_ERROR(caches_->restore_layer_state(slot, cache_layer));
     }
-    steps_.push_back(SequenceStep{std::span<const int32_t>(r.tokens, r.num_rows), r.start_position, &tables_[b],
-                                  r.all_logits, slot, {}});
+    if (device_tokens) {
+      // The step only counts these; the model copies the values from the device.
+      steps_.push_back(SequenceStep{std::span<const int32_t>(placeholder_tokens_.data(), r.num_rows), r.start_position,
+                                    &tables_[b], r.all_logits, slot, {}, device_tokens + token_offset});
+    } else {
+      steps_.push_back(SequenceStep{std::span<const int32_t>(r.tokens, r.num_rows), r.start_position, &tables_[b],
+                                    r.all_logits, slot, {}});
+    }
+    token_offset += r.num_rows;
   }
   KILN_RETURN_IF_ERROR(model_.mtp_step(layer, steps_, packed_, caches_->views(), step_out_));
   step_out_rows_ = rows;

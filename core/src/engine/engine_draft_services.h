@@ -48,6 +48,8 @@ class EngineDraftServices final : public DraftServices {
   // were rejected, and no replay is needed (the committed rows are exactly those that ran). Paged next-n caches
   // (DSA kind) need none of this: rows past the accepted ones are rewritten by the next step's rows.
   Status mtp_run(int64_t layer, const std::vector<MtpRows>& batch, MtpOutput& out) override;
+  Status mtp_run_device_tokens(int64_t layer, std::vector<MtpRows> batch, const int32_t* device_tokens,
+                               MtpOutput& out) override;
 
   void* cache(int64_t layer, size_t entry) override;
   int64_t block_size() const override { return caches_ ? caches_->views().block_size : 0; }
@@ -63,10 +65,13 @@ class EngineDraftServices final : public DraftServices {
   std::string draft_model_;
   CacheManager* caches_ = nullptr;
   int64_t first_drafter_layer_ = 0;
+  // Both mtp_run flavours: tokens from each entry's host array, or (device_tokens set) from the device.
+  Status run_mtp(int64_t layer, const std::vector<MtpRows>& batch, const int32_t* device_tokens, MtpOutput& out);
   // mtp_run's packed hidden rows on the device, grown as batches need (device memory lives as long as the model).
   float* packed_ = nullptr;
   int64_t packed_rows_ = 0;
   std::vector<std::vector<int32_t>> tables_;
+  std::vector<int32_t> placeholder_tokens_;  // zeros standing for device tokens in a step's host layout
   std::vector<SequenceStep> steps_;
   MtpStepOutput step_out_;
   int64_t step_out_rows_ = 0;  // rows of hidden in step_out_ (tells a draft row from a target row)

@@ -27,6 +27,9 @@ struct SequenceStep {
   bool all_logits = false;                            // logits for every new token, not only the last
   int32_t state_slot = -1;                            // the sequence's state slot (models with recurrent state)
   std::span<const MediaRows> media;                   // embedding overrides inside this step's tokens
+  // On the model's device, tokens.size() ids that replace the values of `tokens` (which then only counts them): a
+  // drafter's chained step feeds the draft it just sampled without waiting for it on the host. CUDA models only.
+  const int32_t* device_tokens = nullptr;
 };
 
 // What a step picks from one sequence's logits after the forward (on the model's device: only ids come back).

@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "kiln/cuda/mla_decode_plan.h"
+#include "kiln/cuda/pdl_launch.cuh"
 #include "kiln/cuda/warp_mma.cuh"
 
 namespace kiln::cuda {
@@ -458,17 +459,7 @@ inline int ntiles_for(int64_t rows, int64_t heads) {
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                    Args... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  return launch_with_pdl(kernel, grid, block, smem, stream, pdl, args...);
 }
 
 template <int kN, class Rows>
@@ -487,14 +478,7 @@ cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pd
 }  // namespace mla_tc
 
 // Whether to launch with programmatic dependent launch: sm_90+ unless KILN_PDL=0 (the core's A/B switch).
-inline bool mla_decode_pdl_default() {
-  const char* env = std::getenv("KILN_PDL");
-  if (env && std::strcmp(env, "0") == 0) return false;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 9;
-}
+inline bool mla_decode_pdl_default() { return pdl_supported_on_current_device(); }
 
 // Queues the attention (and the merge of its splits) on `stream`. `RowsFor<kRope>` is the row source for rope width
 // kRope (64 or 0, from p.rope_dim). Returns cudaSuccess, or the launch's error; mla_decode_check(p) must pass.

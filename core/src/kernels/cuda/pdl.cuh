@@ -20,7 +20,8 @@
 
 #include <utility>
 
-#include "kiln/cuda/warp_mma.cuh"  // pdl_wait, pdl_launch_dependents
+#include "kiln/cuda/pdl_launch.cuh"  // launch_with_pdl
+#include "kiln/cuda/warp_mma.cuh"   // pdl_wait, pdl_launch_dependents
 
 namespace kiln::cuda {
 
@@ -41,17 +42,7 @@ bool pdl_enabled();
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return launch_with_pdl(kernel, grid, block, smem, stream, pdl_enabled(), std::forward<Args>(args)...);
 }
 
 }  // namespace kiln::cuda

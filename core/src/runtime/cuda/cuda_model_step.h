@@ -112,10 +112,13 @@ struct StepBuffers {
 void carve_step_buffers(const ModelConfig& c, const StepShape& shape, StepScratch& scratch, StepBuffers& b);
 
 // Copies the layout's index arrays into the step's buffers on `stream` in one DMA: they are carved back to back
-// (ids .. slots), so they are packed at the same offsets into `staging` first. The stream must have finished
-// the previous step's upload from `staging` (every step ends synchronised).
-Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, PinnedHostBuffer& staging,
+// (ids .. slots), so they are packed at the same offsets into a slot of `staging` first. Steps may follow each
+// other without a host synchronisation (the ring keeps each slot until its DMA has run).
+Status upload_step_layout(const StepLayout& layout, const StepBuffers& b, PinnedUploadRing& staging,
                           cudaStream_t stream);
+// Steps whose tokens are on the device (SequenceStep::device_tokens): copied over their rows of the uploaded ids,
+// so a drafter's next step can take the token it just sampled without a round trip through the host.
+Status copy_device_tokens(std::span<const SequenceStep> steps, int32_t* ids, cudaStream_t stream);
 
 // What a captured step bakes in: buffer addresses (the scratch base and its layout, the KV pages) and launch
 // shapes.
@@ -127,13 +130,14 @@ struct GraphKey {
   const void* scratch;
   const void* pages;
   int64_t extra = 0;  // what else an architecture's step bakes in (glm5_next: a hash of its per-sequence launches)
+  int64_t tokens = 0;  // the step's rows (a verification step has several per sequence)
   bool operator==(const GraphKey&) const = default;
 };
 
-// Captured decode steps, replayed by shape; at most kMaxGraphs, all dropped when the scratch moves.
+// Captured steps, replayed by shape; at most kMaxGraphs (the oldest goes first), all dropped when the scratch moves.
 class StepGraphs {
  public:
-  static constexpr size_t kMaxGraphs = 32;
+  static constexpr size_t kMaxGraphs = 64;
   ~StepGraphs() { clear(); }
   // Replays the graph of `key`, capturing `enqueue` into it first when there is none.
   template <typename Enqueue>
@@ -174,7 +178,7 @@ struct CudaMlaMoeModel::Impl {
   StepShape shape;
   StepGraphs graphs;
   StepTimer timer;
-  PinnedHostBuffer uploads;  // the step layout's host staging (upload_step_layout)
+  PinnedUploadRing uploads;  // the step layout's host staging (upload_step_layout)
 
   ~Impl() { graphs.clear(); }
   StreamHandle s() const { return stream; }

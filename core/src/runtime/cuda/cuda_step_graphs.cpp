@@ -14,8 +14,12 @@ cudaGraphExec_t StepGraphs::find(const GraphKey& key) const {
 }
 
 void StepGraphs::prepare_for(const GraphKey& key) {
-  // A moved scratch buffer invalidates every captured step; a full table is simply started afresh.
-  if (graphs_.size() >= kMaxGraphs || (!graphs_.empty() && graphs_.front().first.scratch != key.scratch)) clear();
+  // A moved scratch buffer invalidates every captured step; a full table drops its oldest graph.
+  if (!graphs_.empty() && graphs_.front().first.scratch != key.scratch) clear();
+  if (graphs_.size() >= kMaxGraphs) {
+    cudaGraphExecDestroy(graphs_.front().second);
+    graphs_.erase(graphs_.begin());
+  }
 }
 
 Result<cudaGraphExec_t> StepGraphs::finish_capture(const GraphKey& key, cudaStream_t stream, const Status& captured) {

@@ -107,13 +107,13 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
 }
 
-Status upload_step_layout(const StepLayout& L, const StepBuffers& b, PinnedHostBuffer& staging, cudaStream_t stream) {
+Status upload_step_layout(const StepLayout& L, const StepBuffers& b, PinnedUploadRing& staging, cudaStream_t stream) {
   const size_t N = L.ids.size(), R = L.rows.size();
   char* const first = reinterpret_cast<char*>(b.ids);
   const size_t span = static_cast<size_t>(reinterpret_cast<char*>(b.slots + N) - first);
-  KILN_RETURN_IF_ERROR(staging.ensure(span));
+  KILN_ASSIGN_OR_RETURN(char* host, staging.acquire(span));
   auto pack = [&](const void* dst, const void* src, size_t bytes) {
-    std::memcpy(staging.data() + (static_cast<const char*>(dst) - first), src, bytes);
+    std::memcpy(host + (static_cast<const char*>(dst) - first), src, bytes);
   };
   pack(b.ids, L.ids.data(), N * 4);
   pack(b.query_seq, L.query_seq.data(), N * 4);
@@ -122,7 +122,20 @@ Status upload_step_layout(const StepLayout& L, const StepBuffers& b, PinnedHostB
   pack(b.rows, L.rows.data(), R * 4);
   pack(b.positions, L.positions.data(), N * 8);
   pack(b.slots, L.slots.data(), N * 8);
-  return cuda_ok(cudaMemcpyAsync(first, staging.data(), span, cudaMemcpyHostToDevice, stream), "step upload");
+  return staging.submit(first, span, stream, "step upload");
+}
+
+Status copy_device_tokens(std::span<const SequenceStep> steps, int32_t* ids, cudaStream_t stream) {
+  int64_t row = 0;
+  for (const SequenceStep& s : steps) {
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    if (s.device_tokens)
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(ids + row, s.device_tokens, static_cast<size_t>(n) * 4,
+                                                   cudaMemcpyDeviceToDevice, stream),
+                                   "step tokens from the device"));
+    row += n;
+  }
+  return ok_status();
 }
 
 }  // namespace kiln::cuda

@@ -78,4 +78,40 @@ Status PinnedHostBuffer::ensure(size_t bytes) {
   return ok_status();
 }
 
+PinnedUploadRing::~PinnedUploadRing() {
+  for (size_t i = 0; i < kSlots; ++i) {
+    // A slot's memory must not be freed under a DMA still reading it.
+    if (pending_[i]) cudaEventSynchronize(done_[i]);
+    if (done_[i]) cudaEventDestroy(done_[i]);
+  }
+}
+
+Result<char*> PinnedUploadRing::acquire(size_t bytes) {
+  const size_t i = next_;
+  if (!done_[i]) {
+    const cudaError_t e = cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) return internal_error(std::string("cudaEventCreate for the step uploads: ") + cudaGetErrorString(e));
+  }
+  if (pending_[i]) {
+    const cudaError_t e = cudaEventSynchronize(done_[i]);
+    if (e != cudaSuccess) return internal_error(std::string("waiting for an earlier step upload: ") + cudaGetErrorString(e));
+    pending_[i] = false;
+  }
+  KILN_RETURN_IF_ERROR(slots_[i].ensure(bytes));
+  current_ = i;
+  return slots_[i].data();
+}
+
+Status PinnedUploadRing::submit(void* device, size_t bytes, cudaStream_t stream, const char* what) {
+  if (current_ >= kSlots) return failed_precondition(std::string(what) + ": upload submitted without a slot");
+  const size_t i = current_;
+  current_ = kSlots;
+  next_ = (i + 1) % kSlots;
+  cudaError_t e = cudaMemcpyAsync(device, slots_[i].data(), bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(done_[i], stream);
+  if (e != cudaSuccess) return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
+  pending_[i] = true;
+  return ok_status();
+}
+
 }  // namespace kiln::cuda

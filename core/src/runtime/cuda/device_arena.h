@@ -3,6 +3,9 @@
 // buffer for one step's activations.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -77,6 +80,29 @@ class PinnedHostBuffer {
  private:
   char* base_ = nullptr;
   size_t capacity_ = 0;
+};
+
+// Host-to-device uploads that may run ahead of the stream: each upload packs into the next of a few pinned slots and
+// records an event after its DMA; a slot is refilled only once its previous DMA has run. Steps that follow each other
+// without a host synchronisation (a drafter's chained next-n steps) thus never overwrite bytes still waiting to be
+// copied, and the host stays up to kSlots uploads ahead of the device.
+class PinnedUploadRing {
+ public:
+  static constexpr size_t kSlots = 8;
+  PinnedUploadRing() = default;
+  ~PinnedUploadRing();
+  PinnedUploadRing(const PinnedUploadRing&) = delete;
+  PinnedUploadRing& operator=(const PinnedUploadRing&) = delete;
+  // A slot of at least `bytes` to pack into, once its last DMA has finished; then submit() the same slot.
+  Result<char*> acquire(size_t bytes);
+  // Copies the acquired slot's first `bytes` to `device` on `stream` and marks the slot busy until that copy has run.
+  Status submit(void* device, size_t bytes, cudaStream_t stream, const char* what);
+
+ private:
+  std::array<PinnedHostBuffer, kSlots> slots_;
+  std::array<cudaEvent_t, kSlots> done_{};
+  std::array<bool, kSlots> pending_{};
+  size_t next_ = 0, current_ = kSlots;
 };
 
 }  // namespace kiln::cuda

@@ -298,12 +298,11 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   carve_glm5(c, P, N, I.scratch, G);
   I.shape = sh;
   KILN_RETURN_IF_ERROR(kc::upload_step_layout(lay, b, I.uploads, I.stream));
+  KILN_RETURN_IF_ERROR(kc::copy_device_tokens(steps, b.ids, I.stream));
   if (!P.ints.empty()) {
-    KILN_RETURN_IF_ERROR(plan_upload_.ensure(P.ints.size() * 4));
-    std::memcpy(plan_upload_.data(), P.ints.data(), P.ints.size() * 4);
-    KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemcpyAsync(G.ints, plan_upload_.data(), P.ints.size() * 4,
-                                                     cudaMemcpyHostToDevice, I.stream),
-                                     "glm5_next step plan"));
+    KILN_ASSIGN_OR_RETURN(char* host, plan_upload_.acquire(P.ints.size() * 4));
+    std::memcpy(host, P.ints.data(), P.ints.size() * 4);
+    KILN_RETURN_IF_ERROR(plan_upload_.submit(G.ints, P.ints.size() * 4, I.stream, "glm5_next step plan"));
   }
   if (mtp)
     KILN_RETURN_IF_ERROR(kc::cuda_ok(

@@ -72,7 +72,7 @@ class Glm5NextCudaModel final : public ModelInstance {
   std::unique_ptr<kiln::cuda::CudaMlaMoeModel::Impl> impl_;
   Glm5NextGpuWeights weights_;
   std::unique_ptr<Plan> plan_;
-  kiln::cuda::PinnedHostBuffer plan_upload_;
+  kiln::cuda::PinnedUploadRing plan_upload_;
   kiln::cuda::DeviceTokenSelection selection_;
   bool graphs_ = true;
   float* mtp_hidden_ = nullptr;  // the last next-n step's output rows (device memory of its own)
