@@ -59,6 +59,19 @@ const char* gate_title(const std::string& name) {
   return nullptr;
 }
 
+// Every gate, not run because of `run.error`: the card lists them rather than an empty table.
+QualifyRun& abandoned(QualifyRun& run) {
+  for (const auto& entry : kGates) {
+    GateResult g;
+    g.name = gate_title(entry.name) ? gate_title(entry.name) : entry.name;
+    g.outcome = GateResult::Outcome::kSkipped;
+    g.not_run = true;
+    g.reason = "not run: no server to run it against";
+    run.gates.push_back(std::move(g));
+  }
+  return run;
+}
+
 }  // namespace
 
 const std::vector<std::string>& gate_names() {
@@ -122,12 +135,12 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
     if (std::string e = child->start(recipe_file, o.port, args, log, o.startup_timeout_s); !e.empty()) {
       run.error = e;
       run.server_exit = child->exit_text();
-      return run;
+      return abandoned(run);
     }
     server = child->address();
   } else if (!parse_base_url(o.base_url, server)) {
     run.error = "--base-url `" + o.base_url + "` is not http://host:port";
-    return run;
+    return run;  // nothing was tried
   }
   if (!o.api_key_env.empty())
     if (const char* k = std::getenv(o.api_key_env.c_str())) server.api_key = k;
@@ -136,7 +149,7 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") || models.body["data"].empty()) {
     run.error = "GET /v1/models failed: " + reply_failure(models);
     if (child) run.server_exit = child->stop();
-    return run;
+    return abandoned(run);
   }
   run.model = models.body["data"][0].value("id", "");
   run.max_model_len = models.body["data"][0].value("max_model_len", int64_t{0});
