@@ -2,6 +2,7 @@
 // promotes on (smoke, strict JSON, tools, Responses API, needle retrieval, images), the depth and concurrency sweeps
 // and the capacity report, then writes a result card, an evidence manifest and a decision (docs/qualify.md).
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -29,6 +30,12 @@ std::vector<std::string> split_names(const std::string& text) {
     }
   }
   return out;
+}
+
+// Options that parse but make no sense: exit status 2, as for options the parser refuses.
+int usage_error(const std::string& message) {
+  fail(message);
+  return 2;
 }
 
 }  // namespace
@@ -73,22 +80,22 @@ int cmd_qualify(int argc, char** argv) {
       "not run (the card and manifest are still written once a server was tried).";
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
   if (rc >= 0) return rc;
-  if (recipe.empty()) return fail("missing RECIPE\n" + usage);
-  if (!o.base_url.empty() && !against.empty()) return fail("--base-url drives one server; --against needs two started here");
+  if (recipe.empty()) return usage_error("missing RECIPE\n" + usage);
+  if (!o.base_url.empty() && !against.empty()) return usage_error("--base-url drives one server; --against needs two started here");
   o.gates = split_names(gates);
   for (const auto& g : o.gates)
     if (std::find(gate_names().begin(), gate_names().end(), g) == gate_names().end())
-      return fail("--gates: unknown gate `" + g + "` (smoke, json, tools, responses, needle, images)");
+      return usage_error("--gates: unknown gate `" + g + "` (smoke, json, tools, responses, needle, images)");
   try {
     o.gate.needle_depths = parse_int_list(needle_depths);
     o.sweep_depths = parse_int_list(sweep_depths);
     o.concurrency = parse_int_list(concurrency);
   } catch (...) {
-    return fail("--depths, --sweep-depths and --concurrency take comma-separated integers (K = 1024)");
+    return usage_error("--depths, --sweep-depths and --concurrency take comma-separated integers (K = 1024)");
   }
-  for (int64_t v : o.gate.needle_depths) if (v <= 0) return fail("--depths must be positive");
-  for (int64_t v : o.concurrency) if (v <= 0) return fail("--concurrency levels must be positive");
-  if (o.gate.json_requests < 1 || o.gate.tool_requests < 1) return fail("--json-requests and --tool-requests must be positive");
+  for (int64_t v : o.gate.needle_depths) if (v <= 0) return usage_error("--depths must be positive");
+  for (int64_t v : o.concurrency) if (v <= 0) return usage_error("--concurrency levels must be positive");
+  if (o.gate.json_requests < 1 || o.gate.tool_requests < 1) return usage_error("--json-requests and --tool-requests must be positive");
   if (!setup_logging(common)) return 2;
   if (common.log_level.empty()) spdlog::set_level(spdlog::level::warn);
   load_plugins(common);
@@ -104,6 +111,8 @@ int cmd_qualify(int argc, char** argv) {
   report.gpu = gpu_info();
   report.plugins = loaded_plugins();
 
+  // A server that dies mid-request must fail the gate, not end this process on a write to its closed socket.
+  std::signal(SIGPIPE, SIG_IGN);
   QualifyRun cand = run_qualification("candidate", recipe, o, out_prefix, "");
   if (cand.files.empty()) return fail(recipe + ": " + cand.error);  // the recipe did not load: nothing was tried
   QualifyRun inc;

@@ -38,6 +38,12 @@ std::string gpu_text(const json& gpu) {
   return out;
 }
 
+std::string plugins_text(const json& plugins) {
+  std::string out;
+  for (const auto& p : plugins) out += (out.empty() ? "" : ", ") + p.value("name", "") + " " + p.value("version", "");
+  return out.empty() ? "none loaded (built-ins only)" : out;
+}
+
 void arm_sections(std::ostringstream& md, const QualifyRun& run) {
   md << "\n## " << run.label << ": `" << run.recipe_file << "`\n\n";
   if (!run.error.empty()) md << "**Stopped early:** " << cell(run.error, 2000) << "\n\n";
@@ -95,6 +101,7 @@ std::string result_card(const QualifyReport& r) {
   std::ostringstream md;
   md << "# kiln qualify: `" << cand.recipe_file << "`\n\n"
      << r.date << " · kiln " << build_commit() << " · GPU: " << gpu_text(r.gpu) << " · `" << r.command << "`\n\n"
+     << "plugins: " << plugins_text(r.plugins) << "\n\n"
      << "**Decision: " << r.decision.verdict << "**";
   if (r.incumbent) md << " (against `" << r.incumbent->recipe_file << "`)";
   md << "\n\n";

@@ -1,5 +1,6 @@
 #include "qualify_decision.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace kiln::cli {
@@ -11,13 +12,25 @@ std::string pct(double ratio) {
   return b;
 }
 
+// An error's first line and, when it quotes a log, the log's last line: what a reader needs in one line.
+std::string gist(const std::string& error) {
+  const std::string first = error.substr(0, error.find('\n'));
+  std::string rest = error.substr(std::min(error.size(), first.size() + 1));
+  while (!rest.empty() && (rest.back() == '\n' || rest.back() == ' ')) rest.pop_back();
+  if (rest.empty()) return first;
+  const size_t nl = rest.rfind('\n');
+  std::string last = nl == std::string::npos ? rest : rest.substr(nl + 1);
+  last.erase(0, last.find_first_not_of(' '));
+  return first + " " + last;
+}
+
 }  // namespace
 
 Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance) {
   Decision d;
   if (!cand.error.empty()) {
     d.verdict = "reject";
-    d.reasons.push_back("the qualification did not complete: " + cand.error.substr(0, cand.error.find('\n')));
+    d.reasons.push_back("the qualification did not complete: " + gist(cand.error));
     return d;
   }
   std::vector<std::string> failed, not_run, regressed;
@@ -43,7 +56,7 @@ Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance)
   if (!inc->error.empty()) {
     d.verdict = all_pass ? "promote" : "reject";
     d.reasons.push_back("the incumbent could not be measured, so nothing is compared: " +
-                        inc->error.substr(0, inc->error.find('\n')));
+                        gist(inc->error));
     return d;
   }
   if (!regressed.empty()) {

@@ -52,6 +52,7 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
   if (pid_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
+    signal(SIGPIPE, SIG_DFL);  // `kiln qualify` ignores it (below); the server gets the default it always has
     dup2(log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);
     execv(exe.c_str(), argv.data());
@@ -91,7 +92,8 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
 void ChildServer::reaped(int status) {
   pid_ = -1;
   if (WIFEXITED(status)) exit_text_ = "exited with status " + std::to_string(WEXITSTATUS(status));
-  else if (WIFSIGNALED(status)) exit_text_ = std::string("was killed by ") + strsignal(WTERMSIG(status));
+  else if (WIFSIGNALED(status))
+    exit_text_ = "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
   else exit_text_ = "ended";
 }
 

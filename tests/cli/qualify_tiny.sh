@@ -72,4 +72,19 @@ rc=$?
 rc=$?
 [ "$rc" = 1 ] && grep -q "KILN_QUALIFY_UNSET_KEY" "$out.stderr" || die "server that cannot start: exit $rc"
 grep -q "^\*\*Decision: reject\*\*" "$out.nostart.md" || die "no card for a server that could not start"
+
+# The server dying mid-run: killed during the tools gate, the gate fails with how it ended, the rest are not run,
+# and the card is still written (exit 1).
+"$kiln" qualify "$recipe" --out "$out.died" --gates smoke,tools,needle --tool-requests 200 --depths 256 \
+  > /dev/null 2> "$out.stderr" &
+qpid=$!
+for _ in $(seq 1 300); do grep -q "gate tools" "$out.stderr" && break; sleep 0.1; done
+server=$(pgrep -P "$qpid" 2>/dev/null || cat /proc/"$qpid"/task/"$qpid"/children 2>/dev/null)
+[ -n "$server" ] || { kill -9 "$qpid"; die "no server child of kiln qualify to kill"; }
+kill -9 $server
+wait "$qpid"
+rc=$?
+[ "$rc" = 1 ] || die "exit status $rc after the server was killed, expected 1"
+grep -q "^| tools | FAIL [0-9]*/200 | the server was killed by signal 9" "$out.died.md" || die "the killed server is not in the tools gate's reason"
+grep -q "^| needle | skipped | not run: the server is gone" "$out.died.md" || die "gates after the death are not marked not run"
 echo "qualify tiny: all passed"
