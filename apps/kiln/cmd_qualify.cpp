@@ -14,6 +14,8 @@
 #include "qualify_card.h"
 #include "qualify_evidence.h"
 #include "qualify_run.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
 
 namespace kiln::cli {
 namespace {
@@ -100,8 +102,12 @@ int cmd_qualify(int argc, char** argv) {
   if (common.log_level.empty()) spdlog::set_level(spdlog::level::warn);
   load_plugins(common);
   o.plugin_dirs = common.plugin_dirs;
-  for (const std::string& f : {recipe, against})
-    if (!f.empty() && !std::filesystem::exists(f)) return fail("recipe " + f + " does not exist");
+  // Both recipes are checked before either server starts: an incumbent that cannot load should not cost a candidate run.
+  for (const std::string& f : {recipe, against}) {
+    if (f.empty()) continue;
+    if (!std::filesystem::exists(f)) return fail("recipe " + f + " does not exist");
+    if (auto r = load_recipe(f, o.sets, global_registry()); !r.ok()) return fail(r.status().message());
+  }
 
   std::string command = "kiln";
   for (int i = 0; i < argc; ++i) command += " " + std::string(argv[i]);

@@ -64,6 +64,19 @@ grep -q "^\*\*Decision: reject\*\*" "$out.md" || die "no decision line in the ca
 grep -q "^| needle | FAIL 0/2 |" "$out.md" || die "the needle gate is not reported as failed in the card"
 grep -q "drained; exiting" "$out.server.log" || die "the server did not drain"
 
+# --against: both qualified, the card compares them gate by gate and on speed; the incumbent's log and transcript are
+# artifacts too. Neither passes every gate, so the candidate is at best a challenger.
+printf 'extends = "%s"\n[kv]\nlayout = "fp32"\n' "$recipe" > "$out.incumbent.toml"
+"$kiln" qualify "$recipe" --against "$out.incumbent.toml" --out "$out.ab" --json-requests 1 --tool-requests 5 \
+  --tool-depth 256 --depths 256 --sweep-depths 256 --concurrency 1 --num-prompts 2 --output-len 8 > /dev/null 2> "$out.stderr"
+rc=$?
+[ "$rc" = 0 ] || [ "$rc" = 3 ] || die "--against: exit status $rc"
+grep -q "^\*\*Decision: \(reject\|challenger\)\*\* (against \`[^\`]*incumbent.toml\`)" "$out.ab.md" || die "--against: no decision against the incumbent"
+grep -q "^| smoke | pass 1/1 | pass 1/1 |" "$out.ab.md" || die "--against: no gate comparison"
+grep -q "^| decode tok/s | [0-9.]* | [0-9.]* |" "$out.ab.md" || die "--against: no speed comparison"
+python3 -c 'import json, sys; a = json.load(open(sys.argv[1]))["artifacts"]; sys.exit(sum("incumbent" in x["path"] for x in a) != 2)' \
+  "$out.ab.json" || die "--against: incumbent artifacts missing"
+
 # Error paths: a missing recipe; a server that cannot start (its API key variable is unset).
 "$kiln" qualify /no/such/recipe.toml --out "$out.missing" > /dev/null 2> "$out.stderr"
 rc=$?
