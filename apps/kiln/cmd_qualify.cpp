@@ -116,6 +116,7 @@ int cmd_qualify(int argc, char** argv) {
   report.date = utc_now();
   report.gpu = gpu_info();
   report.plugins = loaded_plugins();
+  report.capabilities = capabilities();
 
   // A server that dies mid-request must fail the gate, not end this process on a write to its closed socket.
   std::signal(SIGPIPE, SIG_IGN);

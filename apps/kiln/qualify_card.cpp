@@ -47,6 +47,7 @@ std::string plugins_text(const json& plugins) {
 void arm_sections(std::ostringstream& md, const QualifyRun& run) {
   md << "\n## " << run.label << ": `" << run.recipe_file << "`\n\n";
   if (!run.error.empty()) md << "**Stopped early:** " << cell(run.error, 2000) << "\n\n";
+  md << "server: " << run.server << "\n\n";
   md << "model `" << run.model << "`, max_model_len " << run.max_model_len << " · capacity: " << run.capacity;
   if (!run.server_exit.empty()) md << " · server " << run.server_exit << " when stopped";
   md << "\n";
@@ -145,6 +146,7 @@ json evidence_manifest(const QualifyReport& r, const std::vector<std::string>& a
           {"resolved_recipe_sha256", r.candidate->recipe.value("resolved_sha256", "")},
           {"checkpoint", r.candidate->checkpoint},
           {"plugins", r.plugins},
+          {"capabilities", r.capabilities},
           {"decision", {{"verdict", r.decision.verdict}, {"reasons", r.decision.reasons}}},
           {"arms", arms},
           {"artifacts", files}};

@@ -13,7 +13,7 @@ namespace kiln::cli {
 
 struct QualifyReport {
   std::string command, date;
-  nlohmann::json gpu, plugins;
+  nlohmann::json gpu, plugins, capabilities;
   const QualifyRun* candidate = nullptr;
   const QualifyRun* incumbent = nullptr;  // null without --against
   Decision decision;

@@ -21,6 +21,9 @@ nlohmann::json checkpoint_revision(const std::filesystem::path& model_dir, const
 // Name, version, file and its SHA-256 of each plugin this process loaded (what `kiln plugins` lists).
 nlohmann::json loaded_plugins();
 
+// Every capability registered (built-in or from a plugin): kind, name, provider and its version.
+nlohmann::json capabilities();
+
 // {"name", "driver"} of each GPU nvidia-smi lists, or "cpu" when there is no nvidia-smi or no GPU.
 nlohmann::json gpu_info();
 

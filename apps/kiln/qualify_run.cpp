@@ -138,10 +138,13 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
       return abandoned(run);
     }
     server = child->address();
+    run.server = "`kiln serve " + recipe_file + "` started here on port " + std::to_string(server.port) + " (log: " + log + ")";
   } else if (!parse_base_url(o.base_url, server)) {
     run.error = "--base-url `" + o.base_url + "` is not http://host:port";
     return run;  // nothing was tried
   }
+  if (!o.base_url.empty())
+    run.server = o.base_url + ", running: not started by kiln qualify, so not known to be serving exactly this recipe";
   if (!o.api_key_env.empty())
     if (const char* k = std::getenv(o.api_key_env.c_str())) server.api_key = k;
 

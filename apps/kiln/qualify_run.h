@@ -33,6 +33,7 @@ struct QualifyRun {
   nlohmann::json recipe;      // its files with their SHA-256, and the resolved recipe's
   nlohmann::json checkpoint;  // checkpoint_revision()
   std::string model, capacity;
+  std::string server;  // which server was measured: started here (and its log) or the running one at --base-url
   int64_t max_model_len = 0;
   std::vector<GateResult> gates;
   std::vector<DepthResult> depths;
