@@ -55,7 +55,7 @@ int cmd_qualify(int argc, char** argv) {
       ("out", po::value(&out_prefix)->default_value(out_prefix), "writes <out>.md, <out>.json and the logs beside them")
       ("port", po::value(&o.port)->default_value(0), "port of the server started here (0 = any free port)")
       ("base-url", po::value(&o.base_url), "drive this running server instead of starting one (not with --against)")
-      ("api-key-env", po::value(&o.api_key_env), "environment variable holding the server's API key")
+      ("api-key-env", po::value(&o.api_key_env), "environment variable holding the server's API key (default: the recipe's server.api_key_env)")
       ("set", po::value(&o.sets)->composing(), "override a recipe key for the server: section.key=value (repeatable)")
       ("gates", po::value(&gates), "gates to run, comma-separated (default: smoke,json,tools,responses,needle,images)")
       ("json-requests", po::value(&o.gate.json_requests)->default_value(20), "strict-JSON requests")
@@ -69,7 +69,7 @@ int cmd_qualify(int argc, char** argv) {
       ("input-len", po::value(&o.sweep_input_len)->default_value(o.sweep_input_len), "concurrency sweep prompt words")
       ("output-len", po::value(&o.sweep_output_len)->default_value(o.sweep_output_len), "sweep tokens generated per request")
       ("thinking", po::bool_switch(&o.gate.thinking), "let reasoning models think in the gates (chat_template_kwargs)")
-      ("tolerance", po::value(&tolerance)->default_value(tolerance), "speed differences within this fraction count as equal")
+      ("tolerance", po::value(&tolerance)->default_value(tolerance, "0.03"), "speed differences within this fraction count as equal")
       ("startup-timeout", po::value(&o.startup_timeout_s)->default_value(o.startup_timeout_s), "seconds to wait for the server")
       ("request-timeout", po::value(&o.gate.timeout_s)->default_value(o.gate.timeout_s), "seconds per gate request");
   add_common_options(desc, common);

@@ -145,8 +145,10 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   }
   if (!o.base_url.empty())
     run.server = o.base_url + ", running: not started by kiln qualify, so not known to be serving exactly this recipe";
-  if (!o.api_key_env.empty())
-    if (const char* k = std::getenv(o.api_key_env.c_str())) server.api_key = k;
+  // The key the server demands is the one its recipe names, unless --api-key-env says otherwise.
+  const std::string key_env = o.api_key_env.empty() ? recipe->section("server").get_string("api_key_env") : o.api_key_env;
+  if (!key_env.empty())
+    if (const char* k = std::getenv(key_env.c_str())) server.api_key = k;
 
   JsonReply models = get_json(server, "/v1/models", 30);
   if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") || models.body["data"].empty()) {

@@ -77,6 +77,15 @@ grep -q "^| decode tok/s | [0-9.]* | [0-9.]* |" "$out.ab.md" || die "--against: 
 python3 -c 'import json, sys; a = json.load(open(sys.argv[1]))["artifacts"]; sys.exit(sum("incumbent" in x["path"] for x in a) != 2)' \
   "$out.ab.json" || die "--against: incumbent artifacts missing"
 
+# A server that demands an API key: the key its recipe names is the one sent. Only the smoke gate runs, so the best
+# decision is challenger (exit 0): promotion needs every applicable gate.
+KILN_QUALIFY_KEY=s3cret "$kiln" qualify "$recipe" --set server.api_key_env=KILN_QUALIFY_KEY --gates smoke \
+  --out "$out.key" --sweep-depths 64 --concurrency 1 --num-prompts 1 --output-len 4 > /dev/null 2> "$out.stderr"
+rc=$?
+[ "$rc" = 0 ] || die "API key: exit status $rc"
+grep -q "^| smoke | pass 1/1 |" "$out.key.md" && grep -q "^\*\*Decision: challenger\*\*" "$out.key.md" \
+  || die "API key: smoke did not pass or the decision is not challenger"
+
 # Error paths: a missing recipe; a server that cannot start (its API key variable is unset).
 "$kiln" qualify /no/such/recipe.toml --out "$out.missing" > /dev/null 2> "$out.stderr"
 rc=$?
