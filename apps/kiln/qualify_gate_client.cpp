@@ -1,36 +1,10 @@
-// GateClient and GateResult (qualify_gates.h): the requests every gate sends, and how a gate's cases add up.
+// GateClient (qualify_gates.h): the requests every gate sends, each logged to the transcript.
 #include <chrono>
 
 #include "qualify_gates.h"
 #include "serve_sweeps.h"
 
 namespace kiln::cli {
-
-void GateResult::finish() {
-  if (outcome == Outcome::kSkipped) return;
-  outcome = total > 0 && passed == total ? Outcome::kPass : Outcome::kFail;
-  if (outcome == Outcome::kFail && reason.empty()) {
-    for (const auto& d : details)
-      if (!d.value("pass", false)) {
-        reason = d.value("case", std::string("a case")) + ": " + d.value("why", std::string("failed"));
-        break;
-      }
-    if (reason.empty()) reason = "no case ran";
-  }
-}
-
-const char* GateResult::outcome_text() const {
-  switch (outcome) {
-    case Outcome::kPass: return "pass";
-    case Outcome::kSkipped: return "skipped";
-    default: return "FAIL";
-  }
-}
-
-nlohmann::json GateResult::to_json() const {
-  return {{"gate", name}, {"outcome", outcome_text()}, {"passed", passed}, {"total", total}, {"reason", reason},
-          {"cases", details}};
-}
 
 std::string reply_failure(const JsonReply& r) {
   if (r.status == 0) return r.error;

@@ -83,23 +83,6 @@ const std::vector<std::string>& gate_names() {
   return names;
 }
 
-double QualifyRun::decode_tok_s() const {
-  if (levels.empty() || levels.front().tpot.mean <= 0) return 0;
-  return 1.0 / levels.front().tpot.mean;
-}
-double QualifyRun::ttft_s() const { return levels.empty() ? 0 : levels.front().ttft.median; }
-int64_t QualifyRun::gates_passed() const {
-  return std::count_if(gates.begin(), gates.end(), [](const GateResult& g) { return g.outcome == GateResult::Outcome::kPass; });
-}
-int64_t QualifyRun::gates_applicable() const {
-  return std::count_if(gates.begin(), gates.end(), [](const GateResult& g) { return g.outcome != GateResult::Outcome::kSkipped; });
-}
-const GateResult* QualifyRun::gate(const std::string& name) const {
-  for (const auto& g : gates)
-    if (g.name == name) return &g;
-  return nullptr;
-}
-
 QualifyRun run_qualification(const std::string& label, const std::string& recipe_file, const QualifyOptions& o,
                              const std::string& prefix, const std::string& suffix) {
   QualifyRun run;
