@@ -20,7 +20,8 @@ std::string type_of(const json& v) {
 bool has_type(const json& v, const std::string& type) {
   const std::string t = type_of(v);
   // JSON Schema: 2.0 is an integer; every integer is a number.
-  if (type == "integer") return t == "integer" || (t == "number" && v.get<double>() == static_cast<int64_t>(v.get<double>()));
+  if (type == "integer")
+    return t == "integer" || (t == "number" && v.get<double>() == static_cast<int64_t>(v.get<double>()));
   if (type == "number") return t == "integer" || t == "number";
   return t == type;
 }
@@ -29,9 +30,10 @@ std::string check(const json& schema, const json& v, const std::string& at) {
   const std::string where = at.empty() ? "/" : at;
   if (schema.is_boolean()) return schema.get<bool>() ? "" : where + ": no value is allowed here";
   if (!schema.is_object()) return where + ": the schema is not an object";
-  static const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "items", "enum",
-                                               "const", "minItems", "maxItems", "minLength", "maxLength", "minimum",
-                                               "maximum", "description", "title", "$schema"};
+  static const std::set<std::string> kKnown = {"type",     "properties",  "required",  "additionalProperties",
+                                               "items",    "enum",        "const",     "minItems",
+                                               "maxItems", "minLength",   "maxLength", "minimum",
+                                               "maximum",  "description", "title",     "$schema"};
   for (const auto& [key, _] : schema.items())
     if (!kKnown.count(key)) return where + ": the schema uses `" + key + "`, which this checker does not implement";
 
@@ -39,7 +41,8 @@ std::string check(const json& schema, const json& v, const std::string& at) {
     const json& t = schema["type"];
     bool ok = false;
     if (t.is_string()) ok = has_type(v, t.get<std::string>());
-    for (const auto& one : t.is_array() ? t : json::array()) ok = ok || (one.is_string() && has_type(v, one.get<std::string>()));
+    for (const auto& one : t.is_array() ? t : json::array())
+      ok = ok || (one.is_string() && has_type(v, one.get<std::string>()));
     if (!ok) return where + ": expected " + t.dump() + ", got " + type_of(v);
   }
   if (schema.contains("enum")) {
@@ -58,8 +61,10 @@ std::string check(const json& schema, const json& v, const std::string& at) {
     // Lengths count code points, as JSON Schema does, not bytes.
     size_t n = 0;
     for (unsigned char c : v.get_ref<const std::string&>()) n += (c & 0xC0) != 0x80;
-    if (schema.contains("minLength") && n < schema["minLength"].get<size_t>()) return where + ": string shorter than minLength";
-    if (schema.contains("maxLength") && n > schema["maxLength"].get<size_t>()) return where + ": string longer than maxLength";
+    if (schema.contains("minLength") && n < schema["minLength"].get<size_t>())
+      return where + ": string shorter than minLength";
+    if (schema.contains("maxLength") && n > schema["maxLength"].get<size_t>())
+      return where + ": string longer than maxLength";
   }
   if (v.is_array()) {
     if (schema.contains("minItems") && v.size() < schema["minItems"].get<size_t>())
@@ -73,7 +78,8 @@ std::string check(const json& schema, const json& v, const std::string& at) {
   if (v.is_object()) {
     const json props = schema.value("properties", json::object());
     for (const auto& r : schema.value("required", json::array()))
-      if (!v.contains(r.get<std::string>())) return where + ": missing required property `" + r.get<std::string>() + "`";
+      if (!v.contains(r.get<std::string>()))
+        return where + ": missing required property `" + r.get<std::string>() + "`";
     for (const auto& [key, value] : v.items()) {
       if (props.contains(key)) {
         if (std::string e = check(props[key], value, at + "/" + key); !e.empty()) return e;

@@ -6,9 +6,8 @@
 // other keyword as unsupported instead of ignoring it (a check that skips a constraint would pass wrong answers).
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace kiln::cli {
 

@@ -34,7 +34,8 @@ std::string gate_cell(const GateResult* g) {
 std::string gpu_text(const json& gpu) {
   if (gpu.is_string()) return gpu.get<std::string>();
   std::string out;
-  for (const auto& g : gpu) out += (out.empty() ? "" : ", ") + g.value("name", "") + " (driver " + g.value("driver", "") + ")";
+  for (const auto& g : gpu)
+    out += (out.empty() ? "" : ", ") + g.value("name", "") + " (driver " + g.value("driver", "") + ")";
   return out;
 }
 
@@ -59,23 +60,25 @@ void arm_sections(std::ostringstream& md, const QualifyRun& run) {
          << (c.value("pass", false) ? "found" : "missed: " + cell(c.value("why", ""), 120)) << " |\n";
   }
   if (!run.depths.empty()) {
-    md << "\n**Depth sweep**\n\n| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms |\n|---|---|---|---|---|\n";
+    md << "\n**Depth sweep**\n\n| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms "
+          "|\n|---|---|---|---|---|\n";
     for (const auto& d : run.depths) {
       if (!d.ok) {
         md << "| " << d.depth << " | failed: " << cell(d.error, 120) << " | | | |\n";
         continue;
       }
-      md << "| " << d.depth << " | " << d.prompt_tokens << " | " << fmt("%.3f", d.ttft) << " | " << fmt("%.1f", d.decode_tok_s)
-         << " | " << fmt("%.2f", d.itl.median * 1e3) << " |\n";
+      md << "| " << d.depth << " | " << d.prompt_tokens << " | " << fmt("%.3f", d.ttft) << " | "
+         << fmt("%.1f", d.decode_tok_s) << " | " << fmt("%.2f", d.itl.median * 1e3) << " |\n";
     }
   }
   if (!run.levels.empty()) {
-    md << "\n**Concurrency sweep**\n\n| concurrency | requests | failed | output tok/s | TTFT median ms | TPOT median ms | E2E p99 ms |\n"
+    md << "\n**Concurrency sweep**\n\n| concurrency | requests | failed | output tok/s | TTFT median ms | TPOT median "
+          "ms | E2E p99 ms |\n"
        << "|---|---|---|---|---|---|---|\n";
     for (const auto& l : run.levels)
       md << "| " << l.concurrency << " | " << l.requests << " | " << l.failed << " | "
-         << fmt("%.1f", l.duration > 0 ? l.output_tokens / l.duration : 0) << " | " << fmt("%.1f", l.ttft.median * 1e3) << " | "
-         << fmt("%.2f", l.tpot.median * 1e3) << " | " << fmt("%.1f", l.e2el.p99 * 1e3) << " |\n";
+         << fmt("%.1f", l.duration > 0 ? l.output_tokens / l.duration : 0) << " | " << fmt("%.1f", l.ttft.median * 1e3)
+         << " | " << fmt("%.2f", l.tpot.median * 1e3) << " | " << fmt("%.1f", l.e2el.p99 * 1e3) << " |\n";
   }
 }
 
@@ -88,11 +91,19 @@ json arm_json(const QualifyRun& run) {
     depths.push_back(j);
   }
   for (const auto& l : run.levels) levels.push_back(level_json(l));
-  return {{"label", run.label},     {"recipe", run.recipe},          {"checkpoint", run.checkpoint},
-          {"model", run.model},     {"max_model_len", run.max_model_len}, {"capacity", run.capacity},
-          {"gates", gates},         {"depth_sweep", depths},          {"concurrency_sweep", levels},
-          {"error", run.error},     {"server_exit", run.server_exit},
-          {"decode_tok_s", run.decode_tok_s()}, {"ttft_s", run.ttft_s()}};
+  return {{"label", run.label},
+          {"recipe", run.recipe},
+          {"checkpoint", run.checkpoint},
+          {"model", run.model},
+          {"max_model_len", run.max_model_len},
+          {"capacity", run.capacity},
+          {"gates", gates},
+          {"depth_sweep", depths},
+          {"concurrency_sweep", levels},
+          {"error", run.error},
+          {"server_exit", run.server_exit},
+          {"decode_tok_s", run.decode_tok_s()},
+          {"ttft_s", run.ttft_s()}};
 }
 
 }  // namespace
@@ -118,13 +129,17 @@ std::string result_card(const QualifyReport& r) {
   }
   if (r.incumbent) {
     md << "\n| measure (lone request) | " << cand.label << " | " << r.incumbent->label << " |\n|---|---|---|\n"
-       << "| decode tok/s | " << fmt("%.1f", cand.decode_tok_s()) << " | " << fmt("%.1f", r.incumbent->decode_tok_s()) << " |\n"
-       << "| TTFT ms | " << fmt("%.1f", cand.ttft_s() * 1e3) << " | " << fmt("%.1f", r.incumbent->ttft_s() * 1e3) << " |\n";
+       << "| decode tok/s | " << fmt("%.1f", cand.decode_tok_s()) << " | " << fmt("%.1f", r.incumbent->decode_tok_s())
+       << " |\n"
+       << "| TTFT ms | " << fmt("%.1f", cand.ttft_s() * 1e3) << " | " << fmt("%.1f", r.incumbent->ttft_s() * 1e3)
+       << " |\n";
   }
   arm_sections(md, cand);
   if (r.incumbent) arm_sections(md, *r.incumbent);
-  md << "\n## Evidence\n\nThe manifest beside this card (same name, `.json`) holds the SHA-256 of this card, of every log and "
-        "transcript the run wrote and of the recipe files, the checkpoint's revision, the plugins, commit, GPU and date.\n";
+  md << "\n## Evidence\n\nThe manifest beside this card (same name, `.json`) holds the SHA-256 of this card, of every "
+        "log and "
+        "transcript the run wrote and of the recipe files, the checkpoint's revision, the plugins, commit, GPU and "
+        "date.\n";
   return md.str();
 }
 

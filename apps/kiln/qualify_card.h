@@ -2,9 +2,8 @@
 // artifact with its SHA-256, the recipe and checkpoint it qualified, the plugins, commit, GPU and date.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "qualify_decision.h"
 #include "qualify_run.h"

@@ -37,8 +37,8 @@ Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance)
   for (const auto& g : cand.gates) {
     if (g.outcome == GateResult::Outcome::kFail) {
       failed.push_back(g.name);
-      d.reasons.push_back(g.name + " failed (" + std::to_string(g.passed) + "/" + std::to_string(g.total) + "): " +
-                          g.reason.substr(0, 160));
+      d.reasons.push_back(g.name + " failed (" + std::to_string(g.passed) + "/" + std::to_string(g.total) +
+                          "): " + g.reason.substr(0, 160));
       const GateResult* other = inc ? inc->gate(g.name) : nullptr;
       if (other && other->outcome == GateResult::Outcome::kPass) regressed.push_back(g.name);
     } else if (g.not_run) {
@@ -50,13 +50,13 @@ Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance)
 
   if (!inc) {
     d.verdict = all_pass ? "promote" : failed.empty() ? "challenger" : "reject";
-    if (all_pass) d.reasons.insert(d.reasons.begin(), "all " + std::to_string(cand.gates_applicable()) + " applicable gates pass");
+    if (all_pass)
+      d.reasons.insert(d.reasons.begin(), "all " + std::to_string(cand.gates_applicable()) + " applicable gates pass");
     return d;
   }
   if (!inc->error.empty()) {
     d.verdict = all_pass ? "promote" : "reject";
-    d.reasons.push_back("the incumbent could not be measured, so nothing is compared: " +
-                        gist(inc->error));
+    d.reasons.push_back("the incumbent could not be measured, so nothing is compared: " + gist(inc->error));
     return d;
   }
   if (!regressed.empty()) {
@@ -79,18 +79,22 @@ Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance)
     d.reasons.push_back("speed not compared: the concurrency sweep of one arm measured nothing");
   }
   if (all_pass) {
-    if (!slower) d.verdict = "promote";
-    else if (faster) d.verdict = "challenger";
-    else d.verdict = "reject";
+    if (!slower)
+      d.verdict = "promote";
+    else if (faster)
+      d.verdict = "challenger";
+    else
+      d.verdict = "reject";
     d.reasons.insert(d.reasons.begin(), std::string("all applicable gates pass; ") +
-                                            (!slower ? "no slower than the incumbent"
+                                            (!slower  ? "no slower than the incumbent"
                                              : faster ? "faster on one measure, slower on the other"
                                                       : "slower than the incumbent"));
   } else {
     d.verdict = faster && !slower ? "challenger" : "reject";
-    d.reasons.insert(d.reasons.begin(), d.verdict == "challenger"
-                                            ? "faster than the incumbent, but not every gate passes (none that the incumbent passes fails)"
-                                            : "not every gate passes and it is not faster than the incumbent");
+    d.reasons.insert(d.reasons.begin(),
+                     d.verdict == "challenger"
+                         ? "faster than the incumbent, but not every gate passes (none that the incumbent passes fails)"
+                         : "not every gate passes and it is not faster than the incumbent");
   }
   return d;
 }

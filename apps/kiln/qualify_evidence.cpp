@@ -82,8 +82,11 @@ nlohmann::json loaded_plugins() {
   nlohmann::json out = nlohmann::json::array();
   // The loader is loaded once per process, by the command (with its --plugin-dir): this only reads it.
   for (const auto& p : load_plugins({}).loaded())
-    out.push_back({{"name", p.name}, {"version", p.version}, {"abi", std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)},
-                   {"file", p.path}, {"sha256", sha256_file(p.path)}});
+    out.push_back({{"name", p.name},
+                   {"version", p.version},
+                   {"abi", std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor)},
+                   {"file", p.path},
+                   {"sha256", sha256_file(p.path)}});
   return out;
 }
 
@@ -91,7 +94,9 @@ nlohmann::json capabilities() {
   nlohmann::json out = nlohmann::json::array();
   for (int k = 0; k < kNumPluginKinds; ++k)
     for (const auto* e : global_registry().list(static_cast<PluginKind>(k)))
-      out.push_back({{"kind", plugin_kind_name(static_cast<PluginKind>(k))}, {"name", e->name}, {"provider", e->provider},
+      out.push_back({{"kind", plugin_kind_name(static_cast<PluginKind>(k))},
+                     {"name", e->name},
+                     {"provider", e->provider},
                      {"provider_version", e->provider_version}});
   return out;
 }

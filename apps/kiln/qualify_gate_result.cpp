@@ -18,15 +18,18 @@ void GateResult::finish() {
 
 const char* GateResult::outcome_text() const {
   switch (outcome) {
-    case Outcome::kPass: return "pass";
-    case Outcome::kSkipped: return "skipped";
-    default: return "FAIL";
+    case Outcome::kPass:
+      return "pass";
+    case Outcome::kSkipped:
+      return "skipped";
+    default:
+      return "FAIL";
   }
 }
 
 nlohmann::json GateResult::to_json() const {
-  return {{"gate", name}, {"outcome", outcome_text()}, {"passed", passed}, {"total", total}, {"reason", reason},
-          {"cases", details}};
+  return {{"gate", name},   {"outcome", outcome_text()}, {"passed", passed},
+          {"total", total}, {"reason", reason},          {"cases", details}};
 }
 
 }  // namespace kiln::cli

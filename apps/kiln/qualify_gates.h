@@ -4,11 +4,10 @@
 
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "serve_client.h"
 
@@ -18,8 +17,8 @@ struct GateResult {
   std::string name;
   enum class Outcome { kPass, kFail, kSkipped } outcome = Outcome::kFail;
   int64_t passed = 0, total = 0;
-  std::string reason;                                 // why it failed or was skipped
-  bool not_run = false;                               // skipped by choice or by an earlier failure, not as inapplicable
+  std::string reason;                                // why it failed or was skipped
+  bool not_run = false;                              // skipped by choice or by an earlier failure, not as inapplicable
   nlohmann::json details = nlohmann::json::array();  // one entry per case
 
   // Pass when every case passed; the reason then names the first that did not.
@@ -29,14 +28,14 @@ struct GateResult {
 };
 
 struct GateSettings {
-  int64_t json_requests = 20;    // strict-JSON requests
-  int64_t tool_requests = 20;    // tool-call requests, spread over the five kinds
-  int64_t tool_depth = 0;        // prompt tokens of the long-context tool call
+  int64_t json_requests = 20;  // strict-JSON requests
+  int64_t tool_requests = 20;  // tool-call requests, spread over the five kinds
+  int64_t tool_depth = 0;      // prompt tokens of the long-context tool call
   std::vector<int64_t> needle_depths;
-  bool images = false;           // the recipe has an image modality
+  bool images = false;  // the recipe has an image modality
   std::string image_skip_reason;
-  bool thinking = false;         // chat_template_kwargs.enable_thinking
-  int timeout_s = 600;           // per request
+  bool thinking = false;  // chat_template_kwargs.enable_thinking
+  int timeout_s = 600;    // per request
 };
 
 class GateClient {

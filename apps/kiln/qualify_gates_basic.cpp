@@ -15,7 +15,9 @@ json pass_case(const std::string& name, json extra = json::object()) {
   extra["pass"] = true;
   return extra;
 }
-json fail_case(const std::string& name, const std::string& why) { return {{"case", name}, {"pass", false}, {"why", why}}; }
+json fail_case(const std::string& name, const std::string& why) {
+  return {{"case", name}, {"pass", false}, {"why", why}};
+}
 
 void add(GateResult& g, json c) {
   ++g.total;
@@ -45,12 +47,15 @@ const JsonTask kJsonTasks[] = {
     {"person", "Invent a fictional person. Reply with JSON giving their name, their age in years and their home city.",
      R"({"type":"object","properties":{"name":{"type":"string","minLength":1},"age":{"type":"integer","minimum":0,"maximum":150},
         "city":{"type":"string","minLength":1}},"required":["name","age","city"],"additionalProperties":false})"},
-    {"order", "Write a small shop order as JSON: a list of items, each a SKU and a quantity, the total price and the currency (USD or EUR).",
+    {"order",
+     "Write a small shop order as JSON: a list of items, each a SKU and a quantity, the total price and the currency "
+     "(USD or EUR).",
      R"({"type":"object","properties":{"items":{"type":"array","minItems":1,"items":{"type":"object","properties":{
         "sku":{"type":"string","minLength":1},"quantity":{"type":"integer","minimum":1}},"required":["sku","quantity"],
         "additionalProperties":false}},"total":{"type":"number","minimum":0},"currency":{"type":"string","enum":["USD","EUR"]}},
         "required":["items","total","currency"],"additionalProperties":false})"},
-    {"verdict", "Is water wet? Answer as JSON: yes or no, your confidence between 0 and 1, and at most three short reasons.",
+    {"verdict",
+     "Is water wet? Answer as JSON: yes or no, your confidence between 0 and 1, and at most three short reasons.",
      R"({"type":"object","properties":{"answer":{"type":"string","enum":["yes","no"]},"confidence":{"type":"number","minimum":0,
         "maximum":1},"reasons":{"type":"array","maxItems":3,"items":{"type":"string"}}},"required":["answer","confidence","reasons"],
         "additionalProperties":false})"},
@@ -58,7 +63,8 @@ const JsonTask kJsonTasks[] = {
 
 // A 64×64 PNG filled with one red (220, 20, 20): small enough to embed, unambiguous enough for any vision model.
 constexpr const char* kRedPng =
-    "iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAAT0lEQVR42u3PQQkAAAgEsAtx/ZMZxgi+hcEKLNO+FgEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB"
+    "iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAAT0lEQVR42u3PQQkAAAgEsAtx/"
+    "ZMZxgi+hcEKLNO+FgEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEB"
     "AQEBAQEBAQEBAQEBAQEBAQEBAQGBywKqxUDxqh7TUQAAAABJRU5ErkJggg==";
 
 std::string lower(std::string s) {
@@ -83,11 +89,14 @@ GateResult gate_smoke(GateClient& c) {
                                    : "";
     const json usage = r.body.value("usage", json::object());
     const int64_t prompt = usage.value("prompt_tokens", 0), completion = usage.value("completion_tokens", 0);
-    if (chat_text(r.body).empty()) add(g, fail_case("chat completion", "no text in message.content"));
-    else if (finish != "stop" && finish != "length") add(g, fail_case("chat completion", "finish_reason `" + finish + "`"));
+    if (chat_text(r.body).empty())
+      add(g, fail_case("chat completion", "no text in message.content"));
+    else if (finish != "stop" && finish != "length")
+      add(g, fail_case("chat completion", "finish_reason `" + finish + "`"));
     else if (prompt <= 0 || completion <= 0 || usage.value("total_tokens", 0) != prompt + completion)
       add(g, fail_case("chat completion", "usage " + usage.dump()));
-    else add(g, pass_case("chat completion", {{"finish_reason", finish}, {"usage", usage}}));
+    else
+      add(g, pass_case("chat completion", {{"finish_reason", finish}, {"usage", usage}}));
   }
   g.finish();
   return g;
@@ -101,7 +110,8 @@ GateResult gate_strict_json(GateClient& c) {
     const json schema = json::parse(task.schema);
     const std::string name = std::string(task.name) + " #" + std::to_string(i + 1);
     json body = c.chat({{{"role", "user"}, {"content", task.prompt}}}, 256);
-    body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", task.name}, {"strict", true}, {"schema", schema}}}};
+    body["response_format"] = {{"type", "json_schema"},
+                               {"json_schema", {{"name", task.name}, {"strict", true}, {"schema", schema}}}};
     JsonReply r = c.call(g.name, "/v1/chat/completions", body);
     if (r.status >= 400 && r.status < 500 && i == 0) {
       // Refused outright: the server has no structured output. Nineteen more refusals would add nothing.
@@ -127,8 +137,10 @@ GateResult gate_strict_json(GateClient& c) {
       continue;
     }
     const std::string violation = json_schema_violation(schema, value);
-    if (!violation.empty()) add(g, fail_case(name, "violates the schema: " + violation));
-    else add(g, pass_case(name));
+    if (!violation.empty())
+      add(g, fail_case(name, "violates the schema: " + violation));
+    else
+      add(g, pass_case(name));
   }
   g.finish();
   return g;
@@ -151,10 +163,14 @@ GateResult gate_responses(GateClient& c) {
       if (item.value("type", "") == "message")
         for (const auto& part : item.value("content", json::array())) text += part.value("text", "");
     const std::string status = r.body.value("status", "");
-    if (status != "completed") add(g, fail_case("plain", "status `" + status + "`"));
-    else if (text.empty()) add(g, fail_case("plain", "no output_text"));
-    else if (r.body.value("usage", json::object()).value("output_tokens", 0) <= 0) add(g, fail_case("plain", "no usage.output_tokens"));
-    else add(g, pass_case("plain"));
+    if (status != "completed")
+      add(g, fail_case("plain", "status `" + status + "`"));
+    else if (text.empty())
+      add(g, fail_case("plain", "no output_text"));
+    else if (r.body.value("usage", json::object()).value("output_tokens", 0) <= 0)
+      add(g, fail_case("plain", "no usage.output_tokens"));
+    else
+      add(g, pass_case("plain"));
   }
 
   json streamed = plain;
@@ -168,8 +184,10 @@ GateResult gate_responses(GateClient& c) {
     const std::string first = r.events.front().value("type", ""), last = r.events.back().value("type", "");
     if (first != "response.created" || last != "response.completed")
       add(g, fail_case("streamed", "events run from `" + first + "` to `" + last + "`"));
-    else if (!delta) add(g, fail_case("streamed", "no response.output_text.delta"));
-    else add(g, pass_case("streamed", {{"events", r.events.size()}}));
+    else if (!delta)
+      add(g, fail_case("streamed", "no response.output_text.delta"));
+    else
+      add(g, pass_case("streamed", {{"events", r.events.size()}}));
   }
 
   // A function call, then its output sent back: the client loop agents run on the Responses API.
@@ -178,7 +196,9 @@ GateResult gate_responses(GateClient& c) {
   json call = base;
   call["max_output_tokens"] = 256;
   call["input"] = "What is the weather in Paris right now? Use the get_weather tool.";
-  call["tools"] = json::array({{{"type", "function"}, {"name", "get_weather"}, {"description", "Current weather for a city"},
+  call["tools"] = json::array({{{"type", "function"},
+                                {"name", "get_weather"},
+                                {"description", "Current weather for a city"},
                                 {"parameters", params}}});
   r = c.call(g.name, "/v1/responses", call);
   json fc;
@@ -197,20 +217,23 @@ GateResult gate_responses(GateClient& c) {
       add(g, fail_case("function call round trip", violation));
     } else {
       json next = call;
-      next["input"] = json::array({{{"role", "user"}, {"content", call["input"]}},
-                                   fc,
-                                   {{"type", "function_call_output"}, {"call_id", fc.value("call_id", "")},
-                                    {"output", "Sunny, 24 C"}}});
+      next["input"] = json::array(
+          {{{"role", "user"}, {"content", call["input"]}},
+           fc,
+           {{"type", "function_call_output"}, {"call_id", fc.value("call_id", "")}, {"output", "Sunny, 24 C"}}});
       r = c.call(g.name, "/v1/responses", next);
       std::string text;
       if (r.status == 200)
         for (const auto& item : r.body.value("output", json::array()))
           if (item.value("type", "") == "message")
             for (const auto& part : item.value("content", json::array())) text += part.value("text", "");
-      if (r.status != 200) add(g, fail_case("function call round trip", "after the output: " + reply_failure(r)));
+      if (r.status != 200)
+        add(g, fail_case("function call round trip", "after the output: " + reply_failure(r)));
       else if (text.find("24") == std::string::npos)
-        add(g, fail_case("function call round trip", "the answer after the output does not use it (no `24`): " + text.substr(0, 120)));
-      else add(g, pass_case("function call round trip"));
+        add(g, fail_case("function call round trip",
+                         "the answer after the output does not use it (no `24`): " + text.substr(0, 120)));
+      else
+        add(g, pass_case("function call round trip"));
     }
   }
   g.finish();
@@ -225,14 +248,19 @@ GateResult gate_images(GateClient& c) {
     g.reason = c.settings().image_skip_reason;
     return g;
   }
-  const json content = json::array({{{"type", "image_url"}, {"image_url", {{"url", std::string("data:image/png;base64,") + kRedPng}}}},
-                                    {{"type", "text"}, {"text", "What is the color of this image? Answer with one word."}}});
+  const json content =
+      json::array({{{"type", "image_url"}, {"image_url", {{"url", std::string("data:image/png;base64,") + kRedPng}}}},
+                   {{"type", "text"}, {"text", "What is the color of this image? Answer with one word."}}});
   JsonReply r = c.call(g.name, "/v1/chat/completions", c.chat({{{"role", "user"}, {"content", content}}}, 16));
-  if (r.status != 200) add(g, fail_case("solid red square", reply_failure(r)));
-  else if (!chat_shape_ok(r.body)) add(g, fail_case("solid red square", "no choices[0].message in the answer"));
+  if (r.status != 200)
+    add(g, fail_case("solid red square", reply_failure(r)));
+  else if (!chat_shape_ok(r.body))
+    add(g, fail_case("solid red square", "no choices[0].message in the answer"));
   else if (lower(chat_text(r.body)).find("red") == std::string::npos)
     add(g, fail_case("solid red square", "answer `" + chat_text(r.body).substr(0, 80) + "` does not say red"));
-  else add(g, pass_case("solid red square", {{"prompt_tokens", r.body.value("usage", json::object()).value("prompt_tokens", 0)}}));
+  else
+    add(g, pass_case("solid red square",
+                     {{"prompt_tokens", r.body.value("usage", json::object()).value("prompt_tokens", 0)}}));
   g.finish();
   return g;
 }

@@ -17,7 +17,8 @@ GateResult gate_needle(GateClient& c) {
   const auto& depths = c.settings().needle_depths;
   for (size_t i = 0; i < depths.size(); ++i) {
     const int64_t depth = depths[i];
-    const std::string passphrase = std::string(kWords[rng() % std::size(kWords)]) + "-" + std::to_string(1000 + rng() % 9000);
+    const std::string passphrase =
+        std::string(kWords[rng() % std::size(kWords)]) + "-" + std::to_string(1000 + rng() % 9000);
     const double at = kPositions[i % std::size(kPositions)];
     // The instructions and question take ~60 tokens of the target.
     const int64_t filler_tokens = std::max<int64_t>(16, depth - 60);
@@ -27,21 +28,28 @@ GateResult gate_needle(GateClient& c) {
                                ". The secret passphrase is " + passphrase + ". " + after +
                                "\n\nWhat is the secret passphrase? Reply with the passphrase only.";
     JsonReply r = c.call(g.name, "/v1/chat/completions", c.chat({{{"role", "user"}, {"content", prompt}}}, 32));
-    json detail = {{"case", "depth " + std::to_string(depth)}, {"target_depth", depth}, {"position", at}, {"passphrase", passphrase}};
+    json detail = {{"case", "depth " + std::to_string(depth)},
+                   {"target_depth", depth},
+                   {"position", at},
+                   {"passphrase", passphrase}};
     std::string why;
     if (r.status != 200) {
       why = reply_failure(r);
     } else {
       const json message = r.body["choices"][0].value("message", json::object());
-      const std::string answer = message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
+      const std::string answer =
+          message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
       detail["prompt_tokens"] = r.body.value("usage", json::object()).value("prompt_tokens", 0);
       detail["answer"] = answer.substr(0, 200);
-      if (answer.find(passphrase) == std::string::npos) why = "answered `" + answer.substr(0, 60) + "`, not " + passphrase;
+      if (answer.find(passphrase) == std::string::npos)
+        why = "answered `" + answer.substr(0, 60) + "`, not " + passphrase;
     }
     ++g.total;
     detail["pass"] = why.empty();
-    if (why.empty()) ++g.passed;
-    else detail["why"] = why;
+    if (why.empty())
+      ++g.passed;
+    else
+      detail["why"] = why;
     g.details.push_back(detail);
   }
   g.finish();

@@ -22,11 +22,13 @@ const json& weather_params() {
 json tools() {
   return json::array(
       {{{"type", "function"},
-        {"function", {{"name", "get_weather"}, {"description", "Current weather for a city"}, {"parameters", weather_params()}}}},
+        {"function",
+         {{"name", "get_weather"}, {"description", "Current weather for a city"}, {"parameters", weather_params()}}}},
        {{"type", "function"},
-        {"function", {{"name", "get_time"},
-                      {"description", "Current local time in an IANA time zone"},
-                      {"parameters", json::parse(R"({"type":"object","properties":{"timezone":{"type":"string"}},
+        {"function",
+         {{"name", "get_time"},
+          {"description", "Current local time in an IANA time zone"},
+          {"parameters", json::parse(R"({"type":"object","properties":{"timezone":{"type":"string"}},
                                                      "required":["timezone"],"additionalProperties":false})")}}}}});
 }
 
@@ -50,7 +52,8 @@ std::string check_weather_calls(const std::vector<Call>& calls, const std::vecto
     if (c.name != "get_weather") return "called `" + c.name + "`, expected get_weather";
     const json args = json::parse(c.arguments, nullptr, false);
     if (args.is_discarded()) return "arguments are not JSON: " + c.arguments.substr(0, 120);
-    if (std::string v = json_schema_violation(weather_params(), args); !v.empty()) return "arguments violate the schema: " + v;
+    if (std::string v = json_schema_violation(weather_params(), args); !v.empty())
+      return "arguments violate the schema: " + v;
     named += lower(args["city"].get<std::string>()) + "|";
   }
   for (const auto& city : cities)
@@ -62,13 +65,16 @@ std::vector<Call> message_calls(const json& message) {
   std::vector<Call> out;
   for (const auto& tc : message.value("tool_calls", json::array())) {
     const json f = tc.value("function", json::object());
-    out.push_back({f.value("name", ""), f.contains("arguments") && f["arguments"].is_string() ? f["arguments"].get<std::string>() : ""});
+    out.push_back({f.value("name", ""),
+                   f.contains("arguments") && f["arguments"].is_string() ? f["arguments"].get<std::string>() : ""});
   }
   return out;
 }
 
 std::string finish_of(const json& choice) {
-  return choice.contains("finish_reason") && choice["finish_reason"].is_string() ? choice["finish_reason"].get<std::string>() : "";
+  return choice.contains("finish_reason") && choice["finish_reason"].is_string()
+             ? choice["finish_reason"].get<std::string>()
+             : "";
 }
 
 // A non-streamed chat request that must end in get_weather calls for `cities`; "" or what went wrong.
@@ -104,7 +110,8 @@ std::string expect_streamed_call(GateClient& c, json body, const std::string& ci
       if (f.contains("arguments") && f["arguments"].is_string()) call.arguments += f["arguments"].get<std::string>();
     }
   }
-  if (calls.empty()) return "no tool-call deltas in " + std::to_string(r.events.size()) + " events (finish_reason " + finish + ")";
+  if (calls.empty())
+    return "no tool-call deltas in " + std::to_string(r.events.size()) + " events (finish_reason " + finish + ")";
   std::vector<Call> list;
   for (auto& [_, call] : calls) list.push_back(call);
   if (std::string e = check_weather_calls(list, {city}); !e.empty()) return e;
@@ -147,10 +154,12 @@ GateResult gate_tools(GateClient& c) {
     } else {
       // The tool's result is in: the model should answer from it, not call again.
       const json args = {{"city", city}};
-      body["messages"].push_back({{"role", "assistant"},
-                                  {"content", nullptr},
-                                  {"tool_calls", json::array({{{"id", "call_q1"}, {"type", "function"},
-                                                               {"function", {{"name", "get_weather"}, {"arguments", args.dump()}}}}})}});
+      body["messages"].push_back(
+          {{"role", "assistant"},
+           {"content", nullptr},
+           {"tool_calls", json::array({{{"id", "call_q1"},
+                                        {"type", "function"},
+                                        {"function", {{"name", "get_weather"}, {"arguments", args.dump()}}}}})}});
       body["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_q1"}, {"content", "Sunny, 24 C"}});
       JsonReply r = c.call(g.name, "/v1/chat/completions", body);
       if (r.status != 200) {
@@ -158,16 +167,22 @@ GateResult gate_tools(GateClient& c) {
       } else {
         const json& choice = r.body["choices"][0];
         const json message = choice.value("message", json::object());
-        const std::string text = message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
-        if (!message_calls(message).empty()) why = "called a tool again instead of answering";
-        else if (finish_of(choice) != "stop") why = "finish_reason `" + finish_of(choice) + "`, expected stop";
-        else if (text.find("24") == std::string::npos) why = "the answer does not use the result (no `24`): " + text.substr(0, 120);
+        const std::string text =
+            message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
+        if (!message_calls(message).empty())
+          why = "called a tool again instead of answering";
+        else if (finish_of(choice) != "stop")
+          why = "finish_reason `" + finish_of(choice) + "`, expected stop";
+        else if (text.find("24") == std::string::npos)
+          why = "the answer does not use the result (no `24`): " + text.substr(0, 120);
       }
     }
     ++g.total;
     detail["pass"] = why.empty();
-    if (why.empty()) ++g.passed;
-    else detail["why"] = why;
+    if (why.empty())
+      ++g.passed;
+    else
+      detail["why"] = why;
     g.details.push_back(detail);
   }
   g.finish();

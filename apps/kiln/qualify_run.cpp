@@ -95,7 +95,10 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   }
   json files = json::array();
   for (const auto& src : recipe->sources) files.push_back({{"path", src.string()}, {"sha256", sha256_file(src)}});
-  run.recipe = {{"file", recipe_file}, {"sha256", sha256_file(recipe_file)}, {"overrides", o.sets}, {"sources", files},
+  run.recipe = {{"file", recipe_file},
+                {"sha256", sha256_file(recipe_file)},
+                {"overrides", o.sets},
+                {"sources", files},
                 {"resolved_sha256", sha256_text(recipe->to_toml())}};
   const RecipeSection& model = recipe->section("model");
   run.checkpoint = checkpoint_revision(model.get_string("path"), model.get_string("revision"));
@@ -114,14 +117,16 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
     for (const auto& d : o.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
     const std::string log = prefix + suffix + ".server.log";
     run.files.push_back(log);
-    std::fprintf(stderr, "qualify %s: starting kiln serve %s (log: %s)\n", label.c_str(), recipe_file.c_str(), log.c_str());
+    std::fprintf(stderr, "qualify %s: starting kiln serve %s (log: %s)\n", label.c_str(), recipe_file.c_str(),
+                 log.c_str());
     if (std::string e = child->start(recipe_file, o.port, args, log, o.startup_timeout_s); !e.empty()) {
       run.error = e;
       run.server_exit = child->exit_text();
       return abandoned(run);
     }
     server = child->address();
-    run.server = "`kiln serve " + recipe_file + "` started here on port " + std::to_string(server.port) + " (log: " + log + ")";
+    run.server =
+        "`kiln serve " + recipe_file + "` started here on port " + std::to_string(server.port) + " (log: " + log + ")";
   } else if (!parse_base_url(o.base_url, server)) {
     run.error = "--base-url `" + o.base_url + "` is not http://host:port";
     return run;  // nothing was tried
@@ -129,12 +134,14 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   if (!o.base_url.empty())
     run.server = o.base_url + ", running: not started by kiln qualify, so not known to be serving exactly this recipe";
   // The key the server demands is the one its recipe names, unless --api-key-env says otherwise.
-  const std::string key_env = o.api_key_env.empty() ? recipe->section("server").get_string("api_key_env") : o.api_key_env;
+  const std::string key_env =
+      o.api_key_env.empty() ? recipe->section("server").get_string("api_key_env") : o.api_key_env;
   if (!key_env.empty())
     if (const char* k = std::getenv(key_env.c_str())) server.api_key = k;
 
   JsonReply models = get_json(server, "/v1/models", 30);
-  if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") || models.body["data"].empty()) {
+  if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") ||
+      models.body["data"].empty()) {
     run.error = "GET /v1/models failed: " + reply_failure(models);
     if (child) run.server_exit = child->stop();
     return abandoned(run);

@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "qualify_gates.h"
 #include "serve_sweeps.h"
@@ -18,9 +17,9 @@ struct QualifyOptions {
   std::vector<std::string> plugin_dirs;  // --plugin-dir, passed to the server
   std::string base_url;                  // drive this running server instead of starting one
   std::string api_key_env;
-  std::vector<std::string> gates;        // the gates to run (all by default)
-  GateSettings gate;                     // needle_depths / tool_depth empty / 0: sized to the served context
-  std::vector<int64_t> sweep_depths;     // empty: sized to the served context
+  std::vector<std::string> gates;     // the gates to run (all by default)
+  GateSettings gate;                  // needle_depths / tool_depth empty / 0: sized to the served context
+  std::vector<int64_t> sweep_depths;  // empty: sized to the served context
   int64_t sweep_output_len = 64;
   std::vector<int64_t> concurrency;
   int64_t sweep_input_len = 128, requests_per_level = 0;

@@ -52,7 +52,7 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
   if (pid_ == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);  // the parent died before prctl took effect
-    signal(SIGPIPE, SIG_DFL);  // `kiln qualify` ignores it (below); the server gets the default it always has
+    signal(SIGPIPE, SIG_DFL);           // `kiln qualify` ignores it (below); the server gets the default it always has
     dup2(log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);
     execv(exe.c_str(), argv.data());
@@ -65,7 +65,8 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
   const std::regex listening("listening on http://([^:\\s]+):([0-9]+)");
   bool found = false;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (!alive()) return "`kiln serve " + recipe + "` " + exit_text_ + " before it listened; its log ends:\n" + log_tail(15);
+    if (!alive())
+      return "`kiln serve " + recipe + "` " + exit_text_ + " before it listened; its log ends:\n" + log_tail(15);
     std::smatch m;
     const std::string log = read_file(log_path);
     if (std::regex_search(log, m, listening)) {
@@ -78,7 +79,8 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
   }
   if (!found) {
     stop(5);
-    return "`kiln serve " + recipe + "` did not listen within " + std::to_string(timeout_s) + " s; its log ends:\n" + log_tail(15);
+    return "`kiln serve " + recipe + "` did not listen within " + std::to_string(timeout_s) + " s; its log ends:\n" +
+           log_tail(15);
   }
   while (std::chrono::steady_clock::now() < deadline) {
     if (get_status(address_, "/health", 5) == 200) return "";
@@ -91,10 +93,12 @@ std::string ChildServer::start(const std::string& recipe, int port, const std::v
 
 void ChildServer::reaped(int status) {
   pid_ = -1;
-  if (WIFEXITED(status)) exit_text_ = "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFEXITED(status))
+    exit_text_ = "exited with status " + std::to_string(WEXITSTATUS(status));
   else if (WIFSIGNALED(status))
     exit_text_ = "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
-  else exit_text_ = "ended";
+  else
+    exit_text_ = "ended";
 }
 
 bool ChildServer::alive() {

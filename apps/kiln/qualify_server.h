@@ -23,8 +23,8 @@ class ChildServer {
   // Starts it and waits (at most `timeout_s`) until it prints its address and GET /health answers 200. `args` follow
   // `kiln serve RECIPE` (--set, --plugin-dir). An error message, or "".
   // `port` 0: any free port, which the server picks and prints.
-  std::string start(const std::string& recipe, int port, const std::vector<std::string>& args, const std::string& log_path,
-                    int timeout_s);
+  std::string start(const std::string& recipe, int port, const std::vector<std::string>& args,
+                    const std::string& log_path, int timeout_s);
   const ServerAddress& address() const { return address_; }
   // False once the child has exited; exit_text() then says how.
   bool alive();

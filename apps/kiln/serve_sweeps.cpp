@@ -28,12 +28,13 @@ Summary summarize(std::vector<double> v) {
 }
 
 nlohmann::json to_json_ms(const Summary& s) {
-  return {{"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p99_ms", s.p99 * 1e3}, {"std_ms", s.stddev * 1e3}};
+  return {
+      {"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p99_ms", s.p99 * 1e3}, {"std_ms", s.stddev * 1e3}};
 }
 
 std::string make_prompt(int64_t words, std::mt19937_64& rng) {
-  static const char* kWords[] = {"the", "kiln", "fire", "clay", "pot", "glaze", "heat", "slow", "cool", "form",
-                                 "wheel", "hand", "shape", "water", "earth", "ash", "wood", "smoke", "door", "brick"};
+  static const char* kWords[] = {"the",   "kiln", "fire",  "clay",  "pot",   "glaze", "heat", "slow",  "cool", "form",
+                                 "wheel", "hand", "shape", "water", "earth", "ash",   "wood", "smoke", "door", "brick"};
   std::string s;
   std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
   for (int64_t i = 0; i < words; ++i) s += (i ? " " : "") + std::string(kWords[pick(rng)]);
@@ -127,7 +128,10 @@ DepthResult measure_depth(const ServerAddress& server, const std::string& model,
 }
 
 nlohmann::json depth_json(const DepthResult& r) {
-  return {{"depth", r.depth}, {"prompt_tokens", r.prompt_tokens}, {"ttft_s", r.ttft}, {"decode_tok_s", r.decode_tok_s},
+  return {{"depth", r.depth},
+          {"prompt_tokens", r.prompt_tokens},
+          {"ttft_s", r.ttft},
+          {"decode_tok_s", r.decode_tok_s},
           {"itl", to_json_ms(r.itl)}};
 }
 

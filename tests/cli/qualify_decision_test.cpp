@@ -50,8 +50,9 @@ TEST(QualifyDecision, AnIncompleteRunIsRejected) {
   r.error = "the server was killed by signal 9 (Killed) during the tools gate; its log ends:\n  a\n  last line\n";
   Decision d = decide(r, nullptr, 0.03);
   EXPECT_EQ(d.verdict, "reject");
-  EXPECT_EQ(d.reasons[0], "the qualification did not complete: the server was killed by signal 9 (Killed) during the "
-                          "tools gate; its log ends: last line");
+  EXPECT_EQ(d.reasons[0],
+            "the qualification did not complete: the server was killed by signal 9 (Killed) during the "
+            "tools gate; its log ends: last line");
 }
 
 TEST(QualifyDecision, AGateTheIncumbentPassesMustNotRegress) {
@@ -64,7 +65,7 @@ TEST(QualifyDecision, AGateTheIncumbentPassesMustNotRegress) {
 TEST(QualifyDecision, SpeedDecidesBetweenRecipesThatPassTheSameGates) {
   QualifyRun inc = run({gate("smoke", kPass)}, 100, 0.5);
   EXPECT_EQ(decide(run({gate("smoke", kPass)}, 120, 0.5), &inc, 0.03).verdict, "promote");
-  EXPECT_EQ(decide(run({gate("smoke", kPass)}, 101, 0.505), &inc, 0.03).verdict, "promote");  // within tolerance
+  EXPECT_EQ(decide(run({gate("smoke", kPass)}, 101, 0.505), &inc, 0.03).verdict, "promote");   // within tolerance
   EXPECT_EQ(decide(run({gate("smoke", kPass)}, 120, 0.8), &inc, 0.03).verdict, "challenger");  // a trade-off
   EXPECT_EQ(decide(run({gate("smoke", kPass)}, 80, 0.5), &inc, 0.03).verdict, "reject");
 }
