@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "build_info.h"
@@ -59,6 +60,24 @@ void arm_sections(std::ostringstream& md, const QualifyRun& run) {
          << fmt("%.0f%%", 100 * c.value("position", 0.0)) << " | "
          << (c.value("pass", false) ? "found" : "missed: " + cell(c.value("why", ""), 120)) << " |\n";
   }
+  if (const GateResult* tools = run.gate("tools"); tools && !tools->details.empty()) {
+    // Cases are "<kind> #<n>": one row per kind, in the order they ran.
+    std::vector<std::string> kinds;
+    std::map<std::string, std::pair<int, int>> counts;
+    std::map<std::string, std::string> first_failure;
+    for (const auto& c : tools->details) {
+      const std::string name = c.value("case", "");
+      const std::string kind = name.substr(0, name.find(" #"));
+      if (!counts.count(kind)) kinds.push_back(kind);
+      auto& [passed, total] = counts[kind];
+      ++total;
+      if (c.value("pass", false)) ++passed;
+      else if (!first_failure.count(kind)) first_failure[kind] = c.value("why", "");
+    }
+    md << "\n**Tool calls by kind**\n\n| kind | passed | first failure |\n|---|---|---|\n";
+    for (const auto& k : kinds)
+      md << "| " << k << " | " << counts[k].first << "/" << counts[k].second << " | " << cell(first_failure[k], 160) << " |\n";
+  }
   if (!run.depths.empty()) {
     md << "\n**Depth sweep**\n\n| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms "
           "|\n|---|---|---|---|---|\n";
@@ -79,6 +98,8 @@ void arm_sections(std::ostringstream& md, const QualifyRun& run) {
       md << "| " << l.concurrency << " | " << l.requests << " | " << l.failed << " | "
          << fmt("%.1f", l.duration > 0 ? l.output_tokens / l.duration : 0) << " | " << fmt("%.1f", l.ttft.median * 1e3)
          << " | " << fmt("%.2f", l.tpot.median * 1e3) << " | " << fmt("%.1f", l.e2el.p99 * 1e3) << " |\n";
+    for (const auto& l : run.levels)
+      if (l.failed > 0) md << "\nconcurrency " << l.concurrency << ", first failure: " << cell(l.first_error, 300) << "\n";
   }
 }
 
