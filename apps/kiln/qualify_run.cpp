@@ -1,12 +1,11 @@
 #include "qualify_run.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
 
 #include "plugin/registry.h"
 #include "qualify_evidence.h"
@@ -18,31 +17,23 @@ namespace {
 
 using nlohmann::json;
 
-// A shell word for popen: the recipe path and --set values may hold spaces.
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// What `kiln recipe show` prints as the KV capacity, for a server this run did not start (whose log it cannot read).
-std::string capacity_from_recipe_show(const std::string& recipe, const QualifyOptions& o) {
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "";
-  std::string cmd = quoted(std::string(exe, n)) + " recipe show " + quoted(recipe);
-  for (const auto& s : o.sets) cmd += " --set " + quoted(s);
-  for (const auto& d : o.plugin_dirs) cmd += " --plugin-dir " + quoted(d);
-  cmd += " 2>/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return "";
-  std::string found;
-  char line[1024];
-  while (std::fgets(line, sizeof line, f))
-    if (found.empty() && std::string(line).rfind("# KV cache", 0) == 0) found = std::string(line).substr(2);
-  pclose(f);
-  while (!found.empty() && (found.back() == '\n' || found.back() == '\r')) found.pop_back();
-  return found;
+// The KV capacity of a server this run did not start (whose log it cannot read), from what its /metrics exports.
+// Loading the recipe's model here to plan it, as `kiln recipe show` does, could take the memory the server holds.
+std::string capacity_from_metrics(const ServerAddress& server, int64_t max_model_len) {
+  std::istringstream in(get_text(server, "/metrics", 30));
+  std::string tokens, windows;
+  for (std::string line; std::getline(in, line);) {
+    auto value = [&](const std::string& name) {
+      return line.rfind(name, 0) == 0 && line.size() > name.size() && (line[name.size()] == '{' || line[name.size()] == ' ')
+                 ? line.substr(line.rfind(' ') + 1)
+                 : std::string();
+    };
+    if (std::string v = value("kiln:kv_cache_capacity_tokens"); !v.empty()) tokens = v;
+    if (std::string v = value("kiln:kv_cache_capacity_windows"); !v.empty()) windows = v;
+  }
+  if (tokens.empty()) return "";
+  return "KV cache: " + tokens + " tokens = " + (windows.empty() ? "?" : windows) + " windows of " +
+         std::to_string(max_model_len) + " (from the server's /metrics)";
 }
 
 using GateFn = GateResult (*)(GateClient&);
@@ -149,7 +140,7 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   run.model = models.body["data"][0].value("id", "");
   run.max_model_len = models.body["data"][0].value("max_model_len", int64_t{0});
   if (run.max_model_len <= 0) run.max_model_len = recipe->section("scheduler").get_int("max_model_len");
-  run.capacity = child ? child->log_line("KV cache: ") : capacity_from_recipe_show(recipe_file, o);
+  run.capacity = child ? child->log_line("KV cache: ") : capacity_from_metrics(server, run.max_model_len);
   if (run.capacity.empty()) run.capacity = "not reported";
 
   // Depths the context can hold with room for the answer: a quarter, half and most of it.

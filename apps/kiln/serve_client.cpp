@@ -199,6 +199,14 @@ int get_status(const ServerAddress& server, const std::string& path, int timeout
   return res ? res->status : 0;
 }
 
+std::string get_text(const ServerAddress& server, const std::string& path, int timeout_s) {
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(timeout_s);
+  cli.set_read_timeout(timeout_s);
+  auto res = cli.Get(path, auth(server));
+  return res && res->status == 200 ? res->body : "";
+}
+
 JsonReply get_json(const ServerAddress& server, const std::string& path, int timeout_s) {
   JsonReply r;
   httplib::Client cli(server.host, server.port);

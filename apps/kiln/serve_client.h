@@ -48,6 +48,8 @@ JsonReply post_json(const ServerAddress& server, const std::string& path, const 
 JsonReply post_sse(const ServerAddress& server, const std::string& path, const nlohmann::json& body, int timeout_s);
 // GET `path`: its HTTP status, 0 when nothing answered.
 int get_status(const ServerAddress& server, const std::string& path, int timeout_s);
+// GET `path`'s body when it answers 200, else "".
+std::string get_text(const ServerAddress& server, const std::string& path, int timeout_s);
 // GET `path` read as JSON.
 JsonReply get_json(const ServerAddress& server, const std::string& path, int timeout_s);
 

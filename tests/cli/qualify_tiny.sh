@@ -86,6 +86,25 @@ rc=$?
 grep -q "^| smoke | pass 1/1 |" "$out.key.md" && grep -q "^\*\*Decision: challenger\*\*" "$out.key.md" \
   || die "API key: smoke did not pass or the decision is not challenger"
 
+# --base-url: a running server (started here, as an operator would), its capacity read from its /metrics.
+"$kiln" serve "$recipe" --port 0 > "$out.running.log" 2>&1 &
+spid=$!
+url=""
+for _ in $(seq 1 300); do
+  url=$(grep -o 'http://127.0.0.1:[0-9]*' "$out.running.log" | head -1)
+  [ -n "$url" ] && break
+  sleep 0.1
+done
+[ -n "$url" ] || { kill -9 "$spid"; die "kiln serve did not start for --base-url"; }
+"$kiln" qualify "$recipe" --base-url "$url" --gates smoke --out "$out.url" --sweep-depths 64 --concurrency 1 \
+  --num-prompts 1 --output-len 4 > /dev/null 2> "$out.stderr"
+rc=$?
+kill -TERM "$spid"
+wait "$spid"
+[ "$rc" = 0 ] || die "--base-url: exit status $rc"
+grep -q "capacity: KV cache: [0-9]* tokens = [0-9.]* windows of 2048 (from the server's /metrics)" "$out.url.md" \
+  || die "--base-url: no capacity from /metrics"
+
 # Error paths: a missing recipe; a server that cannot start (its API key variable is unset).
 "$kiln" qualify /no/such/recipe.toml --out "$out.missing" > /dev/null 2> "$out.stderr"
 rc=$?
@@ -100,7 +119,7 @@ grep -q "^\*\*Decision: reject\*\*" "$out.nostart.md" || die "no card for a serv
 "$kiln" qualify "$recipe" --out "$out.died" --gates smoke,tools,needle --tool-requests 200 --depths 256 \
   > /dev/null 2> "$out.stderr" &
 qpid=$!
-for _ in $(seq 1 300); do grep -q "gate tools" "$out.stderr" && break; sleep 0.1; done
+for _ in $(seq 1 1200); do grep -q "gate tools" "$out.stderr" && break; sleep 0.1; done
 server=$(pgrep -P "$qpid" 2>/dev/null || cat /proc/"$qpid"/task/"$qpid"/children 2>/dev/null)
 [ -n "$server" ] || { kill -9 "$qpid"; die "no server child of kiln qualify to kill"; }
 kill -9 $server
