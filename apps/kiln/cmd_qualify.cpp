@@ -121,11 +121,11 @@ int cmd_qualify(int argc, char** argv) {
   // A server that dies mid-request must fail the gate, not end this process on a write to its closed socket.
   std::signal(SIGPIPE, SIG_IGN);
   QualifyRun cand = run_qualification("candidate", recipe, o, out_prefix, "");
-  if (cand.files.empty()) return fail(recipe + ": " + cand.error);  // the recipe did not load: nothing was tried
+  if (cand.files.empty()) return fail(cand.error);  // no server was tried (--base-url answered nothing): no card
   QualifyRun inc;
   if (!against.empty()) {
     inc = run_qualification("incumbent", against, o, out_prefix, ".incumbent");
-    if (inc.files.empty()) return fail(against + ": " + inc.error);
+    if (inc.files.empty()) return fail("incumbent: " + inc.error);
   }
   report.candidate = &cand;
   report.incumbent = against.empty() ? nullptr : &inc;

@@ -24,7 +24,8 @@ std::string capacity_from_metrics(const ServerAddress& server, int64_t max_model
   std::string tokens, windows;
   for (std::string line; std::getline(in, line);) {
     auto value = [&](const std::string& name) {
-      return line.rfind(name, 0) == 0 && line.size() > name.size() && (line[name.size()] == '{' || line[name.size()] == ' ')
+      return line.rfind(name, 0) == 0 && line.size() > name.size() &&
+                     (line[name.size()] == '{' || line[name.size()] == ' ')
                  ? line.substr(line.rfind(' ') + 1)
                  : std::string();
     };
@@ -133,7 +134,8 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
   JsonReply models = get_json(server, "/v1/models", 30);
   if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") ||
       models.body["data"].empty()) {
-    run.error = "GET /v1/models failed: " + reply_failure(models);
+    run.error =
+        "GET http://" + server.host + ":" + std::to_string(server.port) + "/v1/models: " + reply_failure(models);
     if (child) run.server_exit = child->stop();
     return abandoned(run);
   }
