@@ -149,7 +149,9 @@ GateResult gate_strict_json(GateClient& c) {
 GateResult gate_responses(GateClient& c) {
   GateResult g;
   g.name = "Responses API";
-  const json base = {{"max_output_tokens", 64}, {"temperature", 0}};
+  json base = {{"max_output_tokens", 128}, {"temperature", 0}};
+  // The Responses API's switch for thinking, as chat_template_kwargs is the chat API's.
+  if (!c.settings().thinking) base["reasoning"] = {{"effort", "none"}};
 
   json plain = base;
   plain["input"] = "Say hi.";
