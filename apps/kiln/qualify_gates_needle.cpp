@@ -1,11 +1,23 @@
 // The needle gate of `kiln qualify`: one sentence hidden in filler at each target depth, the answer must repeat its
-// passphrase exactly. The filler is random common words, so nothing but the needle states a passphrase, and the
-// passphrase (a word and four digits) cannot be guessed from the prompt's other text.
+// passphrase exactly (nothing else but whitespace, quotes and a final period). The filler is random common words, so
+// nothing but the needle states a passphrase, and the passphrase (a word and four digits) cannot be guessed from the
+// prompt's other text.
 #include <algorithm>
 
 #include "qualify_gates.h"
 
 namespace kiln::cli {
+namespace {
+
+std::string strip(std::string s) {
+  const char* kAround = " \t\r\n\"'`*.";
+  s.erase(0, s.find_first_not_of(kAround));
+  const size_t last = s.find_last_not_of(kAround);
+  s.erase(last == std::string::npos ? 0 : last + 1);
+  return s;
+}
+
+}  // namespace
 
 GateResult gate_needle(GateClient& c) {
   using nlohmann::json;
@@ -41,8 +53,12 @@ GateResult gate_needle(GateClient& c) {
           message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
       detail["prompt_tokens"] = r.body.value("usage", json::object()).value("prompt_tokens", 0);
       detail["answer"] = answer.substr(0, 200);
-      if (answer.find(passphrase) == std::string::npos)
-        why = "answered `" + answer.substr(0, 60) + "`, not " + passphrase;
+      // Exact match, as asked ("the passphrase only"): whitespace, quotes, emphasis and a final period aside.
+      const std::string bare = strip(answer);
+      if (bare != passphrase)
+        why = answer.find(passphrase) != std::string::npos
+                  ? "answered with the passphrase among other text: `" + answer.substr(0, 80) + "`"
+                  : "answered `" + answer.substr(0, 60) + "`, not " + passphrase;
     }
     ++g.total;
     detail["pass"] = why.empty();
