@@ -2,69 +2,19 @@
 // OpenAI-compatible server) the way serving campaigns do (vLLM's bench serve; the seeds' depth sweep).
 // `kiln bench decode|prefill` time a recipe's model in-process (cmd_bench_model.cpp).
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <random>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
 #include "commands.h"
 #include "serve_client.h"
+#include "serve_sweeps.h"
 
 namespace kiln::cli {
 namespace {
-
-struct Summary {
-  double mean = 0, median = 0, p99 = 0, stddev = 0;
-};
-
-Summary summarize(std::vector<double> v) {
-  Summary s;
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  for (double x : v) s.mean += x;
-  s.mean /= v.size();
-  for (double x : v) s.stddev += (x - s.mean) * (x - s.mean);
-  s.stddev = std::sqrt(s.stddev / v.size());
-  auto pct = [&](double q) {
-    double idx = q * (v.size() - 1);
-    size_t lo = static_cast<size_t>(idx);
-    size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (idx - lo);
-  };
-  s.median = pct(0.5);
-  s.p99 = pct(0.99);
-  return s;
-}
-
-nlohmann::json to_json_ms(const Summary& s) {
-  return {{"mean_ms", s.mean * 1e3}, {"median_ms", s.median * 1e3}, {"p99_ms", s.p99 * 1e3}, {"std_ms", s.stddev * 1e3}};
-}
-
-// Prompt text of about `words` tokens: short common words, shuffled per request so prefix caching cannot
-// turn the benchmark into a cache benchmark.
-std::string make_prompt(int64_t words, std::mt19937_64& rng) {
-  static const char* kWords[] = {"the", "kiln", "fire", "clay", "pot", "glaze", "heat", "slow", "cool", "form",
-                                 "wheel", "hand", "shape", "water", "earth", "ash", "wood", "smoke", "door", "brick"};
-  std::string s;
-  std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
-  for (int64_t i = 0; i < words; ++i) s += (i ? " " : "") + std::string(kWords[pick(rng)]);
-  return s;
-}
-
-struct LevelResult {
-  int64_t concurrency = 0, requests = 0, failed = 0;
-  double duration = 0;
-  int64_t input_tokens = 0, output_tokens = 0;
-  Summary ttft, tpot, itl, e2el;
-  std::string first_error;
-};
 
 // Resolves --base-url, the API key and the model id (the server's first when not given); an error message or "".
 std::string connect(const std::string& base_url, const std::string& api_key_env, ServerAddress& server, std::string& model) {
@@ -74,48 +24,6 @@ std::string connect(const std::string& base_url, const std::string& api_key_env,
   if (model.empty()) model = first_model(server);
   if (model.empty()) return "no server answered GET /v1/models at " + base_url;
   return "";
-}
-
-LevelResult run_level(const ServerAddress& server, const std::string& model, int64_t concurrency, int64_t num_requests,
-                      int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed) {
-  LevelResult r;
-  r.concurrency = concurrency;
-  std::vector<StreamTiming> results(num_requests);
-  std::atomic<int64_t> next{0};
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> workers;
-  for (int64_t w = 0; w < concurrency; ++w)
-    workers.emplace_back([&, w] {
-      std::mt19937_64 rng(seed * 7919 + w);
-      for (int64_t i; (i = next++) < num_requests;) {
-        std::uniform_real_distribution<double> jitter(0.5, 1.5);
-        int64_t in = random_lengths ? std::max<int64_t>(1, std::llround(input_len * jitter(rng))) : input_len;
-        int64_t out = random_lengths ? std::max<int64_t>(1, std::llround(output_len * jitter(rng))) : output_len;
-        results[i] = timed_completion(server, model, make_prompt(in, rng), out, /*ignore_eos=*/true);
-      }
-    });
-  for (auto& t : workers) t.join();
-  r.duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<double> ttft, tpot, itl, e2el;
-  for (const auto& t : results) {
-    if (!t.ok) {
-      ++r.failed;
-      if (r.first_error.empty()) r.first_error = t.error;
-      continue;
-    }
-    ++r.requests;
-    r.input_tokens += t.prompt_tokens;
-    r.output_tokens += t.completion_tokens;
-    ttft.push_back(t.ttft);
-    e2el.push_back(t.latency);
-    if (t.completion_tokens > 1) tpot.push_back((t.latency - t.ttft) / (t.completion_tokens - 1));
-    itl.insert(itl.end(), t.itl.begin(), t.itl.end());
-  }
-  r.ttft = summarize(ttft);
-  r.tpot = summarize(tpot);
-  r.itl = summarize(itl);
-  r.e2el = summarize(e2el);
-  return r;
 }
 
 int bench_serve(int argc, char** argv) {
@@ -167,18 +75,7 @@ int bench_serve(int argc, char** argv) {
                 ms3(r.tpot).c_str(), ms3(r.itl).c_str(), ms3(r.e2el).c_str());
     std::fflush(stdout);
     if (!r.first_error.empty()) std::fprintf(stderr, "concurrency %lld: %s\n", static_cast<long long>(c), r.first_error.c_str());
-    report["levels"].push_back({{"concurrency", c},
-                                {"completed", r.requests},
-                                {"failed", r.failed},
-                                {"duration_s", r.duration},
-                                {"request_throughput", r.requests / r.duration},
-                                {"output_throughput", r.output_tokens / r.duration},
-                                {"total_token_throughput", (r.input_tokens + r.output_tokens) / r.duration},
-                                {"mean_input_tokens", r.requests ? double(r.input_tokens) / r.requests : 0.0},
-                                {"ttft", to_json_ms(r.ttft)},
-                                {"tpot", to_json_ms(r.tpot)},
-                                {"itl", to_json_ms(r.itl)},
-                                {"e2el", to_json_ms(r.e2el)}});
+    report["levels"].push_back(level_json(r));
   }
   if (!out_file.empty()) std::ofstream(out_file) << report.dump(2) << "\n";
   return 0;
@@ -209,30 +106,24 @@ int bench_depth(int argc, char** argv) {
     return fail("--depths `" + depths + "` is not a list of integers");
   }
   nlohmann::json report = {{"model", model}, {"base_url", base_url}, {"output_len", output_len}, {"depths", nlohmann::json::array()}};
-  // Depths are in tokens, prompts are words: measure this server's tokens per word once and size prompts by it.
   std::mt19937_64 rng(1);
-  constexpr int64_t kProbeWords = 200;
-  StreamTiming probe = timed_completion(server, model, make_prompt(kProbeWords, rng), 1, true);
-  if (!probe.ok || probe.prompt_tokens <= 0) return fail("probe request failed: " + probe.error);
-  const double tokens_per_word = static_cast<double>(probe.prompt_tokens) / kProbeWords;
+  std::string probe_error;
+  const double tokens_per_word = probe_tokens_per_word(server, model, rng, probe_error);
+  if (tokens_per_word <= 0) return fail(probe_error);
   std::printf("| depth | prompt tokens | TTFT s | decode tok/s | ITL median ms |\n|---|---|---|---|---|\n");
   int failed = 0;
   for (int64_t d : ds) {
     if (max_depth > 0 && d + output_len > max_depth) continue;
-    const int64_t words = std::max<int64_t>(1, static_cast<int64_t>(d / tokens_per_word));
-    StreamTiming t = timed_completion(server, model, make_prompt(words, rng), output_len, true);
+    DepthResult t = measure_depth(server, model, d, output_len, tokens_per_word, rng);
     if (!t.ok) {
       std::fprintf(stderr, "depth %lld: %s\n", static_cast<long long>(d), t.error.c_str());
       ++failed;
       continue;
     }
-    double decode = t.completion_tokens > 1 ? (t.completion_tokens - 1) / (t.latency - t.ttft) : 0;
-    Summary itl = summarize(t.itl);
     std::printf("| %lld | %lld | %.3f | %.1f | %.2f |\n", static_cast<long long>(d),
-                static_cast<long long>(t.prompt_tokens), t.ttft, decode, itl.median * 1e3);
+                static_cast<long long>(t.prompt_tokens), t.ttft, t.decode_tok_s, t.itl.median * 1e3);
     std::fflush(stdout);
-    report["depths"].push_back({{"depth", d}, {"prompt_tokens", t.prompt_tokens}, {"ttft_s", t.ttft},
-                                {"decode_tok_s", decode}, {"itl", to_json_ms(itl)}});
+    report["depths"].push_back(depth_json(t));
   }
   if (!out_file.empty()) std::ofstream(out_file) << report.dump(2) << "\n";
   // A sweep with a hole in it is not a result a script should carry on with.

@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "  recipe check FILE   validate a recipe (--set section.key=value to override keys)\n"
     "  recipe show FILE    print the fully resolved recipe as TOML\n"
     "  ab RECIPE --a k=v --b k=v   A/B two variants, interleaved; writes a result card\n"
+    "  qualify RECIPE [--against INCUMBENT]   gates, sweeps and capacity over HTTP; a result card, evidence, a decision\n"
     "  serve RECIPE        the OpenAI-compatible server (chat, completions, responses, metrics)\n"
     "  bench serve|depth   measure a running server: concurrency sweep, context-depth sweep\n"
     "  bench decode|prefill RECIPE   time the recipe's model in-process against its roofline\n"
@@ -40,6 +41,7 @@ constexpr Command kCommands[] = {
     {"ab", kiln::cli::cmd_ab},
     {"serve", kiln::cli::cmd_serve},
     {"quantize", kiln::cli::cmd_quantize},
+    {"qualify", kiln::cli::cmd_qualify},
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "serve_client.h"
 
 #include <chrono>
+#include <sstream>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -108,6 +109,118 @@ StreamTiming timed_completion(const ServerAddress& server, const std::string& mo
     if (first) t.error = "the stream carried no text";
   }
   return t;
+}
+
+namespace {
+// The server's own words for a refusal: OpenAI's {"error": {"message": ...}}, else the raw body.
+std::string error_text(const httplib::Result& res, nlohmann::json& body) {
+  body = nlohmann::json::parse(res->body, nullptr, false);
+  if (!body.is_discarded() && body.contains("error")) {
+    const auto& e = body["error"];
+    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
+    if (e.is_string()) return e.get<std::string>();
+  }
+  return res->body.substr(0, 500);
+}
+}  // namespace
+
+JsonReply post_json(const ServerAddress& server, const std::string& path, const nlohmann::json& body, int timeout_s) {
+  JsonReply r;
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(10);
+  cli.set_read_timeout(timeout_s);
+  cli.set_write_timeout(timeout_s);
+  auto res = cli.Post(path, auth(server), body.dump(), "application/json");
+  if (!res) {
+    r.error = "request failed: " + httplib::to_string(res.error());
+    return r;
+  }
+  r.status = res->status;
+  if (res->status != 200) {
+    r.error = error_text(res, r.body);
+    return r;
+  }
+  r.body = nlohmann::json::parse(res->body, nullptr, false);
+  if (r.body.is_discarded()) r.error = "the answer is not JSON: " + res->body.substr(0, 200);
+  return r;
+}
+
+JsonReply post_sse(const ServerAddress& server, const std::string& path, const nlohmann::json& body, int timeout_s) {
+  JsonReply r;
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(10);
+  cli.set_read_timeout(timeout_s);
+  cli.set_write_timeout(timeout_s);
+  std::string buffer;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.headers = auth(server);
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    buffer.append(data, len);
+    size_t pos;
+    while ((pos = buffer.find("\n\n")) != std::string::npos) {
+      std::string event = buffer.substr(0, pos);
+      buffer.erase(0, pos + 2);
+      // An event may carry `event:` and comment lines beside its `data:` line (the Responses API names its events).
+      std::istringstream lines(event);
+      for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("data: ", 0) != 0 || line == "data: [DONE]") continue;
+        auto j = nlohmann::json::parse(line.substr(6), nullptr, false);
+        if (!j.is_discarded()) r.events.push_back(std::move(j));
+      }
+    }
+    return true;
+  };
+  auto res = cli.send(req);
+  if (!res) {
+    r.error = "request failed: " + httplib::to_string(res.error());
+    return r;
+  }
+  r.status = res->status;
+  if (res->status != 200) {
+    // A refused request comes back as one JSON error body, which the receiver has collected.
+    auto j = nlohmann::json::parse(buffer.empty() ? res->body : buffer, nullptr, false);
+    r.body = j;
+    r.error = (!j.is_discarded() && j.contains("error") && j["error"].is_object())
+                  ? j["error"].value("message", "")
+                  : (buffer.empty() ? res->body : buffer).substr(0, 500);
+  }
+  return r;
+}
+
+int get_status(const ServerAddress& server, const std::string& path, int timeout_s) {
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(timeout_s);
+  cli.set_read_timeout(timeout_s);
+  auto res = cli.Get(path, auth(server));
+  return res ? res->status : 0;
+}
+
+std::string get_text(const ServerAddress& server, const std::string& path, int timeout_s) {
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(timeout_s);
+  cli.set_read_timeout(timeout_s);
+  auto res = cli.Get(path, auth(server));
+  return res && res->status == 200 ? res->body : "";
+}
+
+JsonReply get_json(const ServerAddress& server, const std::string& path, int timeout_s) {
+  JsonReply r;
+  httplib::Client cli(server.host, server.port);
+  cli.set_connection_timeout(timeout_s);
+  cli.set_read_timeout(timeout_s);
+  auto res = cli.Get(path, auth(server));
+  if (!res) {
+    r.error = "request failed: " + httplib::to_string(res.error());
+    return r;
+  }
+  r.status = res->status;
+  r.body = nlohmann::json::parse(res->body, nullptr, false);
+  if (res->status != 200) r.error = res->body.substr(0, 500);
+  return r;
 }
 
 }  // namespace kiln::cli

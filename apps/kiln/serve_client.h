@@ -1,9 +1,12 @@
-// A streaming OpenAI client for the benchmarks: one request, timed per chunk (TTFT, inter-token gaps).
+// The OpenAI client of the benchmarks and `kiln qualify`: a streamed request timed per chunk (TTFT, inter-token
+// gaps), and plain JSON / SSE requests whose whole answer the qualification gates inspect.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kiln::cli {
 
@@ -31,5 +34,23 @@ StreamTiming timed_completion(const ServerAddress& server, const std::string& mo
 
 // GET /v1/models: the first served model id ("" when the server does not answer).
 std::string first_model(const ServerAddress& server);
+
+// One POST with a JSON body. `status` 0 means no HTTP answer (`error` says why); otherwise `body` is the parsed
+// answer (discarded when it was not JSON) and `error`, for a status other than 200, the server's message.
+struct JsonReply {
+  int status = 0;
+  std::string error;
+  nlohmann::json body;
+  std::vector<nlohmann::json> events;  // post_sse: every `data:` payload but [DONE], in order
+};
+JsonReply post_json(const ServerAddress& server, const std::string& path, const nlohmann::json& body, int timeout_s);
+// The same with stream = true in `body`: the SSE events are collected (an answer other than 200 is read as JSON).
+JsonReply post_sse(const ServerAddress& server, const std::string& path, const nlohmann::json& body, int timeout_s);
+// GET `path`: its HTTP status, 0 when nothing answered.
+int get_status(const ServerAddress& server, const std::string& path, int timeout_s);
+// GET `path`'s body when it answers 200, else "".
+std::string get_text(const ServerAddress& server, const std::string& path, int timeout_s);
+// GET `path` read as JSON.
+JsonReply get_json(const ServerAddress& server, const std::string& path, int timeout_s);
 
 }  // namespace kiln::cli
