@@ -1,0 +1,69 @@
+#include "image_modality.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "image_decode.h"
+#include "vision_tower.h"
+
+namespace kiln::vision {
+
+ImageModality::ImageModality(VisionConfig config, CheckpointTensors tensors, std::optional<VisionWeights> weights)
+    : config_(std::move(config)), tensors_(std::move(tensors)), weights_(std::move(weights)) {
+  // The processor's patches are the tower's: patch and merge sizes come from the vision config; the canvas budget
+  // (16–8000 tokens) and CLIP normalisation are Glm5NextImageProcessor's defaults.
+  processor_.patch_size = config_.patch_size;
+  processor_.temporal_patch_size = config_.temporal_patch_size;
+  processor_.merge_size = config_.spatial_merge_size;
+}
+
+std::vector<std::string> ImageModality::accepted_mime_types() const {
+  return {"image/png", "image/jpeg", "image/webp"};
+}
+
+Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
+  std::call_once(load_once_, [&] {
+    if (weights_) return;
+    auto w = load_vision_weights(tensors_, config_);
+    if (w.ok()) weights_ = std::move(w).value();
+    else load_status_ = w.status();
+  });
+  KILN_RETURN_IF_ERROR(load_status_);
+  KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(item.bytes));
+  KILN_ASSIGN_OR_RETURN(const ProcessedImage processed, process_image(image, processor_));
+  const std::array<std::array<int64_t, 3>, 1> grid = {processed.grid_thw};
+  KILN_ASSIGN_OR_RETURN(std::vector<float> rows, run_vision_tower(config_, *weights_, processed.pixel_values, grid));
+  MediaEmbedding e;
+  e.num_embeddings = processed.num_tokens(processor_);
+  e.first_placeholder = 1;
+  e.tokens.reserve(static_cast<size_t>(e.num_embeddings + 2));
+  e.tokens.push_back(config_.image_start_token_id);
+  e.tokens.insert(e.tokens.end(), static_cast<size_t>(e.num_embeddings), config_.image_token_id);
+  e.tokens.push_back(config_.image_end_token_id);
+  e.embeddings = std::move(rows);
+  return e;
+}
+
+Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
+                                                           bool load_weights) {
+  const std::filesystem::path config_path = std::filesystem::path(dir) / "config.json";
+  std::ifstream in(config_path);
+  if (!in) return not_found(config_path.string() + " cannot be read");
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, false);
+  if (json.is_discarded()) return invalid_argument(config_path.string() + " is not valid JSON");
+  KILN_ASSIGN_OR_RETURN(VisionConfig config, parse_vision_config(json));
+  if (config.out_hidden_size != text_hidden_size)
+    return invalid_argument("vision_config.out_hidden_size " + std::to_string(config.out_hidden_size) +
+                            " differs from the text model's hidden_size " + std::to_string(text_hidden_size) +
+                            ": the merged image embeddings could not stand in for token embeddings");
+  KILN_ASSIGN_OR_RETURN(CheckpointTensors tensors, CheckpointTensors::open(dir));
+  KILN_RETURN_IF_ERROR(check_vision_weights(tensors, config));
+  std::optional<VisionWeights> weights;
+  if (load_weights) {
+    KILN_ASSIGN_OR_RETURN(VisionWeights w, load_vision_weights(tensors, config));
+    weights = std::move(w);
+  }
+  return std::make_unique<ImageModality>(std::move(config), std::move(tensors), std::move(weights));
+}
+
+}  // namespace kiln::vision

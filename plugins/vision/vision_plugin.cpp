@@ -1,0 +1,30 @@
+// The plugin's descriptor and the `image` modality's factory: the checkpoint's vision tower, loaded when the engine
+// creates it (a device context is given), checked from the safetensors headers alone otherwise (`kiln recipe check`).
+#include "image_modality.h"
+#include "kiln/device_context.h"
+#include "kiln/plugin.h"
+
+namespace kiln::vision {
+namespace {
+
+Result<std::unique_ptr<Modality>> make_modality(const CreateContext& ctx) {
+  if (ctx.model == nullptr || ctx.model->checkpoint_dir.empty())
+    return failed_precondition("the `image` modality reads the model's vision tower, and no model folder is known");
+  auto m = make_image_modality(ctx.model->checkpoint_dir, ctx.model->hidden_size, ctx.device_context != nullptr);
+  if (!m.ok()) return m.status().with_context("modality `image` (" + ctx.model->checkpoint_dir + ")");
+  return std::unique_ptr<Modality>(std::move(m).value());
+}
+
+Status register_vision(Registrar& registrar) {
+  // The tower runs on the host; the CUDA runner takes no media rows yet, so it registers for the CPU only.
+  return registrar.add<Modality>("image",
+                                 "images (PNG, JPEG, WebP) through glm5_next's image processor and vision tower, on "
+                                 "the CPU",
+                                 &make_modality, DeviceSet::cpu());
+}
+
+}  // namespace
+}  // namespace kiln::vision
+
+KILN_PLUGIN("vision", "0.1.0", "images for glm5_next (GLM-5.3-Flash): decoding, processor, vision tower",
+            &kiln::vision::register_vision)
