@@ -1,5 +1,6 @@
 #include "image_modality.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -8,8 +9,9 @@
 
 namespace kiln::vision {
 
-ImageModality::ImageModality(VisionConfig config, CheckpointTensors tensors, std::optional<VisionWeights> weights)
-    : config_(std::move(config)), tensors_(std::move(tensors)), weights_(std::move(weights)) {
+ImageModality::ImageModality(VisionConfig config, CheckpointTensors tensors, std::optional<VisionWeights> weights,
+                             uint64_t cache_bytes)
+    : config_(std::move(config)), tensors_(std::move(tensors)), weights_(std::move(weights)), cache_(cache_bytes) {
   // The processor's patches are the tower's: patch and merge sizes come from the vision config; the canvas budget
   // (16–8000 tokens) and CLIP normalisation are Glm5NextImageProcessor's defaults.
   processor_.patch_size = config_.patch_size;
@@ -29,6 +31,7 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
     else load_status_ = w.status();
   });
   KILN_RETURN_IF_ERROR(load_status_);
+  if (std::optional<MediaEmbedding> seen = cache_.find(item.bytes)) return std::move(*seen);
   KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(item.bytes));
   KILN_ASSIGN_OR_RETURN(const ProcessedImage processed, process_image(image, processor_));
   const std::array<std::array<int64_t, 3>, 1> grid = {processed.grid_thw};
@@ -41,11 +44,13 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   e.tokens.insert(e.tokens.end(), static_cast<size_t>(e.num_embeddings), config_.image_token_id);
   e.tokens.push_back(config_.image_end_token_id);
   e.embeddings = std::move(rows);
+  ++tower_runs_;
+  cache_.insert(item.bytes, e);
   return e;
 }
 
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
-                                                           bool load_weights) {
+                                                           bool load_weights, int64_t cache_mib) {
   const std::filesystem::path config_path = std::filesystem::path(dir) / "config.json";
   std::ifstream in(config_path);
   if (!in) return not_found(config_path.string() + " cannot be read");
@@ -63,7 +68,8 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
     KILN_ASSIGN_OR_RETURN(VisionWeights w, load_vision_weights(tensors, config));
     weights = std::move(w);
   }
-  return std::make_unique<ImageModality>(std::move(config), std::move(tensors), std::move(weights));
+  return std::make_unique<ImageModality>(std::move(config), std::move(tensors), std::move(weights),
+                                         static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20);
 }
 
 }  // namespace kiln::vision

@@ -5,10 +5,10 @@
 // (their tower rows in place of the placeholders' embeddings) against transformers 5.17's
 // Glm5NextForConditionalGeneration on the same pixel_values.
 //
-// Logits tolerance: max|Δ| / max|ref| < 1e-3. The text model's residual streams are bf16 in both (the embeddings,
-// image rows included, are rounded to bf16 where transformers casts them), so an image row whose fp32 value differs
-// by ~1e-7 from torch's can round to the neighbouring bf16 value (2^-8 relative) now and then; the text-only glm5_next
-// fixtures, with no such rows, hold 1e-4.
+// Logits tolerance: max|Δ| / max|ref| < 1e-4, as the text-only glm5_next fixtures (measured 1.1e-5). The text
+// model's residual streams are bf16 in both (the embeddings, image rows included, are rounded where transformers
+// casts them), so an image value within ~1e-7 of a bf16 rounding boundary could land on the other side here; none
+// does in this fixture, and one such value moves the logits by far less than the tolerance.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -138,6 +138,30 @@ TEST(ImageModality, ACheckpointWithoutATowerIsRefusedAtCreation) {
   EXPECT_TRUE(e.ok()) << e.status().to_string();
 }
 
+TEST(ImageModality, ARepeatedImageSkipsTheTower) {
+  const std::string dir = (data_dir() / "tower-e2e").string();
+  const MediaItem a{"image/png", testing::read_bytes(data_dir() / "images/tiny_rgb.png")};
+  const MediaItem b{"image/png", testing::read_bytes(data_dir() / "images/palette_trns.png")};
+  auto cached = make_image_modality(dir, 32, true, /*cache_mib=*/16);
+  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  auto first = (*cached)->encode(a, Stream{});
+  auto other = (*cached)->encode(b, Stream{});
+  auto again = (*cached)->encode(a, Stream{});
+  ASSERT_TRUE(first.ok() && other.ok() && again.ok());
+  EXPECT_EQ((*cached)->tower_runs(), 2u);
+  EXPECT_EQ((*cached)->cache_hits(), 1u);
+  EXPECT_EQ(again->tokens, first->tokens);
+  EXPECT_EQ(again->embeddings, first->embeddings);
+  EXPECT_NE(other->embeddings, first->embeddings);
+  auto uncached = make_image_modality(dir, 32, true, /*cache_mib=*/0);
+  ASSERT_TRUE(uncached.ok());
+  ASSERT_TRUE((*uncached)->encode(a, Stream{}).ok());
+  auto again_uncached = (*uncached)->encode(a, Stream{});
+  ASSERT_TRUE(again_uncached.ok());
+  EXPECT_EQ((*uncached)->tower_runs(), 2u);
+  EXPECT_EQ(again_uncached->embeddings, first->embeddings);
+}
+
 TEST(ImageModalityWholeModel, LogitsWithTwoImagesMatchTransformers) {
   load_plugin();
   LoadedModel m = load_e2e_model();
@@ -192,7 +216,7 @@ TEST(ImageModalityWholeModel, LogitsWithTwoImagesMatchTransformers) {
   const double err = kiln::testing::relative_error(out.logits.data(), want->data(), static_cast<int64_t>(want->size()));
   std::printf("tower-e2e: logits with two images (%lld tokens) max|Δ| / max|ref| = %.3g\n", static_cast<long long>(n),
               err);
-  EXPECT_LT(err, 1e-3);
+  EXPECT_LT(err, 1e-4);
   // Without the image rows the logits are another model's: the rows matter.
   SequenceStep plain{prompt, 0, &table, true, 0, {}};
   kiln::testing::Glm5NextCache cache2(m, 256, 1);

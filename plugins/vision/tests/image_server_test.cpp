@@ -1,7 +1,7 @@
 // Images through the server end to end on the CPU: a recipe selecting `media.modality = "image"` on the tiny
 // glm5_next-with-vision checkpoint (tests/data/tower-e2e), a PNG sent as a data: URL in chat completions, the
 // image's begin marker + placeholders + end marker counted in usage; `media.max_images` and corrupt images refused
-// with 400s naming the part.
+// with 400s naming the part; the Responses API's input_image parts take the same path.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -118,6 +118,21 @@ TEST_F(ImageServer, APngInChatCompletionsIsAnsweredAndItsTokensCounted) {
   // Two images fit media.max_images = 2.
   const Json two = post(chat({image(png_url("tiny_rgb.png")), text("and"), image(png_url("palette_trns.png"))}), status);
   EXPECT_EQ(status, 200) << two.dump();
+}
+
+TEST_F(ImageServer, TheResponsesApiTakesAnInputImage) {
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(120, 0);
+  const Json body = {{"model", "tiny-vision"}, {"max_output_tokens", 4}, {"temperature", 0},
+                     {"input", Json::array({{{"role", "user"},
+                                             {"content", Json::array({{{"type", "input_text"}, {"text", "Look: "}},
+                                                                      {{"type", "input_image"},
+                                                                       {"image_url", png_url("tiny_rgb.png")}}})}}})}};
+  auto r = c.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body, nullptr, false);
+  EXPECT_GE(j["usage"]["input_tokens"].get<int>(), 20 + 2) << r->body;
 }
 
 TEST_F(ImageServer, TooManyImagesAndCorruptImagesAre400sNamingThePart) {
