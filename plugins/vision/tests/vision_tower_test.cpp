@@ -7,6 +7,7 @@
 // order (SIMD dot products here, MKL/oneDNN blocking in torch) and libm's exp/erf/cos, which leave relative
 // differences of a few 1e-7 per operation; through 1–3 blocks and the merger the measured worst case is printed.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdio>
 #include <cstring>
@@ -130,6 +131,21 @@ TEST(VisionTowerSegments, AnImageAloneEqualsItInABatch) {
   const int64_t out = f.config.out_hidden_size;
   ASSERT_EQ(alone->size(), static_cast<size_t>(3 * out));
   for (int64_t i = 0; i < 3 * out; ++i) EXPECT_EQ((*alone)[i], (*together)[4 * out + i]) << i;
+}
+
+// Each row's sums run in one thread in a fixed order: the team size changes no bit.
+TEST(VisionTowerSegments, TheThreadCountChangesNothing) {
+  TowerFixture f = load_fixture("tower-heads3");
+  const std::vector<std::array<int64_t, 3>> grids = {{1, 8, 8}, {1, 2, 14}};
+  const auto pixels = synthetic_pixels(92, f.config.patch_dim(), 3);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto one = run_vision_tower(f.config, f.weights, pixels, grids);
+  omp_set_num_threads(3);
+  auto three = run_vision_tower(f.config, f.weights, pixels, grids);
+  omp_set_num_threads(before);
+  ASSERT_TRUE(one.ok() && three.ok());
+  EXPECT_EQ(*one, *three);
 }
 
 TEST(VisionTowerSegments, BadGridsAreErrors) {
