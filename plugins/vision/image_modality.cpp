@@ -5,19 +5,18 @@
 #include <fstream>
 
 #include "image_decode.h"
+#include "processor_settings.h"
 #include "vision_tower.h"
 
 namespace kiln::vision {
 
-ImageModality::ImageModality(VisionConfig config, CheckpointTensors tensors, std::optional<VisionWeights> weights,
-                             uint64_t cache_bytes)
-    : config_(std::move(config)), tensors_(std::move(tensors)), weights_(std::move(weights)), cache_(cache_bytes) {
-  // The processor's patches are the tower's: patch and merge sizes come from the vision config; the canvas budget
-  // (16–8000 tokens) and CLIP normalisation are Glm5NextImageProcessor's defaults.
-  processor_.patch_size = config_.patch_size;
-  processor_.temporal_patch_size = config_.temporal_patch_size;
-  processor_.merge_size = config_.spatial_merge_size;
-}
+ImageModality::ImageModality(VisionConfig config, ImageProcessorConfig processor, CheckpointTensors tensors,
+                             std::optional<VisionWeights> weights, uint64_t cache_bytes)
+    : config_(std::move(config)),
+      processor_(processor),
+      tensors_(std::move(tensors)),
+      weights_(std::move(weights)),
+      cache_(cache_bytes) {}
 
 std::vector<std::string> ImageModality::accepted_mime_types() const {
   return {"image/png", "image/jpeg", "image/webp"};
@@ -61,6 +60,7 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
     return invalid_argument("vision_config.out_hidden_size " + std::to_string(config.out_hidden_size) +
                             " differs from the text model's hidden_size " + std::to_string(text_hidden_size) +
                             ": the merged image embeddings could not stand in for token embeddings");
+  KILN_ASSIGN_OR_RETURN(const ImageProcessorConfig processor, processor_settings(dir, config));
   KILN_ASSIGN_OR_RETURN(CheckpointTensors tensors, CheckpointTensors::open(dir));
   KILN_RETURN_IF_ERROR(check_vision_weights(tensors, config));
   std::optional<VisionWeights> weights;
@@ -68,7 +68,7 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
     KILN_ASSIGN_OR_RETURN(VisionWeights w, load_vision_weights(tensors, config));
     weights = std::move(w);
   }
-  return std::make_unique<ImageModality>(std::move(config), std::move(tensors), std::move(weights),
+  return std::make_unique<ImageModality>(std::move(config), processor, std::move(tensors), std::move(weights),
                                          static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20);
 }
 

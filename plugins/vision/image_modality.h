@@ -21,8 +21,8 @@ class ImageModality final : public Modality {
  public:
   // `weights` loaded, or (when the modality is made only to be checked, e.g. by `kiln recipe check`) left empty and
   // read from `tensors` on the first encode.
-  ImageModality(VisionConfig config, CheckpointTensors tensors, std::optional<VisionWeights> weights,
-                uint64_t cache_bytes);
+  ImageModality(VisionConfig config, ImageProcessorConfig processor, CheckpointTensors tensors,
+                std::optional<VisionWeights> weights, uint64_t cache_bytes);
 
   std::vector<std::string> accepted_mime_types() const override;
   Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) override;
