@@ -29,6 +29,7 @@ class CheckpointTensors {
   static Result<CheckpointTensors> open_file(const std::filesystem::path& file);
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  const std::map<std::string, StoredTensor>& tensors() const { return tensors_; }
   const StoredTensor* find(const std::string& name) const;
   // The tensor as fp32, after checking its shape is `shape`.
   Result<std::vector<float>> read(const std::string& name, const std::vector<int64_t>& shape) const;
