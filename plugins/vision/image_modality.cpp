@@ -26,8 +26,10 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   std::call_once(load_once_, [&] {
     if (weights_) return;
     auto w = load_vision_weights(tensors_, config_);
-    if (w.ok()) weights_ = std::move(w).value();
-    else load_status_ = w.status();
+    if (w.ok())
+      weights_ = std::move(w).value();
+    else
+      load_status_ = w.status();
   });
   KILN_RETURN_IF_ERROR(load_status_);
   if (std::optional<MediaEmbedding> seen = cache_.find(item.bytes)) return std::move(*seen);

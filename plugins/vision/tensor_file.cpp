@@ -68,19 +68,19 @@ Status read_header(const fs::path& file, std::map<std::string, StoredTensor>& ou
   if (!header.is_object()) return invalid_argument(file.string() + ": the header is not a JSON object");
   const uint64_t data_start = 8 + header_size;
   try {
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    StoredTensor t;
-    t.file = file;
-    t.dtype = entry.value("dtype", "");
-    const auto& offsets = entry.at("data_offsets");
-    t.begin = data_start + offsets.at(0).get<uint64_t>();
-    t.end = data_start + offsets.at(1).get<uint64_t>();
-    for (const auto& d : entry.at("shape")) t.shape.push_back(d.get<int64_t>());
-    if (t.end < t.begin || t.end > file_size)
-      return invalid_argument(file.string() + ": tensor " + name + " lies outside the file");
-    out[name] = std::move(t);
-  }
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      StoredTensor t;
+      t.file = file;
+      t.dtype = entry.value("dtype", "");
+      const auto& offsets = entry.at("data_offsets");
+      t.begin = data_start + offsets.at(0).get<uint64_t>();
+      t.end = data_start + offsets.at(1).get<uint64_t>();
+      for (const auto& d : entry.at("shape")) t.shape.push_back(d.get<int64_t>());
+      if (t.end < t.begin || t.end > file_size)
+        return invalid_argument(file.string() + ": tensor " + name + " lies outside the file");
+      out[name] = std::move(t);
+    }
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(file.string() + ": malformed safetensors header (" + e.what() + ")");
   }

@@ -27,8 +27,7 @@ Status read_size(const nlohmann::json& j, const char* key, int64_t& out) {
     if (a.empty() || !a[0].is_number_integer())
       return invalid_argument(std::string("vision_config.") + key + " must be an integer or a list of them");
     for (const auto& v : a)
-      if (v != a[0])
-        return unimplemented(std::string("vision_config.") + key + " with unequal sides is not supported");
+      if (v != a[0]) return unimplemented(std::string("vision_config.") + key + " with unequal sides is not supported");
     out = a[0].get<int64_t>();
     return ok_status();
   }

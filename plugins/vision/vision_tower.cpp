@@ -29,7 +29,8 @@ void axial_rope_tables(const VisionConfig& c, const std::vector<int64_t>& rows, 
   const int64_t hd = c.head_dim(), q = hd / 4, spatial = hd / 2;
   std::vector<float> inv_freq(static_cast<size_t>(q));
   for (int64_t k = 0; k < q; ++k)
-    inv_freq[k] = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * k) / static_cast<float>(spatial));
+    inv_freq[k] =
+        1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * k) / static_cast<float>(spatial));
   const int64_t n = static_cast<int64_t>(rows.size());
   cos_t.resize(static_cast<size_t>(n * hd));
   sin_t.resize(static_cast<size_t>(n * hd));
@@ -54,7 +55,9 @@ void rotate(float* x, const float* cos_r, const float* sin_r, int64_t hd) {
   }
 }
 
-const float* bias(const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); }
+const float* bias(const std::vector<float>& b) {
+  return b.empty() ? nullptr : b.data();
+}
 
 void block_forward(const VisionConfig& c, const VisionBlockWeights& w, std::vector<float>& x,
                    const std::vector<int64_t>& segments, const std::vector<float>& cos_t,

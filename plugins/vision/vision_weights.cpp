@@ -6,7 +6,8 @@ namespace kiln::vision {
 namespace {
 
 // One place lists every tensor with its shape, for both the check and the load.
-using Visit = std::function<Status(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out)>;
+using Visit =
+    std::function<Status(const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out)>;
 
 Status visit_tensors(const std::string& p, const VisionConfig& c, VisionWeights* w, const Visit& visit) {
   const int64_t h = c.hidden_size, m = c.spatial_merge_size, out = c.out_hidden_size;
@@ -53,8 +54,9 @@ Status visit_tensors(const std::string& p, const VisionConfig& c, VisionWeights*
 Result<std::string> vision_prefix(const CheckpointTensors& tensors) {
   for (const char* p : {"model.visual.", "visual."})
     if (tensors.has(std::string(p) + "patch_embed.proj.weight")) return std::string(p);
-  return not_found("the checkpoint has no vision tower (no model.visual.patch_embed.proj.weight or "
-                   "visual.patch_embed.proj.weight)");
+  return not_found(
+      "the checkpoint has no vision tower (no model.visual.patch_embed.proj.weight or "
+      "visual.patch_embed.proj.weight)");
 }
 
 Status check_vision_weights(const CheckpointTensors& tensors, const VisionConfig& config) {
@@ -68,12 +70,12 @@ Status check_vision_weights(const CheckpointTensors& tensors, const VisionConfig
 Result<VisionWeights> load_vision_weights(const CheckpointTensors& tensors, const VisionConfig& config) {
   KILN_ASSIGN_OR_RETURN(const std::string prefix, vision_prefix(tensors));
   VisionWeights w;
-  KILN_RETURN_IF_ERROR(visit_tensors(prefix, config, &w,
-                                     [&](const std::string& name, const std::vector<int64_t>& shape,
-                                         std::vector<float>* out) -> Status {
-                                       KILN_ASSIGN_OR_RETURN(*out, tensors.read(name, shape));
-                                       return ok_status();
-                                     }));
+  KILN_RETURN_IF_ERROR(
+      visit_tensors(prefix, config, &w,
+                    [&](const std::string& name, const std::vector<int64_t>& shape, std::vector<float>* out) -> Status {
+                      KILN_ASSIGN_OR_RETURN(*out, tensors.read(name, shape));
+                      return ok_status();
+                    }));
   // Conv2d [out, hidden, m, m] → [out, (i·m + j)·hidden + c]: a merge block's patches arrive as consecutive rows in
   // (inner row i, inner column j) order, so the convolution is one linear over the block's rows concatenated.
   const int64_t out = config.out_hidden_size, h = config.hidden_size, m = config.spatial_merge_size;
@@ -81,7 +83,8 @@ Result<VisionWeights> load_vision_weights(const CheckpointTensors& tensors, cons
   for (int64_t o = 0; o < out; ++o)
     for (int64_t c = 0; c < h; ++c)
       for (int64_t k = 0; k < m * m; ++k)
-        reordered[static_cast<size_t>((o * m * m + k) * h + c)] = w.down_w[static_cast<size_t>((o * h + c) * m * m + k)];
+        reordered[static_cast<size_t>((o * m * m + k) * h + c)] =
+            w.down_w[static_cast<size_t>((o * h + c) * m * m + k)];
   w.down_w = std::move(reordered);
   return w;
 }

@@ -13,21 +13,21 @@
 namespace kiln::vision {
 
 struct VisionBlockWeights {
-  std::vector<float> norm1, norm2;      // [hidden]
-  std::vector<float> qkv_w, qkv_b;      // [3·hidden, hidden], [3·hidden] (bias empty without attention_bias)
-  std::vector<float> q_norm, k_norm;    // [head_dim]
-  std::vector<float> proj_w, proj_b;    // [hidden, hidden], [hidden]
-  std::vector<float> gate_w, gate_b;    // [intermediate, hidden]
-  std::vector<float> up_w, up_b;        // [intermediate, hidden]
-  std::vector<float> down_w, down_b;    // [hidden, intermediate]
+  std::vector<float> norm1, norm2;    // [hidden]
+  std::vector<float> qkv_w, qkv_b;    // [3·hidden, hidden], [3·hidden] (bias empty without attention_bias)
+  std::vector<float> q_norm, k_norm;  // [head_dim]
+  std::vector<float> proj_w, proj_b;  // [hidden, hidden], [hidden]
+  std::vector<float> gate_w, gate_b;  // [intermediate, hidden]
+  std::vector<float> up_w, up_b;      // [intermediate, hidden]
+  std::vector<float> down_w, down_b;  // [hidden, intermediate]
 };
 
 struct VisionWeights {
   std::vector<float> patch_w, patch_b;  // [hidden, patch_dim], [hidden]
   std::vector<VisionBlockWeights> blocks;
-  std::vector<float> post_norm;         // [hidden]
-  std::vector<float> down_w, down_b;    // [out_hidden, merge²·hidden] (reordered from the Conv2d), [out_hidden]
-  std::vector<float> merger_proj;       // [out_hidden, out_hidden]
+  std::vector<float> post_norm;       // [hidden]
+  std::vector<float> down_w, down_b;  // [out_hidden, merge²·hidden] (reordered from the Conv2d), [out_hidden]
+  std::vector<float> merger_proj;     // [out_hidden, out_hidden]
   std::vector<float> merger_norm_w, merger_norm_b;  // [out_hidden] LayerNorm
   std::vector<float> merger_gate, merger_up;        // [projection_intermediate, out_hidden]
   std::vector<float> merger_down;                   // [out_hidden, projection_intermediate]

@@ -31,7 +31,8 @@ fs::path build_checkpoint() {
   const fs::path dir = fs::temp_directory_path() / ("kiln-vision-mtp-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const fs::path text_dir = kiln::testing::model_dir("glm5_next-mtp-plain"), tower_dir = testing::data_dir() / "tower-e2e";
+  const fs::path text_dir = kiln::testing::model_dir("glm5_next-mtp-plain"),
+                 tower_dir = testing::data_dir() / "tower-e2e";
   Json config = Json::parse(std::ifstream(text_dir / "config.json"));
   const Json tower_config = Json::parse(std::ifstream(tower_dir / "config.json"));
   config["vision_config"] = tower_config["vision_config"];
@@ -66,8 +67,14 @@ fs::path build_checkpoint() {
 }
 
 std::vector<std::string> sets(const fs::path& dir, const std::string& method, int depth) {
-  return {"model.path=" + dir.string(), "model.device=cpu", "model.threads=1", "kv.layout=fp32", "kv.block_size=16",
-          "scheduler.max_model_len=512", "scheduler.max_num_seqs=2", "speculative.method=" + method,
+  return {"model.path=" + dir.string(),
+          "model.device=cpu",
+          "model.threads=1",
+          "kv.layout=fp32",
+          "kv.block_size=16",
+          "scheduler.max_model_len=512",
+          "scheduler.max_num_seqs=2",
+          "speculative.method=" + method,
           "speculative.depth=" + std::to_string(depth)};
 }
 
@@ -80,8 +87,8 @@ TEST(ImageDrafting, GreedyOutputWithAnImageIsUnchangedByMtpDrafting) {
   const fs::path dir = build_checkpoint();
   auto modality = make_image_modality(dir.string(), 32, true);
   ASSERT_TRUE(modality.ok()) << modality.status().to_string();
-  auto image = (*modality)->encode(MediaItem{"image/png", testing::read_bytes(testing::data_dir() / "images/tiny_rgb.png")},
-                                   Stream{});
+  auto image = (*modality)->encode(
+      MediaItem{"image/png", testing::read_bytes(testing::data_dir() / "images/tiny_rgb.png")}, Stream{});
   ASSERT_TRUE(image.ok()) << image.status().to_string();
 
   std::vector<int32_t> prompt;

@@ -9,6 +9,8 @@
 // model's residual streams are bf16 in both (the embeddings, image rows included, are rounded where transformers
 // casts them), so an image value within ~1e-7 of a bf16 rounding boundary could land on the other side here; none
 // does in this fixture, and one such value moves the logits by far less than the tolerance.
+#include "image_modality.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -17,7 +19,6 @@
 
 #include "common/glm5_next_test_model.h"
 #include "image_decode.h"
-#include "image_modality.h"
 #include "image_processor.h"
 #include "kiln/modality.h"
 #include "plugin/plugin_loader.h"
@@ -41,8 +42,8 @@ void load_plugin() {
 
 LoadedModel load_e2e_model() {
   auto recipe = load_recipe("",
-                            {"model.path=" + (data_dir() / "tower-e2e").string(), "model.device=cpu",
-                             "kv.layout=fp32", "kv.block_size=16", "model.threads=1"},
+                            {"model.path=" + (data_dir() / "tower-e2e").string(), "model.device=cpu", "kv.layout=fp32",
+                             "kv.block_size=16", "model.threads=1"},
                             global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, global_registry(), {});
@@ -98,8 +99,8 @@ TEST(ImageModality, ThePluginRegistersImageAndEncodesAPng) {
   ASSERT_EQ(e->num_embeddings, n);
   ASSERT_EQ(e->first_placeholder, 1);
   ASSERT_EQ(static_cast<int64_t>(e->tokens.size()), n + 2);
-  EXPECT_EQ(e->tokens.front(), 486);  // <|begin_of_image|> in this checkpoint's config
-  EXPECT_EQ(e->tokens.back(), 487);   // <|end_of_image|>
+  EXPECT_EQ(e->tokens.front(), 486);                              // <|begin_of_image|> in this checkpoint's config
+  EXPECT_EQ(e->tokens.back(), 487);                               // <|end_of_image|>
   for (int64_t i = 1; i <= n; ++i) EXPECT_EQ(e->tokens[i], 510);  // <|image|>
   ASSERT_EQ(e->embeddings.size(), static_cast<size_t>(n * m.info.hidden_size));
   EXPECT_EQ(e->embeddings, *rows);
@@ -133,8 +134,8 @@ TEST(ImageModality, ACheckpointWithoutATowerIsRefusedAtCreation) {
   // Checked from headers only (recipe check): nothing is loaded until the first image.
   auto checked = make_image_modality((data_dir() / "tower-e2e").string(), 32, false);
   ASSERT_TRUE(checked.ok()) << checked.status().to_string();
-  auto e = (*checked)->encode(MediaItem{"image/png", testing::read_bytes(data_dir() / "images/tiny_rgb.png")},
-                              Stream{});
+  auto e =
+      (*checked)->encode(MediaItem{"image/png", testing::read_bytes(data_dir() / "images/tiny_rgb.png")}, Stream{});
   EXPECT_TRUE(e.ok()) << e.status().to_string();
 }
 

@@ -51,12 +51,12 @@ class ImageServer : public ::testing::Test {
     }();
     ASSERT_TRUE(loaded.ok()) << loaded.to_string();
     const fs::path dir = data_dir() / "tower-e2e";
-    auto recipe = load_recipe("",
-                              {"model.path=" + dir.string(), "model.device=cpu", "kv.layout=fp32",
-                               "kv.block_size=16", "scheduler.max_model_len=512", "scheduler.max_num_seqs=2",
-                               "scheduler.max_num_batched_tokens=512", "model.threads=1", "media.modality=image",
-                               "media.max_images=2"},
-                              global_registry());
+    auto recipe =
+        load_recipe("",
+                    {"model.path=" + dir.string(), "model.device=cpu", "kv.layout=fp32", "kv.block_size=16",
+                     "scheduler.max_model_len=512", "scheduler.max_num_seqs=2", "scheduler.max_num_batched_tokens=512",
+                     "model.threads=1", "media.modality=image", "media.max_images=2"},
+                    global_registry());
     ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
     recipe_ = std::move(recipe).value();
     auto m = load_model(recipe_, global_registry());
@@ -92,7 +92,9 @@ class ImageServer : public ::testing::Test {
     return r ? Json::parse(r->body, nullptr, false) : Json();
   }
   static Json chat(const std::vector<Json>& parts) {
-    return {{"model", "tiny-vision"}, {"max_tokens", 4}, {"temperature", 0},
+    return {{"model", "tiny-vision"},
+            {"max_tokens", 4},
+            {"temperature", 0},
             {"messages", Json::array({{{"role", "user"}, {"content", parts}}})}};
   }
   static Json text(const std::string& t) { return {{"type", "text"}, {"text", t}}; }
@@ -116,18 +118,22 @@ TEST_F(ImageServer, APngInChatCompletionsIsAnsweredAndItsTokensCounted) {
   EXPECT_EQ(with["usage"]["prompt_tokens"].get<int>() - without["usage"]["prompt_tokens"].get<int>(), 20 + 2)
       << with["usage"].dump() << " vs " << without["usage"].dump();
   // Two images fit media.max_images = 2.
-  const Json two = post(chat({image(png_url("tiny_rgb.png")), text("and"), image(png_url("palette_trns.png"))}), status);
+  const Json two =
+      post(chat({image(png_url("tiny_rgb.png")), text("and"), image(png_url("palette_trns.png"))}), status);
   EXPECT_EQ(status, 200) << two.dump();
 }
 
 TEST_F(ImageServer, TheResponsesApiTakesAnInputImage) {
   httplib::Client c("127.0.0.1", server_->port());
   c.set_read_timeout(120, 0);
-  const Json body = {{"model", "tiny-vision"}, {"max_output_tokens", 4}, {"temperature", 0},
-                     {"input", Json::array({{{"role", "user"},
-                                             {"content", Json::array({{{"type", "input_text"}, {"text", "Look: "}},
-                                                                      {{"type", "input_image"},
-                                                                       {"image_url", png_url("tiny_rgb.png")}}})}}})}};
+  const Json body = {
+      {"model", "tiny-vision"},
+      {"max_output_tokens", 4},
+      {"temperature", 0},
+      {"input",
+       Json::array({{{"role", "user"},
+                     {"content", Json::array({{{"type", "input_text"}, {"text", "Look: "}},
+                                              {{"type", "input_image"}, {"image_url", png_url("tiny_rgb.png")}}})}}})}};
   auto r = c.Post("/v1/responses", body.dump(), "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
@@ -145,8 +151,7 @@ TEST_F(ImageServer, TooManyImagesAndCorruptImagesAre400sNamingThePart) {
 
   std::vector<uint8_t> png = testing::read_bytes(data_dir() / "images/tiny_rgb.png");
   png.resize(png.size() - 40);
-  const Json corrupt =
-      post(chat({text("look"), image("data:image/png;base64," + base64(png))}), status);
+  const Json corrupt = post(chat({text("look"), image("data:image/png;base64," + base64(png))}), status);
   EXPECT_EQ(status, 400) << corrupt.dump();
   EXPECT_EQ(corrupt["error"]["param"], "messages[0].content[1]") << corrupt.dump();
   EXPECT_EQ(corrupt["error"]["message"].get<std::string>().rfind("messages[0].content[1]: ", 0), 0u) << corrupt.dump();

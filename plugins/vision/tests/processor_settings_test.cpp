@@ -1,12 +1,12 @@
 // preprocessor_config.json as the image modality reads it: absent → Glm5NextImageProcessor's defaults; present →
 // its canvas budget and mean/std; sizes that disagree with the tower, and steps turned off, refused by name.
+#include "processor_settings.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
-
-#include "processor_settings.h"
 
 namespace kiln::vision {
 namespace {

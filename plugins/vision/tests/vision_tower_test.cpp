@@ -6,6 +6,8 @@
 // Tolerance: max|Δ| / max|ref| < 1e-5. Both sides are fp32 with the same operations; what differs is summation
 // order (SIMD dot products here, MKL/oneDNN blocking in torch) and libm's exp/erf/cos, which leave relative
 // differences of a few 1e-7 per operation; through 1–3 blocks and the merger the measured worst case is printed.
+#include "vision_tower.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -16,7 +18,6 @@
 #include "tensor_file.h"
 #include "vision_config.h"
 #include "vision_test_support.h"
-#include "vision_tower.h"
 #include "vision_weights.h"
 
 namespace kiln::vision {
@@ -29,7 +30,8 @@ std::vector<float> synthetic_pixels(int64_t patches, int64_t patch_dim, int64_t 
   std::vector<float> v(static_cast<size_t>(patches * patch_dim));
   for (int64_t p = 0; p < patches; ++p)
     for (int64_t j = 0; j < patch_dim; ++j)
-      v[p * patch_dim + j] = static_cast<float>(static_cast<double>((p * 7919 + j * 104729 + seed * 31) % 2001) / 1000.0 - 1.0);
+      v[p * patch_dim + j] =
+          static_cast<float>(static_cast<double>((p * 7919 + j * 104729 + seed * 31) % 2001) / 1000.0 - 1.0);
   return v;
 }
 
