@@ -24,6 +24,9 @@ struct ModelInfo {
   int64_t moe_intermediate_size = 0;
   int64_t index_head_dim = 0;    // DSA indexer key width (0 = no indexer)
   int64_t max_position_embeddings = 0;
+  // The checkpoint folder (config.json, *.safetensors), for plugins that read parts of the checkpoint the core does
+  // not load, such as a modality's vision tower; empty where no model folder is known.
+  std::string checkpoint_dir;
 };
 
 }  // namespace kiln

@@ -10,7 +10,7 @@ class TextModality final : public Modality {
   Result<MediaEmbedding> encode(const MediaItem& item, Stream) override {
     return unimplemented("the `text` modality accepts no media (got " +
                          (item.mime_type.empty() ? std::string("an item without a MIME type") : item.mime_type) +
-                         "); set `[media] modality` to a vision plugin such as `vision` to send images");
+                         "); set `[media] modality = \"image\"` (plugin vision) to send images");
   }
 };
 

@@ -60,6 +60,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   LoadedModel m;
   KILN_ASSIGN_OR_RETURN(m.arch, load_architecture(dir / "config.json"));
   m.info = m.arch->info();
+  m.info.checkpoint_dir = dir.string();
   KILN_ASSIGN_OR_RETURN(const DeviceType device, resolve_device(recipe, registry, *m.arch));
   const bool dummy = model.get_string("load") == "dummy";
   if (dummy && device == DeviceType::kCpu)

@@ -119,7 +119,7 @@ std::vector<CoreSection> build() {
                  boolean("prefix_caching", true, "reuse KV blocks of shared prompt prefixes")}},
                std::nullopt});
   s.push_back({"media", "non-text inputs",
-               {{str("modality", "text", "modality plugin: text, vision"),
+               {{str("modality", "text", "modality plugin: text, image (plugin vision)"),
                  integer("max_images", 16, "images per request", 0, 1024),
                  boolean("video", false, "accept video input: true is refused unless the modality accepts video")}},
                "modality", PluginKind::kModality});

@@ -147,6 +147,7 @@ class Checker {
     if (!arch.ok()) return problem(about(model, "path", arch.status()));
     arch_ = std::move(arch).value();
     info_ = arch_->info();
+    info_.checkpoint_dir = dir.string();
     if (model.get_string("load") == "mmap" && !fs::exists(dir / Checkpoint::kSingleFileName, ec) &&
         !fs::exists(dir / Checkpoint::kIndexFileName, ec))
       problem(about(model, "path",

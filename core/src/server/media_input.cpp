@@ -62,10 +62,14 @@ std::optional<ApiError> MediaInput::build_prompt(const Tokenizer& tokenizer, std
     const std::string& first = media.front().field;
     if (!options_.modality)
       return bad_request(first + ": this server takes no media", first);
-    if (static_cast<int64_t>(media.size()) > options_.max_images)
-      return bad_request("the request has " + std::to_string(media.size()) + " images; this server takes at most " +
-                             std::to_string(options_.max_images) + " (media.max_images)",
-                         "messages");
+    if (static_cast<int64_t>(media.size()) > options_.max_images) {
+      // Named by the first part over the limit, so the client sees which image to drop.
+      const std::string& over = media[static_cast<std::size_t>(std::max<int64_t>(options_.max_images, 0))].field;
+      return bad_request(over + ": the request has " + std::to_string(media.size()) +
+                             " images; this server takes at most " + std::to_string(options_.max_images) +
+                             " (media.max_images)",
+                         over);
+    }
   }
   std::vector<MediaEmbedding> encoded(media.size());
   std::vector<uint64_t> hashes(media.size());

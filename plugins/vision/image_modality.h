@@ -1,0 +1,53 @@
+// The `image` modality: an image part's bytes → decode (PNG, JPEG, WebP) → the glm5_next image processor → the
+// vision tower on the CPU → the prompt tokens <|begin_of_image|>, one <|image|> per merged embedding,
+// <|end_of_image|>, and the embedding rows for the placeholders.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "encode_cache.h"
+#include "image_processor.h"
+#include "kiln/modality.h"
+#include "tensor_file.h"
+#include "vision_config.h"
+#include "vision_weights.h"
+
+namespace kiln::vision {
+
+class ImageModality final : public Modality {
+ public:
+  // `weights` loaded, or (when the modality is made only to be checked, e.g. by `kiln recipe check`) left empty and
+  // read from `tensors` on the first encode.
+  ImageModality(VisionConfig config, ImageProcessorConfig processor, CheckpointTensors tensors,
+                std::optional<VisionWeights> weights, uint64_t cache_bytes);
+
+  std::vector<std::string> accepted_mime_types() const override;
+  Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) override;
+
+  const VisionConfig& config() const { return config_; }
+  const ImageProcessorConfig& processor_config() const { return processor_; }
+  // Images that went through the tower, and repeats answered from the encode cache.
+  uint64_t tower_runs() const { return tower_runs_; }
+  uint64_t cache_hits() const { return cache_.hits(); }
+
+ private:
+  VisionConfig config_;
+  ImageProcessorConfig processor_;
+  CheckpointTensors tensors_;
+  std::once_flag load_once_;
+  Status load_status_;
+  std::optional<VisionWeights> weights_;
+  EncodeCache cache_;
+  std::atomic<uint64_t> tower_runs_{0};
+};
+
+// The modality for the checkpoint folder `dir` (config.json + safetensors); `load_weights` false reads only the
+// safetensors headers (every tower tensor present with its shape) and defers the weights to the first image.
+// `cache_mib`: MiB of recent encodings kept for repeated images (0 = none).
+Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
+                                                           bool load_weights, int64_t cache_mib = 0);
+
+}  // namespace kiln::vision

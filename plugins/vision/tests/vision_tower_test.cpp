@@ -1,0 +1,196 @@
+// The CPU vision tower against transformers 5.17 (Glm5NextModel.get_image_features) on tiny random towers
+// (tests/data/tower-*, made by tools/make_vision_tower_fixtures.py): patch sizes 14, 4 and 2; 2, 3 and 4 heads;
+// depths 1–3; square, wide and tall grids; several images per call, and a two-frame entry whose frames attend
+// separately. Weights are bf16 values, computed in fp32 on both sides.
+//
+// Tolerance: max|Δ| / max|ref| < 1e-5. Both sides are fp32 with the same operations; what differs is summation
+// order (SIMD dot products here, MKL/oneDNN blocking in torch) and libm's exp/erf/cos, which leave relative
+// differences of a few 1e-7 per operation; through 1–3 blocks and the merger the measured worst case is printed.
+#include "vision_tower.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "tensor_file.h"
+#include "vision_config.h"
+#include "vision_test_support.h"
+#include "vision_weights.h"
+
+namespace kiln::vision {
+namespace {
+
+using testing::data_dir;
+
+// tools/make_vision_tower_fixtures.py pixel_values(): integers mapped to [-1, 1], double then float.
+std::vector<float> synthetic_pixels(int64_t patches, int64_t patch_dim, int64_t seed) {
+  std::vector<float> v(static_cast<size_t>(patches * patch_dim));
+  for (int64_t p = 0; p < patches; ++p)
+    for (int64_t j = 0; j < patch_dim; ++j)
+      v[p * patch_dim + j] =
+          static_cast<float>(static_cast<double>((p * 7919 + j * 104729 + seed * 31) % 2001) / 1000.0 - 1.0);
+  return v;
+}
+
+struct TowerFixture {
+  VisionConfig config;
+  VisionWeights weights;
+  CheckpointTensors reference;
+  int64_t seed = 0;
+};
+
+TowerFixture load_fixture(const std::string& name) {
+  TowerFixture f;
+  const auto dir = data_dir() / name;
+  std::ifstream in(dir / "config.json");
+  auto config = parse_vision_config(nlohmann::json::parse(in));
+  EXPECT_TRUE(config.ok()) << config.status().to_string();
+  f.config = *config;
+  auto tensors = CheckpointTensors::open(dir);
+  EXPECT_TRUE(tensors.ok()) << tensors.status().to_string();
+  auto weights = load_vision_weights(*tensors, f.config);
+  EXPECT_TRUE(weights.ok()) << weights.status().to_string();
+  f.weights = std::move(weights).value();
+  auto ref = CheckpointTensors::open_file(dir / "reference.safetensors");
+  EXPECT_TRUE(ref.ok()) << ref.status().to_string();
+  f.reference = std::move(ref).value();
+  return f;
+}
+
+std::vector<std::array<int64_t, 3>> read_grids(const CheckpointTensors& ref, const std::string& name) {
+  const StoredTensor* t = ref.find(name);
+  std::vector<std::array<int64_t, 3>> grids;
+  if (t == nullptr || t->dtype != "I32") return grids;
+  std::vector<int32_t> v((t->end - t->begin) / 4);
+  std::ifstream in(t->file, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(t->begin));
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  for (size_t i = 0; i + 2 < v.size(); i += 3) grids.push_back({v[i], v[i + 1], v[i + 2]});
+  return grids;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(got[i]) - want[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return worst / scale;
+}
+
+class VisionTower : public ::testing::TestWithParam<std::pair<std::string, int64_t>> {};
+
+TEST_P(VisionTower, EmbeddingsMatchTransformers) {
+  const auto [name, seed] = GetParam();
+  TowerFixture f = load_fixture(name);
+  for (int call = 0;; ++call) {
+    const std::string key = "tower_" + std::to_string(call);
+    const auto grids = read_grids(f.reference, key + "_grid");
+    if (grids.empty()) {
+      EXPECT_GE(call, 2) << name << ": the fixture should hold at least two tower calls";
+      break;
+    }
+    int64_t patches = 0;
+    for (const auto& g : grids) patches += g[0] * g[1] * g[2];
+    const auto pixels = synthetic_pixels(patches, f.config.patch_dim(), seed + call);
+    auto got = run_vision_tower(f.config, f.weights, pixels, grids);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    const int64_t tokens = patches / (f.config.spatial_merge_size * f.config.spatial_merge_size);
+    auto want = f.reference.read(key + "_embeddings", {tokens, f.config.out_hidden_size});
+    ASSERT_TRUE(want.ok()) << want.status().to_string();
+    const double err = relative_error(*got, *want);
+    std::printf("%s call %d (%zu images, %lld patches): max|Δ| / max|ref| = %.3g\n", name.c_str(), call, grids.size(),
+                static_cast<long long>(patches), err);
+    EXPECT_LT(err, 1e-5) << name << " call " << call;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, VisionTower,
+                         ::testing::Values(std::make_pair(std::string("tower-e2e"), int64_t{5101}),
+                                           std::make_pair(std::string("tower-heads4"), int64_t{5202}),
+                                           std::make_pair(std::string("tower-heads3"), int64_t{5303})),
+                         [](const auto& info) {
+                           std::string n = info.param.first;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// One image alone equals the same image inside a batch of several (segments keep images apart).
+TEST(VisionTowerSegments, AnImageAloneEqualsItInABatch) {
+  TowerFixture f = load_fixture("tower-heads4");
+  const std::vector<std::array<int64_t, 3>> both = {{1, 4, 4}, {1, 2, 6}};
+  const int64_t pd = f.config.patch_dim();
+  const auto pixels = synthetic_pixels(28, pd, 9);
+  auto together = run_vision_tower(f.config, f.weights, pixels, both);
+  ASSERT_TRUE(together.ok());
+  const std::vector<std::array<int64_t, 3>> second = {{1, 2, 6}};
+  auto alone = run_vision_tower(f.config, f.weights, std::span<const float>(pixels).subspan(16 * pd), second);
+  ASSERT_TRUE(alone.ok());
+  const int64_t out = f.config.out_hidden_size;
+  ASSERT_EQ(alone->size(), static_cast<size_t>(3 * out));
+  for (int64_t i = 0; i < 3 * out; ++i) EXPECT_EQ((*alone)[i], (*together)[4 * out + i]) << i;
+}
+
+// Each row's sums run in one thread in a fixed order: the team size changes no bit.
+TEST(VisionTowerSegments, TheThreadCountChangesNothing) {
+  TowerFixture f = load_fixture("tower-heads3");
+  const std::vector<std::array<int64_t, 3>> grids = {{1, 8, 8}, {1, 2, 14}};
+  const auto pixels = synthetic_pixels(92, f.config.patch_dim(), 3);
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto one = run_vision_tower(f.config, f.weights, pixels, grids);
+  omp_set_num_threads(3);
+  auto three = run_vision_tower(f.config, f.weights, pixels, grids);
+  omp_set_num_threads(before);
+  ASSERT_TRUE(one.ok() && three.ok());
+  EXPECT_EQ(*one, *three);
+}
+
+TEST(VisionTowerSegments, BadGridsAreErrors) {
+  TowerFixture f = load_fixture("tower-heads4");
+  const std::vector<float> pixels(static_cast<size_t>(6 * f.config.patch_dim()));
+  const std::vector<std::array<int64_t, 3>> odd = {{1, 2, 3}};
+  auto r = run_vision_tower(f.config, f.weights, pixels, odd);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("merge blocks"), std::string::npos) << r.status().message();
+  const std::vector<std::array<int64_t, 3>> bigger = {{1, 4, 4}};
+  EXPECT_FALSE(run_vision_tower(f.config, f.weights, pixels, bigger).ok());
+}
+
+TEST(VisionWeights, MissingOrMisshapenTensorsAreNamed) {
+  auto tensors = CheckpointTensors::open(data_dir() / "tower-heads4");
+  ASSERT_TRUE(tensors.ok());
+  std::ifstream in(data_dir() / "tower-heads4" / "config.json");
+  VisionConfig c = *parse_vision_config(nlohmann::json::parse(in));
+  EXPECT_TRUE(check_vision_weights(*tensors, c).ok());
+  c.depth = 2;  // one block more than stored
+  Status s = check_vision_weights(*tensors, c);
+  EXPECT_NE(s.message().find("model.visual.blocks.1.norm1.weight"), std::string::npos) << s.message();
+  c.depth = 1, c.intermediate_size = 41;
+  s = check_vision_weights(*tensors, c);
+  EXPECT_NE(s.message().find("mlp.gate_proj.weight is [40, 32]"), std::string::npos) << s.message();
+}
+
+TEST(VisionConfigParse, RefusesWhatTheTowerCannotRun) {
+  auto base = nlohmann::json::parse(std::ifstream(data_dir() / "tower-heads4" / "config.json"));
+  EXPECT_TRUE(parse_vision_config(base).ok());
+  auto no_vision = base;
+  no_vision.erase("vision_config");
+  EXPECT_NE(parse_vision_config(no_vision).status().message().find("no vision_config"), std::string::npos);
+  auto other = base;
+  other["model_type"] = "glm4_moe_lite";
+  EXPECT_FALSE(parse_vision_config(other).ok());
+  auto act = base;
+  act["vision_config"]["hidden_act"] = "gelu";
+  EXPECT_NE(parse_vision_config(act).status().message().find("hidden_act"), std::string::npos);
+  auto heads = base;
+  heads["vision_config"]["num_heads"] = 3;  // 32 / 3
+  EXPECT_FALSE(parse_vision_config(heads).ok());
+}
+
+}  // namespace
+}  // namespace kiln::vision
