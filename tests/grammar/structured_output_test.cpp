@@ -142,6 +142,9 @@ TEST(StructuredOutput, UnusableSchemasAreRefusedWithAReason) {
     ASSERT_FALSE(c.ok()) << bad;
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(c.status().message().empty());
+    // The reason, not xgrammar's log prefix (time, source file and line).
+    EXPECT_EQ(c.status().message().find(".cc:"), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message()[0], '[') << c.status().message();
   }
   EXPECT_FALSE(f.out.glm_tool_call(kTools, "nope").ok());
 }

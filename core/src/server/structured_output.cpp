@@ -1,6 +1,7 @@
 #include "server/structured_output.h"
 
 #include <algorithm>
+#include <cctype>
 #include <thread>
 #include <xgrammar/xgrammar.h>
 
@@ -29,7 +30,35 @@ class XgrammarConstraint final : public TokenConstraint {
   XgrammarConstraint(const xgrammar::CompiledGrammar& grammar, int32_t vocab_size)
       : matcher_(grammar), words_(xgrammar::GetBitmaskSize(vocab_size)), scratch_(words_) {}
 
+  // These run on the engine's thread, where an exception would end the process: a failure inside xgrammar becomes
+  // an empty mask or a refused token instead, and the engine ends the request with an error.
   void fill_allowed(std::span<uint32_t> mask) override {
+    std::fill(mask.begin(), mask.end(), 0u);
+    try {
+      fill(mask);
+    } catch (const std::exception&) {
+      std::fill(mask.begin(), mask.end(), 0u);
+    }
+  }
+  bool accept(int32_t token) override {
+    try {
+      return !broken_ && token >= 0 && matcher_.AcceptToken(token);
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  void rollback(int num_tokens) override {
+    try {
+      matcher_.Rollback(num_tokens);
+    } catch (const std::exception&) {
+      broken_ = true;  // a state we cannot trust: refuse everything from now on
+    }
+  }
+  bool terminated() const override { return matcher_.IsTerminated(); }
+
+ private:
+  void fill(std::span<uint32_t> mask) {
+    if (broken_) return;
     int64_t shape[1] = {words_};
     DLTensor t{};
     t.data = scratch_.data();
@@ -40,17 +69,24 @@ class XgrammarConstraint final : public TokenConstraint {
     matcher_.FillNextTokenBitmask(&t);
     const size_t n = std::min(mask.size(), scratch_.size());
     std::copy_n(reinterpret_cast<const uint32_t*>(scratch_.data()), n, mask.begin());
-    std::fill(mask.begin() + n, mask.end(), 0u);
   }
-  bool accept(int32_t token) override { return token >= 0 && matcher_.AcceptToken(token); }
-  void rollback(int num_tokens) override { matcher_.Rollback(num_tokens); }
-  bool terminated() const override { return matcher_.IsTerminated(); }
 
- private:
   xgrammar::GrammarMatcher matcher_;
+  bool broken_ = false;
   int32_t words_;
   std::vector<int32_t> scratch_;
 };
+
+// xgrammar's messages start with its log prefix ("[12:00:00] /path/file.cc:123: "), which means nothing to a client.
+std::string without_log_prefix(std::string message) {
+  if (!message.empty() && message[0] == '[') {
+    const size_t source = message.find(".cc:");
+    const size_t colon = source == std::string::npos ? source : message.find(": ", source + 4);
+    if (colon != std::string::npos) message.erase(0, colon + 2);
+  }
+  while (!message.empty() && std::isspace(static_cast<unsigned char>(message.back()))) message.pop_back();
+  return message;
+}
 
 // xgrammar reports a grammar it cannot build by throwing; the message says what is wrong with it.
 template <typename Compile>
@@ -59,7 +95,7 @@ Result<std::shared_ptr<TokenConstraint>> make_constraint(Compile&& compile, int3
     xgrammar::CompiledGrammar grammar = compile();
     return std::shared_ptr<TokenConstraint>(std::make_shared<XgrammarConstraint>(grammar, vocab_size));
   } catch (const std::exception& e) {
-    return invalid_argument(e.what());
+    return invalid_argument(without_log_prefix(e.what()));
   }
 }
 
