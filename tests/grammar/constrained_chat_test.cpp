@@ -4,14 +4,13 @@
 // forced tool calls must name a tool and carry schema-valid arguments, bad formats are 400s naming the field, and
 // MTP drafting leaves constrained greedy output unchanged, token for token.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/engine_factory.h"
 #include "grammar/schema_check.h"
@@ -42,9 +41,13 @@ void load_mtp_plugin() {
 class TinyServer {
  public:
   explicit TinyServer(int mtp_depth = 0) {
-    std::vector<std::string> sets = {"model.path=" + kModelDir.string(), "kv.layout=fp32", "kv.block_size=16",
-                                     "scheduler.max_model_len=1024", "scheduler.max_num_seqs=4",
-                                     "scheduler.max_num_batched_tokens=256", "model.threads=1"};
+    std::vector<std::string> sets = {"model.path=" + kModelDir.string(),
+                                     "kv.layout=fp32",
+                                     "kv.block_size=16",
+                                     "scheduler.max_model_len=1024",
+                                     "scheduler.max_num_seqs=4",
+                                     "scheduler.max_num_batched_tokens=256",
+                                     "model.threads=1"};
     if (mtp_depth > 0) {
       load_mtp_plugin();
       sets.push_back("speculative.method=mtp");
@@ -95,14 +98,17 @@ class TinyServer {
   std::unique_ptr<HttpServer> server_;
 };
 
-json user(const std::string& text) { return json::array({{{"role", "user"}, {"content", text}}}); }
+json user(const std::string& text) {
+  return json::array({{{"role", "user"}, {"content", text}}});
+}
 
 json schema_request(const json& schema, const std::string& prompt, double temperature = 0.0, int seed = 0) {
   return {{"messages", user(prompt)},
           {"max_tokens", 400},
           {"temperature", temperature},
           {"seed", seed},
-          {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}, {"strict", true}}}}}};
+          {"response_format",
+           {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}, {"strict", true}}}}}};
 }
 
 // Schemas a weak model can finish inside max_tokens: strings and arrays are bounded (xgrammar enforces maxLength,
@@ -168,7 +174,9 @@ TEST(ConstrainedChat, JsonSchemaAnswersValidateGreedyAndSampled) {
 
 TEST(ConstrainedChat, JsonObjectIsAnObject) {
   TinyServer server;
-  json req = {{"messages", user("Give me a JSON object.")}, {"max_tokens", 400}, {"temperature", 0},
+  json req = {{"messages", user("Give me a JSON object.")},
+              {"max_tokens", 400},
+              {"temperature", 0},
               {"response_format", {{"type", "json_object"}}}};
   auto [status, body] = server.chat(req);
   ASSERT_EQ(status, 200) << body.dump();
@@ -203,7 +211,8 @@ json weather_tools() {
 std::string tool_call_problem(const json& body, const json& tools, const std::string& want_name) {
   if (!body.contains("choices")) return "no choices in " + body.dump();
   const json& choice = body["choices"][0];
-  if (choice["finish_reason"] != "tool_calls") return "finish_reason " + choice["finish_reason"].dump() + ": " + body.dump();
+  if (choice["finish_reason"] != "tool_calls")
+    return "finish_reason " + choice["finish_reason"].dump() + ": " + body.dump();
   const json& calls = choice["message"]["tool_calls"];
   if (!calls.is_array() || calls.size() != 1) return "not one tool call: " + body.dump();
   const std::string name = calls[0]["function"]["name"];
@@ -223,8 +232,11 @@ TEST(ConstrainedChat, NamedToolChoiceGivesSchemaValidArguments) {
   const json tools = weather_tools();
   for (const std::string name : {"get_weather", "set_alarm"})
     for (double temperature : {0.0, 1.0}) {
-      json req = {{"messages", user("What is the weather in Paris?")}, {"max_tokens", 200},
-                  {"temperature", temperature}, {"seed", 7}, {"tools", tools},
+      json req = {{"messages", user("What is the weather in Paris?")},
+                  {"max_tokens", 200},
+                  {"temperature", temperature},
+                  {"seed", 7},
+                  {"tools", tools},
                   {"tool_choice", {{"type", "function"}, {"function", {{"name", name}}}}}};
       auto [status, body] = server.chat(req);
       ASSERT_EQ(status, 200) << body.dump();
@@ -236,8 +248,12 @@ TEST(ConstrainedChat, RequiredToolChoiceCallsOneOfTheTools) {
   TinyServer server;
   const json tools = weather_tools();
   for (int seed : {0, 1, 2}) {
-    json req = {{"messages", user("Wake me at seven.")}, {"max_tokens", 200}, {"temperature", seed == 0 ? 0.0 : 1.0},
-                {"seed", seed}, {"tools", tools}, {"tool_choice", "required"}};
+    json req = {{"messages", user("Wake me at seven.")},
+                {"max_tokens", 200},
+                {"temperature", seed == 0 ? 0.0 : 1.0},
+                {"seed", seed},
+                {"tools", tools},
+                {"tool_choice", "required"}};
     auto [status, body] = server.chat(req);
     ASSERT_EQ(status, 200) << body.dump();
     EXPECT_EQ(tool_call_problem(body, tools, ""), "") << "seed " << seed;
@@ -272,8 +288,7 @@ TEST(ConstrainedChat, BadFormatsAreRefusedNamingTheField) {
                  with({{"type", "json_schema"}, {"json_schema", {{"name", 3}, {"schema", {{"type", "object"}}}}}}),
                  "response_format.json_schema.name", "string");
   expect_refused(
-      server,
-      with({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"}}}, {"strict", "yes"}}}}),
+      server, with({{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"}}}, {"strict", "yes"}}}}),
       "response_format.json_schema.strict", "boolean");
   // Schemas xgrammar cannot build: an unknown type, a reference to nothing, a minimum above the maximum.
   for (const char* bad : {R"({"type": "objekt"})", R"({"$ref": "#/$defs/missing"})",
@@ -303,9 +318,15 @@ TEST(ConstrainedChat, BadFormatsAreRefusedNamingTheField) {
 TEST(ConstrainedChat, MtpDraftingLeavesConstrainedGreedyOutputUnchanged) {
   std::vector<json> requests;
   for (const json& schema : test_schemas()) requests.push_back(schema_request(schema, "Describe a widget."));
-  requests.push_back({{"messages", user("Weather?")}, {"max_tokens", 200}, {"temperature", 0},
-                      {"tools", weather_tools()}, {"tool_choice", "required"}});
-  requests.push_back({{"messages", user("Alarm")}, {"max_tokens", 200}, {"temperature", 0}, {"tools", weather_tools()},
+  requests.push_back({{"messages", user("Weather?")},
+                      {"max_tokens", 200},
+                      {"temperature", 0},
+                      {"tools", weather_tools()},
+                      {"tool_choice", "required"}});
+  requests.push_back({{"messages", user("Alarm")},
+                      {"max_tokens", 200},
+                      {"temperature", 0},
+                      {"tools", weather_tools()},
                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "set_alarm"}}}}}});
   std::vector<json> plain, drafted;
   {
@@ -329,6 +350,18 @@ TEST(ConstrainedChat, MtpDraftingLeavesConstrainedGreedyOutputUnchanged) {
   const EngineMetrics m = server.metrics();
   EXPECT_GT(m.spec_draft_tokens, 0) << "nothing was drafted";
   EXPECT_GT(m.spec_accepted_tokens, 0) << "no draft was accepted";
+  // Sampled with drafting (rejection sampling against the masked target): still valid answers every time.
+  for (const json& schema : test_schemas())
+    for (int seed : {4, 5, 6}) {
+      auto [status, body] = server.chat(schema_request(schema, "Describe a widget.", 1.0, seed));
+      ASSERT_EQ(status, 200) << body.dump();
+      EXPECT_EQ(content_problem(body, schema), "") << schema.dump() << " seed " << seed;
+    }
+  json sampled_call = {{"messages", user("Alarm")}, {"max_tokens", 200}, {"temperature", 1.0}, {"seed", 8},
+                       {"tools", weather_tools()}, {"tool_choice", "required"}};
+  auto [status, body] = server.chat(sampled_call);
+  ASSERT_EQ(status, 200) << body.dump();
+  EXPECT_EQ(tool_call_problem(body, weather_tools(), ""), "");
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ const Tokenizer& tiny_tokenizer() {
 constexpr int64_t kVocab = 4096;  // tiny-glm's logits (its tokenizer has 4096 ids too)
 
 struct Fixture {
-  std::vector<int32_t> stops = {*tiny_tokenizer().token_to_id("<|user|>"), *tiny_tokenizer().token_to_id("<|observation|>")};
+  std::vector<int32_t> stops = {*tiny_tokenizer().token_to_id("<|user|>"),
+                                *tiny_tokenizer().token_to_id("<|observation|>")};
   StructuredOutput out{tiny_tokenizer(), kVocab, stops};
 };
 
@@ -52,7 +53,8 @@ TEST(StructuredOutput, SchemaTextIsAcceptedAndOnlyAStopTokenEndsIt) {
   Fixture f;
   auto c = f.out.json_schema(ojson::parse(R"({"type": "object", "properties": {
       "color": {"type": "string", "enum": ["red", "blue"]}, "n": {"type": "integer"}},
-      "required": ["color", "n"], "additionalProperties": false})"), true);
+      "required": ["color", "n"], "additionalProperties": false})"),
+                             true);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   TokenConstraint& k = **c;
   const std::string text = R"({"color": "red", "n": 42})";
@@ -71,7 +73,8 @@ TEST(StructuredOutput, SchemaTextIsAcceptedAndOnlyAStopTokenEndsIt) {
 TEST(StructuredOutput, RefusedTokensLeaveTheStateAndRollbackRestoresIt) {
   Fixture f;
   auto c = f.out.json_schema(ojson::parse(R"({"type": "object", "properties": {"a": {"type": "boolean"}},
-      "required": ["a"], "additionalProperties": false})"), true);
+      "required": ["a"], "additionalProperties": false})"),
+                             true);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   TokenConstraint& k = **c;
   const std::vector<uint32_t> initial = mask_of(k);
@@ -107,8 +110,9 @@ TEST(StructuredOutput, GlmToolCallsParseToSchemaValidArguments) {
   Fixture f;
   auto named = f.out.glm_tool_call(kTools, "get_weather");
   ASSERT_TRUE(named.ok()) << named.status().to_string();
-  const std::string args = "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3"
-                           "</arg_value></tool_call>";
+  const std::string args =
+      "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3"
+      "</arg_value></tool_call>";
   EXPECT_EQ(feed(**named, args), tiny_tokenizer().encode(args).size());
   EXPECT_TRUE(token_allowed(mask_of(**named).data(), f.stops[1]));
   // What the grammar allows is what the tool parser turns into arguments.

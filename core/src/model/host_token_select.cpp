@@ -163,7 +163,8 @@ Status select_tokens_host(const float* logits, int64_t vocab, std::span<const in
   }
   std::vector<int32_t> tokens(plan.seqs.size() * (plan.max_drafts + 1)), accepted(plan.seqs.size());
   cpu::SelectArgs a{};
-  a.logits = select_logits, a.vocab = vocab, a.seqs = plan.seqs.data(), a.num_seqs = static_cast<int64_t>(plan.seqs.size());
+  a.logits = select_logits, a.vocab = vocab;
+  a.seqs = plan.seqs.data(), a.num_seqs = static_cast<int64_t>(plan.seqs.size());
   a.drafts = plan.drafts.data(), a.q_ids = plan.q_ids, a.q_probs = plan.q_probs, a.q_width = plan.q_width;
   a.uniforms = plan.uniforms.data(), a.tokens = tokens.data(), a.accepted = accepted.data(), a.max_drafts = plan.max_drafts;
   KILN_RETURN_IF_ERROR(cpu::select_tokens(a));

@@ -9,15 +9,18 @@ using ojson = nlohmann::ordered_json;
 std::optional<ApiError> read_response_format(const ServerContext& ctx, const ojson& format, const std::string& field,
                                              bool nested, GenerationRequest& request) {
   if (format.is_null()) return std::nullopt;
-  if (!format.is_object()) return bad_request("'" + field + "' must be an object, got " + json_type_phrase(format), field);
+  if (!format.is_object())
+    return bad_request("'" + field + "' must be an object, got " + json_type_phrase(format), field);
   const auto type_it = format.find("type");
   if (type_it == format.end() || !type_it->is_string())
-    return bad_request("'" + field + ".type' is required: \"text\", \"json_object\" or \"json_schema\"", field + ".type");
+    return bad_request("'" + field + ".type' is required: \"text\", \"json_object\" or \"json_schema\"",
+                       field + ".type");
   const std::string type = type_it->get<std::string>();
   if (type == "text") return std::nullopt;
   if (type != "json_object" && type != "json_schema")
-    return bad_request("'" + field + ".type' must be \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"",
-                       field + ".type");
+    return bad_request(
+        "'" + field + ".type' must be \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"",
+        field + ".type");
   if (!ctx.structured_output)
     return bad_request(field + " " + type +
                            ": constrained decoding runs on CPU recipes only for now (this model's device selects "

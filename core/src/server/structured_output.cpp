@@ -1,9 +1,10 @@
 #include "server/structured_output.h"
 
+#include <xgrammar/xgrammar.h>
+
 #include <algorithm>
 #include <cctype>
 #include <thread>
-#include <xgrammar/xgrammar.h>
 
 namespace kiln {
 
@@ -166,9 +167,8 @@ Result<std::shared_ptr<TokenConstraint>> StructuredOutput::json_schema(const ojs
 Result<std::shared_ptr<TokenConstraint>> StructuredOutput::glm_tool_call(const ojson& tools, const std::string& name) {
   ojson format;
   if (!name.empty()) {
-    const auto tool = std::find_if(tools.begin(), tools.end(), [&](const ojson& t) {
-      return t["function"]["name"] == name;
-    });
+    const auto tool =
+        std::find_if(tools.begin(), tools.end(), [&](const ojson& t) { return t["function"]["name"] == name; });
     if (tool == tools.end()) return invalid_argument("no tool named \"" + name + "\"");
     format = {{"type", "sequence"},
               {"elements", ojson::array({glm_arguments(function_parameters(*tool)),
