@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for kiln: installs the build dependencies (Debian packages listed in
 # .ci/apt-packages.txt), configures and builds into ./build. CUDA code is built when nvcc is found.
+# Configuring fetches the one source dependency that Debian does not package, xgrammar (constrained decoding), as its
+# pinned PyPI sdist with a checked SHA-256, into .deps/ (gitignored; cmake/Xgrammar.cmake), once per checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts `kiln serve` on a free loopback port and drives it with the official `openai` Python client
-# (tools/openai_client_test.py: chat, streaming, prefill progress, tools round trip, Responses, a bad request), then sends
+# (tools/openai_client_test.py: chat, streaming, prefill progress, tools round trip, Responses, structured output and
+# constrained tool_choice, bad requests), then sends
 # SIGTERM and checks that the server drains and exits cleanly. Exits 77 (skipped) without the openai package.
 set -u
 kiln=$1 recipe=$2 client=$3

@@ -54,6 +54,37 @@ TEST_F(ServerTest, WrongTypesNameTheField) {
   EXPECT_TRUE(engine_.submitted().empty());
 }
 
+// The fake engine applies no token masks, as a device recipe's does not yet: JSON formats are refused naming the field
+// (no request reaches the engine), while a forced tool call keeps its unconstrained prefill.
+TEST_F(ServerTest, ConstrainedDecodingIsRefusedWhereTheEngineAppliesNoMasks) {
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  json error =
+      expect_error(post("/v1/chat/completions",
+                        {{"messages", messages()},
+                         {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", schema}}}}}}),
+                   400, "response_format");
+  EXPECT_NE(error["message"].get<std::string>().find("CPU recipes only"), std::string::npos) << error;
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"response_format", {{"type", "json_object"}}}}),
+               400, "response_format");
+  expect_error(post("/v1/responses", {{"input", "hi"}, {"text", {{"format", {{"type", "json_object"}}}}}}), 400,
+               "text.format");
+  EXPECT_TRUE(engine_.submitted().empty());
+  // A text format is no constraint at all.
+  auto res = post("/v1/chat/completions", {{"messages", messages()}, {"response_format", {{"type", "text"}}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  const json tools =
+      json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])");
+  res = post("/v1/chat/completions", {{"messages", messages()},
+                                      {"tools", tools},
+                                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  ASSERT_EQ(engine_.submitted().size(), 2u);
+  EXPECT_EQ(engine_.submitted()[0].constraint, nullptr);
+  EXPECT_EQ(engine_.submitted()[1].constraint, nullptr);
+}
+
 TEST_F(ServerTest, UnknownModelIs404) {
   json error = expect_error(post("/v1/chat/completions", {{"model", "gpt-9"}, {"messages", messages()}}), 404, "model");
   EXPECT_EQ(error["code"], "model_not_found");

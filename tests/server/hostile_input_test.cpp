@@ -128,9 +128,9 @@ TEST_F(HostileInput, NonStringTypeFieldsAre400) {
                            {{"messages", messages()}, {"tools", tools}, {"tool_choice", {{"type", json::array()}}}}),
                       400, "tool_choice");
   expect_client_error(post("/v1/chat/completions", {{"messages", messages()}, {"response_format", {{"type", 5}}}}), 400,
-                      "response_format");
+                      "response_format.type");
   expect_client_error(post("/v1/responses", {{"input", "hi"}, {"text", {{"format", {{"type", false}}}}}}), 400,
-                      "text.format");
+                      "text.format.type");
   expect_client_error(post("/v1/responses", {{"input", "hi"}, {"text", {{"format", "json"}}}}), 400, "text.format");
   expect_client_error(post("/v1/responses", {{"input", "hi"}, {"text", 3}}), 400, "text");
   expect_client_error(

@@ -175,6 +175,19 @@ TEST(GlmToolCallParser, SchemaStringKeepsNumericLookingText) {
   EXPECT_EQ(ordered_json::parse(s.arguments[0])["city"], "1984");
 }
 
+TEST(GlmToolCallParser, WhitespaceAroundAStringValueIsLayoutInAnyChunking) {
+  // What a grammar in xgrammar's glm_xml style allows: whitespace between <arg_value> and the value, and after it.
+  const std::string text = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>\n  New  York \n\t</arg_value>"
+                           "<arg_key>days</arg_key><arg_value> 2\n</arg_value></tool_call>";
+  for (size_t chunk : {text.size(), size_t{1}, size_t{3}}) {
+    GlmToolCallParser parser(kTools, counter_ids());
+    ParsedStream s = run_parser(parser, text, chunk);
+    ASSERT_EQ(s.arguments.size(), 1u) << chunk;
+    EXPECT_EQ(ordered_json::parse(s.arguments[0]), ordered_json::parse(R"({"city": "New  York", "days": 2})"))
+        << "chunks of " << chunk << ": " << s.arguments[0];
+  }
+}
+
 TEST(GlmToolCallParser, TextThatOnlyLooksLikeATagStaysContent) {
   GlmToolCallParser parser(kTools, counter_ids());
   ParsedStream s = run_parser(parser, "a <tool b <tool_cal", 2);

@@ -76,6 +76,9 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
                             std::to_string(params.logprobs));
   if (params.logprobs >= 0 && !runner_->reports_logprobs())
     return invalid_argument("logprobs are not computed on this model's device yet (the CPU path computes them)");
+  if (params.constraint && !runner_->applies_token_masks())
+    return invalid_argument("constrained decoding runs on the CPU only for now: this model's device selects tokens "
+                            "without grammar masks");
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -187,7 +190,10 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
     const int64_t count = plan.chunks[i].num_tokens, from = seq->num_computed;
     const bool decoding = count == 1 && seq->pending() == 1;
     TokenSelection& sel = select_[i];
-    const int64_t k = decoding ? std::min<int64_t>(static_cast<int64_t>(seq->drafts.size()), draft_budget(*seq)) : 0;
+    int64_t k = decoding ? std::min<int64_t>(static_cast<int64_t>(seq->drafts.size()), draft_budget(*seq)) : 0;
+    // A chunk that computes everything pending yields the sequence's next token.
+    sel.select = seq->pending() == count;
+    if (sel.select && seq->constraint) k = constrain(*seq, k);
     if (k > 0) {
       std::vector<int32_t>& pass = verify_tokens_[i];
       pass.assign(1, seq->tokens.back());
@@ -211,9 +217,8 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
       media_rows_[i].push_back({lo - from, hi - lo, m.embeddings.data() + (lo - first) * hidden});
     }
     steps_.back().media = media_rows_[i];
-    // A chunk that computes everything pending yields the sequence's next token.
-    sel.select = seq->pending() == count;
     if (!sel.select) continue;
+    if (seq->constraint) sel.allowed = seq->allowed;
     const SamplingOptions& o = seq->sampler.options();
     sel.temperature = seq->sampler.greedy() ? 0.0f : o.temperature;
     sel.top_k = static_cast<int32_t>(std::min<int64_t>(o.top_k, INT32_MAX));
@@ -222,6 +227,37 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
     if (!seq->sampler.greedy())
       for (int64_t u = 0; u <= k; ++u) sel.uniforms.push_back(seq->sampler.uniform());
   }
+}
+
+int64_t BatchEngine::constrain(Sequence& seq, int64_t k) {
+  const int64_t words = token_mask_words(runner_->vocab_size()), vocab = runner_->vocab_size();
+  seq.allowed.assign((k + 1) * words, 0u);
+  TokenConstraint& c = *seq.constraint;
+  c.fill_allowed(std::span<uint32_t>(seq.allowed.data(), words));
+  // Row t's mask is the constraint's state after the drafts before it, exactly as if they had been accepted one step
+  // at a time: verified output equals undrafted output. A draft the constraint refuses would be rejected at its row
+  // anyway, so the pass ends before it; so does a draft that completes the text (a stop token), which needs no row
+  // after it. The constraint is then stepped back: it follows only what the step accepts.
+  int64_t fed = 0;
+  for (; fed < k; ++fed) {
+    const int32_t d = seq.drafts[fed];
+    if (d < 0 || d >= vocab || !token_allowed(seq.allowed.data() + fed * words, d) || !c.accept(d)) break;
+    if (c.terminated()) {
+      c.rollback(1);
+      break;
+    }
+    c.fill_allowed(std::span<uint32_t>(seq.allowed.data() + (fed + 1) * words, words));
+  }
+  if (fed > 0) c.rollback(static_cast<int>(fed));
+  seq.allowed.resize((fed + 1) * words);
+  return fed;
+}
+
+bool BatchEngine::follow_constraint(Sequence* seq, int32_t token) {
+  if (!seq->constraint || seq->constraint->accept(token)) return true;
+  end(seq, FinishReason::kError,
+      "constrained decoding: the selected token " + std::to_string(token) + " is not one the grammar allows");
+  return false;
 }
 
 Status BatchEngine::propose(const ScheduledStep& plan, const std::vector<int64_t>& computed_from,
@@ -318,7 +354,8 @@ void BatchEngine::step() {
     if (verify_tokens_[i].empty()) {
       scheduler_.on_computed(plan.chunks[i]);
       computed_rows[i] = plan.chunks[i].num_tokens;
-      if (select_[i].select && !emit_token(seq, tokens[0], logprobs_of(i, 0))) computed_rows[i] = 0;
+      if (select_[i].select && (!follow_constraint(seq, tokens[0]) || !emit_token(seq, tokens[0], logprobs_of(i, 0))))
+        computed_rows[i] = 0;
       if (!select_[i].select && seq->report_prefill_progress && seq->generated() == 0 && !emit_prefill_progress(seq)) computed_rows[i] = 0;
       continue;
     }
@@ -336,8 +373,9 @@ void BatchEngine::step() {
     }
     bool alive = true;
     const int64_t before = seq->generated() - a;
-    for (int64_t t = 0; t < a && alive; ++t) alive = emit_accepted(seq, tokens[t], before + t + 1, logprobs_of(i, t));
-    if (alive) alive = emit_token(seq, tokens[a], logprobs_of(i, a));
+    for (int64_t t = 0; t < a && alive; ++t)
+      alive = follow_constraint(seq, tokens[t]) && emit_accepted(seq, tokens[t], before + t + 1, logprobs_of(i, t));
+    if (alive) alive = follow_constraint(seq, tokens[a]) && emit_token(seq, tokens[a], logprobs_of(i, a));
     if (!alive) {
       computed_rows[i] = 0;  // ended: its state slot went with it
       continue;
@@ -381,6 +419,8 @@ const TokenLogprobs* BatchEngine::logprobs_of(size_t entry, int64_t t) const {
 }
 
 bool BatchEngine::reports_logprobs() const { return runner_->reports_logprobs(); }
+bool BatchEngine::applies_constraints() const { return runner_->applies_token_masks(); }
+int64_t BatchEngine::vocab_size() const { return runner_->vocab_size(); }
 
 bool BatchEngine::emit_token(Sequence* seq, int32_t token, const TokenLogprobs* logprobs) {
   seq->tokens.push_back(token);
@@ -398,7 +438,8 @@ bool BatchEngine::emit_accepted(Sequence* seq, int32_t token, int64_t completion
     event.top_logprobs = logprobs->top;
   }
   event.completion_tokens = completion_tokens;
-  if (std::find(seq->stop_token_ids.begin(), seq->stop_token_ids.end(), token) != seq->stop_token_ids.end())
+  if (std::find(seq->stop_token_ids.begin(), seq->stop_token_ids.end(), token) != seq->stop_token_ids.end() ||
+      (seq->constraint && seq->constraint->terminated()))
     event.finish_reason = FinishReason::kStop;
   else if (completion_tokens >= seq->max_tokens)
     event.finish_reason = FinishReason::kLength;

@@ -47,6 +47,8 @@ class BatchEngine final : public Engine {
   // Refuses new requests (kUnavailable), runs the queued and running ones to completion, stops the loop.
   void drain() override;
   bool reports_logprobs() const override;
+  bool applies_constraints() const override;
+  int64_t vocab_size() const override;
 
   const EngineConfig& config() const { return config_; }
 
@@ -64,6 +66,12 @@ class BatchEngine final : public Engine {
   // Drafts the engine lets a sequence have now (0: it does not decode next, or is near its limits).
   int64_t draft_budget(const Sequence& seq) const;
   Status check_media(const RequestParams& params) const;
+  // A constrained sequence about to select: fills seq.allowed with the masks of its pass's rows and returns how many
+  // of its k drafts the pass verifies (the drafts the constraint allows, up to the first it refuses).
+  int64_t constrain(Sequence& seq, int64_t k);
+  // Advances the sequence's constraint over a selected token; a refusal (a selection that ignored the mask) ends it
+  // with an error. Returns whether it is still running.
+  bool follow_constraint(Sequence* seq, int32_t token);
   // Delivers an event; a final event or a consumer that is gone ends the sequence at once (the pointer is
   // then invalid). Returns whether the sequence is still running.
   bool emit(Sequence* seq, const TokenEvent& event);

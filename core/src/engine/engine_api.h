@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/token_constraint.h"
 #include "kiln/status.h"
 
 namespace kiln {
@@ -36,6 +38,9 @@ struct RequestParams {
   bool report_prefill_progress = false;
   // ≥ 0: each token event carries the token's logprob and this many top alternatives (Engine::reports_logprobs).
   int32_t logprobs = -1;
+  // Constrained decoding: every selected token is one the constraint allows (Engine::applies_constraints), and it
+  // follows each accepted token. Its stop tokens should be among stop_token_ids, so completing it ends the request.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 // The most top alternatives a token event carries (OpenAI's top_logprobs limit).
@@ -87,6 +92,10 @@ class Engine {
   virtual EngineMetrics metrics() const = 0;
   // Whether token events can carry logprobs (the CPU path computes them; device selection does not yet).
   virtual bool reports_logprobs() const { return false; }
+  // Whether requests may carry a TokenConstraint (the host token selection applies masks; device selection does
+  // not yet), and the vocabulary size its masks cover.
+  virtual bool applies_constraints() const { return false; }
+  virtual int64_t vocab_size() const { return 0; }
   // Stops admitting requests, finishes the running and waiting ones, then returns.
   virtual void drain() = 0;
 };

@@ -18,6 +18,7 @@ class InstanceRunner final : public ModelRunner {
   int64_t vocab_size() const override { return model_.vocab_size(); }
   int64_t hidden_size() const override { return model_.hidden_size(); }
   bool reports_logprobs() const override { return model_.device().is_cpu(); }
+  bool applies_token_masks() const override { return model_.device().is_cpu(); }
 
  private:
   ModelInstance& model_;

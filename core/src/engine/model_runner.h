@@ -26,6 +26,8 @@ class ModelRunner {
   // Whether step() fills StepOutput::logprobs for selections that ask (host token selection does; the device
   // selection does not yet).
   virtual bool reports_logprobs() const { return false; }
+  // Whether step() honours TokenSelection::allowed (host token selection does; the device selection does not yet).
+  virtual bool applies_token_masks() const { return false; }
 };
 
 }  // namespace kiln

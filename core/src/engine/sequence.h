@@ -22,7 +22,8 @@ struct Sequence {
         logprobs(params.logprobs),
         sampler(params.sampling),
         sink(std::move(sink_)),
-        media(std::move(params.media)) {
+        media(std::move(params.media)),
+        constraint(std::move(params.constraint)) {
     for (const RequestMedia& m : media) media_spans.push_back({m.position, m.length, m.hash});
   }
 
@@ -58,6 +59,11 @@ struct Sequence {
   const float* q_probs = nullptr;
   int64_t q_width = 0;
   bool drafter_knows = false;
+
+  // Constrained decoding: the request's automaton, advanced over every emitted token; and the masks of the rows the
+  // next selection reads (one row per verified position), filled when the step is built.
+  std::shared_ptr<TokenConstraint> constraint;
+  std::vector<uint32_t> allowed;
 };
 
 }  // namespace kiln

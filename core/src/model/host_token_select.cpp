@@ -135,9 +135,36 @@ Status select_tokens_host(const float* logits, int64_t vocab, std::span<const in
     }
     plan.q_width = cpu::kMaxQWidth, plan.q_ids = q_ids.data(), plan.q_probs = q_probs.data();
   }
+  // Constrained entries select from their rows with disallowed tokens at -inf, in a copy: logprobs below stay the
+  // model's own distribution.
+  const float* select_logits = logits;
+  std::vector<float> masked;
+  for (size_t i = 0; i < select.size(); ++i) {
+    const TokenSelection& s = select[i];
+    if (!s.select || s.allowed.empty()) continue;
+    const int64_t words = token_mask_words(vocab), rows = s.num_drafts + 1;
+    if (static_cast<int64_t>(s.allowed.size()) != rows * words)
+      return invalid_argument("token selection of entry " + std::to_string(i) + ": a token mask of " +
+                              std::to_string(s.allowed.size()) + " words for " + std::to_string(rows) + " rows of " +
+                              std::to_string(words));
+    if (masked.empty()) {
+      int64_t total_rows = 0;
+      for (size_t j = 0; j < select.size(); ++j)
+        if (select[j].select) total_rows = std::max<int64_t>(total_rows, first_row[j] + select[j].num_drafts + 1);
+      masked.assign(logits, logits + total_rows * vocab);
+      select_logits = masked.data();
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = masked.data() + (first_row[i] + r) * vocab;
+      const uint32_t* bits = s.allowed.data() + r * words;
+      for (int64_t v = 0; v < vocab; ++v)
+        if (!token_allowed(bits, static_cast<int32_t>(v))) row[v] = -INFINITY;
+    }
+  }
   std::vector<int32_t> tokens(plan.seqs.size() * (plan.max_drafts + 1)), accepted(plan.seqs.size());
   cpu::SelectArgs a{};
-  a.logits = logits, a.vocab = vocab, a.seqs = plan.seqs.data(), a.num_seqs = static_cast<int64_t>(plan.seqs.size());
+  a.logits = select_logits, a.vocab = vocab;
+  a.seqs = plan.seqs.data(), a.num_seqs = static_cast<int64_t>(plan.seqs.size());
   a.drafts = plan.drafts.data(), a.q_ids = plan.q_ids, a.q_probs = plan.q_probs, a.q_width = plan.q_width;
   a.uniforms = plan.uniforms.data(), a.tokens = tokens.data(), a.accepted = accepted.data(), a.max_drafts = plan.max_drafts;
   KILN_RETURN_IF_ERROR(cpu::select_tokens(a));

@@ -51,7 +51,14 @@ struct TokenSelection {
   std::vector<double> uniforms;
   // ≥ 0: report each selected token's log-probability and this many most likely alternatives (StepOutput::logprobs).
   int32_t logprobs = -1;
+  // Constrained decoding (engine/token_constraint.h): empty, or num_drafts + 1 host bitmask rows of
+  // token_mask_words(vocab) words, row t the tokens allowed at the step's row t (bit v % 32 of word v / 32). Tokens
+  // outside it are impossible for greedy, sampled and verified selection alike; logprobs stay the model's own.
+  std::span<const uint32_t> allowed;
 };
+
+inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+inline bool token_allowed(const uint32_t* row, int32_t token) { return (row[token >> 5] >> (token & 31)) & 1u; }
 
 // A selected token's log-probability under the model's distribution (log-softmax of its logits row, before
 // temperature, top-k and top-p), and the most likely tokens of that row, best first.

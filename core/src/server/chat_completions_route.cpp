@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "server/logprobs_json.h"
+#include "server/response_format.h"
 
 namespace kiln {
 namespace {
@@ -148,11 +149,6 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
       }
     }
   }
-  if (const auto* format = reader.value("response_format")) {
-    if (!format->is_object() || string_member(*format, "type") != "text") {
-      reader.fail(bad_request("only response_format {\"type\": \"text\"} is supported", "response_format"));
-    }
-  }
   reader.boolean("parallel_tool_calls");
   const bool logprobs = reader.boolean("logprobs").value_or(false);
   const auto top_logprobs = reader.integer("top_logprobs", 0, kMaxTopLogprobs);
@@ -165,8 +161,14 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
   const ojson* messages = reader.value("messages");
   if (!messages) return bad_request("'messages' is required", "messages");
 
+  if (const auto* format = reader.value("response_format")) {
+    if (auto e = read_response_format(ctx, *format, "response_format", /*nested=*/true, request)) return e;
+  }
   ToolSetup tools;
   if (auto e = setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), tools)) return e;
+  if (tools.constraint && request.params.constraint)
+    return bad_request("response_format asks for JSON content but tool_choice forces a tool call; ask for one of them",
+                       "response_format");
   if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request, template_kwargs))
     return e;
   out.writer =

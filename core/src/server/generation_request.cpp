@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "server/structured_output.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln {
@@ -191,6 +192,13 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
     setup.prefill = "<tool_call>" + forced_name;
     setup.forced_name = forced_name;
   }
+  if (ctx.structured_output && ctx.tool_parser == "glm47" && (mode == "required" || mode == "named")) {
+    auto constraint = ctx.structured_output->glm_tool_call(*tools, forced_name);
+    if (!constraint.ok())
+      return bad_request("tools: the parameters of the tools cannot be enforced: " + constraint.status().message(),
+                         "tools");
+    setup.constraint = std::move(constraint).value();
+  }
   return std::nullopt;
 }
 
@@ -203,8 +211,10 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   if (messages.empty()) return bad_request("'messages' must contain at least one message", "messages");
   auto parsed = parse_chat_messages(messages);
   if (!parsed.ok()) return bad_request(parsed.status().message(), "messages");
-  // A forced call starts the answer, so there is no room for reasoning before it.
-  const bool thinking = enable_thinking && tools.prefill.empty();
+  // A forced call starts the answer, so there is no room for reasoning before it; a grammar on the answer (JSON)
+  // holds from its first token, so it has none either.
+  if (tools.constraint) request.params.constraint = tools.constraint;
+  const bool thinking = enable_thinking && tools.prefill.empty() && !request.params.constraint;
   std::vector<ChatMedia> media;
   for (const ChatMessage& m : *parsed) media.insert(media.end(), m.media.begin(), m.media.end());
   Result<std::vector<PromptPiece>> pieces = std::vector<PromptPiece>();

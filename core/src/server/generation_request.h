@@ -19,6 +19,8 @@
 
 namespace kiln {
 
+class StructuredOutput;
+
 struct ServerContext {
   const Tokenizer* tokenizer = nullptr;
   std::string model_id;
@@ -33,6 +35,9 @@ struct ServerContext {
   // The checkpoint's template, rendered by Jinja; null: the built-in GLM-4.7 renderer.
   const JinjaChatTemplate* chat_template = nullptr;
   std::vector<std::string> special_token_texts;  // the tokenizer's, escaped in client text (jinja_chat_template.h)
+  // Grammars for constrained decoding (response_format, forced tool calls); null where the engine cannot apply
+  // token masks (device token selection).
+  StructuredOutput* structured_output = nullptr;
 };
 
 struct GenerationRequest {
@@ -69,11 +74,15 @@ struct ToolSetup {
   bool parse_tool_calls = false;
   std::string prefill;      // "<tool_call>" for required, "<tool_call>NAME" for a named function
   std::string forced_name;  // NAME of a named function
+  // The rest of a forced call, enforced by a grammar: a tool's name (for "required") and arguments valid for its
+  // schema (null where the server has no StructuredOutput: the prefill alone then forces the call).
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 // Validates OpenAI chat-format `tools` and `tool_choice` ("auto", "none", "required", {"type":"function",
-// "function":{"name"}} or the Responses form {"type":"function","name"}). GLM cannot be constrained by a grammar
-// here, so "required" and a named function are enforced by starting the answer with the call.
+// "function":{"name"}} or the Responses form {"type":"function","name"}). "required" and a named function start the
+// answer with the call, and where the server has a StructuredOutput a grammar holds the rest of it to a tool's name
+// and JSON-schema-valid arguments.
 std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
                                     const nlohmann::ordered_json* tool_choice, ToolSetup& setup);
 

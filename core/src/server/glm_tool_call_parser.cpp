@@ -154,6 +154,7 @@ bool GlmToolCallParser::step(OutputPieces& out) {
       if (open == std::string::npos) return false;
       pending_.erase(0, open + kValueOpen.size());
       streaming_string_ = value_is_string(key_);
+      value_started_ = false;
       std::string prefix = (args_in_call_ == 0 ? "{" : ", ") + json_quote(key_) + ": ";
       if (streaming_string_) prefix += "\"";
       emit_arguments(out, prefix);
@@ -164,11 +165,24 @@ bool GlmToolCallParser::step(OutputPieces& out) {
     case State::kValue: {
       size_t close = pending_.find(kValueClose);
       if (streaming_string_) {
+        // Whitespace around a value is layout (GLM-4.5 writes newlines there; grammars allow it), not the string:
+        // leading whitespace is dropped, trailing whitespace held back until text follows it.
+        if (!value_started_) {
+          drop_leading_space(pending_);
+          if (pending_.empty()) return false;
+          value_started_ = true;
+          close = pending_.find(kValueClose);
+        }
         size_t end =
             close == std::string::npos ? utf8_boundary(pending_, partial_marker_start(pending_, kValueClose)) : close;
-        emit_arguments(out, json_escape(pending_.substr(0, end)));
-        pending_.erase(0, end);
-        if (close == std::string::npos) return false;
+        size_t text_end = end;
+        while (text_end > 0 && is_space(pending_[text_end - 1])) --text_end;
+        emit_arguments(out, json_escape(pending_.substr(0, text_end)));
+        if (close == std::string::npos) {
+          pending_.erase(0, text_end);
+          return false;
+        }
+        pending_.erase(0, close);
         emit_arguments(out, "\"");
       } else {
         if (close == std::string::npos) return false;

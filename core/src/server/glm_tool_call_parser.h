@@ -1,7 +1,7 @@
 // The "glm47" tool-call parser: GLM-4.5/4.7/5 write calls as
 //   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
-// (GLM-4.5 puts newlines between the parts; whitespace between tags is ignored). String values are raw text,
-// other values JSON. The parser turns this into OpenAI tool calls whose `arguments` is a JSON object string,
+// (GLM-4.5 puts newlines between the parts; whitespace between tags, and around a value, is ignored). String values
+// are raw text, other values JSON. The parser turns this into OpenAI tool calls whose `arguments` is a JSON object string,
 // incrementally: the call's name as soon as it is complete, then argument text as it arrives (string values
 // character by character, other values when their </arg_value> closes). The concatenation of the argument
 // deltas of a call is exactly its final arguments string.
@@ -54,6 +54,7 @@ class GlmToolCallParser {
   std::string pending_;
   std::string key_;
   bool streaming_string_ = false;
+  bool value_started_ = false;  // a string value's first non-space character arrived
   int args_in_call_ = 0;
   std::vector<ParsedToolCall> calls_;
 };

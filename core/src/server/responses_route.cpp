@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "server/response_format.h"
+
 namespace kiln {
 namespace {
 
@@ -429,16 +431,12 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
                     "conversation in 'input'",
                     "previous_response_id"));
   }
-  if (const auto* text = reader.value("text")) {
-    const auto* format = text->is_object() && text->contains("format") ? &(*text)["format"] : nullptr;
-    if (!text->is_object()) {
-      reader.fail(bad_request("'text' must be an object, got " + json_type_phrase(*text), "text"));
-    } else if (format && !format->is_null() &&
-               (!format->is_object() || string_member(*format, "type", "text") != "text")) {
-      reader.fail(bad_request("only text.format {\"type\": \"text\"} is supported", "text.format"));
-    }
-  }
+  if (const auto* text = reader.value("text"); text && !text->is_object())
+    reader.fail(bad_request("'text' must be an object, got " + json_type_phrase(*text), "text"));
   if (!reader.ok()) return reader.error();
+  if (const auto* text = reader.value("text"); text && text->contains("format")) {
+    if (auto e = read_response_format(ctx, (*text)["format"], "text.format", /*nested=*/false, request)) return e;
+  }
   const ojson* input = reader.value("input");
   if (!input) return bad_request("'input' is required", "input");
 
@@ -452,6 +450,9 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
   }
   ToolSetup setup;
   if (auto e = setup_tools(ctx, tools ? &chat_tools : nullptr, reader.value("tool_choice"), setup)) return e;
+  if (setup.constraint && request.params.constraint)
+    return bad_request("text.format asks for JSON but tool_choice forces a tool call; ask for one of them",
+                       "text.format");
   if (auto e = build_chat_prompt(ctx, messages, setup, enable_thinking, true, request)) {
     if (e->param == "messages") e->param = "input";
     return e;
@@ -464,6 +465,8 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
       {"tools", tools ? *tools : ojson::array()},
       {"tool_choice", reader.value("tool_choice") ? *reader.value("tool_choice") : ojson("auto")},
       {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}}};
+  if (const auto* text = reader.value("text"); text && text->contains("format") && !(*text)["format"].is_null())
+    echo["text"] = {{"format", (*text)["format"]}};
   out.writer = std::make_unique<ResponsesWriter>(ctx.served_name, std::move(echo));
   return std::nullopt;
 }

@@ -17,6 +17,7 @@
 #include "server/guarded_http_server.h"
 #include "server/responses_route.h"
 #include "server/server_metrics.h"
+#include "server/structured_output.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln {
@@ -99,6 +100,7 @@ struct HttpServer::Impl {
   HttpServerOptions options;
   ServerContext ctx;
   std::unique_ptr<MediaInput> media;
+  std::unique_ptr<StructuredOutput> structured_output;  // null: the engine applies no token masks
   ServerMetrics metrics;
   std::unique_ptr<GuardedHttpServer> http;
   std::thread listener;
@@ -366,6 +368,10 @@ Status HttpServer::start() {
   }
   for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>"}) {
     if (auto id = s.tokenizer.token_to_id(token)) s.ctx.end_of_turn_ids.push_back(*id);
+  }
+  if (s.engine.applies_constraints()) {
+    s.structured_output = std::make_unique<StructuredOutput>(s.tokenizer, s.engine.vocab_size(), s.ctx.end_of_turn_ids);
+    s.ctx.structured_output = s.structured_output.get();
   }
 
   // A client that disconnects makes send() raise SIGPIPE, which would kill the process; the failed write is
