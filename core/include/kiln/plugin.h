@@ -20,7 +20,8 @@
 // 2.0: device-aware interfaces (Linear / ExpertSet / KvLayout run on CPU or CUDA with a plan/run split, drafters
 //      get DraftServices on the device and return sparse q, registrations declare their devices).
 // 2.1: the `quantizer` kind (kiln/quantizer.h), appended; a 2.0 host refuses a 2.1 plugin as newer than itself.
-// 2.2: DraftServices::mtp_run_device_tokens (appended virtual), so drafters chain next-n steps on the device.
+// 2.2: DraftServices::mtp_run_device_tokens (appended virtual), so drafters chain next-n steps on the device;
+//      ModelInfo::checkpoint_dir (appended), so a modality finds its tower's weights.
 #define KILN_ABI_MAJOR 2
 #define KILN_ABI_MINOR 2
 
