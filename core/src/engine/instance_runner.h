@@ -18,7 +18,8 @@ class InstanceRunner final : public ModelRunner {
   int64_t vocab_size() const override { return model_.vocab_size(); }
   int64_t hidden_size() const override { return model_.hidden_size(); }
   bool reports_logprobs() const override { return model_.device().is_cpu(); }
-  bool applies_token_masks() const override { return model_.device().is_cpu(); }
+  // CPU: masked in host selection; CUDA: uploaded with the selection and applied on the device (kernels/cuda/token_mask).
+  bool applies_token_masks() const override { return true; }
 
  private:
   ModelInstance& model_;

@@ -1,9 +1,11 @@
 #include "runtime/cuda/cuda_token_selection.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/token_mask.h"
 #include "kernels/cuda/token_select.h"
 #include "model/host_token_select.h"
 
@@ -19,7 +21,7 @@ size_t up256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
 
-Status DeviceTokenSelection::select(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
+Status DeviceTokenSelection::select(float* logits, int64_t vocab, std::span<const int64_t> first_row,
                                     std::span<const TokenSelection> select, cudaStream_t stream, StepOutput& out) {
   SelectionPlan plan;
   KILN_RETURN_IF_ERROR(plan_selection(first_row, select, plan));
@@ -28,12 +30,30 @@ Status DeviceTokenSelection::select(const float* logits, int64_t vocab, std::spa
     unpack_selection(plan, select.size(), nullptr, nullptr, out);
     return ok_status();
   }
+  // Constrained entries: their allowed-token rows (one per selected row: t_L's, then each draft's) go up with the
+  // rest, and the logits rows are masked in place before selection. The step's logits are not read after it (a
+  // host copy of them was queued before).
+  const int64_t words = token_mask_words(vocab);
+  std::vector<int32_t> mask_rows;
+  for (size_t i = 0; i < select.size(); ++i) {
+    const TokenSelection& s = select[i];
+    if (!s.select || s.allowed.empty()) continue;
+    const int64_t rows = s.num_drafts + 1;
+    if (static_cast<int64_t>(s.allowed.size()) != rows * words)
+      return invalid_argument("token selection of entry " + std::to_string(i) + ": a token mask of " +
+                              std::to_string(s.allowed.size()) + " words for " + std::to_string(rows) + " rows of " +
+                              std::to_string(words));
+    for (int64_t r = 0; r < rows; ++r) mask_rows.push_back(static_cast<int32_t>(first_row[i] + r));
+  }
+  const size_t masked = mask_rows.size();
   const size_t drafts = plan.drafts.size(), uniforms = plan.uniforms.size();
   const size_t stride = static_cast<size_t>(plan.max_drafts + 1);
   const size_t q_rows = plan.needs_q_pack ? drafts : 0;
-  // Host → device: seqs | drafts | uniforms | one-hot q rows (packing only); device → host: tokens | accepted.
+  // Host → device: seqs | drafts | uniforms | one-hot q rows (packing only) | masked rows | their masks;
+  // device → host: tokens | accepted.
   const size_t up_seqs = 0, up_drafts = up256(sizeof(cpu::SelectSeq) * n), up_u = up_drafts + up256(4 * drafts);
-  const size_t up_q = up_u + up256(8 * uniforms), up_end = up_q + up256(8 * q_rows * cpu::kMaxQWidth);
+  const size_t up_q = up_u + up256(8 * uniforms), up_rows = up_q + up256(8 * q_rows * cpu::kMaxQWidth);
+  const size_t up_masks = up_rows + up256(4 * masked), up_end = up_masks + up256(4 * masked * words);
   const size_t down_tokens = 0, down_accepted = up256(4 * n * stride), down_end = down_accepted + up256(4 * n);
   const size_t ws = select_workspace_bytes(static_cast<int64_t>(n), plan.max_drafts);
   const size_t d_ws = up_end, d_out = d_ws + up256(ws), d_end = d_out + down_end;
@@ -61,7 +81,17 @@ Status DeviceTokenSelection::select(const float* logits, int64_t vocab, std::spa
       }
     }
   }
+  if (masked > 0) {
+    std::memcpy(host + up_rows, mask_rows.data(), 4 * masked);
+    auto* words_out = reinterpret_cast<uint32_t*>(host + up_masks);
+    for (const TokenSelection& s : select)
+      if (s.select && !s.allowed.empty()) words_out = std::copy(s.allowed.begin(), s.allowed.end(), words_out);
+  }
   KILN_RETURN_IF_ERROR(ok_cuda(cudaMemcpyAsync(dev, host, up_end, cudaMemcpyHostToDevice, stream), "upload"));
+  if (masked > 0)
+    KILN_RETURN_IF_ERROR(mask_disallowed_logits(logits, vocab, reinterpret_cast<const int32_t*>(dev + up_rows),
+                                                reinterpret_cast<const uint32_t*>(dev + up_masks),
+                                                static_cast<int64_t>(masked), stream));
   for (size_t j = 0; q_rows > 0 && j < n; ++j) {
     const TokenSelection& s = select[plan.entries[j]];
     if (!s.q_ids || s.num_drafts == 0) continue;

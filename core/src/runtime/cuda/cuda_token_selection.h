@@ -15,8 +15,9 @@ namespace kiln::cuda {
 
 class DeviceTokenSelection {
  public:
-  // logits: device [rows, vocab]. Waits for the stream (the ids are on the host when it returns).
-  Status select(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
+  // logits: device [rows, vocab]; rows of constrained entries (TokenSelection::allowed) are masked in place. Waits
+  // for the stream (the ids are on the host when it returns).
+  Status select(float* logits, int64_t vocab, std::span<const int64_t> first_row,
                 std::span<const TokenSelection> select, cudaStream_t stream, StepOutput& out);
   // Enqueued on `stream`; the request's outputs are device memory.
   Status sample_drafts(const DraftSampleRequest& request, int64_t vocab, cudaStream_t stream);
