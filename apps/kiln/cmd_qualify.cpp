@@ -137,7 +137,10 @@ int cmd_qualify(int argc, char** argv) {
   std::vector<std::string> artifacts = {card_path};
   artifacts.insert(artifacts.end(), cand.files.begin(), cand.files.end());
   artifacts.insert(artifacts.end(), inc.files.begin(), inc.files.end());
-  if (!(std::ofstream(manifest_path) << evidence_manifest(report, artifacts).dump(2) << "\n"))
+  // Replace, not throw: a server's text can hold bytes that are not UTF-8, and the manifest must still be written.
+  const std::string manifest =
+      evidence_manifest(report, artifacts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!(std::ofstream(manifest_path) << manifest << "\n"))
     return fail("cannot write " + manifest_path);
   std::cout << card;
   std::cerr << "wrote " << card_path << " and " << manifest_path << "\n";

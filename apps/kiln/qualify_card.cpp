@@ -7,6 +7,7 @@
 
 #include "build_info.h"
 #include "qualify_evidence.h"
+#include "utf8_prefix.h"
 
 namespace kiln::cli {
 namespace {
@@ -23,7 +24,7 @@ std::string fmt(const char* f, double a) {
 std::string cell(std::string s, size_t max = 200) {
   for (char& c : s)
     if (c == '\n' || c == '|') c = c == '|' ? '/' : ' ';
-  return s.size() > max ? s.substr(0, max) + "…" : s;
+  return s.size() > max ? utf8_prefix(s, max) + "…" : s;
 }
 
 std::string gate_cell(const GateResult* g) {

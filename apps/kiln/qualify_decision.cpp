@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "utf8_prefix.h"
+
 namespace kiln::cli {
 namespace {
 
@@ -38,7 +40,7 @@ Decision decide(const QualifyRun& cand, const QualifyRun* inc, double tolerance)
     if (g.outcome == GateResult::Outcome::kFail) {
       failed.push_back(g.name);
       d.reasons.push_back(g.name + " failed (" + std::to_string(g.passed) + "/" + std::to_string(g.total) +
-                          "): " + g.reason.substr(0, 160));
+                          "): " + utf8_prefix(g.reason, 160));
       const GateResult* other = inc ? inc->gate(g.name) : nullptr;
       if (other && other->outcome == GateResult::Outcome::kPass) regressed.push_back(g.name);
     } else if (g.not_run) {

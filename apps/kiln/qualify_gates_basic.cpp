@@ -4,6 +4,7 @@
 
 #include "json_schema_check.h"
 #include "qualify_gates.h"
+#include "utf8_prefix.h"
 
 namespace kiln::cli {
 namespace {
@@ -133,7 +134,7 @@ GateResult gate_strict_json(GateClient& c) {
     const json& reason = r.body["choices"][0]["finish_reason"];
     const std::string finish = reason.is_string() ? reason.get<std::string>() : reason.dump();
     if (value.is_discarded()) {
-      add(g, fail_case(name, "not JSON (finish_reason " + finish + "): " + text.substr(0, 120)));
+      add(g, fail_case(name, "not JSON (finish_reason " + finish + "): " + utf8_prefix(text, 120)));
       continue;
     }
     const std::string violation = json_schema_violation(schema, value);
@@ -233,7 +234,7 @@ GateResult gate_responses(GateClient& c) {
         add(g, fail_case("function call round trip", "after the output: " + reply_failure(r)));
       else if (text.find("24") == std::string::npos)
         add(g, fail_case("function call round trip",
-                         "the answer after the output does not use it (no `24`): " + text.substr(0, 120)));
+                         "the answer after the output does not use it (no `24`): " + utf8_prefix(text, 120)));
       else
         add(g, pass_case("function call round trip"));
     }
@@ -259,7 +260,7 @@ GateResult gate_images(GateClient& c) {
   else if (!chat_shape_ok(r.body))
     add(g, fail_case("solid red square", "no choices[0].message in the answer"));
   else if (lower(chat_text(r.body)).find("red") == std::string::npos)
-    add(g, fail_case("solid red square", "answer `" + chat_text(r.body).substr(0, 80) + "` does not say red"));
+    add(g, fail_case("solid red square", "answer `" + utf8_prefix(chat_text(r.body), 80) + "` does not say red"));
   else
     add(g, pass_case("solid red square",
                      {{"prompt_tokens", r.body.value("usage", json::object()).value("prompt_tokens", 0)}}));

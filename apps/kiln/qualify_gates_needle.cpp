@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "qualify_gates.h"
+#include "utf8_prefix.h"
 
 namespace kiln::cli {
 namespace {
@@ -52,13 +53,13 @@ GateResult gate_needle(GateClient& c) {
       const std::string answer =
           message.contains("content") && message["content"].is_string() ? message["content"].get<std::string>() : "";
       detail["prompt_tokens"] = r.body.value("usage", json::object()).value("prompt_tokens", 0);
-      detail["answer"] = answer.substr(0, 200);
+      detail["answer"] = utf8_prefix(answer, 200);
       // Exact match, as asked ("the passphrase only"): whitespace, quotes, emphasis and a final period aside.
       const std::string bare = strip(answer);
       if (bare != passphrase)
         why = answer.find(passphrase) != std::string::npos
-                  ? "answered with the passphrase among other text: `" + answer.substr(0, 80) + "`"
-                  : "answered `" + answer.substr(0, 60) + "`, not " + passphrase;
+                  ? "answered with the passphrase among other text: `" + utf8_prefix(answer, 80) + "`"
+                  : "answered `" + utf8_prefix(answer, 60) + "`, not " + passphrase;
     }
     ++g.total;
     detail["pass"] = why.empty();

@@ -7,6 +7,7 @@
 
 #include "json_schema_check.h"
 #include "qualify_gates.h"
+#include "utf8_prefix.h"
 
 namespace kiln::cli {
 namespace {
@@ -51,7 +52,7 @@ std::string check_weather_calls(const std::vector<Call>& calls, const std::vecto
   for (const Call& c : calls) {
     if (c.name != "get_weather") return "called `" + c.name + "`, expected get_weather";
     const json args = json::parse(c.arguments, nullptr, false);
-    if (args.is_discarded()) return "arguments are not JSON: " + c.arguments.substr(0, 120);
+    if (args.is_discarded()) return "arguments are not JSON: " + utf8_prefix(c.arguments, 120);
     if (std::string v = json_schema_violation(weather_params(), args); !v.empty())
       return "arguments violate the schema: " + v;
     named += lower(args["city"].get<std::string>()) + "|";
@@ -174,7 +175,7 @@ GateResult gate_tools(GateClient& c) {
         else if (finish_of(choice) != "stop")
           why = "finish_reason `" + finish_of(choice) + "`, expected stop";
         else if (text.find("24") == std::string::npos)
-          why = "the answer does not use the result (no `24`): " + text.substr(0, 120);
+          why = "the answer does not use the result (no `24`): " + utf8_prefix(text, 120);
       }
     }
     ++g.total;

@@ -92,6 +92,39 @@ TEST(StructuredOutput, RefusedTokensLeaveTheStateAndRollbackRestoresIt) {
   EXPECT_FALSE(token_allowed(initial.data(), *tiny_tokenizer().token_to_id("<think>")));
 }
 
+// JSON forbids raw control characters in strings; xgrammar's string rule admits all but \r and \n. Inside a free
+// string (the state where the grammar allows the most), no token holding a control byte other than \n and \r may
+// be allowed, for json_schema and json_object alike; ordinary text tokens still are.
+TEST(StructuredOutput, JsonStringsNeverTakeControlCharacters) {
+  Fixture f;
+  auto schema = f.out.json_schema(ojson::parse(R"({"type": "object", "properties": {"s": {"type": "string"}},
+      "required": ["s"], "additionalProperties": false})"),
+                                  true);
+  auto object = f.out.json_object();
+  ASSERT_TRUE(schema.ok() && object.ok());
+  ASSERT_EQ(feed(**schema, R"({"s": "ab)"), tiny_tokenizer().encode(R"({"s": "ab)").size());
+  ASSERT_EQ(feed(**object, R"({"k": "ab)"), tiny_tokenizer().encode(R"({"k": "ab)").size());
+  int control_tokens = 0;
+  for (TokenConstraint* c : {&**schema, &**object}) {
+    const std::vector<uint32_t> m = mask_of(*c);
+    int allowed_text = 0;
+    for (int32_t id = 0; id < static_cast<int32_t>(tiny_tokenizer().vocab_size()); ++id) {
+      if (tiny_tokenizer().is_special(id)) continue;
+      const std::string bytes = tiny_tokenizer().token_bytes(id);
+      bool control = false;
+      for (unsigned char b : bytes) control = control || (b < 0x20 && b != '\n' && b != '\r');
+      if (control) {
+        ++control_tokens;
+        EXPECT_FALSE(token_allowed(m.data(), id)) << "token " << id << " holds a control byte";
+      } else if (token_allowed(m.data(), id)) {
+        ++allowed_text;
+      }
+    }
+    EXPECT_GT(allowed_text, 100) << "a free string still takes ordinary text";
+  }
+  EXPECT_GT(control_tokens, 0) << "the byte-level vocabulary has tokens for control bytes";
+}
+
 TEST(StructuredOutput, JsonObjectAcceptsObjectsOnly) {
   Fixture f;
   auto c = f.out.json_object();

@@ -11,6 +11,10 @@ namespace kiln {
 struct StructuredOutput::Xgrammar {
   xgrammar::TokenizerInfo info;
   xgrammar::GrammarCompiler compiler;
+  // Tokens a JSON answer never takes: any holding a control byte other than \n and \r. xgrammar's JSON strings
+  // admit raw control characters except \r and \n, which JSON forbids unescaped (a weak model on a byte-level
+  // vocabulary writes them, and the answer no longer parses); JSON's whitespace needs no tab either.
+  std::vector<uint32_t> json_refused;
 };
 
 namespace {
@@ -28,8 +32,9 @@ constexpr int kMaxWhitespace = 32;
 
 class XgrammarConstraint final : public TokenConstraint {
  public:
-  XgrammarConstraint(const xgrammar::CompiledGrammar& grammar, int32_t vocab_size)
-      : matcher_(grammar), words_(xgrammar::GetBitmaskSize(vocab_size)), scratch_(words_) {}
+  // `refused`: a bitmask of tokens never allowed whatever the grammar says (null: none).
+  XgrammarConstraint(const xgrammar::CompiledGrammar& grammar, int32_t vocab_size, const std::vector<uint32_t>* refused)
+      : matcher_(grammar), words_(xgrammar::GetBitmaskSize(vocab_size)), scratch_(words_), refused_(refused) {}
 
   // These run on the engine's thread, where an exception would end the process: a failure inside xgrammar becomes
   // an empty mask or a refused token instead, and the engine ends the request with an error.
@@ -70,12 +75,15 @@ class XgrammarConstraint final : public TokenConstraint {
     matcher_.FillNextTokenBitmask(&t);
     const size_t n = std::min(mask.size(), scratch_.size());
     std::copy_n(reinterpret_cast<const uint32_t*>(scratch_.data()), n, mask.begin());
+    if (refused_)
+      for (size_t w = 0; w < n && w < refused_->size(); ++w) mask[w] &= ~(*refused_)[w];
   }
 
   xgrammar::GrammarMatcher matcher_;
   bool broken_ = false;
   int32_t words_;
   std::vector<int32_t> scratch_;
+  const std::vector<uint32_t>* refused_;
 };
 
 // xgrammar's messages start with its log prefix ("[12:00:00] /path/file.cc:123: "), which means nothing to a client.
@@ -91,10 +99,11 @@ std::string without_log_prefix(std::string message) {
 
 // xgrammar reports a grammar it cannot build by throwing; the message says what is wrong with it.
 template <typename Compile>
-Result<std::shared_ptr<TokenConstraint>> make_constraint(Compile&& compile, int32_t vocab_size) {
+Result<std::shared_ptr<TokenConstraint>> make_constraint(Compile&& compile, int32_t vocab_size,
+                                                         const std::vector<uint32_t>* refused = nullptr) {
   try {
     xgrammar::CompiledGrammar grammar = compile();
-    return std::shared_ptr<TokenConstraint>(std::make_shared<XgrammarConstraint>(grammar, vocab_size));
+    return std::shared_ptr<TokenConstraint>(std::make_shared<XgrammarConstraint>(grammar, vocab_size, refused));
   } catch (const std::exception& e) {
     return invalid_argument(without_log_prefix(e.what()));
   }
@@ -138,7 +147,14 @@ StructuredOutput::Xgrammar& StructuredOutput::state() {
     // RAW: the strings are the tokens' bytes as they decode (kiln's tokenizer undid the byte-level mapping).
     xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, static_cast<int>(vocab_size_), stop_token_ids_);
     const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
-    xgrammar_ = std::make_unique<Xgrammar>(Xgrammar{info, xgrammar::GrammarCompiler(info, threads)});
+    std::vector<uint32_t> refused(static_cast<size_t>(xgrammar::GetBitmaskSize(static_cast<int>(vocab_size_))), 0u);
+    for (int64_t id = 0; id < tokenizer_vocab; ++id)
+      for (unsigned char b : vocab[id])
+        if (b < 0x20 && b != '\n' && b != '\r') {
+          refused[id / 32] |= 1u << (id % 32);
+          break;
+        }
+    xgrammar_ = std::make_unique<Xgrammar>(Xgrammar{info, xgrammar::GrammarCompiler(info, threads), std::move(refused)});
   });
   return *xgrammar_;
 }
@@ -150,7 +166,7 @@ Result<std::shared_ptr<TokenConstraint>> StructuredOutput::json_object() {
         return e.compiler.CompileJSONSchema(R"({"type": "object"})", true, std::nullopt, std::nullopt, true,
                                             kMaxWhitespace);
       },
-      static_cast<int32_t>(vocab_size_));
+      static_cast<int32_t>(vocab_size_), &e.json_refused);
 }
 
 Result<std::shared_ptr<TokenConstraint>> StructuredOutput::json_schema(const ojson& schema, bool strict) {
@@ -161,7 +177,7 @@ Result<std::shared_ptr<TokenConstraint>> StructuredOutput::json_schema(const ojs
         return e.compiler.CompileJSONSchema(text, /*any_whitespace=*/true, std::nullopt, std::nullopt,
                                             /*strict_mode=*/strict, kMaxWhitespace);
       },
-      static_cast<int32_t>(vocab_size_));
+      static_cast<int32_t>(vocab_size_), &e.json_refused);
 }
 
 Result<std::shared_ptr<TokenConstraint>> StructuredOutput::glm_tool_call(const ojson& tools, const std::string& name) {
