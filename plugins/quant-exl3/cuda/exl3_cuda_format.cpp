@@ -35,7 +35,7 @@ float widen(const TensorView& t, int64_t i) {
 class CudaWeightFormat final : public WeightFormat {
  public:
   CudaWeightFormat(DeviceContext& dev, int synthetic_bits)
-      : dev_(dev), synthetic_bits_(synthetic_bits), scratch_(std::make_shared<SharedScratch>(dev)) {}
+      : dev_(dev), synthetic_bits_(synthetic_bits) {}
 
   Result<std::unique_ptr<Linear>> load_linear(const WeightSource& source, const LinearSpec& spec) override {
     if (spec.names.empty() || spec.names.size() != spec.out_features.size() || spec.in_features <= 0)
@@ -48,7 +48,7 @@ class CudaWeightFormat final : public WeightFormat {
       KILN_ASSIGN_OR_RETURN(DevicePart p, load_part(source, spec.names[i], spec.in_features, spec.out_features[i]));
       parts.push_back(std::move(p));
     }
-    return make_cuda_linear(dev_, std::move(parts), spec.in_features, scratch_);
+    return make_cuda_linear(dev_, std::move(parts), spec.in_features);
   }
 
   Result<std::unique_ptr<ExpertSet>> load_experts(const WeightSource& source, const ExpertSpec& spec) override {
@@ -143,7 +143,6 @@ class CudaWeightFormat final : public WeightFormat {
 
   DeviceContext& dev_;
   int synthetic_bits_;
-  std::shared_ptr<SharedScratch> scratch_;
 };
 
 }  // namespace

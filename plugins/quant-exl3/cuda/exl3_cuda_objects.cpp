@@ -24,39 +24,13 @@ Status check_bf16_input(const TensorView& t, int64_t width, const std::string& n
   return ok_status();
 }
 
-// Zeroed device counters for trellis_product's last-block handoff (each launch leaves them zero again).
-Result<int*> make_counters(DeviceContext& dev, int64_t n_pad, const std::string& what) {
-  const int64_t count = product_counters(n_pad);
-  KILN_ASSIGN_OR_RETURN(void* mem, dev.allocate(static_cast<size_t>(count) * 4, (what + " counters").c_str()));
-  const std::vector<int> zeros(static_cast<size_t>(count), 0);
-  KILN_RETURN_IF_ERROR(dev.copy(mem, zeros.data(), zeros.size() * 4, /*wait=*/true));
-  return static_cast<int*>(mem);
-}
-
 int rows_per_block(int64_t rows) { return rows == 1 ? 1 : rows <= 4 ? 4 : 8; }
 
 class CudaLinear final : public Linear {
  public:
-  CudaLinear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in, std::shared_ptr<SharedScratch> scratch)
-      : dev_(dev), parts_(std::move(parts)), in_(in), scratch_(std::move(scratch)) {
-    for (DevicePart& p : parts_) {
-      out_ += p.out;
-      if (p.quantized) {
-        splits_.push_back(product_splits(p.quantized->k_pad, p.quantized->n_pad, dev_.multiprocessor_count()));
-        max_partial_ = std::max<int64_t>(max_partial_, splits_.back() * p.quantized->n_pad);
-      } else {
-        splits_.push_back(0);
-      }
-    }
-  }
-
-  Status make_counters() {
-    counters_.assign(parts_.size(), nullptr);
-    for (size_t i = 0; i < parts_.size(); ++i)
-      if (parts_[i].quantized) {
-        KILN_ASSIGN_OR_RETURN(counters_[i], cuda::make_counters(dev_, parts_[i].quantized->n_pad, parts_[i].name));
-      }
-    return ok_status();
+  CudaLinear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in)
+      : dev_(dev), parts_(std::move(parts)), in_(in) {
+    for (DevicePart& p : parts_) out_ += p.out;
   }
 
   int64_t in_features() const override { return in_; }
@@ -70,10 +44,6 @@ class CudaLinear final : public Linear {
   // Every row runs the same arithmetic whatever the row count: the split count depends on the shape only, and rows
   // never share a sum (see exl3_kernels.h).
   int64_t batch_invariant_rows() const override { return INT64_MAX; }
-  // Partial sums for one pass of up to kMaxPassRows rows.
-  size_t workspace_bytes(int64_t max_rows, Epilogue) const override {
-    return align256(static_cast<size_t>(std::min(max_rows, kMaxPassRows) * max_partial_) * 4);
-  }
 
   Status run(const LinearRun& a, Stream stream) const override {
     const std::string& name = parts_[0].name;
@@ -88,13 +58,6 @@ class CudaLinear final : public Linear {
       return invalid_argument("`" + name + "`: input " + a.x.shape_string() + " and output " + a.y.shape_string() +
                               " have different numbers of rows");
     if (n == 0) return ok_status();
-    // Without (enough) workspace from the caller, the format's shared scratch.
-    void* partial = a.workspace;
-    if (max_partial_ > 0 && (!a.workspace || a.workspace_bytes < workspace_bytes(n, a.epilogue))) {
-      if (!scratch_ || scratch_->bytes() < workspace_bytes(kMaxPassRows, a.epilogue))
-        return internal_error("`" + name + "`: the format's shared scratch was not reserved");
-      partial = scratch_->data();
-    }
     const bool y_bf16 = a.y.dtype == DType::kBF16;
     int64_t col = 0;
     for (size_t pi = 0; pi < parts_.size(); ++pi) {
@@ -110,10 +73,9 @@ class CudaLinear final : public Linear {
       ProductArgs g;
       g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = in_, g.in = in_, g.suh.fixed = m.suh;
       g.trellis.fixed = m.trellis, g.bits = m.bits, g.codebook = m.codebook, g.k_pad = m.k_pad, g.n_pad = m.n_pad;
-      g.splits = splits_[pi], g.hadamard_scale = hadamard_scale();
+      g.splits = product_splits(m.k_pad), g.hadamard_scale = hadamard_scale();
       g.out = m.out, g.svh.fixed = m.svh, g.bias = m.bias;
       g.y = a.y.data, g.y_bf16 = y_bf16, g.y_stride = out_, g.col_offset = col, g.accumulate = a.accumulate;
-      g.partial = static_cast<float*>(partial), g.counters = counters_[pi];
       for (int64_t r = 0; r < n; r += kMaxPassRows) {
         g.row_begin = r, g.rows = std::min(kMaxPassRows, n - r);
         KILN_RETURN_IF_ERROR(
@@ -151,10 +113,6 @@ class CudaLinear final : public Linear {
   DeviceContext& dev_;
   std::vector<DevicePart> parts_;
   int64_t in_ = 0, out_ = 0;
-  std::shared_ptr<SharedScratch> scratch_;
-  std::vector<int> splits_;
-  std::vector<int*> counters_;
-  int64_t max_partial_ = 0;  // max over EXL3 parts of splits · n_pad
 };
 
 // One projection of every expert: device tables of the experts' trellis and scale pointers, indexed by expert id.
@@ -164,7 +122,6 @@ struct Projection {
   const uint32_t* const* trellis = nullptr;
   const float* const* suh = nullptr;
   const float* const* svh = nullptr;
-  int* counters = nullptr;
 };
 
 class CudaExpertSet final : public ExpertSet {
@@ -183,8 +140,7 @@ class CudaExpertSet final : public ExpertSet {
   int64_t batch_invariant_rows() const override { return INT64_MAX; }
   size_t workspace_bytes(int64_t max_tokens, int top_k) const override {
     const int64_t pairs = max_tokens * top_k;
-    return align256(static_cast<size_t>(std::min(pairs, kMaxPassRows) * partial_width()) * 4) +
-           2 * align256(static_cast<size_t>(pairs * inter_) * 4);
+    return 2 * align256(static_cast<size_t>(pairs * inter_) * 4);
   }
 
   Result<bool> run(const ExpertRun& a, Stream stream) const override {
@@ -200,8 +156,6 @@ class CudaExpertSet final : public ExpertSet {
       return invalid_argument("`" + prefix_ + "`: workspace of " + std::to_string(a.workspace_bytes) + " bytes, needs " +
                               std::to_string(workspace_bytes(n, top_k)));
     char* ws = static_cast<char*>(a.workspace);
-    auto* partial = reinterpret_cast<float*>(ws);
-    ws += align256(static_cast<size_t>(std::min(pairs, kMaxPassRows) * partial_width()) * 4);
     auto* gate_out = reinterpret_cast<float*>(ws);
     ws += align256(static_cast<size_t>(pairs * inter_) * 4);
     auto* up_out = reinterpret_cast<float*>(ws);
@@ -210,7 +164,7 @@ class CudaExpertSet final : public ExpertSet {
     // the pair's SwiGLU and scales by its routing weight.
     const ProductArgs common = [&] {
       ProductArgs g;
-      g.hadamard_scale = hadamard_scale(), g.partial = partial;
+      g.hadamard_scale = hadamard_scale();
       return g;
     }();
     for (const auto& [proj, dst] : {std::pair{&gate_, gate_out}, std::pair{&up_, up_out}}) {
@@ -227,16 +181,12 @@ class CudaExpertSet final : public ExpertSet {
   }
 
  private:
-  int64_t partial_width() const {
-    return std::max({gate_.splits * gate_.n_pad, up_.splits * up_.n_pad, down_.splits * down_.n_pad});
-  }
-
   static ProductArgs with(ProductArgs g, const Projection& p, const int32_t* ids) {
     g.suh.table = p.suh, g.suh.ids = ids;
     g.trellis.table = p.trellis, g.trellis.ids = ids;
     g.svh.table = p.svh, g.svh.ids = ids;
     g.bits = p.bits, g.codebook = p.codebook, g.k_pad = p.k_pad, g.n_pad = p.n_pad, g.splits = p.splits;
-    g.out = p.out, g.counters = p.counters;
+    g.out = p.out;
     return g;
   }
 
@@ -264,21 +214,8 @@ size_t DeviceModule::bytes() const {
 
 float hadamard_scale() { return 1.0f / std::sqrt(static_cast<float>(kHadamardSize)); }
 
-Status SharedScratch::reserve(size_t bytes) {
-  if (bytes <= bytes_) return ok_status();
-  // Grown geometrically: the arena frees nothing before the model goes, so each step up strands the old buffer.
-  const size_t grown = std::max(bytes, 2 * bytes_);
-  KILN_ASSIGN_OR_RETURN(data_, dev_.allocate(grown, "exl3 shared scratch"));
-  bytes_ = grown;
-  return ok_status();
-}
-
-Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in,
-                                                 std::shared_ptr<SharedScratch> scratch) {
-  auto l = std::make_unique<CudaLinear>(dev, std::move(parts), in, scratch);
-  KILN_RETURN_IF_ERROR(l->make_counters());
-  KILN_RETURN_IF_ERROR(scratch->reserve(l->workspace_bytes(kMaxPassRows, Epilogue::kNone)));
-  return std::unique_ptr<Linear>(std::move(l));
+Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in) {
+  return std::unique_ptr<Linear>(std::make_unique<CudaLinear>(dev, std::move(parts), in));
 }
 
 Result<std::unique_ptr<ExpertSet>> make_cuda_expert_set(DeviceContext& dev, const std::string& prefix,
@@ -316,8 +253,7 @@ Result<std::unique_ptr<ExpertSet>> make_cuda_expert_set(DeviceContext& dev, cons
     Projection& p = proj[k];
     p.bits = first.bits, p.codebook = first.codebook, p.in = first.in, p.out = first.out;
     p.k_pad = first.k_pad, p.n_pad = first.n_pad;
-    p.splits = product_splits(p.k_pad, p.n_pad, dev.multiprocessor_count());
-    KILN_ASSIGN_OR_RETURN(p.counters, make_counters(dev, p.n_pad, prefix + "." + names[k]));
+    p.splits = product_splits(p.k_pad);
     p.trellis = reinterpret_cast<const uint32_t* const*>(tables);
     p.suh = reinterpret_cast<const float* const*>(tables + count);
     p.svh = reinterpret_cast<const float* const*>(tables + 2 * count);

@@ -36,23 +36,7 @@ struct DevicePart {
 // 1/√128 computed as the CPU reference computes it, so the rotations agree bit for bit.
 float hadamard_scale();
 
-// Device scratch shared by a format's Linears (one stream orders them), for callers that pass no workspace: the
-// core's CUDA runner plans workspace for expert sets but runs plain linears without any. Grows only at load time;
-// holds the partial sums of one pass of kMaxPassRows rows (a call with more rows runs in passes).
-class SharedScratch {
- public:
-  explicit SharedScratch(DeviceContext& dev) : dev_(dev) {}
-  Status reserve(size_t bytes);
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  DeviceContext& dev_;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in,
-                                                 std::shared_ptr<SharedScratch> scratch);
+Result<std::unique_ptr<Linear>> make_cuda_linear(DeviceContext& dev, std::vector<DevicePart> parts, int64_t in);
 
 struct DeviceExperts {
   // Per projection (gate, up, down): one module per expert, all of one K and codebook.

@@ -1,5 +1,6 @@
 // The EXL3 kernels (see exl3_kernels.h for the pipeline and why it is shaped so).
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,9 +8,15 @@
 #include "exl3_codebook_device.cuh"
 #include "exl3_kernels.h"
 #include "exl3_lane_states.h"
+#include "kiln/cuda/pdl_launch.cuh"
+#include "kiln/cuda/warp_mma.cuh"
 
 namespace kiln::exl3::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
+using kiln::cuda::pdl_launch_dependents;
+using kiln::cuda::pdl_wait;
 
 const char* launched() {
   const cudaError_t e = cudaGetLastError();
@@ -20,26 +27,34 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 template <class T>
 __device__ __forceinline__ const T* pick(const PerRow<T>& p, int64_t row) {
-  return p.fixed ? p.fixed : p.table[p.ids[row / p.ids_div]];
+  return p.fixed ? p.fixed : p.table[p.ids[static_cast<int>(row) / p.ids_div]];  // 32-bit: rows < 2^31
 }
 
-// The 128-point Sylvester butterflies over every 128-block of v[0..count) in shared memory, by all threads of the
-// block, then × scale: each element sees the CPU reference's operations in its order (hadamard128 in
-// exl3_tile.cpp), so results agree bit for bit. Callers synchronise before (v written) and after.
-__device__ __forceinline__ void hadamard128_shared(float* v, int count, float scale) {
-  for (int h = 1; h < kHadamardSize; h *= 2) {
-    __syncthreads();
-    for (int p = threadIdx.x; p < count / 2; p += blockDim.x) {
-      const int base = (p / (kHadamardSize / 2)) * kHadamardSize, w = p % (kHadamardSize / 2);
-      const int i = base + (w / h) * 2 * h + w % h;
-      const float x = v[i], y = v[i + h];
-      v[i] = __fadd_rn(x, y);
-      v[i + h] = __fsub_rn(x, y);
+// The 128-point Sylvester butterflies over one 128-vector held by a warp, lane L holding elements 4L .. 4L+3, then
+// × scale: stages h = 1, 2 inside the lane, h = 4 .. 64 across lanes L ^ h/4. Each element sees the CPU reference's
+// operations in its order (hadamard128 in exl3_tile.cpp: the lower index gets a + b, the upper a − b), so results
+// agree bit for bit — with no shared memory and no block barrier.
+__device__ __forceinline__ void hadamard128_warp(float (&v)[4], float scale) {
+  float a = v[0], b = v[1];
+  v[0] = __fadd_rn(a, b), v[1] = __fsub_rn(a, b);
+  a = v[2], b = v[3];
+  v[2] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
+  a = v[0], b = v[2];
+  v[0] = __fadd_rn(a, b), v[2] = __fsub_rn(a, b);
+  a = v[1], b = v[3];
+  v[1] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 1; m < 32; m *= 2) {
+    const bool upper = lane & m;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = __shfl_xor_sync(0xFFFFFFFFu, v[e], m);
+      v[e] = upper ? __fsub_rn(p, v[e]) : __fadd_rn(v[e], p);
     }
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < count; i += blockDim.x) v[i] = __fmul_rn(v[i], scale);
-  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = __fmul_rn(v[e], scale);
 }
 
 // The lane's three stream words of a tile held across the warp (lane l has word l in `lo`, word l + 32 in `hi`).
@@ -53,189 +68,325 @@ __device__ __forceinline__ uint32_t word_from_warp(uint32_t lo, uint32_t hi, int
   return a;
 }
 
-template <int K, int CB>
-__device__ __forceinline__ void decode_lane(uint32_t lo, uint32_t hi, int lane, int first, float (&w)[8]) {
-  constexpr int kWords = 8 * K;
-  const uint32_t w0 = word_from_warp<K>(lo, hi, first);
-  const uint32_t w1 = word_from_warp<K>(lo, hi, (first + 1) % kWords);
-  const uint32_t w2 = word_from_warp<K>(lo, hi, (first + 2) % kWords);
-#pragma unroll
-  for (int q = 0; q < 8; ++q) w[q] = decode_state(lane_state(w0, w1, w2, lane, q, K), CB);
+// State q of the lane from its window shifted left by its bit offset: (s0 : s1 : s2) holds the lane's states from
+// bit 0, state q ending at bit 16 + q·K (≤ 72). Same bits as lane_state (exl3_lane_states.h), with constant shifts.
+template <int K, int Q>
+__device__ __forceinline__ uint32_t normalized_state(uint32_t s0, uint32_t s1, uint32_t s2) {
+  constexpr int e = 16 + Q * K;
+  if constexpr (e <= 32) return (s0 >> (32 - e)) & 0xFFFFu;
+  else if constexpr (e <= 64) return __funnelshift_r(s1, s0, 64 - e) & 0xFFFFu;
+  else return __funnelshift_r(s2, s1, 96 - e) & 0xFFFFu;
 }
 
-constexpr int kGroupTiles = kHadamardSize / 16;  // a block's column tiles: one warp each, one output rotation
-constexpr int kProductThreads = 32 * kGroupTiles;
+// (x & m) ^ c in one LOP3: written out because the compiler splits the two immediates into two instructions.
+__device__ __forceinline__ uint32_t and_xor(uint32_t x, uint32_t m, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(x), "r"(m), "r"(c));
+  return d;
+}
 
-template <int K, int CB, int G>
-__global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(ProductArgs a, int tiles_per_split) {
+// Two states → their codebook values as one half2 (the first in the low half): the B-fragment register of two
+// consecutive k. 3INST/MCG: both masked products, then one fp16 add of their halves (the same single rounding as
+// decode_state_half); MUL1 through decode_state_half.
+template <int CB>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
+  if constexpr (CB == kCbMul1) {
+    const __half2 h = __halves2half2(decode_state_half(s0, CB), decode_state_half(s1, CB));
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    uint32_t x0 = CB == kCbMcg ? s0 * 0xCBAC1FEDu : s0 * 89226354u + 64248484u;
+    uint32_t x1 = CB == kCbMcg ? s1 * 0xCBAC1FEDu : s1 * 89226354u + 64248484u;
+    x0 = and_xor(x0, 0x8FFF8FFFu, 0x3B603B60u);
+    x1 = and_xor(x1, 0x8FFF8FFFu, 0x3B603B60u);
+    const uint32_t lows = __byte_perm(x0, x1, 0x5410), highs = __byte_perm(x0, x1, 0x7632);
+    const __half2 h = __hadd2(*reinterpret_cast<const __half2*>(&lows), *reinterpret_cast<const __half2*>(&highs));
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+// D += A·B, m16n8k16, fp16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// fp32 → (hi, lo) fp16 with hi + lo = x to about 2^-22 relative: the tensor cores see x in two fp16 parts and the
+// product keeps fp32 accuracy. |x| is clamped to fp16's largest finite value first (rotated activations beyond
+// 65504 would otherwise become inf; see exl3_kernels.h).
+__device__ __forceinline__ void split_half(float x, __half& hi, __half& lo) {
+  x = fminf(fmaxf(x, -65504.0f), 65504.0f);
+  hi = __float2half_rn(x);
+  lo = __float2half_rn(__fsub_rn(x, __half2float(hi)));
+}
+
+__device__ __forceinline__ uint32_t pack_halves(__half a, __half b) {
+  const __half2 h = __halves2half2(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+constexpr int kGroupTiles = kHadamardSize / 16;  // a block's column tiles, one output rotation
+constexpr int kKWarps = 1;                          // warps per column tile, taking alternate chunks of its k range
+constexpr int kWarps = kGroupTiles * kKWarps;
+constexpr int kProductThreads = 32 * kWarps;
+constexpr int kChunk = 4;                           // tiles per load round; two rounds in flight per warp
+constexpr int kRowPad = 8;  // words after each row's input slice: the rows of an A-fragment load land 8 banks apart
+
+template <int K, int CB>
+__global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(ProductArgs a, int rows_per_block) {
   constexpr int kWords = 8 * K;
-  constexpr int kUnroll = K <= 4 ? 8 : 4;
-  extern __shared__ float xs[];  // [G][len]: the rotated input slice
-  __shared__ float fin[G * kHadamardSize];
-  __shared__ int last;
+  // xs: per row of this block, the rotated input slice as interleaved (hi, lo) half2 words: word 2p holds the fp16
+  // hi parts of inputs 2p, 2p + 1, word 2p + 1 their lo parts — so one 8-byte load is a lane's A-fragment pair.
+  extern __shared__ __align__(16) uint32_t xs[];
+  __shared__ __align__(16) float red[kMaxRowsPerBlock][kHadamardSize];  // this split's sums, read across the cluster
+  cg::cluster_group cluster = cg::this_cluster();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * G;  // local
-  const int rows = static_cast<int>(a.rows - row0 < G ? a.rows - row0 : G);
-  const int64_t k_tiles = a.k_pad / 16, n_tiles = a.n_pad / 16;
-  const int group = blockIdx.y, split = blockIdx.z;
-  const int64_t j = static_cast<int64_t>(group) * kGroupTiles + warp;
-  const int64_t i_begin = static_cast<int64_t>(split) * tiles_per_split;
-  const int64_t i_end = k_tiles < i_begin + tiles_per_split ? k_tiles : i_begin + tiles_per_split;
-  const int len = static_cast<int>(i_end - i_begin) * 16;  // a multiple of 128
-  const int64_t q0 = a.row_begin + row0;                    // global row of local row 0
-  const uint32_t* trellis = pick(a.trellis, q0);
+  const int split = blockIdx.x, splits = gridDim.x, group = blockIdx.y;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.z) * rows_per_block;  // local
+  const int rows = static_cast<int>(a.rows - row0 < rows_per_block ? a.rows - row0 : rows_per_block);
+  // Index arithmetic in 32 bits (shapes are far below 2^31; a 64-bit division is a long software routine).
+  const int k_blocks = static_cast<int>(a.k_pad / kHadamardSize), n_tiles = static_cast<int>(a.n_pad / 16);
+  // Split s takes 128-input blocks [s·k_blocks/S, (s+1)·k_blocks/S): sizes differ by at most one, none empty.
+  const int b_begin = split * k_blocks / splits, b_end = (split + 1) * k_blocks / splits;
+  const int i_begin = b_begin * kGroupTiles, i_end = b_end * kGroupTiles;
+  const int len = (i_end - i_begin) * 16;
+  const int stride = (k_blocks + splits - 1) / splits * kHadamardSize + kRowPad;
+  const int kw = warp / kGroupTiles;  // this warp's chunks: kw, kw + kKWarps, ...
+  const int j = group * kGroupTiles + warp % kGroupTiles;
+  const int chunks = (i_end - i_begin) / kChunk;  // whole: a 128-input block is 8 tiles
+  const int64_t q0 = a.row_begin + row0;  // global row of local row 0
+  const int vblocks = len / kHadamardSize;
 
-  // 1. The first tiles' loads go out before the input slice is rotated, so the two latencies overlap.
-  uint32_t lo[kUnroll], hi[kUnroll];
-  auto load_chunk = [&](int64_t i) {
+  // 1. Weights first: a Linear's trellis and scales are read-only for the whole run, so with programmatic dependent
+  // launch their loads go out before pdl_wait(), while the kernel before this one finishes (pdl.cuh's contract). An
+  // expert set's pointers come through routing ids an earlier kernel writes, so its loads wait.
+  uint32_t lo[kChunk], hi[kChunk], nlo[kChunk], nhi[kChunk];
+  const uint32_t* trellis = a.trellis.fixed;
+  // Tile i_begin + n of this warp's column at base + n·step (32-bit offsets: a module's trellis is far below 2^31
+  // words, and the address arithmetic stays one instruction per load).
+  const uint32_t* base = nullptr;
+  const uint32_t step = static_cast<uint32_t>(n_tiles * kWords);
+  auto load_chunk = [&](int c, uint32_t (&l)[kChunk], uint32_t (&h)[kChunk]) {
+    const bool any = c < chunks;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      lo[u] = hi[u] = 0;
-      if (i + u < i_end) {
-        const uint32_t* tile = trellis + ((i + u) * n_tiles + j) * kWords;
-        if (lane < kWords) lo[u] = __ldg(tile + lane);
-        if (kWords > 32 && lane + 32 < kWords) hi[u] = __ldg(tile + lane + 32);
-      }
+    for (int u = 0; u < kChunk; ++u) {
+      const uint32_t at = static_cast<uint32_t>(c * kChunk + u) * step;
+      l[u] = any && lane < kWords ? __ldg(base + at) : 0u;
+      h[u] = kWords > 32 && any && lane + 32 < kWords ? __ldg(base + at + 32) : 0u;
     }
   };
-  load_chunk(i_begin);
-  for (int idx = threadIdx.x; idx < G * len; idx += blockDim.x) {
-    const int r = idx / len;
-    const int64_t k = i_begin * 16 + idx % len;
-    float v = 0.0f;
-    if (r < rows && k < a.in) {
-      const int64_t q = q0 + r;
-      if (a.gate) {  // an expert's SwiGLU, as the CPU computes it
-        const float g = fminf(a.gate[q * a.in + k], a.swiglu_limit);
-        const float u = fminf(fmaxf(a.up[q * a.in + k], -a.swiglu_limit), a.swiglu_limit);
-        v = g / (1.0f + expf(-g)) * u;
-      } else {
-        v = __bfloat162float(__ushort_as_bfloat16(a.x_bf16[(q / a.x_div) * a.x_stride + k]));
-      }
-      v = __fmul_rn(v, pick(a.suh, q)[k]);
+  auto set_base = [&] { base = trellis + (static_cast<int64_t>(i_begin) * n_tiles + j) * kWords + lane; };
+  auto load_first_chunks = [&] {  // two chunks in flight before the first decode
+    load_chunk(kw, lo, hi);
+    load_chunk(kw + kKWarps, nlo, nhi);
+  };
+  float suh_first[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this warp's first input vector's suh (one per lane element)
+  auto load_suh_first = [&](const float* suh) {
+    if (warp >= rows * vblocks) return;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = i_begin * 16 + (warp % vblocks) * kHadamardSize + 4 * lane + e;
+      if (k < a.in) suh_first[e] = __ldg(suh + k);
     }
-    xs[idx] = v;
+  };
+  if (trellis) {  // a branch, so ptxas keeps these loads ahead of the wait (see skinny_gemm.cu in the core)
+    set_base();
+    load_first_chunks();
+    if (a.suh.fixed) load_suh_first(a.suh.fixed);
   }
-  hadamard128_shared(xs, G * len, a.hadamard_scale);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!trellis) {
+    trellis = pick(a.trellis, q0);
+    set_base();
+    load_first_chunks();
+  }
+  if (!a.suh.fixed && warp < rows * vblocks) load_suh_first(pick(a.suh, q0 + warp / vblocks));
+  // The epilogue's row (one per warp at most: rows ≤ 8) and its scales, loaded now so they arrive during the work.
+  const int er = split + splits * warp;
+  float svh_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bias_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, weight_e = 1.0f;
+  if (er < rows) {
+    const float* svh = pick(a.svh, q0 + er);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t col = static_cast<int64_t>(group) * kHadamardSize + 4 * lane + e;
+      if (col < a.out) {
+        svh_e[e] = __ldg(svh + col);
+        if (a.bias) bias_e[e] = __ldg(a.bias + col);
+      }
+    }
+    if (a.row_weight) weight_e = a.row_weight[q0 + er];
+  }
 
-  // 2. Decode and multiply.
-  const int first = lane_first_word(lane, K);
-  const int r0 = 2 * (lane & 3), c0 = lane >> 2;
-  float acc[G][2];
+  // Each warp rotates whole (row, 128-block) vectors of the slice: x ⊙ suh (or the SwiGLU of an expert's gate and
+  // up outputs, as the CPU computes it), the butterflies, then the (hi, lo) split.
+  for (int v = warp; v < rows * vblocks; v += kWarps) {
+    const int r = v / vblocks, vb = v % vblocks;
+    const int64_t q = q0 + r;
+    const float* suh = pick(a.suh, q);
+    float x[4];
 #pragma unroll
-  for (int r = 0; r < G; ++r) acc[r][0] = acc[r][1] = 0.0f;
-  for (int64_t i = i_begin; i < i_end; i += kUnroll) {
-    if (i != i_begin) load_chunk(i);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (i + u >= i_end) break;  // uniform across the block
-      float w[8];
-      decode_lane<K, CB>(lo[u], hi[u], lane, first, w);
-      const float* xb = xs + (i + u - i_begin) * 16;
-#pragma unroll
-      for (int r = 0; r < G; ++r) {
-        const float* xr = xb + r * len;
-        const float x0 = xr[r0], x1 = xr[r0 + 1], x2 = xr[r0 + 8], x3 = xr[r0 + 9];
-        acc[r][0] = fmaf(x3, w[3], fmaf(x2, w[2], fmaf(x1, w[1], fmaf(x0, w[0], acc[r][0]))));
-        acc[r][1] = fmaf(x3, w[7], fmaf(x2, w[6], fmaf(x1, w[5], fmaf(x0, w[4], acc[r][1]))));
+    for (int e = 0; e < 4; ++e) {
+      const int k = i_begin * 16 + vb * kHadamardSize + 4 * lane + e;
+      float val = 0.0f;
+      if (k < a.in) {
+        if (a.gate) {
+          const float g = fminf(a.gate[q * a.in + k], a.swiglu_limit);
+          const float u = fminf(fmaxf(a.up[q * a.in + k], -a.swiglu_limit), a.swiglu_limit);
+          val = g / (1.0f + expf(-g)) * u;
+        } else {
+          val = __bfloat162float(__ushort_as_bfloat16(a.x_bf16[(static_cast<int>(q) / a.x_div) * a.x_stride + k]));
+        }
+        val = __fmul_rn(val, v == warp ? suh_first[e] : suh[k]);
       }
+      x[e] = val;
     }
-  }
-  // The four lanes of a column hold its sums over input rows r0 ∈ {0, 2, 4, 6} (+1, +8, +9): a symmetric butterfly
-  // gives all four the same bits.
+    hadamard128_warp(x, a.hadamard_scale);
+    __half h[4], l[4];
 #pragma unroll
-  for (int r = 0; r < G; ++r)
+    for (int e = 0; e < 4; ++e) split_half(x[e], h[e], l[e]);
+    *reinterpret_cast<uint4*>(xs + r * stride + vb * kHadamardSize + 4 * lane) =
+        make_uint4(pack_halves(h[0], h[1]), pack_halves(l[0], l[1]), pack_halves(h[2], h[3]), pack_halves(l[2], l[3]));
+  }
+  __syncthreads();
+
+  static_assert(kKWarps == 1 || kKWarps == 2, "the reduction below adds one or two k-warps");
+  // 2. Decode and multiply on the tensor cores: A rows 0..7 are the block's rows' hi parts, rows 8..15 their lo
+  // parts (lane g = lane/4 holds both for row g), B the tile's two 16×8 halves decoded in registers.
+  const int g = lane >> 2, t = lane & 3;
+  const int first = lane_first_word(lane, K), off = lane_window_bit(lane, K) % 32;
+  float acc[2][2][4] = {};  // [even/odd tile][column half]: two independent accumulator chains
+  // Lanes past the block's rows read the last row: their A rows only feed C rows nobody reads, and the load needs
+  // no predicate.
+  const uint32_t* xrow = xs + min(g, rows - 1) * stride + 2 * t;
+  for (int c = kw; c < chunks; c += kKWarps) {
+    const int i = i_begin + c * kChunk;
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const uint32_t w0 = word_from_warp<K>(lo[u], hi[u], first);
+      const uint32_t w1 = word_from_warp<K>(lo[u], hi[u], (first + 1) % kWords);
+      const uint32_t w2 = word_from_warp<K>(lo[u], hi[u], (first + 2) % kWords);
+      const uint32_t s0 = __funnelshift_l(w1, w0, off), s1 = __funnelshift_l(w2, w1, off), s2 = w2 << off;
+      const uint32_t b00 = decode_pair<CB>(normalized_state<K, 0>(s0, s1, s2), normalized_state<K, 1>(s0, s1, s2));
+      const uint32_t b01 = decode_pair<CB>(normalized_state<K, 2>(s0, s1, s2), normalized_state<K, 3>(s0, s1, s2));
+      const uint32_t b10 = decode_pair<CB>(normalized_state<K, 4>(s0, s1, s2), normalized_state<K, 5>(s0, s1, s2));
+      const uint32_t b11 = decode_pair<CB>(normalized_state<K, 6>(s0, s1, s2), normalized_state<K, 7>(s0, s1, s2));
+      const uint32_t* xa = xrow + (i + u - i_begin) * 16;
+      const uint2 p = *reinterpret_cast<const uint2*>(xa), r = *reinterpret_cast<const uint2*>(xa + 8);
+      mma_16816(acc[u & 1][0], p.x, p.y, r.x, r.y, b00, b01);
+      mma_16816(acc[u & 1][1], p.x, p.y, r.x, r.y, b10, b11);
+    }
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) lo[u] = nlo[u], hi[u] = nhi[u];
+    load_chunk(c + 2 * kKWarps, nlo, nhi);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][h][e] = __fadd_rn(acc[0][h][e], acc[1][h][e]);
+  // Row g's sums: its hi part's (C row g) plus its lo part's (C row g + 8), columns 2t, 2t + 1 of each half; the
+  // second k-warp's first, then the first k-warp's added to it (a fixed order).
+  const int col0 = (warp % kGroupTiles) * 16 + 2 * t;
+  if (kKWarps == 2 && kw == 1 && g < rows) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float v = acc[r][h];
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-      acc[r][h] = v;
+      red[g][col0 + h * 8] = __fadd_rn(acc[0][h][0], acc[0][h][2]);
+      red[g][col0 + h * 8 + 1] = __fadd_rn(acc[0][h][1], acc[0][h][3]);
     }
-  if ((lane & 3) == 0) {
+  }
+  if (kKWarps == 2) __syncthreads();
+  if (kw == 0 && g < rows) {
 #pragma unroll
-    for (int r = 0; r < G; ++r) {
-      if (r >= rows) break;
-      float* dst = a.partial + (static_cast<int64_t>(split) * a.rows + row0 + r) * a.n_pad + j * 16 + c0;
-      dst[0] = acc[r][0];
-      dst[8] = acc[r][1];
+    for (int h = 0; h < 2; ++h) {
+      float* dst = &red[g][col0 + h * 8];
+      float v0 = __fadd_rn(acc[0][h][0], acc[0][h][2]), v1 = __fadd_rn(acc[0][h][1], acc[0][h][3]);
+      if (kKWarps == 2) v0 = __fadd_rn(v0, dst[0]), v1 = __fadd_rn(v1, dst[1]);
+      dst[0] = v0, dst[1] = v1;
     }
   }
 
-  // 3. The last split block of this (row group, column group) finishes it.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* counter = a.counters + blockIdx.x * gridDim.y + group;
-    last = atomicAdd(counter, 1) == a.splits - 1;
-    if (last) *counter = 0;  // ready for the next launch (stream order) or graph replay
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * kHadamardSize; idx += blockDim.x) {
-    const int r = idx / kHadamardSize, c = idx % kHadamardSize;
-    float sum = 0.0f;
-    if (r < rows)
-      for (int s = 0; s < a.splits; ++s)
-        sum += __ldcg(a.partial + (static_cast<int64_t>(s) * a.rows + row0 + r) * a.n_pad + group * kHadamardSize + c);
-    fin[idx] = sum;
-  }
-  hadamard128_shared(fin, G * kHadamardSize, a.hadamard_scale);
-  for (int idx = threadIdx.x; idx < G * kHadamardSize; idx += blockDim.x) {
-    const int r = idx / kHadamardSize;
-    const int64_t col = static_cast<int64_t>(group) * kHadamardSize + idx % kHadamardSize;
-    if (r >= rows || col >= a.out) continue;
-    const int64_t q = q0 + r;
-    float o = __fmul_rn(fin[idx], pick(a.svh, q)[col]);
-    if (a.bias) o = __fadd_rn(o, a.bias[col]);
-    if (a.row_weight) o = __fmul_rn(a.row_weight[q], o);
-    const int64_t at = q * a.y_stride + a.col_offset + col;
-    if (a.y_bf16) {
-      auto* y = static_cast<__nv_bfloat16*>(a.y);
-      y[at] = __float2bfloat16_rn(a.accumulate ? __bfloat162float(y[at]) + o : o);
-    } else {
-      auto* y = static_cast<float*>(a.y);
-      y[at] = a.accumulate ? y[at] + o : o;
+  // 3. The splits of a (row block, column group) are one thread-block cluster: after the barrier, one warp per row
+  // (warp w of split s finishes row s + S·w: rows ≤ 8 < warps, so every row has one)
+  // sums the splits' shared sums in split order, rotates the 128 outputs, applies ⊙ svh, + bias, × a per-row
+  // weight, and stores bf16 or fp32 (or adds). The second barrier keeps every block's sums alive until read.
+  cluster.sync();
+  if (er < rows) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < splits; ++s) {
+      const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(&red[er][4 * lane], s));
+      v[0] = __fadd_rn(v[0], p.x), v[1] = __fadd_rn(v[1], p.y), v[2] = __fadd_rn(v[2], p.z), v[3] = __fadd_rn(v[3], p.w);
+    }
+    hadamard128_warp(v, a.hadamard_scale);
+    const int64_t q = q0 + er;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t col = static_cast<int64_t>(group) * kHadamardSize + 4 * lane + e;
+      if (col >= a.out) continue;
+      float o = __fmul_rn(v[e], svh_e[e]);
+      if (a.bias) o = __fadd_rn(o, bias_e[e]);
+      if (a.row_weight) o = __fmul_rn(weight_e, o);
+      const int64_t at = q * a.y_stride + a.col_offset + col;
+      if (a.y_bf16) {
+        auto* y = static_cast<__nv_bfloat16*>(a.y);
+        y[at] = __float2bfloat16_rn(a.accumulate ? __bfloat162float(y[at]) + o : o);
+      } else {
+        auto* y = static_cast<float*>(a.y);
+        y[at] = a.accumulate ? y[at] + o : o;
+      }
     }
   }
+  cluster.sync();
 }
 
-template <int K, int CB, int G>
-const char* launch_product_kgc(const ProductArgs& a, cudaStream_t st) {
-  // Whole 128-input blocks per split: each rotates its own slice.
+// Programmatic dependent launch where the device has it (KILN_PDL=0 turns it off, as for the core's kernels).
+bool use_pdl() {
+  static const bool on = kiln::cuda::pdl_supported_on_current_device();
+  return on;
+}
+
+template <int K, int CB>
+const char* launch_product_kc(const ProductArgs& a, int rows_per_block, cudaStream_t st) {
   const int64_t k_blocks = a.k_pad / kHadamardSize;
-  const int tps = static_cast<int>((k_blocks + a.splits - 1) / a.splits) * (kHadamardSize / 16);
-  const dim3 grid(static_cast<unsigned>((a.rows + G - 1) / G), static_cast<unsigned>(a.n_pad / kHadamardSize),
-                  static_cast<unsigned>(a.splits));
-  const size_t smem = static_cast<size_t>(G) * tps * 16 * sizeof(float);
-  trellis_product_kernel<K, CB, G><<<grid, kProductThreads, smem, st>>>(a, tps);
+  const int splits = a.splits;
+  if (splits < 1 || splits > kMaxSplits || splits > k_blocks) return "trellis_product: bad split count";
+  const int stride = static_cast<int>((k_blocks + splits - 1) / splits) * kHadamardSize + kRowPad;
+  const size_t smem = static_cast<size_t>(rows_per_block) * stride * sizeof(uint32_t);
+  auto* kernel = trellis_product_kernel<K, CB>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(a.n_pad / kHadamardSize),
+                     static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block));
+  cfg.blockDim = dim3(kProductThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = use_pdl() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a, rows_per_block);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
   return launched();
 }
 
-template <int K, int G>
-const char* launch_product_kg(const ProductArgs& a, cudaStream_t st) {
+template <int K>
+const char* launch_product_k(const ProductArgs& a, int rows_per_block, cudaStream_t st) {
   switch (a.codebook) {
-    case kCb3Inst: return launch_product_kgc<K, kCb3Inst, G>(a, st);
-    case kCbMcg: return launch_product_kgc<K, kCbMcg, G>(a, st);
-    case kCbMul1: return launch_product_kgc<K, kCbMul1, G>(a, st);
+    case kCb3Inst: return launch_product_kc<K, kCb3Inst>(a, rows_per_block, st);
+    case kCbMcg: return launch_product_kc<K, kCbMcg>(a, rows_per_block, st);
+    case kCbMul1: return launch_product_kc<K, kCbMul1>(a, rows_per_block, st);
   }
   return "unknown EXL3 codebook";
-}
-
-template <int G>
-const char* launch_product_g(const ProductArgs& a, cudaStream_t st) {
-  switch (a.bits) {
-    case 1: return launch_product_kg<1, G>(a, st);
-    case 2: return launch_product_kg<2, G>(a, st);
-    case 3: return launch_product_kg<3, G>(a, st);
-    case 4: return launch_product_kg<4, G>(a, st);
-    case 5: return launch_product_kg<5, G>(a, st);
-    case 6: return launch_product_kg<6, G>(a, st);
-    case 7: return launch_product_kg<7, G>(a, st);
-    case 8: return launch_product_kg<8, G>(a, st);
-  }
-  return "EXL3 K outside 1..8";
 }
 
 __global__ void dense_gemv_kernel(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out,
@@ -374,28 +525,24 @@ unsigned grid_for(int64_t count, int threads) {
 
 }  // namespace
 
-int product_splits(int64_t k_pad, int64_t n_pad, int sm_count) {
-  const int64_t k_tiles = k_pad / 16, k_blocks = k_pad / kHadamardSize, groups = n_pad / kHadamardSize;
-  // About four blocks per SM for one row, each split whole 128-input blocks (its own input rotation), at most
-  // kMaxTilesPerSplit tiles.
-  const int64_t want = std::max<int64_t>(1, (4 * std::max(sm_count, 1) + groups - 1) / groups);
-  const int64_t least = (k_tiles + kMaxTilesPerSplit - 1) / kMaxTilesPerSplit;
-  const int64_t splits = std::clamp<int64_t>(want, least, k_blocks);
-  const int64_t blocks_per_split = (k_blocks + splits - 1) / splits;
-  return static_cast<int>((k_blocks + blocks_per_split - 1) / blocks_per_split);  // none empty
-}
-
-int64_t product_counters(int64_t n_pad) { return kMaxPassRows * (n_pad / kHadamardSize); }
+int product_splits(int64_t k_pad) { return static_cast<int>(std::clamp<int64_t>(k_pad / kHadamardSize, 1, kMaxSplits)); }
 
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream) {
   if (a.rows <= 0) return nullptr;
   if (a.rows > kMaxPassRows) return "trellis_product: more rows than one pass takes";
-  switch (rows_per_block) {
-    case 1: return launch_product_g<1>(a, as_stream(stream));
-    case 4: return launch_product_g<4>(a, as_stream(stream));
-    case 8: return launch_product_g<8>(a, as_stream(stream));
+  if (rows_per_block != 1 && rows_per_block != 4 && rows_per_block != kMaxRowsPerBlock)
+    return "trellis_product: rows per block must be 1, 4 or 8";
+  switch (a.bits) {
+    case 1: return launch_product_k<1>(a, rows_per_block, as_stream(stream));
+    case 2: return launch_product_k<2>(a, rows_per_block, as_stream(stream));
+    case 3: return launch_product_k<3>(a, rows_per_block, as_stream(stream));
+    case 4: return launch_product_k<4>(a, rows_per_block, as_stream(stream));
+    case 5: return launch_product_k<5>(a, rows_per_block, as_stream(stream));
+    case 6: return launch_product_k<6>(a, rows_per_block, as_stream(stream));
+    case 7: return launch_product_k<7>(a, rows_per_block, as_stream(stream));
+    case 8: return launch_product_k<8>(a, rows_per_block, as_stream(stream));
   }
-  return "trellis_product: rows per block must be 1, 4 or 8";
+  return "EXL3 K outside 1..8";
 }
 
 const char* dense_gemv(const uint16_t* x, int64_t rows, int64_t in, const uint16_t* w, int64_t out, const float* bias,

@@ -2,18 +2,24 @@
 // code stays plain C++). A launch returns null or the CUDA error's text. All of them are graph-capturable: no
 // allocation, no host synchronisation.
 //
-// The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) is one launch (trellis_product): block (row group, 128-column
-// group, split of the input tiles)
-//   1. issues its first trellis loads, then rotates its slice of the input in shared memory: x ⊙ suh (or the SwiGLU
-//      of an expert's gate and up outputs ⊙ suh), 128-point fp32 butterflies in the CPU reference's order, so the
-//      rotated input equals the CPU's bit for bit;
-//   2. decodes Ŵ in registers (each lane's 8 states are its mma B-fragment positions, cut from three stream words)
-//      and accumulates fp32 FMAs in one fixed order per output; the lanes of a column add in a symmetric butterfly;
-//   3. writes its partial sums; the last split block of a (row group, column group) to finish (a counter, reset by
-//      that block, so launches and graph replays start from zero) sums the splits in split order, rotates the 128
+// The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) is one launch (trellis_product). Its grid is (split of the
+// input blocks, 128-column group, row block), and the splits of a (column group, row block) form one thread-block
+// cluster (Hopper), so split sums meet in distributed shared memory instead of global memory. A block
+//   1. issues its first trellis loads, then rotates its slice of the input, one warp per (row, 128-block): x ⊙ suh
+//      (or the SwiGLU of an expert's gate and up outputs ⊙ suh), 128-point fp32 butterflies across the lanes in the
+//      CPU reference's order (so the rotated input equals the CPU's bit for bit), then each value split into fp16
+//      hi + lo parts (hi + lo = x to about 2^-22);
+//   2. streams its tiles (one warp per 16-column tile, loads of the next 8 tiles in flight while the current ones
+//      decode), decodes Ŵ in registers straight into mma.m16n8k16 B fragments (each lane's 8 states are its
+//      fragment positions, cut from three stream words) and multiplies on the tensor cores with fp32 accumulators:
+//      A rows 0..7 are the block's rows' hi parts, rows 8..15 their lo parts, so a row's sum is its two C rows
+//      added and the product keeps fp32 accuracy at no extra tensor-core work;
+//   3. after a cluster barrier, one warp per row sums the cluster's splits in split order, rotates the 128
 //      outputs, applies ⊙ svh, + bias, × a per-row weight, and stores bf16 or fp32 (or adds).
-// The split count depends on the matrix shape only, never on the row count, and every row has its own accumulators,
-// so each row's arithmetic is the same whatever shares the call (batch invariance for any number of rows).
+// The split count depends on the matrix shape only, and the tensor cores compute each row of A independently, so
+// each row's arithmetic is the same whatever shares the call (batch invariance for any number of rows). Rotated
+// inputs beyond ±65504 are clamped there (fp16's range; activations after the 1/√128-scaled rotation stay far
+// below it in the models served).
 //
 // "Problems": a Linear's rows all use one trellis; an expert set's rows are (token, expert) pairs, each reading the
 // trellis and scales of its expert through device tables indexed by routing ids, so one launch serves every pair.
@@ -24,8 +30,11 @@
 namespace kiln::exl3::cuda {
 
 constexpr int kHadamardSize = 128;
-constexpr int kMaxTilesPerSplit = 64;  // bounds the shared input slice (8 rows × 64 tiles × 16 × 4 B = 32 KiB)
-constexpr int64_t kMaxPassRows = 64;   // rows per launch: bounds the partial sums and the counters
+// The splits of one column group form one thread-block cluster of at most 8 (portable) blocks. Measured on the H200
+// (2026-12-02): non-portable clusters of 16 were slower at every expert shape (fewer co-resident clusters).
+constexpr int kMaxSplits = 8;
+constexpr int kMaxRowsPerBlock = 8;   // A rows 0..7 hi parts, 8..15 lo parts
+constexpr int64_t kMaxPassRows = 64;  // rows per launch (callers run more rows in passes)
 
 // Where a row's weights come from: `fixed` for every row, else table[ids[row / ids_div]] (one entry per expert).
 template <class T>
@@ -51,7 +60,7 @@ struct ProductArgs {
   PerRow<uint32_t> trellis;  // [k_pad/16, n_pad/16, 8·K] uint32 stream words
   int bits = 0, codebook = 0;  // codebook: exl3::Codebook's order
   int64_t k_pad = 0, n_pad = 0;
-  int splits = 1;
+  int splits = 1;  // product_splits(k_pad)
   float hadamard_scale = 0.0f;
   // Output: global row q at y + q·y_stride + col_offset.
   int64_t out = 0;
@@ -62,16 +71,11 @@ struct ProductArgs {
   bool y_bf16 = false;
   int64_t y_stride = 0, col_offset = 0;
   bool accumulate = false;
-  // Scratch: partial sums [splits, rows, n_pad]; counters [product_counters(n_pad)], zero before the first launch
-  // (each launch leaves them zero).
-  float* partial = nullptr;
-  int* counters = nullptr;
 };
 // rows_per_block (1, 4 or 8): how many rows one decode serves; a row's arithmetic is the same for every choice.
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream);
-// The split count (so the summation order) for a shape: about four blocks per SM for one row.
-int product_splits(int64_t k_pad, int64_t n_pad, int sm_count);
-int64_t product_counters(int64_t n_pad);
+// The split count (so the summation order) for a shape: one per 128-input block up to a cluster of kMaxSplits.
+int product_splits(int64_t k_pad);
 
 // A dense bf16 part [out, in] of a mixed stack: y[q, col_offset + o] (+)= x[q]·w[o] (+ bias[o]), one warp per output,
 // fixed order.

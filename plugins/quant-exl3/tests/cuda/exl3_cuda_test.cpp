@@ -2,8 +2,8 @@
 // encoding): the decoded Ŵ and the dequantized W bit for bit for every K × codebook; the product within tolerance;
 // batch invariance and CUDA-graph replay bit for bit; the routed experts; a mixed EXL3 + dense stack; dummy weights.
 // Tolerances are ‖Δ‖ / ‖ref‖ over a case's outputs, with the CPU fed the same bf16-rounded inputs: 1e-5 for fp32
-// outputs (both sides fp32; only the summation order differs: the GPU sums 4-input groups per lane, across lanes and
-// splits), 1e-2 for bf16 outputs (one bf16 rounding, 2^-9 relative), 1e-4 for the experts (fp32 plus expf vs
+// outputs (the GPU multiplies on the tensor cores with the rotated input split into fp16 hi + lo parts, exact to
+// about 2^-22, and fp32 accumulators; the summation order differs: per tile, per split, across splits), 1e-2 for bf16 outputs (one bf16 rounding, 2^-9 relative), 1e-4 for the experts (fp32 plus expf vs
 // std::exp in SiLU). Every test skips without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -314,18 +314,15 @@ TEST_F(Exl3Cuda, ExpertsOfDifferentKPerProjectionAreRefusedNamingTheTensor) {
   EXPECT_NE(g.status().to_string().find("x.1.gate_proj"), std::string::npos) << g.status().to_string();
 }
 
-// Host-only (runs without a GPU): every split of the input tiles is whole 128-input blocks (each rotates its own
-// slice), none is empty, and the shared input slice stays within kMaxTilesPerSplit tiles.
-TEST(Exl3CudaSplits, WholeBlocksNoneEmptyBounded) {
-  for (int64_t k_pad = 128; k_pad <= 20480; k_pad += 128)
-    for (int64_t n_pad : {128, 384, 1536, 2048, 4096, 154880 / 128 * 128})
-      for (int sms : {1, 78, 132}) {
-        const int splits = cuda::product_splits(k_pad, n_pad, sms);
-        const int64_t k_blocks = k_pad / 128, per_split = (k_blocks + splits - 1) / splits;
-        ASSERT_GE(splits, 1);
-        ASSERT_LE(per_split * 8, cuda::kMaxTilesPerSplit) << k_pad << " " << n_pad << " " << sms;
-        ASSERT_LT((splits - 1) * per_split, k_blocks) << k_pad << " " << n_pad << " " << sms;
-      }
+// Host-only (runs without a GPU): the split count is a valid cluster size and never exceeds the 128-input blocks
+// (the kernel gives every split at least one), whatever the shape.
+TEST(Exl3CudaSplits, OneClusterOfNonEmptySplits) {
+  for (int64_t k_pad = 128; k_pad <= 20480; k_pad += 128) {
+    const int splits = cuda::product_splits(k_pad);
+    ASSERT_GE(splits, 1);
+    ASSERT_LE(splits, cuda::kMaxSplits) << k_pad;
+    ASSERT_LE(splits, k_pad / 128) << k_pad;
+  }
 }
 
 class SyntheticSource : public WeightSource {
