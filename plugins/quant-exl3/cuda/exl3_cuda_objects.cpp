@@ -59,29 +59,41 @@ class CudaLinear final : public Linear {
                               " have different numbers of rows");
     if (n == 0) return ok_status();
     const bool y_bf16 = a.y.dtype == DType::kBF16;
+    // Consecutive EXL3 parts of one K and codebook go in one launch (their blocks side by side: a fused q_a + kv_a
+    // or gate + up is one kernel, not two); dense parts have their own GEMV.
     int64_t col = 0;
-    for (size_t pi = 0; pi < parts_.size(); ++pi) {
-      const DevicePart& p = parts_[pi];
-      if (!p.quantized) {
-        KILN_RETURN_IF_ERROR(launched("`" + p.name + "` dense product",
-                                      dense_gemv(a.x.as<uint16_t>(), n, in_, p.dense, p.out, p.dense_bias, a.y.data,
-                                                 y_bf16, out_, col, a.accumulate, stream.handle)));
-        col += p.out;
+    for (size_t pi = 0; pi < parts_.size();) {
+      const DevicePart& first = parts_[pi];
+      if (!first.quantized) {
+        KILN_RETURN_IF_ERROR(launched("`" + first.name + "` dense product",
+                                      dense_gemv(a.x.as<uint16_t>(), n, in_, first.dense, first.out, first.dense_bias,
+                                                 a.y.data, y_bf16, out_, col, a.accumulate, stream.handle)));
+        col += first.out;
+        ++pi;
         continue;
       }
-      const DeviceModule& m = *p.quantized;
+      const DeviceModule& m0 = *first.quantized;
       ProductArgs g;
-      g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = in_, g.in = in_, g.suh.fixed = m.suh;
-      g.trellis.fixed = m.trellis, g.bits = m.bits, g.codebook = m.codebook, g.k_pad = m.k_pad, g.n_pad = m.n_pad;
-      g.splits = product_splits(m.k_pad), g.hadamard_scale = hadamard_scale();
-      g.out = m.out, g.svh.fixed = m.svh, g.bias = m.bias;
-      g.y = a.y.data, g.y_bf16 = y_bf16, g.y_stride = out_, g.col_offset = col, g.accumulate = a.accumulate;
+      g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = in_, g.in = in_;
+      g.bits = m0.bits, g.codebook = m0.codebook, g.k_pad = m0.k_pad;
+      g.splits = product_splits(m0.k_pad), g.hadamard_scale = hadamard_scale();
+      g.y_bf16 = y_bf16, g.accumulate = a.accumulate;
+      g.parts = 0;
+      for (; pi < parts_.size() && g.parts < kMaxParts; ++pi) {
+        const DevicePart& p = parts_[pi];
+        if (!p.quantized || p.quantized->bits != m0.bits || p.quantized->codebook != m0.codebook) break;
+        const DeviceModule& m = *p.quantized;
+        ProductPart& part = g.part[g.parts++];
+        part.trellis.fixed = m.trellis, part.suh.fixed = m.suh, part.svh.fixed = m.svh, part.bias = m.bias;
+        part.n_pad = m.n_pad, part.out = m.out;
+        part.y = a.y.data, part.y_stride = out_, part.col_offset = col;
+        col += p.out;
+      }
       for (int64_t r = 0; r < n; r += kMaxPassRows) {
         g.row_begin = r, g.rows = std::min(kMaxPassRows, n - r);
-        KILN_RETURN_IF_ERROR(
-            launched("`" + p.name + "` trellis product", trellis_product(g, rows_per_block(g.rows), stream.handle)));
+        KILN_RETURN_IF_ERROR(launched("`" + first.name + "` trellis product",
+                                      trellis_product(g, rows_per_block(g.rows), stream.handle)));
       }
-      col += p.out;
     }
     return ok_status();
   }
@@ -167,26 +179,34 @@ class CudaExpertSet final : public ExpertSet {
       g.hadamard_scale = hadamard_scale();
       return g;
     }();
-    for (const auto& [proj, dst] : {std::pair{&gate_, gate_out}, std::pair{&up_, up_out}}) {
-      ProductArgs g = with(common, *proj, a.routing.ids);
-      g.x_bf16 = a.x.as<uint16_t>(), g.x_stride = hidden_, g.x_div = top_k, g.in = hidden_;
-      g.y = dst, g.y_stride = inter_;
-      KILN_RETURN_IF_ERROR(passes(g, pairs, stream));
+    // gate and up share the input: one launch when they share K and codebook.
+    ProductArgs gu = with(common, gate_, a.routing.ids, gate_out, inter_);
+    gu.x_bf16 = a.x.as<uint16_t>(), gu.x_stride = hidden_, gu.x_div = top_k, gu.in = hidden_;
+    if (up_.bits == gate_.bits && up_.codebook == gate_.codebook) {
+      gu.part[gu.parts++] = with(common, up_, a.routing.ids, up_out, inter_).part[0];
+      KILN_RETURN_IF_ERROR(passes(gu, pairs, stream));
+    } else {
+      KILN_RETURN_IF_ERROR(passes(gu, pairs, stream));
+      ProductArgs u = with(common, up_, a.routing.ids, up_out, inter_);
+      u.x_bf16 = gu.x_bf16, u.x_stride = hidden_, u.x_div = top_k, u.in = hidden_;
+      KILN_RETURN_IF_ERROR(passes(u, pairs, stream));
     }
-    ProductArgs d = with(common, down_, a.routing.ids);
+    ProductArgs d = with(common, down_, a.routing.ids, a.pair_out, hidden_);
     d.gate = gate_out, d.up = up_out, d.swiglu_limit = a.swiglu_limit, d.in = inter_;
-    d.row_weight = a.routing.weights, d.y = a.pair_out, d.y_stride = hidden_;
+    d.row_weight = a.routing.weights;
     KILN_RETURN_IF_ERROR(passes(d, pairs, stream));
     return false;  // the shared expert is the caller's
   }
 
  private:
-  static ProductArgs with(ProductArgs g, const Projection& p, const int32_t* ids) {
-    g.suh.table = p.suh, g.suh.ids = ids;
-    g.trellis.table = p.trellis, g.trellis.ids = ids;
-    g.svh.table = p.svh, g.svh.ids = ids;
-    g.bits = p.bits, g.codebook = p.codebook, g.k_pad = p.k_pad, g.n_pad = p.n_pad, g.splits = p.splits;
-    g.out = p.out;
+  // One projection as the launch's only part, writing [pairs, y_stride] fp32 at y.
+  static ProductArgs with(ProductArgs g, const Projection& p, const int32_t* ids, void* y, int64_t y_stride) {
+    ProductPart& part = g.part[0];
+    part.suh.table = p.suh, part.suh.ids = ids;
+    part.trellis.table = p.trellis, part.trellis.ids = ids;
+    part.svh.table = p.svh, part.svh.ids = ids;
+    part.n_pad = p.n_pad, part.out = p.out, part.y = y, part.y_stride = y_stride;
+    g.bits = p.bits, g.codebook = p.codebook, g.k_pad = p.k_pad, g.splits = p.splits, g.parts = 1;
     return g;
   }
 

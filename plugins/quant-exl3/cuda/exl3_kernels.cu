@@ -143,11 +143,19 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   __shared__ __align__(16) float red[kMaxRowsPerBlock][kHadamardSize];  // this split's sums, read across the cluster
   cg::cluster_group cluster = cg::this_cluster();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int split = blockIdx.x, splits = gridDim.x, group = blockIdx.y;
+  const int split = blockIdx.x, splits = gridDim.x;
+  // Column group blockIdx.y of the parts' groups laid end to end.
+  int group = blockIdx.y, pi = 0;
+#pragma unroll
+  for (int p = 0; p + 1 < kMaxParts; ++p) {
+    const int groups = static_cast<int>(a.part[pi].n_pad / kHadamardSize);
+    if (pi + 1 < a.parts && group >= groups) group -= groups, ++pi;
+  }
+  const ProductPart& P = a.part[pi];
   const int64_t row0 = static_cast<int64_t>(blockIdx.z) * rows_per_block;  // local
   const int rows = static_cast<int>(a.rows - row0 < rows_per_block ? a.rows - row0 : rows_per_block);
   // Index arithmetic in 32 bits (shapes are far below 2^31; a 64-bit division is a long software routine).
-  const int k_blocks = static_cast<int>(a.k_pad / kHadamardSize), n_tiles = static_cast<int>(a.n_pad / 16);
+  const int k_blocks = static_cast<int>(a.k_pad / kHadamardSize), n_tiles = static_cast<int>(P.n_pad / 16);
   // Split s takes 128-input blocks [s·k_blocks/S, (s+1)·k_blocks/S): sizes differ by at most one, none empty.
   const int b_begin = split * k_blocks / splits, b_end = (split + 1) * k_blocks / splits;
   const int i_begin = b_begin * kGroupTiles, i_end = b_end * kGroupTiles;
@@ -163,7 +171,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   // launch their loads go out before pdl_wait(), while the kernel before this one finishes (pdl.cuh's contract). An
   // expert set's pointers come through routing ids an earlier kernel writes, so its loads wait.
   uint32_t lo[kChunk], hi[kChunk], nlo[kChunk], nhi[kChunk];
-  const uint32_t* trellis = a.trellis.fixed;
+  const uint32_t* trellis = P.trellis.fixed;
   // Tile i_begin + n of this warp's column at base + n·step (32-bit offsets: a module's trellis is far below 2^31
   // words, and the address arithmetic stays one instruction per load).
   const uint32_t* base = nullptr;
@@ -194,27 +202,27 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   if (trellis) {  // a branch, so ptxas keeps these loads ahead of the wait (see skinny_gemm.cu in the core)
     set_base();
     load_first_chunks();
-    if (a.suh.fixed) load_suh_first(a.suh.fixed);
+    if (P.suh.fixed) load_suh_first(P.suh.fixed);
   }
   pdl_wait();
   pdl_launch_dependents();
   if (!trellis) {
-    trellis = pick(a.trellis, q0);
+    trellis = pick(P.trellis, q0);
     set_base();
     load_first_chunks();
   }
-  if (!a.suh.fixed && warp < rows * vblocks) load_suh_first(pick(a.suh, q0 + warp / vblocks));
+  if (!P.suh.fixed && warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + warp / vblocks));
   // The epilogue's row (one per warp at most: rows ≤ 8) and its scales, loaded now so they arrive during the work.
   const int er = split + splits * warp;
   float svh_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bias_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, weight_e = 1.0f;
   if (er < rows) {
-    const float* svh = pick(a.svh, q0 + er);
+    const float* svh = pick(P.svh, q0 + er);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t col = static_cast<int64_t>(group) * kHadamardSize + 4 * lane + e;
-      if (col < a.out) {
+      if (col < P.out) {
         svh_e[e] = __ldg(svh + col);
-        if (a.bias) bias_e[e] = __ldg(a.bias + col);
+        if (P.bias) bias_e[e] = __ldg(P.bias + col);
       }
     }
     if (a.row_weight) weight_e = a.row_weight[q0 + er];
@@ -225,7 +233,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   for (int v = warp; v < rows * vblocks; v += kWarps) {
     const int r = v / vblocks, vb = v % vblocks;
     const int64_t q = q0 + r;
-    const float* suh = pick(a.suh, q);
+    const float* suh = pick(P.suh, q);
     float x[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -323,16 +331,16 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t col = static_cast<int64_t>(group) * kHadamardSize + 4 * lane + e;
-      if (col >= a.out) continue;
+      if (col >= P.out) continue;
       float o = __fmul_rn(v[e], svh_e[e]);
-      if (a.bias) o = __fadd_rn(o, bias_e[e]);
+      if (P.bias) o = __fadd_rn(o, bias_e[e]);
       if (a.row_weight) o = __fmul_rn(weight_e, o);
-      const int64_t at = q * a.y_stride + a.col_offset + col;
+      const int64_t at = q * P.y_stride + P.col_offset + col;
       if (a.y_bf16) {
-        auto* y = static_cast<__nv_bfloat16*>(a.y);
+        auto* y = static_cast<__nv_bfloat16*>(P.y);
         y[at] = __float2bfloat16_rn(a.accumulate ? __bfloat162float(y[at]) + o : o);
       } else {
-        auto* y = static_cast<float*>(a.y);
+        auto* y = static_cast<float*>(P.y);
         y[at] = a.accumulate ? y[at] + o : o;
       }
     }
@@ -360,7 +368,9 @@ const char* launch_product_kc(const ProductArgs& a, int rows_per_block, cudaStre
     if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(a.n_pad / kHadamardSize),
+  int64_t groups = 0;
+  for (int p = 0; p < a.parts; ++p) groups += a.part[p].n_pad / kHadamardSize;
+  cfg.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(groups),
                      static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block));
   cfg.blockDim = dim3(kProductThreads);
   cfg.dynamicSmemBytes = smem;
@@ -530,6 +540,7 @@ int product_splits(int64_t k_pad) { return static_cast<int>(std::clamp<int64_t>(
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream) {
   if (a.rows <= 0) return nullptr;
   if (a.rows > kMaxPassRows) return "trellis_product: more rows than one pass takes";
+  if (a.parts < 1 || a.parts > kMaxParts) return "trellis_product: 1 to kMaxParts parts";
   if (rows_per_block != 1 && rows_per_block != 4 && rows_per_block != kMaxRowsPerBlock)
     return "trellis_product: rows per block must be 1, 4 or 8";
   switch (a.bits) {

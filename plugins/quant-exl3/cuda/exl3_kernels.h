@@ -45,6 +45,20 @@ struct PerRow {
   int ids_div = 1;
 };
 
+// One output of a launch: a module (or, for an expert set, one projection's modules through routing ids) and
+// where its columns go. A launch's parts share the input, K, codebook and k_pad; its blocks run them side by side.
+struct ProductPart {
+  PerRow<uint32_t> trellis;  // [k_pad/16, n_pad/16, 8·K] uint32 stream words
+  PerRow<float> suh;         // [k_pad]
+  PerRow<float> svh;         // [n_pad]
+  const float* bias = nullptr;  // [out] or null
+  int64_t n_pad = 0, out = 0;
+  // Global row q's outputs at y + q·y_stride + col_offset.
+  void* y = nullptr;
+  int64_t y_stride = 0, col_offset = 0;
+};
+constexpr int kMaxParts = 4;
+
 struct ProductArgs {
   int64_t row_begin = 0, rows = 0;  // this launch's rows (global row q = row_begin + local row), rows ≤ kMaxPassRows
   // Input, one of: bf16 x (global row q reads x row q / x_div) or, with `gate`, the SwiGLU of gate and up [*, in].
@@ -55,21 +69,14 @@ struct ProductArgs {
   const float* up = nullptr;
   float swiglu_limit = 0.0f;
   int64_t in = 0;
-  PerRow<float> suh;  // [k_pad]
-  // Weights.
-  PerRow<uint32_t> trellis;  // [k_pad/16, n_pad/16, 8·K] uint32 stream words
   int bits = 0, codebook = 0;  // codebook: exl3::Codebook's order
-  int64_t k_pad = 0, n_pad = 0;
+  int64_t k_pad = 0;
   int splits = 1;  // product_splits(k_pad)
   float hadamard_scale = 0.0f;
-  // Output: global row q at y + q·y_stride + col_offset.
-  int64_t out = 0;
-  PerRow<float> svh;                  // [n_pad]
-  const float* bias = nullptr;        // [out] or null
+  int parts = 1;  // 1 .. kMaxParts
+  ProductPart part[kMaxParts];
   const float* row_weight = nullptr;  // [global rows] or null (routing weights)
-  void* y = nullptr;
   bool y_bf16 = false;
-  int64_t y_stride = 0, col_offset = 0;
   bool accumulate = false;
 };
 // rows_per_block (1, 4 or 8): how many rows one decode serves; a row's arithmetic is the same for every choice.

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,13 +235,18 @@ TEST_F(Exl3Cuda, RowsAreBatchInvariantAndGraphReplaysAreBitwise) {
   cudaGraphDestroy(graph);
 }
 
-TEST_F(Exl3Cuda, ExpertsMatchTheCpuExpertSetAndAreInvariantPerToken) {
+// gate and up of different K run as two launches, of one K and codebook as one launch (their column groups side by
+// side): both against the CPU.
+class Exl3CudaExperts : public Exl3Cuda, public ::testing::WithParamInterface<std::array<int, 4>> {};
+
+TEST_P(Exl3CudaExperts, MatchTheCpuExpertSetAndAreInvariantPerToken) {
   const int64_t E = 6, H = 256, I = 200;
+  const auto [gate_bits, gate_cb, up_bits, up_cb] = GetParam();
   test::MemorySource s;
   for (int64_t e = 0; e < E; ++e) {
     const std::string b = "x." + std::to_string(e) + ".";
-    test::add_random_module(s, b + "gate_proj", H, I, options(3, 1), 300 + e);
-    test::add_random_module(s, b + "up_proj", H, I, options(4, 2), 400 + e);
+    test::add_random_module(s, b + "gate_proj", H, I, options(gate_bits, gate_cb), 300 + e);
+    test::add_random_module(s, b + "up_proj", H, I, options(up_bits, up_cb), 400 + e);
     test::add_random_module(s, b + "down_proj", I, H, options(2, 0), 500 + e);
   }
   ExpertSpec spec{"x", E, H, I};
@@ -299,6 +305,31 @@ TEST_F(Exl3Cuda, ExpertsMatchTheCpuExpertSetAndAreInvariantPerToken) {
   std::vector<float> gpu_one, cpu_one;
   run_both(1, one, ids1, w1, gpu_one, cpu_one);
   ASSERT_EQ(0, std::memcmp(gpu_one.data(), gpu_all.data() + 4 * top_k * H, gpu_one.size() * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(GateAndUp, Exl3CudaExperts,
+                         ::testing::Values(std::array<int, 4>{3, 1, 4, 2}, std::array<int, 4>{4, 1, 4, 1}));
+
+// A Linear's consecutive EXL3 parts of one K and codebook share launches (at most kMaxParts each: five parts make
+// two launches), a part of another K starts a new one; all against the CPU, with and without bias.
+TEST_F(Exl3Cuda, StackedPartsOfOneKShareLaunchesAndMatchTheCpu) {
+  test::MemorySource s;
+  const int64_t in = 384;
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e", "f"};
+  const std::vector<int64_t> outs = {256, 130, 200, 128, 64, 96};
+  for (size_t i = 0; i < names.size(); ++i) {
+    test::ModuleOptions o = options(i == 5 ? 3 : 4, 1);
+    o.bias = i == 1 || i == 4;
+    test::add_random_module(s, names[i], in, outs[i], o, 40 + static_cast<int>(i));
+  }
+  auto g = gpu_linear(s, names, outs, in);
+  auto c = cpu_linear(s, names, outs, in);
+  ASSERT_TRUE(g && c);
+  std::mt19937_64 rng(17);
+  for (int64_t rows : {1, 3, 9}) {
+    const auto x = kiln::test::random_bf16(static_cast<size_t>(rows * in), rng);
+    EXPECT_LT(rel_error(run_gpu(*g, x.bits, rows, false), run_cpu(*c, x.values, rows)), 1e-5) << rows << " rows";
+  }
 }
 
 TEST_F(Exl3Cuda, ExpertsOfDifferentKPerProjectionAreRefusedNamingTheTensor) {
