@@ -104,6 +104,16 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
   }
 }
 
+// The cluster barrier in halves (sm_90): arrive (relaxed, or releasing this thread's shared-memory writes to the
+// cluster) and wait (acquiring the others').
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
 // D += A·B, m16n8k16, fp16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                           uint32_t b0, uint32_t b1) {
@@ -128,8 +138,7 @@ __device__ __forceinline__ uint32_t pack_halves(__half a, __half b) {
 }
 
 constexpr int kGroupTiles = kHadamardSize / 16;  // a block's column tiles, one output rotation
-constexpr int kKWarps = 1;                          // warps per column tile, taking alternate chunks of its k range
-constexpr int kWarps = kGroupTiles * kKWarps;
+constexpr int kWarps = kGroupTiles;                 // one per column tile
 constexpr int kProductThreads = 32 * kWarps;
 constexpr int kChunk = 4;                           // tiles per load round; two rounds in flight per warp
 constexpr int kRowPad = 8;  // words after each row's input slice: the rows of an A-fragment load land 8 banks apart
@@ -139,9 +148,12 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   constexpr int kWords = 8 * K;
   // xs: per row of this block, the rotated input slice as interleaved (hi, lo) half2 words: word 2p holds the fp16
   // hi parts of inputs 2p, 2p + 1, word 2p + 1 their lo parts — so one 8-byte load is a lane's A-fragment pair.
+  // sums: [splits][rows_per_block][128] after xs, used in the cluster's rank-0 block: every split's sums land there.
   extern __shared__ __align__(16) uint32_t xs[];
-  __shared__ __align__(16) float red[kMaxRowsPerBlock][kHadamardSize];  // this split's sums, read across the cluster
   cg::cluster_group cluster = cg::this_cluster();
+  // Arrive now, wait before the first access to another block's shared memory (every block of the cluster must have
+  // started): by then all have long arrived, so the wait costs nothing.
+  cluster_arrive_relaxed();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = blockIdx.x, splits = gridDim.x;
   // Column group blockIdx.y of the parts' groups laid end to end.
@@ -161,8 +173,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   const int i_begin = b_begin * kGroupTiles, i_end = b_end * kGroupTiles;
   const int len = (i_end - i_begin) * 16;
   const int stride = (k_blocks + splits - 1) / splits * kHadamardSize + kRowPad;
-  const int kw = warp / kGroupTiles;  // this warp's chunks: kw, kw + kKWarps, ...
-  const int j = group * kGroupTiles + warp % kGroupTiles;
+  const int j = group * kGroupTiles + warp;
   const int chunks = (i_end - i_begin) / kChunk;  // whole: a 128-input block is 8 tiles
   const int64_t q0 = a.row_begin + row0;  // global row of local row 0
   const int vblocks = len / kHadamardSize;
@@ -187,8 +198,8 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   };
   auto set_base = [&] { base = trellis + (static_cast<int64_t>(i_begin) * n_tiles + j) * kWords + lane; };
   auto load_first_chunks = [&] {  // two chunks in flight before the first decode
-    load_chunk(kw, lo, hi);
-    load_chunk(kw + kKWarps, nlo, nhi);
+    load_chunk(0, lo, hi);
+    load_chunk(1, nlo, nhi);
   };
   float suh_first[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this warp's first input vector's suh (one per lane element)
   auto load_suh_first = [&](const float* suh) {
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   }
   if (!P.suh.fixed && warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + warp / vblocks));
   // The epilogue's row (one per warp at most: rows ≤ 8) and its scales, loaded now so they arrive during the work.
-  const int er = split + splits * warp;
+  const int er = split == 0 ? warp : kMaxRowsPerBlock;  // rank 0's warp w finishes row w (rows ≤ 8 = warps)
   float svh_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bias_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, weight_e = 1.0f;
   if (er < rows) {
     const float* svh = pick(P.svh, q0 + er);
@@ -260,7 +271,6 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   }
   __syncthreads();
 
-  static_assert(kKWarps == 1 || kKWarps == 2, "the reduction below adds one or two k-warps");
   // 2. Decode and multiply on the tensor cores: A rows 0..7 are the block's rows' hi parts, rows 8..15 their lo
   // parts (lane g = lane/4 holds both for row g), B the tile's two 16×8 halves decoded in registers.
   const int g = lane >> 2, t = lane & 3;
@@ -269,7 +279,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   // Lanes past the block's rows read the last row: their A rows only feed C rows nobody reads, and the load needs
   // no predicate.
   const uint32_t* xrow = xs + min(g, rows - 1) * stride + 2 * t;
-  for (int c = kw; c < chunks; c += kKWarps) {
+  for (int c = 0; c < chunks; ++c) {
     const int i = i_begin + c * kChunk;
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
@@ -288,42 +298,35 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
     }
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) lo[u] = nlo[u], hi[u] = nhi[u];
-    load_chunk(c + 2 * kKWarps, nlo, nhi);
+    load_chunk(c + 2, nlo, nhi);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[0][h][e] = __fadd_rn(acc[0][h][e], acc[1][h][e]);
-  // Row g's sums: its hi part's (C row g) plus its lo part's (C row g + 8), columns 2t, 2t + 1 of each half; the
-  // second k-warp's first, then the first k-warp's added to it (a fixed order).
-  const int col0 = (warp % kGroupTiles) * 16 + 2 * t;
-  if (kKWarps == 2 && kw == 1 && g < rows) {
+  // Row g's sums (its hi part's C row g plus its lo part's C row g + 8, columns 2t, 2t + 1 of each half) go
+  // straight into the rank-0 block's shared memory at [split][g]; then this block arrives and, unless it is rank 0,
+  // exits: no block waits for the epilogue, and rank 0 reads only its own shared memory.
+  const int col0 = warp * 16 + 2 * t;
+  cluster_wait();
+  float* sums = reinterpret_cast<float*>(xs + rows_per_block * stride);
+  if (g < rows) {
+    float* dst = cluster.map_shared_rank(sums, 0) + (split * rows_per_block + g) * kHadamardSize + col0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      red[g][col0 + h * 8] = __fadd_rn(acc[0][h][0], acc[0][h][2]);
-      red[g][col0 + h * 8 + 1] = __fadd_rn(acc[0][h][1], acc[0][h][3]);
-    }
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(dst + h * 8) =
+          make_float2(__fadd_rn(acc[0][h][0], acc[0][h][2]), __fadd_rn(acc[0][h][1], acc[0][h][3]));
   }
-  if (kKWarps == 2) __syncthreads();
-  if (kw == 0 && g < rows) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float* dst = &red[g][col0 + h * 8];
-      float v0 = __fadd_rn(acc[0][h][0], acc[0][h][2]), v1 = __fadd_rn(acc[0][h][1], acc[0][h][3]);
-      if (kKWarps == 2) v0 = __fadd_rn(v0, dst[0]), v1 = __fadd_rn(v1, dst[1]);
-      dst[0] = v0, dst[1] = v1;
-    }
-  }
+  cluster_arrive_release();
+  if (split != 0) return;
+  cluster_wait();
 
-  // 3. The splits of a (row block, column group) are one thread-block cluster: after the barrier, one warp per row
-  // (warp w of split s finishes row s + S·w: rows ≤ 8 < warps, so every row has one)
-  // sums the splits' shared sums in split order, rotates the 128 outputs, applies ⊙ svh, + bias, × a per-row
-  // weight, and stores bf16 or fp32 (or adds). The second barrier keeps every block's sums alive until read.
-  cluster.sync();
+  // 3. Rank 0, one warp per row: the splits' sums in split order, the rotation of the 128 outputs, ⊙ svh, + bias,
+  // × a per-row weight, stored as bf16 or fp32 (or added).
   if (er < rows) {
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < splits; ++s) {
-      const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(&red[er][4 * lane], s));
+      const float4 p = *reinterpret_cast<const float4*>(sums + (s * rows_per_block + er) * kHadamardSize + 4 * lane);
       v[0] = __fadd_rn(v[0], p.x), v[1] = __fadd_rn(v[1], p.y), v[2] = __fadd_rn(v[2], p.z), v[3] = __fadd_rn(v[3], p.w);
     }
     hadamard128_warp(v, a.hadamard_scale);
@@ -345,7 +348,6 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
       }
     }
   }
-  cluster.sync();
 }
 
 // Programmatic dependent launch where the device has it (KILN_PDL=0 turns it off, as for the core's kernels).
@@ -360,7 +362,7 @@ const char* launch_product_kc(const ProductArgs& a, int rows_per_block, cudaStre
   const int splits = a.splits;
   if (splits < 1 || splits > kMaxSplits || splits > k_blocks) return "trellis_product: bad split count";
   const int stride = static_cast<int>((k_blocks + splits - 1) / splits) * kHadamardSize + kRowPad;
-  const size_t smem = static_cast<size_t>(rows_per_block) * stride * sizeof(uint32_t);
+  const size_t smem = static_cast<size_t>(rows_per_block) * (stride + splits * kHadamardSize) * sizeof(uint32_t);
   auto* kernel = trellis_product_kernel<K, CB>;
   if (smem > 48 * 1024) {
     const cudaError_t e =
