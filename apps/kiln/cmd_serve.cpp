@@ -101,6 +101,9 @@ int cmd_serve(int argc, char** argv) {
   opts.media.modality = started->modality;
   opts.media.modality_name = media.get_string("modality", "text");
   opts.media.max_images = media.get_int("max_images", 16);
+  opts.media.remote.enabled = media.get_bool("remote_urls", false);
+  opts.media.remote.max_bytes = media.get_int("remote_max_mib", 20) << 20;
+  opts.media.remote.timeout_ms = media.get_int("remote_timeout_s", 10) * 1000;
   opts.media.stream = model->device->stream();
   opts.media.hidden_size = model->info.hidden_size;
   const std::string key_env = srv.get_string("api_key_env");

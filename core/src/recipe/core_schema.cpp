@@ -121,6 +121,10 @@ std::vector<CoreSection> build() {
   s.push_back({"media", "non-text inputs",
                {{str("modality", "text", "modality plugin: text, image (plugin vision)"),
                  integer("max_images", 16, "images per request", 0, 1024),
+                 boolean("remote_urls", false,
+                         "fetch http(s) image URLs (off: only data: URLs; on, the server fetches what clients name)"),
+                 integer("remote_max_mib", 20, "largest remote image, MiB (with remote_urls)", 1, 1024),
+                 integer("remote_timeout_s", 10, "seconds a remote image may take to arrive (with remote_urls)", 1, 300),
                  boolean("video", false, "accept video input: true is refused unless the modality accepts video")}},
                "modality", PluginKind::kModality});
   s.push_back({"server", "the OpenAI-compatible HTTP server",

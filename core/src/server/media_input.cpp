@@ -1,5 +1,7 @@
 #include "server/media_input.h"
 
+#include "server/media_fetch.h"
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -78,7 +80,9 @@ std::optional<ApiError> MediaInput::build_prompt(const Tokenizer& tokenizer, std
   for (std::size_t i = 0; i < media.size(); ++i) {
     const ChatMedia& m = media[i];
     MediaItem item;
-    if (auto e = decode_data_url(m.url, m.field, item)) return e;
+    if (auto e = is_remote_url(m.url) ? fetch_remote_media(m.url, m.field, options_.remote, item)
+                                      : decode_data_url(m.url, m.field, item))
+      return e;
     if (std::find(types.begin(), types.end(), item.mime_type) == types.end()) {
       std::string accepted;
       for (const std::string& t : types) accepted += (accepted.empty() ? "" : ", ") + t;

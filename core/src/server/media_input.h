@@ -1,7 +1,8 @@
 // Media parts of a request on their way to the engine: each image part's data: URL decoded, checked against the
 // recipe's modality (its MIME types, media.max_images) and encoded by it into the placeholder tokens and embedding
 // rows the step scatters; a content hash of each item joins the prefix-cache keys of the blocks holding its tokens.
-// Client mistakes (a remote URL, bad base64, a type the modality does not take, too many images) are 400s naming
+// http(s) URLs are fetched only when the recipe allows them (server/media_fetch.h). Client mistakes (a remote URL
+// the recipe does not allow or that fails, bad base64, a type the modality does not take, too many images) are 400s naming
 // the part; so is anything the modality refuses.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include "engine/engine_api.h"
 #include "kiln/modality.h"
 #include "server/api_error.h"
+#include "server/media_fetch.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,6 +29,7 @@ struct MediaInputOptions {
   int64_t max_images = 16;             // media.max_images
   Stream stream;                       // the model's device stream, for encode()
   int64_t hidden_size = 0;             // the width of the rows a modality must return
+  RemoteMediaOptions remote;           // http(s) image URLs: off unless media.remote_urls
 };
 
 // A data: URL's MIME type and bytes ("data:image/png;base64,..."); an error names `field` for anything else.
