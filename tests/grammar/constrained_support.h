@@ -173,6 +173,22 @@ inline json weather_tools() {
 }
 
 // The single tool call of `body`, checked against the tool it names; "" when it is valid.
+// Greedy answers to the same requests without and with drafting: the same messages (tool-call ids are random per
+// response, so the calls are compared by what they say).
+inline void expect_same_messages(const std::vector<json>& plain, const std::vector<json>& drafted) {
+  ASSERT_EQ(plain.size(), drafted.size());
+  auto said = [](const json& body) {
+    json m = body["choices"][0]["message"];
+    for (json& call : m["tool_calls"]) call.erase("id");
+    return m;
+  };
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_TRUE(plain[i].contains("choices")) << plain[i].dump();
+    ASSERT_TRUE(drafted[i].contains("choices")) << drafted[i].dump();
+    EXPECT_EQ(said(plain[i]), said(drafted[i])) << "request " << i;
+  }
+}
+
 inline std::string tool_call_problem(const json& body, const json& tools, const std::string& want_name) {
   if (!body.contains("choices")) return "no choices in " + body.dump();
   const json& choice = body["choices"][0];

@@ -15,6 +15,7 @@ namespace kiln::exl3::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using kiln::cuda::mma_f16_16816;
 using kiln::cuda::pdl_launch_dependents;
 using kiln::cuda::pdl_wait;
 
@@ -113,15 +114,6 @@ __device__ __forceinline__ void cluster_arrive_release() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-
-// D += A·B, m16n8k16, fp16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // fp32 → (hi, lo) fp16 with hi + lo = x to about 2^-22 relative: the tensor cores see x in two fp16 parts and the
 // product keeps fp32 accuracy. |x| is clamped to fp16's largest finite value first (rotated activations beyond
@@ -293,8 +285,9 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
       const uint32_t b11 = decode_pair<CB>(normalized_state<K, 6>(s0, s1, s2), normalized_state<K, 7>(s0, s1, s2));
       const uint32_t* xa = xrow + (i + u - i_begin) * 16;
       const uint2 p = *reinterpret_cast<const uint2*>(xa), r = *reinterpret_cast<const uint2*>(xa + 8);
-      mma_16816(acc[u & 1][0], p.x, p.y, r.x, r.y, b00, b01);
-      mma_16816(acc[u & 1][1], p.x, p.y, r.x, r.y, b10, b11);
+      const uint32_t fa[4] = {p.x, p.y, r.x, r.y};
+      mma_f16_16816(acc[u & 1][0], fa, b00, b01);
+      mma_f16_16816(acc[u & 1][1], fa, b10, b11);
     }
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) lo[u] = nlo[u], hi[u] = nhi[u];

@@ -84,19 +84,26 @@ void write_checkpoint(const fs::path& dir) {
   kiln::testing::write_file(dir / "model.safetensors", kiln::testing::build_safetensors(specs));
 }
 
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-void load_plugin() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    const char* env = std::getenv("KILN_EXL3_PLUGIN");
-    return loader.load_file(env ? fs::path(env) : fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-quant-exl3.so");
-  }();
-  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
-}
+// Skips without a CUDA device; loads the built plugin once; a scratch checkpoint folder removed afterwards.
+class Exl3CudaModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
+    static const Status loaded = [] {
+      PluginLoader loader(global_registry());
+      const char* env = std::getenv("KILN_EXL3_PLUGIN");
+      return loader.load_file(env ? fs::path(env) : fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-quant-exl3.so");
+    }();
+    ASSERT_TRUE(loaded.ok()) << loaded.to_string();
+    dir_ = fs::temp_directory_path() / ("kiln-exl3-cuda-model-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  fs::path dir_;
+};
 
 // The EXL3 checkpoint in `dir` through `weights.format = "exl3"` on the CPU and on CUDA (bf16 activations): the same
 // 12 greedy tokens. `cpu_precision` bf16 rounds the CPU's activations where the CUDA runner does (the core's contract
@@ -122,38 +129,27 @@ void expect_same_greedy_on_cpu_and_cuda(const fs::path& dir, const char* what, c
   EXPECT_EQ(got, want);
 }
 
-TEST(Exl3CudaModel, TinyModelGreedyTokensMatchOnCpuAndCuda) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  load_plugin();
+TEST_F(Exl3CudaModel, TinyModelGreedyTokensMatchOnCpuAndCuda) {
+  write_checkpoint(dir_);
   if (HasFatalFailure()) return;
-  const fs::path dir = fs::temp_directory_path() / ("kiln-exl3-cuda-model-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  write_checkpoint(dir);
-  if (HasFatalFailure()) return;
-  expect_same_greedy_on_cpu_and_cuda(dir, "exl3 tiny model (random modules)", "fp32");
-  fs::remove_all(dir);
+  expect_same_greedy_on_cpu_and_cuda(dir_, "exl3 tiny model (random modules)", "fp32");
 }
 
 // The quantizer's own output, as users make it: `kiln quantize --bits 4 --head-bits 6` of the tiny glm4_moe_lite
 // fixture (every projection, every expert and the head quantized by the Viterbi search), then the same greedy tokens
 // on the CPU and on CUDA.
-TEST(Exl3CudaModel, QuantizedTinyModelGreedyTokensMatchOnCpuAndCuda) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  load_plugin();
-  if (HasFatalFailure()) return;
-  const fs::path dir = fs::temp_directory_path() / ("kiln-exl3-quantized-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+TEST_F(Exl3CudaModel, QuantizedTinyModelGreedyTokensMatchOnCpuAndCuda) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  const fs::path log = dir_.string() + ".log";
   const std::string cmd = std::string(KILN_EXECUTABLE) + " quantize --bits 4 --head-bits 6 --threads " +
                           std::to_string(threads) + " " + kiln::testing::model_dir("glm4_moe_lite-tiny").string() + " " +
-                          dir.string() + " > " + (dir.string() + ".log") + " 2>&1";
+                          dir_.string() + " > " + log.string() + " 2>&1";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << cmd;
+  fs::remove(log);
   // Against the CPU in fp32 the first H200 run agreed on 4 of 12 tokens: the quantized random-init fixture's top
   // logits sit within bf16 rounding of each other, so the CPU rounds where the GPU does.
-  expect_same_greedy_on_cpu_and_cuda(dir, "exl3 tiny model (kiln quantize K4, head K6)", "bf16");
-  fs::remove_all(dir);
-  fs::remove(dir.string() + ".log");
+  expect_same_greedy_on_cpu_and_cuda(dir_, "exl3 tiny model (kiln quantize K4, head K6)", "bf16");
 }
 
 }  // namespace
