@@ -1,6 +1,7 @@
-// The collective seam: load_model creates the recipe's `transport.backend` for its rank and the model's step sums
-// every row-parallel block's partial output through it (attention out and MLP / MoE out of each layer, MTP layers
-// too); an architecture that does not shard refuses a group of more than one rank.
+// The collective seam: load_model creates the recipe's `transport.backend` for its rank and hands it to the model's
+// step. A one-rank group has nothing to exchange (the model never calls it); a collective spanning ranks in other
+// processes is refused until a runner shards over one rank per process (CPU ranks run as threads:
+// tensor_parallel_test.cpp).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -60,7 +61,7 @@ std::vector<std::string> sets(const std::string& backend) {
           "transport.backend=" + backend};
 }
 
-TEST(CollectiveStep, EveryLayerSumsItsAttentionAndMlpOutputsThroughTheRecipesCollective) {
+TEST(CollectiveStep, AOneRankGroupIsNeverCalledAndChangesNothing) {
   Registry reg = registry_with_test_collectives();
   auto recipe = load_recipe("", sets("counting"), reg);
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
@@ -80,8 +81,9 @@ TEST(CollectiveStep, EveryLayerSumsItsAttentionAndMlpOutputsThroughTheRecipesCol
   StepOutput counted;
   ASSERT_TRUE(m->model->step({&step, 1}, {}, kv.views(), o, counted).ok());
   const int64_t layers = m->info.num_layers, hidden = m->info.hidden_size, n = static_cast<int64_t>(prompt.size());
-  EXPECT_EQ(g_reduces.load(), 2 * layers);
-  EXPECT_EQ(g_reduced_floats.load(), 2 * layers * n * hidden);
+  EXPECT_EQ(g_reduces.load(), 0);
+  EXPECT_EQ(g_reduced_floats.load(), 0);
+  EXPECT_GT(layers * n * hidden, 0);
 
   // The same step through the built-in `local` gives the same logits: one rank's sum is its own output.
   auto local_recipe = load_recipe("", sets("local"), reg);
@@ -97,13 +99,13 @@ TEST(CollectiveStep, EveryLayerSumsItsAttentionAndMlpOutputsThroughTheRecipesCol
   EXPECT_EQ(counted.logits, plain.logits);
 }
 
-TEST(CollectiveStep, AGroupOfTwoRanksIsRefusedUntilTheArchitectureShards) {
+TEST(CollectiveStep, AGroupOfTwoProcessRanksIsRefusedUntilARunnerShardsPerProcess) {
   Registry reg = registry_with_test_collectives();
   auto recipe = load_recipe("", sets("two-ranks"), reg);
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, reg, {});
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("tensor parallelism"), std::string::npos) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("tensor parallelism across processes"), std::string::npos) << m.status().to_string();
   EXPECT_NE(m.status().message().find("2 ranks"), std::string::npos) << m.status().to_string();
 }
 

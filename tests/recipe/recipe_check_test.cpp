@@ -93,12 +93,19 @@ TEST(RecipeCheck, UnknownModelType) {
   EXPECT_TRUE(has(m, "model_type 'llama' is not supported; supported: ")) << m;
 }
 
-TEST(RecipeCheck, TensorParallelismIsRefused) {
-  RecipeCheck c = check("check_ok.toml", {"parallel.tensor=2"});
-  EXPECT_TRUE(has(problem_about(c, "parallel.tensor"),
-                  "2 ranks: multi-GPU parallelism needs the transport-nccl plugin (a collective providing NCCL), which "
-                  "is not implemented yet"))
-      << messages(c);
+TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
+  // CPU: ranks as threads, said in a note.
+  RecipeCheck cpu = check("check_ok.toml", {"parallel.tensor=2", "model.device=cpu"});
+  for (const auto& p : cpu.problems) EXPECT_EQ(p.message().find("parallel.tensor"), std::string::npos) << p.to_string();
+  bool noted = false;
+  for (const std::string& n : cpu.notes) noted = noted || has(n, "2 CPU ranks as threads of this process");
+  EXPECT_TRUE(noted) << messages(cpu);
+  // CUDA: refused, saying what it would need.
+  RecipeCheck gpu = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16"});
+  EXPECT_TRUE(has(problem_about(gpu, "parallel.tensor"), "2 ranks on CUDA would need 2 GPUs")) << messages(gpu);
+  // Decode-context parallelism is not implemented.
+  RecipeCheck dcp = check("check_ok.toml", {"parallel.tensor=2", "parallel.decode_context=2"});
+  EXPECT_TRUE(has(problem_about(dcp, "parallel.decode_context"), "not implemented yet")) << messages(dcp);
 }
 
 TEST(RecipeCheck, CudaWithoutAGpu) {
@@ -177,7 +184,7 @@ TEST(RecipeCheck, MtpWithoutNextNLayers) {
 TEST(RecipeCheck, ReportsEveryProblemWithItsLine) {
   RecipeCheck c = check("check_bad.toml");
   EXPECT_EQ(c.problems.size(), 4u) << messages(c);
-  EXPECT_TRUE(has(problem_about(c, "parallel.tensor"), "check_bad.toml:7")) << messages(c);
+  EXPECT_TRUE(has(problem_about(c, "parallel.decode_context"), "check_bad.toml:7")) << messages(c);
   EXPECT_TRUE(has(problem_about(c, "transport.custom_all_reduce"), "check_bad.toml:10")) << messages(c);
   EXPECT_TRUE(has(problem_about(c, "gpu_memory_utilization"), "check_bad.toml:13")) << messages(c);
   EXPECT_TRUE(has(problem_about(c, "media.video"), "check_bad.toml:16")) << messages(c);

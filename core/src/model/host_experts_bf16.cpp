@@ -20,18 +20,19 @@ Status expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float*
   return run_linear(*w.down, a.data(), rows, y);
 }
 
-Status routed_experts_bf16(std::span<const MlpWeights> experts, const float* h, int64_t n, int64_t hidden,
-                           int64_t top_k, const int32_t* ids, const float* route_weights, float* out,
-                           float swiglu_limit) {
+Status routed_expert_pairs_bf16(std::span<const MlpWeights> experts, int64_t expert_begin, int64_t num_experts,
+                                const float* h, int64_t n, int64_t hidden, int64_t top_k, const int32_t* ids,
+                                const float* route_weights, float* pair_out, float swiglu_limit) {
   const int64_t E = static_cast<int64_t>(experts.size());
   std::vector<std::vector<int64_t>> pairs(E);
   for (int64_t p = 0; p < n * top_k; ++p) {
-    if (ids[p] < 0 || ids[p] >= E)
+    if (ids[p] < 0 || ids[p] >= num_experts)
       return out_of_range("expert id " + std::to_string(ids[p]) + " (token " + std::to_string(p / top_k) +
-                          ") is outside [0, " + std::to_string(E) + ")");
-    pairs[ids[p]].push_back(p);
+                          ") is outside [0, " + std::to_string(num_experts) + ")");
+    const int64_t local = ids[p] - expert_begin;
+    if (local >= 0 && local < E) pairs[local].push_back(p);
   }
-  std::vector<float> pair_out(n * top_k * hidden), x, y;
+  std::vector<float> x, y;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t rows = static_cast<int64_t>(pairs[e].size());
     if (rows == 0) continue;
@@ -43,6 +44,15 @@ Status routed_experts_bf16(std::span<const MlpWeights> experts, const float* h, 
       for (int64_t i = 0; i < hidden; ++i) pair_out[p * hidden + i] = y[r * hidden + i] * route_weights[p];
     }
   }
+  return ok_status();
+}
+
+Status routed_experts_bf16(std::span<const MlpWeights> experts, const float* h, int64_t n, int64_t hidden,
+                           int64_t top_k, const int32_t* ids, const float* route_weights, float* out,
+                           float swiglu_limit) {
+  std::vector<float> pair_out(n * top_k * hidden, 0.0f);
+  KILN_RETURN_IF_ERROR(routed_expert_pairs_bf16(experts, 0, static_cast<int64_t>(experts.size()), h, n, hidden, top_k,
+                                                ids, route_weights, pair_out.data(), swiglu_limit));
   for (int64_t t = 0; t < n; ++t) {
     float* dst = out + t * hidden;
     std::fill(dst, dst + hidden, 0.0f);

@@ -17,6 +17,14 @@ namespace kiln {
 Status expert_mlp_bf16(const MlpWeights& w, const float* x, int64_t rows, float* y,
                        float swiglu_limit = std::numeric_limits<float>::infinity());
 
+// pair_out [n · top_k, hidden] (zeroed by the caller): route_weights[p] · expert_{ids[p]}(h[p / top_k]) for the
+// pairs p whose expert is one of `experts`, which hold experts [expert_begin, expert_begin + size) (a tensor-parallel
+// rank's); other pairs are left as they are.
+Status routed_expert_pairs_bf16(std::span<const MlpWeights> experts, int64_t expert_begin, int64_t num_experts,
+                                const float* h, int64_t n, int64_t hidden, int64_t top_k, const int32_t* ids,
+                                const float* route_weights, float* pair_out,
+                                float swiglu_limit = std::numeric_limits<float>::infinity());
+
 // out [n, hidden] = Σ_j route_weights[t, j] · expert_{ids[t, j]}(h[t]) over the top_k slots in order.
 Status routed_experts_bf16(std::span<const MlpWeights> experts, const float* h, int64_t n, int64_t hidden,
                            int64_t top_k, const int32_t* ids, const float* route_weights, float* out,

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "model/host_model_args.h"
 #include "model/host_token_select.h"
@@ -56,8 +57,12 @@ class HostModelInstance : public ModelInstance {
 
   Status embed(const int32_t* ids, int64_t n, TensorView out) override {
     KILN_RETURN_IF_ERROR(check_host_embed_args(ids, n, out, vocab_size(), hidden_size()));
-    model_->embed(ids, n, out.as<float>());
-    return ok_status();
+    if constexpr (std::is_same_v<decltype(model_->embed(ids, n, out.as<float>())), Status>) {
+      return model_->embed(ids, n, out.as<float>());  // a rank of a tensor-parallel group can fail to meet the others
+    } else {
+      model_->embed(ids, n, out.as<float>());
+      return ok_status();
+    }
   }
 
   Status lm_head(const TensorView& hidden, float* logits) override {

@@ -40,9 +40,17 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", the model needs " + std::to_string(config_.kv_lora_rank) +
                                "+" + std::to_string(config_.qk_rope_head_dim));
-  if (ctx.collective && ctx.collective->world_size() > 1)
-    return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
-                         " ranks, and " + config_.model_type + " does not shard its weights yet (parallel.tensor = 1)");
+  const int collective_ranks = ctx.collective ? ctx.collective->world_size() : 1;
+  if (collective_ranks != 1)
+    return unimplemented("tensor parallelism across processes: the collective spans " + std::to_string(collective_ranks) +
+                         " ranks, and " + config_.model_type + " has no runner that shards over one rank per process "
+                         "yet; CPU ranks run as threads of one process (parallel.tensor with transport.backend = "
+                         "\"local\")");
+  if (ctx.tensor_parallel > 1 && ctx.device->device().is_cuda())
+    return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA: the CUDA runner of " +
+                         config_.model_type + " does not shard its weights yet (tensor parallelism runs on CPU ranks; "
+                         "set model.device = \"cpu\" or parallel.tensor = 1)");
+  if (ctx.tensor_parallel > 1) return MlaMoeCpuInstance::create_tensor_parallel(config_, ctx);
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));

@@ -1,14 +1,72 @@
 #include "model/mla_moe_cpu_instance.h"
 
-namespace kiln {
+#include <omp.h>
 
-Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create(const ModelConfig& config, const BuildContext& ctx) {
+#include <algorithm>
+#include <string>
+
+#include "builtin/inproc_collective.h"
+#include "model/sharded_weight_source.h"
+#include "model/tensor_parallel_instance.h"
+
+namespace kiln {
+namespace {
+
+// Every rank needs at least one of each unit the ranks split.
+Status check_splittable(const ModelConfig& c, int world) {
+  const std::pair<const char*, int64_t> units[] = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"vocab_size", c.vocab_size},
+      {"n_routed_experts", c.n_routed_experts},
+      {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size × n_shared_experts", c.moe_intermediate_size * c.n_shared_experts}};
+  for (const auto& [name, count] : units) {
+    const bool used = std::string(name) != "n_routed_experts" || c.n_routed_experts > 0;
+    if (used && count > 0 && count < world)
+      return invalid_argument("parallel.tensor = " + std::to_string(world) + ": " + c.source + " has " + name + " = " +
+                              std::to_string(count) + ", fewer than the ranks that split it");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create_rank(const ModelConfig& config,
+                                                                         const BuildContext& ctx,
+                                                                         const WeightSource& source, TensorShard shard) {
   KILN_ASSIGN_OR_RETURN(ModelWeights weights,
-                        load_model_weights(config, *ctx.source, *ctx.format, ctx.load_mtp, ctx.precision));
+                        load_model_weights(config, source, *ctx.format, ctx.load_mtp, ctx.precision, shard));
   auto model = std::make_unique<MlaMoeModel>(config, std::move(weights));
   model->set_threads(ctx.threads);
   model->set_collective(ctx.collective);
   return std::unique_ptr<MlaMoeCpuInstance>(new MlaMoeCpuInstance(std::move(model), *ctx.device));
+}
+
+Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create(const ModelConfig& config, const BuildContext& ctx) {
+  return create_rank(config, ctx, *ctx.source, {});
+}
+
+Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_tensor_parallel(const ModelConfig& config,
+                                                                               const BuildContext& ctx) {
+  const int world = ctx.tensor_parallel;
+  KILN_RETURN_IF_ERROR(check_splittable(config, world));
+  auto group = std::make_unique<builtin::InprocGroup>(world);
+  // The machine's threads shared among the ranks, which run at once.
+  const int threads = std::max(1, (ctx.threads > 0 ? ctx.threads : omp_get_max_threads()) / world);
+  std::vector<TensorParallelInstance::Rank> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    const TensorShard shard{r, world};
+    ranks[r].collective = group->endpoint(r);
+    ranks[r].source = std::make_unique<ShardedWeightSource>(*ctx.source, config, shard);
+    BuildContext rank_ctx = ctx;
+    rank_ctx.collective = ranks[r].collective.get();
+    rank_ctx.threads = threads;
+    auto instance = create_rank(config, rank_ctx, *ranks[r].source, shard);
+    if (!instance.ok())
+      return instance.status().with_context("tensor-parallel rank " + std::to_string(r) + " of " + std::to_string(world));
+    ranks[r].instance = std::move(instance).value();
+  }
+  return std::unique_ptr<ModelInstance>(new TensorParallelInstance(std::move(group), std::move(ranks)));
 }
 
 }  // namespace kiln

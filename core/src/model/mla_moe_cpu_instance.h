@@ -11,9 +11,14 @@ namespace kiln {
 class MlaMoeCpuInstance final : public HostModelInstance<MlaMoeModel> {
  public:
   static Result<std::unique_ptr<MlaMoeCpuInstance>> create(const ModelConfig& config, const BuildContext& ctx);
+  // ctx.tensor_parallel ranks as threads of this process, each with its part of the weights (ShardedWeightSource).
+  static Result<std::unique_ptr<ModelInstance>> create_tensor_parallel(const ModelConfig& config,
+                                                                       const BuildContext& ctx);
 
  private:
   using HostModelInstance::HostModelInstance;
+  static Result<std::unique_ptr<MlaMoeCpuInstance>> create_rank(const ModelConfig& config, const BuildContext& ctx,
+                                                                const WeightSource& source, TensorShard shard);
 };
 
 }  // namespace kiln

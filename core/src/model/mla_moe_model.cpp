@@ -94,18 +94,73 @@ MlaMoeModel::MlaMoeModel(ModelConfig config, ModelWeights weights)
   }
 }
 
-void MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
+Status MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
   const TensorView& e = weights_.embed_tokens;
-  const int64_t H = config_.hidden_size;
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  const TensorShard& shard = weights_.shard;
+  const int64_t v0 = shard.begin(V), v1 = shard.end(V);
+  // Sharded: this rank's rows into its block of `rows` (others stay 0), then every rank takes each token's row
+  // from the block of the rank that owns it — a copy, so the values are exactly the stored ones.
+  std::vector<float> rows;
+  float* mine = out;
+  if (sharded()) {
+    rows.assign(static_cast<size_t>(n * H), 0.0f);
+    mine = rows.data();
+  }
   for (int64_t i = 0; i < n; ++i) {
-    const size_t row = static_cast<size_t>(ids[i]) * H;
-    float* dst = out + i * H;
+    if (ids[i] < v0 || ids[i] >= v1) continue;
+    const size_t row = static_cast<size_t>(ids[i] - v0) * H;
+    float* dst = mine + i * H;
     switch (e.dtype) {
       case DType::kF32: std::copy_n(e.as<const float>() + row, H, dst); break;
       case DType::kBF16: cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, H); break;
       default: cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, H); break;
     }
   }
+  if (!sharded()) return ok_status();
+  std::vector<float> all(static_cast<size_t>(shard.world * n * H));
+  KILN_RETURN_IF_ERROR(collective_->all_gather(rows.data(), all.data(), n * H, DType::kF32, Stream{Device::cpu(), nullptr}));
+  for (int64_t i = 0; i < n; ++i) {
+    int owner = 0;
+    while (owner + 1 < shard.world && ids[i] >= TensorShard{owner + 1, shard.world}.begin(V)) ++owner;
+    std::copy_n(all.data() + (owner * n + i) * H, H, out + i * H);
+  }
+  return ok_status();
+}
+
+Status MlaMoeModel::head_logits(const Linear& head, const float* normed, int64_t n, float* logits) const {
+  if (!sharded()) return run_linear(head, normed, n, logits);
+  std::vector<float> mine(n * head.out_features());  // this rank's vocabulary rows, then everyone's gathered
+  KILN_RETURN_IF_ERROR(run_linear(head, normed, n, mine.data()));
+  return gather_units(mine.data(), n, config_.vocab_size, 1, logits);
+}
+
+Status MlaMoeModel::sync_ranks() const {
+  if (!sharded()) return ok_status();
+  float token = 0.0f;
+  return collective_->all_reduce(&token, 1, DType::kF32, ReduceOp::kSum, Stream{Device::cpu(), nullptr});
+}
+
+Status MlaMoeModel::gather_units(const float* local, int64_t n, int64_t units, int64_t width, float* full) const {
+  const TensorShard& shard = weights_.shard;
+  if (!sharded()) {
+    std::copy_n(local, n * units * width, full);
+    return ok_status();
+  }
+  // Every rank sends a block padded to the largest part, so the blocks are of one size as all_gather needs.
+  const int64_t block = shard.max_count(units) * width;
+  const int64_t mine = shard.count(units) * width;
+  std::vector<float> send(static_cast<size_t>(n * block), 0.0f), all(static_cast<size_t>(shard.world * n * block));
+  for (int64_t t = 0; t < n; ++t) std::copy_n(local + t * mine, mine, send.data() + t * block);
+  KILN_RETURN_IF_ERROR(
+      collective_->all_gather(send.data(), all.data(), n * block, DType::kF32, Stream{Device::cpu(), nullptr}));
+  for (int r = 0; r < shard.world; ++r) {
+    const TensorShard other{r, shard.world};
+    const int64_t count = other.count(units) * width, offset = other.begin(units) * width;
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(all.data() + (r * n + t) * block, count, full + t * units * width + offset);
+  }
+  return ok_status();
 }
 
 void MlaMoeModel::round_bf16(float* x, int64_t n) const {
@@ -114,7 +169,7 @@ void MlaMoeModel::round_bf16(float* x, int64_t n) const {
 
 Status MlaMoeModel::lm_head(const float* normed, int64_t n, float* logits) const {
   if (!weights_.lm_head) return failed_precondition("this model has no CPU weights");
-  return run_linear(*weights_.lm_head, normed, n, logits);
+  return head_logits(*weights_.lm_head, normed, n, logits);
 }
 
 Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, TokenLayout& tl) const {
@@ -176,7 +231,9 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
 
   auto* cache = static_cast<float*>(caches.entry(kv_layer, 1));
   if (!cache) return failed_precondition("layer " + std::to_string(kv_layer) + " has no indexer key cache");
-  for (int64_t t = 0; t < N; ++t) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
+  if (writes_cache())
+    for (int64_t t = 0; t < N; ++t) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
+  KILN_RETURN_IF_ERROR(sync_ranks());  // this step's keys (and latents) are in before any rank reads
 
   selected_width = c.index_topk;
   selected.assign(N * selected_width, -1);
@@ -209,7 +266,8 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
                               int64_t& selected_width) const {
   const ModelConfig& c = config_;
   const int64_t N = static_cast<int64_t>(tl.positions.size());
-  const int64_t H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
+  // H: this rank's heads (all of them unsharded).
+  const int64_t H = weights_.shard.count(c.num_attention_heads), L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = nope + R;
 
   std::vector<float> q(N * H * qk), q_resid;
@@ -243,11 +301,13 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
   }
   KvAppendArgs append;
   append.pages = pages, append.slots = tl.slots.data(), append.n = N, append.rows = ckv.data();
-  KILN_RETURN_IF_ERROR(layout.append(append, {}));
+  if (writes_cache()) KILN_RETURN_IF_ERROR(layout.append(append, {}));
 
   if (w.indexer) {
     KILN_RETURN_IF_ERROR(
         indexer_select(*w.indexer, kv_layer, tl, caches, h, q_resid.data(), selected, selected_width));
+  } else {
+    KILN_RETURN_IF_ERROR(sync_ranks());
   }
   // Selection matters only where a query sees more keys than the indexer keeps; elsewhere DSA is dense MLA.
   const bool sparse = c.has_indexer() && !selected.empty();
@@ -332,7 +392,14 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
     }
   }
   round_bf16(attn.data(), N * H * vd);
-  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, attn.data(), N, out));
+  const float* o_in = attn.data();
+  std::vector<float> all_heads;
+  if (sharded()) {
+    all_heads.resize(static_cast<size_t>(N * c.num_attention_heads * vd));
+    KILN_RETURN_IF_ERROR(gather_units(attn.data(), N, c.num_attention_heads, vd, all_heads.data()));
+    o_in = all_heads.data();
+  }
+  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, o_in, N, out));
   round_bf16(out, N * c.hidden_size);
   return ok_status();
 }
@@ -340,8 +407,9 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
 Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const {
   const ModelConfig& c = config_;
   const int64_t Hd = c.hidden_size;
+  // gate / up hold this rank's intermediate columns, down all of them: the activations are gathered first.
   auto dense = [&](const MlpWeights& m, float* y) -> Status {
-    const int64_t I = m.gate->out_features();
+    const int64_t I = m.gate->out_features(), full = m.down->in_features();
     std::vector<float> g(n * I), u(n * I), a(n * I);
     KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
     KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
@@ -349,6 +417,11 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
     round_bf16(u.data(), n * I);
     cpu::swiglu(g.data(), u.data(), n, I, I, a.data());
     round_bf16(a.data(), n * I);
+    if (sharded()) {
+      std::vector<float> all(n * full);
+      KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
+      a = std::move(all);
+    }
     KILN_RETURN_IF_ERROR(run_linear(*m.down, a.data(), n, y));
     round_bf16(y, n * Hd);
     return ok_status();
@@ -361,7 +434,46 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   cpu::gemm_f32(h, n, Hd, w.moe.router.data(), E, logits.data());
   const cpu::MoeRouterConfig rc = moe_router_config(c);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), weights.data(), router_margin);
-  if (bf16()) {
+  if (sharded()) {
+    // Each pair's output from the one rank that holds its expert (zeros elsewhere, so the group's sum is that
+    // output exactly), then a token's pairs summed in slot order as one rank does.
+    const int64_t e0 = weights_.shard.begin(E), local = weights_.shard.count(E);
+    std::vector<float> pairs(n * k * Hd, 0.0f);
+    if (bf16()) {
+      KILN_RETURN_IF_ERROR(routed_expert_pairs_bf16(w.moe.expert_mlps, e0, E, h, n, Hd, k, ids.data(),
+                                                    weights.data(), pairs.data()));
+    } else {
+      std::vector<int64_t> mine;
+      for (int64_t p = 0; p < n * k; ++p)
+        if (ids[p] >= e0 && ids[p] < e0 + local) mine.push_back(p);
+      const int64_t P = static_cast<int64_t>(mine.size());
+      if (P > 0) {
+        std::vector<float> x(P * Hd), pw(P), out_p(P * Hd);
+        std::vector<int32_t> pid(P);
+        for (int64_t i = 0; i < P; ++i) {
+          std::copy_n(h + (mine[i] / k) * Hd, Hd, x.data() + i * Hd);
+          pid[i] = static_cast<int32_t>(ids[mine[i]] - e0);
+          pw[i] = weights[mine[i]];
+        }
+        ExpertRun run;  // one pair per row: the set's rows are independent, so each pair is computed as it is
+        run.x = TensorView::contiguous(x.data(), DType::kF32, {P, Hd});  // among a token's slots
+        run.routing.top_k = 1;
+        run.routing.ids = pid.data();
+        run.routing.weights = pw.data();
+        run.pair_out = out_p.data();
+        KILN_RETURN_IF_ERROR(w.moe.experts->run(run, {}).status());
+        for (int64_t i = 0; i < P; ++i) std::copy_n(out_p.data() + i * Hd, Hd, pairs.data() + mine[i] * Hd);
+      }
+    }
+    KILN_RETURN_IF_ERROR(
+        collective_->all_reduce(pairs.data(), n * k * Hd, DType::kF32, ReduceOp::kSum, Stream{Device::cpu(), nullptr}));
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = out + t * Hd;
+      std::fill(dst, dst + Hd, 0.0f);
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t i = 0; i < Hd; ++i) dst[i] += pairs[(t * k + j) * Hd + i];
+    }
+  } else if (bf16()) {
     KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe.expert_mlps, h, n, Hd, k, ids.data(), weights.data(), out));
   } else {
     // Each (token, slot) pair's weighted expert output, then a token's pairs summed in slot order.
@@ -389,12 +501,6 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   return ok_status();
 }
 
-// A row-parallel block's output is this rank's partial sum; the group adds them up (world size 1: as it is).
-Status MlaMoeModel::reduce_partial(float* y, int64_t count) const {
-  if (!collective_) return ok_status();
-  return collective_->all_reduce(y, count, DType::kF32, ReduceOp::kSum, Stream{Device::cpu(), nullptr});
-}
-
 Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const TokenLayout& tl,
                               const CacheViews& caches, float* x, std::vector<int32_t>& selected,
                               int64_t& selected_width, float* router_margin) const {
@@ -405,11 +511,9 @@ Status MlaMoeModel::run_layer(const LayerWeights& layer, int64_t kv_layer, const
   round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(attention(layer.attn, kv_layer, tl, caches, h.data(), y.data(), selected, selected_width)
                            .with_context("layer " + std::to_string(kv_layer) + " attention"));
-  KILN_RETURN_IF_ERROR(reduce_partial(y.data(), N * Hd));
   cpu::add_rmsnorm(y.data(), x, layer.post_attention_norm.data(), N, Hd, eps, h.data());
   round_bf16(h.data(), N * Hd);
   KILN_RETURN_IF_ERROR(mlp(layer, h.data(), N, y.data(), router_margin).with_context("layer " + std::to_string(kv_layer) + " mlp"));
-  KILN_RETURN_IF_ERROR(reduce_partial(y.data(), N * Hd));
   for (int64_t i = 0; i < N * Hd; ++i) x[i] += y[i];
   return ok_status();
 }
@@ -431,7 +535,7 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, const CacheView
   std::vector<int32_t> flat_ids;
   flat_ids.reserve(N);
   for (const auto& st : steps) flat_ids.insert(flat_ids.end(), st.tokens.begin(), st.tokens.end());
-  embed(flat_ids.data(), N, x.data());
+  KILN_RETURN_IF_ERROR(embed(flat_ids.data(), N, x.data()));
   // The modality path: media rows replace their placeholder tokens' embeddings.
   for (size_t s = 0; s < steps.size(); ++s)
     for (const MediaRows& m : steps[s].media)
@@ -490,7 +594,7 @@ Status MlaMoeModel::logits(std::span<const SequenceStep> steps, const TokenLayou
     cpu::rmsnorm(x + rows[r] * Hd, norm.data(), 1, Hd, static_cast<float>(config_.rms_norm_eps), normed.data() + r * Hd);
   round_bf16(normed.data(), R * Hd);
   out.logits.resize(R * config_.vocab_size);
-  return run_linear(head, normed.data(), R, out.logits.data());
+  return head_logits(head, normed.data(), R, out.logits.data());
 }
 
 Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
@@ -509,7 +613,7 @@ Status MlaMoeModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep>
   ids.reserve(N);
   for (const auto& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
   std::vector<float> e(N * Hd), hn(N * Hd), cat(N * 2 * Hd), x(N * Hd);
-  embed(ids.data(), N, e.data());
+  KILN_RETURN_IF_ERROR(embed(ids.data(), N, e.data()));
   cpu::rmsnorm(e.data(), m.enorm.data(), N, Hd, eps, e.data());
   cpu::rmsnorm(prev_hidden, m.hnorm.data(), N, Hd, eps, hn.data());
   round_bf16(e.data(), N * Hd);

@@ -67,7 +67,13 @@ class MlaMoeModel {
   // CPU threads for this model's kernels (0 = OpenMP's default). Applied by every forward call on the thread
   // that makes it, since OpenMP's team size is a per-thread setting and engines run on their own threads.
   void set_threads(int threads) { threads_ = threads; }
-  // The tensor-parallel group whose ranks' partial block outputs each layer sums (none: one rank).
+  // Tensor parallelism: the group this rank's weights (ModelWeights::shard) are a part of. Every rank runs the same
+  // steps; each computes its heads, intermediate columns, routed experts and vocabulary rows, and the parts meet
+  // through gathers that copy (never partial sums): a rank gathers the attention heads' outputs and the MLPs'
+  // SwiGLU activations and runs o_proj / down_proj whole, routed experts' pair outputs are summed in slot order
+  // after each pair came from its one owner, and embeddings and logits are gathered. So every rank computes every
+  // value with the same arithmetic as one rank does: output bit-identical to parallel.tensor = 1. Rank 0 alone
+  // writes the (shared) KV pages; the ranks meet before reading them. None or one rank: no communication.
   void set_collective(Collective* collective) { collective_ = collective; }
 
   // Runs all steps as one batch: writes their KV (and indexer keys) into `caches` and returns the logits rows the
@@ -84,8 +90,8 @@ class MlaMoeModel {
   Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
                      const CacheViews& caches, StepOutput& out, bool record_router_margin = false) const;
 
-  // Embedding rows as fp32 [n, hidden].
-  void embed(const int32_t* ids, int64_t n, float* out) const;
+  // Embedding rows as fp32 [n, hidden] (every rank of a group calls it together).
+  Status embed(const int32_t* ids, int64_t n, float* out) const;
   // Logits [n, vocab] of already-normed rows [n, hidden] through the target's lm_head.
   Status lm_head(const float* normed, int64_t n, float* logits) const;
 
@@ -128,7 +134,15 @@ class MlaMoeModel {
   MlaForm form_ = MlaForm::kAuto;
   int threads_ = 0;
   Collective* collective_ = nullptr;
-  Status reduce_partial(float* y, int64_t count) const;
+  bool sharded() const { return collective_ && weights_.shard.sharded(); }
+  // Only one rank writes the KV pages its group shares (rank 0; every rank when unsharded).
+  bool writes_cache() const { return weights_.shard.rank == 0; }
+  // The group meets: rank 0's cache writes are done before any rank reads them (nothing unsharded).
+  Status sync_ranks() const;
+  // logits [n, vocab] through a vocabulary-parallel head (this rank's rows, gathered).
+  Status head_logits(const Linear& head, const float* normed, int64_t n, float* logits) const;
+  // full [n, units · width] from every rank's local [n, (its units) · width] in unit order (a copy unsharded).
+  Status gather_units(const float* local, int64_t n, int64_t units, int64_t width, float* full) const;
   // The tapped layers' outputs of the last forward (StepOutput::taps views them until the next one).
   mutable std::vector<float> tap_storage_;
   // DSA rows whose top-k cut fell inside an exact tie of index scores, over this model's life (warned once).

@@ -28,6 +28,9 @@ struct BuildContext {
   // The step's tensor-parallel group, this rank's end of it (the built-in `local`: one rank). Steps reduce the
   // partial sums of their row-parallel blocks (attention out, MLP / MoE out) through it.
   Collective* collective = nullptr;
+  // parallel.tensor: ranks of one tensor-parallel group. On the CPU the architecture builds them all here, as
+  // threads of this process (TensorParallelInstance), and `collective` must be a one-rank one.
+  int tensor_parallel = 1;
   bool load_mtp = false;                 // also the checkpoint's next-n layers
   Precision precision = Precision::kFp32;  // CPU only
   int threads = 0;                         // CPU only: OpenMP team size (0 = default)

@@ -107,6 +107,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.layout = m.layout.get();
   build.device = m.device.get();
   build.collective = m.collective.get();
+  build.tensor_parallel = static_cast<int>(recipe.section("parallel").get_int("tensor", 1));
   build.load_mtp = options.load_mtp;
   build.precision = precision;
   build.threads = threads;

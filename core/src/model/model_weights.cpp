@@ -15,6 +15,7 @@ struct Sources {
   const WeightSource& weights;
   const WeightSource& exact;
   Precision precision;
+  TensorShard shard;
 };
 
 std::string shape_str(std::initializer_list<int64_t> shape) {
@@ -41,11 +42,13 @@ Result<std::unique_ptr<Linear>> linear(WeightFormat& f, const WeightSource& src,
   return l;
 }
 
+// gate / up hold this rank's `local` intermediate columns (all of them unsharded); down reads all `inter`.
 Result<MlpWeights> load_mlp(WeightFormat& f, const WeightSource& src, const std::string& prefix, int64_t hidden,
-                            int64_t inter) {
+                            int64_t inter, int64_t local = -1) {
+  if (local < 0) local = inter;
   MlpWeights m;
-  KILN_ASSIGN_OR_RETURN(m.gate, linear(f, src, prefix + ".gate_proj", hidden, inter));
-  KILN_ASSIGN_OR_RETURN(m.up, linear(f, src, prefix + ".up_proj", hidden, inter));
+  KILN_ASSIGN_OR_RETURN(m.gate, linear(f, src, prefix + ".gate_proj", hidden, local));
+  KILN_ASSIGN_OR_RETURN(m.up, linear(f, src, prefix + ".up_proj", hidden, local));
   KILN_ASSIGN_OR_RETURN(m.down, linear(f, src, prefix + ".down_proj", inter, hidden));
   return m;
 }
@@ -54,7 +57,8 @@ Result<AttentionWeights> load_attention(const ModelConfig& c, const Sources& s, 
                                         const std::string& p, bool with_indexer) {
   const WeightSource& src = s.weights;
   AttentionWeights a;
-  const int64_t H = c.num_attention_heads, hidden = c.hidden_size;
+  // q and kv_b carry this rank's heads; o_proj reads all heads (gathered).
+  const int64_t H = s.shard.count(c.num_attention_heads), hidden = c.hidden_size;
   if (c.q_lora_rank > 0) {
     KILN_ASSIGN_OR_RETURN(a.q_a, linear(f, src, p + ".q_a_proj", hidden, c.q_lora_rank));
     KILN_ASSIGN_OR_RETURN(a.q_a_norm, load_f32(src, p + ".q_a_layernorm.weight", {c.q_lora_rank}));
@@ -71,7 +75,7 @@ Result<AttentionWeights> load_attention(const ModelConfig& c, const Sources& s, 
                                                                {a.kv_b->out_features(), a.kv_b->in_features()}),
                                         {})
                            .with_context(p + ".kv_b_proj"));
-  KILN_ASSIGN_OR_RETURN(a.o_proj, linear(f, src, p + ".o_proj", H * c.v_head_dim, hidden));
+  KILN_ASSIGN_OR_RETURN(a.o_proj, linear(f, src, p + ".o_proj", c.num_attention_heads * c.v_head_dim, hidden));
   if (with_indexer) {
     auto idx = std::make_unique<IndexerWeights>();
     const std::string ip = p + ".indexer";
@@ -96,10 +100,12 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFo
   KILN_ASSIGN_OR_RETURN(w.attn, load_attention(c, s, f, p + ".self_attn", indexer));
   w.is_moe = c.is_moe(layer);
   if (!w.is_moe) {
-    KILN_ASSIGN_OR_RETURN(w.mlp, load_mlp(f, src, p + ".mlp", c.hidden_size, c.intermediate_size));
+    KILN_ASSIGN_OR_RETURN(w.mlp, load_mlp(f, src, p + ".mlp", c.hidden_size, c.intermediate_size,
+                                          s.shard.count(c.intermediate_size)));
     return w;
   }
   const int64_t E = c.n_routed_experts;
+  const int64_t local_experts = s.shard.count(E);  // the source numbers this rank's experts from 0
   KILN_ASSIGN_OR_RETURN(w.moe.router, load_f32(s.exact, p + ".mlp.gate.weight", {E, c.hidden_size}));
   if (src.has(p + ".mlp.gate.e_score_correction_bias")) {
     KILN_ASSIGN_OR_RETURN(w.moe.router_bias, load_f32(s.exact, p + ".mlp.gate.e_score_correction_bias", {E}));
@@ -107,7 +113,7 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFo
     w.moe.router_bias.assign(E, 0.0f);
   }
   if (s.precision == Precision::kBf16) {
-    for (int64_t e = 0; e < E; ++e) {
+    for (int64_t e = 0; e < local_experts; ++e) {
       KILN_ASSIGN_OR_RETURN(MlpWeights m, load_mlp(f, src, p + ".mlp.experts." + std::to_string(e), c.hidden_size,
                                                    c.moe_intermediate_size));
       w.moe.expert_mlps.push_back(std::move(m));
@@ -115,7 +121,7 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFo
   } else {
     ExpertSpec spec;
     spec.prefix = p + ".mlp.experts";
-    spec.num_experts = E;
+    spec.num_experts = local_experts;
     spec.hidden = c.hidden_size;
     spec.intermediate = c.moe_intermediate_size;
     KILN_ASSIGN_OR_RETURN(w.moe.experts, f.load_experts(src, spec));
@@ -124,8 +130,9 @@ Result<LayerWeights> load_layer(const ModelConfig& c, const Sources& s, WeightFo
                               c.source);
   }
   if (c.n_shared_experts > 0) {
-    KILN_ASSIGN_OR_RETURN(w.moe.shared, load_mlp(f, src, p + ".mlp.shared_experts", c.hidden_size,
-                                                 c.moe_intermediate_size * c.n_shared_experts));
+    const int64_t inter = c.moe_intermediate_size * c.n_shared_experts;
+    KILN_ASSIGN_OR_RETURN(w.moe.shared, load_mlp(f, src, p + ".mlp.shared_experts", c.hidden_size, inter,
+                                                 s.shard.count(inter)));
   }
   return w;
 }
@@ -140,7 +147,7 @@ Result<MtpWeights> load_mtp(const ModelConfig& c, const Sources& s, WeightFormat
   KILN_ASSIGN_OR_RETURN(m.head_norm, load_f32(src, p + ".shared_head.norm.weight", {c.hidden_size}));
   KILN_ASSIGN_OR_RETURN(m.eh_proj, linear(f, src, p + ".eh_proj", 2 * c.hidden_size, c.hidden_size));
   if (has_own_head) {
-    KILN_ASSIGN_OR_RETURN(m.head, linear(f, src, p + ".shared_head.head", c.hidden_size, c.vocab_size));
+    KILN_ASSIGN_OR_RETURN(m.head, linear(f, src, p + ".shared_head.head", c.hidden_size, s.shard.count(c.vocab_size)));
   }
   KILN_ASSIGN_OR_RETURN(m.layer, load_layer(c, s, f, layer));
   return m;
@@ -166,16 +173,18 @@ Result<std::vector<float>> load_f32(const WeightSource& source, const std::strin
 }
 
 Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource& stored, WeightFormat& f,
-                                        bool load_mtp_layers, Precision precision) {
+                                        bool load_mtp_layers, Precision precision, TensorShard shard) {
   ModelWeights w;
   w.precision = precision;
+  w.shard = shard;
   if (precision == Precision::kBf16) w.rounded = std::make_shared<Bf16WeightSource>(stored);
-  const Sources s{w.rounded ? *w.rounded : stored, stored, precision};
+  const Sources s{w.rounded ? *w.rounded : stored, stored, precision, shard};
+  const int64_t vocab = shard.count(c.vocab_size);
   const WeightSource& src = s.weights;
   KILN_ASSIGN_OR_RETURN(w.embed_tokens, src.get("model.embed_tokens.weight"));
-  if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
+  if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != vocab || w.embed_tokens.shape[1] != c.hidden_size)
     return invalid_argument("tensor `model.embed_tokens.weight` has shape " + w.embed_tokens.shape_string() +
-                            ", expected [" + std::to_string(c.vocab_size) + ", " + std::to_string(c.hidden_size) + "]");
+                            ", expected [" + std::to_string(vocab) + ", " + std::to_string(c.hidden_size) + "]");
   if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 && w.embed_tokens.dtype != DType::kF16)
     return invalid_argument("tensor `model.embed_tokens.weight` has unsupported dtype " +
                             std::string(dtype_name(w.embed_tokens.dtype)));
@@ -185,7 +194,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightSource
   }
   KILN_ASSIGN_OR_RETURN(w.final_norm, load_f32(src, "model.norm.weight", {c.hidden_size}));
   const std::string head = (c.tie_word_embeddings && !src.has("lm_head.weight")) ? "model.embed_tokens" : "lm_head";
-  KILN_ASSIGN_OR_RETURN(w.lm_head, linear(f, src, head, c.hidden_size, c.vocab_size));
+  KILN_ASSIGN_OR_RETURN(w.lm_head, linear(f, src, head, c.hidden_size, vocab));
   if (load_mtp_layers) {
     for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
       int64_t layer = c.num_hidden_layers + i;

@@ -10,6 +10,7 @@
 #include "kiln/weight_format.h"
 #include "model/model_config.h"
 #include "model/precision.h"
+#include "model/tensor_shard.h"
 
 namespace kiln {
 
@@ -61,19 +62,25 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  TensorView embed_tokens;  // [vocab, hidden] as stored (mmap); rows converted on lookup
+  TensorView embed_tokens;  // [vocab rows of this rank, hidden] as stored (mmap); rows converted on lookup
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
   std::unique_ptr<Linear> lm_head;
   std::vector<MtpWeights> mtp;  // empty when the checkpoint has no MTP weights
   Precision precision = Precision::kFp32;
+  // This rank's part (tensor parallelism): its heads, intermediate columns, routed experts and vocabulary rows
+  // (ShardedWeightSource); o_proj and down_proj are whole on every rank.
+  TensorShard shard;
   // bf16 precision: the rounded tensors the views above point into (a Bf16WeightSource).
   std::shared_ptr<const WeightSource> rounded;
 };
 
 // Loads every target layer (and MTP layers when `load_mtp` and present) for `precision`. Errors name the tensor.
+// With a sharded `shard`, `source` is that rank's ShardedWeightSource and the split modules have this rank's shapes
+// (ModelWeights::shard records the split).
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const WeightSource& source, WeightFormat& format,
-                                        bool load_mtp, Precision precision = Precision::kFp32);
+                                        bool load_mtp, Precision precision = Precision::kFp32,
+                                        TensorShard shard = {});
 
 // Copies a 1-D or 2-D tensor to fp32, checking its shape.
 Result<std::vector<float>> load_f32(const WeightSource& source, const std::string& name,

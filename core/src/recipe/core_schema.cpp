@@ -93,11 +93,12 @@ std::vector<CoreSection> build() {
                      {"bf16", "fp8"})}},
                "method", PluginKind::kDrafter});
   s.push_back({"parallel", "parallelism",
-               {{integer("tensor", 1, "tensor-parallel ranks (> 1 is refused until the transport-nccl plugin exists)", 1,
-                         64),
+               {{integer("tensor", 1,
+                         "tensor-parallel ranks: heads, MLP columns, routed experts and vocabulary split over them, "
+                         "output bit-identical to 1 (CPU: ranks as threads of this process; CUDA: not yet)",
+                         1, 64),
                  integer("decode_context", 1,
-                         "decode-context-parallel ranks, must divide tensor (> 1 is refused until the transport-nccl "
-                         "plugin exists)",
+                         "decode-context-parallel ranks, must divide tensor (> 1 is refused: not implemented yet)",
                          1, 64)}},
                std::nullopt});
   // custom_all_reduce and env configure NCCL: they are the keys of a collective that provides it (its schema adds

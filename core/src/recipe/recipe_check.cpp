@@ -117,6 +117,7 @@ class Checker {
     check_model_path();
     check_draft_model_path();
     check_device();
+    check_parallel();
     check_precision();
     check_capability_devices();
     if (!device_known_ || !can_create_) return;
@@ -194,6 +195,28 @@ class Checker {
     } else {
       device_known_ = false;  // "auto" resolves against the model's architecture, which could not be read
     }
+  }
+
+  // What a parallel recipe needs: CPU ranks run as threads of this process over the built-in `local` group; the
+  // CUDA runners do not shard yet, so a GPU recipe with ranks cannot load.
+  void check_parallel() {
+    const RecipeSection& parallel = recipe_.section("parallel");
+    const int64_t ranks = parallel.get_int("tensor", 1);
+    if (ranks <= 1 || !device_known_) return;
+    if (device_ == DeviceType::kCuda)
+      return problem(about(parallel, "tensor",
+                           unimplemented(std::to_string(ranks) + " ranks on CUDA would need " + std::to_string(ranks) +
+                                         " GPUs and a runner that shards its weights, which the CUDA runners do "
+                                         "not do yet; tensor parallelism runs on CPU ranks (model.device = \"cpu\")")));
+    const RecipeSection& transport = recipe_.section("transport");
+    const std::string backend = transport.get_string("backend", "local");
+    if (backend != "local")
+      return problem(about(transport, "backend",
+                           invalid_argument("CPU ranks run as threads of this process and meet through the built-in "
+                                            "`local` group; `" + backend + "` connects one process per rank")));
+    out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) +
+                         " CPU ranks as threads of this process (heads, MLP columns, routed experts and vocabulary "
+                         "split over them; output bit-identical to one rank)");
   }
 
   // model.precision is the CPU runner's arithmetic: refused on CUDA, and where the architecture has no such mode.

@@ -281,17 +281,16 @@ std::string Recipe::to_toml() const {
 
 namespace {
 
-// Settings whose feature kiln does not have yet: refused rather than silently ignored.
+// Settings whose feature kiln does not have yet: refused rather than silently ignored. (parallel.tensor > 1 runs on
+// CPU ranks; the architecture and device refuse what they cannot shard when the model loads.)
 void refuse_unimplemented(const Recipe& recipe, std::vector<Status>& problems) {
   const RecipeSection& parallel = recipe.section("parallel");
-  for (const char* key : {"tensor", "decode_context"}) {
-    const int64_t ranks = parallel.get_int(key, 1);
-    if (ranks > 1)
-      problems.push_back(parallel.error(
-          key, std::to_string(ranks) +
-                   " ranks: multi-GPU parallelism needs the transport-nccl plugin (a collective providing NCCL), which "
-                   "is not implemented yet; set it to 1"));
-  }
+  const int64_t dcp = parallel.get_int("decode_context", 1);
+  if (dcp > 1)
+    problems.push_back(parallel.error(
+        "decode_context", std::to_string(dcp) +
+                              " ranks: decode-context parallelism (KV sharded by token) is not implemented yet; set "
+                              "it to 1"));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "model/arch/glm5_next/glm5_next.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -69,9 +70,10 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", glm5_next's DSA layers need " +
                                std::to_string(config_.kv_lora_rank) + "+0 (a latent and no rope part)");
-  if (ctx.collective && ctx.collective->world_size() > 1)
-    return unimplemented("tensor parallelism: the collective spans " + std::to_string(ctx.collective->world_size()) +
-                         " ranks, and glm5_next does not shard its weights (parallel.tensor = 1)");
+  if ((ctx.collective && ctx.collective->world_size() > 1) || ctx.tensor_parallel > 1)
+    return unimplemented("tensor parallelism: " +
+                         std::to_string(std::max(ctx.tensor_parallel, ctx.collective ? ctx.collective->world_size() : 1)) +
+                         " ranks, and glm5_next does not shard its weights yet (parallel.tensor = 1)");
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));

@@ -1,0 +1,90 @@
+#include "model/sharded_weight_source.h"
+
+#include <cstdlib>
+
+namespace kiln {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// "model.layers.3.mlp.experts.5.gate_proj.weight" → the position of "5" and its length, or npos.
+std::pair<size_t, size_t> expert_index(const std::string& name) {
+  static const std::string kExperts = ".mlp.experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return {std::string::npos, 0};
+  const size_t begin = at + kExperts.size();
+  size_t end = begin;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == begin || end >= name.size() || name[end] != '.') return {std::string::npos, 0};
+  return {begin, end - begin};
+}
+
+}  // namespace
+
+ShardedWeightSource::RowSplit ShardedWeightSource::row_split(const std::string& module) const {
+  const ModelConfig& c = config_;
+  if (module == "model.embed_tokens" || module == "lm_head" || ends_with(module, ".shared_head.head"))
+    return {c.vocab_size, 1};
+  if (ends_with(module, ".self_attn.q_b_proj") || ends_with(module, ".self_attn.q_proj"))
+    return {c.num_attention_heads, c.qk_head_dim()};
+  if (ends_with(module, ".self_attn.kv_b_proj")) return {c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim};
+  if (ends_with(module, ".mlp.shared_experts.gate_proj") || ends_with(module, ".mlp.shared_experts.up_proj"))
+    return {c.moe_intermediate_size * c.n_shared_experts, 1};
+  if (expert_index(module + ".").first == std::string::npos &&
+      (ends_with(module, ".mlp.gate_proj") || ends_with(module, ".mlp.up_proj")))
+    return {c.intermediate_size, 1};
+  return {};
+}
+
+std::string ShardedWeightSource::stored_name(const std::string& name) const {
+  const auto [at, len] = expert_index(name);
+  if (at == std::string::npos) return name;
+  const int64_t local = std::strtoll(name.substr(at, len).c_str(), nullptr, 10);
+  const int64_t global = shard_.begin(config_.n_routed_experts) + local;
+  return name.substr(0, at) + std::to_string(global) + name.substr(at + len);
+}
+
+bool ShardedWeightSource::has(const std::string& name) const {
+  const auto [at, len] = expert_index(name);
+  if (at != std::string::npos &&
+      std::strtoll(name.substr(at, len).c_str(), nullptr, 10) >= shard_.count(config_.n_routed_experts))
+    return false;
+  return stored_.has(stored_name(name));
+}
+
+Result<TensorView> ShardedWeightSource::get(const std::string& name) const {
+  const auto [at, len] = expert_index(name);
+  if (at != std::string::npos &&
+      std::strtoll(name.substr(at, len).c_str(), nullptr, 10) >= shard_.count(config_.n_routed_experts))
+    return not_found("tensor parallel rank " + std::to_string(shard_.rank) + " holds " +
+                     std::to_string(shard_.count(config_.n_routed_experts)) + " routed experts; `" + name +
+                     "` is not one of them");
+  const std::string stored = stored_name(name);
+  const size_t dot = name.rfind('.');
+  const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
+  const RowSplit split = row_split(module);
+  if (split.units == 0 || !shard_.sharded()) return stored_.get(stored);
+  const std::string where = "tensor parallelism (rank " + std::to_string(shard_.rank) + " of " +
+                            std::to_string(shard_.world) + "): `" + name + "`";
+  if (name.substr(dot + 1) != "weight")
+    return unimplemented(where + " belongs to a module the ranks split by rows, and only dense `.weight` matrices "
+                                 "can be split (quantized formats are not sharded yet)");
+  KILN_ASSIGN_OR_RETURN(TensorView t, stored_.get(stored));
+  if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16)
+    return unimplemented(where + " is " + dtype_name(t.dtype) + "; only F32 / BF16 / F16 matrices can be split");
+  if (t.rank != 2 || t.shape[0] != split.units * split.rows_per_unit)
+    return invalid_argument(where + " has shape " + t.shape_string() + ", expected " +
+                            std::to_string(split.units * split.rows_per_unit) + " rows to split");
+  if (shard_.count(split.units) == 0)
+    return failed_precondition(where + ": " + std::to_string(split.units) + " units cannot give each of " +
+                               std::to_string(shard_.world) + " ranks one");
+  const int64_t row0 = shard_.begin(split.units) * split.rows_per_unit;
+  TensorView part = t;
+  part.data = static_cast<char*>(t.data) + row0 * t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype));
+  part.shape[0] = shard_.count(split.units) * split.rows_per_unit;
+  return part;
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// One tensor-parallel rank's view of a checkpoint (the MLA + MoE family): the tensors it holds a part of are served
+// as that part, the rest as stored, so the ordinary loader builds a rank's weights without knowing about ranks.
+//
+//   column-parallel, this rank's rows:  q_b_proj / q_proj and kv_b_proj (its heads), the dense MLP's and the shared
+//                                       experts' gate_proj / up_proj (its intermediate columns), the embedding,
+//                                       lm_head and an MTP layer's shared_head.head (its vocabulary rows);
+//   expert-parallel:                    routed expert j of this rank is the checkpoint's expert begin + j;
+//   replicated:                         everything else — o_proj and down_proj included (see MlaMoeModel: a rank
+//                                       gathers their inputs and runs them whole, which keeps the output
+//                                       bit-identical to one rank), kv_a / q_a, norms, router, the DSA indexer.
+//
+// Parts are row ranges of the stored matrix, so they are views into the same mapping (no copies). Only dense
+// matrices (F32 / BF16 / F16 `.weight`) can be split; a quantized module that would be split is refused by name.
+#pragma once
+
+#include <string>
+
+#include "kiln/weight_format.h"
+#include "model/model_config.h"
+#include "model/tensor_shard.h"
+
+namespace kiln {
+
+class ShardedWeightSource final : public WeightSource {
+ public:
+  ShardedWeightSource(const WeightSource& stored, const ModelConfig& config, TensorShard shard)
+      : stored_(stored), config_(config), shard_(shard) {}
+
+  bool has(const std::string& name) const override;
+  Result<TensorView> get(const std::string& name) const override;
+  bool synthetic() const override { return stored_.synthetic(); }
+  uint64_t seed() const override { return stored_.seed(); }
+
+  // How a module (a tensor name without its last component) is split: units and rows per unit, or none.
+  struct RowSplit {
+    int64_t units = 0;          // 0: not split
+    int64_t rows_per_unit = 1;
+  };
+  RowSplit row_split(const std::string& module) const;
+
+ private:
+  // The stored name of `name` (routed experts renumbered to this rank's range).
+  std::string stored_name(const std::string& name) const;
+
+  const WeightSource& stored_;
+  const ModelConfig config_;
+  const TensorShard shard_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,61 @@
+// Tensor parallelism with CPU ranks: W rank instances, each holding its part of the weights, run every call together
+// on W threads of this process and meet through an in-process group (builtin/inproc_collective.h). The engine sees
+// one ModelInstance: it hands over one set of KV pages (the ranks share it; rank 0 writes, see MlaMoeModel) and gets
+// rank 0's outputs, which every rank has computed identically.
+//
+// This is how parallel.tensor > 1 runs on the CPU (transport.backend = "local"): the sharding math of the GPU ranks,
+// provable on any machine. A call that fails on one rank aborts the group so the others return instead of waiting.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "builtin/inproc_collective.h"
+#include "kiln/weight_format.h"
+#include "model/model_instance.h"
+
+namespace kiln {
+
+class TensorParallelInstance final : public ModelInstance {
+ public:
+  // The ranks' pieces: the group, each rank's endpoint and weight source (which its weights may view) and instance.
+  struct Rank {
+    std::unique_ptr<Collective> collective;
+    std::unique_ptr<WeightSource> source;
+    std::unique_ptr<ModelInstance> instance;
+  };
+  TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group, std::vector<Rank> ranks);
+  ~TensorParallelInstance() override;
+
+  int world() const { return static_cast<int>(ranks_.size()); }
+  ModelInstance& rank(int r) { return *ranks_[r].instance; }
+
+  Device device() const override { return ranks_[0].instance->device(); }
+  DeviceContext& device_context() override { return ranks_[0].instance->device_context(); }
+  size_t weight_bytes() const override;
+  int64_t vocab_size() const override { return ranks_[0].instance->vocab_size(); }
+  int64_t hidden_size() const override { return ranks_[0].instance->hidden_size(); }
+  int64_t num_mtp_layers() const override { return ranks_[0].instance->num_mtp_layers(); }
+  Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
+              const StepOptions& options, StepOutput& out) override;
+  Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
+                  MtpStepOutput& out) override;
+  Status embed(const int32_t* ids, int64_t n, TensorView out) override;
+  Status lm_head(const TensorView& hidden, float* logits) override;
+  // Host sampling reads rank 0's outputs only: no rank meets another.
+  Status sample_drafts(const DraftSampleRequest& request) override { return ranks_[0].instance->sample_drafts(request); }
+
+ private:
+  // Runs fn(r) for every rank at once (rank 0 on the calling thread); the first rank's own failure is returned.
+  Status on_all_ranks(const std::function<Status(int)>& fn);
+
+  std::unique_ptr<builtin::InprocGroup> group_;
+  std::vector<Rank> ranks_;
+  std::vector<StepOutput> scratch_;          // ranks 1.. write their (identical) outputs here
+  std::vector<MtpStepOutput> mtp_scratch_;
+  std::vector<std::vector<float>> buffers_;  // ranks 1..'s embed / lm_head outputs
+};
+
+}  // namespace kiln
