@@ -1,16 +1,42 @@
 #include "model/tensor_parallel_instance.h"
 
-#include <thread>
 
 namespace kiln {
 
 TensorParallelInstance::TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group, std::vector<Rank> ranks)
-    : group_(std::move(group)), ranks_(std::move(ranks)), scratch_(ranks_.size()), mtp_scratch_(ranks_.size()),
-      buffers_(ranks_.size()) {}
+    : group_(std::move(group)), ranks_(std::move(ranks)), results_(ranks_.size()), scratch_(ranks_.size()),
+      mtp_scratch_(ranks_.size()), buffers_(ranks_.size()) {
+  for (int r = 1; r < world(); ++r) workers_.emplace_back(&TensorParallelInstance::worker, this, r);
+}
 
 TensorParallelInstance::~TensorParallelInstance() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (std::thread& t : workers_) t.join();
   // Instances first (their weights may view their sources), then the sources and endpoints, then the group.
   for (Rank& r : ranks_) r.instance.reset();
+}
+
+void TensorParallelInstance::worker(int rank) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<Status(int)>* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || job_id_ != seen; });
+      if (stopping_) return;
+      seen = job_id_;
+      job = job_;
+    }
+    Status s = (*job)(rank);
+    if (!s.ok()) group_->abort("rank " + std::to_string(rank) + ": " + s.message());
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[rank] = std::move(s);
+    if (--pending_ == 0) done_.notify_all();
+  }
 }
 
 size_t TensorParallelInstance::weight_bytes() const {
@@ -21,16 +47,23 @@ size_t TensorParallelInstance::weight_bytes() const {
 
 Status TensorParallelInstance::on_all_ranks(const std::function<Status(int)>& fn) {
   const int W = world();
-  std::vector<Status> results(W);
-  auto run = [&](int r) {
-    results[r] = fn(r);
-    if (!results[r].ok()) group_->abort("rank " + std::to_string(r) + ": " + results[r].message());
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(W - 1);
-  for (int r = 1; r < W; ++r) threads.emplace_back(run, r);
-  run(0);
-  for (std::thread& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    pending_ = W - 1;
+    ++job_id_;
+  }
+  wake_.notify_all();
+  Status mine = fn(0);
+  if (!mine.ok()) group_->abort("rank 0: " + mine.message());
+  std::vector<Status> results;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    results_[0] = std::move(mine);
+    results = results_;
+  }
   // A rank that failed on its own says why; the others only report the abort that released them.
   const Status* first = nullptr;
   for (const Status& s : results) {

@@ -7,8 +7,11 @@
 // provable on any machine. A call that fails on one rank aborts the group so the others return instead of waiting.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <span>
 #include <vector>
 
@@ -51,8 +54,19 @@ class TensorParallelInstance final : public ModelInstance {
   // Runs fn(r) for every rank at once (rank 0 on the calling thread); the first rank's own failure is returned.
   Status on_all_ranks(const std::function<Status(int)>& fn);
 
+  // Ranks 1.. live on threads of their own for the instance's life, each waiting for the next call.
+  void worker(int rank);
+
   std::unique_ptr<builtin::InprocGroup> group_;
   std::vector<Rank> ranks_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<Status(int)>* job_ = nullptr;
+  uint64_t job_id_ = 0;
+  int pending_ = 0;
+  bool stopping_ = false;
+  std::vector<Status> results_;
+  std::vector<std::thread> workers_;
   std::vector<StepOutput> scratch_;          // ranks 1.. write their (identical) outputs here
   std::vector<MtpStepOutput> mtp_scratch_;
   std::vector<std::vector<float>> buffers_;  // ranks 1..'s embed / lm_head outputs
