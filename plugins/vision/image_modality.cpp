@@ -7,6 +7,9 @@
 #include "image_decode.h"
 #include "processor_settings.h"
 #include "vision_tower.h"
+#ifdef VISION_WITH_CUDA
+#include "cuda/vision_tower_cuda.h"
+#endif
 
 namespace kiln::vision {
 
@@ -24,7 +27,7 @@ std::vector<std::string> ImageModality::accepted_mime_types() const {
 
 Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   std::call_once(load_once_, [&] {
-    if (weights_) return;
+    if (weights_ || device_tower_) return;
     auto w = load_vision_weights(tensors_, config_);
     if (w.ok())
       weights_ = std::move(w).value();
@@ -36,7 +39,9 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(item.bytes));
   KILN_ASSIGN_OR_RETURN(const ProcessedImage processed, process_image(image, processor_));
   const std::array<std::array<int64_t, 3>, 1> grid = {processed.grid_thw};
-  KILN_ASSIGN_OR_RETURN(std::vector<float> rows, run_vision_tower(config_, *weights_, processed.pixel_values, grid));
+  KILN_ASSIGN_OR_RETURN(std::vector<float> rows,
+                        device_tower_ ? device_tower_(processed.pixel_values, grid)
+                                      : run_vision_tower(config_, *weights_, processed.pixel_values, grid));
   MediaEmbedding e;
   e.num_embeddings = processed.num_tokens(processor_);
   e.first_placeholder = 1;
@@ -51,7 +56,7 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
 }
 
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
-                                                           bool load_weights, int64_t cache_mib) {
+                                                           bool load_weights, int64_t cache_mib, int cuda_device) {
   const std::filesystem::path config_path = std::filesystem::path(dir) / "config.json";
   std::ifstream in(config_path);
   if (!in) return not_found(config_path.string() + " cannot be read");
@@ -70,8 +75,23 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
     KILN_ASSIGN_OR_RETURN(VisionWeights w, load_vision_weights(tensors, config));
     weights = std::move(w);
   }
-  return std::make_unique<ImageModality>(std::move(config), processor, std::move(tensors), std::move(weights),
-                                         static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20);
+  ImageModality::DeviceTower device_tower;
+  if (cuda_device >= 0 && weights) {
+#ifdef VISION_WITH_CUDA
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<CudaVisionTower> tower, CudaVisionTower::create(config, *weights, cuda_device));
+    std::shared_ptr<CudaVisionTower> shared(std::move(tower));
+    device_tower = [shared](std::span<const float> pixels, std::span<const std::array<int64_t, 3>> grids) {
+      return shared->run(pixels, grids);
+    };
+    weights.reset();  // on the device now
+#else
+    return unimplemented("the `image` modality was built without CUDA: its tower runs on the CPU only");
+#endif
+  }
+  auto modality = std::make_unique<ImageModality>(std::move(config), processor, std::move(tensors), std::move(weights),
+                                                  static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20);
+  if (device_tower) modality->set_device_tower(std::move(device_tower));
+  return modality;
 }
 
 }  // namespace kiln::vision

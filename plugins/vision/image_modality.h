@@ -1,10 +1,13 @@
 // The `image` modality: an image part's bytes → decode (PNG, JPEG, WebP) → the glm5_next image processor → the
-// vision tower on the CPU → the prompt tokens <|begin_of_image|>, one <|image|> per merged embedding,
+// vision tower (on the CPU, or on the model's GPU) → the prompt tokens <|begin_of_image|>, one <|image|> per merged embedding,
 // <|end_of_image|>, and the embedding rows for the placeholders.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <span>
 #include <mutex>
 #include <optional>
 
@@ -29,6 +32,11 @@ class ImageModality final : public Modality {
 
   const VisionConfig& config() const { return config_; }
   const ImageProcessorConfig& processor_config() const { return processor_; }
+  // The tower on a device (CudaVisionTower) instead of the host's: pixel_values and grids in, rows out.
+  using DeviceTower = std::function<Result<std::vector<float>>(std::span<const float>,
+                                                               std::span<const std::array<int64_t, 3>>)>;
+  void set_device_tower(DeviceTower tower) { device_tower_ = std::move(tower); }
+  bool on_device() const { return static_cast<bool>(device_tower_); }
   // Images that went through the tower, and repeats answered from the encode cache.
   uint64_t tower_runs() const { return tower_runs_; }
   uint64_t cache_hits() const { return cache_.hits(); }
@@ -40,14 +48,17 @@ class ImageModality final : public Modality {
   std::once_flag load_once_;
   Status load_status_;
   std::optional<VisionWeights> weights_;
+  DeviceTower device_tower_;
   EncodeCache cache_;
   std::atomic<uint64_t> tower_runs_{0};
 };
 
 // The modality for the checkpoint folder `dir` (config.json + safetensors); `load_weights` false reads only the
 // safetensors headers (every tower tensor present with its shape) and defers the weights to the first image.
-// `cache_mib`: MiB of recent encodings kept for repeated images (0 = none).
+// `cache_mib`: MiB of recent encodings kept for repeated images (0 = none). `cuda_device` ≥ 0 (with load_weights):
+// the tower runs there (a build with CUDA; the host keeps no copy of the weights).
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
-                                                           bool load_weights, int64_t cache_mib = 0);
+                                                           bool load_weights, int64_t cache_mib = 0,
+                                                           int cuda_device = -1);
 
 }  // namespace kiln::vision

@@ -14,8 +14,10 @@ Result<std::unique_ptr<Modality>> make_modality(const CreateContext& ctx) {
   if (ctx.model == nullptr || ctx.model->checkpoint_dir.empty())
     return failed_precondition("the `image` modality reads the model's vision tower, and no model folder is known");
   const int64_t cache_mib = ctx.section ? ctx.section->get_int("encode_cache_mib", kDefaultCacheMib) : kDefaultCacheMib;
-  auto m =
-      make_image_modality(ctx.model->checkpoint_dir, ctx.model->hidden_size, ctx.device_context != nullptr, cache_mib);
+  // With a device context the weights load now — onto the model's GPU when it runs on one.
+  const int cuda_device = ctx.device.is_cuda() && ctx.device_context != nullptr ? ctx.device.index : -1;
+  auto m = make_image_modality(ctx.model->checkpoint_dir, ctx.model->hidden_size, ctx.device_context != nullptr,
+                               cache_mib, cuda_device);
   if (!m.ok()) return m.status().with_context("modality `image` (" + ctx.model->checkpoint_dir + ")");
   return std::unique_ptr<Modality>(std::move(m).value());
 }
@@ -30,11 +32,15 @@ Status register_vision(Registrar& registrar) {
   cache.doc =
       "MiB of recent images' embeddings kept so a repeated image (same bytes) skips the vision tower (0 = "
       "none)";
-  // The tower runs on the host; the CUDA runner takes no media rows yet, so it registers for the CPU only.
+#ifdef VISION_WITH_CUDA
+  const DeviceSet devices = DeviceSet::cpu_and_cuda();
+#else
+  const DeviceSet devices = DeviceSet::cpu();
+#endif
   return registrar.add<Modality>("image",
                                  "images (PNG, JPEG, WebP) through glm5_next's image processor and vision tower, on "
-                                 "the CPU",
-                                 &make_modality, DeviceSet::cpu(), SectionSchema{{cache}});
+                                 "the model's device",
+                                 &make_modality, devices, SectionSchema{{cache}});
 }
 
 }  // namespace

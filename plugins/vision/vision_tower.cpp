@@ -6,10 +6,9 @@
 #include "vision_ops.h"
 
 namespace kiln::vision {
-namespace {
 
-// Each patch's (row, column) in its frame; the processor lists patches block by block (row-block, column-block,
-// then inner row, inner column), so consecutive merge² rows form one merge block.
+// The processor lists patches block by block (row-block, column-block, then inner row, inner column), so
+// consecutive merge² rows form one merge block.
 void patch_positions(std::span<const std::array<int64_t, 3>> grids, int64_t m, std::vector<int64_t>& rows,
                      std::vector<int64_t>& cols, std::vector<int64_t>& segments) {
   for (const auto& [t, h, w] : grids)
@@ -43,6 +42,8 @@ void axial_rope_tables(const VisionConfig& c, const std::vector<int64_t>& rows, 
       }
     }
 }
+
+namespace {
 
 // In place on one head's row x[hd]: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁].
 void rotate(float* x, const float* cos_r, const float* sin_r, int64_t hd) {
@@ -107,9 +108,8 @@ void block_forward(const VisionConfig& c, const VisionBlockWeights& w, std::vect
 
 }  // namespace
 
-Result<std::vector<float>> run_vision_tower(const VisionConfig& c, const VisionWeights& w,
-                                            std::span<const float> pixel_values,
-                                            std::span<const std::array<int64_t, 3>> grids) {
+Result<int64_t> check_tower_input(const VisionConfig& c, size_t pixel_values,
+                                  std::span<const std::array<int64_t, 3>> grids) {
   const int64_t m = c.spatial_merge_size;
   if (c.head_dim() > 512) return unimplemented("vision heads wider than 512 channels");
   int64_t n = 0;
@@ -120,9 +120,17 @@ Result<std::vector<float>> run_vision_tower(const VisionConfig& c, const VisionW
                               std::to_string(m) + " merge blocks");
     n += t * h * wd;
   }
-  if (static_cast<int64_t>(pixel_values.size()) != n * c.patch_dim())
-    return invalid_argument("pixel_values hold " + std::to_string(pixel_values.size()) + " values; the grids need " +
+  if (static_cast<int64_t>(pixel_values) != n * c.patch_dim())
+    return invalid_argument("pixel_values hold " + std::to_string(pixel_values) + " values; the grids need " +
                             std::to_string(n) + " patches of " + std::to_string(c.patch_dim()));
+  return n;
+}
+
+Result<std::vector<float>> run_vision_tower(const VisionConfig& c, const VisionWeights& w,
+                                            std::span<const float> pixel_values,
+                                            std::span<const std::array<int64_t, 3>> grids) {
+  const int64_t m = c.spatial_merge_size;
+  KILN_ASSIGN_OR_RETURN(const int64_t n, check_tower_input(c, pixel_values.size(), grids));
   std::vector<int64_t> rows, cols, segments;
   patch_positions(grids, m, rows, cols, segments);
   std::vector<float> cos_t, sin_t;

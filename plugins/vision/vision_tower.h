@@ -17,6 +17,20 @@ namespace kiln::vision {
 // pixel_values [Σ t·h·w, patch_dim] for the images (or videos) `grids` (t, h, w in patches), in the processor's
 // patch order; returns [Σ t·h·w / merge², out_hidden], each image's rows in order. Each frame attends within
 // itself only. Errors: a grid that is empty or not divisible into merge blocks, or a size mismatch.
+// The tower's input checked: every grid a whole number of merge blocks, pixel_values sized for them. Returns the
+// number of patches.
+Result<int64_t> check_tower_input(const VisionConfig& config, size_t pixel_values,
+                                  std::span<const std::array<int64_t, 3>> grids);
+
+// Each patch's (row, column) in its frame, in the processor's patch order, and each frame's patch count (the
+// segments attention stays within).
+void patch_positions(std::span<const std::array<int64_t, 3>> grids, int64_t merge, std::vector<int64_t>& rows,
+                     std::vector<int64_t>& cols, std::vector<int64_t>& segments);
+
+// The 2D axial RoPE tables cos / sin [n, head_dim] of those positions (fp32, as the reference computes them).
+void axial_rope_tables(const VisionConfig& config, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols,
+                       std::vector<float>& cos_t, std::vector<float>& sin_t);
+
 Result<std::vector<float>> run_vision_tower(const VisionConfig& config, const VisionWeights& weights,
                                             std::span<const float> pixel_values,
                                             std::span<const std::array<int64_t, 3>> grids);

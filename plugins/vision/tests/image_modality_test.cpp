@@ -23,6 +23,7 @@
 #include "kiln/modality.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
+#include "tower_fixture.h"
 #include "vision_test_support.h"
 #include "vision_tower.h"
 
@@ -31,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::data_dir;
+using testing::synthetic_pixels;
 
 void load_plugin() {
   static const Status loaded = [] {
@@ -49,15 +51,6 @@ LoadedModel load_e2e_model() {
   auto m = load_model(*recipe, global_registry(), {});
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
-}
-
-std::vector<float> synthetic_pixels(int64_t patches, int64_t patch_dim, int64_t seed) {
-  std::vector<float> v(static_cast<size_t>(patches * patch_dim));
-  for (int64_t p = 0; p < patches; ++p)
-    for (int64_t j = 0; j < patch_dim; ++j)
-      v[p * patch_dim + j] =
-          static_cast<float>(static_cast<double>((p * 7919 + j * 104729 + seed * 31) % 2001) / 1000.0 - 1.0);
-  return v;
 }
 
 Result<std::shared_ptr<Modality>> create(const LoadedModel& m) {

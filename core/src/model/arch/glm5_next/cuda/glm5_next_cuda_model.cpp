@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cpu/half_float.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/kda.h"
 #include "kernels/cuda/mhc.h"
@@ -175,8 +176,16 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     if (tap != kTapFinalNormed)
       return unimplemented("glm5_next on CUDA taps only the final-normed hidden states (asked for layer " +
                            std::to_string(tap) + ")");
-  for (const SequenceStep& s : steps)
-    if (!s.media.empty()) return unimplemented("glm5_next on CUDA takes text only (media rows in a step)");
+  // The modality path: media rows (an image's embeddings) replace their placeholder tokens' embeddings.
+  std::vector<std::pair<int64_t, const MediaRows*>> media;
+  {
+    int64_t row = 0;
+    for (const SequenceStep& s : steps) {
+      for (const MediaRows& m : s.media) media.emplace_back(row + m.first_row, &m);
+      row += static_cast<int64_t>(s.tokens.size());
+    }
+  }
+  if (!media.empty() && mtp_index >= 0) return invalid_argument("an MTP step takes no media rows");
   // The layers this step runs and their cache layers: the trunk's, or one next-n layer after them.
   const MtpGpu* mtp = mtp_index >= 0 ? &weights_.mtp[mtp_index] : nullptr;
   std::vector<std::pair<const LayerGpu*, int64_t>> layers;
@@ -460,6 +469,15 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
 
   auto enqueue_trunk = [&]() -> Status {
     KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    // Media rows over their placeholders' embeddings, rounded to bf16 as the table's rows are. From pageable memory:
+    // the copy has taken the rows when it returns (steps with media are never graphed).
+    for (const auto& [row, m] : media) {
+      media_rows_.resize(static_cast<size_t>(m->count * Hd));
+      for (int64_t i = 0; i < m->count * Hd; ++i) media_rows_[i] = cpu::float_to_bf16(m->embeddings[i]);
+      KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemcpyAsync(b.y + row * Hd, media_rows_.data(), media_rows_.size() * 2,
+                                                       cudaMemcpyHostToDevice, I.stream),
+                                       "media rows"));
+    }
     KILN_RETURN_IF_ERROR(hc_broadcast(b.y, N, hc, Hd, G.x, st));
     timer.mark("embedding");
     for (const auto& [w, l] : layers) KILN_RETURN_IF_ERROR(run_layer(*w, l));
@@ -505,7 +523,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     return ok_status();
   };
 
-  if (graphs_ && N == S) {
+  if (graphs_ && N == S && media.empty()) {
     kc::GraphKey key{mtp_index, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
                      caches.entry(0, 0), static_cast<int64_t>(P.hash)};
     return I.graphs.run(key, I.stream, enqueue);

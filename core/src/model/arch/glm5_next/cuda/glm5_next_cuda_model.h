@@ -72,6 +72,7 @@ class Glm5NextCudaModel final : public ModelInstance {
   std::unique_ptr<kiln::cuda::CudaMlaMoeModel::Impl> impl_;
   Glm5NextGpuWeights weights_;
   std::unique_ptr<Plan> plan_;
+  std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
   kiln::cuda::PinnedUploadRing plan_upload_;
   kiln::cuda::DeviceTokenSelection selection_;
   bool graphs_ = true;

@@ -1,0 +1,125 @@
+// glm5_next's vision tower on one GPU (plugins/vision, CudaVisionTower, TF32 products) at GLM-5.3-Flash's vision
+// shapes (specs/glm5-next.md §6: depth 24, hidden 1024, 16 heads, intermediate 4096, patch 14, merge 2,
+// projection_intermediate 10240; out_hidden = the text model's 4096) with random weights: images per second through
+// the encoder for square images of 336, 1024 and 2048 pixels (the processor's canvas decides patches and tokens), and
+// the tower's part of a 16-image request (16 × 1024², encoded one after another as the modality does).
+// Beside each figure: the FLOPs of the products (2·m·n·k per linear, 4·L²·hidden per frame for attention) and the
+// rate that makes against the H200's dense TF32 tensor-core peak (495 TFLOP/s, NVIDIA's data sheet).
+// Usage: kiln_bench_vision_tower_bench [--math fp32]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "bench_check.h"
+#include "cuda/vision_tower_cuda.h"
+#include "image_canvas.h"
+#include "vision_config.h"
+#include "vision_weights.h"
+
+namespace {
+
+using kiln::vision::CudaVisionTower;
+using kiln::vision::VisionConfig;
+using kiln::vision::VisionWeights;
+
+constexpr double kTf32PeakTflops = 495.0;
+
+std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+VisionWeights random_weights(const VisionConfig& c) {
+  std::mt19937 rng(7);
+  const float s = 0.02f * 1.7320508f;  // uniform with std 0.02
+  const size_t h = c.hidden_size, in = c.intermediate_size, out = c.out_hidden_size, pi = c.projection_intermediate_size;
+  const size_t mm = c.spatial_merge_size * c.spatial_merge_size;
+  VisionWeights w;
+  w.patch_w = random_vector(h * c.patch_dim(), rng, s), w.patch_b = random_vector(h, rng, s);
+  for (int64_t b = 0; b < c.depth; ++b) {
+    kiln::vision::VisionBlockWeights k;
+    k.norm1.assign(h, 1.0f), k.norm2.assign(h, 1.0f), k.q_norm.assign(c.head_dim(), 1.0f);
+    k.k_norm.assign(c.head_dim(), 1.0f);
+    k.qkv_w = random_vector(3 * h * h, rng, s), k.qkv_b = random_vector(3 * h, rng, s);
+    k.proj_w = random_vector(h * h, rng, s), k.proj_b = random_vector(h, rng, s);
+    k.gate_w = random_vector(in * h, rng, s), k.gate_b = random_vector(in, rng, s);
+    k.up_w = random_vector(in * h, rng, s), k.up_b = random_vector(in, rng, s);
+    k.down_w = random_vector(h * in, rng, s), k.down_b = random_vector(h, rng, s);
+    w.blocks.push_back(std::move(k));
+  }
+  w.post_norm.assign(h, 1.0f);
+  w.down_w = random_vector(out * mm * h, rng, s), w.down_b = random_vector(out, rng, s);
+  w.merger_proj = random_vector(out * out, rng, s);
+  w.merger_norm_w.assign(out, 1.0f), w.merger_norm_b.assign(out, 0.0f);
+  w.merger_gate = random_vector(pi * out, rng, s), w.merger_up = random_vector(pi * out, rng, s);
+  w.merger_down = random_vector(out * pi, rng, s);
+  return w;
+}
+
+// FLOPs of one image of n patches in one frame through the tower.
+double tower_flops(const VisionConfig& c, double n) {
+  const double h = c.hidden_size, in = c.intermediate_size, out = c.out_hidden_size, pi = c.projection_intermediate_size;
+  const double mm = c.spatial_merge_size * c.spatial_merge_size, tokens = n / mm;
+  const double per_block = 2 * n * h * (3 * h + h + 3 * in) + 4 * n * n * h;
+  return 2 * n * c.patch_dim() * h + c.depth * per_block + 2 * tokens * (mm * h * out + out * out + 3 * out * pi);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool fp32 = argc > 2 && std::strcmp(argv[1], "--math") == 0 && std::strcmp(argv[2], "fp32") == 0;
+  VisionConfig c;  // the defaults are GLM-5.3-Flash's tower
+  c.out_hidden_size = 4096;
+  c.text_hidden_size = 4096;
+  std::printf("# vision tower, GLM-5.3-Flash shapes (depth %lld, hidden %lld, %lld heads, intermediate %lld, out %lld), "
+              "%s products, random weights\n",
+              static_cast<long long>(c.depth), static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_heads),
+              static_cast<long long>(c.intermediate_size), static_cast<long long>(c.out_hidden_size),
+              fp32 ? "fp32" : "TF32");
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# GPU: %s\n", prop.name);
+  const VisionWeights w = random_weights(c);
+  auto tower = CudaVisionTower::create(c, w, 0, fp32 ? CudaVisionTower::Math::kFp32 : CudaVisionTower::Math::kTf32);
+  CHECK_OK(tower.status());
+  std::printf("# weights on the device: %.2f GiB (fp32)\n", static_cast<double>((*tower)->weight_bytes()) / (1 << 30));
+  kiln::vision::ImageProcessorConfig pc;
+  std::printf("| image | canvas | patches | tokens | ms / image | images / s | TFLOP/s | of TF32 peak |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::mt19937 rng(11);
+  double ms_1024 = 0;
+  for (int64_t side : {336, 1024, 2048}) {
+    auto plan = kiln::vision::plan_canvas(side, side, pc);
+    CHECK_OK(plan.status());
+    const int64_t gh = plan->canvas_height / c.patch_size, gw = plan->canvas_width / c.patch_size, n = gh * gw;
+    const std::vector<std::array<int64_t, 3>> grid = {{1, gh, gw}};
+    const std::vector<float> pixels = random_vector(static_cast<size_t>(n * c.patch_dim()), rng, 1.0f);
+    for (int i = 0; i < 2; ++i) CHECK_OK((*tower)->run(pixels, grid).status());  // buffers grown, clocks up
+    const int reps = side <= 336 ? 20 : side <= 1024 ? 8 : 3;
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CHECK_OK((*tower)->run(pixels, grid).status());  // synchronises: rows are on the host when it returns
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    if (side == 1024) ms_1024 = med;
+    const double tflops = tower_flops(c, static_cast<double>(n)) / (med * 1e-3) / 1e12;
+    std::printf("| %lld² | %lld×%lld | %lld | %lld | %.1f | %.2f | %.0f | %.0f %% |\n", static_cast<long long>(side),
+                static_cast<long long>(plan->canvas_width), static_cast<long long>(plan->canvas_height),
+                static_cast<long long>(n), static_cast<long long>(n / 4), med, 1000.0 / med, tflops,
+                100.0 * tflops / kTf32PeakTflops);
+  }
+  std::printf("# 16 images of 1024² encoded one after another (the modality's order): %.0f ms of a 16-image request's "
+              "TTFT is the tower\n",
+              16 * ms_1024);
+  return 0;
+}
