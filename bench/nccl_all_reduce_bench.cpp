@@ -181,12 +181,10 @@ int run_rank(const Options& o) {
         got == kiln::nccl::probe_expected_sum(DType::kBF16, env.world_size, count, static_cast<uint32_t>(bytes));
     // Timing on zeros, which repeated sums keep finite.
     CHECK_CUDA(cudaMemset(buf, 0, bytes));
-    const double one = time_graph(boot, s, o, [&] {
-      CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s, IpcAllReduce::Algorithm::kOneShot));
-    });
-    const double two = time_graph(boot, s, o, [&] {
-      CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s, IpcAllReduce::Algorithm::kTwoShot));
-    });
+    const double one = time_graph(
+        boot, s, o, [&] { CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s, IpcAllReduce::Algorithm::kOneShot)); });
+    const double two = time_graph(
+        boot, s, o, [&] { CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s, IpcAllReduce::Algorithm::kTwoShot)); });
     double nccl = -1;
     if (comm)
       nccl = time_graph(boot, s, o, [&] {
@@ -194,8 +192,10 @@ int run_rank(const Options& o) {
       });
     if (env.rank == 0) {
       char nccl_text[32];
-      if (nccl < 0) std::snprintf(nccl_text, sizeof nccl_text, "%s", "n/a (1 GPU)");
-      else std::snprintf(nccl_text, sizeof nccl_text, "%.2f", nccl);
+      if (nccl < 0)
+        std::snprintf(nccl_text, sizeof nccl_text, "%s", "n/a (1 GPU)");
+      else
+        std::snprintf(nccl_text, sizeof nccl_text, "%.2f", nccl);
       std::printf("%10zu %12.2f %12.2f %12s %10s\n", bytes, one, two, nccl_text, ok ? "ok" : "WRONG");
     }
     if (!ok) std::fprintf(stderr, "rank %d: wrong all-reduce result at %zu bytes\n", env.rank, bytes);
@@ -214,10 +214,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (flag == "--ranks") o.ranks = v;
-    else if (flag == "--graph-calls") o.graph_calls = v;
-    else if (flag == "--launches") o.launches = v;
-    else return std::fprintf(stderr, "unknown option %s\n", argv[i]), 64;
+    if (flag == "--ranks")
+      o.ranks = v;
+    else if (flag == "--graph-calls")
+      o.graph_calls = v;
+    else if (flag == "--launches")
+      o.launches = v;
+    else
+      return std::fprintf(stderr, "unknown option %s\n", argv[i]), 64;
   }
   if (o.ranks < 1 || o.ranks > 8 || o.graph_calls < 1 || o.launches < 1)
     return std::fprintf(stderr, "--ranks 1..8, --graph-calls and --launches >= 1\n"), 64;

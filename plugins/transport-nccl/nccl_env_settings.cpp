@@ -41,8 +41,7 @@ Status apply_nccl_env(const StringTable& settings) {
                 c.name, *c.kept);
       continue;
     }
-    if (::setenv(c.name.c_str(), c.value.c_str(), 1) != 0)
-      return internal_error("setenv(" + c.name + ") failed");
+    if (::setenv(c.name.c_str(), c.value.c_str(), 1) != 0) return internal_error("setenv(" + c.name + ") failed");
   }
   return ok_status();
 }

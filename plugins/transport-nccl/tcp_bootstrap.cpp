@@ -29,7 +29,9 @@ struct Hello {
 };
 enum : uint32_t { kAccepted = 0, kWorldMismatch = 1, kDuplicateRank = 2 };
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -93,7 +95,9 @@ Result<std::string> recv_blob(int fd, Clock::time_point deadline, const std::str
   return blob;
 }
 
-void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+void set_nonblocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+}
 void set_nodelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -145,7 +149,9 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, int& err) {
 
 }  // namespace
 
-std::string TcpBootstrap::where() const { return spec_.addr + ":" + std::to_string(spec_.port); }
+std::string TcpBootstrap::where() const {
+  return spec_.addr + ":" + std::to_string(spec_.port);
+}
 
 Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec& spec) {
   if (spec.world_size < 1 || spec.rank < 0 || spec.rank >= spec.world_size)
@@ -203,8 +209,8 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec
       if (h.world_size != static_cast<uint32_t>(spec.world_size)) {
         verdict = kWorldMismatch;
         failure = invalid_argument("rank " + std::to_string(h.rank) + " connected to " + b->where() +
-                                   " with WORLD_SIZE=" + std::to_string(h.world_size) + ", rank 0 has WORLD_SIZE=" +
-                                   std::to_string(spec.world_size));
+                                   " with WORLD_SIZE=" + std::to_string(h.world_size) +
+                                   ", rank 0 has WORLD_SIZE=" + std::to_string(spec.world_size));
       } else if (h.rank == 0 || h.rank >= h.world_size || b->peer_fds_[h.rank] >= 0) {
         verdict = kDuplicateRank;
         failure = invalid_argument("two processes at " + b->where() + " claim RANK=" + std::to_string(h.rank));
@@ -224,8 +230,10 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec
       for (int r = 1; r < spec.world_size; ++r)
         if (b->peer_fds_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       return unavailable("rank 0 waited " + seconds + " at " + b->where() + " (MASTER_ADDR:MASTER_PORT) for rank(s) " +
-                         missing + " to connect; are they running with the same MASTER_ADDR, MASTER_PORT and "
-                         "WORLD_SIZE=" + std::to_string(spec.world_size) + "?");
+                         missing +
+                         " to connect; are they running with the same MASTER_ADDR, MASTER_PORT and "
+                         "WORLD_SIZE=" +
+                         std::to_string(spec.world_size) + "?");
     }
     return b;
   }
@@ -252,8 +260,9 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec
       if (verdict != kAccepted) {
         ::close(fd);
         return invalid_argument("rank 0 at " + b->where() + " refused rank " + std::to_string(spec.rank) + ": " +
-                                (verdict == kWorldMismatch ? "its WORLD_SIZE differs from " + std::to_string(spec.world_size)
-                                                           : "another process already has RANK=" + std::to_string(spec.rank)));
+                                (verdict == kWorldMismatch
+                                     ? "its WORLD_SIZE differs from " + std::to_string(spec.world_size)
+                                     : "another process already has RANK=" + std::to_string(spec.rank)));
       }
       b->peer_fds_ = {fd};
       return b;
@@ -299,6 +308,8 @@ Result<std::string> TcpBootstrap::broadcast(const std::string& blob) {
   return std::move(all[0]);
 }
 
-Status TcpBootstrap::barrier() { return all_gather("").status(); }
+Status TcpBootstrap::barrier() {
+  return all_gather("").status();
+}
 
 }  // namespace kiln::nccl

@@ -14,7 +14,9 @@ namespace {
 constexpr uint64_t kProbeTimeoutNs = uint64_t{10} * 1000 * 1000 * 1000;  // time-sliced ranks on one GPU need a while
 constexpr int64_t kProbeBytes = 96 * 1024 + 48;  // several blocks, slices not a multiple of the block width
 
-std::string cuda_text(cudaError_t e) { return cudaGetErrorString(e); }
+std::string cuda_text(cudaError_t e) {
+  return cudaGetErrorString(e);
+}
 
 // Every rank's verdict ("" = passed); the first failure as "rank r: why", or "" when all passed.
 Result<std::string> agree(TcpBootstrap& bootstrap, const std::string& mine) {
@@ -74,9 +76,12 @@ std::string test_exchange(IpcAllReduce& ar) {
       if (e == cudaSuccess) cudaMemcpy(&late, timed_out, sizeof late, cudaMemcpyDeviceToHost);
       if (e == cudaSuccess) cudaMemcpy(got.data(), buffer, kProbeBytes, cudaMemcpyDeviceToHost);
       const char* name = algorithm == IpcAllReduce::Algorithm::kOneShot ? "one-shot" : "two-shot";
-      if (e != cudaSuccess) fail(std::string("the ") + name + " test exchange failed: " + cuda_text(e));
-      else if (late) fail(std::string("the ") + name + " test exchange timed out waiting for a peer's flags (no "
-                                                      "working peer writes?)");
+      if (e != cudaSuccess)
+        fail(std::string("the ") + name + " test exchange failed: " + cuda_text(e));
+      else if (late)
+        fail(std::string("the ") + name +
+             " test exchange timed out waiting for a peer's flags (no "
+             "working peer writes?)");
       else if (std::memcmp(got.data(), expected.data(), kProbeBytes) != 0)
         fail(std::string("the ") + name + " test exchange in " + dtype_name(dtype) +
              " gave a wrong sum (peer memory not coherent?)");
@@ -116,13 +121,17 @@ Result<AllReduceChoice> choose_all_reduce(const TransportSettings& settings, Tcp
   std::unique_ptr<IpcAllReduce> ar;
   if (local_failure.empty()) {
     auto made = IpcAllReduce::create(rank, world, capacity);
-    if (!made.ok()) local_failure = made.status().message();
-    else ar = std::move(*made);
+    if (!made.ok())
+      local_failure = made.status().message();
+    else
+      ar = std::move(*made);
   }
   if (ar) {
     auto h = ar->export_handle();
-    if (!h.ok()) local_failure = h.status().message();
-    else handle = *h;
+    if (!h.ok())
+      local_failure = h.status().message();
+    else
+      handle = *h;
   }
   // Blob: verdict byte, bus id, newline, then the handle (or the reason).
   const std::string blob = (local_failure.empty() ? "1" : "0") + std::string(bus_id) + "\n" +
@@ -137,8 +146,10 @@ Result<AllReduceChoice> choose_all_reduce(const TransportSettings& settings, Tcp
       break;
     }
     bus_ids[r] = blobs[r].substr(1, nl - 1);
-    if (blobs[r][0] != '1') reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(nl + 1);
-    else handles[r] = blobs[r].substr(nl + 1);
+    if (blobs[r][0] != '1')
+      reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(nl + 1);
+    else
+      handles[r] = blobs[r].substr(nl + 1);
   }
 
   // 2. Peer access and opening the handles.

@@ -93,17 +93,18 @@ Status IpcAllReduce::all_reduce(void* buffer, int64_t count, DType dtype, cudaSt
   if (!takes(buffer, count, dtype, ReduceOp::kSum))
     return invalid_argument("custom all-reduce: " + std::to_string(count) + " " + dtype_name(dtype) +
                             " elements at this address are not taken (sum of bf16/fp32, 16-byte aligned, multiple "
-                            "of 16 bytes, at most " + std::to_string(capacity_) + " bytes, peers opened)");
+                            "of 16 bytes, at most " +
+                            std::to_string(capacity_) + " bytes, peers opened)");
   if (timeout_ns != 0 && !timed_out) return invalid_argument("custom all-reduce: a timeout needs a flag to set");
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   if (algorithm == Algorithm::kAuto) algorithm = choose(bytes, world_);
-  KILN_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(table_.data[rank_], buffer, bytes, cudaMemcpyDeviceToDevice, stream), "custom all-reduce: copy in"));
-  return cuda_status(launch_ipc_all_reduce(table_, rank_, world_,
-                                           dtype == DType::kF32 ? ElementType::kF32 : ElementType::kBF16,
-                                           algorithm == Algorithm::kTwoShot, static_cast<int64_t>(bytes / kPackBytes),
-                                           buffer, timeout_ns, timed_out, stream),
-                     "custom all-reduce: launch");
+  KILN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(table_.data[rank_], buffer, bytes, cudaMemcpyDeviceToDevice, stream),
+                                   "custom all-reduce: copy in"));
+  return cuda_status(
+      launch_ipc_all_reduce(table_, rank_, world_, dtype == DType::kF32 ? ElementType::kF32 : ElementType::kBF16,
+                            algorithm == Algorithm::kTwoShot, static_cast<int64_t>(bytes / kPackBytes), buffer,
+                            timeout_ns, timed_out, stream),
+      "custom all-reduce: launch");
 }
 
 }  // namespace kiln::nccl::cuda

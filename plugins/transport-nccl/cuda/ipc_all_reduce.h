@@ -49,15 +49,15 @@ class IpcAllReduce {
   static Algorithm choose(size_t bytes, int world_size);
 
   // In place over `count` elements of `buffer`. timeout_ns / timed_out: see launch_ipc_all_reduce (the probe).
-  Status all_reduce(void* buffer, int64_t count, DType dtype, cudaStream_t stream, Algorithm algorithm = Algorithm::kAuto,
-                    uint64_t timeout_ns = 0, uint32_t* timed_out = nullptr);
+  Status all_reduce(void* buffer, int64_t count, DType dtype, cudaStream_t stream,
+                    Algorithm algorithm = Algorithm::kAuto, uint64_t timeout_ns = 0, uint32_t* timed_out = nullptr);
 
  private:
   IpcAllReduce(int rank, int world, size_t capacity) : rank_(rank), world_(world), capacity_(capacity) {}
 
   int rank_, world_;
   size_t capacity_;
-  char* own_ = nullptr;  // [signal area | staging buffer]
+  char* own_ = nullptr;        // [signal area | staging buffer]
   std::vector<char*> opened_;  // peers' areas this process opened
   PeerTable table_{};
   bool peers_open_ = false;

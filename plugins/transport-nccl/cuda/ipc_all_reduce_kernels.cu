@@ -141,8 +141,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) ipc_all_reduce_kernel(Args a
 
 template <class T>
 cudaError_t launch_typed(const Args& a, bool two_shot, int blocks, cudaStream_t stream) {
-  if (two_shot) ipc_all_reduce_kernel<T, true><<<blocks, kThreadsPerBlock, 0, stream>>>(a);
-  else ipc_all_reduce_kernel<T, false><<<blocks, kThreadsPerBlock, 0, stream>>>(a);
+  if (two_shot)
+    ipc_all_reduce_kernel<T, true><<<blocks, kThreadsPerBlock, 0, stream>>>(a);
+  else
+    ipc_all_reduce_kernel<T, false><<<blocks, kThreadsPerBlock, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

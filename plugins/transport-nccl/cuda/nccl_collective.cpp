@@ -31,22 +31,33 @@ Status cuda_status(cudaError_t e, const std::string& what) {
 // The element type of a reduction; the types NCCL cannot reduce are refused by name.
 Result<ncclDataType_t> reduction_type(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF16: return ncclFloat16;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI8: return ncclInt8;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
-    case DType::kU8: return ncclUint8;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI8:
+      return ncclInt8;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
-    case DType::kF8E4M3: return ncclFloat8e4m3;
+    case DType::kF8E4M3:
+      return ncclFloat8e4m3;
 #endif
-    default: break;
+    default:
+      break;
   }
   return unimplemented(std::string("collective nccl: NCCL cannot reduce ") + dtype_name(dtype) + " elements");
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::kMax ? ncclMax : ncclSum;
+}
 
 class NcclCollective final : public Collective {
  public:
@@ -158,10 +169,11 @@ Result<std::unique_ptr<Collective>> create_nccl_collective(const CreateContext& 
   }
   int version = 0;
   ncclGetVersion(&version);
-  log::info("collective nccl: rank {} of {} on cuda:{} (NCCL {}), all-reduce by {}", launch.rank, launch.world_size,
-            device, version, choice->custom ? "the custom CUDA-IPC kernels where they apply" : "NCCL");
-  return std::unique_ptr<Collective>(
-      new NcclCollective(device, std::move(bootstrap), comm, std::move(choice->custom)));
+  log::info("collective nccl: rank {} of {} on cuda:{} (NCCL {}), all-reduce by {} (custom_all_reduce = {})",
+            launch.rank, launch.world_size, device, version,
+            choice->custom ? "the custom CUDA-IPC kernels where they apply" : "NCCL",
+            mode_name(settings.custom_all_reduce));
+  return std::unique_ptr<Collective>(new NcclCollective(device, std::move(bootstrap), comm, std::move(choice->custom)));
 }
 
 }  // namespace kiln::nccl::cuda

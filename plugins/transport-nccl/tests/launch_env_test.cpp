@@ -1,9 +1,9 @@
 // The launch environment: torchrun's variables parsed, defaults for one rank, and every mistake named.
+#include "launch_env.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
-
-#include "launch_env.h"
 
 namespace kiln::nccl {
 namespace {

@@ -44,7 +44,9 @@ struct DeviceBuffer {
   size_t bytes = 0;
   explicit DeviceBuffer(size_t n) : bytes(n) { EXPECT_EQ(cudaMalloc(&p, n), cudaSuccess); }
   ~DeviceBuffer() { cudaFree(p); }
-  void put(const std::vector<char>& v) { ASSERT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess); }
+  void put(const std::vector<char>& v) {
+    ASSERT_EQ(cudaMemcpy(p, v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   std::vector<char> get() const {
     std::vector<char> v(bytes);
     EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -60,8 +62,8 @@ void enqueue_all(Collective& c, Stream stream, DeviceBuffer& reduce_f32, DeviceB
   ASSERT_TRUE(c.all_reduce(reduce_bf16.p, reduce_bf16.bytes / 2, DType::kBF16, ReduceOp::kSum, stream).ok());
   ASSERT_TRUE(c.all_reduce(reduce_bf16.p, reduce_bf16.bytes / 2, DType::kBF16, ReduceOp::kMax, stream).ok());
   ASSERT_TRUE(c.all_gather(gather_in.p, gather_out.p, gather_in.bytes / 2, DType::kI16, stream).ok());
-  ASSERT_TRUE(c.reduce_scatter(gather_in.p, scatter_out.p, gather_in.bytes / 2, DType::kBF16, ReduceOp::kSum, stream)
-                  .ok());
+  ASSERT_TRUE(
+      c.reduce_scatter(gather_in.p, scatter_out.p, gather_in.bytes / 2, DType::kBF16, ReduceOp::kSum, stream).ok());
   ASSERT_TRUE(c.broadcast(bcast.p, bcast.bytes / 4, DType::kI32, 0, stream).ok());
 }
 
@@ -94,8 +96,10 @@ void run_collectives(const std::string& mode, bool graph) {
     bc.put(ints);
     ASSERT_EQ(cudaMemset(gout.p, 0, gout.bytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(sout.p, 0, sout.bytes), cudaSuccess);
-    if (graph) ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    else enqueue_all(*c, stream, rf, rb, gin, gout, sout, bc);
+    if (graph)
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    else
+      enqueue_all(*c, stream, rf, rb, gin, gout, sout, bc);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     EXPECT_TRUE(rf.get() == f32) << "all_reduce fp32, seed " << seed;
     EXPECT_TRUE(rb.get() == bf16) << "all_reduce bf16 (sum, then max), seed " << seed;
@@ -107,10 +111,18 @@ void run_collectives(const std::string& mode, bool graph) {
   cudaStreamDestroy(s);
 }
 
-TEST(NcclOneRank, CollectivesThroughNccl) { run_collectives("off", false); }
-TEST(NcclOneRank, CollectivesThroughNcclInACapturedGraph) { run_collectives("off", true); }
-TEST(NcclOneRank, CollectivesWithTheCustomAllReduce) { run_collectives("on", false); }
-TEST(NcclOneRank, CollectivesWithTheCustomAllReduceInACapturedGraph) { run_collectives("on", true); }
+TEST(NcclOneRank, CollectivesThroughNccl) {
+  run_collectives("off", false);
+}
+TEST(NcclOneRank, CollectivesThroughNcclInACapturedGraph) {
+  run_collectives("off", true);
+}
+TEST(NcclOneRank, CollectivesWithTheCustomAllReduce) {
+  run_collectives("on", false);
+}
+TEST(NcclOneRank, CollectivesWithTheCustomAllReduceInACapturedGraph) {
+  run_collectives("on", true);
+}
 
 TEST(NcclOneRank, RefusesAStreamOfAnotherDeviceAndABadRoot) {
   auto c = make("off");

@@ -28,13 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using cuda::IpcAllReduce;
 
-#define HELPER_CHECK_CUDA(expr)                                                                        \
-  do {                                                                                                 \
-    const cudaError_t e_ = (expr);                                                                     \
-    if (e_ != cudaSuccess) {                                                                           \
+#define HELPER_CHECK_CUDA(expr)                                                                       \
+  do {                                                                                                \
+    const cudaError_t e_ = (expr);                                                                    \
+    if (e_ != cudaSuccess) {                                                                          \
       std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      return 2;                                                                                        \
-    }                                                                                                  \
+      return 2;                                                                                       \
+    }                                                                                                 \
   } while (0)
 
 Result<std::unique_ptr<TcpBootstrap>> connect_from_env(LaunchEnv& launch) {
@@ -90,8 +90,8 @@ int run_ipc(const fs::path& out_dir) {
     if (std::memcmp(got.data(), expected.data(), c.bytes) != 0) {
       size_t first = 0;
       while (got[first] == expected[first]) ++first;
-      std::printf("MISMATCH %s %s %zu bytes %s: first differing byte %zu\n", dtype_name(c.dtype), algo_name(c.algorithm),
-                  c.bytes, how, first);
+      std::printf("MISMATCH %s %s %zu bytes %s: first differing byte %zu\n", dtype_name(c.dtype),
+                  algo_name(c.algorithm), c.bytes, how, first);
       ++failures;
     }
   };

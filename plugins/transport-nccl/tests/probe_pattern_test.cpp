@@ -1,10 +1,10 @@
 // The probe's host reference: bf16 rounding as the GPU rounds, and sums in rank order from rank 0's value.
+#include "probe_pattern.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
-
-#include "probe_pattern.h"
 
 namespace kiln::nccl {
 namespace {

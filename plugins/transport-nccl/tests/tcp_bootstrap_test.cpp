@@ -1,5 +1,7 @@
 // The TCP bootstrap: ranks as threads and as processes find each other and exchange blobs in rank order; a rank
 // that never comes, a wrong world size, a duplicate rank and an occupied port end in errors naming the address.
+#include "tcp_bootstrap.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,7 +10,6 @@
 #include <thread>
 
 #include "free_port.h"
-#include "tcp_bootstrap.h"
 
 namespace kiln::nccl {
 namespace {
@@ -33,7 +34,8 @@ std::string run_rank(int port, int rank, int world) {
   if (!all.ok()) return "all_gather: " + all.status().to_string();
   if (static_cast<int>(all->size()) != world) return "all_gather size";
   for (int r = 0; r < world; ++r)
-    if ((*all)[r] != "rank" + std::to_string(r) + std::string(r * 1000, 'x')) return "all_gather order at " + std::to_string(r);
+    if ((*all)[r] != "rank" + std::to_string(r) + std::string(r * 1000, 'x'))
+      return "all_gather order at " + std::to_string(r);
   auto id = (*b)->broadcast(rank == 0 ? std::string("\0unique\xff", 8) : std::string("ignored"));
   if (!id.ok() || *id != std::string("\0unique\xff", 8)) return "broadcast";
   if (!(*b)->barrier().ok()) return "barrier";
@@ -93,7 +95,8 @@ TEST(TcpBootstrap, RankZeroTimesOutNamingTheMissingRanks) {
   auto b = TcpBootstrap::connect(spec(port, 0, 3, 800ms));
   one.join();
   ASSERT_FALSE(b.ok());
-  EXPECT_NE(b.status().message().find("at 127.0.0.1:" + std::to_string(port)), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("at 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << b.status().message();
   EXPECT_NE(b.status().message().find("for rank(s) 2 to connect"), std::string::npos) << b.status().message();
 }
 

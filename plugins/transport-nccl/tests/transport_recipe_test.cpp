@@ -22,7 +22,9 @@ Registry& registry_with_plugin() {
   return global_registry();
 }
 
-fs::path base_recipe() { return fs::path(KILN_SOURCE_DIR) / "tests/data/recipes/base.toml"; }
+fs::path base_recipe() {
+  return fs::path(KILN_SOURCE_DIR) / "tests/data/recipes/base.toml";
+}
 
 TEST(TransportRecipe, PluginRegistersNcclForCuda) {
   Registry& reg = registry_with_plugin();

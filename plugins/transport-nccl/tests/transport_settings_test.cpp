@@ -1,11 +1,12 @@
 // [transport] as the `nccl` collective reads it, and transport.env: only NCCL_* names, the process environment
 // winning over the recipe.
+#include "transport_settings.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "nccl_env_settings.h"
-#include "transport_settings.h"
 
 namespace kiln::nccl {
 namespace {
@@ -13,7 +14,8 @@ namespace {
 TEST(NcclEnv, TakesNcclNamesOnly) {
   EXPECT_TRUE(check_nccl_env({{"NCCL_P2P_DISABLE", "1"}, {"NCCL_CUMEM_ENABLE", "0"}}).ok());
   EXPECT_TRUE(check_nccl_env({}).ok());
-  for (const char* bad : {"LD_PRELOAD", "PATH", "NCCL_", "nccl_debug", "NCCL_DEBUG FILE", "XNCCL_DEBUG", "NCCL-DEBUG"}) {
+  for (const char* bad :
+       {"LD_PRELOAD", "PATH", "NCCL_", "nccl_debug", "NCCL_DEBUG FILE", "XNCCL_DEBUG", "NCCL-DEBUG"}) {
     Status s = check_nccl_env({{bad, "1"}});
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_NE(s.message().find(std::string("`") + bad + "` is not an NCCL setting"), std::string::npos) << s.message();
