@@ -15,5 +15,17 @@ if ! dpkg-query -W -f='${Status}\n' $wanted 2>/dev/null | grep -c 'install ok in
   $sudo apt-get install -y -qq --no-install-recommends $wanted > /dev/null
 fi
 if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc > /dev/null; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# NCCL, for plugins/transport-nccl: NVIDIA's CUDA toolkit installs on these machines carry it; elsewhere it is the CUDA
+# apt repository's libnccl-dev (Debian has none). Without it CMake skips the plugin with a message.
+if command -v nvcc > /dev/null; then
+  cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+  if [ ! -e "$cuda_root/include/nccl.h" ] && [ ! -e /usr/include/nccl.h ] && [ ! -e /usr/local/include/nccl.h ]; then
+    if apt-cache policy libnccl-dev 2> /dev/null | grep -q 'Candidate: [0-9]'; then
+      $sudo apt-get install -y -qq --no-install-recommends libnccl-dev > /dev/null
+    else
+      echo "setup: no NCCL (nccl.h) and no libnccl-dev in apt (add NVIDIA's CUDA repository); transport-nccl is skipped"
+    fi
+  fi
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
 cmake --build build -j"$(nproc)"

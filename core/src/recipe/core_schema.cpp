@@ -101,14 +101,17 @@ std::vector<CoreSection> build() {
                          "decode-context-parallel ranks, must divide tensor (> 1 is refused: not implemented yet)",
                          1, 64)}},
                std::nullopt});
-  // custom_all_reduce and env configure NCCL: they are the keys of a collective that provides it (its schema adds
-  // them to [transport]); the built-in `local` has nothing to configure.
-  const std::string no_nccl = "no collective plugin providing NCCL is loaded (transport-nccl is not implemented yet)";
+  // custom_all_reduce(_force_fail) and env configure NCCL: they are the keys of a collective that provides it (the
+  // transport-nccl plugin's schema adds them to [transport]); the built-in `local` has nothing to configure.
+  const std::string no_nccl =
+      "no collective plugin providing NCCL is loaded (the transport-nccl plugin provides one where kiln was built "
+      "with CUDA and NCCL; `kiln plugins` lists what loaded)";
   s.push_back({"transport", "collectives between ranks",
                {{str("backend", "local", "collective (plugin kind collective): local, nccl")}},
                "backend",
                PluginKind::kCollective,
-               {{"custom_all_reduce", "CUDA-IPC one-shot all-reduce: auto, on, off", no_nccl},
+               {{"custom_all_reduce", "CUDA-IPC custom all-reduce: auto, on, off", no_nccl},
+                {"custom_all_reduce_force_fail", "make the custom all-reduce probe fail (tests the fallback)", no_nccl},
                 {"env", "environment variables set before NCCL initialises, e.g. NCCL_CUMEM_ENABLE", no_nccl}}});
   s.push_back({"scheduler", "continuous batching and memory",
                {{integer("max_model_len", 0, "longest prompt + output per sequence (0 = the model's limit)", 0),

@@ -1,0 +1,220 @@
+// One rank of the two-process GPU tests (started by rank_processes.h with RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT; every rank on cuda:0). Scenarios, by the first argument; the last is the output folder:
+//   ipc                       the custom all-reduce, eager and in a CUDA graph, fp32 and bf16, one- and two-shot,
+//                             checked against the host's rank-order sum; results appended to result<rank>.bin
+//   probe <mode> <force>      choose_all_reduce with custom_all_reduce = mode (auto|on|off) and the forced failure
+//                             on no rank, every rank or rank 1 only (none|all|rank1); prints the choice
+//   collective                the `nccl` collective from the built plugin, two ranks on one GPU
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "custom_all_reduce_probe.h"
+#include "ipc_all_reduce.h"
+#include "kiln/collective.h"
+#include "launch_env.h"
+#include "plugin/plugin_loader.h"
+#include "plugin/registry.h"
+#include "probe_pattern.h"
+#include "tcp_bootstrap.h"
+
+namespace kiln::nccl {
+namespace {
+namespace fs = std::filesystem;
+using cuda::IpcAllReduce;
+
+#define HELPER_CHECK_CUDA(expr)                                                                       \
+  do {                                                                                                \
+    const cudaError_t e_ = (expr);                                                                    \
+    if (e_ != cudaSuccess) {                                                                          \
+      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
+      return 2;                                                                                       \
+    }                                                                                                 \
+  } while (0)
+
+Result<std::unique_ptr<TcpBootstrap>> connect_from_env(LaunchEnv& launch) {
+  KILN_ASSIGN_OR_RETURN(launch, read_launch_env(process_env()));
+  RendezvousSpec spec;
+  spec.addr = launch.master_addr;
+  spec.port = launch.master_port;
+  spec.rank = launch.rank;
+  spec.world_size = launch.world_size;
+  spec.timeout = launch.rendezvous_timeout;
+  return TcpBootstrap::connect(spec);
+}
+
+struct Case {
+  DType dtype;
+  IpcAllReduce::Algorithm algorithm;
+  size_t bytes;
+  bool graph;
+};
+
+const char* algo_name(IpcAllReduce::Algorithm a) {
+  return a == IpcAllReduce::Algorithm::kTwoShot ? "two-shot" : "one-shot";
+}
+
+int run_ipc(const fs::path& out_dir) {
+  LaunchEnv launch;
+  auto boot = connect_from_env(launch);
+  if (!boot.ok()) return std::printf("bootstrap: %s\n", boot.status().to_string().c_str()), 2;
+  HELPER_CHECK_CUDA(cudaSetDevice(0));
+  auto made = IpcAllReduce::create(launch.rank, launch.world_size);
+  if (!made.ok()) return std::printf("create: %s\n", made.status().to_string().c_str()), 2;
+  std::unique_ptr<IpcAllReduce> ar = std::move(*made);
+  auto handle = ar->export_handle();
+  if (!handle.ok()) return std::printf("export: %s\n", handle.status().to_string().c_str()), 2;
+  auto handles = (*boot)->all_gather(*handle);
+  if (!handles.ok()) return std::printf("exchange: %s\n", handles.status().to_string().c_str()), 2;
+  if (Status s = ar->open_peers(*handles); !s.ok()) return std::printf("open: %s\n", s.to_string().c_str()), 2;
+
+  cudaStream_t stream;
+  HELPER_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  char* buffer = nullptr;
+  HELPER_CHECK_CUDA(cudaMalloc(&buffer, ar->capacity()));
+  std::ofstream results(out_dir / ("result" + std::to_string(launch.rank) + ".bin"), std::ios::binary);
+  int failures = 0, cases = 0;
+  uint32_t seed = 1;
+
+  auto check = [&](const Case& c, int64_t count, uint32_t case_seed, const char* how) {
+    std::vector<char> got(c.bytes);
+    cudaMemcpy(got.data(), buffer, c.bytes, cudaMemcpyDeviceToHost);
+    const auto expected = probe_expected_sum(c.dtype, launch.world_size, count, case_seed);
+    results.write(got.data(), static_cast<std::streamsize>(got.size()));
+    ++cases;
+    if (std::memcmp(got.data(), expected.data(), c.bytes) != 0) {
+      size_t first = 0;
+      while (got[first] == expected[first]) ++first;
+      std::printf("MISMATCH %s %s %zu bytes %s: first differing byte %zu\n", dtype_name(c.dtype),
+                  algo_name(c.algorithm), c.bytes, how, first);
+      ++failures;
+    }
+  };
+
+  for (bool graph : {false, true})
+    for (DType dtype : {DType::kF32, DType::kBF16})
+      for (auto algorithm : {IpcAllReduce::Algorithm::kOneShot, IpcAllReduce::Algorithm::kTwoShot})
+        for (size_t bytes : {size_t{16}, size_t{4112}, size_t{8192}, size_t{98352}, size_t{1} << 20, ar->capacity()}) {
+          const Case c{dtype, algorithm, bytes, graph};
+          const int64_t count = static_cast<int64_t>(bytes / dtype_size(dtype));
+          if (!graph) {
+            const uint32_t s = seed++;
+            const auto input = probe_input(dtype, launch.rank, count, s);
+            HELPER_CHECK_CUDA(cudaMemcpy(buffer, input.data(), bytes, cudaMemcpyHostToDevice));
+            if (Status st = ar->all_reduce(buffer, count, dtype, stream, algorithm); !st.ok())
+              return std::printf("all_reduce: %s\n", st.to_string().c_str()), 2;
+            HELPER_CHECK_CUDA(cudaStreamSynchronize(stream));
+            check(c, count, s, "eager");
+            continue;
+          }
+          // Captured once, replayed with new inputs: the epochs advance in device memory.
+          cudaGraph_t g;
+          cudaGraphExec_t exec;
+          HELPER_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          const Status st = ar->all_reduce(buffer, count, dtype, stream, algorithm);
+          HELPER_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+          if (!st.ok()) return std::printf("all_reduce in capture: %s\n", st.to_string().c_str()), 2;
+          HELPER_CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+          for (int replay = 0; replay < 3; ++replay) {
+            const uint32_t s = seed++;
+            const auto input = probe_input(dtype, launch.rank, count, s);
+            HELPER_CHECK_CUDA(cudaMemcpy(buffer, input.data(), bytes, cudaMemcpyHostToDevice));
+            HELPER_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+            HELPER_CHECK_CUDA(cudaStreamSynchronize(stream));
+            check(c, count, s, "graph replay");
+          }
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(g);
+        }
+
+  // Back to back without a host sync: each call's copy-in waits for the peers' previous reads (the end barrier).
+  for (auto algorithm : {IpcAllReduce::Algorithm::kOneShot, IpcAllReduce::Algorithm::kTwoShot}) {
+    const size_t bytes = 65536;
+    const int64_t count = bytes / 4;
+    constexpr int kCalls = 16;
+    std::vector<uint32_t> seeds;
+    for (int k = 0; k < kCalls; ++k) {
+      seeds.push_back(seed++);
+      const auto input = probe_input(DType::kF32, launch.rank, count, seeds.back());
+      HELPER_CHECK_CUDA(cudaMemcpy(buffer + k * bytes, input.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    for (int k = 0; k < kCalls; ++k)
+      if (Status st = ar->all_reduce(buffer + k * bytes, count, DType::kF32, stream, algorithm); !st.ok())
+        return std::printf("all_reduce: %s\n", st.to_string().c_str()), 2;
+    HELPER_CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (int k = 0; k < kCalls; ++k) {
+      std::vector<char> got(bytes);
+      HELPER_CHECK_CUDA(cudaMemcpy(got.data(), buffer + k * bytes, bytes, cudaMemcpyDeviceToHost));
+      results.write(got.data(), static_cast<std::streamsize>(bytes));
+      ++cases;
+      if (got != probe_expected_sum(DType::kF32, launch.world_size, count, seeds[k])) {
+        std::printf("MISMATCH back-to-back %s call %d\n", algo_name(algorithm), k);
+        ++failures;
+      }
+    }
+  }
+
+  cudaFree(buffer);
+  cudaStreamDestroy(stream);
+  cuda::release_custom_all_reduce(ar, **boot);
+  std::printf("ipc: %d cases, %d mismatches\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+int run_probe(const std::string& mode, const std::string& force) {
+  LaunchEnv launch;
+  auto boot = connect_from_env(launch);
+  if (!boot.ok()) return std::printf("bootstrap: %s\n", boot.status().to_string().c_str()), 2;
+  HELPER_CHECK_CUDA(cudaSetDevice(0));
+  TransportSettings settings;
+  settings.custom_all_reduce = mode == "on"    ? CustomAllReduceMode::kOn
+                               : mode == "off" ? CustomAllReduceMode::kOff
+                                               : CustomAllReduceMode::kAuto;
+  settings.force_probe_failure = force == "all" || (force == "rank1" && launch.rank == 1);
+  auto choice = cuda::choose_all_reduce(settings, **boot, 0);
+  if (!choice.ok()) {
+    std::printf("error: %s\n", choice.status().message().c_str());
+    return 0;
+  }
+  if (choice->custom) {
+    std::printf("choice: custom\n");
+    cuda::release_custom_all_reduce(choice->custom, **boot);
+  } else {
+    std::printf("choice: nccl (%s)\n", choice->reason.c_str());
+  }
+  return 0;
+}
+
+int run_collective() {
+  Registry& reg = global_registry();
+  PluginLoader loader(reg);
+  if (Status s = loader.load_file(KILN_NCCL_PLUGIN_FILE); !s.ok())
+    return std::printf("plugin: %s\n", s.to_string().c_str()), 2;
+  RecipeSection section("transport");
+  section.set("custom_all_reduce", std::string("off"));
+  CreateContext ctx;
+  ctx.device = Device::cuda(0);
+  ctx.section = &section;
+  auto made = reg.create<Collective>("nccl", ctx);
+  std::printf("create: %s\n", made.ok() ? "ok" : made.status().to_string().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln::nccl
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  if (argc < 3) return std::fprintf(stderr, "usage: %s ipc|probe MODE FORCE|collective OUT_DIR\n", argv[0]), 64;
+  const std::string scenario = argv[1];
+  const std::filesystem::path out_dir = argv[argc - 1];
+  if (scenario == "ipc") return kiln::nccl::run_ipc(out_dir);
+  if (scenario == "probe" && argc == 5) return kiln::nccl::run_probe(argv[2], argv[3]);
+  if (scenario == "collective") return kiln::nccl::run_collective();
+  return std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str()), 64;
+}
