@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
+#include "engine/memory_model.h"
 #include "engine/single_request.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
@@ -75,6 +76,7 @@ int cmd_generate(int argc, char** argv) {
   sets.push_back("scheduler.max_num_seqs=1");
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
+  const auto screen = log_memory_screen(*recipe, global_registry());  // before anything is loaded
   auto loaded = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!loaded.ok()) return fail(loaded.status().message());
   const std::filesystem::path dir = recipe->section("model").get_string("path");
@@ -95,7 +97,7 @@ int cmd_generate(int argc, char** argv) {
   std::vector<int32_t> ids = tok->encode(text, /*parse_special=*/!chat.empty());
   if (ids.empty()) return fail("the prompt encodes to no tokens");
 
-  auto started = start_engine(*loaded, *recipe);
+  auto started = start_engine(*loaded, *recipe, {}, screen ? &*screen : nullptr);
   if (!started.ok()) return fail(started.status().message());
   RequestParams request;
   request.prompt = ids;

@@ -5,6 +5,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
+#include "engine/memory_model.h"
 #include "model/model_loader.h"
 #include "recipe/core_schema.h"
 #include "recipe/recipe.h"
@@ -69,23 +70,28 @@ int cmd_recipe(int argc, char** argv) {
   CommonOptions common;
   std::string action, file;
   std::vector<std::string> sets;
+  double device_memory_gib = 0;
   po::options_description desc("kiln recipe options");
   desc.add_options()
       ("help,h", "show this help")
       ("action", po::value(&action), "check | show")
       ("recipe", po::value(&file), "recipe file (TOML)")
-      ("set", po::value(&sets)->composing(), "override one key: section.key=value (repeatable)");
+      ("set", po::value(&sets)->composing(), "override one key: section.key=value (repeatable)")
+      ("device-memory-gib", po::value(&device_memory_gib),
+       "show: screen the memory model against this much device memory (CUDA) or RAM (CPU), GiB, instead of this "
+       "machine's");
   add_common_options(desc, common);
   po::positional_options_description pos;
   pos.add("action", 1).add("recipe", 1);
   po::variables_map vm;
   const std::string usage =
       "usage: kiln recipe check FILE [--set section.key=value]...\n"
-      "       kiln recipe show  FILE [--set section.key=value]...\n"
+      "       kiln recipe show  FILE [--set section.key=value]... [--device-memory-gib N]\n"
       "       kiln recipe keys\n"
       "check validates the recipe against the schemas of the core and of the plugins it selects and verifies\n"
       "  what can be known before load (model path and config, device, selected plugins), reporting every problem;\n"
-      "show prints the fully resolved recipe (extends, overrides and defaults applied) as TOML;\n"
+      "show prints the memory model's interval and go / no-go, the KV capacity and the fully resolved recipe\n"
+      "  (extends, overrides and defaults applied) as TOML;\n"
       "keys prints every key the core and the loaded plugins accept, as markdown.";
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
   if (rc >= 0) return rc;
@@ -109,7 +115,19 @@ int cmd_recipe(int argc, char** argv) {
   if (action == "check") return report_check(file, check_recipe_file(file, sets, global_registry()));
   auto recipe = load_recipe(file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
-  // show: the KV capacity this recipe gets on this machine, when its model can be loaded here.
+  // show: the feasibility screen (before anything is loaded), then the KV capacity this recipe gets on this
+  // machine, when its model can be loaded here.
+  ScreenOptions screen_options;
+  screen_options.memory_bytes = static_cast<uint64_t>(device_memory_gib * 1073741824.0);
+  auto screen = screen_memory(*recipe, global_registry(), screen_options);
+  if (screen.ok())
+    std::cout << screen->report("# ");
+  else
+    std::cout << "# memory model: not computed (" << screen.status().message() << ")\n";
+  if (screen.ok() && screen->judged && !screen->go) {
+    std::cout << "# KV cache: not planned (the memory model says no-go)\n" << recipe->to_toml();
+    return 0;
+  }
   auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (model.ok()) {
     auto plan = plan_recipe(*model, *recipe);

@@ -13,6 +13,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
+#include "engine/memory_model.h"
 #include "kiln/log.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
@@ -68,6 +69,7 @@ int cmd_serve(int argc, char** argv) {
 
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
+  const auto screen = log_memory_screen(*recipe, global_registry());  // before anything is loaded
   auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!model.ok()) return fail(model.status().message());
   const std::filesystem::path dir = recipe->section("model").get_string("path");
@@ -75,7 +77,7 @@ int cmd_serve(int argc, char** argv) {
   if (!tokenizer.ok()) return fail(tokenizer.status().message());
   auto chat_template = JinjaChatTemplate::from_checkpoint(dir);
   if (!chat_template.ok()) return fail(chat_template.status().message());
-  auto started = start_engine(*model, *recipe);
+  auto started = start_engine(*model, *recipe, {}, screen ? &*screen : nullptr);
   if (!started.ok()) return fail(started.status().message());
 
   const RecipeSection& srv = recipe->section("server");

@@ -15,6 +15,20 @@
 namespace kiln {
 namespace {
 
+// The device's memory, all of it and what is in use now (by this process or any other).
+void device_memory(uint64_t& total, uint64_t& used) {
+  total = used = 0;
+#ifdef KILN_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+    total = total_b;
+    used = total_b - free_b;
+  }
+#endif
+}
+
+}  // namespace
+
 uint64_t checkpoint_bytes(const LoadedModel& m) {
   uint64_t total = 0;
   if (!m.checkpoint) return 0;
@@ -35,20 +49,6 @@ uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e) {
   return 4 * (static_cast<uint64_t>(e.max_num_batched_tokens) * per_token +
               static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
 }
-
-// The device's memory, all of it and what is in use now (by this process or any other).
-void device_memory(uint64_t& total, uint64_t& used) {
-  total = used = 0;
-#ifdef KILN_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-    total = total_b;
-    used = total_b - free_b;
-  }
-#endif
-}
-
-}  // namespace
 
 ModelLoadOptions model_load_options(const Recipe& recipe) {
   ModelLoadOptions o;
@@ -177,7 +177,8 @@ Result<EnginePlan> plan_recipe(const LoadedModel& m, const Recipe& recipe) {
   return plan_engine(m, recipe, drafter.get());
 }
 
-Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory) {
+Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, const EngineMemory& memory,
+                                   const MemoryModel* predicted) {
   StartedEngine started;
   const RecipeSection& spec = recipe.section("speculative");
   KILN_RETURN_IF_ERROR(make_drafter(m, recipe, started.draft_services, started.drafter));
@@ -189,6 +190,13 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
               m.info.model_type);
   started.capacity = plan.capacity;
   KILN_ASSIGN_OR_RETURN(started.caches, make_cache_manager(m, plan));
+  if (predicted) {
+    const MeasuredMemory measured = measure_memory(*predicted, m.on_gpu(), checkpoint_bytes(m));
+    if (memory_within(*predicted, measured))
+      log::info("{}", memory_comparison(*predicted, measured));
+    else
+      log::warn("{}", memory_comparison(*predicted, measured));
+  }
   if (started.draft_services) {
     const int64_t drafter_layers = static_cast<int64_t>(started.drafter->capabilities().cache_layers.size());
     started.draft_services->attach(started.caches.get(),

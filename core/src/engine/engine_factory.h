@@ -10,6 +10,7 @@
 #include "engine/cache_manager.h"
 #include "engine/engine_draft_services.h"
 #include "engine/kv_capacity.h"
+#include "engine/memory_model.h"
 #include "kiln/drafter.h"
 #include "kiln/modality.h"
 #include "model/model_loader.h"
@@ -50,6 +51,10 @@ Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, c
 // reports and start_engine would use.
 Result<EnginePlan> plan_recipe(const LoadedModel& model, const Recipe& recipe);
 
+// What the pool rule sets aside for one step's activations (max_num_batched_tokens tokens, max_num_seqs logit
+// rows) when the caller gives no workspace_bytes; the memory model (memory_model.h) reads it too.
+uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config);
+
 // The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
 // (MTP) layers, so those are loaded too.
 ModelLoadOptions model_load_options(const Recipe& recipe);
@@ -59,6 +64,12 @@ Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& mode
 
 // `model` must outlive the engine. With `speculative.method` other than "none", the drafter is created through the
 // registry with the engine's DraftServices on the model's device, and decodes draft speculative.depth tokens.
-Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {});
+// With `predicted` (the feasibility screen taken before load, memory_model.h) the memory measured once the cache
+// pool is allocated is logged beside its interval.
+Result<StartedEngine> start_engine(const LoadedModel& model, const Recipe& recipe, const EngineMemory& memory = {},
+                                   const MemoryModel* predicted = nullptr);
+
+// The bytes of the checkpoint files a model maps (0 for dummy weights): its weights on the CPU.
+uint64_t checkpoint_bytes(const LoadedModel& model);
 
 }  // namespace kiln

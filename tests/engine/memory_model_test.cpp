@@ -1,0 +1,123 @@
+// The feasibility screen (engine/memory_model.h): computed before load, it brackets what the tiny model and its
+// engine measure once started; a recipe that cannot fit is a no-go naming the key to turn.
+#include "engine/memory_model.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/engine_factory.h"
+#include "model/model_loader.h"
+#include "plugin/registry.h"
+#include "recipe/recipe.h"
+
+namespace kiln {
+namespace {
+
+const std::string kTiny = std::string(KILN_SOURCE_DIR) + "/configs/tiny-cpu.toml";
+
+Recipe tiny_recipe(std::vector<std::string> sets = {}) {
+  auto r = load_recipe(kTiny, sets, global_registry());
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+const MemoryTerm* find_term(const MemoryModel& m, const std::string& name) {
+  for (const MemoryTerm& t : m.terms)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+TEST(MemoryModel, TinyModelOnCpuMeasuresWithinItsInterval) {
+  const Recipe recipe = tiny_recipe();
+  auto screen = screen_memory(recipe, global_registry());
+  ASSERT_TRUE(screen.ok()) << screen.status().to_string();
+  EXPECT_TRUE(screen->go) << screen->report();
+  EXPECT_FALSE(screen->inputs.cuda);
+
+  auto model = load_model(recipe, global_registry(), model_load_options(recipe));
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  auto started = start_engine(*model, recipe, {}, &*screen);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+
+  // Term by term where the runtime counts them: the mapped checkpoint, the pool the engine planned and allocated.
+  const MemoryTerm* weights = find_term(*screen, "weights");
+  ASSERT_NE(weights, nullptr);
+  const uint64_t mapped = checkpoint_bytes(*model);
+  EXPECT_LE(weights->low, mapped);
+  EXPECT_GE(weights->high, mapped);
+  const MemoryTerm* pool = find_term(*screen, "KV pool");
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(started->capacity.bytes, pool->low);
+  EXPECT_EQ(started->capacity.bytes, pool->high);
+  EXPECT_EQ(started->caches->bytes(), started->capacity.bytes);  // no state slots in glm4_moe_lite
+
+  // The whole: mapped weights + the anonymous memory grown since the screen.
+  const MeasuredMemory measured = measure_memory(*screen, false, mapped);
+  const MemoryRange at_load = screen->total(MemoryWhere::kHost, MemoryWhen::kLoad);
+  EXPECT_TRUE(memory_within(*screen, measured)) << memory_comparison(*screen, measured) << "\n" << screen->report();
+  EXPECT_GE(measured.host_bytes, at_load.low);
+  EXPECT_LE(measured.host_bytes, at_load.high);
+  EXPECT_NE(memory_comparison(*screen, measured).find("(within"), std::string::npos);
+  started->engine->drain();
+}
+
+TEST(MemoryModel, PoolTermFollowsTheEnginesRule) {
+  // max_num_seqs × max_model_len caps the pool on the CPU: the term scales with both.
+  auto a = screen_memory(tiny_recipe({"scheduler.max_num_seqs=4", "scheduler.max_model_len=1024"}), global_registry());
+  auto b = screen_memory(tiny_recipe({"scheduler.max_num_seqs=8", "scheduler.max_model_len=1024"}), global_registry());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->pool_tokens_low, 4 * 1024);
+  EXPECT_EQ(b->pool_tokens_low, 8 * 1024);
+  EXPECT_EQ(2 * find_term(*a, "KV pool")->high, find_term(*b, "KV pool")->high);
+}
+
+TEST(MemoryModel, ImpossibleRecipeIsNoGoNamingTheKey) {
+  // 40 MiB of memory: 36 usable at 0.9, less 19 MiB of weights and the step's workspace, leaves no KV window.
+  ScreenOptions tight;
+  tight.memory_bytes = 40ull << 20;
+  auto m = screen_memory(tiny_recipe(), global_registry(), tight);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_FALSE(m->go);
+  ASSERT_FALSE(m->reasons.empty());
+  EXPECT_NE(m->reasons.front().find("fewer than one max_model_len window"), std::string::npos) << m->reasons.front();
+  EXPECT_NE(m->reasons.front().find("scheduler.max_model_len"), std::string::npos) << m->reasons.front();
+  EXPECT_NE(m->reasons.front().find("scheduler.gpu_memory_utilization"), std::string::npos) << m->reasons.front();
+  EXPECT_NE(m->report().find("verdict: no-go"), std::string::npos) << m->report();
+}
+
+TEST(MemoryModel, PeakOverTheDeviceIsNoGoNamingUtilization) {
+  // A CUDA device of 80 GiB at utilization 0.98: the pool takes what 0.98 leaves, so 8 GiB of activations and CUDA
+  // graphs outside it do not fit; the verdict says how far to lower gpu_memory_utilization.
+  MemoryInputs in;
+  in.cuda = true;
+  in.device_name = "cuda:0 (test)";
+  in.memory_bytes = 80ull << 30;
+  in.host_memory_bytes = 512ull << 30;
+  in.utilization = 0.98;
+  in.kv_bytes_per_token = 54144;
+  in.block_size = 64;
+  in.max_model_len = 131072;
+  in.max_num_seqs = 16;
+  in.rule_workspace_bytes = 1ull << 30;
+  in.terms.push_back(
+      {"weights", 40ull << 30, 41ull << 30, MemoryWhere::kDevice, MemoryWhen::kLoad, "weights.format", ""});
+  in.terms.push_back({"activations", 2ull << 30, 8ull << 30, MemoryWhere::kDevice, MemoryWhen::kRun,
+                      "scheduler.max_num_batched_tokens", ""});
+  const MemoryModel m = estimate_memory(in);
+  EXPECT_FALSE(m.go);
+  ASSERT_FALSE(m.reasons.empty());
+  EXPECT_NE(m.reasons.back().find("at peak"), std::string::npos) << m.reasons.back();
+  EXPECT_NE(m.reasons.back().find("lower scheduler.gpu_memory_utilization to 0.8"), std::string::npos)
+      << m.reasons.back();
+  // The same at 0.85 leaves room: go, and the pool holds fewer than max_num_seqs full windows (a note).
+  in.utilization = 0.85;
+  const MemoryModel ok = estimate_memory(in);
+  EXPECT_TRUE(ok.go) << ok.report();
+  const MemoryRange peak = ok.total(MemoryWhere::kDevice, MemoryWhen::kRun);
+  EXPECT_LE(peak.high, in.memory_bytes);
+}
+
+}  // namespace
+}  // namespace kiln
