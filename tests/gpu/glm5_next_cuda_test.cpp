@@ -582,6 +582,48 @@ TEST(Glm5NextCuda, EachLayerKindAloneAgainstTheCpuInBf16Precision) {
   }
 }
 
+// Media rows (what the image modality makes) replace their placeholder tokens' embeddings on the GPU as on the CPU:
+// a prompt whose positions 20..31 carry rows, through the CUDA runner and the CPU in bf16 precision, row by row
+// within the layer-kind test's measured closeness (≤ 3e-2 of the largest logit); and the rows matter (the last row
+// moves far more without them than GPU and CPU differ). A decode step after the image runs as usual.
+TEST(Glm5NextCuda, MediaRowsReplaceTheirPlaceholdersAsOnTheCpu) {
+  const std::vector<int32_t> prompt = random_prompt(60, 5);
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.f, 0.1f);
+  std::vector<float> image(12 * kHidden);
+  for (float& v : image) v = normal(rng);
+  const MediaRows media{20, 12, image.data()};
+  auto logits = [&](LoadedModel& m, bool with_media) {
+    Pool pool(m, 64, 1);
+    SequenceStep s{prompt, 0, &pool.tables[0], true, 0};
+    if (with_media) s.media = std::span<const MediaRows>(&media, 1);
+    StepOutput out;
+    EXPECT_TRUE(run(m, pool, {&s, 1}, out).ok());
+    std::vector<float> rows = out.logits;
+    const int32_t next = 7;
+    SequenceStep d{{&next, 1}, static_cast<int64_t>(prompt.size()), &pool.tables[0], false, 0};
+    EXPECT_TRUE(run(m, pool, {&d, 1}, out).ok());
+    rows.insert(rows.end(), out.logits.begin(), out.logits.begin() + kVocab);
+    return rows;
+  };
+  const auto g = logits(gpu_model(kDenseTopK), true), c = logits(cpu_bf16_model(kDenseTopK), true);
+  const auto plain = logits(gpu_model(kDenseTopK), false);
+  ASSERT_EQ(g.size(), static_cast<size_t>((prompt.size() + 1) * kVocab));
+  ASSERT_EQ(c.size(), g.size());
+  auto row_error = [&](const std::vector<float>& a, const std::vector<float>& b, size_t r) {
+    float scale = 0, diff = 0;
+    for (int64_t v = 0; v < kVocab; ++v)
+      scale = std::max(scale, std::fabs(b[r * kVocab + v])), diff = std::max(diff, std::fabs(a[r * kVocab + v] - b[r * kVocab + v]));
+    return static_cast<double>(diff / scale);
+  };
+  double worst = 0;
+  for (size_t r = 0; r <= prompt.size(); ++r) worst = std::max(worst, row_error(g, c, r));
+  const double moved = row_error(plain, c, prompt.size() - 1);
+  std::printf("media rows: GPU vs CPU bf16 worst row %.3g; the last prompt row without the rows %.3g\n", worst, moved);
+  EXPECT_LT(worst, 3e-2);
+  EXPECT_GT(moved, 3 * worst) << "the media rows did not reach the GPU's embeddings";
+}
+
 // The next-n layer on the GPU through the `mtp` drafter, for both layouts the checkpoint names can describe: a DSA
 // layer with its own pooled indexer, hyper-connection streams, a MoE and its own head; a plain (no streams) KDA
 // layer with a dense MLP and the trunk's head, whose recurrent state the draft services keep committed to the
