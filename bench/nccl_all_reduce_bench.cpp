@@ -173,14 +173,17 @@ int run_rank(const Options& o) {
     const int64_t count = static_cast<int64_t>(bytes / 2);
     // Correctness first: one eager call on the probe's data.
     const auto input = kiln::nccl::probe_input(DType::kBF16, env.rank, count, static_cast<uint32_t>(bytes));
-    CHECK_CUDA(cudaMemcpy(buf, input.data(), bytes, cudaMemcpyHostToDevice));
+    // On `s`: a non-blocking stream waits for no legacy-stream copy, and a pageable cudaMemcpy may return early.
+    CHECK_CUDA(cudaMemcpyAsync(buf, input.data(), bytes, cudaMemcpyHostToDevice, s));
     CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s));
     std::vector<char> got(bytes);
-    CHECK_CUDA(cudaMemcpy(got.data(), buf, bytes, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpyAsync(got.data(), buf, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
     const bool ok =
         got == kiln::nccl::probe_expected_sum(DType::kBF16, env.world_size, count, static_cast<uint32_t>(bytes));
     // Timing on zeros, which repeated sums keep finite.
-    CHECK_CUDA(cudaMemset(buf, 0, bytes));
+    CHECK_CUDA(cudaMemsetAsync(buf, 0, bytes, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
     const double one = time_graph(
         boot, s, o, [&] { CHECK_OK(ar->all_reduce(buf, count, DType::kBF16, s, IpcAllReduce::Algorithm::kOneShot)); });
     const double two = time_graph(

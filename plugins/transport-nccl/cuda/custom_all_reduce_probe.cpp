@@ -64,8 +64,10 @@ std::string test_exchange(IpcAllReduce& ar) {
       const std::vector<char> input = probe_input(dtype, rank, count);
       const std::vector<char> expected = probe_expected_sum(dtype, world, count);
       std::vector<char> got(kProbeBytes);
-      cudaMemcpy(buffer, input.data(), kProbeBytes, cudaMemcpyHostToDevice);
-      cudaMemset(timed_out, 0, sizeof(uint32_t));
+      // On the probe's stream: a non-blocking stream does not wait for the legacy stream's copies, and a pageable
+      // cudaMemcpy may return before its DMA lands.
+      cudaMemcpyAsync(buffer, input.data(), kProbeBytes, cudaMemcpyHostToDevice, stream);
+      cudaMemsetAsync(timed_out, 0, sizeof(uint32_t), stream);
       Status s = ar.all_reduce(buffer, count, dtype, stream, algorithm, kProbeTimeoutNs, timed_out);
       if (!s.ok()) {
         fail(s.message());

@@ -81,6 +81,8 @@ int run_ipc(const fs::path& out_dir) {
   int failures = 0, cases = 0;
   uint32_t seed = 1;
 
+  // Inputs go in on `stream` (cudaMemcpyAsync): the stream is non-blocking, so it would not wait for the legacy
+  // stream, and a pageable cudaMemcpy may return before its DMA lands. Results are read after a stream sync.
   auto check = [&](const Case& c, int64_t count, uint32_t case_seed, const char* how) {
     std::vector<char> got(c.bytes);
     cudaMemcpy(got.data(), buffer, c.bytes, cudaMemcpyDeviceToHost);
@@ -105,7 +107,7 @@ int run_ipc(const fs::path& out_dir) {
           if (!graph) {
             const uint32_t s = seed++;
             const auto input = probe_input(dtype, launch.rank, count, s);
-            HELPER_CHECK_CUDA(cudaMemcpy(buffer, input.data(), bytes, cudaMemcpyHostToDevice));
+            HELPER_CHECK_CUDA(cudaMemcpyAsync(buffer, input.data(), bytes, cudaMemcpyHostToDevice, stream));
             if (Status st = ar->all_reduce(buffer, count, dtype, stream, algorithm); !st.ok())
               return std::printf("all_reduce: %s\n", st.to_string().c_str()), 2;
             HELPER_CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -123,7 +125,7 @@ int run_ipc(const fs::path& out_dir) {
           for (int replay = 0; replay < 3; ++replay) {
             const uint32_t s = seed++;
             const auto input = probe_input(dtype, launch.rank, count, s);
-            HELPER_CHECK_CUDA(cudaMemcpy(buffer, input.data(), bytes, cudaMemcpyHostToDevice));
+            HELPER_CHECK_CUDA(cudaMemcpyAsync(buffer, input.data(), bytes, cudaMemcpyHostToDevice, stream));
             HELPER_CHECK_CUDA(cudaGraphLaunch(exec, stream));
             HELPER_CHECK_CUDA(cudaStreamSynchronize(stream));
             check(c, count, s, "graph replay");
@@ -141,7 +143,7 @@ int run_ipc(const fs::path& out_dir) {
     for (int k = 0; k < kCalls; ++k) {
       seeds.push_back(seed++);
       const auto input = probe_input(DType::kF32, launch.rank, count, seeds.back());
-      HELPER_CHECK_CUDA(cudaMemcpy(buffer + k * bytes, input.data(), bytes, cudaMemcpyHostToDevice));
+      HELPER_CHECK_CUDA(cudaMemcpyAsync(buffer + k * bytes, input.data(), bytes, cudaMemcpyHostToDevice, stream));
     }
     for (int k = 0; k < kCalls; ++k)
       if (Status st = ar->all_reduce(buffer + k * bytes, count, DType::kF32, stream, algorithm); !st.ok())
