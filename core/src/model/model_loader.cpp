@@ -112,6 +112,17 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.precision = precision;
   build.threads = threads;
   KILN_ASSIGN_OR_RETURN(m.model, m.arch->build(build));
+#ifdef KILN_WITH_CUDA
+  if (device == DeviceType::kCuda) {
+    // What loading left on the device beyond the weights (context, cuBLAS, arena slack, load-time buffers): the
+    // KV pool is sized from this measurement, and the memory model (engine/memory_model.h) predicts it.
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      log::info("device memory in use after loading: {:.2f} GiB ({:.2f} GiB of it weights)",
+                static_cast<double>(total_b - free_b) / (1 << 30),
+                static_cast<double>(m.model->weight_bytes()) / (1 << 30));
+  }
+#endif
   log::info("loaded {} on {} ({} layers, hidden {}, {} experts{}) from {}", m.info.model_type, m.device->device().to_string(),
             m.info.num_layers, m.info.hidden_size, m.info.num_experts,
             m.model->weight_bytes() > 0 ? ", " + std::to_string(m.model->weight_bytes() >> 20) + " MiB of weights" : "",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "vision_flash_attention.h"
 #include "vision_kernels.h"
 #include "vision_tower.h"
 
@@ -89,9 +90,14 @@ struct CudaVisionTower::Impl {
     return ok_status();
   }
 
-  // Non-causal attention of every head within the frame [start, start + len) of qkv into attn.
+  // Non-causal attention of every head within the frame [start, start + len) of qkv into attn: the flash kernel
+  // (bf16 tensor cores) in the TF32 tower where the head width allows, else cuBLAS around a row softmax.
   Status attend(int64_t start, int64_t len) {
     const int64_t h = c.hidden_size, hd = c.head_dim(), heads = c.num_heads;
+    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && cuda::flash_attention_supported(hd))
+      return cuda_ok(cuda::flash_attention_frame(qkv.ptr, attn.ptr, start, len, heads, hd,
+                                                 1.0f / std::sqrt(static_cast<float>(hd)), stream),
+                     "flash attention");
     const int64_t chunk =
         std::clamp<int64_t>(static_cast<int64_t>(score_bytes / (sizeof(float) * heads * len)), 1, len);
     KILN_RETURN_IF_ERROR(scores.grow(static_cast<size_t>(heads * chunk * len)));

@@ -1,7 +1,8 @@
-// glm5_next's vision tower on a CUDA device: the CPU tower's steps (vision_tower.h) with every product through
-// cuBLAS on the tensor cores — TF32 (the default) or plain fp32 (kFp32, what the tests compare with the CPU at
-// 1e-5) — and attention within each frame as two batched products around a row softmax, the queries in chunks so
-// the score matrix stays under a fixed size whatever the image. Weights are uploaded once (fp32); buffers grow to the
+// glm5_next's vision tower on a CUDA device: the CPU tower's steps (vision_tower.h) with every linear through cuBLAS
+// on the tensor cores — TF32 (the default) or plain fp32 (kFp32, what the tests compare with the CPU at 1e-5).
+// Attention within each frame: in the TF32 tower a flash kernel (bf16 tensor cores, vision_flash_attention.h) where
+// the head width is 16/32/64/128; otherwise two batched cuBLAS products around a row softmax, the queries in chunks
+// so the score matrix stays under a fixed size whatever the image. Weights are uploaded once (fp32); buffers grow to the
 // largest image seen and are reused. Its own stream and cuBLAS handle: images are encoded on server threads while
 // the engine's thread runs (and captures graphs on) the model's stream. One image at a time (a mutex).
 #pragma once

@@ -96,6 +96,29 @@ TEST(CudaTowerChunks, QueryChunksAndBatchingChangeNothing) {
   EXPECT_NE(bad.status().message().find("merge blocks"), std::string::npos) << bad.status().to_string();
 }
 
+// The TF32 tower's flash attention (head width 16 here) over frames longer than a key tile and not a multiple of it
+// (280 and 90 patches), with a one-block frame beside them: within TF32's tolerance of the fp32 tower.
+TEST(CudaTowerFlash, LongAndRaggedFramesMatchTheFp32Tower) {
+  TowerFixture f = load_fixture("tower-heads3");
+  ASSERT_EQ(f.config.head_dim(), 16);
+  const std::vector<std::array<int64_t, 3>> grids = {{1, 20, 14}, {1, 2, 2}, {1, 10, 6}, {1, 6, 10}};
+  int64_t patches = 0;
+  for (const auto& g : grids) patches += g[0] * g[1] * g[2];
+  const auto pixels = synthetic_pixels(patches, f.config.patch_dim(), 17);
+  auto fp32 = CudaVisionTower::create(f.config, f.weights, 0, CudaVisionTower::Math::kFp32);
+  auto tf32 = CudaVisionTower::create(f.config, f.weights, 0, CudaVisionTower::Math::kTf32);
+  ASSERT_TRUE(fp32.ok() && tf32.ok());
+  auto a = (*fp32)->run(pixels, grids);
+  auto b = (*tf32)->run(pixels, grids);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+  const double err = relative_error(*b, *a);
+  std::printf("flash attention (TF32 tower) vs the fp32 tower on frames of 280, 4, 60 and 60 patches: %.3g\n", err);
+  EXPECT_LT(err, 1e-2);
+  auto cpu = run_vision_tower(f.config, f.weights, pixels, grids);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_LT(relative_error(*a, *cpu), 1e-5);
+}
+
 void load_plugin() {
   static const Status loaded = [] {
     PluginLoader loader(global_registry());
