@@ -338,7 +338,7 @@ MemoryRange MemoryModel::total(MemoryWhere where, MemoryWhen upto) const {
     // allocations are smaller than the arena's chunk, what they may take from the last weight chunk's free tail.
     const uint64_t low = used_low + pool_bytes_at_used_low, high = used_high + pool_bytes_at_used_high;
     const uint64_t shared_tail =
-        pool_entry_bytes < kArenaChunk ? std::min<uint64_t>(pool_bytes_at_used_high, kArenaChunk) : 0;
+        pool_entry_bytes < kArenaChunk / 4 ? std::min<uint64_t>(pool_bytes_at_used_high, kArenaChunk) : 0;
     // And 64 MiB for what the device reports: its total (properties vs cudaMemGetInfo) and in-use granularity.
     const uint64_t below = block_bytes + shared_tail + 64 * kMiB;
     r.low += low > below ? low - below : 0;
@@ -398,10 +398,10 @@ MemoryModel estimate_memory(const MemoryInputs& in) {
   m.pool_bytes_at_used_high = static_cast<uint64_t>(blocks_low) * block_bytes;
   m.pool_entry_bytes = m.pool_bytes_at_used_low / static_cast<uint64_t>(std::max<int64_t>(in.cache_allocations, 1));
   if (in.cuda) {
-    // Each paged cache entry is one arena allocation: past a chunk it gets its own cudaMalloc (2 MiB granularity),
-    // below it they pack into 1 GiB chunks.
-    const uint64_t slack =
-        static_cast<uint64_t>(in.cache_allocations) * 2 * kMiB + (m.pool_entry_bytes < kArenaChunk ? kArenaChunk : 0);
+    // Each paged cache entry is one arena allocation: from a quarter chunk up it gets its own cudaMalloc (2 MiB
+    // granularity), below it they pack into 1 GiB chunks.
+    const uint64_t slack = static_cast<uint64_t>(in.cache_allocations) * 2 * kMiB +
+                           (m.pool_entry_bytes < kArenaChunk / 4 ? kArenaChunk : 0);
     m.terms.push_back(term(kCacheSlackTerm, 0, slack, MemoryWhere::kDevice, MemoryWhen::kLoad, "",
                            std::to_string(in.cache_allocations) + " cache allocations of ~" +
                                size_text(m.pool_entry_bytes) + " from the arena"));
@@ -701,7 +701,8 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
                             "driver context, kernel modules, the stream's cuBLAS handle and workspace"));
     in.terms.push_back(term("weight arena slack", 0, kArenaChunk + w.high / 50, MemoryWhere::kDevice, MemoryWhen::kLoad,
                             "",
-                            "weights come from 1 GiB chunks (runtime/cuda/device_arena.h); the last one's free tail"));
+                            "large tensors get allocations of their own (2 MiB granularity), the small ones share 1 GiB "
+                            "chunks (runtime/cuda/device_arena.h): the chunks' free tails"));
     in.terms.push_back(term("cuBLAS / cuBLASLt runtime", 0, 256 * kMiB, MemoryWhere::kDevice, MemoryWhen::kRun, "",
                             "GEMM workspaces taken on first use"));
     // Host side of a CUDA run.

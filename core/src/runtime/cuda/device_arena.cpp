@@ -26,6 +26,17 @@ DeviceArena::~DeviceArena() {
 
 Result<void*> DeviceArena::allocate(size_t bytes, const char* what) {
   bytes = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+  // A large request gets an allocation of its own size: carved from a chunk it would strand the chunk's tail once
+  // the next large one no longer fits (GLM-4.7-Flash's 805 + 403 MB expert stacks per layer left ~15 GiB of 1 GiB
+  // chunks unused). Chunks then hold only the small tensors, which fill their tails.
+  if (bytes >= chunk_bytes_ / 4) {
+    void* base = nullptr;
+    KILN_RETURN_IF_ERROR(cuda_alloc_status(cudaMalloc(&base, bytes), bytes, what));
+    chunks_.push_back({static_cast<char*>(base), bytes, bytes});
+    used_ += bytes;
+    reserved_ += bytes;
+    return base;
+  }
   for (Chunk& c : chunks_)
     if (c.size - c.offset >= bytes) {
       void* p = c.base + c.offset;

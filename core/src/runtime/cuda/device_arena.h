@@ -21,7 +21,7 @@ class DeviceArena {
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
-  // 256-byte aligned; a request larger than the chunk size gets a chunk of its own.
+  // 256-byte aligned; a request of a quarter chunk or more gets an allocation of its own size.
   Result<void*> allocate(size_t bytes, const char* what);
   template <typename T>
   Result<T*> allocate_array(size_t count, const char* what) {
