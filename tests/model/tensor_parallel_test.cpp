@@ -249,3 +249,32 @@ TEST(ShardedWeightSource, ServesThisRanksRowsAsViewsAndRenumbersExperts) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A step every rank refuses (a token outside the vocabulary) is an error naming it, from all ranks at once — no rank
+// left waiting for the others — and the group serves the next step.
+TEST(TensorParallelCpuLoad, ARefusedStepIsAnErrorAndTheGroupGoesOn) {
+  LoadedModel m = testing::load_recipe_model({"model.path=" + testing::model_dir("glm4_moe_lite-tiny").string(),
+                                              "model.device=cpu", "kv.layout=fp32", "parallel.tensor=2"});
+  ASSERT_NE(m.model, nullptr);
+  testing::TestKv kv(m, 32);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv.reserve(table, 32).ok());
+  const std::vector<int32_t> bad = {5, 1 << 30, 7};
+  SequenceStep step{bad, 0, &table, false};
+  StepOptions o;
+  o.want_logits = true;
+  StepOutput out;
+  const Status s = m.model->step({&step, 1}, {}, kv.views(), o, out);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("outside the vocabulary"), std::string::npos) << s.to_string();
+  const std::vector<int32_t> good = {5, 17, 7};
+  SequenceStep ok_step{good, 0, &table, false};
+  EXPECT_TRUE(m.model->step({&ok_step, 1}, {}, kv.views(), o, out).ok());
+  EXPECT_EQ(out.logits.size(), static_cast<size_t>(m.model->vocab_size()));
+}
+
+}  // namespace
+}  // namespace kiln
