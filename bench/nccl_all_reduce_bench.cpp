@@ -118,13 +118,7 @@ int run_rank(const Options& o) {
   CHECK_CUDA(cudaGetDeviceCount(&gpus));
   const int device = env.local_rank % gpus;
   CHECK_CUDA(cudaSetDevice(device));
-  kiln::nccl::RendezvousSpec spec;
-  spec.addr = env.master_addr;
-  spec.port = env.master_port;
-  spec.rank = env.rank;
-  spec.world_size = env.world_size;
-  spec.timeout = env.rendezvous_timeout;
-  auto boot_made = kiln::nccl::TcpBootstrap::connect(spec);
+  auto boot_made = kiln::nccl::TcpBootstrap::connect(kiln::nccl::rendezvous_spec(env));
   CHECK_OK(boot_made.status());
   auto& boot = **boot_made;
 

@@ -55,4 +55,14 @@ Result<LaunchEnv> read_launch_env(const EnvLookup& env) {
   return out;
 }
 
+RendezvousSpec rendezvous_spec(const LaunchEnv& launch) {
+  RendezvousSpec spec;
+  spec.addr = launch.master_addr;
+  spec.port = launch.master_port;
+  spec.rank = launch.rank;
+  spec.world_size = launch.world_size;
+  spec.timeout = launch.rendezvous_timeout;
+  return spec;
+}
+
 }  // namespace kiln::nccl

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/status.h"
+#include "tcp_bootstrap.h"
 
 namespace kiln::nccl {
 
@@ -28,5 +29,8 @@ EnvLookup process_env();
 // Parses the launch variables; every error names the variable and its value. KILN_RENDEZVOUS_TIMEOUT_S (seconds,
 // default 300) bounds how long ranks wait for each other at start-up.
 Result<LaunchEnv> read_launch_env(const EnvLookup& env);
+
+// Where this process meets the others: the launch's address, port, rank, world size and timeout.
+RendezvousSpec rendezvous_spec(const LaunchEnv& launch);
 
 }  // namespace kiln::nccl

@@ -138,13 +138,7 @@ Result<std::unique_ptr<Collective>> create_nccl_collective(const CreateContext& 
   const int device = ctx.device.index;
   KILN_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")"));
 
-  RendezvousSpec spec;
-  spec.addr = launch.master_addr;
-  spec.port = launch.master_port;
-  spec.rank = launch.rank;
-  spec.world_size = launch.world_size;
-  spec.timeout = launch.rendezvous_timeout;
-  KILN_ASSIGN_OR_RETURN(auto bootstrap, TcpBootstrap::connect(spec));
+  KILN_ASSIGN_OR_RETURN(auto bootstrap, TcpBootstrap::connect(rendezvous_spec(launch)));
 
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);

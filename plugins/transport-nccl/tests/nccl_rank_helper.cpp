@@ -39,13 +39,7 @@ using cuda::IpcAllReduce;
 
 Result<std::unique_ptr<TcpBootstrap>> connect_from_env(LaunchEnv& launch) {
   KILN_ASSIGN_OR_RETURN(launch, read_launch_env(process_env()));
-  RendezvousSpec spec;
-  spec.addr = launch.master_addr;
-  spec.port = launch.master_port;
-  spec.rank = launch.rank;
-  spec.world_size = launch.world_size;
-  spec.timeout = launch.rendezvous_timeout;
-  return TcpBootstrap::connect(spec);
+  return TcpBootstrap::connect(rendezvous_spec(launch));
 }
 
 struct Case {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor_file.h"
@@ -72,6 +73,19 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
     scale = std::max(scale, std::abs(static_cast<double>(want[i])));
   }
   return worst / scale;
+}
+
+// The three tower fixtures with the seed of their pixel_values, as parameters of a tower test, and their test names.
+using TowerCase = std::pair<std::string, int64_t>;
+inline auto tower_fixture_cases() {
+  return ::testing::Values(TowerCase{"tower-e2e", 5101}, TowerCase{"tower-heads4", 5202},
+                           TowerCase{"tower-heads3", 5303});
+}
+inline std::string tower_fixture_name(const ::testing::TestParamInfo<TowerCase>& info) {
+  std::string n = info.param.first;
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
 }
 
 }  // namespace kiln::vision::testing

@@ -59,15 +59,7 @@ TEST_P(CudaTower, MatchesTheCpuTowerAndTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTower,
-                         ::testing::Values(std::make_pair(std::string("tower-e2e"), int64_t{5101}),
-                                           std::make_pair(std::string("tower-heads4"), int64_t{5202}),
-                                           std::make_pair(std::string("tower-heads3"), int64_t{5303})),
-                         [](const auto& info) {
-                           std::string n = info.param.first;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         testing::tower_fixture_cases(), testing::tower_fixture_name);
 
 // Attention in query chunks (the score budget forcing chunks of 1–3 queries) gives what one chunk per frame gives,
 // and an image alone what it gives among others; a bad grid is an error, not a launch.

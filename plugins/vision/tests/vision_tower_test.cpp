@@ -59,15 +59,7 @@ TEST_P(VisionTower, EmbeddingsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, VisionTower,
-                         ::testing::Values(std::make_pair(std::string("tower-e2e"), int64_t{5101}),
-                                           std::make_pair(std::string("tower-heads4"), int64_t{5202}),
-                                           std::make_pair(std::string("tower-heads3"), int64_t{5303})),
-                         [](const auto& info) {
-                           std::string n = info.param.first;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         testing::tower_fixture_cases(), testing::tower_fixture_name);
 
 // One image alone equals the same image inside a batch of several (segments keep images apart).
 TEST(VisionTowerSegments, AnImageAloneEqualsItInABatch) {
