@@ -47,6 +47,21 @@ TEST(TokenizerErrors, MissingModelOrVocab) {
   expect_error(load_patched({{"model", {{"merges", 7}}}}), StatusCode::kDataLoss, {"model.merges"});
 }
 
+TEST(TokenizerErrors, SparseVocabularyIdIsRefusedNotAllocated) {
+  // Found by the tokenizer_json fuzzer: one id near 2^31 made a 17 GB dense id table.
+  Json json = base_json();
+  json["model"]["vocab"]["far"] = 552000000;
+  expect_error(Tokenizer::from_json_text(json.dump(), "sparse.json").status(), StatusCode::kDataLoss,
+               {"sparse.json", "model.vocab[\"far\"]", "552000000"});
+}
+
+TEST(TokenizerErrors, AddedTokenFarPastTheVocabularyIsRefused) {
+  Json json = base_json();
+  json["added_tokens"][0]["id"] = 2000000000;
+  expect_error(Tokenizer::from_json_text(json.dump(), "far.json").status(), StatusCode::kDataLoss,
+               {"far.json", "added_tokens[0].id", "2000000000"});
+}
+
 TEST(TokenizerErrors, MergeNamingAnUnknownToken) {
   Json json = base_json();
   json["model"]["merges"][3] = Json::array({"Ġ", "NOT_A_TOKEN"});

@@ -37,6 +37,8 @@ Status require_unset(const Json& json, const char* key, const std::string& field
                        "byte-level vocabularies without dropout, subword prefixes/suffixes or byte fallback)");
 }
 
+constexpr int64_t kMaxUnusedVocabIds = 1 << 20;
+
 }  // namespace
 
 Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& json, const std::string& field) {
@@ -51,9 +53,18 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& json, const st
 
   if (!json.contains("vocab") || !json["vocab"].is_object())
     return malformed(field + ".vocab", "missing or not an object");
+  // The id -> token table is dense, so an id far beyond the vocabulary's size would allocate a table for ids that
+  // name nothing (a hostile file asks for billions of entries). Real vocabularies are dense; allow a generous gap.
+  const int64_t id_limit = static_cast<int64_t>(json["vocab"].size()) + kMaxUnusedVocabIds;
   for (const auto& [token, id] : json["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
       return malformed(field + ".vocab[\"" + token + "\"]", "id must be a non-negative 32-bit integer");
+    }
+    if (id.get<int64_t>() >= id_limit) {
+      return malformed(field + ".vocab[\"" + token + "\"]",
+                       "id " + std::to_string(id.get<int64_t>()) + " is beyond the vocabulary's " +
+                           std::to_string(json["vocab"].size()) + " entries plus " +
+                           std::to_string(kMaxUnusedVocabIds) + " unused ids");
     }
     const auto i = static_cast<int32_t>(id.get<int64_t>());
     model->vocab_.emplace(token, i);

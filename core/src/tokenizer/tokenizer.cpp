@@ -52,7 +52,16 @@ Result<std::unique_ptr<Tokenizer::Impl>> build(const Json& json) {
                         AddedVocabulary::from_json(json.value("added_tokens", Json()), "added_tokens",
                                                    [&](const std::string& s) { return normalizer.apply(s); }));
   impl->vocab_size = impl->model->max_id() + 1;
-  for (const AddedToken& token : impl->added.tokens()) {
+  // Serving sizes per-token tables (grammar masks, logit rows) by the vocabulary; an added token far past the model's
+  // ids would make them gigabytes. Checkpoints add a few hundred special ids right after the vocabulary.
+  const int64_t added_limit = impl->vocab_size + (int64_t{1} << 20);
+  for (std::size_t i = 0; i < impl->added.tokens().size(); ++i) {
+    const AddedToken& token = impl->added.tokens()[i];
+    if (token.id >= added_limit) {
+      return data_loss("added_tokens[" + std::to_string(i) + "].id: " + std::to_string(token.id) +
+                       " is more than 2^20 past the model vocabulary's last id " +
+                       std::to_string(impl->vocab_size - 1));
+    }
     impl->vocab_size = std::max<int64_t>(impl->vocab_size, int64_t{token.id} + 1);
   }
   return impl;
