@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,9 +78,11 @@ inline std::unique_ptr<TestKv> make_kv_cache(const LoadedModel& m, int64_t token
 
 // Greedy generation of one sequence straight through the model's step (any device; logits to the host, argmax
 // there), `chunk` prompt tokens per step: the reference engine runs are compared with. Stops after `max_tokens` or
-// at a token of `stop`.
+// at a token of `stop`. `adjust`, when set, rewrites each logits row before the argmax, given the tokens so far.
+using ReferenceAdjust = std::function<void(const std::vector<int32_t>& tokens, float* row, int64_t vocab)>;
 inline std::vector<int32_t> greedy_reference(LoadedModel& m, const std::vector<int32_t>& prompt, int64_t max_tokens,
-                                             int64_t chunk = 1 << 20, const std::vector<int32_t>& stop = {}) {
+                                             int64_t chunk = 1 << 20, const std::vector<int32_t>& stop = {},
+                                             const ReferenceAdjust& adjust = {}) {
   const int64_t total = static_cast<int64_t>(prompt.size()) + max_tokens;
   TestKv kv(m, total);
   std::vector<int32_t> table;
@@ -98,6 +101,7 @@ inline std::vector<int32_t> greedy_reference(LoadedModel& m, const std::vector<i
     if (!s.ok()) break;
     computed += n;
     if (computed < static_cast<int64_t>(tokens.size())) continue;
+    if (adjust) adjust(tokens, o.logits.data(), vocab);
     const int32_t next = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.begin() + vocab) -
                                               o.logits.begin());
     out.push_back(next);

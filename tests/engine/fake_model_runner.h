@@ -79,6 +79,7 @@ class FakeModelRunner final : public ModelRunner {
 
   int64_t vocab_size() const override { return vocab_; }
   bool applies_token_masks() const override { return true; }  // select_tokens_host applies them
+  bool applies_logit_adjustments() const override { return true; }
 
   // Makes the model recurrent: its logits come from a per-sequence state (the running hash) kept in state slot
   // memory — entry 0 of layer 0 of `views`, 8 bytes per slot, as a CacheManager with that spec holds it — advanced

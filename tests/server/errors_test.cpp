@@ -229,5 +229,48 @@ TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
   EXPECT_TRUE(json::parse(res->body)["choices"][0]["logprobs"].is_null());
 }
 
+
+// Penalties, logit_bias and min_p: out-of-range values are 400s naming the field; on an engine that does not apply
+// them (the fake one, like device token selection today) a real value is a 400 too, and the defaults pass.
+TEST_F(ServerTest, PenaltyRangesAndAvailabilityAre400NamingTheField) {
+  const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
+  struct Case {
+    std::string path;
+    json body;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/chat/completions", {{"messages", chat}, {"presence_penalty", 2.5}}, "presence_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"frequency_penalty", -3}}, "frequency_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"repetition_penalty", 0}}, "repetition_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"min_p", 1.5}}, "min_p"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", json::array()}}, "logit_bias"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"-3", 1}}}}, "logit_bias"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"99999999999", 1}}}}, "logit_bias"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"5", 101}}}}, "logit_bias"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"5", "x"}}}}, "logit_bias"},
+      {"/v1/completions", {{"prompt", "hi"}, {"presence_penalty", "high"}}, "presence_penalty"},
+      // In range, but this engine does not apply them.
+      {"/v1/chat/completions", {{"messages", chat}, {"presence_penalty", 0.5}}, "presence_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"frequency_penalty", 1}}, "frequency_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"repetition_penalty", 1.2}}, "repetition_penalty"},
+      {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"5", 10}}}}, "logit_bias"},
+      {"/v1/completions", {{"prompt", "hi"}, {"min_p", 0.1}}, "min_p"},
+  };
+  for (const Case& c : cases) {
+    auto res = post(c.path, c.body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << c.path << " " << c.body.dump() << ": " << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump() << ": " << res->body;
+  }
+  // The defaults, as clients send them, change nothing and pass.
+  auto res = post("/v1/chat/completions", {{"messages", chat}, {"presence_penalty", 0}, {"frequency_penalty", 0},
+                                           {"repetition_penalty", 1}, {"min_p", 0}, {"logit_bias", json::object()},
+                                           {"max_tokens", 2}});
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+}
+
 }  // namespace
 }  // namespace kiln::testing

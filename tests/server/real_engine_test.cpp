@@ -196,5 +196,37 @@ TEST_F(RealEngineServer, LogprobsOfGreedyTokensAreTheirRowsMaximum) {
   EXPECT_EQ(lp["text_offset"][0], 0);
 }
 
+
+// On the CPU engine the penalties apply: a +100 logit_bias on one token makes greedy output that token only, a -100
+// bias on the token greedy output starts with removes it, and a strong frequency penalty stops a token from
+// repeating when greedy output would.
+TEST_F(RealEngineServer, LogitBiasAndPenaltiesChangeGreedyOutput) {
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(60, 0);
+  auto completion = [&](nlohmann::json extra) {
+    nlohmann::json body = {{"prompt", "The socket module provides"}, {"max_tokens", 8}, {"temperature", 0}};
+    for (auto& [k, v] : extra.items()) body[k] = v;
+    auto res = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    return nlohmann::json::parse(res->body);
+  };
+  const int32_t forced = 300;
+  const auto forced_json = completion({{"logit_bias", {{std::to_string(forced), 100}}}, {"logprobs", 0}});
+  const auto& tokens = forced_json["choices"][0]["logprobs"]["tokens"];
+  ASSERT_EQ(tokens.size(), 8u);
+  for (size_t i = 1; i < tokens.size(); ++i) EXPECT_EQ(tokens[i], tokens[0]);
+  const auto plain = completion({{"logprobs", 0}});
+  const std::string first = plain["choices"][0]["logprobs"]["tokens"][0];
+  EXPECT_NE(first, tokens[0].get<std::string>());
+  const auto repeated = completion({{"logit_bias", {{std::to_string(forced), 100}}}, {"frequency_penalty", 2},
+                                    {"repetition_penalty", 100}, {"logprobs", 0}});
+  const auto& rt = repeated["choices"][0]["logprobs"]["tokens"];
+  // The bias still wins the first pick; after it the repetition penalty (÷100) and the frequency penalty pull it down.
+  ASSERT_GE(rt.size(), 2u);
+  EXPECT_EQ(rt[0], tokens[0]);
+  EXPECT_NE(rt[1], tokens[0]);
+}
+
 }  // namespace
 }  // namespace kiln::testing

@@ -172,7 +172,8 @@ struct OracleRun {
 
 OracleRun run_with_oracle(LoadedModel& m, const Recipe& recipe, const std::vector<std::vector<int32_t>>& prompts,
                           const std::vector<std::vector<int32_t>>& truth, int wrong_every, int depth, int64_t max_tokens,
-                          const std::vector<int32_t>& stop = {}, int32_t logprobs = -1) {
+                          const std::vector<int32_t>& stop = {}, int32_t logprobs = -1,
+                          const SamplingOptions& sampling = {}) {
   OracleRun run;
   auto plan = plan_engine(m, recipe);
   EXPECT_TRUE(plan.ok()) << plan.status().to_string();
@@ -193,6 +194,7 @@ OracleRun run_with_oracle(LoadedModel& m, const Recipe& recipe, const std::vecto
     p.max_tokens = max_tokens;
     p.stop_token_ids = stop;
     p.logprobs = logprobs;
+    p.sampling = sampling;
     EXPECT_TRUE((*engine)->submit(p, c.sink(static_cast<int>(i))).ok());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -268,6 +270,68 @@ TEST(SpeculativeEngineAcceptance, LogprobsOfVerifiedTokensComeFromTheTargetRows)
       EXPECT_NEAR(accepted.logprobs[i][t], rejected.logprobs[i][t], 1e-4) << "request " << i << " token " << t;
       EXPECT_LE(accepted.logprobs[i][t], 0.0f);
     }
+  }
+}
+
+// Penalties and logit_bias written out the plain way (every vocabulary entry, counts from scratch): the reference the
+// engine's per-row adjustments are checked against.
+void reference_penalties(const SamplingOptions& o, size_t prompt_len, const std::vector<int32_t>& tokens, float* row,
+                         int64_t vocab) {
+  for (int64_t v = 0; v < vocab; ++v) {
+    float x = row[v];
+    for (const auto& [token, bias] : o.logit_bias)
+      if (token == v) x += bias;
+    int64_t in_prompt = 0, in_output = 0;
+    for (size_t t = 0; t < tokens.size(); ++t)
+      if (tokens[t] == v) ++(t < prompt_len ? in_prompt : in_output);
+    if (in_prompt + in_output > 0) x = x > 0 ? x / o.repetition_penalty : x * o.repetition_penalty;
+    x -= o.frequency_penalty * static_cast<float>(in_output) + o.presence_penalty * (in_output > 0 ? 1.0f : 0.0f);
+    row[v] = x;
+  }
+}
+
+// Greedy decoding with presence, frequency and repetition penalties and logit_bias: the engine gives the reference's
+// tokens without drafts and with drafts that are all accepted, all rejected or mixed (row t of a verification pass
+// must see the penalties of the history up to draft t), and the penalties change what is generated.
+TEST(SpeculativeEnginePenalties, GreedyOutputEqualsTheReferenceWithOrWithoutDrafts) {
+  const Recipe recipe = plain_recipe();
+  auto loaded = load_model(recipe, global_registry());
+  ASSERT_TRUE(loaded.ok());
+  LoadedModel& m = *loaded;
+  SamplingOptions o;
+  o.frequency_penalty = 0.9f;
+  o.presence_penalty = 0.4f;
+  o.repetition_penalty = 1.4f;
+  o.logit_bias = {{7, 2.5f}, {11, -100.0f}, {7, 3.0f}};  // a repeated token keeps its last value
+  SamplingOptions effective = o;
+  effective.logit_bias = {{7, 3.0f}, {11, -100.0f}};
+  std::mt19937 rng(21);
+  std::vector<std::vector<int32_t>> prompts, expected;
+  bool changed = false;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(random_prompt(rng, 5 + 6 * i, m.info.vocab_size));
+    const size_t prompt_len = prompts.back().size();
+    expected.push_back(greedy_reference(m, prompts.back(), 24, 1 << 20, {},
+                                        [&](const std::vector<int32_t>& tokens, float* row, int64_t vocab) {
+                                          reference_penalties(effective, prompt_len, tokens, row, vocab);
+                                        }));
+    changed = changed || expected.back() != greedy_reference(m, prompts.back(), 24);
+    EXPECT_EQ(std::count(expected.back().begin(), expected.back().end(), 11), 0) << "a -100 bias leaves it out";
+  }
+  EXPECT_TRUE(changed) << "the penalties should change some greedy continuation";
+  for (const int wrong_every : {1000, 1, 3}) {
+    const OracleRun run = run_with_oracle(m, recipe, prompts, expected, wrong_every, 4, 24, {}, -1, o);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(run.tokens[i], expected[i]) << "request " << i << ", every " << wrong_every << "th draft wrong";
+    if (wrong_every == 1000) EXPECT_GT(run.metrics.spec_accepted_tokens, 0);
+    if (wrong_every == 1) EXPECT_EQ(run.metrics.spec_accepted_tokens, 0);
+  }
+  // And through the MTP drafter of the checkpoint, at depth 3.
+  LoadedModel with_mtp = load_with_mtp(mtp_recipe("glm4_moe_lite-tiny", 3));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto got = engine_generate(with_mtp, mtp_sets("glm4_moe_lite-tiny", 3), prompts[i], 24, o);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(*got, expected[i]) << "request " << i << " with MTP drafts";
   }
 }
 

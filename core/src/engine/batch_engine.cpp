@@ -76,6 +76,16 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
                             std::to_string(params.logprobs));
   if (params.logprobs >= 0 && !runner_->reports_logprobs())
     return invalid_argument("logprobs are not computed on this model's device yet (the CPU path computes them)");
+  if ((params.sampling.adjusts_logits() || params.sampling.min_p > 0.0f) && !runner_->applies_logit_adjustments())
+    return invalid_argument("presence/frequency/repetition penalties, logit_bias and min_p are applied by the host "
+                            "token selection (CPU recipes) only for now: this model's device selects tokens without "
+                            "them");
+  for (const auto& [token, value] : params.sampling.logit_bias)
+    if (token < 0 || token >= vocab)
+      return invalid_argument("logit_bias: token " + std::to_string(token) + " is outside the vocabulary (size " +
+                              std::to_string(vocab) + ")");
+  if (!(params.sampling.repetition_penalty > 0.0f))
+    return invalid_argument("repetition_penalty must be positive");
   if (params.constraint && !runner_->applies_token_masks())
     return invalid_argument("constrained decoding runs on the CPU only for now: this model's device selects tokens "
                             "without grammar masks");
@@ -219,7 +229,14 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
     steps_.back().media = media_rows_[i];
     if (!sel.select) continue;
     if (seq->constraint) sel.allowed = seq->allowed;
+    if (seq->penalties) {
+      seq->penalties->follow(seq->tokens, seq->prompt_len);
+      seq->penalties->fill(sel.drafts, seq->adjustments, seq->adjustment_offsets);
+      sel.adjustments = seq->adjustments;
+      sel.adjustment_offsets = seq->adjustment_offsets;
+    }
     const SamplingOptions& o = seq->sampler.options();
+    sel.min_p = o.min_p;
     sel.temperature = seq->sampler.greedy() ? 0.0f : o.temperature;
     sel.top_k = static_cast<int32_t>(std::min<int64_t>(o.top_k, INT32_MAX));
     sel.top_p = o.top_p;
@@ -420,6 +437,7 @@ const TokenLogprobs* BatchEngine::logprobs_of(size_t entry, int64_t t) const {
 
 bool BatchEngine::reports_logprobs() const { return runner_->reports_logprobs(); }
 bool BatchEngine::applies_constraints() const { return runner_->applies_token_masks(); }
+bool BatchEngine::applies_logit_adjustments() const { return runner_->applies_logit_adjustments(); }
 int64_t BatchEngine::vocab_size() const { return runner_->vocab_size(); }
 
 bool BatchEngine::emit_token(Sequence* seq, int32_t token, const TokenLogprobs* logprobs) {

@@ -47,6 +47,7 @@ class BatchEngine final : public Engine {
   // Refuses new requests (kUnavailable), runs the queued and running ones to completion, stops the loop.
   void drain() override;
   bool reports_logprobs() const override;
+  bool applies_logit_adjustments() const override;
   bool applies_constraints() const override;
   int64_t vocab_size() const override;
 

@@ -95,6 +95,9 @@ class Engine {
   // Whether requests may carry a TokenConstraint (the host token selection applies masks; device selection does
   // not yet), and the vocabulary size its masks cover.
   virtual bool applies_constraints() const { return false; }
+  // Whether requests may carry penalties, logit_bias and min_p (SamplingOptions; the host token selection applies
+  // them, the device selection does not yet).
+  virtual bool applies_logit_adjustments() const { return false; }
   virtual int64_t vocab_size() const { return 0; }
   // Stops admitting requests, finishes the running and waiting ones, then returns.
   virtual void drain() = 0;

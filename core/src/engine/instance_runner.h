@@ -20,6 +20,7 @@ class InstanceRunner final : public ModelRunner {
   bool reports_logprobs() const override { return model_.device().is_cpu(); }
   // CPU: masked in host selection; CUDA: uploaded with the selection and applied on the device (kernels/cuda/token_mask).
   bool applies_token_masks() const override { return true; }
+  bool applies_logit_adjustments() const override { return model_.device().is_cpu(); }
 
  private:
   ModelInstance& model_;

@@ -28,6 +28,8 @@ class ModelRunner {
   virtual bool reports_logprobs() const { return false; }
   // Whether step() honours TokenSelection::allowed (host token selection does; the device selection does not yet).
   virtual bool applies_token_masks() const { return false; }
+  // Whether step() honours TokenSelection::adjustments and min_p (host token selection does).
+  virtual bool applies_logit_adjustments() const { return false; }
 };
 
 }  // namespace kiln

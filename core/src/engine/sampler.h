@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/sampling.h"
 
@@ -14,6 +16,17 @@ struct SamplingOptions {
   int64_t top_k = 0;         // 0 = off
   float top_p = 1.0f;        // 1 = off
   uint64_t seed = 0;
+  // Applied to the logits before selection (greedy included; engine/sampling_penalties.h): OpenAI's presence and
+  // frequency penalties over the generated tokens, the repetition penalty (as transformers and vLLM define it) over
+  // prompt and generated tokens, and logit_bias (token id, added value).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // 1 = off
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  float min_p = 0.0f;  // 0 = off; sampled requests only
+  bool adjusts_logits() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty();
+  }
 };
 
 class Sampler {

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/block_manager.h"
 #include "engine/engine_api.h"
 #include "engine/sampler.h"
+#include "engine/sampling_penalties.h"
 
 namespace kiln {
 
@@ -25,6 +27,7 @@ struct Sequence {
         media(std::move(params.media)),
         constraint(std::move(params.constraint)) {
     for (const RequestMedia& m : media) media_spans.push_back({m.position, m.length, m.hash});
+    if (params.sampling.adjusts_logits()) penalties.emplace(params.sampling, tokens);
   }
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
@@ -64,6 +67,11 @@ struct Sequence {
   // next selection reads (one row per verified position), filled when the step is built.
   std::shared_ptr<TokenConstraint> constraint;
   std::vector<uint32_t> allowed;
+
+  // Sampling penalties and logit_bias: the history they follow, and the next selection's per-row adjustments.
+  std::optional<SequencePenalties> penalties;
+  std::vector<LogitAdjustment> adjustments;
+  std::vector<int32_t> adjustment_offsets;
 };
 
 }  // namespace kiln

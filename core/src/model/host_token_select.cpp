@@ -9,7 +9,44 @@ namespace kiln {
 namespace {
 bool greedy_params(const TokenSelection& s) { return s.temperature <= 0.0f || s.top_k == 1; }
 bool has_q(const TokenSelection& s) { return s.select && s.num_drafts > 0 && s.q_ids; }
+
+Status check_adjustments(const TokenSelection& s, int64_t vocab) {
+  if (s.adjustments.empty()) return ok_status();
+  const int64_t rows = s.num_drafts + 1, n = static_cast<int64_t>(s.adjustments.size());
+  if (static_cast<int64_t>(s.adjustment_offsets.size()) != rows + 1)
+    return invalid_argument(std::to_string(s.adjustment_offsets.size()) + " adjustment offsets for " +
+                            std::to_string(rows) + " rows");
+  for (int64_t r = 0; r <= rows; ++r) {
+    const int32_t o = s.adjustment_offsets[r];
+    if (o < 0 || o > n || (r > 0 && o < s.adjustment_offsets[r - 1]) || (r == 0 && o != 0) || (r == rows && o != n))
+      return invalid_argument("adjustment offsets are not a partition of the " + std::to_string(n) + " adjustments");
+  }
+  for (const LogitAdjustment& a : s.adjustments)
+    if (a.token < 0 || a.token >= vocab || !(a.repetition > 0.0f))
+      return invalid_argument("logit adjustment of token " + std::to_string(a.token) + " (vocabulary " +
+                              std::to_string(vocab) + ", repetition " + std::to_string(a.repetition) + ")");
+  return ok_status();
+}
 }  // namespace
+
+void apply_logit_adjustments(float* row, std::span<const LogitAdjustment> adjustments) {
+  for (const LogitAdjustment& a : adjustments) {
+    float x = row[a.token] + a.bias;
+    if (a.repetition != 1.0f) x = x > 0.0f ? x / a.repetition : x * a.repetition;
+    row[a.token] = x + a.add;
+  }
+}
+
+void apply_min_p(float* row, int64_t vocab, float min_p, float temperature) {
+  // p_v ≥ min_p · p_max  ⇔  x_v ≥ x_max + T · ln(min_p): a threshold on the logits, so no softmax is needed.
+  float max = -INFINITY;
+  for (int64_t v = 0; v < vocab; ++v)
+    if (row[v] > max) max = row[v];
+  if (!std::isfinite(max)) return;
+  const double threshold = static_cast<double>(max) + static_cast<double>(temperature) * std::log(static_cast<double>(min_p));
+  for (int64_t v = 0; v < vocab; ++v)
+    if (static_cast<double>(row[v]) < threshold) row[v] = -INFINITY;
+}
 
 Status plan_selection(std::span<const int64_t> first_row, std::span<const TokenSelection> select, SelectionPlan& plan) {
   plan = SelectionPlan{};
@@ -135,30 +172,38 @@ Status select_tokens_host(const float* logits, int64_t vocab, std::span<const in
     }
     plan.q_width = cpu::kMaxQWidth, plan.q_ids = q_ids.data(), plan.q_probs = q_probs.data();
   }
-  // Constrained entries select from their rows with disallowed tokens at -inf, in a copy: logprobs below stay the
-  // model's own distribution.
+  // Entries with penalties, logit_bias, masks or min_p select from adjusted rows, in a copy: logprobs below stay
+  // the model's own distribution.
   const float* select_logits = logits;
-  std::vector<float> masked;
+  std::vector<float> adjusted;
   for (size_t i = 0; i < select.size(); ++i) {
     const TokenSelection& s = select[i];
-    if (!s.select || s.allowed.empty()) continue;
+    const bool min_p = s.min_p > 0.0f && !greedy_params(s);
+    if (!s.select || (s.allowed.empty() && s.adjustments.empty() && !min_p)) continue;
     const int64_t words = token_mask_words(vocab), rows = s.num_drafts + 1;
-    if (static_cast<int64_t>(s.allowed.size()) != rows * words)
+    if (!s.allowed.empty() && static_cast<int64_t>(s.allowed.size()) != rows * words)
       return invalid_argument("token selection of entry " + std::to_string(i) + ": a token mask of " +
                               std::to_string(s.allowed.size()) + " words for " + std::to_string(rows) + " rows of " +
                               std::to_string(words));
-    if (masked.empty()) {
+    KILN_RETURN_IF_ERROR(check_adjustments(s, vocab).with_context("token selection of entry " + std::to_string(i)));
+    if (adjusted.empty()) {
       int64_t total_rows = 0;
       for (size_t j = 0; j < select.size(); ++j)
         if (select[j].select) total_rows = std::max<int64_t>(total_rows, first_row[j] + select[j].num_drafts + 1);
-      masked.assign(logits, logits + total_rows * vocab);
-      select_logits = masked.data();
+      adjusted.assign(logits, logits + total_rows * vocab);
+      select_logits = adjusted.data();
     }
     for (int64_t r = 0; r < rows; ++r) {
-      float* row = masked.data() + (first_row[i] + r) * vocab;
-      const uint32_t* bits = s.allowed.data() + r * words;
-      for (int64_t v = 0; v < vocab; ++v)
-        if (!token_allowed(bits, static_cast<int32_t>(v))) row[v] = -INFINITY;
+      float* row = adjusted.data() + (first_row[i] + r) * vocab;
+      if (!s.adjustments.empty())
+        apply_logit_adjustments(row, s.adjustments.subspan(s.adjustment_offsets[r],
+                                                           s.adjustment_offsets[r + 1] - s.adjustment_offsets[r]));
+      if (!s.allowed.empty()) {
+        const uint32_t* bits = s.allowed.data() + r * words;
+        for (int64_t v = 0; v < vocab; ++v)
+          if (!token_allowed(bits, static_cast<int32_t>(v))) row[v] = -INFINITY;
+      }
+      if (min_p) apply_min_p(row, vocab, s.min_p, s.temperature);
     }
   }
   std::vector<int32_t> tokens(plan.seqs.size() * (plan.max_drafts + 1)), accepted(plan.seqs.size());

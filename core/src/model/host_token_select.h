@@ -43,6 +43,11 @@ TokenLogprobs token_logprobs(const float* row, int64_t vocab, int32_t token, int
 Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
                           std::span<const TokenSelection> select, StepOutput& out);
 
+// Row adjustments of TokenSelection: logit_bias and penalties (in place, entries' tokens in range), and the min_p cut
+// at a temperature (tokens below it to -inf; the likeliest token always stays).
+void apply_logit_adjustments(float* row, std::span<const LogitAdjustment> adjustments);
+void apply_min_p(float* row, int64_t vocab, float min_p, float temperature);
+
 // DraftServices::sample on host memory.
 Status sample_drafts_host(const DraftSampleRequest& request, int64_t vocab);
 

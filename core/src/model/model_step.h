@@ -32,6 +32,15 @@ struct SequenceStep {
   const int32_t* device_tokens = nullptr;
 };
 
+// One token's logit before selection: x → rep(x + bias) + add, rep(y) = y / repetition when y > 0 and y · repetition
+// otherwise (repetition 1 leaves it). The engine's sampling penalties and logit_bias (engine/sampling_penalties.h).
+struct LogitAdjustment {
+  int32_t token = 0;
+  float bias = 0.0f;
+  float repetition = 1.0f;
+  float add = 0.0f;
+};
+
 // What a step picks from one sequence's logits after the forward (on the model's device: only ids come back).
 struct TokenSelection {
   bool select = false;  // false: nothing (a prompt chunk with more to come)
@@ -55,6 +64,15 @@ struct TokenSelection {
   // token_mask_words(vocab) words, row t the tokens allowed at the step's row t (bit v % 32 of word v / 32). Tokens
   // outside it are impossible for greedy, sampled and verified selection alike; logprobs stay the model's own.
   std::span<const uint32_t> allowed;
+  // Sampling penalties and logit_bias: empty, or row t's adjustments are adjustments[adjustment_offsets[t] ..
+  // adjustment_offsets[t + 1]) (num_drafts + 2 offsets): like the masks, row t's are what the request's history
+  // would give after the drafts before it, so verified output equals undrafted output. Applied before the masks;
+  // logprobs stay the model's own. Host selection only (ModelRunner::applies_logit_adjustments).
+  std::span<const LogitAdjustment> adjustments;
+  std::span<const int32_t> adjustment_offsets;
+  // > 0 (sampled rows only): tokens whose probability after temperature is below min_p × the likeliest token's are
+  // impossible — applied after the adjustments and masks, before top-k and top-p (as vLLM orders them).
+  float min_p = 0.0f;
 };
 
 inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }

@@ -128,6 +128,7 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
   if (auto e = check_model(ctx, reader)) return e;
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_completion_tokens", "max_tokens"}, request);
+  read_penalty_fields(ctx, reader, request);
   bool enable_thinking = true, clear_thinking = true;
   ojson template_kwargs = ojson::object();
   if (const auto* kwargs = reader.value("chat_template_kwargs")) {

@@ -108,6 +108,7 @@ std::optional<ApiError> prepare_completion(const ServerContext& ctx, const ojson
   if (auto e = check_model(ctx, reader)) return e;
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_tokens"}, request);
+  read_penalty_fields(ctx, reader, request);
   if (auto echo = reader.boolean("echo"); echo && *echo) reader.fail(bad_request("echo is not supported", "echo"));
   if (reader.value("suffix")) reader.fail(bad_request("suffix is not supported", "suffix"));
   if (auto best_of = reader.integer("best_of", 1, INT32_MAX); best_of && *best_of != 1) {

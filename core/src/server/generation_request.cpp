@@ -10,6 +10,7 @@ namespace kiln {
 namespace {
 
 constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxLogitBias = 1024;  // OpenAI takes a few hundred; each entry is work on every selected row
 
 ApiError model_not_found(const std::string& model) {
   ApiError e;
@@ -69,6 +70,56 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
       }
     }
   }
+}
+
+void read_penalty_fields(const ServerContext& ctx, RequestReader& reader, GenerationRequest& request) {
+  SamplingOptions& s = request.params.sampling;
+  s.presence_penalty = static_cast<float>(reader.number("presence_penalty", -2.0, 2.0).value_or(0.0));
+  s.frequency_penalty = static_cast<float>(reader.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
+  s.repetition_penalty = static_cast<float>(reader.number("repetition_penalty", 1e-3, 100.0).value_or(1.0));
+  s.min_p = static_cast<float>(reader.number("min_p", 0.0, 1.0).value_or(0.0));
+  if (const auto* bias = reader.value("logit_bias")) {
+    if (!bias->is_object()) {
+      reader.fail(bad_request("'logit_bias' must be an object mapping token ids to values, got " +
+                                  json_type_phrase(*bias),
+                              "logit_bias"));
+    } else if (bias->size() > kMaxLogitBias) {
+      reader.fail(bad_request("'logit_bias' may name at most " + std::to_string(kMaxLogitBias) + " tokens, got " +
+                                  std::to_string(bias->size()),
+                              "logit_bias"));
+    } else {
+      for (const auto& [key, value] : bias->items()) {
+        const std::string where = "logit_bias[\"" + key + "\"]";
+        int64_t id = -1;
+        const bool digits = !key.empty() && key.size() <= 10 &&
+                            std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (digits) id = std::stoll(key);
+        if (!digits || id >= ctx.vocab_size) {
+          reader.fail(bad_request(where + ": not a token id in [0, " + std::to_string(ctx.vocab_size) + ")",
+                                  "logit_bias"));
+          break;
+        }
+        if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+          reader.fail(bad_request(where + ": the bias must be a number between -100 and 100", "logit_bias"));
+          break;
+        }
+        s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(value.get<double>()));
+      }
+    }
+  }
+  if (!reader.ok() || ctx.logit_adjustments_supported) return;
+  // Defaults (0, 1, {}) change nothing and pass everywhere; a real value is refused rather than ignored.
+  const char* field = s.presence_penalty != 0.0f    ? "presence_penalty"
+                      : s.frequency_penalty != 0.0f ? "frequency_penalty"
+                      : s.repetition_penalty != 1.0f ? "repetition_penalty"
+                      : !s.logit_bias.empty()        ? "logit_bias"
+                      : s.min_p > 0.0f               ? "min_p"
+                                                     : nullptr;
+  if (field)
+    reader.fail(bad_request(std::string(field) +
+                                " is not applied on this model's device yet (a CPU recipe applies it); leave it at its "
+                                "default",
+                            field));
 }
 
 std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, const char* field,

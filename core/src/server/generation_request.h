@@ -28,6 +28,9 @@ struct ServerContext {
   int64_t max_model_len = 0;
   int64_t max_output_tokens = 0;  // 0 = whatever the context leaves
   bool logprobs_supported = false;  // the engine computes logprobs (Engine::reports_logprobs)
+  // The engine applies penalties, logit_bias and min_p (Engine::applies_logit_adjustments), over this vocabulary.
+  bool logit_adjustments_supported = false;
+  int64_t vocab_size = 0;
   std::vector<int32_t> end_of_turn_ids;
   std::string tool_parser;       // "glm47" or ""
   std::string reasoning_parser;  // "glm45" or ""
@@ -52,6 +55,10 @@ struct GenerationRequest {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   nlohmann::ordered_json tool_choice = "auto";
 };
+
+// presence_penalty, frequency_penalty, repetition_penalty (a vLLM extension), logit_bias and min_p (chat and
+// completions): OpenAI's ranges, and a 400 naming the field where the engine cannot apply a non-default value.
+void read_penalty_fields(const ServerContext& ctx, RequestReader& reader, GenerationRequest& request);
 
 // 404 unless `model` is absent or names this server's model (served name or model id).
 std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& reader);

@@ -353,6 +353,8 @@ Status HttpServer::start() {
   s.ctx.max_model_len = o.max_model_len;
   s.ctx.max_output_tokens = o.max_output_tokens;
   s.ctx.logprobs_supported = s.engine.reports_logprobs();
+  s.ctx.logit_adjustments_supported = s.engine.applies_logit_adjustments();
+  s.ctx.vocab_size = s.engine.vocab_size() > 0 ? s.engine.vocab_size() : s.tokenizer.vocab_size();
   s.ctx.tool_parser = o.tool_parser;
   s.ctx.reasoning_parser = o.reasoning_parser;
   if (o.media.modality) {
