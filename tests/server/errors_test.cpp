@@ -196,16 +196,28 @@ TEST_F(ServerTest, OverloadIs429NotAQueue) {
 namespace kiln::testing {
 namespace {
 
+// A request that must be a 400 whose error names `param`.
+struct ParamCase {
+  std::string path;
+  json body;
+  std::string param;
+};
+
+template <typename Post>
+void expect_400s_naming_the_field(const Post& post, const std::vector<ParamCase>& cases) {
+  for (const ParamCase& c : cases) {
+    auto res = post(c.path, c.body);
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << c.path << " " << c.body.dump() << ": " << res->body;
+    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump() << ": " << res->body;
+  }
+}
+
 // The fake engine computes no logprobs (like device token selection today): asking is a 400 naming the field, and
 // out-of-range values are 400s before that.
 TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
   const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
-  struct Case {
-    std::string path;
-    json body;
-    std::string param;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<ParamCase> cases = {
       {"/v1/chat/completions", {{"messages", chat}, {"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
       {"/v1/chat/completions", {{"messages", chat}, {"logprobs", true}, {"top_logprobs", -1}}, "top_logprobs"},
       {"/v1/chat/completions", {{"messages", chat}, {"top_logprobs", 2}}, "top_logprobs"},
@@ -216,12 +228,7 @@ TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
       {"/v1/completions", {{"prompt", "hi"}, {"logprobs", 1}}, "logprobs"},
       {"/v1/responses", {{"input", "hi"}, {"top_logprobs", 2}}, "top_logprobs"},
   };
-  for (const Case& c : cases) {
-    auto res = post(c.path, c.body);
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, 400) << c.path << " " << c.body.dump() << ": " << res->body;
-    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump() << ": " << res->body;
-  }
+  expect_400s_naming_the_field([this](const std::string& p, const json& b) { return post(p, b); }, cases);
   // Off is fine: logprobs false, or null.
   auto res = post("/v1/chat/completions", {{"messages", chat}, {"logprobs", false}, {"max_tokens", 2}});
   ASSERT_TRUE(res);
@@ -234,12 +241,7 @@ TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
 // them (the fake one, like device token selection today) a real value is a 400 too, and the defaults pass.
 TEST_F(ServerTest, PenaltyRangesAndAvailabilityAre400NamingTheField) {
   const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
-  struct Case {
-    std::string path;
-    json body;
-    std::string param;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<ParamCase> cases = {
       {"/v1/chat/completions", {{"messages", chat}, {"presence_penalty", 2.5}}, "presence_penalty"},
       {"/v1/chat/completions", {{"messages", chat}, {"frequency_penalty", -3}}, "frequency_penalty"},
       {"/v1/chat/completions", {{"messages", chat}, {"repetition_penalty", 0}}, "repetition_penalty"},
@@ -258,12 +260,7 @@ TEST_F(ServerTest, PenaltyRangesAndAvailabilityAre400NamingTheField) {
       {"/v1/chat/completions", {{"messages", chat}, {"logit_bias", {{"5", 10}}}}, "logit_bias"},
       {"/v1/completions", {{"prompt", "hi"}, {"min_p", 0.1}}, "min_p"},
   };
-  for (const Case& c : cases) {
-    auto res = post(c.path, c.body);
-    ASSERT_TRUE(res);
-    EXPECT_EQ(res->status, 400) << c.path << " " << c.body.dump() << ": " << res->body;
-    EXPECT_EQ(json::parse(res->body)["error"]["param"], c.param) << c.body.dump() << ": " << res->body;
-  }
+  expect_400s_naming_the_field([this](const std::string& p, const json& b) { return post(p, b); }, cases);
   // The defaults, as clients send them, change nothing and pass.
   auto res = post("/v1/chat/completions", {{"messages", chat}, {"presence_penalty", 0}, {"frequency_penalty", 0},
                                            {"repetition_penalty", 1}, {"min_p", 0}, {"logit_bias", json::object()},
