@@ -10,9 +10,11 @@
 #include "engine/engine_factory.h"
 #include "engine/memory_model.h"
 #include "engine/single_request.h"
+#include "kiln/log.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/jinja_chat_template.h"
 #include "tokenizer/streaming_decoder.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,6 +30,25 @@ std::vector<int32_t> stop_tokens(const Architecture& arch, const Tokenizer& tok)
   return stops;
 }
 
+// One user message through the checkpoint's own chat template (as `kiln serve` renders it), or GLM-4.7's built-in
+// one when the checkpoint has none; `thinking` is the templates' enable_thinking.
+Result<std::string> render_chat(const std::filesystem::path& dir, const std::string& message, bool thinking) {
+  KILN_ASSIGN_OR_RETURN(auto checkpoint_template, JinjaChatTemplate::from_checkpoint(dir));
+  if (checkpoint_template) {
+    ChatRenderInput input;
+    input.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", message}}});
+    input.kwargs = {{"enable_thinking", thinking}};
+    return checkpoint_template->render(input);
+  }
+  log::info("{} has no chat template (tokenizer_config.json, chat_template.jinja): using GLM-4.7's", dir.string());
+  ChatMessage user;
+  user.role = "user";
+  user.content = message;
+  ChatTemplateOptions opts;
+  opts.enable_thinking = thinking;
+  return render_glm_chat({user}, opts);
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -37,7 +58,7 @@ int cmd_generate(int argc, char** argv) {
   int64_t max_tokens = 64, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
-  bool thinking = false, show_stats = true;
+  bool thinking = false, show_stats = true, show_prompt = false;
   po::options_description desc("kiln generate options");
   desc.add_options()
       ("help,h", "show this help")
@@ -47,6 +68,7 @@ int cmd_generate(int argc, char** argv) {
       ("prompt,p", po::value(&prompt), "raw prompt text (no chat template)")
       ("chat,c", po::value(&chat), "a user message, wrapped in the model's chat template")
       ("thinking", po::bool_switch(&thinking), "with --chat: let the model think first (<think>)")
+      ("show-prompt", po::bool_switch(&show_prompt), "with --chat: print the rendered prompt before the answer")
       ("max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate at most")
       ("temperature,t", po::value(&temperature)->default_value(0.0f), "0 = greedy")
       ("top-p", po::value(&top_p)->default_value(1.0f), "nucleus sampling mass (1 = off)")
@@ -85,14 +107,10 @@ int cmd_generate(int argc, char** argv) {
 
   std::string text = prompt;
   if (!chat.empty()) {
-    ChatMessage user;
-    user.role = "user";
-    user.content = chat;
-    ChatTemplateOptions opts;
-    opts.enable_thinking = thinking;
-    auto rendered = render_glm_chat({user}, opts);
+    auto rendered = render_chat(dir, chat, thinking);
     if (!rendered.ok()) return fail(rendered.status().message());
     text = *rendered;
+    if (show_prompt) std::cout << text << std::flush;
   }
   std::vector<int32_t> ids = tok->encode(text, /*parse_special=*/!chat.empty());
   if (ids.empty()) return fail("the prompt encodes to no tokens");
