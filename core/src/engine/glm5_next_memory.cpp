@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "model/arch/glm5_next/glm5_next_weight_inventory.h"
 
@@ -113,8 +113,8 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
   WeightBytes w;
   w.low = low + derived;
   w.high = high + derived + allocations * kDeviceAlignment;
-  w.basis = std::string("glm5_next itemised from config.json: ") + std::to_string(inv.items.size()) +
-            " tensors (" + std::to_string(c.num_hidden_layers) + " layers" +
+  w.basis = std::string("glm5_next itemised from config.json: ") + std::to_string(inv.items.size()) + " tensors (" +
+            std::to_string(c.num_hidden_layers) + " layers" +
             (with_mtp && !c.mtp.empty() ? " + " + std::to_string(c.mtp.size()) + " next-n" : "") + "), " +
             (quantized_store ? "projections as stored (EXL3 modules' trellis and signs, others bf16)"
              : exl3_dummy    ? "projections at " + std::to_string(bits) + " bits per weight (weights.bits)"
@@ -148,15 +148,17 @@ WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& c, const
   }
   copies += static_cast<uint64_t>(inv.dsa_layers * inv.kv_b_numel) * 4;  // kv_b in fp32, for the absorbed form
   blocks += static_cast<uint64_t>(inv.dsa_layers);
+  // Low: the mapped files alone, which the measurement counts in full; the copies come from the heap, which may
+  // reuse memory the process freed before (the screen's own parsing), so resident memory can grow by less.
   WeightBytes w;
-  w.low = mapped_bytes + copies + rounded;
-  w.high = w.low + blocks * kHostBlockSlack;
-  w.basis = "the checkpoint's files, mapped (" + mib(mapped_bytes) + "), + fp32 copies of glm5_next's norms, mHC " +
-            "maps, conv, gates, router and kv_b on " + std::to_string(inv.dsa_layers) + " DSA layers (" + mib(copies) +
-            ", itemised from config.json)" +
-            (bf16_precision ? " + bf16 copies of its F32/F16 projections, experts, norms and embedding (" +
-                                  mib(rounded) + ")"
-                            : "");
+  w.low = mapped_bytes;
+  w.high = mapped_bytes + copies + rounded + blocks * kHostBlockSlack;
+  w.basis =
+      "the checkpoint's files, mapped (" + mib(mapped_bytes) + "), + fp32 copies of glm5_next's norms, mHC " +
+      "maps, conv, gates, router and kv_b on " + std::to_string(inv.dsa_layers) + " DSA layers (" + mib(copies) +
+      ", itemised from config.json)" +
+      (bf16_precision ? " + bf16 copies of its F32/F16 projections, experts, norms and embedding (" + mib(rounded) + ")"
+                      : "");
   return w;
 }
 

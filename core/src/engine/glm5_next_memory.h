@@ -29,7 +29,8 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& config,
 
 // The CPU model's weights (glm5_next_weights.cpp): `mapped_bytes` of checkpoint files it maps (projections,
 // experts and the embedding are views into them), the fp32 copies it makes (norms, the fp32 tensors, kv_b per DSA
-// layer) and, in bf16 precision, the bf16 copies of every F32 / F16 tensor it rounds.
+// layer) and, in bf16 precision, the bf16 copies of every F32 / F16 tensor it rounds: low the files, high the files
+// and the copies (each with its heap block's slack).
 WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource& stored,
                                        const std::string& prefix, uint64_t mapped_bytes, bool bf16_precision,
                                        bool with_mtp);

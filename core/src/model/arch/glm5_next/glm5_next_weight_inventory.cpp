@@ -139,7 +139,8 @@ std::vector<WeightItem> glm5_next_vision_inventory(const nlohmann::json& config)
   const int64_t inter = get("intermediate_size", 4096), out = get("out_hidden_size", 1536);
   const int64_t pi = get("projection_intermediate_size", 10240), channels = get("in_channels", 3);
   const int64_t ps = get("patch_size", 14), tps = get("temporal_patch_size", 2), m = get("spatial_merge_size", 2);
-  const bool bias = !v.contains("attention_bias") || !v["attention_bias"].is_boolean() || v["attention_bias"].get<bool>();
+  const bool bias =
+      !v.contains("attention_bias") || !v["attention_bias"].is_boolean() || v["attention_bias"].get<bool>();
   const std::string p = "model.visual.";
   auto add = [&](std::string name, int64_t o, int64_t i) {
     items.push_back({std::move(name), o, i, 1, WeightHeld::kFp32});
