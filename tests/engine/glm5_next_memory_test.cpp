@@ -137,6 +137,31 @@ TEST(Glm5NextMemory, CudaWeightsEqualTheCheckpointInTheDtypesTheyLoadAs) {
     }
 }
 
+TEST(Glm5NextMemory, Exl3DummyPricesProjectionsAtTheBitsAndKeepsDenseCopiesWhereTheRunnerNeedsThem) {
+  // model.load = "dummy" with weights.format = "exl3": every projection and expert K bits per weight plus fp16 sign
+  // vectors (up to 128-padded dimensions), and the runner's dense bf16 copies of each kv_b and of the embedding.
+  const Fixture f = open_fixture("glm5_next-tiny");
+  const glm5_next::Glm5NextConfig& c = f.config();
+  const auto inv = glm5_next::glm5_next_weight_inventory(c, "model.language_model.", false);
+  uint64_t low = 0;
+  for (const auto& it : inv.items) {
+    const uint64_t n = static_cast<uint64_t>(it.count);
+    if (it.held == glm5_next::WeightHeld::kFp32)
+      low += 4 * static_cast<uint64_t>(it.numel());
+    else if (it.held == glm5_next::WeightHeld::kNorm)
+      low += 2 * static_cast<uint64_t>(it.numel());
+    else
+      low += n * (static_cast<uint64_t>(it.out * it.in * 3 + 7) / 8 + 2 * static_cast<uint64_t>(it.in + it.out));
+  }
+  const uint64_t dsa = static_cast<uint64_t>(dsa_layers(c, false));
+  low += dsa * static_cast<uint64_t>(inv.w_uk_numel + inv.kv_b_numel) * 2;  // W_UK, kv_b dequantized
+  low += static_cast<uint64_t>(c.vocab_size * c.hidden_size) * 2;           // the embedding dequantized
+  const WeightBytes w = glm5_next_cuda_weight_bytes(c, nullptr, "model.language_model.", "exl3", 3, false);
+  EXPECT_EQ(w.low, low) << w.basis;
+  EXPECT_GT(w.high, w.low);  // each dimension padded to 128 at most
+  EXPECT_NE(w.basis.find("3 bits per weight"), std::string::npos) << w.basis;
+}
+
 TEST(Glm5NextMemory, CpuWeightsAreTheMappedFilesAndTheCopiesTheModelMakes) {
   for (const std::string& name : kFixtures)
     for (bool bf16 : {false, true}) {

@@ -36,15 +36,6 @@ std::string module_of(const std::string& weight_name) {
              : weight_name;
 }
 
-// Whether any projection is stored as an EXL3 module (`kiln quantize` output); an expert set is judged by its first.
-bool has_quantized_tensors(const WeightSource& stored, const WeightInventory& inv) {
-  for (const WeightItem& it : inv.items)
-    if ((it.held == WeightHeld::kFormat || it.held == WeightHeld::kEmbedding) &&
-        stored.has(module_of(it.name_of(0)) + ".trellis"))
-      return true;
-  return false;
-}
-
 // An EXL3 module as stored: the trellis and the side tensors the format keeps (integers as stored, the fp16
 // sign vectors and bias as 2-byte values, which is how the CUDA runner holds floats it does not keep in fp32).
 uint64_t stored_exl3_module(const WeightSource& stored, const std::string& module) {
@@ -65,7 +56,7 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
                                         const std::string& prefix, const std::string& format, int64_t bits,
                                         bool with_mtp) {
   const WeightInventory inv = glm5_next::glm5_next_weight_inventory(c, prefix, with_mtp);
-  const bool quantized_store = stored && has_quantized_tensors(*stored, inv);
+  bool quantized_store = false;  // some projection stored as an EXL3 module (`kiln quantize` output)
   const bool exl3_dummy = !stored && format == "exl3";
   uint64_t low = 0, high = 0, allocations = 0;
   bool quantized_embedding = false;
@@ -81,9 +72,10 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
     } else {
       const std::string module = module_of(it.name_of(0));
       bool quantized = false;
-      if (quantized_store && stored->has(module + ".trellis")) {
+      // An expert set is stored alike: judged, and priced, by its first expert.
+      if (stored && stored->has(module + ".trellis")) {
         lo = hi = static_cast<uint64_t>(it.count) * stored_exl3_module(*stored, module);
-        quantized = true;
+        quantized = quantized_store = true;
       } else if (exl3_dummy) {
         // Dummy EXL3 modules: K bits per weight and fp16 sign vectors, each dimension padded to 128 at most.
         const double k = static_cast<double>(bits) / 8.0;
