@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
 #include <thread>
 
 #include "engine/engine_factory.h"
 #include "engine/instance_runner.h"
+#include "engine/memory_model.h"
 #include "kiln/log.h"
+#include "memory_screen_gate.h"
+#include "model/arch/architecture.h"
 #include "model/mla_moe_architecture.h"
 #include "model/model_cost.h"
 #include "plugin/registry.h"
@@ -61,30 +66,46 @@ int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + 
 }  // namespace
 
 Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
-                                      const BenchShape& shape, bool cuda_graphs) {
+                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen) {
   KILN_ASSIGN_OR_RETURN(Recipe recipe, load_recipe(recipe_file, sets, global_registry()));
-  BenchTarget t;
-  // The target model only: a recipe's drafter is not part of what these benchmarks time.
-  KILN_ASSIGN_OR_RETURN(t.model, load_model(recipe, global_registry(), ModelLoadOptions{}));
-  t.config = mla_moe_config(*t.model.arch);
-  if (!t.config)
+  // What can be refused from config.json is refused before any weight is read.
+  const std::filesystem::path dir = recipe.section("model").get_string("path");
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Architecture> arch, load_architecture(dir / "config.json"));
+  const ModelConfig* family = mla_moe_config(*arch);
+  if (!family)
     return unimplemented("kiln bench decode|prefill has cost models for the MLA + MoE family only; " +
-                         t.model.info.model_type + " is not one");
-  const ModelConfig& c = *t.config;
-  if (c.max_position_embeddings > 0 && shape.positions > c.max_position_embeddings)
+                         arch->model_type() + " is not one");
+  const int64_t max_positions = family->max_position_embeddings;
+  if (max_positions > 0 && shape.positions > max_positions)
     return out_of_range("the benchmark needs " + std::to_string(shape.positions) + " positions per sequence, beyond the "
-                        "model's " + std::to_string(c.max_position_embeddings) + " (max_position_embeddings in " +
-                        c.source + ")");
+                        "model's " + std::to_string(max_positions) + " (max_position_embeddings in " + family->source +
+                        ")");
   // The engine factory sizes the KV pool and the step workspace from [scheduler]: set it to the sweep's shapes,
-  // each sequence on whole pages of its own.
-  const int64_t bs = t.model.layout->geometry().block_size;
+  // each sequence on whole pages of its own (the KV layout's pages: kv.block_size).
+  const int64_t bs = std::max<int64_t>(recipe.section("kv").get_int("block_size", 64), 1);
   int64_t window = blocks_for(shape.positions, bs) * bs;
-  if (c.max_position_embeddings > 0) window = std::min(window, c.max_position_embeddings);
+  if (max_positions > 0) window = std::min(window, max_positions);
   std::vector<std::string> sized = sets;
   sized.push_back("scheduler.max_model_len=" + std::to_string(window));
   sized.push_back("scheduler.max_num_seqs=" + std::to_string(shape.sequences));
   sized.push_back("scheduler.max_num_batched_tokens=" + std::to_string(std::max(shape.step_tokens, shape.sequences)));
   KILN_ASSIGN_OR_RETURN(Recipe sized_recipe, load_recipe(recipe_file, sized, global_registry()));
+  // The screen sees what is loaded: the target model alone (a recipe's drafter is not part of what these
+  // benchmarks time), in the pool and step the sweep sizes.
+  std::vector<std::string> screened_sets = sized;
+  screened_sets.push_back("speculative.method=none");
+  auto screened_recipe = load_recipe(recipe_file, screened_sets, global_registry());
+  std::string what = recipe_file;
+  for (const std::string& set : sized) what += " --set " + set;
+  const ScreenedRecipe screen = screen_recipe(screened_recipe.ok() ? *screened_recipe : sized_recipe, what, std::cout);
+  if (!screen.refusal.empty()) {
+    if (!ignore_screen) return resource_exhausted(screen.refusal + " (--ignore-screen loads it anyway)");
+    log::warn("--ignore-screen: loading despite {}", screen.refusal);
+  }
+
+  BenchTarget t;
+  KILN_ASSIGN_OR_RETURN(t.model, load_model(recipe, global_registry(), ModelLoadOptions{}));
+  t.config = mla_moe_config(*t.model.arch);
   KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(t.model, sized_recipe));
   t.capacity = plan.capacity;
   t.device = device_name(t.model, recipe);
@@ -92,6 +113,13 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   t.weight_gib = static_cast<double>(t.model.model->weight_bytes()) / (1 << 30);
   log::info("{}", t.capacity.report());
   KILN_ASSIGN_OR_RETURN(t.caches, make_cache_manager(t.model, plan));
+  if (screen.model) {  // as start_engine does: the prediction beside what the process holds now
+    const MeasuredMemory measured = measure_memory(*screen.model, t.model.on_gpu(), checkpoint_bytes(t.model));
+    if (memory_within(*screen.model, measured))
+      log::info("{}", memory_comparison(*screen.model, measured));
+    else
+      log::warn("{}", memory_comparison(*screen.model, measured));
+  }
   t.runner = std::make_unique<InstanceRunner>(*t.model.model, *t.caches);
   return t;
 }

@@ -41,8 +41,10 @@ struct BenchTarget {
 
 // Loads `recipe_file` with `sets` (section.key=value overrides), refuses shapes past the model's
 // max_position_embeddings, and builds the runner. `cuda_graphs`: replay decode steps from CUDA graphs (CUDA only).
+// Before loading, prints the memory model of the recipe sized for `shape` (memory_screen_gate.h) and refuses a
+// no-go unless `ignore_screen`.
 Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
-                                      const BenchShape& shape, bool cuda_graphs);
+                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen);
 
 struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {4096, 32768, 131072};

@@ -1,7 +1,9 @@
 // `kiln ab`: A/B two recipes, or one recipe with two sets of --set overrides, on the same prompts and
 // lengths, matched and interleaved (A B A B …) so drift on the machine hits both arms alike. Reports decode
 // tok/s, TTFT, acceptance length and per-position acceptance per arm, and B/A with its spread over
-// repetitions; writes a markdown result card and JSON.
+// repetitions; writes a markdown result card and JSON. Before loading, each arm's recipe goes through the memory
+// model (memory_screen_gate.h); the card puts its predicted interval beside what each arm measured once started.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -21,6 +24,8 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine_factory.h"
+#include "engine/memory_model.h"
+#include "memory_screen_gate.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 #include "tokenizer/tokenizer.h"
@@ -35,6 +40,8 @@ struct Arm {
   std::vector<std::string> sets;
   Recipe recipe;
   std::string recipe_hash;
+  std::optional<MemoryModel> screen;  // the memory model before load; none where it could not be computed
+  MeasuredMemory measured;            // once its engine started: what loading this arm added
   LoadedModel model;
   StartedEngine engine;
   std::vector<double> decode_tps, ttft, output_tps;  // one entry per repetition
@@ -126,6 +133,47 @@ std::string fmt(const char* f, double a) {
   return b;
 }
 
+std::string gib_range(const MemoryRange& r) {
+  return fmt("%.3f", static_cast<double>(r.low) / (1 << 30)) + " .. " + fmt("%.3f", static_cast<double>(r.high) / (1 << 30));
+}
+
+// The card's memory table: each arm's predicted interval (the memory model before load) beside what it measured
+// once its engine started; and the same under each arm's "memory" in the JSON.
+std::string memory_section(const Arm (&arms)[2], nlohmann::json& j) {
+  std::ostringstream md;
+  md << "\n| arm | memory | predicted at load GiB | predicted peak GiB | measured after start GiB | screen |\n"
+     << "|---|---|---|---|---|---|\n";
+  for (size_t i = 0; i < 2; ++i) {
+    const Arm& arm = arms[i];
+    if (!arm.screen) {
+      md << "| " << arm.label << " | — | not computed | — | — | — |\n";
+      continue;
+    }
+    const MemoryModel& m = *arm.screen;
+    const bool device = m.inputs.cuda;
+    const MemoryWhere where = device ? MemoryWhere::kDevice : MemoryWhere::kHost;
+    const MemoryRange load = m.total(where, MemoryWhen::kLoad), peak = m.total(where, MemoryWhen::kRun);
+    const uint64_t measured = device ? arm.measured.device_bytes : arm.measured.host_bytes;
+    const bool within = measured >= load.low && measured <= load.high;
+    const std::string verdict = !m.judged ? "no verdict" : m.go ? "go" : "no-go (--ignore-screen)";
+    md << "| " << arm.label << " | " << (device ? "device" : "host") << " (" << m.inputs.device_name << ") | "
+       << gib_range(load) << " | " << gib_range(peak) << " | "
+       << fmt("%.3f", static_cast<double>(measured) / (1 << 30)) << (within ? " (within)" : " (OUTSIDE)") << " | "
+       << verdict << " |\n";
+    j["arms"][i]["memory"] = {{"where", device ? "device" : "host"},
+                              {"device", m.inputs.device_name},
+                              {"predicted_at_load_bytes", {load.low, load.high}},
+                              {"predicted_peak_bytes", {peak.low, peak.high}},
+                              {"measured_after_start_bytes", measured},
+                              {"within", within},
+                              {"screen", verdict}};
+  }
+  md << "\nMemory: the memory model's interval before load (as `kiln recipe show` prints it) beside what each arm's "
+        "load added once its engine started (the checkpoint's mapping and the memory grown, or the device memory in "
+        "use); B loads beside A, so its figure leaves out what A already made (on CUDA, the context).\n";
+  return md.str();
+}
+
 }  // namespace
 
 int cmd_ab(int argc, char** argv) {
@@ -133,6 +181,7 @@ int cmd_ab(int argc, char** argv) {
   std::string recipe_a, recipe_b, out_prefix = "ab-result", prompts_file;
   std::vector<std::string> sets_a, sets_b, sets;
   int64_t reps = 5, max_tokens = 128, num_prompts = 8, concurrency = 1;
+  bool ignore_screen = false;
   po::options_description desc("kiln ab options");
   desc.add_options()
       ("help,h", "show this help")
@@ -146,7 +195,8 @@ int cmd_ab(int argc, char** argv) {
       ("max-tokens", po::value(&max_tokens)->default_value(max_tokens), "tokens generated per prompt")
       ("concurrency", po::value(&concurrency)->default_value(concurrency), "requests in flight (1 = c1 latency)")
       ("reps", po::value(&reps)->default_value(reps), "repetitions, each running A then B")
-      ("out", po::value(&out_prefix)->default_value(out_prefix), "writes <out>.md and <out>.json");
+      ("out", po::value(&out_prefix)->default_value(out_prefix), "writes <out>.md and <out>.json")
+      ("ignore-screen", po::bool_switch(&ignore_screen), kIgnoreScreenHelp);
   add_common_options(desc, common);
   po::positional_options_description pos;
   pos.add("recipe", 1);
@@ -172,17 +222,42 @@ int cmd_ab(int argc, char** argv) {
   arms[0].sets.insert(arms[0].sets.end(), sets_a.begin(), sets_a.end());
   arms[1].sets = sets;
   arms[1].sets.insert(arms[1].sets.end(), sets_b.begin(), sets_b.end());
+  // Both recipes screened before either is loaded: a B that cannot fit is refused before A's weights are read.
+  std::string refusals;
   for (Arm& arm : arms) {
     auto r = load_recipe(arm.recipe_file, arm.sets, global_registry());
     if (!r.ok()) return fail("arm " + arm.label + ": " + r.status().message());
     arm.recipe = std::move(r).value();
     arm.recipe_hash = fnv1a(arm.recipe.to_toml());
+    std::string what = "arm " + arm.label + " (" + arm.recipe_file;
+    for (const std::string& set : arm.sets) what += " --set " + set;
+    ScreenedRecipe screened = screen_recipe(arm.recipe, what + ")", std::cout);
+    arm.screen = std::move(screened.model);
+    if (!screened.refusal.empty()) refusals += (refusals.empty() ? "" : "\n") + screened.refusal;
+  }
+  if (!refusals.empty()) {
+    if (!ignore_screen) return fail(refusals + "\n(--ignore-screen loads it anyway)");
+    std::fprintf(stderr, "kiln ab: --ignore-screen: loading despite\n%s\n", refusals.c_str());
+  }
+  for (Arm& arm : arms) {
+    // Each arm is measured by what loading it adds: B loads beside A, so its baseline is taken now (on CUDA the
+    // context and cuBLAS handle A made are not in B's figure).
+    const bool cuda = arm.recipe.section("model").get_string("device") == "cuda";
+    uint64_t device_before = 0;
+    if (arm.screen) {
+      arm.screen->host_baseline_bytes = process_anon_bytes();
+      if (&arm != &arms[0]) device_before = measure_memory(*arm.screen, cuda, 0).device_bytes;
+    }
     auto m = load_model(arm.recipe, global_registry(), model_load_options(arm.recipe));
     if (!m.ok()) return fail("arm " + arm.label + ": " + m.status().message());
     arm.model = std::move(m).value();
-    auto e = start_engine(arm.model, arm.recipe);
+    auto e = start_engine(arm.model, arm.recipe, {}, arm.screen ? &*arm.screen : nullptr);
     if (!e.ok()) return fail("arm " + arm.label + ": " + e.status().message());
     arm.engine = std::move(e).value();
+    if (arm.screen) {
+      arm.measured = measure_memory(*arm.screen, arm.model.on_gpu(), checkpoint_bytes(arm.model));
+      arm.measured.device_bytes -= std::min(arm.measured.device_bytes, device_before);
+    }
   }
 
   // The same prompts for both arms, tokenized with arm A's tokenizer.
@@ -278,6 +353,7 @@ int cmd_ab(int argc, char** argv) {
      << "** · B/A output tok/s: " << fmt("%.3f", mean(ratio_output)) << " ± " << fmt("%.3f", stddev(ratio_output))
      << " (mean ± stddev over matched repetitions)\n";
   j["ratio_b_over_a"] = {{"decode", ratio_decode}, {"output", ratio_output}};
+  md << memory_section(arms, j);
   std::ofstream(out_prefix + ".md") << md.str();
   std::ofstream(out_prefix + ".json") << j.dump(2) << "\n";
   std::cout << md.str();

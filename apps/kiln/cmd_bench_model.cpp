@@ -10,6 +10,7 @@
 #include "bench_model.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "memory_screen_gate.h"
 #include "model/model_cost.h"
 
 namespace kiln::cli {
@@ -38,6 +39,7 @@ struct Common {
   CommonOptions common;
   std::string recipe_file, json_file;
   std::vector<std::string> sets;
+  bool ignore_screen = false;
 };
 
 void add_options(po::options_description& desc, Common& c) {
@@ -46,7 +48,8 @@ void add_options(po::options_description& desc, Common& c) {
       ("recipe,r", po::value(&c.recipe_file), "recipe (TOML) naming the model, its device and its plugins")
       ("set", po::value(&c.sets)->composing(), "override a recipe key: section.key=value (repeatable); [scheduler] "
                                                "is sized by the benchmark itself")
-      ("json", po::value(&c.json_file), "also write the results as JSON to this file");
+      ("json", po::value(&c.json_file), "also write the results as JSON to this file")
+      ("ignore-screen", po::bool_switch(&c.ignore_screen), kIgnoreScreenHelp);
   add_common_options(desc, c.common);
 }
 
@@ -136,7 +139,7 @@ int bench_decode(int argc, char** argv) {
   for (int64_t ctx : o.contexts) shape.positions = std::max(shape.positions, decode_positions(ctx, o));
   for (int64_t b : o.batches) shape.sequences = std::max(shape.sequences, b);
   shape.step_tokens = shape.sequences * *std::max_element(o.rows.begin(), o.rows.end());
-  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile);
+  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile, c.ignore_screen);
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
@@ -183,7 +186,7 @@ int bench_prefill(int argc, char** argv) {
   BenchShape shape;
   for (int64_t n : o.lengths) shape.positions = std::max(shape.positions, n);
   shape.step_tokens = std::min(o.chunk, shape.positions);
-  auto target = open_bench_target(c.recipe_file, c.sets, shape, /*cuda_graphs=*/true);
+  auto target = open_bench_target(c.recipe_file, c.sets, shape, /*cuda_graphs=*/true, c.ignore_screen);
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench prefill", *target, command);

@@ -190,6 +190,9 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
               m.info.model_type);
   started.capacity = plan.capacity;
   KILN_ASSIGN_OR_RETURN(started.caches, make_cache_manager(m, plan));
+  // The modality before the measurement: the image modality loads its vision tower now, which the memory model
+  // counts among what is held at load.
+  KILN_ASSIGN_OR_RETURN(started.modality, make_modality(m, recipe));
   if (predicted) {
     const MeasuredMemory measured = measure_memory(*predicted, m.on_gpu(), checkpoint_bytes(m));
     if (memory_within(*predicted, measured))
@@ -203,7 +206,6 @@ Result<StartedEngine> start_engine(const LoadedModel& m, const Recipe& recipe, c
                                    static_cast<int64_t>(plan.spec.layers.size()) - drafter_layers);
     log::info("speculative decoding: drafter `{}`, depth {}", spec.get_string("method"), plan.config.speculative_depth);
   }
-  KILN_ASSIGN_OR_RETURN(started.modality, make_modality(m, recipe));
   auto runner = std::make_unique<InstanceRunner>(*m.model, *started.caches);
   KILN_ASSIGN_OR_RETURN(started.engine,
                         BatchEngine::create(plan.config, std::move(runner), started.drafter, started.caches));

@@ -10,10 +10,13 @@
 
 #include "engine/engine_config.h"
 #include "engine/engine_factory.h"
+#include "engine/glm5_next_memory.h"
 #include "engine/kv_capacity.h"
 #include "kiln/kv_layout.h"
 #include "kiln/log.h"
 #include "model/arch/architecture.h"
+#include "model/arch/glm5_next/glm5_next.h"
+#include "model/arch/glm5_next/glm5_next_tensor_names.h"
 #include "model/checkpoint.h"
 #include "model/mla_moe_architecture.h"
 #include "model/model_loader.h"
@@ -41,10 +44,11 @@ constexpr int64_t kPrefillMinTokens = 16;
 constexpr char kStateTerm[] = "state slots";
 constexpr char kPoolTerm[] = "KV pool";
 constexpr char kCacheSlackTerm[] = "cache allocation slack";
+constexpr char kVisionTerm[] = "vision tower";
 
 // Device terms allocated after the engine plans its pool (the pool rule does not see them as in use).
 bool after_plan(const MemoryTerm& t) {
-  return t.name == kStateTerm || t.name == kCacheSlackTerm;
+  return t.name == kStateTerm || t.name == kCacheSlackTerm || t.name == kVisionTerm;
 }
 
 std::string gib(uint64_t b) {
@@ -63,6 +67,28 @@ std::string size_text(uint64_t b) {
 std::string range_text(uint64_t lo, uint64_t hi) {
   return lo == hi ? size_text(lo) : size_text(lo) + " .. " + size_text(hi);
 }
+// "34 kda_state slots of 4.3 MiB": a sequence's state slots, by entry name and size (e.g. glm5_next's KDA
+// layers: the recurrent heads × d_k × d_v and the conv inputs, fp32).
+std::string state_slots_text(const CacheSpec& cache) {
+  std::vector<std::pair<std::pair<std::string, size_t>, int64_t>> kinds;
+  for (const LayerCacheSpec& l : cache.layers)
+    for (const CacheEntry& e : l.entries) {
+      if (e.kind != CacheKind::kState) continue;
+      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) {
+        return k.first.first == e.name && k.first.second == e.slot_bytes;
+      });
+      if (it == kinds.end())
+        kinds.push_back({{e.name, e.slot_bytes}, 1});
+      else
+        ++it->second;
+    }
+  std::string s;
+  for (const auto& [kind, n] : kinds)
+    s += (s.empty() ? "" : " + ") + std::to_string(n) + " " + kind.first + " slots of " +
+         (kind.second < kMiB ? std::to_string(kind.second) + " B" : size_text(kind.second));
+  return s;
+}
+
 uint64_t scale(uint64_t v, double f) {
   return static_cast<uint64_t>(std::ceil(static_cast<double>(v) * f));
 }
@@ -232,8 +258,9 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
   return w;
 }
 
-// Architectures outside the MLA + MoE family, loaded as dummies: their attention and experts from ModelInfo, with a
-// wide interval (their own blocks, e.g. glm5_next's KDA layers, are not itemised).
+// An architecture with neither the MLA + MoE family's config nor a weight inventory (glm5_next has one:
+// glm5_next_memory.h), loaded as dummies: its attention and experts from ModelInfo, with a wide interval, since its
+// own blocks are not itemised.
 WeightEstimate approximate_weights(const ModelInfo& i, int64_t mtp_layers) {
   const double Hd = static_cast<double>(i.hidden_size), H = static_cast<double>(i.num_heads);
   const double L = static_cast<double>(i.kv_lora_rank),
@@ -446,6 +473,9 @@ MemoryModel estimate_memory(const MemoryInputs& in) {
   };
   if (blocks_low < window_blocks) {
     m.go = false;
+    // The rule's arithmetic (plan_kv_capacity) at the most in use: one window's blocks beyond what it leaves.
+    const uint64_t needed = used_high + in.rule_workspace_bytes + static_cast<uint64_t>(window_blocks) * block_bytes;
+    m.shortfall_bytes = std::max(m.shortfall_bytes, needed > usable ? needed - usable : block_bytes);
     // What the rule subtracted, as it does: on CUDA the memory in use at start, on the CPU the checkpoint's files.
     const std::string taken = in.cuda ? "what is in use at start, up to " + size_text(used_high) + " (" +
                                             largest(MemoryWhere::kDevice, MemoryWhen::kLoad, true) + ")"
@@ -474,10 +504,12 @@ MemoryModel estimate_memory(const MemoryInputs& in) {
     const MemoryRange at_load = m.total(where, MemoryWhen::kLoad), peak = m.total(where, MemoryWhen::kRun);
     if (at_load.high > cap) {
       m.go = false;
+      m.shortfall_bytes = std::max(m.shortfall_bytes, at_load.high - cap);
       m.reasons.push_back(std::string(what) + " at load may reach " + size_text(at_load.high) + ", over the " +
                           size_text(cap) + " there is; largest: " + largest(where, MemoryWhen::kLoad));
     } else if (peak.high > cap) {
       m.go = false;
+      m.shortfall_bytes = std::max(m.shortfall_bytes, peak.high - cap);
       const uint64_t run = peak.high - at_load.high;
       std::string fix = "lower scheduler.max_num_batched_tokens";
       if (in.cuda && where == MemoryWhere::kDevice) {
@@ -642,23 +674,55 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   const std::string format = recipe.section("weights").get_string("format", "dense");
   const bool dummy = model.get_string("load", "mmap") == "dummy";
   const ModelConfig* mla = mla_moe_config(*arch);
+  const auto* g5 = dynamic_cast<const arch::Glm5NextArchitecture*>(arch.get());
   WeightEstimate w;
   std::unique_ptr<Checkpoint> ckpt;
   if (!dummy) {
     KILN_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
     in.rule_weight_bytes = file_bytes(ckpt->files());
-    w = in.cuda ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded)
-                : cpu_checkpoint_weights(*ckpt, info, model.get_string("precision", "fp32") == "bf16");
+    if (!g5)
+      w = in.cuda ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded)
+                  : cpu_checkpoint_weights(*ckpt, info, model.get_string("precision", "fp32") == "bf16");
   } else if (mla) {
     w = dummy_weights(*mla, format, recipe.section("weights").get_int("bits", 4), mtp_loaded);
-  } else {
+  } else if (!g5) {
     w = approximate_weights(info, mtp_loaded);
+  }
+  if (g5) {
+    // glm5_next: itemised from its weight inventory (glm5_next_memory.h), tensor by tensor, so the interval is only
+    // the alignment and allocator bytes beyond them. The CUDA runner loads no next-n layers from dummy weights.
+    const glm5_next::Glm5NextConfig& c = g5->config();
+    std::unique_ptr<glm5_next::Glm5NextTensorNames> names;
+    if (ckpt) names = std::make_unique<glm5_next::Glm5NextTensorNames>(*ckpt);
+    const std::string prefix = names ? names->trunk_prefix() : "model.language_model.";
+    // (The CPU takes no dummy weights — loading says so —: such a recipe is priced as the CUDA runner holds them.)
+    const WeightBytes b =
+        in.cuda || !names
+            ? glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, recipe.section("weights").get_int("bits", 4),
+                                          mtp_loaded > 0 && names != nullptr)
+            : glm5_next_cpu_weight_bytes(c, *names, prefix, in.rule_weight_bytes,
+                                         model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0);
+    w = WeightEstimate{b.low, b.high, b.basis, false};
   }
   in.terms.push_back(term("weights", w.low, w.high, main, MemoryWhen::kLoad, "weights.format", w.basis));
   in.terms.back().approximate = w.approximate;
   if (state > 0)
     in.terms.push_back(term(kStateTerm, state, state, main, MemoryWhen::kLoad, "scheduler.max_num_seqs",
-                            "2 × max_num_seqs × " + std::to_string(state_per_seq) + " B (a slot and its snapshot)"));
+                            "2 × max_num_seqs × " + state_slots_text(cache) + " (a slot and its snapshot)"));
+  // The image modality's vision tower (plugins/vision): fp32 on the model's device, loaded at engine start after
+  // the pool is planned; the embeddings of recent images are kept on the host.
+  const RecipeSection& media = recipe.section("media");
+  if (media.get_string("modality", "text") == "image") {
+    std::ifstream f(dir / "config.json");
+    const uint64_t tower = glm5_next_vision_bytes(nlohmann::json::parse(f, nullptr, false));
+    if (tower > 0)
+      in.terms.push_back(term(kVisionTerm, tower, tower, main, MemoryWhen::kLoad, "media.modality",
+                              "the vision tower's fp32 weights, itemised from config.json's vision_config"));
+    const uint64_t cache_bytes = static_cast<uint64_t>(std::max<int64_t>(media.get_int("encode_cache_mib", 256), 0))
+                                 << 20;
+    in.terms.push_back(term("image embedding cache", 0, cache_bytes, MemoryWhere::kHost, MemoryWhen::kRun,
+                            "media.encode_cache_mib", "recent images' embeddings, filled as images arrive"));
+  }
 
   // Activations of the largest step.
   const int64_t max_blocks = (config.max_model_len + in.block_size - 1) / std::max<int64_t>(in.block_size, 1);

@@ -68,6 +68,9 @@ struct MemoryModel {
   bool judged = true;  // false: the memory to judge against is unknown (a CUDA recipe screened without a GPU)
   bool go = true;
   std::vector<std::string> reasons;  // why no-go (each names the key to turn), or warnings on a go
+  // On a no-go: how much memory is missing at worst — the largest of: what one max_model_len window of KV needs
+  // beyond what the pool rule leaves, and how far the totals at load or at peak exceed the memory there is.
+  uint64_t shortfall_bytes = 0;
   // The pool rule's two cases (CUDA): device memory in use at start, at least and at most, and the pool each leaves.
   uint64_t used_low = 0, used_high = 0, pool_bytes_at_used_low = 0, pool_bytes_at_used_high = 0;
   uint64_t block_bytes = 0, pool_entry_bytes = 0;

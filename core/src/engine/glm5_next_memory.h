@@ -1,0 +1,42 @@
+// glm5_next's weights as each device holds them, for the memory model (memory_model.h): its weight inventory
+// (model/arch/glm5_next/glm5_next_weight_inventory.h) priced tensor by tensor, so the interval is as narrow as the
+// few bytes a loader adds beyond the tensors (alignment, allocator) instead of the wide guess an architecture
+// without an inventory gets.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "kiln/weight_format.h"
+#include "model/arch/glm5_next/glm5_next_config.h"
+
+namespace kiln {
+
+struct WeightBytes {
+  uint64_t low = 0, high = 0;
+  std::string basis;
+};
+
+// The CUDA runner's weights (cuda/glm5_next_cuda_weights.cpp). `stored`: the checkpoint seen through
+// Glm5NextTensorNames — each projection is priced as stored (dense → bf16, an EXL3 module's trellis and sign
+// vectors as they are); null for model.load = "dummy", where every projection is priced at the format's bytes
+// per weight (`format`, `bits`). Either way the fp32 tensors, the bf16 norms and what the runner derives (W_UK
+// transposed per DSA layer; dense copies of a quantized kv_b or embedding) come from the config.
+WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource* stored,
+                                        const std::string& prefix, const std::string& format, int64_t bits,
+                                        bool with_mtp);
+
+// The CPU model's weights (glm5_next_weights.cpp): `mapped_bytes` of checkpoint files it maps (projections,
+// experts and the embedding are views into them), the fp32 copies it makes (norms, the fp32 tensors, kv_b per DSA
+// layer) and, in bf16 precision, the bf16 copies of every F32 / F16 tensor it rounds: low the files, high the files
+// and the copies (each with its heap block's slack).
+WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource& stored,
+                                       const std::string& prefix, uint64_t mapped_bytes, bool bf16_precision,
+                                       bool with_mtp);
+
+// The vision tower's fp32 weights (plugins/vision: a host copy on the CPU, an upload on CUDA); 0 without a
+// vision_config.
+uint64_t glm5_next_vision_bytes(const nlohmann::json& config);
+
+}  // namespace kiln
