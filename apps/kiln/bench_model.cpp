@@ -77,7 +77,7 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
                         c.source + ")");
   // The engine factory sizes the KV pool and the step workspace from [scheduler]: set it to the sweep's shapes,
   // each sequence on whole pages of its own.
-  const int64_t bs = t.model.layout->geometry().block_size;
+  const int64_t bs = scheduler_block_size(t.model);
   int64_t window = blocks_for(shape.positions, bs) * bs;
   if (c.max_position_embeddings > 0) window = std::min(window, c.max_position_embeddings);
   std::vector<std::string> sized = sets;
