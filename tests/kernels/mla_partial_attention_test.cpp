@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/mla_attention.h"
@@ -23,6 +25,11 @@ struct Shape {
   int64_t heads, latent, rope, keys, parts;
   bool random_owner;
 };
+
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << s.heads << " heads, " << s.latent << "+" << s.rope << ", " << s.keys << " keys in " << s.parts
+      << (s.random_owner ? " random parts" : " parts by position");
+}
 
 class PartialAttention : public ::testing::TestWithParam<Shape> {};
 
@@ -82,7 +89,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PartialAttention,
                                            Shape{4, 32, 8, 40, 2, false}, Shape{3, 16, 0, 7, 4, false},
                                            Shape{8, 64, 16, 129, 3, false}, Shape{2, 32, 8, 3, 4, false},
                                            Shape{16, 128, 32, 500, 8, true}, Shape{5, 24, 8, 33, 2, true},
-                                           Shape{1, 512, 64, 257, 4, false}));
+                                           Shape{1, 512, 64, 257, 4, false}),
+                         [](const auto& info) {
+                           const Shape& s = info.param;
+                           return "h" + std::to_string(s.heads) + "_l" + std::to_string(s.latent) + "_r" +
+                                  std::to_string(s.rope) + "_k" + std::to_string(s.keys) + "_p" +
+                                  std::to_string(s.parts) + (s.random_owner ? "_random" : "_by_position");
+                         });
 
 TEST(PartialAttention, EmptyPartsWeighNothingAndAllEmptyMergesToZero) {
   const int64_t H = 2, L = 4;
