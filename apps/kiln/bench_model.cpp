@@ -81,8 +81,10 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
                         "model's " + std::to_string(max_positions) + " (max_position_embeddings in " + family->source +
                         ")");
   // The engine factory sizes the KV pool and the step workspace from [scheduler]: set it to the sweep's shapes,
-  // each sequence on whole pages of its own (the KV layout's pages: kv.block_size).
-  const int64_t bs = std::max<int64_t>(recipe.section("kv").get_int("block_size", 64), 1);
+  // each sequence on whole blocks of its own (the KV layout's pages: kv.block_size, times parallel.decode_context: a
+  // block is one page on each rank of a decode-context group, as scheduler_block_size says once loaded).
+  const int64_t bs = std::max<int64_t>(recipe.section("kv").get_int("block_size", 64), 1) *
+                     std::max<int64_t>(recipe.section("parallel").get_int("decode_context", 1), 1);
   int64_t window = blocks_for(shape.positions, bs) * bs;
   if (max_positions > 0) window = std::min(window, max_positions);
   std::vector<std::string> sized = sets;

@@ -34,7 +34,7 @@ inline const ModelConfig& config_of(const LoadedModel& m) { return *mla_moe_conf
 class TestKv {
  public:
   TestKv(const LoadedModel& m, int64_t tokens, int64_t mtp_layers = -1) {
-    const int64_t bs = m.layout->geometry().block_size;
+    const int64_t bs = scheduler_block_size(m);
     CacheManagerConfig cfg;
     cfg.num_blocks = std::max<int64_t>((tokens + bs - 1) / bs, 1);
     cfg.block_size = bs;

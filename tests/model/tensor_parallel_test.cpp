@@ -215,14 +215,6 @@ TEST(TensorParallelCpuLoad, MoreRanksThanAModelHasHeadsIsRefusedNamingTheField) 
   EXPECT_NE(m.status().message().find("parallel.tensor = 5"), std::string::npos) << m.status().to_string();
 }
 
-TEST(TensorParallelCpuLoad, DecodeContextParallelismIsRefusedByTheRecipeCheck) {
-  auto recipe = load_recipe("", {"model.path=" + testing::model_dir("glm4_moe_lite-tiny").string(),
-                                 "parallel.tensor=2", "parallel.decode_context=2"},
-                            global_registry());
-  ASSERT_FALSE(recipe.ok());
-  EXPECT_NE(recipe.status().message().find("decode_context"), std::string::npos) << recipe.status().to_string();
-}
-
 TEST(ShardedWeightSource, ServesThisRanksRowsAsViewsAndRenumbersExperts) {
   auto ckpt = Checkpoint::open(testing::model_dir("glm4_moe_lite-tiny"));
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();

@@ -190,17 +190,18 @@ TEST(Recipe, NonFiniteNumbersAreRefused) {
 
 // Tensor parallelism reads as a recipe (its ranks are checked where the model loads); decode-context parallelism
 // is refused by the reader.
-TEST(Recipe, DecodeContextParallelismIsRefusedAndTensorParallelismIsRead) {
+TEST(Recipe, DecodeContextParallelismMustDivideTheTensorRanksAndBothAreRead) {
   Registry reg = make_registry();
   auto r = load_recipe(recipe("good.toml"), {"parallel.decode_context=2"}, reg);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("`parallel.decode_context` (--set parallel.decode_context=2): 2 ranks: "
-                                      "decode-context parallelism (KV sharded by token) is not implemented yet"),
+  EXPECT_NE(r.status().message().find("`parallel.decode_context` (--set parallel.decode_context=2): 2 does not divide "
+                                      "parallel.tensor = 1"),
             std::string::npos)
       << r.status().message();
-  auto tp = load_recipe(recipe("good.toml"), {"parallel.tensor=2"}, reg);
+  auto tp = load_recipe(recipe("good.toml"), {"parallel.tensor=4", "parallel.decode_context=2"}, reg);
   ASSERT_TRUE(tp.ok()) << tp.status().to_string();
-  EXPECT_EQ(tp->section("parallel").get_int("tensor", 1), 2);
+  EXPECT_EQ(tp->section("parallel").get_int("tensor", 1), 4);
+  EXPECT_EQ(tp->section("parallel").get_int("decode_context", 1), 2);
   EXPECT_TRUE(load_recipe(recipe("good.toml"), {"parallel.tensor=1"}, reg).ok());
 }
 

@@ -85,7 +85,7 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   // State slots (and their snapshots) for every sequence that may run come off the top.
   budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
   budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());
-  budget.block_size = m.layout->geometry().block_size;
+  budget.block_size = scheduler_block_size(m);
   budget.max_model_len = config.max_model_len;
   // Also on the GPU for now: a pool past what max_num_seqs full-length sequences can use only grows the
   // BlockManager's host tables (the prefix cache would use it, at the cost of host memory per block).

@@ -618,7 +618,15 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     in.host_memory_bytes = in.memory_bytes;
   }
   in.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
-  in.block_size = recipe.section("kv").get_int("block_size", 64);
+  // The scheduler's block: a page on each rank of a decode-context group (model/decode_context_shard.h).
+  const int64_t context = recipe.section("parallel").get_int("decode_context", 1);
+  in.block_size = recipe.section("kv").get_int("block_size", 64) * context;
+  if (context > 1)
+    in.notes.push_back("parallel.decode_context = " + std::to_string(context) + ": each rank's pages hold 1/" +
+                       std::to_string(context) + " of every sequence's KV (on one GPU per rank the same bytes per rank "
+                       "would hold " + std::to_string(context) + "× the tokens); CPU ranks share this process's one "
+                       "pool, so the capacity below is the group's");
+
   in.max_model_len = config.max_model_len;
   in.max_num_seqs = config.max_num_seqs;
   const MemoryWhere main = in.cuda ? MemoryWhere::kDevice : MemoryWhere::kHost;

@@ -46,6 +46,10 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
                          " ranks, and " + config_.model_type + " has no runner that shards over one rank per process "
                          "yet; CPU ranks run as threads of one process (parallel.tensor with transport.backend = "
                          "\"local\")");
+  if (ctx.decode_context > 1 && ctx.device->device().is_cuda())
+    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner of " +
+                         config_.model_type + " keeps the whole KV cache on its device (decode-context parallelism "
+                         "runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
   if (ctx.tensor_parallel > 1 && ctx.device->device().is_cuda())
     return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA: the CUDA runner of " +
                          config_.model_type + " does not shard its weights yet (tensor parallelism runs on CPU ranks; "

@@ -180,6 +180,12 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const Cache
   tl.steps.clear();
   const int64_t bs = caches.block_size;
   if (bs <= 0 || !caches.layout) return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
+  const int64_t page = caches.layout->geometry().block_size;
+  if (context_split() && bs != page * context_shard_.world)
+    return failed_precondition("parallel.decode_context = " + std::to_string(context_shard_.world) +
+                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
+                               std::to_string(page * context_shard_.world) + " tokens (one page per rank), got " +
+                               std::to_string(bs));
   for (size_t s = 0; s < steps.size(); ++s) {
     const SequenceStep& st = steps[s];
     KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_));
@@ -191,7 +197,9 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const Cache
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = st.start_position + i;
       tl.positions.push_back(pos);
-      tl.slots.push_back(kv_slot(*st.block_table, bs, pos));
+      // With the context split, this rank's slot for the positions it owns and −1 (nothing stored) for the rest.
+      tl.slots.push_back(context_split() ? context_shard_.slot(*st.block_table, page, pos)
+                                         : kv_slot(*st.block_table, bs, pos));
     }
     tl.seq_begin.push_back(static_cast<int64_t>(tl.positions.size()));
     tl.steps.push_back(&st);
@@ -232,7 +240,8 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
   auto* cache = static_cast<float*>(caches.entry(kv_layer, 1));
   if (!cache) return failed_precondition("layer " + std::to_string(kv_layer) + " has no indexer key cache");
   if (writes_cache())
-    for (int64_t t = 0; t < N; ++t) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
+    for (int64_t t = 0; t < N; ++t)
+      if (tl.slots[t] >= 0) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
   KILN_RETURN_IF_ERROR(sync_ranks());  // this step's keys (and latents) are in before any rank reads
 
   selected_width = c.index_topk;
@@ -244,10 +253,17 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
     const int64_t b = tl.seq_begin[s], n = tl.seq_begin[s + 1] - b;
     const SequenceStep& st = *tl.steps[s];
     const int64_t kv_len = st.start_position + n;
-    std::vector<float> keys(kv_len * D), scores(n * kv_len);
-    for (int64_t t = 0; t < kv_len; ++t)
-      std::copy_n(cache + kv_slot(*st.block_table, bs, t) * D, D, keys.data() + t * D);
-    cpu::dsa_indexer_scores(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale, scores.data());
+    std::vector<float> scores(n * kv_len);
+    if (context_split()) {
+      KILN_RETURN_IF_ERROR(context_index_scores(st, n, q.data() + b * Hi * D, wts.data() + b * Hi, cache,
+                                                caches.layout->geometry().block_size, scale, scores.data()));
+    } else {
+      std::vector<float> keys(kv_len * D);
+      for (int64_t t = 0; t < kv_len; ++t)
+        std::copy_n(cache + kv_slot(*st.block_table, bs, t) * D, D, keys.data() + t * D);
+      cpu::dsa_indexer_scores(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale,
+                              scores.data());
+    }
     tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
   }
   if (tied > 0 && indexer_tied_rows_->fetch_add(tied, std::memory_order_relaxed) == 0) {
@@ -329,12 +345,17 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
       std::vector<float> lat(kv_len * L), rope(kv_len * R);
       if (ctx > 0) {
         std::vector<float> rows(ctx * (L + R));
-        const KvGatherSeq seq{0, 0, static_cast<int32_t>(ctx), 0};
-        KvGatherArgs g;
-        g.pages = pages, g.block_tables = st.block_table->data();
-        g.max_blocks = static_cast<int64_t>(st.block_table->size()), g.seqs = &seq, g.num_seqs = 1;
-        g.max_kv_len = ctx, g.out = rows.data();
-        KILN_RETURN_IF_ERROR(layout.gather(g, {}));
+        if (context_split()) {
+          // The prefix from every rank of the group: prefill compute is not split, only the cache.
+          KILN_RETURN_IF_ERROR(context_rows(st, ctx, pages, layout, rows.data()));
+        } else {
+          const KvGatherSeq seq{0, 0, static_cast<int32_t>(ctx), 0};
+          KvGatherArgs g;
+          g.pages = pages, g.block_tables = st.block_table->data();
+          g.max_blocks = static_cast<int64_t>(st.block_table->size()), g.seqs = &seq, g.num_seqs = 1;
+          g.max_kv_len = ctx, g.out = rows.data();
+          KILN_RETURN_IF_ERROR(layout.gather(g, {}));
+        }
         for (int64_t t = 0; t < ctx; ++t) {
           std::copy_n(rows.data() + t * (L + R), L, lat.data() + t * L);
           std::copy_n(rows.data() + t * (L + R) + L, R, rope.data() + t * R);
@@ -370,23 +391,27 @@ Status MlaMoeModel::attention(const AttentionWeights& w, int64_t kv_layer, const
       for (int64_t t = 0; t < n; ++t)
         for (int64_t hh = 0; hh < H; ++hh)
           std::copy_n(q.data() + (b + t) * H * qk + hh * qk + nope, R, qa.data() + (t * H + hh) * (L + R) + L);
-      std::vector<int32_t> query_seq(n, 0), kv_lens(n);
-      for (int64_t t = 0; t < n; ++t) kv_lens[t] = static_cast<int32_t>(st.start_position + t + 1);
-      MlaAttendArgs args;
-      args.cache = pages;
-      args.num_queries = n;
-      args.num_heads = H;
-      args.q = qa.data();
-      args.block_tables = st.block_table->data();
-      args.max_blocks = static_cast<int64_t>(st.block_table->size());
-      args.query_seq = query_seq.data();
-      args.kv_len = kv_lens.data();
-      args.selected = sel;
-      args.selected_width = sel_w;
-      args.scale = scale;
-      args.max_kv_len = kv_len;
-      args.out = o_lat.data();
-      KILN_RETURN_IF_ERROR(layout.attend(args, {}));
+      if (context_split()) {
+        KILN_RETURN_IF_ERROR(context_attend(st, n, qa.data(), sel, sel_w, scale, pages, layout, o_lat.data()));
+      } else {
+        std::vector<int32_t> query_seq(n, 0), kv_lens(n);
+        for (int64_t t = 0; t < n; ++t) kv_lens[t] = static_cast<int32_t>(st.start_position + t + 1);
+        MlaAttendArgs args;
+        args.cache = pages;
+        args.num_queries = n;
+        args.num_heads = H;
+        args.q = qa.data();
+        args.block_tables = st.block_table->data();
+        args.max_blocks = static_cast<int64_t>(st.block_table->size());
+        args.query_seq = query_seq.data();
+        args.kv_len = kv_lens.data();
+        args.selected = sel;
+        args.selected_width = sel_w;
+        args.scale = scale;
+        args.max_kv_len = kv_len;
+        args.out = o_lat.data();
+        KILN_RETURN_IF_ERROR(layout.attend(args, {}));
+      }
       round_bf16(o_lat.data(), n * H * L);
       cpu::mla_unabsorb_output(o_lat.data(), n, w.kv_b_f32.data(), dims, attn.data() + b * H * vd);
     }

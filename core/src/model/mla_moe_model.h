@@ -29,6 +29,7 @@
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/rope.h"
 #include "kiln/collective.h"
+#include "model/decode_context_shard.h"
 #include "model/model_config.h"
 #include "model/model_step.h"
 #include "model/model_weights.h"
@@ -75,6 +76,17 @@ class MlaMoeModel {
   // value with the same arithmetic as one rank does: output bit-identical to parallel.tensor = 1. Rank 0 alone
   // writes the (shared) KV pages; the ranks meet before reading them. None or one rank: no communication.
   void set_collective(Collective* collective) { collective_ = collective; }
+  // Decode-context parallelism: this rank's group of D consecutive tensor-parallel ranks (its end of the group's
+  // collective) and its place there. The KV is split by token (decode_context_shard.h): a rank writes and reads only
+  // its own tokens' rows. Attention in absorbed form gathers the group's queries (each rank absorbs its own heads),
+  // attends every head of the group over its own tokens, and the partial outputs are merged by their log-sum-exp in
+  // rank order, each rank keeping its heads (the merge changes fp32 summation order: logits agree with one rank to
+  // rounding, not bit for bit). Expanded-form prefill and the DSA indexer's scores gather what they read from the
+  // group, so they compute exactly what one rank does (the indexer's top-k is one rank's selection).
+  void set_decode_context(Collective* group, DecodeContextShard shard) {
+    context_group_ = group;
+    context_shard_ = shard;
+  }
 
   // Runs all steps as one batch: writes their KV (and indexer keys) into `caches` and returns the logits rows the
   // steps ask for in out.logits / out.first_row (always: the CPU is the host), the final-normed hidden state of
@@ -122,6 +134,19 @@ class MlaMoeModel {
   // x[0, n) rounded to bf16 in bf16 precision (a GPU rounding point); nothing in fp32.
   void round_bf16(float* x, int64_t n) const;
   bool use_expanded(int64_t new_tokens) const;
+  // Decode-context parallelism (mla_decode_context.cpp). Each call is a meeting of the decode-context group.
+  bool context_split() const { return context_group_ && context_shard_.split(); }
+  // The first `ctx` positions' cached rows [ctx, latent + rope] in position order, each rank's own from its pages.
+  Status context_rows(const SequenceStep& st, int64_t ctx, const void* pages, const KvLayout& layout,
+                      float* rows) const;
+  // Absorbed attention of a sequence's n query rows: qa [n, this rank's heads, latent + rope] → o_lat [n, this rank's
+  // heads, latent], over every visible (DSA: selected) position, each rank attending over its own.
+  Status context_attend(const SequenceStep& st, int64_t n, const float* qa, const int32_t* selected,
+                        int64_t selected_width, float scale, const void* pages, const KvLayout& layout,
+                        float* o_lat) const;
+  // DSA index scores of a sequence's n queries [n, kv_len] (−inf after each query), each rank scoring its own keys.
+  Status context_index_scores(const SequenceStep& st, int64_t n, const float* q, const float* w, const float* key_cache,
+                              int64_t page, float scale, float* scores) const;
   // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
   Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,
                 const Linear& head, StepOutput& out) const;
@@ -135,8 +160,14 @@ class MlaMoeModel {
   int threads_ = 0;
   Collective* collective_ = nullptr;
   bool sharded() const { return collective_ && weights_.shard.sharded(); }
-  // Only one rank writes the KV pages its group shares (rank 0; every rank when unsharded).
-  bool writes_cache() const { return weights_.shard.rank == 0; }
+  Collective* context_group_ = nullptr;
+  DecodeContextShard context_shard_;
+  // Only one rank writes each KV row the ranks share: rank 0 (every rank when unsharded); with decode-context
+  // parallelism the first group's ranks, each its own tokens (the later groups' ranks own the same tokens and read
+  // the same pages).
+  bool writes_cache() const {
+    return context_split() ? weights_.shard.rank < context_shard_.world : weights_.shard.rank == 0;
+  }
   // The group meets: rank 0's cache writes are done before any rank reads them (nothing unsharded).
   Status sync_ranks() const;
   // logits [n, vocab] through a vocabulary-parallel head (this rank's rows, gathered).

@@ -31,6 +31,9 @@ struct BuildContext {
   // parallel.tensor: ranks of one tensor-parallel group. On the CPU the architecture builds them all here, as
   // threads of this process (TensorParallelInstance), and `collective` must be a one-rank one.
   int tensor_parallel = 1;
+  // parallel.decode_context: groups of this many consecutive tensor-parallel ranks split the KV cache by token
+  // (model/decode_context_shard.h); divides tensor_parallel. CPU ranks only.
+  int decode_context = 1;
   bool load_mtp = false;                 // also the checkpoint's next-n layers
   Precision precision = Precision::kFp32;  // CPU only
   int threads = 0;                         // CPU only: OpenMP team size (0 = default)

@@ -108,6 +108,8 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.device = m.device.get();
   build.collective = m.collective.get();
   build.tensor_parallel = static_cast<int>(recipe.section("parallel").get_int("tensor", 1));
+  build.decode_context = static_cast<int>(recipe.section("parallel").get_int("decode_context", 1));
+  m.decode_context = build.decode_context;
   build.load_mtp = options.load_mtp;
   build.precision = precision;
   build.threads = threads;

@@ -28,6 +28,7 @@ struct LoadedModel {
   std::shared_ptr<Collective> collective;  // this rank's (transport.backend)
   std::unique_ptr<Architecture> arch;
   ModelInfo info;
+  int decode_context = 1;  // parallel.decode_context
   std::unique_ptr<ModelInstance> model;
 
   const WeightSource& source() const {
@@ -35,6 +36,12 @@ struct LoadedModel {
   }
   bool on_gpu() const { return model && model->device().is_cuda(); }
 };
+
+// Tokens per block the scheduler hands out: the KV layout's page, times parallel.decode_context (a block is one page
+// on each rank of a decode-context group: model/decode_context_shard.h).
+inline int64_t scheduler_block_size(const LoadedModel& m) {
+  return m.layout->geometry().block_size * m.decode_context;
+}
 
 struct ModelLoadOptions {
   // Also load the checkpoint's next-n (MTP) layers, those it has (none is not an error here: a drafter that runs

@@ -3,8 +3,10 @@
 
 namespace kiln {
 
-TensorParallelInstance::TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group, std::vector<Rank> ranks)
-    : group_(std::move(group)), ranks_(std::move(ranks)), results_(ranks_.size()), scratch_(ranks_.size()),
+TensorParallelInstance::TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group,
+                                               std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups,
+                                               std::vector<Rank> ranks)
+    : group_(std::move(group)), context_groups_(std::move(context_groups)), ranks_(std::move(ranks)), results_(ranks_.size()), scratch_(ranks_.size()),
       mtp_scratch_(ranks_.size()), buffers_(ranks_.size()) {
   for (int r = 1; r < world(); ++r) workers_.emplace_back(&TensorParallelInstance::worker, this, r);
 }
@@ -32,11 +34,21 @@ void TensorParallelInstance::worker(int rank) {
       job = job_;
     }
     Status s = (*job)(rank);
-    if (!s.ok()) group_->abort("rank " + std::to_string(rank) + ": " + s.message());
+    if (!s.ok()) abort_groups("rank " + std::to_string(rank) + ": " + s.message());
     std::lock_guard<std::mutex> lock(mu_);
     results_[rank] = std::move(s);
     if (--pending_ == 0) done_.notify_all();
   }
+}
+
+void TensorParallelInstance::abort_groups(const std::string& why) {
+  group_->abort(why);
+  for (auto& g : context_groups_) g->abort(why);
+}
+
+void TensorParallelInstance::reset_groups() {
+  group_->reset();
+  for (auto& g : context_groups_) g->reset();
 }
 
 size_t TensorParallelInstance::weight_bytes() const {
@@ -55,7 +67,7 @@ Status TensorParallelInstance::on_all_ranks(const std::function<Status(int)>& fn
   }
   wake_.notify_all();
   Status mine = fn(0);
-  if (!mine.ok()) group_->abort("rank 0: " + mine.message());
+  if (!mine.ok()) abort_groups("rank 0: " + mine.message());
   std::vector<Status> results;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -76,7 +88,7 @@ Status TensorParallelInstance::on_all_ranks(const std::function<Status(int)>& fn
   }
   if (!first) return ok_status();
   Status failed = *first;
-  group_->reset();
+  reset_groups();
   return failed;
 }
 

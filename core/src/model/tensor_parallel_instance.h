@@ -4,7 +4,9 @@
 // rank 0's outputs, which every rank has computed identically.
 //
 // This is how parallel.tensor > 1 runs on the CPU (transport.backend = "local"): the sharding math of the GPU ranks,
-// provable on any machine. A call that fails on one rank aborts the group so the others return instead of waiting.
+// provable on any machine. With parallel.decode_context = D the ranks also meet in groups of D consecutive ranks
+// (one in-process group each) that split the KV by token (MlaMoeModel::set_decode_context). A call that fails on
+// one rank aborts every group so the others return instead of waiting.
 #pragma once
 
 #include <condition_variable>
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <thread>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "builtin/inproc_collective.h"
@@ -26,14 +29,20 @@ class TensorParallelInstance final : public ModelInstance {
   // The ranks' pieces: the group, each rank's endpoint and weight source (which its weights may view) and instance.
   struct Rank {
     std::unique_ptr<Collective> collective;
+    std::unique_ptr<Collective> context_collective;  // its decode-context group's (none without one)
     std::unique_ptr<WeightSource> source;
     std::unique_ptr<ModelInstance> instance;
   };
-  TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group, std::vector<Rank> ranks);
+  // `context_groups`: the decode-context groups the ranks' context_collective endpoints belong to (may be empty).
+  TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group,
+                         std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups, std::vector<Rank> ranks);
   ~TensorParallelInstance() override;
 
   int world() const { return static_cast<int>(ranks_.size()); }
   ModelInstance& rank(int r) { return *ranks_[r].instance; }
+  // What rank r ≥ 1 computed in the last step (rank 0's is what step returned; the ranks compute the same values, and
+  // tests compare them).
+  const StepOutput& rank_output(int r) const { return scratch_[r]; }
 
   Device device() const override { return ranks_[0].instance->device(); }
   DeviceContext& device_context() override { return ranks_[0].instance->device_context(); }
@@ -56,8 +65,12 @@ class TensorParallelInstance final : public ModelInstance {
 
   // Ranks 1.. live on threads of their own for the instance's life, each waiting for the next call.
   void worker(int rank);
+  // Releases every rank waiting in any group (a rank failed), and re-arms them all once no rank is inside a call.
+  void abort_groups(const std::string& why);
+  void reset_groups();
 
   std::unique_ptr<builtin::InprocGroup> group_;
+  std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups_;
   std::vector<Rank> ranks_;
   std::mutex mu_;
   std::condition_variable wake_, done_;

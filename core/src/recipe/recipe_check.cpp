@@ -203,6 +203,10 @@ class Checker {
     const RecipeSection& parallel = recipe_.section("parallel");
     const int64_t ranks = parallel.get_int("tensor", 1);
     if (ranks <= 1 || !device_known_) return;
+    if (device_ == DeviceType::kCuda && parallel.get_int("decode_context", 1) > 1)
+      problem(about(parallel, "decode_context",
+                    unimplemented("splits the KV cache over CPU ranks; the CUDA runners keep it whole on their device "
+                                  "(model.device = \"cpu\", or decode_context = 1)")));
     if (device_ == DeviceType::kCuda)
       return problem(about(parallel, "tensor",
                            unimplemented(std::to_string(ranks) + " ranks on CUDA would need " + std::to_string(ranks) +
@@ -217,6 +221,14 @@ class Checker {
     out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) +
                          " CPU ranks as threads of this process (heads, MLP columns, routed experts and vocabulary "
                          "split over them; output bit-identical to one rank)");
+    const int64_t context = parallel.get_int("decode_context", 1);
+    if (context > 1)
+      out_.notes.push_back(setting(parallel, "decode_context") + ": groups of " + std::to_string(context) +
+                           " consecutive ranks split the KV cache by token (each rank stores 1/" +
+                           std::to_string(context) + " of every sequence's KV; scheduler blocks of " +
+                           std::to_string(recipe_.section("kv").get_int("block_size", 64) * context) +
+                           " tokens); attention is merged across a group by log-sum-exp, so logits agree with one "
+                           "rank to fp32 rounding rather than bit for bit");
   }
 
   // model.precision is the CPU runner's arithmetic: refused on CUDA, and where the architecture has no such mode.

@@ -281,16 +281,16 @@ std::string Recipe::to_toml() const {
 
 namespace {
 
-// Settings whose feature kiln does not have yet: refused rather than silently ignored. (parallel.tensor > 1 runs on
-// CPU ranks; the architecture and device refuse what they cannot shard when the model loads.)
-void refuse_unimplemented(const Recipe& recipe, std::vector<Status>& problems) {
+// Settings that contradict each other. (parallel.tensor > 1 and parallel.decode_context > 1 run on CPU ranks; the
+// architecture and device refuse what they cannot shard when the model loads.)
+void refuse_inconsistent(const Recipe& recipe, std::vector<Status>& problems) {
   const RecipeSection& parallel = recipe.section("parallel");
-  const int64_t dcp = parallel.get_int("decode_context", 1);
-  if (dcp > 1)
+  const int64_t tensor = parallel.get_int("tensor", 1), dcp = parallel.get_int("decode_context", 1);
+  if (dcp > 1 && tensor % dcp != 0)
     problems.push_back(parallel.error(
-        "decode_context", std::to_string(dcp) +
-                              " ranks: decode-context parallelism (KV sharded by token) is not implemented yet; set "
-                              "it to 1"));
+        "decode_context", std::to_string(dcp) + " does not divide parallel.tensor = " + std::to_string(tensor) +
+                              ": a decode-context group is decode_context consecutive tensor-parallel ranks (set "
+                              "tensor to a multiple of it)"));
 }
 
 }  // namespace
@@ -398,7 +398,7 @@ RecipeRead read_recipe(const fs::path& file, const std::vector<std::string>& ove
         rs.set(k->name, *k->default_value, "default");
     }
   }
-  refuse_unimplemented(recipe, problems);
+  refuse_inconsistent(recipe, problems);
   read.recipe = std::move(recipe);
   return read;
 }

@@ -8,6 +8,20 @@
 #include "kernels/cpu/vector_ops.h"
 
 namespace kiln::cpu {
+namespace {
+
+// One (query, key) score: the one arithmetic both scoring entry points share.
+inline float index_score(const float* q, const float* k, const float* w, int64_t num_heads, int64_t head_dim,
+                         float scale) {
+  float total = 0.f;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float logit = dot(q + h * head_dim, k, head_dim) * scale;
+    total += w[h] * std::max(logit, 0.0f);
+  }
+  return total;
+}
+
+}  // namespace
 
 void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
                         int64_t head_dim, float scale, float* scores) {
@@ -16,15 +30,23 @@ void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t 
   for (int64_t s = 0; s < t_q; ++s) {
     float* row = scores + s * t_kv;
     const int64_t visible = std::min(t_kv, offset + s + 1);
-    for (int64_t t = 0; t < visible; ++t) {
-      float total = 0.f;
-      for (int64_t h = 0; h < num_heads; ++h) {
-        const float logit = dot(q + (s * num_heads + h) * head_dim, k + t * head_dim, head_dim) * scale;
-        total += w[s * num_heads + h] * std::max(logit, 0.0f);
-      }
-      row[t] = total;
-    }
+    for (int64_t t = 0; t < visible; ++t)
+      row[t] = index_score(q + s * num_heads * head_dim, k + t * head_dim, w + s * num_heads, num_heads, head_dim, scale);
     std::fill(row + visible, row + t_kv, -std::numeric_limits<float>::infinity());
+  }
+}
+
+void dsa_indexer_scores_at(const float* q, const float* k, const int64_t* key_positions, const float* w, int64_t t_q,
+                           int64_t first_query_position, int64_t n_keys, int64_t num_heads, int64_t head_dim,
+                           float scale, float* scores) {
+#pragma omp parallel for schedule(dynamic, 1) if (t_q * n_keys * num_heads * head_dim >= (1 << 16))
+  for (int64_t s = 0; s < t_q; ++s) {
+    float* row = scores + s * n_keys;
+    for (int64_t j = 0; j < n_keys; ++j)
+      row[j] = key_positions[j] <= first_query_position + s
+                   ? index_score(q + s * num_heads * head_dim, k + j * head_dim, w + s * num_heads, num_heads,
+                                 head_dim, scale)
+                   : -std::numeric_limits<float>::infinity();
   }
 }
 

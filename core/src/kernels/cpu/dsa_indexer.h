@@ -13,6 +13,13 @@ namespace kiln::cpu {
 void dsa_indexer_scores(const float* q, const float* k, const float* w, int64_t t_q, int64_t t_kv, int64_t num_heads,
                         int64_t head_dim, float scale, float* scores);
 
+// The same scores over an arbitrary set of keys (a decode-context rank's own): key j, row j of k [n_keys, d], is at
+// position key_positions[j]; query s is at position first_query_position + s and sees keys at positions ≤ its own.
+// Each score is computed exactly as dsa_indexer_scores computes it for that pair. scores [t_q, n_keys].
+void dsa_indexer_scores_at(const float* q, const float* k, const int64_t* key_positions, const float* w, int64_t t_q,
+                           int64_t first_query_position, int64_t n_keys, int64_t num_heads, int64_t head_dim,
+                           float scale, float* scores);
+
 // Per query s: the keys transformers keeps — torch.topk(min(index_topk, t_kv)) over the query's whole row with the
 // keys after it masked, as torch does it on the CPU (torch_cpu_topk_indices, topk.h: ties picked the same way),
 // then only the visible ones (positions ≤ t_kv − t_q + s), −1 padded to index_topk. out [t_q, index_topk].

@@ -70,6 +70,9 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", glm5_next's DSA layers need " +
                                std::to_string(config_.kv_lora_rank) + "+0 (a latent and no rope part)");
+  if (ctx.decode_context > 1)
+    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) +
+                         ": glm5_next's pooled DSA and KDA layers do not split their caches by token (set it to 1)");
   if ((ctx.collective && ctx.collective->world_size() > 1) || ctx.tensor_parallel > 1)
     return unimplemented("tensor parallelism: " +
                          std::to_string(std::max(ctx.tensor_parallel, ctx.collective ? ctx.collective->world_size() : 1)) +
