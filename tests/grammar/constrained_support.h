@@ -42,7 +42,9 @@ inline void load_mtp_plugin() {
 // greedy tokens must too.
 class TinyServer {
  public:
-  explicit TinyServer(int mtp_depth = 0, bool cuda = false, const std::string& tool_parser = "glm47") {
+  // `chat_template_dir`: a checkpoint folder whose chat template replaces tiny-glm's (GLM-4.7's built-in renderer).
+  explicit TinyServer(int mtp_depth = 0, bool cuda = false, const std::string& tool_parser = "glm47",
+                      const std::filesystem::path& chat_template_dir = {}) {
     std::vector<std::string> sets = {"model.path=" + kModelDir.string(),
                                      cuda ? "kv.layout=bf16" : "kv.layout=fp32",
                                      "kv.block_size=16",
@@ -74,6 +76,11 @@ class TinyServer {
     o.served_name = "tiny-glm";
     o.max_model_len = 1024;
     o.tool_parser = tool_parser;
+    if (!chat_template_dir.empty()) {
+      auto t = JinjaChatTemplate::from_checkpoint(chat_template_dir);
+      EXPECT_TRUE(t.ok() && t->has_value()) << chat_template_dir;
+      if (t.ok() && t->has_value()) o.chat_template = std::make_shared<const JinjaChatTemplate>(std::move(**t));
+    }
     server_ = std::make_unique<HttpServer>(*engine_.engine, *tokenizer_, o);
     EXPECT_TRUE(server_->start().ok());
   }

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "fake_engine.h"
 #include "server/output_pipeline.h"
+#include "server/server.h"
 #include "server_test_support.h"
 
 namespace kiln {
@@ -142,6 +144,24 @@ TEST(DeepSeekV3ToolCallParser, TheServerPicksItByName) {
   EXPECT_EQ(named[0].text + named[1].text + named[2].text,
             P::kCallsBegin + P::kCallBegin + "function" + P::kSep + "f\n```json\n");
   EXPECT_EQ(forced_call_opening("deepseek_v3", "").size(), 1u);
+
+  // The server takes it; an unknown parser is refused at start, naming the key and the known parsers.
+  for (const char* parser : {"deepseek_v3", "hermes"}) {
+    testing::FakeEngine engine;
+    HttpServerOptions options;
+    options.port = 0;
+    options.max_model_len = 512;
+    options.tool_parser = parser;
+    HttpServer server(engine, testing::server_test_tokenizer(), options);
+    const Status s = server.start();
+    if (std::string(parser) == "deepseek_v3") {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    } else {
+      EXPECT_FALSE(s.ok());
+      EXPECT_NE(s.message().find("server.tool_parser"), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find("deepseek_v3"), std::string::npos) << s.message();
+    }
+  }
 }
 
 TEST(DeepSeekV3ToolCallParser, ThroughTheOutputPipelineWithAForcedName) {
