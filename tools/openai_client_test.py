@@ -2,7 +2,8 @@
 """Drives a running `kiln serve` with the official `openai` package: models, chat (plain and streamed), a tool
 round trip (tool call -> tool result -> answer), prefill progress events (stream_options.include_prefill_progress), the Responses API (plain, streamed, with a function tool), structured output (response_format
 json_schema, also through the client's Pydantic `parse`, and Responses text.format; a named and a "required"
-tool_choice whose arguments must validate against the tool's schema) and error paths. Checks the shapes the client library relies on, not the model's wording, so it passes against a tiny
+tool_choice whose arguments must validate against the tool's schema, one or more calls under "required" and exactly
+one with parallel_tool_calls=False; reasoning before a JSON answer, bounded by thinking_token_budget) and error paths. Checks the shapes the client library relies on, not the model's wording, so it passes against a tiny
 random checkpoint as well as a real one. Exits 1 when any check fails.
 
     python3 tools/openai_client_test.py --base-url http://127.0.0.1:8000/v1 [--api-key KEY] [--model NAME]
@@ -69,6 +70,9 @@ BOUNDED_WEATHER_TOOL = {
     },
 }
 STRUCTURED_MAX_TOKENS = 300
+# With thinking on, a constrained answer follows the model's reasoning; a tiny random model seldom ends its reasoning
+# by itself, so the structured-output checks ask for the answer at once (test_reasoning_then_json covers reasoning).
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 CPU_ONLY = "CPU recipes only"
 
 
@@ -165,10 +169,11 @@ def test_prefill_progress(client, model, max_tokens):
 
 def test_tool_round_trip(client, model, max_tokens):
     messages = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
-    # Naming the function makes the server start the call, so even a tiny random model produces one.
+    # Naming the function makes the server start the call, so even a tiny random model produces one (with thinking
+    # off: with it on, the model would reason first and spend max_tokens there).
     r = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0,
                                        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                       max_tokens=max_tokens)
+                                       max_tokens=max_tokens, extra_body=NO_THINKING)
     choice = r.choices[0]
     calls = choice.message.tool_calls or []
     check(len(calls) >= 1, f"no tool call (finish_reason {choice.finish_reason})")
@@ -188,7 +193,7 @@ def test_tool_round_trip(client, model, max_tokens):
     # tool calls does not reliably produce; naming it tests the incremental protocol on any model.
     stream = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0,
                                             tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                            max_tokens=max_tokens, stream=True)
+                                            max_tokens=max_tokens, stream=True, extra_body=NO_THINKING)
     names = [tc.function.name for c in stream if c.choices and c.choices[0].delta.tool_calls
              for tc in c.choices[0].delta.tool_calls if tc.function and tc.function.name]
     check(names == ["get_weather"], f"streamed named tool choice gave name deltas {names}")
@@ -217,13 +222,14 @@ def test_responses(client, model, max_tokens):
 
     tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
     r = client.responses.create(model=model, input="Weather in Paris?", tools=[tool], temperature=0,
-                                tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=max_tokens)
+                                tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=max_tokens,
+                                reasoning={"effort": "none"})
     calls = [item for item in r.output if item.type == "function_call"]
     check(calls and calls[0].name == "get_weather" and calls[0].call_id, f"output {r.output}")
 
     events = list(client.responses.create(model=model, input="Weather in Paris?", tools=[tool], temperature=0,
                                           tool_choice={"type": "function", "name": "get_weather"},
-                                          max_output_tokens=max_tokens, stream=True))
+                                          max_output_tokens=max_tokens, stream=True, reasoning={"effort": "none"}))
     types = [e.type for e in events]
     check("response.function_call_arguments.delta" in types or "response.function_call_arguments.done" in types
           or any(e.type == "response.output_item.added" and e.item.type == "function_call" for e in events),
@@ -236,7 +242,7 @@ def test_json_schema(client, model, max_tokens):
         for temperature, seed in ((0, None), (1.0, 3)):
             r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe a widget."}],
                                                response_format=fmt, temperature=temperature, seed=seed,
-                                               max_tokens=STRUCTURED_MAX_TOKENS)
+                                               max_tokens=STRUCTURED_MAX_TOKENS, extra_body=NO_THINKING)
             choice = r.choices[0]
             check(choice.finish_reason == "stop", f"finish_reason {choice.finish_reason!r}: {choice.message.content!r}")
             problem = schema_problem(json.loads(choice.message.content), WIDGET_SCHEMA)
@@ -248,7 +254,7 @@ def test_json_schema(client, model, max_tokens):
     # Streamed: the concatenated deltas are the answer.
     stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Another widget."}],
                                             response_format=fmt, temperature=0, max_tokens=STRUCTURED_MAX_TOKENS,
-                                            stream=True)
+                                            stream=True, extra_body=NO_THINKING)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     problem = schema_problem(json.loads(text), WIDGET_SCHEMA)
     check(problem is None, f"streamed: {problem} in {text!r}")
@@ -263,12 +269,13 @@ def test_json_schema(client, model, max_tokens):
         note: str = pydantic.Field(max_length=8)
 
     parsed = client.chat.completions.parse(model=model, messages=[{"role": "user", "content": "Wake me at 7."}],
-                                           response_format=Alarm, temperature=0, max_tokens=STRUCTURED_MAX_TOKENS)
+                                           response_format=Alarm, temperature=0, max_tokens=STRUCTURED_MAX_TOKENS,
+                                           extra_body=NO_THINKING)
     check(isinstance(parsed.choices[0].message.parsed, Alarm), f"parsed {parsed.choices[0].message}")
 
     # The Responses API's text.format.
     r = client.responses.create(model=model, input="Describe a widget.", temperature=0,
-                                max_output_tokens=STRUCTURED_MAX_TOKENS,
+                                max_output_tokens=STRUCTURED_MAX_TOKENS, reasoning={"effort": "none"},
                                 text={"format": {"type": "json_schema", "name": "widget", "schema": WIDGET_SCHEMA,
                                                  "strict": True}})
     check(r.status == "completed", f"status {r.status}: {r.output_text!r}")
@@ -287,20 +294,47 @@ def test_tool_choice_constrained(client, model, max_tokens):
     messages = [{"role": "user", "content": "Wake me up at seven."}]
     tools = [BOUNDED_WEATHER_TOOL, ALARM_TOOL]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    cases = [({"type": "function", "function": {"name": "set_alarm"}}, 0, None),
-             ({"type": "function", "function": {"name": "get_weather"}}, 1.0, 5),
-             ("required", 0, None), ("required", 1.0, 9)]
-    for tool_choice, temperature, seed in cases:
+    cases = [({"type": "function", "function": {"name": "set_alarm"}}, 0, None, True),
+             ({"type": "function", "function": {"name": "get_weather"}}, 1.0, 5, True),
+             ("required", 0, None, True), ("required", 1.0, 9, True), ("required", 1.0, 10, False)]
+    for tool_choice, temperature, seed, parallel in cases:
         r = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice=tool_choice,
-                                           temperature=temperature, seed=seed, max_tokens=STRUCTURED_MAX_TOKENS)
+                                           temperature=temperature, seed=seed, max_tokens=STRUCTURED_MAX_TOKENS,
+                                           parallel_tool_calls=parallel, extra_body=NO_THINKING)
         choice = r.choices[0]
         calls = choice.message.tool_calls or []
-        check(choice.finish_reason == "tool_calls" and len(calls) == 1, f"{tool_choice}: {choice}")
-        name = calls[0].function.name
-        check(name in schemas and (tool_choice == "required" or name == tool_choice["function"]["name"]),
-              f"{tool_choice}: called {name}")
-        problem = schema_problem(json.loads(calls[0].function.arguments), schemas[name])
-        check(problem is None, f"{tool_choice}: {problem} in {calls[0].function.arguments!r}")
+        # "required" may call several tools unless parallel_tool_calls is false; a named function is called once. A
+        # weak model may keep calling until max_tokens: then the cut-off last call is not judged.
+        several = tool_choice == "required" and parallel
+        complete = calls[:-1] if several and choice.finish_reason == "length" else calls
+        check((choice.finish_reason == "tool_calls" or several) and 1 <= len(complete) <= (len(calls) if several else 1),
+              f"{tool_choice}: {choice}")
+        for call in complete:
+            name = call.function.name
+            check(name in schemas and (tool_choice == "required" or name == tool_choice["function"]["name"]),
+                  f"{tool_choice}: called {name}")
+            problem = schema_problem(json.loads(call.function.arguments), schemas[name])
+            check(problem is None, f"{tool_choice}: {problem} in {call.function.arguments!r}")
+
+
+def test_reasoning_then_json(client, model, max_tokens):
+    # Thinking on: the model reasons, then answers in JSON valid for the schema; thinking_token_budget (a kiln and
+    # vLLM extension) forces the end of the reasoning so that a tiny model gets to its answer.
+    fmt = {"type": "json_schema", "json_schema": {"name": "widget", "schema": WIDGET_SCHEMA, "strict": True}}
+    try:
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe a widget."}],
+                                           response_format=fmt, temperature=1.0, seed=2,
+                                           max_tokens=STRUCTURED_MAX_TOKENS,
+                                           extra_body={"thinking_token_budget": 16})
+    except openai.BadRequestError as e:
+        check(cpu_only(e), f"refused: {e}")
+        return
+    choice = r.choices[0]
+    check(choice.finish_reason == "stop", f"finish_reason {choice.finish_reason!r}: {choice.message}")
+    problem = schema_problem(json.loads(choice.message.content), WIDGET_SCHEMA)
+    check(problem is None, f"{problem} in {choice.message.content!r}")
+    reasoning = (choice.message.model_extra or {}).get("reasoning_content")
+    check(reasoning is None or "</think>" not in reasoning, f"reasoning {reasoning!r}")
 
 
 def test_bad_schema(client, model, max_tokens):
@@ -341,7 +375,8 @@ def main():
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
     model = args.model or client.models.list().data[0].id
     tests = [test_models, test_chat, test_chat_stream, test_prefill_progress, test_tool_round_trip, test_responses,
-             test_json_schema, test_tool_choice_constrained, test_bad_schema, test_bad_request]
+             test_json_schema, test_tool_choice_constrained, test_reasoning_then_json, test_bad_schema,
+             test_bad_request]
     failed = 0
     for test in tests:
         try:

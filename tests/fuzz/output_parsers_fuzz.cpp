@@ -1,5 +1,5 @@
-// Generated text → the glm47 tool-call parser and the glm45 reasoning parser, fed whole and in chunks whose
-// sizes come from the input. Streaming must not change the result, and a call's argument deltas must add up to
+// Generated text → the glm47 and deepseek_v3 tool-call parsers and the glm45 reasoning parser, fed whole and in chunks
+// whose sizes come from the input. Streaming must not change the result, and a call's argument deltas must add up to
 // its arguments, which are a JSON object once the call is complete.
 #include <cstddef>
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fuzz_support.h"
+#include "server/deepseek_v3_tool_call_parser.h"
 #include "server/glm_tool_call_parser.h"
 #include "server/reasoning_parser.h"
 #include "tokenizer/utf8.h"
@@ -63,20 +64,13 @@ Flattened run(Parser& parser, const std::string& text, std::string_view sizes) {
   return f;
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
-  // The parsers see decoded text, which is always valid UTF-8.
-  const size_t split = 1 + data[0] % 8;
-  if (split >= size) return 0;
-  const std::string_view sizes(reinterpret_cast<const char*>(data) + 1, split - 1);
-  const std::string text =
-      utf8::to_valid_lossy(std::string_view(reinterpret_cast<const char*>(data) + split, size - split));
-
+// Whole and chunked parsing agree, each call's argument deltas add up to its arguments, and a complete call's
+// arguments are a JSON object.
+template <class Parser>
+void check_tool_parser(const std::string& text, std::string_view sizes) {
   int ids = 0;
   auto make_id = [&ids] { return "call_" + std::to_string(ids++); };
-  GlmToolCallParser whole(tools(), make_id), chunked(tools(), make_id);
+  Parser whole(tools(), make_id), chunked(tools(), make_id);
   const Flattened a = run(whole, text, {});
   const Flattened b = run(chunked, text, sizes);
   fuzz::check(a.content == b.content && a.names == b.names && a.arguments == b.arguments,
@@ -90,6 +84,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz::check(parsed.is_object(), "a complete call's arguments are a JSON object");
     }
   }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  // The parsers see decoded text, which is always valid UTF-8.
+  const size_t split = 1 + data[0] % 8;
+  if (split >= size) return 0;
+  const std::string_view sizes(reinterpret_cast<const char*>(data) + 1, split - 1);
+  const std::string text =
+      utf8::to_valid_lossy(std::string_view(reinterpret_cast<const char*>(data) + split, size - split));
+
+  check_tool_parser<GlmToolCallParser>(text, sizes);
+  check_tool_parser<DeepSeekV3ToolCallParser>(text, sizes);
 
   const bool thinking = data[0] & 0x80;
   ReasoningParser r_whole(thinking), r_chunked(thinking);

@@ -26,6 +26,7 @@ TEST(CudaConstrainedChat, ForcedToolCallsCarrySchemaValidArguments) {
   const json tools = weather_tools();
   for (const std::string name : {"get_weather", "set_alarm"}) {
     json req = {{"messages", user("What is the weather in Paris?")},
+                {"chat_template_kwargs", kNoThinking},
                 {"max_tokens", 200},
                 {"temperature", 0},
                 {"tools", tools},
@@ -34,8 +35,14 @@ TEST(CudaConstrainedChat, ForcedToolCallsCarrySchemaValidArguments) {
     ASSERT_EQ(status, 200) << body.dump();
     EXPECT_EQ(tool_call_problem(body, tools, name), "") << name;
   }
-  json req = {{"messages", user("Wake me at seven.")}, {"max_tokens", 200}, {"temperature", 1.0}, {"seed", 3},
-              {"tools", tools},                        {"tool_choice", "required"}};
+  json req = {{"messages", user("Wake me at seven.")},
+              {"chat_template_kwargs", kNoThinking},
+              {"max_tokens", 200},
+              {"temperature", 1.0},
+              {"seed", 3},
+              {"tools", tools},
+              {"tool_choice", "required"},
+              {"parallel_tool_calls", false}};
   auto [status, body] = server.chat(req);
   ASSERT_EQ(status, 200) << body.dump();
   EXPECT_EQ(tool_call_problem(body, tools, ""), "");
@@ -46,6 +53,7 @@ TEST(CudaConstrainedChat, MtpDraftingLeavesConstrainedGreedyOutputUnchanged) {
   std::vector<json> requests;
   for (const json& schema : test_schemas()) requests.push_back(schema_request(schema, "Describe a widget."));
   requests.push_back({{"messages", user("Alarm")},
+                      {"chat_template_kwargs", kNoThinking},
                       {"max_tokens", 200},
                       {"temperature", 0},
                       {"tools", weather_tools()},

@@ -32,6 +32,7 @@ TEST(ConstrainedChat, JsonSchemaAnswersValidateGreedyAndSampled) {
 TEST(ConstrainedChat, JsonObjectIsAnObject) {
   TinyServer server;
   json req = {{"messages", user("Give me a JSON object.")},
+              {"chat_template_kwargs", kNoThinking},
               {"max_tokens", 400},
               {"temperature", 0},
               {"response_format", {{"type", "json_object"}}}};
@@ -55,6 +56,7 @@ TEST(ConstrainedChat, NamedToolChoiceGivesSchemaValidArguments) {
   for (const std::string name : {"get_weather", "set_alarm"})
     for (double temperature : {0.0, 1.0}) {
       json req = {{"messages", user("What is the weather in Paris?")},
+                  {"chat_template_kwargs", kNoThinking},
                   {"max_tokens", 200},
                   {"temperature", temperature},
                   {"seed", 7},
@@ -71,11 +73,13 @@ TEST(ConstrainedChat, RequiredToolChoiceCallsOneOfTheTools) {
   const json tools = weather_tools();
   for (int seed : {0, 1, 2}) {
     json req = {{"messages", user("Wake me at seven.")},
+                {"chat_template_kwargs", kNoThinking},
                 {"max_tokens", 200},
                 {"temperature", seed == 0 ? 0.0 : 1.0},
                 {"seed", seed},
                 {"tools", tools},
-                {"tool_choice", "required"}};
+                {"tool_choice", "required"},
+                {"parallel_tool_calls", false}};  // one call (several: ConstrainedTools.RequiredParallelCalls…)
     auto [status, body] = server.chat(req);
     ASSERT_EQ(status, 200) << body.dump();
     EXPECT_EQ(tool_call_problem(body, tools, ""), "") << "seed " << seed;
@@ -92,7 +96,7 @@ void expect_refused(TinyServer& server, const json& req, const std::string& para
 
 TEST(ConstrainedChat, BadFormatsAreRefusedNamingTheField) {
   TinyServer server;
-  json base = {{"messages", user("hi")}, {"max_tokens", 8}};
+  json base = {{"messages", user("hi")}, {"chat_template_kwargs", kNoThinking}, {"max_tokens", 8}};
   auto with = [&](json format) {
     json r = base;
     r["response_format"] = std::move(format);
@@ -141,11 +145,13 @@ TEST(ConstrainedChat, MtpDraftingLeavesConstrainedGreedyOutputUnchanged) {
   std::vector<json> requests;
   for (const json& schema : test_schemas()) requests.push_back(schema_request(schema, "Describe a widget."));
   requests.push_back({{"messages", user("Weather?")},
+                      {"chat_template_kwargs", kNoThinking},
                       {"max_tokens", 200},
                       {"temperature", 0},
                       {"tools", weather_tools()},
                       {"tool_choice", "required"}});
   requests.push_back({{"messages", user("Alarm")},
+                      {"chat_template_kwargs", kNoThinking},
                       {"max_tokens", 200},
                       {"temperature", 0},
                       {"tools", weather_tools()},
@@ -171,8 +177,14 @@ TEST(ConstrainedChat, MtpDraftingLeavesConstrainedGreedyOutputUnchanged) {
       ASSERT_EQ(status, 200) << body.dump();
       EXPECT_EQ(content_problem(body, schema), "") << schema.dump() << " seed " << seed;
     }
-  json sampled_call = {{"messages", user("Alarm")}, {"max_tokens", 200}, {"temperature", 1.0}, {"seed", 8},
-                       {"tools", weather_tools()}, {"tool_choice", "required"}};
+  json sampled_call = {{"messages", user("Alarm")},
+                       {"chat_template_kwargs", kNoThinking},
+                       {"max_tokens", 200},
+                       {"temperature", 1.0},
+                       {"seed", 8},
+                       {"tools", weather_tools()},
+                       {"tool_choice", "required"},
+                       {"parallel_tool_calls", false}};
   auto [status, body] = server.chat(sampled_call);
   ASSERT_EQ(status, 200) << body.dump();
   EXPECT_EQ(tool_call_problem(body, weather_tools(), ""), "");

@@ -5,49 +5,15 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "model/model_step.h"
+#include "grammar/tiny_grammar_support.h"
 #include "server/glm_tool_call_parser.h"
-#include "tokenizer/tokenizer.h"
 
 namespace kiln::testing {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-const Tokenizer& tiny_tokenizer() {
-  static const Tokenizer t = [] {
-    auto loaded = Tokenizer::load(std::filesystem::path(KILN_SOURCE_DIR) / "models/tiny-glm/tokenizer.json");
-    EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
-    return std::move(loaded).value();
-  }();
-  return t;
-}
-
-constexpr int64_t kVocab = 4096;  // tiny-glm's logits (its tokenizer has 4096 ids too)
-
-struct Fixture {
-  std::vector<int32_t> stops = {*tiny_tokenizer().token_to_id("<|user|>"),
-                                *tiny_tokenizer().token_to_id("<|observation|>")};
-  StructuredOutput out{tiny_tokenizer(), kVocab, stops};
-};
-
-std::vector<uint32_t> mask_of(TokenConstraint& c) {
-  std::vector<uint32_t> m(token_mask_words(kVocab));
-  c.fill_allowed(m);
-  return m;
-}
-
-// Feeds `text` token by token, each checked against the mask first; returns how many were accepted.
-size_t feed(TokenConstraint& c, const std::string& text) {
-  const std::vector<int32_t> ids = tiny_tokenizer().encode(text);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (!token_allowed(mask_of(c).data(), ids[i]) || !c.accept(ids[i])) return i;
-  }
-  return ids.size();
-}
 
 TEST(StructuredOutput, SchemaTextIsAcceptedAndOnlyAStopTokenEndsIt) {
   Fixture f;
@@ -141,7 +107,7 @@ const ojson kTools = ojson::parse(R"([
 
 TEST(StructuredOutput, GlmToolCallsParseToSchemaValidArguments) {
   Fixture f;
-  auto named = f.out.glm_tool_call(kTools, "get_weather");
+  auto named = f.out.tool_calls(kTools, glm_call("get_weather"));
   ASSERT_TRUE(named.ok()) << named.status().to_string();
   const std::string args =
       "<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3"
@@ -157,14 +123,14 @@ TEST(StructuredOutput, GlmToolCallsParseToSchemaValidArguments) {
   EXPECT_EQ(ojson::parse(parser.calls()[0].arguments), ojson::parse(R"({"city": "Paris", "days": 3})"));
 
   // A missing required argument cannot close the call.
-  auto short_call = f.out.glm_tool_call(kTools, "get_weather");
+  auto short_call = f.out.tool_calls(kTools, glm_call("get_weather"));
   ASSERT_TRUE(short_call.ok());
   const std::string partial = "<arg_key>city</arg_key><arg_value>Paris</arg_value>";
   ASSERT_EQ(feed(**short_call, partial), tiny_tokenizer().encode(partial).size());
   EXPECT_FALSE(token_allowed(mask_of(**short_call).data(), *tiny_tokenizer().token_to_id("</tool_call>")));
 
   // "required": the name comes first, one of the tools'.
-  auto any = f.out.glm_tool_call(kTools, "");
+  auto any = f.out.tool_calls(kTools, glm_call(""));
   ASSERT_TRUE(any.ok()) << any.status().to_string();
   EXPECT_FALSE(token_allowed(mask_of(**any).data(), tiny_tokenizer().encode("x")[0]));
   const std::string ping = "ping</tool_call>";
@@ -183,7 +149,7 @@ TEST(StructuredOutput, UnusableSchemasAreRefusedWithAReason) {
     EXPECT_EQ(c.status().message().find(".cc:"), std::string::npos) << c.status().message();
     EXPECT_NE(c.status().message()[0], '[') << c.status().message();
   }
-  EXPECT_FALSE(f.out.glm_tool_call(kTools, "nope").ok());
+  EXPECT_FALSE(f.out.tool_calls(kTools, glm_call("nope")).ok());
 }
 
 }  // namespace

@@ -226,7 +226,7 @@ TEST(OutputPipeline, TokensThroughStopReasoningAndTools) {
   OutputPipelineOptions o;
   o.split_reasoning = true;
   o.starts_in_reasoning = true;
-  o.parse_tool_calls = true;
+  o.tool_parser = "glm47";
   o.tools = kTools;
   o.stop_token_ids = {*server_test_tokenizer().token_to_id("<|user|>")};
   OutputPipeline pipeline(server_test_tokenizer(), o);

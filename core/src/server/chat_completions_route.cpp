@@ -150,7 +150,9 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
       }
     }
   }
-  reader.boolean("parallel_tool_calls");
+  const bool parallel_tool_calls = reader.boolean("parallel_tool_calls").value_or(true);
+  // vLLM's name: how many tokens the reasoning before a constrained answer may take before "</think>" is forced.
+  const auto thinking_token_budget = reader.integer("thinking_token_budget", 0, INT32_MAX);
   const bool logprobs = reader.boolean("logprobs").value_or(false);
   const auto top_logprobs = reader.integer("top_logprobs", 0, kMaxTopLogprobs);
   if (top_logprobs && !logprobs)
@@ -162,14 +164,23 @@ std::optional<ApiError> prepare_chat_completion(const ServerContext& ctx, const 
   const ojson* messages = reader.value("messages");
   if (!messages) return bad_request("'messages' is required", "messages");
 
+  const ReasoningPrefix reasoning = constrained_reasoning(ctx, enable_thinking, thinking_token_budget.value_or(-1));
   if (const auto* format = reader.value("response_format")) {
-    if (auto e = read_response_format(ctx, *format, "response_format", /*nested=*/true, request)) return e;
+    if (auto e = read_response_format(ctx, *format, "response_format", /*nested=*/true, reasoning, request)) return e;
   }
   ToolSetup tools;
-  if (auto e = setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), tools)) return e;
+  if (auto e =
+          setup_tools(ctx, reader.value("tools"), reader.value("tool_choice"), parallel_tool_calls, reasoning, tools))
+    return e;
   if (tools.constraint && request.params.constraint)
     return bad_request("response_format asks for JSON content but tool_choice forces a tool call; ask for one of them",
                        "response_format");
+  // The budget is enforced by the grammar of a constrained answer; anywhere else it would be silently ignored.
+  if (thinking_token_budget && !request.constraint_after_reasoning && !tools.reasoning_first)
+    return bad_request(
+        "'thinking_token_budget' bounds the reasoning before a constrained answer (a JSON response_format or a "
+        "forced tool_choice, with thinking on and a reasoning parser); this request has none",
+        "thinking_token_budget");
   if (auto e = build_chat_prompt(ctx, *messages, tools, enable_thinking, clear_thinking, request, template_kwargs))
     return e;
   out.writer =

@@ -172,8 +172,17 @@ std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t
   return std::nullopt;
 }
 
+ReasoningPrefix constrained_reasoning(const ServerContext& ctx, bool enable_thinking, int64_t budget) {
+  ReasoningPrefix reasoning;
+  // Only glm45 knows where reasoning ends ("</think>"), and only a grammar can hold the answer after it.
+  reasoning.enabled = enable_thinking && ctx.reasoning_parser == "glm45" && ctx.structured_output;
+  reasoning.max_tokens = budget;
+  return reasoning;
+}
+
 std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
-                                    const nlohmann::ordered_json* tool_choice, ToolSetup& setup) {
+                                    const nlohmann::ordered_json* tool_choice, bool parallel,
+                                    const ReasoningPrefix& reasoning, ToolSetup& setup) {
   std::vector<std::string> names;
   if (tools) {
     if (!tools->is_array()) return bad_request("'tools' must be an array, got " + json_type_phrase(*tools), "tools");
@@ -237,18 +246,25 @@ std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::or
         "tool_choice");
   }
   setup.tools = *tools;
-  setup.parse_tool_calls = !ctx.tool_parser.empty();
-  if (mode == "required") setup.prefill = "<tool_call>";
-  if (mode == "named") {
-    setup.prefill = "<tool_call>" + forced_name;
-    setup.forced_name = forced_name;
-  }
-  if (ctx.structured_output && ctx.tool_parser == "glm47" && (mode == "required" || mode == "named")) {
-    auto constraint = ctx.structured_output->glm_tool_call(*tools, forced_name);
+  setup.tool_parser = ctx.tool_parser;
+  if (mode != "required" && mode != "named") return std::nullopt;
+  if (ctx.structured_output) {
+    ToolCallGrammar grammar;
+    grammar.parser = ctx.tool_parser;
+    grammar.name = forced_name;
+    grammar.parallel = parallel;
+    grammar.reasoning = reasoning;
+    auto constraint = ctx.structured_output->tool_calls(*tools, grammar);
     if (!constraint.ok())
       return bad_request("tools: the parameters of the tools cannot be enforced: " + constraint.status().message(),
                          "tools");
     setup.constraint = std::move(constraint).value();
+    setup.reasoning_first = reasoning.enabled;
+  }
+  // After reasoning the grammar writes the call's opening itself; otherwise the prompt ends with it.
+  if (!setup.reasoning_first) {
+    setup.opening = forced_call_opening(ctx.tool_parser, forced_name);
+    setup.forced_name = forced_name;
   }
   return std::nullopt;
 }
@@ -262,10 +278,14 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
   if (messages.empty()) return bad_request("'messages' must contain at least one message", "messages");
   auto parsed = parse_chat_messages(messages);
   if (!parsed.ok()) return bad_request(parsed.status().message(), "messages");
-  // A forced call starts the answer, so there is no room for reasoning before it; a grammar on the answer (JSON)
-  // holds from its first token, so it has none either.
-  if (tools.constraint) request.params.constraint = tools.constraint;
-  const bool thinking = enable_thinking && tools.prefill.empty() && !request.params.constraint;
+  // A call the prompt opens starts the answer, so there is no room for reasoning before it; a grammar on the
+  // answer holds from its first token unless it was built to follow reasoning.
+  if (tools.constraint) {
+    request.params.constraint = tools.constraint;
+    request.constraint_after_reasoning = tools.reasoning_first;
+  }
+  const bool thinking =
+      enable_thinking && tools.opening.empty() && (!request.params.constraint || request.constraint_after_reasoning);
   std::vector<ChatMedia> media;
   for (const ChatMessage& m : *parsed) media.insert(media.end(), m.media.begin(), m.media.end());
   Result<std::vector<PromptPiece>> pieces = std::vector<PromptPiece>();
@@ -290,13 +310,15 @@ std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohma
     pieces = render_glm_chat_pieces(*parsed, options);
     if (!pieces.ok()) return bad_request(pieces.status().message(), "messages");
   }
-  // The forced call's opening tag is markup; the function name came from the request.
-  if (!tools.prefill.empty()) pieces->push_back({"<tool_call>", false});
-  if (!tools.forced_name.empty()) pieces->push_back({tools.forced_name, true});
-  request.prefill = tools.prefill;
+  request.prefill.clear();
+  for (const PromptPiece& piece : tools.opening) {
+    pieces->push_back(piece);
+    request.prefill += piece.text;
+  }
   request.output.split_reasoning = ctx.reasoning_parser == "glm45";
   request.output.starts_in_reasoning = thinking;
-  request.output.parse_tool_calls = tools.parse_tool_calls;
+  request.output.tool_parser = tools.tool_parser;
+  request.output.forced_tool_name = tools.forced_name;
   request.output.tools = tools.tools;
   if (media.empty()) return set_prompt(ctx, ctx.tokenizer->encode(*pieces), request);
   if (!ctx.media) return bad_request(media.front().field + ": this server takes no media", media.front().field);

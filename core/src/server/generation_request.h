@@ -14,12 +14,11 @@
 #include "server/media_input.h"
 #include "server/output_pipeline.h"
 #include "server/request_reader.h"
+#include "server/structured_output.h"
 #include "tokenizer/jinja_chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
-
-class StructuredOutput;
 
 struct ServerContext {
   const Tokenizer* tokenizer = nullptr;
@@ -32,7 +31,7 @@ struct ServerContext {
   bool logit_adjustments_supported = false;
   int64_t vocab_size = 0;
   std::vector<int32_t> end_of_turn_ids;
-  std::string tool_parser;       // "glm47" or ""
+  std::string tool_parser;       // "glm47", "deepseek_v3" or ""
   std::string reasoning_parser;  // "glm45" or ""
   MediaInput* media = nullptr;   // image parts through the recipe's modality (null: none accepted)
   // The checkpoint's template, rendered by Jinja; null: the built-in GLM-4.7 renderer.
@@ -47,6 +46,9 @@ struct GenerationRequest {
   RequestParams params;
   OutputPipelineOptions output;
   std::string prefill;  // answer text the prompt already ends with
+  // params.constraint holds the answer after free reasoning up to "</think>" (ReasoningPrefix), not from the first
+  // token: thinking stays on.
+  bool constraint_after_reasoning = false;
   std::optional<int64_t> requested_max_tokens;
   bool stream = false;
   bool include_usage = false;
@@ -76,26 +78,37 @@ std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, 
 // max_model_len (the engine would refuse it too; answering here keeps the message in HTTP terms).
 std::optional<ApiError> set_prompt(const ServerContext& ctx, std::vector<int32_t> prompt, GenerationRequest& request);
 
+// Where a constrained answer (JSON format, forced tool call) starts: after free reasoning when thinking is on
+// (`enable_thinking`, chat_template_kwargs' or the Responses reasoning effort) and the server splits GLM reasoning
+// (glm45); from the first token otherwise, as with enable_thinking=false. `budget`: thinking_token_budget (-1: none).
+ReasoningPrefix constrained_reasoning(const ServerContext& ctx, bool enable_thinking, int64_t budget = -1);
+
 struct ToolSetup {
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // rendered into the prompt (chat format)
-  bool parse_tool_calls = false;
-  std::string prefill;      // "<tool_call>" for required, "<tool_call>NAME" for a named function
-  std::string forced_name;  // NAME of a named function
+  std::string tool_parser;  // the server's, when tools are parsed ("" otherwise)
+  // A forced call's opening, appended to the prompt (forced_call_opening); empty when nothing is forced or when
+  // the grammar writes it after reasoning.
+  std::vector<PromptPiece> opening;
+  std::string forced_name;  // the named function, when the opening already names it
   // The rest of a forced call, enforced by a grammar: a tool's name (for "required") and arguments valid for its
-  // schema (null where the server has no StructuredOutput: the prefill alone then forces the call).
+  // schema (null where the server has no StructuredOutput: the opening alone then forces the call).
   std::shared_ptr<TokenConstraint> constraint;
+  bool reasoning_first = false;  // the constraint lets the model reason before the call
 };
 
 // Validates OpenAI chat-format `tools` and `tool_choice` ("auto", "none", "required", {"type":"function",
-// "function":{"name"}} or the Responses form {"type":"function","name"}). "required" and a named function start the
-// answer with the call, and where the server has a StructuredOutput a grammar holds the rest of it to a tool's name
-// and JSON-schema-valid arguments.
+// "function":{"name"}} or the Responses form {"type":"function","name"}). "required" and a named function force
+// the answer to be a call: where the server has a StructuredOutput, a grammar holds it to a tool's name and
+// JSON-schema-valid arguments (after reasoning when `reasoning` is enabled; under "required" one or more calls
+// unless `parallel` is false), and the prompt opens the call unless the model reasons first.
 std::optional<ApiError> setup_tools(const ServerContext& ctx, const nlohmann::ordered_json* tools,
-                                    const nlohmann::ordered_json* tool_choice, ToolSetup& setup);
+                                    const nlohmann::ordered_json* tool_choice, bool parallel,
+                                    const ReasoningPrefix& reasoning, ToolSetup& setup);
 
 // Renders OpenAI chat messages with the checkpoint's template (or the built-in GLM-4.7 one), tokenizes, and fills
-// prompt, prefill and output options. `enable_thinking` comes from chat_template_kwargs (default on); a forced tool
-// call turns it off. `template_kwargs` (the request's chat_template_kwargs) reach a Jinja template as variables.
+// prompt, prefill and output options. `enable_thinking` comes from chat_template_kwargs (default on); a constrained
+// answer that does not start after reasoning (constraint_after_reasoning, ToolSetup::reasoning_first) turns it off.
+// `template_kwargs` (the request's chat_template_kwargs) reach a Jinja template as variables.
 std::optional<ApiError> build_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                           const ToolSetup& tools, bool enable_thinking, bool clear_thinking,
                                           GenerationRequest& request,

@@ -1,8 +1,8 @@
 // The "glm47" tool-call parser: GLM-4.5/4.7/5 write calls as
 //   <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
 // (GLM-4.5 puts newlines between the parts; whitespace between tags, and around a value, is ignored). String values
-// are raw text, other values JSON. The parser turns this into OpenAI tool calls whose `arguments` is a JSON object string,
-// incrementally: the call's name as soon as it is complete, then argument text as it arrives (string values
+// are raw text, other values JSON. The parser turns this into OpenAI tool calls whose `arguments` is a JSON object
+// string, incrementally: the call's name as soon as it is complete, then argument text as it arrives (string values
 // character by character, other values when their </arg_value> closes). The concatenation of the argument
 // deltas of a call is exactly its final arguments string.
 // A value is a string when the tool's JSON schema says so; otherwise it is parsed as JSON, falling back to a
@@ -15,31 +15,23 @@
 #include <string_view>
 #include <vector>
 
-#include "server/output_piece.h"
+#include "server/tool_call_parser.h"
 
 namespace kiln {
 
-struct ParsedToolCall {
-  std::string id;
-  std::string name;
-  std::string arguments;  // JSON object text
-  bool complete = false;  // </tool_call> was seen
-};
-
-class GlmToolCallParser {
+class GlmToolCallParser final : public ToolCallParser {
  public:
   // `tools`: the request's OpenAI tools ([{type: function, function: {name, parameters}}]), for argument types.
   // `make_id` names each call ("call_…").
   GlmToolCallParser(const nlohmann::ordered_json& tools, std::function<std::string()> make_id);
 
-  OutputPieces feed(std::string_view text);
-  // The prompt already opened a call to `name` (tool_choice naming a function): the call starts now and the
-  // generated text continues with its arguments.
-  OutputPieces begin_call(const std::string& name);
-  // End of generation: held-back text is content; a call cut off before its name is returned as content.
-  OutputPieces flush();
+  OutputPieces feed(std::string_view text) override;
+  // The prompt ended with "<tool_call>NAME": the next text is "<arg_key>…" or "</tool_call>".
+  OutputPieces begin_call(const std::string& name) override;
+  // A call cut off before its name is returned as content; one cut off later stays as streamed.
+  OutputPieces flush() override;
 
-  const std::vector<ParsedToolCall>& calls() const { return calls_; }
+  const std::vector<ParsedToolCall>& calls() const override { return calls_; }
 
  private:
   enum class State { kText, kName, kKey, kBeforeValue, kValue, kAfterValue };

@@ -19,7 +19,7 @@ OutputPipeline::OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions
       stop_(options_.stop_strings),
       stop_ids_(options_.stop_token_ids.begin(), options_.stop_token_ids.end()) {
   if (options_.split_reasoning) reasoning_.emplace(options_.starts_in_reasoning);
-  if (options_.parse_tool_calls) tools_.emplace(options_.tools, [] { return random_id("call_"); });
+  tools_ = make_tool_call_parser(options_.tool_parser, options_.tools, [] { return random_id("call_"); });
 }
 
 const std::vector<ParsedToolCall>& OutputPipeline::tool_calls() const {
@@ -54,10 +54,9 @@ OutputPieces OutputPipeline::feed_token(int32_t id) {
 }
 
 OutputPieces OutputPipeline::start(const std::string& prefill) {
-  static const std::string kCallOpen = "<tool_call>";
-  if (tools_ && prefill.rfind(kCallOpen, 0) == 0 && prefill.size() > kCallOpen.size()) {
+  if (tools_ && !options_.forced_tool_name.empty()) {
     // The name is fixed by the request, so the call starts now rather than when the model ends the name.
-    return tools_->begin_call(prefill.substr(kCallOpen.size()));
+    return tools_->begin_call(options_.forced_tool_name);
   }
   return route(prefill, false);
 }

@@ -1,6 +1,6 @@
 // Turns one request's generated token ids into ordered output pieces:
 //   ids → StreamingDecoder (whole UTF-8 characters; special tokens kept as text so the parsers see <think>,
-//   <tool_call>, ...) → stop strings → reasoning split (glm45) → tool-call parsing (glm47).
+//   <tool_call>, ...) → stop strings → reasoning split (glm45) → tool-call parsing (glm47, deepseek_v3).
 // Used the same way for streamed and non-streamed responses, so both produce identical text.
 #pragma once
 
@@ -11,10 +11,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "server/glm_tool_call_parser.h"
 #include "server/output_piece.h"
 #include "server/reasoning_parser.h"
 #include "server/stop_string_matcher.h"
+#include "server/tool_call_parser.h"
 #include "tokenizer/streaming_decoder.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,7 +25,8 @@ struct OutputPipelineOptions {
   std::vector<int32_t> stop_token_ids;  // end-of-turn tokens: they end generation and produce no text
   bool split_reasoning = false;         // run the glm45 reasoning parser
   bool starts_in_reasoning = false;     // the prompt ended inside <think>
-  bool parse_tool_calls = false;        // run the glm47 tool-call parser
+  std::string tool_parser;              // the tool-call parser to run ("glm47", "deepseek_v3"; "": none)
+  std::string forced_tool_name;         // the prompt opened a call to this function (tool_choice naming it)
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
 };
 
@@ -34,8 +35,8 @@ class OutputPipeline {
   OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions options);
 
   OutputPieces feed_token(int32_t id);
-  // The answer text the prompt already ends with ("<tool_call>" for tool_choice required, "<tool_call>NAME"
-  // for a named function): parsed as output before the first token.
+  // The answer text the prompt already ends with (the opening of a forced tool call): parsed as output before the
+  // first token.
   OutputPieces start(const std::string& prefill);
   // End of generation: everything still held back.
   OutputPieces finish();
@@ -51,7 +52,7 @@ class OutputPipeline {
   StopStringMatcher stop_;
   std::unordered_set<int32_t> stop_ids_;
   std::optional<ReasoningParser> reasoning_;
-  std::optional<GlmToolCallParser> tools_;
+  std::unique_ptr<ToolCallParser> tools_;
 };
 
 // "call_" + 24 random alphanumerics, like OpenAI's ids (also "chatcmpl-", "resp_", ... with other prefixes).

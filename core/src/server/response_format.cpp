@@ -7,7 +7,8 @@ namespace kiln {
 using ojson = nlohmann::ordered_json;
 
 std::optional<ApiError> read_response_format(const ServerContext& ctx, const ojson& format, const std::string& field,
-                                             bool nested, GenerationRequest& request) {
+                                             bool nested, const ReasoningPrefix& reasoning,
+                                             GenerationRequest& request) {
   if (format.is_null()) return std::nullopt;
   if (!format.is_object())
     return bad_request("'" + field + "' must be an object, got " + json_type_phrase(format), field);
@@ -28,7 +29,7 @@ std::optional<ApiError> read_response_format(const ServerContext& ctx, const ojs
                        field);
   Result<std::shared_ptr<TokenConstraint>> constraint = std::shared_ptr<TokenConstraint>();
   if (type == "json_object") {
-    constraint = ctx.structured_output->json_object();
+    constraint = ctx.structured_output->json_object(reasoning);
     if (!constraint.ok()) return bad_request(field + ": " + constraint.status().message(), field);
   } else {
     const ojson* spec = &format;
@@ -52,12 +53,13 @@ std::optional<ApiError> read_response_format(const ServerContext& ctx, const ojs
     const auto schema = spec->find("schema");
     if (schema == spec->end() || !(schema->is_object() || schema->is_boolean()))
       return bad_request("'" + where + ".schema' is required and must be a JSON schema object", where + ".schema");
-    constraint = ctx.structured_output->json_schema(*schema, strict);
+    constraint = ctx.structured_output->json_schema(*schema, strict, reasoning);
     if (!constraint.ok())
       return bad_request("'" + where + ".schema' cannot be enforced: " + constraint.status().message(),
                          where + ".schema");
   }
   request.params.constraint = std::move(constraint).value();
+  request.constraint_after_reasoning = reasoning.enabled;
   return std::nullopt;
 }
 

@@ -16,8 +16,9 @@ namespace kiln {
 
 // `field` is where `format` sat in the request ("response_format", "text.format"); `nested` says the schema fields
 // are under "json_schema" (chat) rather than beside "type" (Responses). Sets request.params.constraint for a JSON
-// format and leaves it unset for text.
+// format (the JSON after free reasoning when `reasoning` is enabled) and leaves it unset for text.
 std::optional<ApiError> read_response_format(const ServerContext& ctx, const nlohmann::ordered_json& format,
-                                             const std::string& field, bool nested, GenerationRequest& request);
+                                             const std::string& field, bool nested, const ReasoningPrefix& reasoning,
+                                             GenerationRequest& request);
 
 }  // namespace kiln

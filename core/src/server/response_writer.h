@@ -10,8 +10,8 @@
 #include "server/api_error.h"
 #include "server/generation_request.h"
 #include "server/generation_session.h"
-#include "server/glm_tool_call_parser.h"
 #include "server/output_piece.h"
+#include "server/tool_call_parser.h"
 
 namespace kiln {
 

@@ -435,7 +435,9 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
     reader.fail(bad_request("'text' must be an object, got " + json_type_phrase(*text), "text"));
   if (!reader.ok()) return reader.error();
   if (const auto* text = reader.value("text"); text && text->contains("format")) {
-    if (auto e = read_response_format(ctx, (*text)["format"], "text.format", /*nested=*/false, request)) return e;
+    if (auto e = read_response_format(ctx, (*text)["format"], "text.format", /*nested=*/false,
+                                      constrained_reasoning(ctx, enable_thinking), request))
+      return e;
   }
   const ojson* input = reader.value("input");
   if (!input) return bad_request("'input' is required", "input");
@@ -449,7 +451,11 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
     if (auto e = tools_to_chat(*tools, chat_tools)) return e;
   }
   ToolSetup setup;
-  if (auto e = setup_tools(ctx, tools ? &chat_tools : nullptr, reader.value("tool_choice"), setup)) return e;
+  const bool parallel_tool_calls = reader.boolean("parallel_tool_calls").value_or(true);
+  if (!reader.ok()) return reader.error();
+  if (auto e = setup_tools(ctx, tools ? &chat_tools : nullptr, reader.value("tool_choice"), parallel_tool_calls,
+                           constrained_reasoning(ctx, enable_thinking), setup))
+    return e;
   if (setup.constraint && request.params.constraint)
     return bad_request("text.format asks for JSON but tool_choice forces a tool call; ask for one of them",
                        "text.format");
@@ -464,6 +470,7 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
       {"top_p", request.params.sampling.top_p},
       {"tools", tools ? *tools : ojson::array()},
       {"tool_choice", reader.value("tool_choice") ? *reader.value("tool_choice") : ojson("auto")},
+      {"parallel_tool_calls", parallel_tool_calls},
       {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}}};
   if (const auto* text = reader.value("text"); text && text->contains("format") && !(*text)["format"].is_null())
     echo["text"] = {{"format", (*text)["format"]}};

@@ -332,8 +332,9 @@ Status HttpServer::start() {
   if (o.tool_parser == "none") o.tool_parser.clear();
   if (o.reasoning_parser == "none") o.reasoning_parser.clear();
   if (o.max_model_len <= 0) return invalid_argument("server: max_model_len must be positive");
-  if (o.tool_parser != "" && o.tool_parser != "glm47") {
-    return invalid_argument("server.tool_parser: unknown parser \"" + o.tool_parser + "\" (known: glm47, none)");
+  if (o.tool_parser != "" && !is_tool_parser(o.tool_parser)) {
+    return invalid_argument("server.tool_parser: unknown parser \"" + o.tool_parser + "\" (known: " + kToolParserNames +
+                            ")");
   }
   if (o.reasoning_parser != "" && o.reasoning_parser != "glm45") {
     return invalid_argument("server.reasoning_parser: unknown parser \"" + o.reasoning_parser +
@@ -368,7 +369,8 @@ Status HttpServer::start() {
     s.ctx.chat_template = t.get();
     s.ctx.special_token_texts = s.tokenizer.special_token_texts();
   }
-  for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>"}) {
+  // GLM's end-of-turn tokens, and DeepSeek-V3's end of sentence (which a finished DeepSeek tool-call grammar needs).
+  for (const char* token : {"<|endoftext|>", "<|user|>", "<|observation|>", "<｜end▁of▁sentence｜>"}) {
     if (auto id = s.tokenizer.token_to_id(token)) s.ctx.end_of_turn_ids.push_back(*id);
   }
   if (s.engine.applies_constraints()) {
