@@ -42,8 +42,13 @@ std::vector<Req> random_requests(int n, uint32_t seed, int64_t max_prompt, int64
 }
 
 // Submits every request from `threads` threads at once and checks each against its run alone.
-void expect_matches_reference(EngineUnderTest& t, const std::vector<Req>& reqs, int threads = 4) {
+// `queue_first`: the runner's gate is closed while the requests are submitted, so they are all waiting before the
+// engine steps a second time — tests that need the pool under pressure (preemption) do not depend on how fast the
+// submitting threads run on a loaded machine.
+void expect_matches_reference(EngineUnderTest& t, const std::vector<Req>& reqs, int threads = 4,
+                              bool queue_first = false) {
   Collector c;
+  if (queue_first) t.runner->close_gate();
   std::vector<std::thread> submitters;
   for (int th = 0; th < threads; ++th)
     submitters.emplace_back([&, th] {
@@ -53,6 +58,7 @@ void expect_matches_reference(EngineUnderTest& t, const std::vector<Req>& reqs, 
       }
     });
   for (auto& s : submitters) s.join();
+  if (queue_first) t.runner->open_gate();
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE(c.wait(static_cast<int>(i))) << "request " << i << " never finished";
     const Outcome o = c.get(static_cast<int>(i));
@@ -142,7 +148,7 @@ TEST(BatchEngine, PreemptionUnderATinyPoolKeepsTokensExact) {
   std::mt19937 rng(9);
   std::vector<Req> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back({random_prompt(rng, 20, kVocab), 40, {}, {}});
-  expect_matches_reference(t, reqs);
+  expect_matches_reference(t, reqs, 4, /*queue_first=*/true);
   EXPECT_GT(t.engine->metrics().preemptions_total, 0);
 }
 
@@ -151,7 +157,7 @@ TEST(BatchEngine, PreemptionWithPrefixCachingOff) {
   config.max_num_batched_tokens = 16;
   config.prefix_caching = false;
   auto t = make_engine(config);
-  expect_matches_reference(t, random_requests(12, 21, 30, 40));
+  expect_matches_reference(t, random_requests(12, 21, 30, 40), 4, /*queue_first=*/true);
   EXPECT_GT(t.engine->metrics().preemptions_total, 0);
 }
 
