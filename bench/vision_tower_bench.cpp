@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "bench_check.h"
+#include "cuda/vision_flash_attention.h"
 #include "cuda/vision_tower_cuda.h"
 #include "image_canvas.h"
 #include "vision_config.h"
@@ -71,6 +73,40 @@ double tower_flops(const VisionConfig& c, double n) {
   return 2 * n * c.patch_dim() * h + c.depth * per_block + 2 * tokens * (mm * h * out + out * out + 3 * out * pi);
 }
 
+// The tower's attention alone for one frame of n patches: its 24 blocks' flash attention calls back to back, timed
+// with CUDA events (ms for all 24, and the rate its 4·n²·hidden FLOPs per block make).
+void time_attention(const VisionConfig& c, int64_t n, std::mt19937& rng) {
+  const int64_t h = c.hidden_size, hd = c.head_dim(), heads = c.num_heads;
+  const std::vector<float> qkv = random_vector(static_cast<size_t>(n * 3 * h), rng, 2.0f);
+  float *d_qkv = nullptr, *d_out = nullptr;
+  void* ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_qkv, qkv.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_out, static_cast<size_t>(n * h) * 4));
+  CHECK_CUDA(cudaMalloc(&ws, kiln::vision::cuda::flash_attention_workspace_bytes(n, heads, hd)));
+  CHECK_CUDA(cudaMemcpy(d_qkv, qkv.data(), qkv.size() * 4, cudaMemcpyHostToDevice));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 4; ++rep) {
+    CHECK_CUDA(cudaEventRecord(a));
+    for (int64_t blk = 0; blk < c.depth; ++blk)
+      CHECK_CUDA(kiln::vision::cuda::flash_attention_frame(d_qkv, d_out, 0, n, heads, hd, scale, ws, nullptr));
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    if (rep > 0) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double flops = c.depth * 4.0 * static_cast<double>(n) * n * h;
+  std::printf("#   attention alone, %lld patches: %.1f ms for %lld blocks (%.0f TFLOP/s of bf16 products)\n",
+              static_cast<long long>(n), ms[1], static_cast<long long>(c.depth), flops / (ms[1] * 1e-3) / 1e12);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaFree(d_qkv), cudaFree(d_out), cudaFree(ws);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,8 +154,30 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), static_cast<long long>(n / 4), med, 1000.0 / med, tflops,
                 100.0 * tflops / kTf32PeakTflops);
   }
+  for (int64_t side : {336, 1024, 2048}) {
+    auto plan = kiln::vision::plan_canvas(side, side, pc);
+    CHECK_OK(plan.status());
+    time_attention(c, plan->canvas_height / c.patch_size * (plan->canvas_width / c.patch_size), rng);
+  }
   std::printf("# 16 images of 1024² encoded one after another (the modality's order): %.0f ms of a 16-image request's "
               "TTFT is the tower\n",
               16 * ms_1024);
+  {  // The same 16 images as 16 frames of one run: what encoding a request's images together would take.
+    auto plan = kiln::vision::plan_canvas(1024, 1024, pc);
+    CHECK_OK(plan.status());
+    const int64_t gh = plan->canvas_height / c.patch_size, gw = plan->canvas_width / c.patch_size;
+    const std::vector<std::array<int64_t, 3>> grids(16, {1, gh, gw});
+    const std::vector<float> pixels = random_vector(static_cast<size_t>(16 * gh * gw * c.patch_dim()), rng, 1.0f);
+    CHECK_OK((*tower)->run(pixels, grids).status());
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CHECK_OK((*tower)->run(pixels, grids).status());
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("# 16 images of 1024² as 16 frames of one run: %.0f ms (%.2f× one after another)\n", ms[1],
+                16 * ms_1024 / ms[1]);
+  }
   return 0;
 }

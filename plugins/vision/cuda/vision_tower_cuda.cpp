@@ -70,6 +70,7 @@ struct CudaVisionTower::Impl {
   std::vector<std::unique_ptr<Block>> blocks;
   // Activations, grown to the largest image.
   DeviceBuffer pixels, x, t, qkv, attn, gate, up, cos_t, sin_t, scores, y, z, mgate, mup;
+  DeviceBuffer flash_ws;  // the flash kernel's bf16 q, k, v of the largest frame
 
   ~Impl() {
     if (blas) cublasDestroy(blas);
@@ -94,10 +95,12 @@ struct CudaVisionTower::Impl {
   // (bf16 tensor cores) in the TF32 tower where the head width allows, else cuBLAS around a row softmax.
   Status attend(int64_t start, int64_t len) {
     const int64_t h = c.hidden_size, hd = c.head_dim(), heads = c.num_heads;
-    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && cuda::flash_attention_supported(hd))
+    if (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && cuda::flash_attention_supported(hd)) {
+      KILN_RETURN_IF_ERROR(flash_ws.grow((cuda::flash_attention_workspace_bytes(len, heads, hd) + 3) / 4));
       return cuda_ok(cuda::flash_attention_frame(qkv.ptr, attn.ptr, start, len, heads, hd,
-                                                 1.0f / std::sqrt(static_cast<float>(hd)), stream),
+                                                 1.0f / std::sqrt(static_cast<float>(hd)), flash_ws.ptr, stream),
                      "flash attention");
+    }
     const int64_t chunk =
         std::clamp<int64_t>(static_cast<int64_t>(score_bytes / (sizeof(float) * heads * len)), 1, len);
     KILN_RETURN_IF_ERROR(scores.grow(static_cast<size_t>(heads * chunk * len)));
