@@ -109,7 +109,20 @@ TEST(ChatTemplate, ParseErrorsNameTheField) {
   };
   expect_error(R"({"role":"user"})", "messages");
   expect_error(R"([{"role":"user","content":"a"},{"content":"b"}])", "messages[1].role");
-  expect_error(R"([{"role":"user"},{"role":"user"},{"role":"wizard","content":"b"}])", "messages[2].role");
+  expect_error(R"([{"role":"user","content":"a"},{"role":"user","content":""},{"role":"wizard","content":"b"}])",
+               "messages[2].role");
+  // Required fields, as OpenAI's API answers them with a 400.
+  expect_error(R"([{"role":"user"}])", "messages[0].content: a user message needs content");
+  expect_error(R"([{"role":"user","content":"a"},{"role":"user","content":null}])", "messages[1].content");
+  expect_error(R"([{"role":"system","content":null}])", "messages[0].content");
+  expect_error(R"([{"role":"assistant","content":null}])", "messages[0].content: an assistant message needs content");
+  expect_error(R"([{"role":"tool","content":"42"}])", "messages[0].tool_call_id");
+  expect_error(R"([{"role":"tool","tool_call_id":"","content":"42"}])", "messages[0].tool_call_id");
+  expect_error(R"([{"role":"tool","tool_call_id":"call_1"}])", "messages[0].content");
+  EXPECT_TRUE(parse_chat_messages(Json::parse(
+                  R"([{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"f"}}]},
+                      {"role":"tool","tool_call_id":"c","content":"ok"}])"))
+                  .ok());
   expect_error(R"([{"role":"user","content":5}])", "messages[0].content");
   expect_error(R"([{"role":"user","content":[{"type":"image_url","image_url":{}}]}])", "messages[0].content[0]");
   expect_error(R"([{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}])",

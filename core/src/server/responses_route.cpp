@@ -359,8 +359,8 @@ std::optional<ApiError> input_to_messages(const ojson& input, ojson& messages) {
            {"type", "function"},
            {"function", {{"name", item["name"]}, {"arguments", *arguments}}}});
     } else if (type == "function_call_output") {
-      if (!item.contains("call_id") || !item["call_id"].is_string()) {
-        return bad_request(where + ": a function_call_output needs a string 'call_id'", "input");
+      if (!item.contains("call_id") || !item["call_id"].is_string() || item["call_id"].get_ref<const std::string&>().empty()) {
+        return bad_request(where + ": a function_call_output needs a non-empty string 'call_id'", "input");
       }
       std::string text;
       if (auto e = content_text(item.contains("output") ? item["output"] : ojson(""), where + ".output", text)) {

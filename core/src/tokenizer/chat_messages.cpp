@@ -98,10 +98,20 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages
     if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool") {
       return invalid_argument(field + ".role: '" + m.role + "' is not one of system, developer, user, assistant, tool");
     }
+    // As OpenAI's API: content is required (a string or parts, not null) except on an assistant message that
+    // carries tool calls; a tool result names the call it answers.
+    const bool has_calls = json.contains("tool_calls") && json["tool_calls"].is_array() && !json["tool_calls"].empty();
+    const bool has_content = json.contains("content") && !json["content"].is_null();
+    if (!has_content && m.role != "assistant")
+      return invalid_argument(field + ".content: a " + m.role + " message needs content (a string or an array of parts)");
+    if (!has_content && !has_calls)
+      return invalid_argument(field + ".content: an assistant message needs content unless it carries tool_calls");
     KILN_ASSIGN_OR_RETURN(m.content, text_of(json.contains("content") ? json["content"] : Json(), field + ".content",
                                              m.role == "user" ? &m.media : nullptr, next_media));
     KILN_ASSIGN_OR_RETURN(m.reasoning_content, optional_string(json, "reasoning_content", field));
     KILN_ASSIGN_OR_RETURN(m.tool_call_id, optional_string(json, "tool_call_id", field));
+    if (m.role == "tool" && m.tool_call_id.empty())
+      return invalid_argument(field + ".tool_call_id: a tool message names the call it answers (a non-empty string)");
     KILN_ASSIGN_OR_RETURN(m.name, optional_string(json, "name", field));
     if (json.contains("tool_calls") && !json["tool_calls"].is_null()) {
       const Json& calls = json["tool_calls"];
