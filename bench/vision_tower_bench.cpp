@@ -6,6 +6,7 @@
 // Beside each figure: the FLOPs of the products (2·m·n·k per linear, 4·L²·hidden per frame for attention) and the
 // rate that makes against the H200's dense TF32 tensor-core peak (495 TFLOP/s, NVIDIA's data sheet).
 // Usage: kiln_bench_vision_tower_bench [--math fp32]
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -107,6 +108,55 @@ void time_attention(const VisionConfig& c, int64_t n, std::mt19937& rng) {
   cudaFree(d_qkv), cudaFree(d_out), cudaFree(ws);
 }
 
+// The tower's linears of one frame of n patches (per block: qkv, proj, gate, up, down; ×24) as cuBLAS products the
+// way the tower runs them (fp32 in and out, TF32 tensor cores) and the way a bf16 tower would (bf16 in, fp32 out,
+// fp32 accumulation): what the products alone cost, beside attention, and what bf16 operands would gain.
+void time_linears(const VisionConfig& c, int64_t n) {
+  const int64_t h = c.hidden_size, in = c.intermediate_size;
+  const int64_t shapes[5][2] = {{h, 3 * h}, {h, h}, {h, in}, {h, in}, {in, h}};  // {in, out}
+  cublasHandle_t blas;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return;
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(n * in) * 4));
+  CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(in * h) * 4 * 3));
+  CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(n * in) * 4));
+  CHECK_CUDA(cudaMemset(x, 0, static_cast<size_t>(n * in) * 4));
+  CHECK_CUDA(cudaMemset(w, 0, static_cast<size_t>(in * h) * 4 * 3));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int bf16 = 0; bf16 < 2; ++bf16) {
+    const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+    std::vector<float> ms;
+    double flops = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      CHECK_CUDA(cudaEventRecord(a));
+      flops = 0;
+      for (int64_t blk = 0; blk < c.depth; ++blk)
+        for (const auto& sh : shapes) {
+          const float one = 1.0f, zero = 0.0f;
+          cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(sh[1]), static_cast<int>(n),
+                       static_cast<int>(sh[0]), &one, w, t, static_cast<int>(sh[0]), x, t, static_cast<int>(sh[0]),
+                       &zero, y, CUDA_R_32F, static_cast<int>(sh[1]), compute, CUBLAS_GEMM_DEFAULT);
+          flops += 2.0 * n * sh[0] * sh[1];
+        }
+      CHECK_CUDA(cudaEventRecord(b));
+      CHECK_CUDA(cudaEventSynchronize(b));
+      float v = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&v, a, b));
+      if (rep > 0) ms.push_back(v);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("#   linears alone, %lld patches, %s: %.1f ms for %lld blocks (%.0f TFLOP/s)\n",
+                static_cast<long long>(n), bf16 ? "bf16 operands" : "TF32 (fp32 operands)", ms[1],
+                static_cast<long long>(c.depth), flops / (ms[1] * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaFree(x), cudaFree(w), cudaFree(y);
+  cublasDestroy(blas);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,7 +207,9 @@ int main(int argc, char** argv) {
   for (int64_t side : {336, 1024, 2048}) {
     auto plan = kiln::vision::plan_canvas(side, side, pc);
     CHECK_OK(plan.status());
-    time_attention(c, plan->canvas_height / c.patch_size * (plan->canvas_width / c.patch_size), rng);
+    const int64_t n = plan->canvas_height / c.patch_size * (plan->canvas_width / c.patch_size);
+    time_attention(c, n, rng);
+    time_linears(c, n);
   }
   std::printf("# 16 images of 1024² encoded one after another (the modality's order): %.0f ms of a 16-image request's "
               "TTFT is the tower\n",
