@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 #include <filesystem>
 #include <thread>
 
@@ -226,6 +227,96 @@ TEST_F(RealEngineServer, LogitBiasAndPenaltiesChangeGreedyOutput) {
   ASSERT_GE(rt.size(), 2u);
   EXPECT_EQ(rt[0], tokens[0]);
   EXPECT_NE(rt[1], tokens[0]);
+}
+
+// n > 1: each choice is a sequence of its own with seed + i. Choice i of a seeded request equals the n = 1 request
+// with seed + i, so choices differ and are reproducible; greedy choices are identical; usage counts the prompt once
+// and every choice's tokens; the stream carries every index, one usage chunk and one [DONE]; no blocks are left.
+TEST_F(RealEngineServer, ChoicesAreSequencesOfTheirOwnWithSeedPlusIndex) {
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(60, 0);
+  auto post = [&](const char* path, nlohmann::json body) {
+    auto res = c.Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    EXPECT_EQ(res->status, 200) << res->body;
+    return nlohmann::json::parse(res->body);
+  };
+  const nlohmann::json base = {{"prompt", "The socket module provides"}, {"max_tokens", 12}, {"temperature", 1.0},
+                               {"seed", 1234}};
+  nlohmann::json three = base;
+  three["n"] = 3;
+  const auto many = post("/v1/completions", three);
+  ASSERT_EQ(many["choices"].size(), 3u);
+  int64_t completion_tokens = 0;
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(many["choices"][i]["index"], i);
+    nlohmann::json one = base;
+    one["seed"] = 1234 + i;
+    const auto single = post("/v1/completions", one);
+    EXPECT_EQ(many["choices"][i]["text"], single["choices"][0]["text"]) << "choice " << i;
+    completion_tokens += single["usage"]["completion_tokens"].get<int64_t>();
+    texts.insert(many["choices"][i]["text"].get<std::string>());
+    if (i == 0) EXPECT_EQ(many["usage"]["prompt_tokens"], single["usage"]["prompt_tokens"]);
+  }
+  EXPECT_GT(texts.size(), 1u) << "seeded choices should differ";
+  EXPECT_EQ(many["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(many["usage"]["total_tokens"],
+            many["usage"]["prompt_tokens"].get<int64_t>() + many["usage"]["completion_tokens"].get<int64_t>());
+
+  // Greedy chat choices are identical and end the same way.
+  const nlohmann::json chat = {{"messages", nlohmann::json::array({{{"role", "user"}, {"content", "Return a new list"}}})},
+                               {"max_tokens", 10}, {"temperature", 0}, {"n", 2}};
+  const auto greedy = post("/v1/chat/completions", chat);
+  ASSERT_EQ(greedy["choices"].size(), 2u);
+  EXPECT_EQ(greedy["choices"][0]["message"], greedy["choices"][1]["message"]);
+  EXPECT_EQ(greedy["choices"][1]["index"], 1);
+
+  // Streamed: the same text per index as the body, every index's finish chunk, usage once, [DONE] once.
+  nlohmann::json streamed = chat;
+  streamed["stream"] = true;
+  streamed["stream_options"] = {{"include_usage", true}};
+  auto res = c.Post("/v1/chat/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  std::string text[2];
+  int finishes[2] = {0, 0}, usage_chunks = 0, done = 0;
+  for (const auto& e : parse_sse(res->body)) {
+    if (e.data == "[DONE]") {
+      ++done;
+      continue;
+    }
+    const auto j = nlohmann::json::parse(e.data);
+    if (!j["usage"].is_null()) {
+      ++usage_chunks;
+      EXPECT_EQ(j["usage"]["completion_tokens"], greedy["usage"]["completion_tokens"]);
+    }
+    for (const auto& ch : j["choices"]) {
+      const int i = ch["index"];
+      ASSERT_TRUE(i == 0 || i == 1);
+      if (ch["delta"].contains("content")) text[i] += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) ++finishes[i];
+    }
+  }
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(usage_chunks, 1);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(finishes[i], 1) << "choice " << i;
+    EXPECT_EQ(text[i], greedy["choices"][i]["message"]["content"].get<std::string>()) << "choice " << i;
+  }
+  EXPECT_EQ(wait_idle().kv_blocks_used, 0);
+
+  // Out of range, and on the Responses API: 400s naming n.
+  nlohmann::json too_many = base;
+  too_many["n"] = 17;
+  auto bad = c.Post("/v1/completions", too_many.dump(), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("\"n\""), std::string::npos) << bad->body;
+  auto responses = c.Post("/v1/responses", nlohmann::json{{"input", "hi"}, {"n", 2}}.dump(), "application/json");
+  ASSERT_TRUE(responses);
+  EXPECT_EQ(responses->status, 400);
+  EXPECT_NE(responses->body.find("\"n\""), std::string::npos) << responses->body;
 }
 
 }  // namespace

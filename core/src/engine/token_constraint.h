@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 
 namespace kiln {
@@ -21,6 +22,9 @@ class TokenConstraint {
   virtual void rollback(int num_tokens) = 0;
   // A stop token was accepted: the constrained text is complete.
   virtual bool terminated() const = 0;
+  // The same constraint at its start state, for another sequence of the same request (n > 1); null when it cannot
+  // be had (the request is then refused).
+  virtual std::shared_ptr<TokenConstraint> fresh() const { return nullptr; }
 };
 
 }  // namespace kiln

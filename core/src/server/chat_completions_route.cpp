@@ -53,14 +53,27 @@ class ChatWriter : public ResponseWriter {
   }
 
   std::string stream_end(const GenerationResult& result) override {
-    std::string out = chunk(ojson::object(), openai_finish_reason(result));
+    return stream_finish(result) + stream_close(result.usage);
+  }
+  std::string stream_finish(const GenerationResult& result) override {
+    return chunk(ojson::object(), openai_finish_reason(result));
+  }
+  std::string stream_close(const Usage& usage) override {
+    std::string out;
     if (include_usage_) {
       ojson last = header();
       last["choices"] = ojson::array();
-      last["usage"] = usage_json(result.usage);
+      last["usage"] = usage_json(usage);
       out += sse_event(last);
     }
     return out + "data: [DONE]\n\n";
+  }
+
+  std::unique_ptr<ResponseWriter> for_choice(int index) const override {
+    auto w = std::make_unique<ChatWriter>(*this);
+    w->index_ = index;
+    w->pending_logprobs_.clear();
+    return w;
   }
 
   std::string stream_error(const ApiError& error) override { return sse_event(error.to_json()) + "data: [DONE]\n\n"; }
@@ -84,7 +97,7 @@ class ChatWriter : public ResponseWriter {
       message["tool_calls"] = calls;
     }
     ojson body = {{"id", id_}, {"object", "chat.completion"}, {"created", created_}, {"model", model_}};
-    body["choices"] = ojson::array({{{"index", 0},
+    body["choices"] = ojson::array({{{"index", index_},
                                      {"message", message},
                                      {"logprobs", take_logprobs()},
                                      {"finish_reason", openai_finish_reason(result)}}});
@@ -107,7 +120,7 @@ class ChatWriter : public ResponseWriter {
 
   std::string chunk(ojson delta, ojson finish_reason) {
     ojson c = header();
-    c["choices"] = ojson::array({{{"index", 0},
+    c["choices"] = ojson::array({{{"index", index_},
                                   {"delta", std::move(delta)},
                                   {"logprobs", logprobs_ && !pending_logprobs_.empty() ? take_logprobs() : ojson(nullptr)},
                                   {"finish_reason", std::move(finish_reason)}}});
@@ -119,6 +132,7 @@ class ChatWriter : public ResponseWriter {
   int64_t created_;
   bool include_usage_;
   const Tokenizer* logprobs_;  // set when the request asked for logprobs
+  int index_ = 0;              // the choice this writer writes
 };
 
 }  // namespace

@@ -39,14 +39,27 @@ class CompletionWriter : public ResponseWriter {
   }
 
   std::string stream_end(const GenerationResult& result) override {
-    std::string out = sse_event(body("", result.finish_reason, false));
+    return stream_finish(result) + stream_close(result.usage);
+  }
+  std::string stream_finish(const GenerationResult& result) override {
+    return sse_event(body("", result.finish_reason, false));
+  }
+  std::string stream_close(const Usage& usage) override {
+    std::string out;
     if (include_usage_) {
       ojson last = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_}};
       last["choices"] = ojson::array();
-      last["usage"] = usage_json(result.usage);
+      last["usage"] = usage_json(usage);
       out += sse_event(last);
     }
     return out + "data: [DONE]\n\n";
+  }
+
+  std::unique_ptr<ResponseWriter> for_choice(int index) const override {
+    auto w = std::make_unique<CompletionWriter>(*this);
+    w->index_ = index;
+    w->pending_logprobs_.clear();
+    return w;
   }
 
   std::string stream_error(const ApiError& error) override { return sse_event(error.to_json()) + "data: [DONE]\n\n"; }
@@ -63,7 +76,7 @@ class CompletionWriter : public ResponseWriter {
   ojson body(const std::string& text, ojson finish_reason, bool final_body) {
     ojson b = {{"id", id_}, {"object", "text_completion"}, {"created", created_}, {"model", model_}};
     b["choices"] = ojson::array(
-        {{{"index", 0}, {"text", text}, {"logprobs", take_logprobs()}, {"finish_reason", std::move(finish_reason)}}});
+        {{{"index", index_}, {"text", text}, {"logprobs", take_logprobs()}, {"finish_reason", std::move(finish_reason)}}});
     if (include_usage_ && !final_body) b["usage"] = nullptr;
     return b;
   }
@@ -73,6 +86,7 @@ class CompletionWriter : public ResponseWriter {
   std::string id_, model_;
   int64_t created_;
   bool include_usage_;
+  int index_ = 0;  // the choice this writer writes
 };
 
 // A string, a list holding one string, or a list of token ids.

@@ -50,9 +50,7 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
     s.seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
   }
   if (auto stop = reader.string_or_list("stop", kMaxStopStrings)) request.output.stop_strings = *stop;
-  if (auto n = reader.integer("n", 1, INT32_MAX); n && *n != 1) {
-    reader.fail(bad_request("only n=1 is supported, got n=" + std::to_string(*n), "n"));
-  }
+  request.n = static_cast<int>(reader.integer("n", 1, kMaxChoices).value_or(1));
   request.stream = reader.boolean("stream").value_or(false);
   if (const auto* opts = reader.value("stream_options")) {
     if (!opts->is_object()) {

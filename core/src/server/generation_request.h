@@ -50,6 +50,7 @@ struct GenerationRequest {
   // token: thinking stays on.
   bool constraint_after_reasoning = false;
   std::optional<int64_t> requested_max_tokens;
+  int n = 1;  // choices: one engine sequence each (server/choice_set.h)
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;  // also params.logprobs: how many alternatives (0..20)
@@ -64,6 +65,9 @@ void read_penalty_fields(const ServerContext& ctx, RequestReader& reader, Genera
 
 // 404 unless `model` is absent or names this server's model (served name or model id).
 std::optional<ApiError> check_model(const ServerContext& ctx, RequestReader& reader);
+
+// The most choices one request may ask for (`n`): each is a sequence of its own in the engine.
+inline constexpr int kMaxChoices = 16;
 
 // temperature, top_p, top_k, seed, stop, n, stream, stream_options, and the token limit under the first of
 // `max_tokens_keys` present (chat accepts max_tokens and max_completion_tokens).

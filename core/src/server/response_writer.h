@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -31,6 +32,13 @@ class ResponseWriter {
   virtual std::string stream_error(const ApiError& error) = 0;
   // The whole non-streamed body.
   virtual nlohmann::ordered_json complete(const OutputPieces& pieces, const GenerationResult& result) = 0;
+
+  // n > 1 (routes with choices): a writer of the same response (id, created) for choice `index`; null where the
+  // route has one output. Its stream_end is then split: stream_finish ends one choice, stream_close (once, from
+  // any of them) the whole stream with the total usage.
+  virtual std::unique_ptr<ResponseWriter> for_choice(int) const { return nullptr; }
+  virtual std::string stream_finish(const GenerationResult& result) { return stream_end(result); }
+  virtual std::string stream_close(const Usage&) { return {}; }
   // Logprobs of the tokens received since the last call: the writer puts them on the next chunk it writes (or in
   // the final body). Called before stream_pieces / stream_end / complete.
   void add_logprobs(std::vector<TokenLogprob> entries) {

@@ -408,6 +408,8 @@ std::optional<ApiError> prepare_response(const ServerContext& ctx, const ojson& 
   if (auto e = check_model(ctx, reader)) return e;
   GenerationRequest& request = out.request;
   read_sampling_fields(reader, {"max_output_tokens"}, request);
+  if (request.n != 1)
+    reader.fail(bad_request("a response has one output: n is not a /v1/responses field (use /v1/chat/completions)", "n"));
   if (auto logprobs = reader.boolean("logprobs"); logprobs && *logprobs) {
     reader.fail(bad_request("logprobs are not supported on /v1/responses (use /v1/chat/completions)", "logprobs"));
   }

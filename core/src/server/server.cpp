@@ -12,6 +12,7 @@
 
 #include "kiln/log.h"
 #include "server/chat_completions_route.h"
+#include "server/choice_set.h"
 #include "server/completions_route.h"
 #include "server/generation_session.h"
 #include "server/guarded_http_server.h"
@@ -143,6 +144,7 @@ struct HttpServer::Impl {
                                                                       std::to_string(options.max_concurrent_requests) +
                                                                       " requests in flight); retry later")));
     }
+    if (prepared.request.n > 1) return serve_choices(res, prepared, arrival, slot);
     auto session = std::make_shared<GenerationSession>(engine, metrics, tokenizer, prepared.request.output, arrival);
     const bool report_progress = prepared.request.params.report_prefill_progress;
     Status submitted = session->start(std::move(prepared.request.params), prepared.request.prefill);
@@ -222,6 +224,55 @@ struct HttpServer::Impl {
           return true;
         },
         [state](bool) { state->session->abandon(); });
+  }
+
+  // n > 1: the choices run as sequences of their own (server/choice_set.h), in one body or one stream.
+  void serve_choices(httplib::Response& res, PreparedGeneration& prepared, Clock::time_point arrival,
+                     std::shared_ptr<InFlightSlot> slot) {
+    auto started = ChoiceSet::start(engine, metrics, tokenizer, prepared, arrival);
+    if (!started.ok()) return send_error(res, api_error_from_status(started.status()));
+    std::shared_ptr<ChoiceSet> set = std::move(started).value();
+    if (!prepared.request.stream) {
+      while (!set->poll(kPoll)) {
+        if (!GuardedHttpServer::client_connected()) return set->abandon();
+        if (cancel_in_flight) {
+          set->abandon();
+          return send_error(res, cancelled_by_shutdown());
+        }
+      }
+      if (set->error()) return send_error(res, server_fault("generation failed: " + *set->error()));
+      res.set_content(set->body().dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
+      return;
+    }
+    std::shared_ptr<ResponseWriter> error_writer = std::move(prepared.writer);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    auto last_write = std::make_shared<Clock::time_point>(Clock::now());
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, set, slot, error_writer, last_write](size_t, httplib::DataSink& sink) {
+          std::string out = set->stream_next(kPoll);
+          bool done = set->finished();
+          if (done && set->error()) {
+            out += error_writer->stream_error(logged(server_fault("generation failed: " + *set->error())));
+          } else if (!done && cancel_in_flight) {
+            set->abandon();
+            out += error_writer->stream_error(cancelled_by_shutdown());
+            done = true;
+          }
+          const auto now = Clock::now();
+          if (out.empty() && now - *last_write >= options.keep_alive_interval) out = ": keep-alive\n\n";
+          if (!out.empty()) {
+            if (!sink.write(out.data(), out.size())) {
+              set->abandon();
+              return false;
+            }
+            *last_write = now;
+          }
+          if (done) sink.done();
+          return true;
+        },
+        [set](bool) { set->abandon(); });
   }
 
   void install_routes() {

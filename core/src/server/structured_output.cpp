@@ -44,7 +44,16 @@ class XgrammarConstraint final : public TokenConstraint {
  public:
   // `refused`: a bitmask of tokens never allowed whatever the grammar says (null: none).
   XgrammarConstraint(const xgrammar::CompiledGrammar& grammar, int32_t vocab_size, const std::vector<uint32_t>* refused)
-      : matcher_(grammar), words_(xgrammar::GetBitmaskSize(vocab_size)), scratch_(words_), refused_(refused) {}
+      : grammar_(grammar),
+        matcher_(grammar),
+        vocab_size_(vocab_size),
+        words_(xgrammar::GetBitmaskSize(vocab_size)),
+        scratch_(words_),
+        refused_(refused) {}
+
+  std::shared_ptr<TokenConstraint> fresh() const override {
+    return std::make_shared<XgrammarConstraint>(grammar_, vocab_size_, refused_);
+  }
 
   // These run on the engine's thread, where an exception would end the process: a failure inside xgrammar becomes
   // an empty mask or a refused token instead, and the engine ends the request with an error.
@@ -89,8 +98,10 @@ class XgrammarConstraint final : public TokenConstraint {
       for (size_t w = 0; w < n && w < refused_->size(); ++w) mask[w] &= ~(*refused_)[w];
   }
 
+  xgrammar::CompiledGrammar grammar_;  // a shared handle: fresh() matchers start from it
   xgrammar::GrammarMatcher matcher_;
   bool broken_ = false;
+  int32_t vocab_size_;
   int32_t words_;
   std::vector<int32_t> scratch_;
   const std::vector<uint32_t>* refused_;
