@@ -83,6 +83,7 @@ Status DeviceTokenSelection::select(float* logits, int64_t vocab, std::span<cons
     return invalid_argument("token selection: at most " + std::to_string(kMaxTopK) + " top logprobs, asked for " +
                             std::to_string(top_n));
   const size_t masked = mask_rows.size(), adjusted = adjusted_rows.size(), cut = min_p_rows.size();
+  const size_t adjusted_offsets = adjusted > 0 ? adjusted + 1 : 0;
   const size_t lp = logprob_rows.size(), top = lp * static_cast<size_t>(top_n);
   const size_t drafts = plan.drafts.size(), uniforms = plan.uniforms.size();
   const size_t stride = static_cast<size_t>(plan.max_drafts + 1);
@@ -95,7 +96,7 @@ Status DeviceTokenSelection::select(float* logits, int64_t vocab, std::span<cons
   const size_t up_q = up_u + up256(8 * uniforms), up_rows = up_q + up256(8 * q_rows * cpu::kMaxQWidth);
   const size_t up_masks = up_rows + up256(4 * masked), up_adj_rows = up_masks + up256(4 * masked * words);
   const size_t up_adj_offsets = up_adj_rows + up256(4 * adjusted);
-  const size_t up_adj = up_adj_offsets + up256(4 * (adjusted + 1));
+  const size_t up_adj = up_adj_offsets + up256(4 * adjusted_offsets);
   const size_t up_cut_rows = up_adj + up256(sizeof(LogitAdjustment) * adjustments);
   const size_t up_cut_offsets = up_cut_rows + up256(4 * cut), up_lp_rows = up_cut_offsets + up256(8 * cut);
   const size_t per_seq = lp > 0 ? n : 0;  // the per-sequence tables only serve logprobs
@@ -136,7 +137,7 @@ Status DeviceTokenSelection::select(float* logits, int64_t vocab, std::span<cons
   }
   put(up_rows, mask_rows, masked);
   put(up_adj_rows, adjusted_rows, adjusted);
-  put(up_adj_offsets, adjustment_offsets, adjusted + 1);
+  put(up_adj_offsets, adjustment_offsets, adjusted_offsets);
   put(up_cut_rows, min_p_rows, cut);
   put(up_cut_offsets, min_p_offsets, cut);
   put(up_lp_rows, logprob_rows, lp);
