@@ -213,7 +213,7 @@ void expect_400s_naming_the_field(const Post& post, const std::vector<ParamCase>
   }
 }
 
-// The fake engine computes no logprobs (like device token selection today): asking is a 400 naming the field, and
+// The fake engine computes no logprobs (an engine that cannot): asking is a 400 naming the field, and
 // out-of-range values are 400s before that.
 TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
   const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
@@ -238,7 +238,7 @@ TEST_F(ServerTest, LogprobsRangesAndAvailabilityAre400NamingTheField) {
 
 
 // Penalties, logit_bias and min_p: out-of-range values are 400s naming the field; on an engine that does not apply
-// them (the fake one, like device token selection today) a real value is a 400 too, and the defaults pass.
+// them (the fake one) a real value is a 400 too, and the defaults pass.
 TEST_F(ServerTest, PenaltyRangesAndAvailabilityAre400NamingTheField) {
   const json chat = json::array({{{"role", "user"}, {"content", "hi"}}});
   const std::vector<ParamCase> cases = {

@@ -75,11 +75,10 @@ Result<uint64_t> BatchEngine::submit(RequestParams params, TokenSink sink) {
     return invalid_argument("logprobs: at most " + std::to_string(kMaxTopLogprobs) + " alternatives, got " +
                             std::to_string(params.logprobs));
   if (params.logprobs >= 0 && !runner_->reports_logprobs())
-    return invalid_argument("logprobs are not computed on this model's device yet (the CPU path computes them)");
+    return invalid_argument("logprobs are not computed by this engine's model runner");
   if ((params.sampling.adjusts_logits() || params.sampling.min_p > 0.0f) && !runner_->applies_logit_adjustments())
-    return invalid_argument("presence/frequency/repetition penalties, logit_bias and min_p are applied by the host "
-                            "token selection (CPU recipes) only for now: this model's device selects tokens without "
-                            "them");
+    return invalid_argument("presence/frequency/repetition penalties, logit_bias and min_p are not applied by this "
+                            "engine's model runner");
   for (const auto& [token, value] : params.sampling.logit_bias)
     if (token < 0 || token >= vocab)
       return invalid_argument("logit_bias: token " + std::to_string(token) + " is outside the vocabulary (size " +

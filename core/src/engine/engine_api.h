@@ -90,13 +90,13 @@ class Engine {
   virtual Result<uint64_t> submit(RequestParams params, TokenSink sink) = 0;
   virtual void cancel(uint64_t request_id) = 0;
   virtual EngineMetrics metrics() const = 0;
-  // Whether token events can carry logprobs (the CPU path computes them; device selection does not yet).
+  // Whether token events can carry logprobs (the model runner computes them: CPU and CUDA runners do).
   virtual bool reports_logprobs() const { return false; }
-  // Whether requests may carry a TokenConstraint (the host token selection applies masks; device selection does
-  // not yet), and the vocabulary size its masks cover.
+  // Whether requests may carry a TokenConstraint (the host and the CUDA token selection apply masks), and the
+  // vocabulary size its masks cover.
   virtual bool applies_constraints() const { return false; }
-  // Whether requests may carry penalties, logit_bias and min_p (SamplingOptions; the host token selection applies
-  // them, the device selection does not yet).
+  // Whether requests may carry penalties, logit_bias and min_p (SamplingOptions; the host and the CUDA token
+  // selection apply them).
   virtual bool applies_logit_adjustments() const { return false; }
   virtual int64_t vocab_size() const { return 0; }
   // Stops admitting requests, finishes the running and waiting ones, then returns.

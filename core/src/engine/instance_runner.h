@@ -17,10 +17,12 @@ class InstanceRunner final : public ModelRunner {
   }
   int64_t vocab_size() const override { return model_.vocab_size(); }
   int64_t hidden_size() const override { return model_.hidden_size(); }
-  bool reports_logprobs() const override { return model_.device().is_cpu(); }
-  // CPU: masked in host selection; CUDA: uploaded with the selection and applied on the device (kernels/cuda/token_mask).
+  // CPU: host selection (model/host_token_select). CUDA: uploaded with the selection and applied on the device —
+  // adjustments, masks and min_p in the host's order (kernels/cuda/logit_adjust, token_mask), logprobs taken from
+  // the rows before them (kernels/cuda/logprobs) — in runtime/cuda/cuda_token_selection.
+  bool reports_logprobs() const override { return true; }
   bool applies_token_masks() const override { return true; }
-  bool applies_logit_adjustments() const override { return model_.device().is_cpu(); }
+  bool applies_logit_adjustments() const override { return true; }
 
  private:
   ModelInstance& model_;

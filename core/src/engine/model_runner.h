@@ -23,12 +23,11 @@ class ModelRunner {
   virtual int64_t vocab_size() const = 0;
   // The width of the embedding rows a step's media may carry (the model's hidden size); 0: it takes no media.
   virtual int64_t hidden_size() const { return 0; }
-  // Whether step() fills StepOutput::logprobs for selections that ask (host token selection does; the device
-  // selection does not yet).
+  // Whether step() fills StepOutput::logprobs for selections that ask (the host and the CUDA token selection do).
   virtual bool reports_logprobs() const { return false; }
-  // Whether step() honours TokenSelection::allowed (host token selection does; the device selection does not yet).
+  // Whether step() honours TokenSelection::allowed (the host and the CUDA token selection do).
   virtual bool applies_token_masks() const { return false; }
-  // Whether step() honours TokenSelection::adjustments and min_p (host token selection does).
+  // Whether step() honours TokenSelection::adjustments and min_p (the host and the CUDA token selection do).
   virtual bool applies_logit_adjustments() const { return false; }
 };
 

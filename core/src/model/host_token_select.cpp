@@ -9,8 +9,9 @@ namespace kiln {
 namespace {
 bool greedy_params(const TokenSelection& s) { return s.temperature <= 0.0f || s.top_k == 1; }
 bool has_q(const TokenSelection& s) { return s.select && s.num_drafts > 0 && s.q_ids; }
+}  // namespace
 
-Status check_adjustments(const TokenSelection& s, int64_t vocab) {
+Status check_logit_adjustments(const TokenSelection& s, int64_t vocab) {
   if (s.adjustments.empty()) return ok_status();
   const int64_t rows = s.num_drafts + 1, n = static_cast<int64_t>(s.adjustments.size());
   if (static_cast<int64_t>(s.adjustment_offsets.size()) != rows + 1)
@@ -27,7 +28,6 @@ Status check_adjustments(const TokenSelection& s, int64_t vocab) {
                               std::to_string(vocab) + ", repetition " + std::to_string(a.repetition) + ")");
   return ok_status();
 }
-}  // namespace
 
 void apply_logit_adjustments(float* row, std::span<const LogitAdjustment> adjustments) {
   for (const LogitAdjustment& a : adjustments) {
@@ -185,7 +185,7 @@ Status select_tokens_host(const float* logits, int64_t vocab, std::span<const in
       return invalid_argument("token selection of entry " + std::to_string(i) + ": a token mask of " +
                               std::to_string(s.allowed.size()) + " words for " + std::to_string(rows) + " rows of " +
                               std::to_string(words));
-    KILN_RETURN_IF_ERROR(check_adjustments(s, vocab).with_context("token selection of entry " + std::to_string(i)));
+    KILN_RETURN_IF_ERROR(check_logit_adjustments(s, vocab).with_context("token selection of entry " + std::to_string(i)));
     if (adjusted.empty()) {
       int64_t total_rows = 0;
       for (size_t j = 0; j < select.size(); ++j)

@@ -43,6 +43,10 @@ TokenLogprobs token_logprobs(const float* row, int64_t vocab, int32_t token, int
 Status select_tokens_host(const float* logits, int64_t vocab, std::span<const int64_t> first_row,
                           std::span<const TokenSelection> select, StepOutput& out);
 
+// TokenSelection::adjustments against its offsets (a partition into num_drafts + 1 rows), the vocabulary and a
+// positive repetition.
+Status check_logit_adjustments(const TokenSelection& s, int64_t vocab);
+
 // Row adjustments of TokenSelection: logit_bias and penalties (in place, entries' tokens in range), and the min_p cut
 // at a temperature (tokens below it to -inf; the likeliest token always stays).
 void apply_logit_adjustments(float* row, std::span<const LogitAdjustment> adjustments);

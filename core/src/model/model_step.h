@@ -9,6 +9,7 @@
 
 #include "kiln/kv_layout.h"
 #include "kiln/tensor.h"
+#include "model/logit_adjustment.h"
 
 namespace kiln {
 
@@ -30,15 +31,6 @@ struct SequenceStep {
   // On the model's device, tokens.size() ids that replace the values of `tokens` (which then only counts them): a
   // drafter's chained step feeds the draft it just sampled without waiting for it on the host. CUDA models only.
   const int32_t* device_tokens = nullptr;
-};
-
-// One token's logit before selection: x → rep(x + bias) + add, rep(y) = y / repetition when y > 0 and y · repetition
-// otherwise (repetition 1 leaves it). The engine's sampling penalties and logit_bias (engine/sampling_penalties.h).
-struct LogitAdjustment {
-  int32_t token = 0;
-  float bias = 0.0f;
-  float repetition = 1.0f;
-  float add = 0.0f;
 };
 
 // What a step picks from one sequence's logits after the forward (on the model's device: only ids come back).
@@ -67,7 +59,8 @@ struct TokenSelection {
   // Sampling penalties and logit_bias: empty, or row t's adjustments are adjustments[adjustment_offsets[t] ..
   // adjustment_offsets[t + 1]) (num_drafts + 2 offsets): like the masks, row t's are what the request's history
   // would give after the drafts before it, so verified output equals undrafted output. Applied before the masks;
-  // logprobs stay the model's own. Host selection only (ModelRunner::applies_logit_adjustments).
+  // logprobs stay the model's own. A row's tokens are distinct (the CUDA selection refuses repeats; the engine's
+  // rows come out of a map, ascending).
   std::span<const LogitAdjustment> adjustments;
   std::span<const int32_t> adjustment_offsets;
   // > 0 (sampled rows only): tokens whose probability after temperature is below min_p × the likeliest token's are

@@ -115,8 +115,7 @@ void read_penalty_fields(const ServerContext& ctx, RequestReader& reader, Genera
                                                      : nullptr;
   if (field)
     reader.fail(bad_request(std::string(field) +
-                                " is not applied on this model's device yet (a CPU recipe applies it); leave it at its "
-                                "default",
+                                " is not applied by this engine; leave it at its default",
                             field));
 }
 
@@ -124,7 +123,7 @@ std::optional<ApiError> request_logprobs(const ServerContext& ctx, int64_t top, 
                                          GenerationRequest& request) {
   if (!ctx.logprobs_supported) {
     return bad_request(std::string(field) +
-                           ": logprobs are not computed on this model's device yet (a CPU recipe computes them)",
+                           ": logprobs are not computed by this engine",
                        field);
   }
   request.logprobs = true;

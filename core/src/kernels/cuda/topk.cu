@@ -20,7 +20,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict__ values, int64_t n, int k_out,
-                                                        int64_t causal_offset, int32_t* __restrict__ out) {
+                                                        int64_t causal_offset, const int32_t* __restrict__ row_ids,
+                                                        int32_t* __restrict__ out) {
   using Sort = cub::BlockRadixSort<uint32_t, kThreads, kSortItems, int>;
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ union {
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict_
   __shared__ int s_idx[kMaxTopK];
 
   const int64_t row = blockIdx.x;
-  const float* v = values + row * n;
+  const float* v = values + (row_ids ? static_cast<int64_t>(row_ids[row]) : row) * n;
   const int64_t causal = causal_offset + row + 1;
   const int64_t visible = causal_offset >= 0 && causal < n ? causal : n;
   const int k = static_cast<int>(visible < k_out ? visible : k_out);
@@ -124,8 +125,19 @@ Status topk_rows(const float* values, int64_t rows, int64_t n, int64_t k, int64_
     return invalid_argument("cuda::topk_rows: need 0 < k ≤ 2048 and 0 < n < 2^31, got k=" + std::to_string(k));
   if (rows <= 0) return ok_status();
   topk_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(values, n, static_cast<int>(k), causal_offset,
-                                                                    out);
+                                                                    nullptr, out);
   return check_launch("cuda::topk_rows");
+}
+
+Status topk_listed_rows(const float* values, const int32_t* row_ids, int64_t rows, int64_t n, int64_t k, int32_t* out,
+                        StreamHandle stream) {
+  if (k <= 0 || k > kMaxTopK || n <= 0 || n > INT32_MAX)
+    return invalid_argument("cuda::topk_listed_rows: need 0 < k ≤ 2048 and 0 < n < 2^31, got k=" + std::to_string(k));
+  if (rows <= 0) return ok_status();
+  if (!values || !row_ids || !out || rows > INT32_MAX)
+    return invalid_argument("cuda::topk_listed_rows: need values, row ids, out and fewer than 2^31 rows");
+  topk_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(values, n, static_cast<int>(k), -1, row_ids, out);
+  return check_launch("cuda::topk_listed_rows");
 }
 
 }  // namespace kiln::cuda

@@ -18,4 +18,9 @@ inline constexpr int64_t kMaxTopK = 2048;
 Status topk_rows(const float* values, int64_t rows, int64_t n, int64_t k, int64_t causal_offset, int32_t* out,
                  StreamHandle stream);
 
+// topk_rows over the rows a list names (no causal limit): out row r is the top k of values + row_ids[r]·n. For rows
+// scattered through a larger array (the logits rows of a step whose selections ask for logprobs).
+Status topk_listed_rows(const float* values, const int32_t* row_ids, int64_t rows, int64_t n, int64_t k, int32_t* out,
+                        StreamHandle stream);
+
 }  // namespace kiln::cuda
