@@ -210,6 +210,10 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
   std::vector<int32_t> drafts(static_cast<size_t>(dev.draft_rows()));
   ASSERT_TRUE(gpu.device->copy(logits.data(), dev.logits(), logits.size() * 4, false).ok());
   ASSERT_TRUE(gpu.device->copy(drafts.data(), dev.tokens(), drafts.size() * 4, true).ok());
+  for (float& x : logits) {  // the host model's logits come after these (1.0 and none for both checkpoints here)
+    x *= static_cast<float>(config->output_multiplier);
+    if (config->softcap > 0) x = static_cast<float>(std::tanh(x / config->softcap) * config->softcap);
+  }
 
   int equal = 0, positions = 0;
   row0 = 0;
