@@ -25,6 +25,7 @@ class DflashCudaDrafter final : public Drafter {
 
   Status propose(const DraftStep& step, std::vector<DraftProposal>& out) override {
     out.assign(step.seqs.size(), {});
+    if (step.seqs.empty()) return ok_status();
     const DflashConfig& c = model_->config();
     const int64_t bs = s_.block_size();
     rows_.clear();

@@ -77,10 +77,44 @@ struct DflashCudaModel::Impl {
   int32_t* cand_ids = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // The step's metadata.
+  // The step's metadata: packed on the host, staged in pinned memory (a copy from pageable memory may wait for the
+  // stream), copied to `meta` on the stream; `uploaded` marks when the stream has read the staging buffer.
   HostPack pack;
   uint8_t* meta = nullptr;
   size_t meta_bytes = 0;
+  uint8_t* pinned = nullptr;
+  size_t pinned_bytes = 0;
+  cudaEvent_t uploaded = nullptr;
+  bool upload_pending = false;
+
+  ~Impl() {
+    if (upload_pending) cudaEventSynchronize(uploaded);
+    if (pinned) cudaFreeHost(pinned);
+    if (uploaded) cudaEventDestroy(uploaded);
+  }
+
+  // Copies the pack to `meta` without waiting for the stream: the previous step's upload (long done in practice) is
+  // the only thing waited for, before its staging buffer is rewritten.
+  Status upload_pack() {
+    if (!uploaded) KILN_RETURN_IF_ERROR(cuda_ok(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming), "event"));
+    if (upload_pending) KILN_RETURN_IF_ERROR(cuda_ok(cudaEventSynchronize(uploaded), "staging the step's metadata"));
+    upload_pending = false;
+    if (pack.size() > pinned_bytes) {
+      if (pinned) KILN_RETURN_IF_ERROR(cuda_ok(cudaFreeHost(pinned), "staging the step's metadata"));
+      pinned = nullptr;
+      const size_t bytes = std::max(pack.size(), 2 * pinned_bytes);
+      void* p = nullptr;
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaMallocHost(&p, bytes), "staging the step's metadata"));
+      pinned = static_cast<uint8_t*>(p);
+      pinned_bytes = bytes;
+    }
+    std::memcpy(pinned, pack.data(), pack.size());
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(meta, pinned, pack.size(), cudaMemcpyHostToDevice, stream),
+                                 "copying the step's metadata"));
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaEventRecord(uploaded, stream), "event"));
+    upload_pending = true;
+    return ok_status();
+  }
   size_t at_tap_rows = 0, at_ctx_positions = 0, at_slots = 0, at_ids = 0, at_positions = 0, at_local = 0,
          at_block_start = 0, at_block_len = 0, at_seq = 0, at_tables = 0, at_table_offset = 0, at_draft_src = 0,
          at_first_row = 0, at_depth = 0, at_anchor = 0, at_temperature = 0, at_uniforms = 0;
@@ -355,8 +389,7 @@ Status DflashCudaModel::run(const std::vector<TensorView>& taps, const std::vect
     m.meta = static_cast<uint8_t*>(meta);
     m.meta_bytes = bytes;
   }
-  // Pageable source: the copy has taken the bytes when it returns, so the pack may change before the stream runs.
-  KILN_RETURN_IF_ERROR(s_.device().copy(m.meta, p.data(), p.size(), false));
+  KILN_RETURN_IF_ERROR(m.upload_pack());
 
   KILN_RETURN_IF_ERROR(forward_context(taps, R));
   if (M > 0) KILN_RETURN_IF_ERROR(forward_blocks(N, M, static_cast<int64_t>(blocks.size())));
