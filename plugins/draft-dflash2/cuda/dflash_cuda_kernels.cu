@@ -146,7 +146,7 @@ __global__ void norm_rope_qk_kernel(float* qkv, const float* q_norm, const float
     if (j < per_lane) x[lane + 32 * j] = v[j];
 }
 
-constexpr int kAttnWarps = 4;
+constexpr int kAttnWarps = 8;  // keys in flight per (row, head): the kernel is latency-bound on the cache reads
 
 // grid (rows, heads), kAttnWarps warps: warp w takes keys w, w + kAttnWarps, … with an online softmax of its own;
 // the warps' partial results merge at the end (a fixed order, so results do not depend on timing).
