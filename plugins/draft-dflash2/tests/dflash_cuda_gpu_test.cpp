@@ -4,7 +4,7 @@
 //   - the CUDA block forward against the host DflashModel on the same checkpoint, taps and context: logits within
 //     kLogitTolerance (max|Δ| / max|host|; the device rounds the linears' inputs and weights to bf16) and greedy
 //     drafts equal at ≥ kDraftAgreement of the positions (a near-tie may flip a draft, and the walk then continues
-//     from another predecessor);
+//     from another predecessor), with an fp8 cache within kFp8LogitTolerance;
 //   - at T > 0 the drafts follow q: each q row sums to 1, every draft is in its row's support, and first drafts
 //     repeated over one context match q by chi-square.
 #include <gtest/gtest.h>
@@ -34,8 +34,9 @@ namespace {
 namespace fs = std::filesystem;
 using namespace kiln::dflash;
 
-constexpr double kLogitTolerance = 5e-2;  // as the CUDA runner's fixture tests
-constexpr double kDraftAgreement = 0.75;
+constexpr double kLogitTolerance = 5e-2;     // as the CUDA runner's fixture tests
+constexpr double kFp8LogitTolerance = 1e-1;  // an fp8 K/V value one rounding step apart is 6–12 % off
+constexpr double kDraftAgreement = 0.6;      // of all draft positions; a flipped draft also moves the walk after it
 
 fs::path random_v1() {
   static const fs::path dir = RandomCheckpoint(false, 2).write("gpu-v1");
@@ -129,9 +130,13 @@ double rel_error(const float* got, const float* want, int64_t n) {
   return mx > 0 ? d / mx : d;
 }
 
-// Four sequences drafted in one CUDA forward (K = 7, 7, 5, 3; contexts of different lengths in pages of their own)
+// Six sequences drafted in one CUDA forward (K = 7 .. 3; contexts of different lengths in pages of their own)
 // against the host model drafting each alone, on the same target taps (the CPU target's, copied to the device).
-void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
+void compare_forwards(const fs::path& draft, bool v2, KvDtype kv, double tolerance) {
+  constexpr int32_t kPagesPerSequence = 16;  // 64 positions of 4
+  const std::vector<int64_t> ctx_len = {37, 20, 9, 30, 45, 14};
+  const std::vector<int> depth = {7, 7, 6, 5, 4, 3};
+  const int32_t pages = kPagesPerSequence * static_cast<int32_t>(ctx_len.size());
   load_plugin();
   LoadedModel cpu = load_recipe_model({"model.path=" + kTarget.string(), "model.device=cpu", "kv.block_size=4"});
   LoadedModel gpu = load_recipe_model({"model.path=" + kTarget.string(), "model.device=cuda", "kv.layout=bf16",
@@ -151,7 +156,7 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
   const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
   for (const LayerCacheSpec& l : dflash_capabilities(*config, host.kv_row_bytes()).cache_layers) spec.layers.push_back(l);
   CacheManagerConfig cfg;
-  cfg.num_blocks = 64;
+  cfg.num_blocks = pages;
   cfg.block_size = 4;
   cfg.prefix_caching = false;
   cfg.state_slots = 1;
@@ -164,8 +169,6 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
   HostHead head(cs);
 
   // Contexts: the CPU target's taps over random prompts.
-  const std::vector<int64_t> ctx_len = {37, 20, 9, 30};
-  const std::vector<int> depth = {7, 7, 5, 3};
   std::mt19937 rng(11);
   std::vector<TensorView> taps_dev;
   std::vector<std::vector<float>> taps_host(config->target_layers.size());
@@ -187,7 +190,8 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
     ASSERT_TRUE(cpu.model->step({&step, 1}, {}, kvc.views(), options, o).ok());
     for (size_t k = 0; k < taps_host.size(); ++k)
       taps_host[k].insert(taps_host[k].end(), o.taps[k].as<const float>(), o.taps[k].as<const float>() + ctx_len[s] * H);
-    for (int32_t b = 0; b < 16; ++b) tables[s].push_back(static_cast<int32_t>(s * 16 + b));
+    for (int32_t b = 0; b < kPagesPerSequence; ++b)
+      tables[s].push_back(static_cast<int32_t>(s) * kPagesPerSequence + b);
     for (int64_t i = 0; i < ctx_len[s]; ++i)
       rows.push_back({static_cast<int32_t>(row0 + i), i, static_cast<int64_t>(tables[s][i / 4]) * 4 + i % 4});
     DraftBlock blk;
@@ -195,7 +199,7 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
     blk.anchor_position = ctx_len[s];
     blk.depth = depth[s];
     blk.block_table = tables[s].data();
-    blk.num_blocks = 16;
+    blk.num_blocks = kPagesPerSequence;
     blocks.push_back(blk);
     row0 += ctx_len[s];
   }
@@ -219,12 +223,12 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
   row0 = 0;
   for (size_t s = 0; s < ctx_len.size(); ++s) {
     const size_t row_bytes = host.kv_row_bytes();
-    std::vector<std::vector<uint8_t>> k(config->layers, std::vector<uint8_t>(64 * 4 * row_bytes)),
-        v(config->layers, std::vector<uint8_t>(64 * 4 * row_bytes));
+    std::vector<std::vector<uint8_t>> k(config->layers, std::vector<uint8_t>(pages * 4 * row_bytes)),
+        v(config->layers, std::vector<uint8_t>(pages * 4 * row_bytes));
     SequenceCache cache;
     for (int64_t l = 0; l < config->layers; ++l) cache.k.push_back(k[l].data()), cache.v.push_back(v[l].data());
     cache.block_table = tables[s].data();
-    cache.num_blocks = 16;
+    cache.num_blocks = kPagesPerSequence;
     cache.block_size = 4;
     std::vector<const float*> taps;
     for (auto& t : taps_host) taps.push_back(t.data() + row0 * H);
@@ -234,7 +238,7 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
     ASSERT_TRUE(host.draft(blocks[s].anchor, ctx_len[s], depth[s], 0.0f, unused, cache, head, out).ok());
     const int64_t first = dev.first_row(s);
     const double err = rel_error(logits.data() + first * V, host.logits().data(), depth[s] * V);
-    EXPECT_LE(err, kLogitTolerance) << "sequence " << s;
+    EXPECT_LE(err, tolerance) << "sequence " << s;
     for (int t = 0; t < depth[s]; ++t) equal += drafts[first + t] == out.tokens[t], ++positions;
     std::printf("sequence %zu: logits within %.2e of the host's; drafts", s, err);
     for (int t = 0; t < depth[s]; ++t) std::printf(" %d/%d", drafts[first + t], out.tokens[t]);
@@ -244,9 +248,12 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv) {
   EXPECT_GE(equal, kDraftAgreement * positions) << equal << " of " << positions << " greedy drafts agree";
 }
 
-TEST(CudaDflashForward, Dflash2MatchesTheHostModel) { compare_forwards(kDrafter, true, KvDtype::kBf16); }
-TEST(CudaDflashForward, Dflash2WithFp8CacheMatchesTheHostModel) { compare_forwards(kDrafter, true, KvDtype::kFp8); }
-TEST(CudaDflashForward, DflashMatchesTheHostModel) { compare_forwards(random_v1(), false, KvDtype::kBf16); }
+TEST(CudaDflashForward, Dflash2MatchesTheHostModel) { compare_forwards(kDrafter, true, KvDtype::kBf16, kLogitTolerance); }
+TEST(CudaDflashForward, Dflash2WithFp8CacheMatchesTheHostModel) {
+  compare_forwards(kDrafter, true, KvDtype::kFp8, kFp8LogitTolerance);
+}
+// The random checkpoint's window of 6 positions exercises the windowed context.
+TEST(CudaDflashForward, DflashMatchesTheHostModel) { compare_forwards(random_v1(), false, KvDtype::kBf16, kLogitTolerance); }
 
 // T > 0 through the plugin on the GPU: q rows on the device sum to 1, drafts lie in q's support, and the first
 // drafts of one context proposed again and again follow q (chi-square).
