@@ -9,7 +9,8 @@
 //      (dflash: argmax; dflash2: the candidate selector walk), K ≤ block_size − 1.
 // At temperature > 0 drafts are drawn from q (dflash: softmax(logits / T) over the 64 likeliest tokens; dflash2:
 // softmax(S / T) over the selector's candidates on the chosen predecessor's row), which goes to the engine's
-// rejection sampling. Host arithmetic: this half runs on the CPU only.
+// rejection sampling. This file is the host half (host arithmetic, DflashModel); on a CUDA device make() hands the
+// checkpoint to the CUDA half (cuda/dflash_cuda_drafter.h), which runs the same forward on the device.
 #include <map>
 #include <memory>
 #include <random>
@@ -17,24 +18,20 @@
 #include <vector>
 
 #include "dflash_config.h"
+#include "dflash_drafter_common.h"
 #include "dflash_model.h"
 #include "dflash_weights.h"
 #include "kiln/draft_services.h"
 #include "kiln/drafter.h"
 #include "kiln/plugin.h"
+#if DFLASH2_WITH_CUDA
+#include "cuda/dflash_cuda_drafter.h"
+#endif
 
 namespace {
 
 using kiln::Status;
 using namespace kiln::dflash;
-
-// Independent of the target's acceptance draws, which use the same request seed (a different offset than mtp's).
-uint64_t draft_seed(uint64_t seed) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * 3;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 class ServicesHead final : public TargetHead {
  public:
@@ -60,19 +57,7 @@ class DflashDrafter final : public kiln::Drafter {
   kiln::DrafterCapabilities capabilities() const override { return capabilities_of(*model_); }
 
   static kiln::DrafterCapabilities capabilities_of(const DflashModel& m) {
-    kiln::DrafterCapabilities caps;
-    caps.tap_layers = m.config().target_layers;
-    caps.max_depth = static_cast<int>(m.config().block_size - 1);
-    caps.parallel_drafting = true;
-    caps.has_draft_probs = true;
-    caps.needs_draft_model = true;
-    for (int64_t l = 0; l < m.config().layers; ++l) {
-      kiln::LayerCacheSpec spec;
-      spec.entries.push_back({kiln::CacheKind::kPagedRows, "dflash_k", m.kv_row_bytes(), 0});
-      spec.entries.push_back({kiln::CacheKind::kPagedRows, "dflash_v", m.kv_row_bytes(), 0});
-      caps.cache_layers.push_back(spec);
-    }
-    return caps;
+    return dflash_capabilities(m.config(), m.kv_row_bytes());
   }
 
   Status propose(const kiln::DraftStep& step, std::vector<kiln::DraftProposal>& out) override {
@@ -143,8 +128,10 @@ kiln::Result<std::unique_ptr<kiln::Drafter>> make(const kiln::CreateContext& ctx
                                      "` drafter runs on the target's embedding, lm_head and tapped hidden states and "
                                      "needs the engine's draft services");
   kiln::DraftServices& s = *ctx.draft_services;
+#if !DFLASH2_WITH_CUDA
   if (s.device().device().type != kiln::DeviceType::kCpu)
-    return kiln::unimplemented("the `" + name + "` drafter runs on the CPU only so far (its CUDA half is not written)");
+    return kiln::unimplemented("the `" + name + "` drafter was built without CUDA (KILN_WITH_CUDA off): it runs on the CPU");
+#endif
   const std::string dir = s.draft_model_path();
   if (dir.empty())
     return kiln::failed_precondition("the `" + name +
@@ -156,9 +143,18 @@ kiln::Result<std::unique_ptr<kiln::Drafter>> make(const kiln::CreateContext& ctx
   const KvDtype dtype = kv == "fp8" ? KvDtype::kFp8 : KvDtype::kBf16;
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const kiln::WeightSource> source, s.open_checkpoint(dir));
   KILN_ASSIGN_OR_RETURN(DflashWeights weights, load_weights(*source, config, s.hidden_size(), dir + "/model.safetensors"));
+#if DFLASH2_WITH_CUDA
+  if (s.device().device().is_cuda()) return make_cuda_drafter(s, *source, std::move(config), weights, dtype, name);
+#endif
   auto model = std::make_unique<DflashModel>(std::move(config), std::move(weights), s.hidden_size(), dtype);
   return std::unique_ptr<kiln::Drafter>(new DflashDrafter(s, std::move(model), name));
 }
+
+#if DFLASH2_WITH_CUDA
+constexpr kiln::DeviceSet kDevices = kiln::DeviceSet::cpu_and_cuda();
+#else
+constexpr kiln::DeviceSet kDevices = kiln::DeviceSet::cpu();
+#endif
 
 kiln::Result<std::unique_ptr<kiln::Drafter>> make_dflash(const kiln::CreateContext& ctx) { return make(ctx, false); }
 kiln::Result<std::unique_ptr<kiln::Drafter>> make_dflash2(const kiln::CreateContext& ctx) { return make(ctx, true); }
@@ -168,10 +164,10 @@ Status register_dflash(kiln::Registrar& registrar) {
   // K (speculative.depth) are core keys; block size, taps, window and selector come from the checkpoint.
   KILN_RETURN_IF_ERROR(registrar.add<kiln::Drafter>(
       "dflash", "DFlash block-diffusion drafting: one forward proposes K tokens (a checkpoint of its own)", &make_dflash,
-      kiln::DeviceSet::cpu()));
+      kDevices));
   return registrar.add<kiln::Drafter>(
       "dflash2", "DFlash2: block diffusion with dynamic convs and a candidate selector walk (a checkpoint of its own)",
-      &make_dflash2, kiln::DeviceSet::cpu());
+      &make_dflash2, kDevices);
 }
 
 }  // namespace

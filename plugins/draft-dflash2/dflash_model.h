@@ -57,6 +57,8 @@ class DflashModel {
   // ≤ 0: greedy; else drawn with `rng`, q returned.
   Status draft(int32_t anchor, int64_t anchor_position, int k, float temperature, std::mt19937_64& rng,
                const SequenceCache& cache, TargetHead& target, BlockDrafts& out);
+  // The last draft()'s logits [K, vocab] (after output_multiplier and softcap): the CUDA half's tests compare them.
+  const std::vector<float>& logits() const { return logits_; }
 
  private:
   uint8_t* row(const SequenceCache& cache, const std::vector<uint8_t*>& base, int64_t layer, int64_t position) const;

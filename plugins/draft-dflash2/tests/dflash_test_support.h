@@ -1,0 +1,125 @@
+// What the draft-dflash2 tests share: the plugin, the tiny target and the shipped drafter, and random DFlash
+// checkpoints written as safetensors.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plugin/plugin_loader.h"
+#include "plugin/registry.h"
+
+namespace kiln::testing {
+
+namespace dflash_paths {
+namespace fs = std::filesystem;
+inline const fs::path kTarget = fs::path(KILN_SOURCE_DIR) / "models/tiny-glm";
+inline const fs::path kDrafter = fs::path(KILN_SOURCE_DIR) / "models/tiny-glm-dflash2";
+}  // namespace dflash_paths
+using dflash_paths::kDrafter;
+using dflash_paths::kTarget;
+
+inline void load_plugin() {
+  static const Status loaded = [] {
+    PluginLoader loader(global_registry());
+    return loader.load_file(std::filesystem::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-draft-dflash2.so");
+  }();
+  ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-draft-dflash2 target)";
+}
+
+// A safetensors file of fp32 tensors.
+inline void write_safetensors(const std::filesystem::path& file, const std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>& t) {
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (const auto& [name, v] : t) {
+    header[name] = {{"dtype", "F32"}, {"shape", v.first}, {"data_offsets", {offset, offset + v.second.size() * 4}}};
+    offset += v.second.size() * 4;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::ofstream out(file, std::ios::binary);
+  const uint64_t n = h.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  for (const auto& [name, v] : t) out.write(reinterpret_cast<const char*>(v.second.data()), static_cast<std::streamsize>(v.second.size() * 4));
+}
+
+// A random DFlash (v1, or v2 with identity convs) checkpoint for the tiny target: hidden 256, `layers` layers.
+struct RandomCheckpoint {
+  nlohmann::json config;
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+
+  RandomCheckpoint(bool v2, int layers = 1, bool model_prefix = false) {
+    const int64_t H = 256, I = 256, nh = 4, nkv = 2, hd = 64, V = 4096, T = 2, G = H / 16, R = 16;
+    config = {{"architectures", {v2 ? "DFlash2DraftModel" : "DFlashDraftModel"}},
+              {"hidden_size", H}, {"intermediate_size", I}, {"num_hidden_layers", layers},
+              {"num_attention_heads", nh}, {"num_key_value_heads", nkv}, {"head_dim", hd}, {"hidden_act", "silu"},
+              {"rms_norm_eps", 1e-6}, {"vocab_size", V}, {"rope_theta", 10000.0}, {"num_target_layers", 6},
+              {"tie_word_embeddings", false},
+              {"layer_types", nlohmann::json::array()}, {"sliding_window", 6}, {"use_sliding_window", true}, {"is_causal", false},
+              {"dflash_config", {{"target_layer_ids", {1, 4}}, {"mask_token_id", 4061}, {"block_size", 8}}}};
+    for (int i = 0; i < layers; ++i) config["layer_types"].push_back("sliding_attention");
+    if (v2) {
+      config["dflash_config"]["conv_kernel_size"] = T;
+      config["dflash_config"]["conv_group_size"] = 16;
+      config["dflash_config"]["selector_rank"] = R;
+      config["dflash_config"]["selector_top_k"] = 16;
+    }
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    const std::string pre = model_prefix ? "model." : "";
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, float fill = NAN) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = std::isnan(fill) ? nd(rng) : fill;
+      tensors[pre + name] = {shape, v};
+    };
+    add("fc.weight", {H, 2 * H});
+    add("hidden_norm.weight", {H}, 1.0f);
+    add("norm.weight", {H}, 1.0f);
+    for (int i = 0; i < layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      add(p + "input_layernorm.weight", {H}, 1.0f);
+      add(p + "post_attention_layernorm.weight", {H}, 1.0f);
+      add(p + "self_attn.q_proj.weight", {nh * hd, H});
+      add(p + "self_attn.k_proj.weight", {nkv * hd, H});
+      add(p + "self_attn.v_proj.weight", {nkv * hd, H});
+      add(p + "self_attn.o_proj.weight", {H, nh * hd});
+      add(p + "self_attn.q_norm.weight", {hd}, 1.0f);
+      add(p + "self_attn.k_norm.weight", {hd}, 1.0f);
+      add(p + "mlp.gate_proj.weight", {I, H});
+      add(p + "mlp.up_proj.weight", {I, H});
+      add(p + "mlp.down_proj.weight", {H, I});
+      if (v2)
+        for (const char* conv : {"attention_conv", "mlp_conv"}) {
+          add(p + conv + ".base_kernel", {2, T, H});
+          add(p + conv + ".kernel_projection.weight", {2 * T * G, H});
+        }
+    }
+    if (v2) {
+      add("candidate_selector.hidden_projection.weight", {R, H});
+      add("candidate_selector.predecessor_codebook", {V, R});
+      add("candidate_selector.successor_codebook", {V, R});
+    }
+  }
+
+  std::filesystem::path write(const std::string& name) const {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("kiln-dflash-" + std::to_string(::getpid()) + "-" + name);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << config.dump(2);
+    write_safetensors(dir / "model.safetensors", tensors);
+    return dir;
+  }
+};
+
+}  // namespace kiln::testing
