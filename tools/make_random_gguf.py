@@ -21,7 +21,8 @@ Deliberate differences:
     154880 vocab" and falls back to softmax otherwise, so a cut-down layer count would silently route differently.
   - no next-n (MTP) layer (the converter's --no-mtp): llama-bench never runs it.
   - the tokenizer is a stand-in of the config's vocab size (llama-bench feeds random ids and decodes no text): the
-    256 byte-level tokens, one merge, the config's eos / pad ids as control tokens, the rest unused fillers;
+    256 byte-level tokens, one merge, the config's eos / pad ids as control tokens (the first eos named
+    <|endoftext|>, which llama.cpp knows as end of generation), the rest unused fillers;
     `tokenizer.ggml.pre` is what the converter detects for the real tokenizer (glm4, deepseek-v3).
 Weights: N(0, std) (default 0.02) rounded to bf16, norms 1, seeded and identical for any --threads; generated in
 chunks on a thread pool while the previous tensor is written, so memory stays at a few tensors.
@@ -236,6 +237,7 @@ def write_tokenizer(w: gguf.GGUFWriter, c: dict) -> None:
     types = [gguf.TokenType.NORMAL] * 257 + [gguf.TokenType.UNUSED] * (v - 257)
     for i in sorted(set(eos_ids + [pad])):
         tokens[i], types[i] = f"<|control_{i}|>", gguf.TokenType.CONTROL
+    tokens[eos_ids[0]] = "<|endoftext|>"  # a text llama.cpp knows as end-of-generation (GLM's own eos)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(PRE_TOKENIZER[c["model_type"]])
     w.add_token_list(tokens)
