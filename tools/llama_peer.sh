@@ -22,10 +22,12 @@
 #   --recipe FILE     kiln's recipe; its model.path is overridden with the --layers config [configs/glm-4.7-flash-dummy.toml]
 #   --cpu             build llama.cpp without CUDA and run llama-bench with -ngl 0 (a smoke test of the whole chain)
 #   --jobs N          build jobs [nproc]
-#   --only-build      stop after building llama-bench
+#   --prepare         build llama-bench and write the GGUF, run nothing (a first device call when one call of
+#                     everything would not fit its time limit; the run after it reuses both)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+gguf_pid=
 die() { echo "llama_peer: $*" >&2; exit 2; }
 log() { echo "== $*" >&2; }
 
@@ -103,7 +105,7 @@ build() {
 run() {
   local src=$repo/.llama/pack/llama.cpp-src.tar.xz work=$repo/.llama/work config=$repo/configs/models/glm-4.7-flash/config.json
   local layers=12 depths=4096,32768 gen=128 reps=3 kiln=$repo/build/bin/kiln recipe=$repo/configs/glm-4.7-flash-dummy.toml
-  local cpu=0 jobs only_build=0 no_kiln=0 results=
+  local cpu=0 jobs prepare=0 no_kiln=0 results=
   jobs=$(nproc)
   while [ $# -gt 0 ]; do
     case $1 in
@@ -120,7 +122,7 @@ run() {
       --no-kiln) no_kiln=1 ;;
       --cpu) cpu=1 ;;
       --jobs) jobs=$2; shift ;;
-      --only-build) only_build=1 ;;
+      --prepare) prepare=1 ;;
       -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
       *) die "unknown option $1 (see --help)" ;;
     esac
@@ -129,44 +131,48 @@ run() {
   mkdir -p "$work"
   work=$(realpath "$work")
   results=${results:-$work}
-  local t0=$SECONDS srcdir bdir=$work/build-$([ "$cpu" = 1 ] && echo cpu || echo cuda) gguf_pid=
+  local t0=$SECONDS srcdir bdir=$work/build-$([ "$cpu" = 1 ] && echo cpu || echo cuda)
   srcdir=$(unpack "$src" "$work")
 
   # The same shapes for both: the config with num_hidden_layers = --layers (and no next-n layer: neither bench
   # runs it), read by the GGUF writer and, through --set model.path, by kiln.
   local cfgdir=$work/model-${layers}layer gguf=$work/model-${layers}layer.gguf
-  if [ "$only_build" = 0 ]; then
-    mkdir -p "$cfgdir"
-    python3 -c '
+  mkdir -p "$cfgdir"
+  python3 -c '
 import json, sys
 c = json.load(open(sys.argv[1]))
 c["num_hidden_layers"] = int(sys.argv[2])
 c["num_nextn_predict_layers"] = 0
-c.pop("mlp_layer_types", None)  # first_k_dense_replace says the same for any layer count
+types = c.get("mlp_layer_types")
+if types is not None:  # transformers 5 saves the schedule per layer: keep the first N
+    if len(types) < c["num_hidden_layers"]:
+        sys.exit("--layers " + sys.argv[2] + ": the config schedules only %d layers" % len(types))
+    c["mlp_layer_types"] = types[:c["num_hidden_layers"]]
 json.dump(c, open(sys.argv[3], "w"), indent=2)' "$config" "$layers" "$cfgdir/config.json"
-    # Written while llama-bench builds (it needs only gguf-py and numpy), on a quarter of the cores; kept while the
-    # config is unchanged.
-    if [ -f "$gguf" ] && cmp -s "$cfgdir/config.json" "$gguf.config.json"; then
-      log "GGUF up to date: $gguf"
-    else
-      rm -f "$gguf" "$gguf.config.json"
-      log "write the GGUF in the background: $gguf"
-      (PYTHONPATH="$srcdir/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$repo/tools/make_random_gguf.py" \
-         --config "$cfgdir/config.json" --out "$gguf" --threads $(((jobs + 3) / 4)) >&2 &&
-       cp "$cfgdir/config.json" "$gguf.config.json") &
-      gguf_pid=$!
-    fi
+  # Written while llama-bench builds (it needs only gguf-py and numpy), on a quarter of the cores; kept while the
+  # config is unchanged (the copy beside it is made only once the file is complete).
+  if [ -f "$gguf" ] && cmp -s "$cfgdir/config.json" "$gguf.config.json"; then
+    log "GGUF up to date: $gguf"
+  else
+    rm -f "$gguf" "$gguf.config.json"
+    log "write the GGUF in the background: $gguf"
+    (PYTHONPATH="$srcdir/gguf-py${PYTHONPATH:+:$PYTHONPATH}" python3 "$repo/tools/make_random_gguf.py" \
+       --config "$cfgdir/config.json" --out "$gguf" --threads $(((jobs + 3) / 4)) >&2 &&
+     cp "$cfgdir/config.json" "$gguf.config.json") &
+    gguf_pid=$!
+    trap 'kill $gguf_pid 2>/dev/null || true' EXIT  # a failed build leaves no writer behind
   fi
 
   log "build llama-bench ($([ "$cpu" = 1 ] && echo CPU || echo 'CUDA sm_90a'), -j$jobs) from $srcdir"
   build "$srcdir" "$bdir" "$cpu" "$jobs"
   local bench=$bdir/bin/llama-bench
   log "built after $((SECONDS - t0)) s: $bench"
-  [ "$only_build" = 1 ] && return 0
   if [ -n "$gguf_pid" ]; then
     wait "$gguf_pid" || die "writing the GGUF failed"
+    trap - EXIT
   fi
   log "GGUF ready after $((SECONDS - t0)) s: $gguf ($(du -h "$gguf" | cut -f1))"
+  [ "$prepare" = 1 ] && return 0
 
   local ngl=99
   [ "$cpu" = 1 ] && ngl=0
