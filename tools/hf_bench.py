@@ -10,13 +10,17 @@ loop — no generate():
           --warmup untimed and --steps timed single-token forwards, each feeding the previous step's argmax.
   prefill tok/s at each length: a fresh DynamicCache, the prompt in --chunk-token forwards (logits of the last
           token only), as kiln's scheduler and `kiln bench prefill` chunk it; after one untimed chunk.
+          --one-shot: the whole prompt in one forward, as transformers' users run it (generate()'s prefill:
+          one forward filling an empty cache, logits of the last token only) -- the peer figure for RESULTS.md.
+          Over an empty cache sdpa runs with is_causal and no mask; a later chunk needs a [chunk, keys] mask.
 
 transformers 5.x caches MLA's compressed latents (kv_lora_rank + rope per token and layer) and expands the
 whole cache through kv_b_proj on every forward, so a step's time grows with the context. Points whose
 estimated memory (weights + latent cache + the per-layer expansion + the chunk's activations) exceeds the free
 device memory are skipped with the estimate; an out-of-memory error also skips the point.
 
-  python3 tools/hf_bench.py --json hf.json                   # the full table on a GPU
+  python3 tools/hf_bench.py --compile --one-shot --json hf.json   # the peer table on a GPU
+  python3 tools/hf_bench.py --json hf.json                   # prefill chunked at 8K instead
   python3 tools/hf_bench.py --tiny                           # the tiny model on the CPU (a smoke test)
 
 Prints markdown tables; --json writes them with date, device, versions and the implementations used.
@@ -62,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--contexts", type=int_list, help="decode contexts (default 4096,32768,131072; --tiny: 64,300)")
     p.add_argument("--lengths", type=int_list, help="prefill lengths (default 4096,32768,131072; --tiny: 100,333)")
     p.add_argument("--chunk", type=int, help="prefill tokens per forward (default 8192; --tiny: 64)")
+    p.add_argument("--one-shot", action="store_true",
+                   help="prefill each prompt in one forward over the whole prompt, as transformers' users run it "
+                        "(generate()'s prefill); the peer figure. Not with --chunk")
     p.add_argument("--steps", type=int, help="timed decode steps per context (default 32; --tiny: 4)")
     p.add_argument("--warmup", type=int, help="untimed decode steps before them (default 3; --tiny: 1)")
     p.add_argument("--attn", default=None, help="attn_implementation (default: what transformers picks, sdpa here)")
@@ -72,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the results as JSON to this file")
     a = p.parse_args(argv)
+    if a.one_shot and a.chunk is not None:
+        p.error("--one-shot runs each prompt in one forward: drop --chunk")
     a.config = a.config or (TINY if a.tiny else GLM47_FLASH)
     a.device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     a.contexts = a.contexts or ([64, 300] if a.tiny else [4096, 32768, 131072])
@@ -130,10 +139,12 @@ def expansion_bytes(c, keys: int) -> int:
 
 
 def chunk_bytes(c, tokens: int, keys: int) -> int:
-    """Activations of one forward of `tokens` new tokens over `keys` keys: a bf16 mask [tokens, keys] (sdpa with
-    a cache gets an explicit one) plus a generous 64 hidden widths per token and the widest MLP intermediates."""
+    """Activations of one forward of `tokens` new tokens over `keys` keys: a bf16 mask [tokens, keys] when some keys
+    are cached (over an empty cache sdpa runs with is_causal and no mask) plus a generous 64 hidden widths per token
+    and the widest MLP intermediates."""
     per_token = 64 * c.hidden_size + 4 * max(c.intermediate_size, c.num_experts_per_tok * c.moe_intermediate_size)
-    return tokens * keys * BF16 + tokens * per_token * BF16
+    mask = tokens * keys * BF16 if keys > tokens else 0
+    return mask + tokens * per_token * BF16
 
 
 def too_big(need: int, free: int | None) -> str | None:
@@ -193,15 +204,16 @@ def prefill(forward, ids: torch.Tensor, chunk: int) -> DynamicCache:
 @torch.inference_mode()
 def bench_prefill(model, forward, args, length: int) -> dict:
     c = model.config
-    chunks = -(-length // args.chunk)
-    need = length * latent_bytes_per_token(c) + expansion_bytes(c, length) + chunk_bytes(c, min(args.chunk, length), length)
+    chunk = length if args.one_shot else args.chunk
+    chunks = -(-length // chunk)
+    need = length * latent_bytes_per_token(c) + expansion_bytes(c, length) + chunk_bytes(c, min(chunk, length), length)
     if reason := too_big(need, free_bytes(args.device)):
         return {"length": length, "chunks": chunks, "skipped": reason}
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     ids = torch.randint(0, c.vocab_size, (1, length), device=args.device, generator=gen)
     sync(args.device)
     t0 = time.perf_counter()
-    cache = prefill(forward, ids, args.chunk)
+    cache = prefill(forward, ids, chunk)
     sync(args.device)
     seconds = time.perf_counter() - t0
     del cache
@@ -243,7 +255,7 @@ def main(argv: list[str]) -> int:
     params = sum(p.numel() for p in model.parameters())
     decode_forward, prefill_forward = Forward(model, args.compile), Forward(model, False)
     impl = {"attn_implementation": c._attn_implementation, "experts_implementation": c._experts_implementation,
-            "torch_compile_decode": args.compile}
+            "torch_compile_decode": args.compile, "prefill": "one-shot" if args.one_shot else f"chunks of {args.chunk}"}
     report = {
         "benchmark": "hf_transformers",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -259,12 +271,14 @@ def main(argv: list[str]) -> int:
           f"{report['model']['config']} ({c.num_hidden_layers} layers, {params / 1e9:.2f} B params, "
           f"{report['model']['weight_gib']:.2f} GiB bf16, random, built on {args.device} in {build_s:.1f} s)")
     print(f"attn_implementation = {impl['attn_implementation']}, experts_implementation = "
-          f"{impl['experts_implementation']}, torch.compile of the decode step: {'on' if args.compile else 'off'}")
+          f"{impl['experts_implementation']}, torch.compile of the decode step: {'on' if args.compile else 'off'}, "
+          f"prefill: {impl['prefill']}")
     print(f"command: {report['command']}\n", flush=True)
 
-    with torch.inference_mode():  # one untimed chunk: kernels and cuBLAS handles
-        warm = torch.randint(0, c.vocab_size, (1, min(args.chunk, max(args.lengths))), device=args.device)
-        prefill(prefill_forward, warm, args.chunk)
+    with torch.inference_mode():  # one untimed chunk (one-shot: the shortest prompt): kernels and cuBLAS handles
+        warm_len = min(args.lengths) if args.one_shot else min(args.chunk, max(args.lengths))
+        warm = torch.randint(0, c.vocab_size, (1, warm_len), device=args.device)
+        prefill(prefill_forward, warm, warm_len if args.one_shot else args.chunk)
         sync(args.device)
 
     for ctx in args.contexts:
@@ -280,11 +294,14 @@ def main(argv: list[str]) -> int:
     for r in report["decode"]:
         cells = f"skipped: {r['skipped']} | |" if "skipped" in r else f"{r['tok_s']:.2f} | {r['ms_per_step']:.2f} |"
         print(f"| {r['context']} | {cells}")
-    print(f"\n| prompt tokens | chunks of {args.chunk} | seconds | prefill tok/s |\n|---|---|---|---|")
+    forwards = "forwards (one-shot)" if args.one_shot else f"chunks of {args.chunk}"
+    print(f"\n| prompt tokens | {forwards} | seconds | prefill tok/s |\n|---|---|---|---|")
     for r in report["prefill"]:
         cells = f"skipped: {r['skipped']} | |" if "skipped" in r else f"{r['seconds']:.3f} | {r['tok_s']:.1f} |"
         print(f"| {r['length']} | {r['chunks']} | {cells}")
-    report["steps"], report["warmup"], report["chunk"] = args.steps, args.warmup, args.chunk
+    report["steps"], report["warmup"] = args.steps, args.warmup
+    report["chunk"] = None if args.one_shot else args.chunk
+    report["one_shot"] = args.one_shot
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
