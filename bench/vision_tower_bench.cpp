@@ -39,33 +39,6 @@ std::vector<float> random_vector(size_t n, std::mt19937& rng, float scale) {
   return v;
 }
 
-VisionWeights random_weights(const VisionConfig& c) {
-  std::mt19937 rng(7);
-  const float s = 0.02f * 1.7320508f;  // uniform with std 0.02
-  const size_t h = c.hidden_size, in = c.intermediate_size, out = c.out_hidden_size, pi = c.projection_intermediate_size;
-  const size_t mm = c.spatial_merge_size * c.spatial_merge_size;
-  VisionWeights w;
-  w.patch_w = random_vector(h * c.patch_dim(), rng, s), w.patch_b = random_vector(h, rng, s);
-  for (int64_t b = 0; b < c.depth; ++b) {
-    kiln::vision::VisionBlockWeights k;
-    k.norm1.assign(h, 1.0f), k.norm2.assign(h, 1.0f), k.q_norm.assign(c.head_dim(), 1.0f);
-    k.k_norm.assign(c.head_dim(), 1.0f);
-    k.qkv_w = random_vector(3 * h * h, rng, s), k.qkv_b = random_vector(3 * h, rng, s);
-    k.proj_w = random_vector(h * h, rng, s), k.proj_b = random_vector(h, rng, s);
-    k.gate_w = random_vector(in * h, rng, s), k.gate_b = random_vector(in, rng, s);
-    k.up_w = random_vector(in * h, rng, s), k.up_b = random_vector(in, rng, s);
-    k.down_w = random_vector(h * in, rng, s), k.down_b = random_vector(h, rng, s);
-    w.blocks.push_back(std::move(k));
-  }
-  w.post_norm.assign(h, 1.0f);
-  w.down_w = random_vector(out * mm * h, rng, s), w.down_b = random_vector(out, rng, s);
-  w.merger_proj = random_vector(out * out, rng, s);
-  w.merger_norm_w.assign(out, 1.0f), w.merger_norm_b.assign(out, 0.0f);
-  w.merger_gate = random_vector(pi * out, rng, s), w.merger_up = random_vector(pi * out, rng, s);
-  w.merger_down = random_vector(out * pi, rng, s);
-  return w;
-}
-
 // FLOPs of one image of n patches in one frame through the tower.
 double tower_flops(const VisionConfig& c, double n) {
   const double h = c.hidden_size, in = c.intermediate_size, out = c.out_hidden_size, pi = c.projection_intermediate_size;
@@ -172,7 +145,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("# GPU: %s\n", prop.name);
-  const VisionWeights w = random_weights(c);
+  const VisionWeights w = kiln::vision::random_vision_weights(c, 7);
   auto tower = CudaVisionTower::create(c, w, 0, fp32 ? CudaVisionTower::Math::kFp32 : CudaVisionTower::Math::kTf32);
   CHECK_OK(tower.status());
   std::printf("# weights on the device: %.2f GiB (fp32)\n", static_cast<double>((*tower)->weight_bytes()) / (1 << 30));

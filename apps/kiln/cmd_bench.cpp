@@ -28,7 +28,7 @@ std::string connect(const std::string& base_url, const std::string& api_key_env,
 
 int bench_serve(int argc, char** argv) {
   std::string base_url = "http://127.0.0.1:8000", model, levels = "1,2,4,8,16", out_file, api_key_env;
-  int64_t requests_per_level = 0, input_len = 128, output_len = 64;
+  int64_t requests_per_level = 0, input_len = 128, output_len = 64, images = 0, image_size = 1024;
   bool random_lengths = false;
   uint64_t seed = 0;
   po::options_description desc("kiln bench serve options");
@@ -41,15 +41,22 @@ int bench_serve(int argc, char** argv) {
       ("input-len", po::value(&input_len)->default_value(input_len), "prompt length in words (≈ tokens)")
       ("output-len", po::value(&output_len)->default_value(output_len), "tokens to generate per request")
       ("random", po::bool_switch(&random_lengths), "draw lengths uniformly in [0.5, 1.5] × the given ones")
+      ("images", po::value(&images)->default_value(images),
+       "images per request: each request becomes a chat completion of this many new random PNGs (data: URLs) and "
+       "the prompt text, so TTFT includes decoding, the vision tower and the expanded prompt's prefill")
+      ("image-size", po::value(&image_size)->default_value(image_size), "pixels per side of each (square) image")
       ("seed", po::value(&seed)->default_value(0), "seed for prompts and lengths")
       ("api-key-env", po::value(&api_key_env), "environment variable holding the API key")
       ("out", po::value(&out_file), "write the results as JSON to this file");
   po::variables_map vm;
   int rc = parse_or_exit(argc, argv, desc, {}, vm,
-                         "usage: kiln bench serve [--base-url URL] [--concurrency 1,2,4,...] [--input-len N] [--output-len N]");
+                         "usage: kiln bench serve [--base-url URL] [--concurrency 1,2,4,...] [--input-len N] [--output-len N] "
+                         "[--images N --image-size S]");
   if (rc >= 0) return rc;
   ServerAddress server;
   if (std::string error = connect(base_url, api_key_env, server, model); !error.empty()) return fail(error);
+  if (images < 0) return fail("--images must not be negative");
+  if (images > 0 && (image_size < 1 || image_size > 16384)) return fail("--image-size must be 1 .. 16384 pixels");
   std::vector<int64_t> conc;
   try {
     conc = parse_int_list(levels);
@@ -59,11 +66,15 @@ int bench_serve(int argc, char** argv) {
 
   nlohmann::json report = {{"model", model}, {"base_url", base_url}, {"input_len", input_len},
                            {"output_len", output_len}, {"random", random_lengths}, {"levels", nlohmann::json::array()}};
+  if (images > 0) {
+    report["images"] = images;
+    report["image_size"] = image_size;
+  }
   std::printf("| conc | reqs | fail | req/s | out tok/s | total tok/s | TTFT mean/med/p99 ms | TPOT mean/med/p99 ms | ITL mean/med/p99 ms | E2E mean/med/p99 ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (int64_t c : conc) {
     int64_t n = requests_per_level > 0 ? requests_per_level : std::max<int64_t>(8, 4 * c);
-    LevelResult r = run_level(server, model, c, n, input_len, output_len, random_lengths, seed);
+    LevelResult r = run_level(server, model, c, n, input_len, output_len, random_lengths, seed, {images, image_size});
     auto ms3 = [](const Summary& s) {
       char b[64];
       std::snprintf(b, sizeof b, "%.1f/%.1f/%.1f", s.mean * 1e3, s.median * 1e3, s.p99 * 1e3);
@@ -74,6 +85,11 @@ int bench_serve(int argc, char** argv) {
                 r.output_tokens / r.duration, (r.input_tokens + r.output_tokens) / r.duration, ms3(r.ttft).c_str(),
                 ms3(r.tpot).c_str(), ms3(r.itl).c_str(), ms3(r.e2el).c_str());
     std::fflush(stdout);
+    // The prompt the model prefilled (usage): with images, their begin/end markers and placeholders included.
+    if (images > 0 && r.requests > 0)
+      std::printf("# concurrency %lld: %lld images of %lld² per request, %.1f prompt tokens per request (usage)\n",
+                  static_cast<long long>(c), static_cast<long long>(images), static_cast<long long>(image_size),
+                  static_cast<double>(r.input_tokens) / static_cast<double>(r.requests));
     if (!r.first_error.empty()) std::fprintf(stderr, "concurrency %lld: %s\n", static_cast<long long>(c), r.first_error.c_str());
     report["levels"].push_back(level_json(r));
   }

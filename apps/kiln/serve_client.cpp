@@ -46,18 +46,25 @@ std::string first_model(const ServerAddress& server) {
   return j["data"][0].value("id", "");
 }
 
-StreamTiming timed_completion(const ServerAddress& server, const std::string& model, const std::string& prompt,
-                              int64_t max_tokens, bool ignore_eos) {
+namespace {
+
+// The text a streamed chunk carries: a completion's `text`, or a chat delta's content or reasoning (a model under a
+// reasoning parser starts with reasoning: its first token is the first token all the same).
+std::string chunk_text(const nlohmann::json& choice) {
+  if (choice.contains("text") && choice["text"].is_string()) return choice["text"].get<std::string>();
+  if (!choice.contains("delta") || !choice["delta"].is_object()) return "";
+  const nlohmann::json& d = choice["delta"];
+  for (const char* key : {"content", "reasoning_content"})
+    if (d.contains(key) && d[key].is_string() && !d[key].get<std::string>().empty()) return d[key].get<std::string>();
+  return "";
+}
+
+// POSTs `body` (stream = true, usage included) to `path` and times its chunks from the send.
+StreamTiming timed_stream(const ServerAddress& server, const std::string& path, const nlohmann::json& body) {
   StreamTiming t;
-  nlohmann::json body = {{"model", model},
-                         {"prompt", prompt},
-                         {"max_tokens", max_tokens},
-                         {"temperature", 0},
-                         {"stream", true},
-                         {"stream_options", {{"include_usage", true}}}};
-  if (ignore_eos) body["ignore_eos"] = true;
   httplib::Client cli(server.host, server.port);
   cli.set_read_timeout(3600);
+  cli.set_write_timeout(3600);
   std::string buffer;
   auto start = Clock::now();
   Clock::time_point last;
@@ -78,8 +85,7 @@ StreamTiming timed_completion(const ServerAddress& server, const std::string& mo
         t.completion_tokens = j["usage"].value("completion_tokens", 0);
       }
       if (!j.contains("choices") || j["choices"].empty()) continue;
-      const auto& text = j["choices"][0]["text"];
-      if (!text.is_string() || text.get<std::string>().empty()) continue;
+      if (chunk_text(j["choices"][0]).empty()) continue;
       auto now = Clock::now();
       if (first) {
         t.ttft = std::chrono::duration<double>(now - start).count();
@@ -93,7 +99,7 @@ StreamTiming timed_completion(const ServerAddress& server, const std::string& mo
   };
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/completions";
+  req.path = path;
   req.headers = auth(server);
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
@@ -109,6 +115,35 @@ StreamTiming timed_completion(const ServerAddress& server, const std::string& mo
     if (first) t.error = "the stream carried no text";
   }
   return t;
+}
+
+nlohmann::json stream_body(const std::string& model, int64_t max_tokens, bool ignore_eos) {
+  nlohmann::json body = {{"model", model},
+                         {"max_tokens", max_tokens},
+                         {"temperature", 0},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+  if (ignore_eos) body["ignore_eos"] = true;
+  return body;
+}
+
+}  // namespace
+
+StreamTiming timed_completion(const ServerAddress& server, const std::string& model, const std::string& prompt,
+                              int64_t max_tokens, bool ignore_eos) {
+  nlohmann::json body = stream_body(model, max_tokens, ignore_eos);
+  body["prompt"] = prompt;
+  return timed_stream(server, "/v1/completions", body);
+}
+
+StreamTiming timed_chat(const ServerAddress& server, const std::string& model, const std::string& text,
+                        const std::vector<std::string>& image_urls, int64_t max_tokens, bool ignore_eos) {
+  nlohmann::json content = nlohmann::json::array();
+  for (const std::string& url : image_urls) content.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
+  content.push_back({{"type", "text"}, {"text", text}});
+  nlohmann::json body = stream_body(model, max_tokens, ignore_eos);
+  body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", std::move(content)}}});
+  return timed_stream(server, "/v1/chat/completions", body);
 }
 
 namespace {

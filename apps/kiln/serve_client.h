@@ -32,6 +32,11 @@ struct StreamTiming {
 StreamTiming timed_completion(const ServerAddress& server, const std::string& model, const std::string& prompt,
                               int64_t max_tokens, bool ignore_eos);
 
+// POST /v1/chat/completions, streamed with usage: one user message of the images (`image_url` parts, e.g. data:
+// URLs) followed by `text`. TTFT then covers the images' decoding and encoding as well as the prefill.
+StreamTiming timed_chat(const ServerAddress& server, const std::string& model, const std::string& text,
+                        const std::vector<std::string>& image_urls, int64_t max_tokens, bool ignore_eos);
+
 // GET /v1/models: the first served model id ("" when the server does not answer).
 std::string first_model(const ServerAddress& server);
 

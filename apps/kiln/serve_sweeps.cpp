@@ -4,7 +4,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
+
+#include "bench_images.h"
 
 namespace kiln::cli {
 
@@ -42,7 +45,8 @@ std::string make_prompt(int64_t words, std::mt19937_64& rng) {
 }
 
 LevelResult run_level(const ServerAddress& server, const std::string& model, int64_t concurrency, int64_t num_requests,
-                      int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed) {
+                      int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed,
+                      const ImageLoad& images) {
   LevelResult r;
   r.concurrency = concurrency;
   std::vector<StreamTiming> results(num_requests);
@@ -58,7 +62,18 @@ LevelResult run_level(const ServerAddress& server, const std::string& model, int
         std::uniform_real_distribution<double> jitter(0.5, 1.5);
         int64_t in = random_lengths ? std::max<int64_t>(1, std::llround(input_len * jitter(rng))) : input_len;
         int64_t out = random_lengths ? std::max<int64_t>(1, std::llround(output_len * jitter(rng))) : output_len;
-        results[i] = timed_completion(server, model, make_prompt(in, rng), out, /*ignore_eos=*/true);
+        if (images.count <= 0) {
+          results[i] = timed_completion(server, model, make_prompt(in, rng), out, /*ignore_eos=*/true);
+          continue;
+        }
+        std::vector<std::string> urls;
+        try {
+          for (int64_t k = 0; k < images.count; ++k) urls.push_back(png_data_url(random_png(images.size, rng)));
+        } catch (const std::exception& e) {
+          results[i].error = std::string("making the request's images: ") + e.what();
+          continue;
+        }
+        results[i] = timed_chat(server, model, make_prompt(in, rng), urls, out, /*ignore_eos=*/true);
       }
     });
   for (auto& t : workers) t.join();

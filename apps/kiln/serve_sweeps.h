@@ -30,10 +30,18 @@ struct LevelResult {
   std::string first_error;
 };
 
+// Images per request (`kiln bench serve --images N --image-size S`): 0 sends text completions.
+struct ImageLoad {
+  int64_t count = 0;
+  int64_t size = 0;  // pixels per side
+};
+
 // `num_requests` streamed completions with at most `concurrency` in flight; `random_lengths` draws each length in
-// [0.5, 1.5] × the given one.
+// [0.5, 1.5] × the given one. With images, each request is a chat completion of `images.count` new random PNGs
+// (made before its clock starts) and the prompt text: its TTFT covers the image path and the expanded prefill.
 LevelResult run_level(const ServerAddress& server, const std::string& model, int64_t concurrency, int64_t num_requests,
-                      int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed);
+                      int64_t input_len, int64_t output_len, bool random_lengths, uint64_t seed,
+                      const ImageLoad& images = {});
 nlohmann::json level_json(const LevelResult& r);
 
 // Depths are in tokens, prompts are words: this server's tokens per word, measured once (0 when the probe fails;

@@ -14,10 +14,12 @@
 namespace kiln::vision {
 
 ImageModality::ImageModality(VisionConfig config, ImageProcessorConfig processor, CheckpointTensors tensors,
-                             std::optional<VisionWeights> weights, uint64_t cache_bytes)
+                             std::optional<VisionWeights> weights, uint64_t cache_bytes,
+                             std::optional<uint64_t> random_seed)
     : config_(std::move(config)),
       processor_(processor),
       tensors_(std::move(tensors)),
+      random_seed_(random_seed),
       weights_(std::move(weights)),
       cache_(cache_bytes) {}
 
@@ -28,6 +30,10 @@ std::vector<std::string> ImageModality::accepted_mime_types() const {
 Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   std::call_once(load_once_, [&] {
     if (weights_ || device_tower_) return;
+    if (random_seed_) {
+      weights_ = random_vision_weights(config_, *random_seed_);
+      return;
+    }
     auto w = load_vision_weights(tensors_, config_);
     if (w.ok())
       weights_ = std::move(w).value();
@@ -56,7 +62,8 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
 }
 
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
-                                                           bool load_weights, int64_t cache_mib, int cuda_device) {
+                                                           bool load_weights, int64_t cache_mib, int cuda_device,
+                                                           std::optional<uint64_t> random_seed) {
   const std::filesystem::path config_path = std::filesystem::path(dir) / "config.json";
   std::ifstream in(config_path);
   if (!in) return not_found(config_path.string() + " cannot be read");
@@ -68,10 +75,15 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
                             " differs from the text model's hidden_size " + std::to_string(text_hidden_size) +
                             ": the merged image embeddings could not stand in for token embeddings");
   KILN_ASSIGN_OR_RETURN(const ImageProcessorConfig processor, processor_settings(dir, config));
-  KILN_ASSIGN_OR_RETURN(CheckpointTensors tensors, CheckpointTensors::open(dir));
-  KILN_RETURN_IF_ERROR(check_vision_weights(tensors, config));
+  CheckpointTensors tensors;  // none under model.load = "dummy": the folder may hold no safetensors at all
+  if (!random_seed) {
+    KILN_ASSIGN_OR_RETURN(tensors, CheckpointTensors::open(dir));
+    KILN_RETURN_IF_ERROR(check_vision_weights(tensors, config));
+  }
   std::optional<VisionWeights> weights;
-  if (load_weights) {
+  if (load_weights && random_seed) {
+    weights = random_vision_weights(config, *random_seed);
+  } else if (load_weights) {
     KILN_ASSIGN_OR_RETURN(VisionWeights w, load_vision_weights(tensors, config));
     weights = std::move(w);
   }
@@ -89,7 +101,8 @@ Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& di
 #endif
   }
   auto modality = std::make_unique<ImageModality>(std::move(config), processor, std::move(tensors), std::move(weights),
-                                                  static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20);
+                                                  static_cast<uint64_t>(std::max<int64_t>(cache_mib, 0)) << 20,
+                                                  random_seed);
   if (device_tower) modality->set_device_tower(std::move(device_tower));
   return modality;
 }

@@ -23,9 +23,11 @@ namespace kiln::vision {
 class ImageModality final : public Modality {
  public:
   // `weights` loaded, or (when the modality is made only to be checked, e.g. by `kiln recipe check`) left empty and
-  // read from `tensors` on the first encode.
+  // read from `tensors` on the first encode — or made randomly from `random_seed` when it is set (model.load =
+  // "dummy": `tensors` is empty then).
   ImageModality(VisionConfig config, ImageProcessorConfig processor, CheckpointTensors tensors,
-                std::optional<VisionWeights> weights, uint64_t cache_bytes);
+                std::optional<VisionWeights> weights, uint64_t cache_bytes,
+                std::optional<uint64_t> random_seed = std::nullopt);
 
   std::vector<std::string> accepted_mime_types() const override;
   Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) override;
@@ -45,6 +47,7 @@ class ImageModality final : public Modality {
   VisionConfig config_;
   ImageProcessorConfig processor_;
   CheckpointTensors tensors_;
+  std::optional<uint64_t> random_seed_;
   std::once_flag load_once_;
   Status load_status_;
   std::optional<VisionWeights> weights_;
@@ -56,9 +59,12 @@ class ImageModality final : public Modality {
 // The modality for the checkpoint folder `dir` (config.json + safetensors); `load_weights` false reads only the
 // safetensors headers (every tower tensor present with its shape) and defers the weights to the first image.
 // `cache_mib`: MiB of recent encodings kept for repeated images (0 = none). `cuda_device` ≥ 0 (with load_weights):
-// the tower runs there (a build with CUDA; the host keeps no copy of the weights).
+// the tower runs there (a build with CUDA; the host keeps no copy of the weights). `random_seed` set (model.load =
+// "dummy"): the tower's weights are random_vision_weights(vision_config, seed) and no safetensors are read, so `dir`
+// needs only config.json (and preprocessor_config.json, if the processor's defaults are not wanted).
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,
                                                            bool load_weights, int64_t cache_mib = 0,
-                                                           int cuda_device = -1);
+                                                           int cuda_device = -1,
+                                                           std::optional<uint64_t> random_seed = std::nullopt);
 
 }  // namespace kiln::vision

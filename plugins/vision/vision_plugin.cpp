@@ -1,5 +1,7 @@
 // The plugin's descriptor and the `image` modality's factory: the checkpoint's vision tower, loaded when the engine
-// creates it (a device context is given), checked from the safetensors headers alone otherwise (`kiln recipe check`).
+// creates it (a device context is given), checked from the safetensors headers alone otherwise (`kiln recipe check`);
+// under model.load = "dummy" (ModelInfo::synthetic_weights) a tower of vision_config's shapes with random weights,
+// seeded as the core seeds the model's, so a dummy recipe times the whole image path.
 #include "image_modality.h"
 #include "kiln/device_context.h"
 #include "kiln/plugin.h"
@@ -16,8 +18,10 @@ Result<std::unique_ptr<Modality>> make_modality(const CreateContext& ctx) {
   const int64_t cache_mib = ctx.section ? ctx.section->get_int("encode_cache_mib", kDefaultCacheMib) : kDefaultCacheMib;
   // With a device context the weights load now — onto the model's GPU when it runs on one.
   const int cuda_device = ctx.device.is_cuda() && ctx.device_context != nullptr ? ctx.device.index : -1;
+  const std::optional<uint64_t> random_seed =
+      ctx.model->synthetic_weights ? std::optional<uint64_t>(ctx.model->weight_seed) : std::nullopt;
   auto m = make_image_modality(ctx.model->checkpoint_dir, ctx.model->hidden_size, ctx.device_context != nullptr,
-                               cache_mib, cuda_device);
+                               cache_mib, cuda_device, random_seed);
   if (!m.ok()) return m.status().with_context("modality `image` (" + ctx.model->checkpoint_dir + ")");
   return std::unique_ptr<Modality>(std::move(m).value());
 }

@@ -1,6 +1,10 @@
 #include "vision_weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <random>
+#include <utility>
 
 namespace kiln::vision {
 namespace {
@@ -86,6 +90,40 @@ Result<VisionWeights> load_vision_weights(const CheckpointTensors& tensors, cons
         reordered[static_cast<size_t>((o * m * m + k) * h + c)] =
             w.down_w[static_cast<size_t>((o * h + c) * m * m + k)];
   w.down_w = std::move(reordered);
+  return w;
+}
+
+VisionWeights random_vision_weights(const VisionConfig& config, uint64_t seed) {
+  VisionWeights w;
+  std::vector<std::pair<std::string, std::vector<float>*>> tensors;
+  const Status listed = visit_tensors("model.visual.", config, &w,
+                                      [&](const std::string& name, const std::vector<int64_t>& shape,
+                                          std::vector<float>* out) {
+                                        int64_t n = 1;
+                                        for (int64_t d : shape) n *= d;
+                                        out->resize(static_cast<size_t>(n));
+                                        tensors.emplace_back(name, out);
+                                        return ok_status();
+                                      });
+  (void)listed;  // the visitor never fails
+  const float bound = 0.02f * std::sqrt(3.0f);  // uniform on [−b, b] has std b/√3
+  // Tensors are independent streams (seeded by name), so they fill in parallel and the result does not depend on
+  // the thread count. The layouts differ from the checkpoint's only by permutations (the downsample's), which
+  // i.i.d. values do not see.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::string& name = tensors[t].first;
+    std::vector<float>& v = *tensors[t].second;
+    if (name.find("norm") != std::string::npos) {
+      const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      std::fill(v.begin(), v.end(), bias ? 0.0f : 1.0f);
+      continue;
+    }
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the name: a stable stream per tensor
+    for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull ^ h);
+    for (float& x : v) x = bound * (static_cast<float>(rng() >> 40) * 0x1.0p-23f - 1.0f);  // 24 bits → [−1, 1)
+  }
   return w;
 }
 

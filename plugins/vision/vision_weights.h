@@ -41,4 +41,9 @@ Status check_vision_weights(const CheckpointTensors& tensors, const VisionConfig
 
 Result<VisionWeights> load_vision_weights(const CheckpointTensors& tensors, const VisionConfig& config);
 
+// Random weights in the config's shapes, for model.load = "dummy" and the benchmarks: as the core makes a dummy
+// model's (uniform with std 0.02, HF's initializer_range, from a stream per tensor name seeded by `seed`), with the
+// norms' weights 1 and the LayerNorm's bias 0 so activations keep the scale real checkpoints give them.
+VisionWeights random_vision_weights(const VisionConfig& config, uint64_t seed);
+
 }  // namespace kiln::vision

@@ -27,6 +27,12 @@ struct ModelInfo {
   // The checkpoint folder (config.json, *.safetensors), for plugins that read parts of the checkpoint the core does
   // not load, such as a modality's vision tower; empty where no model folder is known.
   std::string checkpoint_dir;
+  // model.load = "dummy": no weights are read from checkpoint_dir; the core makes the model's weights randomly
+  // (WeightSource::synthetic, seeded by weight_seed), and a plugin with weights of its own (a modality's vision
+  // tower) makes them randomly too, in the shapes config.json gives, so the whole request path can be timed on
+  // shapes no checkpoint on disk has.
+  bool synthetic_weights = false;
+  uint64_t weight_seed = 0;
 };
 
 }  // namespace kiln

@@ -22,8 +22,10 @@
 // 2.1: the `quantizer` kind (kiln/quantizer.h), appended; a 2.0 host refuses a 2.1 plugin as newer than itself.
 // 2.2: DraftServices::mtp_run_device_tokens (appended virtual), so drafters chain next-n steps on the device;
 //      ModelInfo::checkpoint_dir (appended), so a modality finds its tower's weights.
+// 2.3: ModelInfo::synthetic_weights and weight_seed (appended), so a modality makes its tower randomly under
+//      model.load = "dummy" as the core does the model's weights.
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 2
+#define KILN_ABI_MINOR 3
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

@@ -590,6 +590,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   KILN_ASSIGN_OR_RETURN(auto arch, load_architecture(dir / "config.json"));
   ModelInfo info = arch->info();
   info.checkpoint_dir = dir.string();
+  info.synthetic_weights = model.get_string("load", "mmap") == "dummy";
   // A recipe for CUDA can be screened where no GPU is (planning for one): with the memory the caller names, or with
   // no verdict.
   auto resolved = resolve_device(recipe, registry, *arch);

@@ -77,6 +77,8 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
 
   if (dummy) {
     m.synthetic = std::make_unique<SyntheticWeightSource>(1);
+    m.info.synthetic_weights = true;
+    m.info.weight_seed = m.synthetic->seed();
   } else {
     KILN_ASSIGN_OR_RETURN(m.checkpoint, Checkpoint::open(dir));
   }

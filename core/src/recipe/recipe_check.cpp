@@ -149,6 +149,7 @@ class Checker {
     arch_ = std::move(arch).value();
     info_ = arch_->info();
     info_.checkpoint_dir = dir.string();
+    info_.synthetic_weights = model.get_string("load") == "dummy";
     if (model.get_string("load") == "mmap" && !fs::exists(dir / Checkpoint::kSingleFileName, ec) &&
         !fs::exists(dir / Checkpoint::kIndexFileName, ec))
       problem(about(model, "path",

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_factory.h"
+#include "image_modality.h"
 #include "model/model_loader.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
@@ -62,6 +63,7 @@ class ImageServer : public ::testing::Test {
     auto m = load_model(recipe_, global_registry());
     ASSERT_TRUE(m.ok()) << m.status().to_string();
     model_ = std::move(m).value();
+    adjust_model(model_);
     auto t = Tokenizer::load(dir / "tokenizer.json");
     ASSERT_TRUE(t.ok());
     tokenizer_ = std::make_unique<Tokenizer>(std::move(t).value());
@@ -99,6 +101,8 @@ class ImageServer : public ::testing::Test {
   }
   static Json text(const std::string& t) { return {{"type", "text"}, {"text", t}}; }
   static Json image(const std::string& url) { return {{"type", "image_url"}, {"image_url", {{"url", url}}}}; }
+  // Before the engine (and its modality) starts.
+  virtual void adjust_model(LoadedModel&) {}
 
   Recipe recipe_;
   LoadedModel model_;
@@ -162,6 +166,37 @@ TEST_F(ImageServer, TooManyImagesAndCorruptImagesAre400sNamingThePart) {
   // The server still serves.
   post(chat({text("Hello"), image(url)}), status);
   EXPECT_EQ(status, 200);
+}
+
+// The modality as a dummy recipe makes it (model.load = "dummy" → ModelInfo::synthetic_weights): the CPU cannot load a
+// dummy text model (its random weights are made on the GPU), so the tiny checkpoint's text model is served with the
+// flag set as the loader sets it; the tower is then random_vision_weights(vision_config, seed), and a request with an
+// image is answered end to end with the same prompt tokens as with the checkpoint's tower.
+class DummyTowerImageServer : public ImageServer {
+ protected:
+  void adjust_model(LoadedModel& m) override {
+    m.info.synthetic_weights = true;
+    m.info.weight_seed = 1;
+  }
+};
+
+TEST_F(DummyTowerImageServer, APngIsAnsweredByTheRandomTower) {
+  int status = 0;
+  const Json with = post(chat({text("What is this? "), image(png_url("tiny_rgb.png"))}), status);
+  ASSERT_EQ(status, 200) << with.dump();
+  const Json without = post(chat({text("What is this? ")}), status);
+  ASSERT_EQ(status, 200) << without.dump();
+  EXPECT_EQ(with["usage"]["prompt_tokens"].get<int>() - without["usage"]["prompt_tokens"].get<int>(), 20 + 2)
+      << with["usage"].dump() << " vs " << without["usage"].dump();
+  // The engine's modality is the random tower, not the checkpoint's.
+  const MediaItem item{"image/png", testing::read_bytes(data_dir() / "images/tiny_rgb.png")};
+  auto served = engine_.modality->encode(item, Stream{});
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  auto random = make_image_modality((data_dir() / "tower-e2e").string(), 32, true, 0, -1, uint64_t{1});
+  auto stored = make_image_modality((data_dir() / "tower-e2e").string(), 32, true);
+  ASSERT_TRUE(random.ok() && stored.ok());
+  EXPECT_EQ(served->embeddings, (*random)->encode(item, Stream{})->embeddings);
+  EXPECT_NE(served->embeddings, (*stored)->encode(item, Stream{})->embeddings);
 }
 
 }  // namespace
