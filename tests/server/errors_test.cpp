@@ -115,8 +115,12 @@ TEST_F(ServerTest, OversizedPromptNamesBothNumbers) {
   EXPECT_TRUE(engine_.submitted().empty());
 }
 
-TEST_F(ServerTest, OnlyNEqualsOne) {
-  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 2}}), 400, "n");
+// n is 1 .. 16 choices (server/choice_set.h); out of range or not an integer is a 400 naming it.
+TEST_F(ServerTest, NOutOfRangeIsRefused) {
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 0}}), 400, "n");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 17}}), 400, "n");
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", "two"}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"n", -1}}), 400, "n");
 }
 
 TEST_F(ServerTest, BadToolsAndToolChoice) {
