@@ -46,22 +46,9 @@ fs::path random_v1() {
 // Rows per step stay within the runner's batch-invariance bound (32: tests/gpu/cuda_speculative_test.cpp says why):
 // ≤ 8 scheduled tokens + 7 drafts × 3 sequences = 29, and prompt chunks of ≤ 8 tokens run the decode path.
 Recipe gpu_recipe(const std::string& method, const fs::path& draft, int depth, const std::vector<std::string>& extra = {}) {
-  load_plugin();
-  std::vector<std::string> sets = {"model.path=" + kTarget.string(), "model.device=cuda", "kv.layout=bf16",
-                                   "kv.block_size=4", "scheduler.max_model_len=160", "scheduler.max_num_seqs=3",
-                                   "scheduler.max_num_batched_tokens=8", "speculative.method=" + method,
-                                   "speculative.depth=" + std::to_string(depth),
-                                   "speculative.draft_model=" + draft.string()};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  auto r = load_recipe("", sets, global_registry());
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
-}
-
-LoadedModel load(const Recipe& recipe) {
-  auto m = load_model(recipe, global_registry(), model_load_options(recipe));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return std::move(m).value();
+  return drafting_recipe({"model.device=cuda", "kv.layout=bf16", "kv.block_size=4", "scheduler.max_model_len=160",
+                          "scheduler.max_num_seqs=3", "scheduler.max_num_batched_tokens=8"},
+                         method, draft, depth, extra);
 }
 
 void expect_same_as_plain(const Recipe& recipe, int depth) {

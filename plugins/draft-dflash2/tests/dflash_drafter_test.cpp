@@ -41,21 +41,9 @@ fs::path random_v1() {
 }
 
 Recipe recipe_for(const std::string& method, const fs::path& draft, int depth, const std::vector<std::string>& extra = {}) {
-  load_plugin();
-  std::vector<std::string> sets = {"model.path=" + kTarget.string(), "kv.layout=fp32", "kv.block_size=4",
-                                   "scheduler.max_model_len=160", "scheduler.max_num_seqs=4",
-                                   "scheduler.max_num_batched_tokens=32", "speculative.method=" + method,
-                                   "speculative.depth=" + std::to_string(depth), "speculative.draft_model=" + draft.string()};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  auto r = load_recipe("", sets, global_registry());
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
-}
-
-LoadedModel load(const Recipe& recipe) {
-  auto m = load_model(recipe, global_registry(), model_load_options(recipe));
-  EXPECT_TRUE(m.ok()) << m.status().to_string();
-  return std::move(m).value();
+  return drafting_recipe({"kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=160", "scheduler.max_num_seqs=4",
+                          "scheduler.max_num_batched_tokens=32"},
+                         method, draft, depth, extra);
 }
 
 // Concurrent requests through the engine against plain greedy generation; returns the engine's metrics.

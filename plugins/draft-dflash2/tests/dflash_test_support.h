@@ -15,8 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/engine_factory.h"
+#include "model/model_loader.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
+#include "recipe/recipe.h"
 
 namespace kiln::testing {
 
@@ -34,6 +37,27 @@ inline void load_plugin() {
     return loader.load_file(std::filesystem::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-draft-dflash2.so");
   }();
   ASSERT_TRUE(loaded.ok()) << loaded.to_string() << " (build the kiln-plugin-draft-dflash2 target)";
+}
+
+// The tiny target drafting with `method` from checkpoint `draft` at `depth`: `settings` (device, KV, scheduler) first,
+// then the speculative keys, then `extra`.
+inline Recipe drafting_recipe(std::vector<std::string> settings, const std::string& method,
+                              const std::filesystem::path& draft, int depth, const std::vector<std::string>& extra) {
+  load_plugin();
+  settings.insert(settings.begin(), "model.path=" + kTarget.string());
+  settings.push_back("speculative.method=" + method);
+  settings.push_back("speculative.depth=" + std::to_string(depth));
+  settings.push_back("speculative.draft_model=" + draft.string());
+  settings.insert(settings.end(), extra.begin(), extra.end());
+  auto r = load_recipe("", settings, global_registry());
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+inline LoadedModel load(const Recipe& recipe) {
+  auto m = load_model(recipe, global_registry(), model_load_options(recipe));
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
 }
 
 // A safetensors file of fp32 tensors.
