@@ -29,7 +29,7 @@ gen() {  # recipe, then --set flags
   timeout 300 "$kiln" generate --recipe "$recipe" --prompt "The kiln fires the clay, and the clay" --max-tokens 12 \
     --no-stats "$@" 2>>"$log"
 }
-socket="--set transport.backend=\"socket\""
+socket="--set transport.backend=socket"
 
 # The DSA fixture with the tiny model's tokenizer (the same 4,096-token vocabulary).
 dsa=$work/dsa
