@@ -2,6 +2,7 @@
 # One process per rank (transport.backend = "socket"; kiln starts the ranks itself):
 #   - `kiln generate` greedy output with TP=2, DCP=2 and TP=4×DCP=2 in 2 and 4 processes equals TP=1's and the
 #     ranks-as-threads run's, on the tiny model and on the DSA fixture (another shape: 4 heads, hidden 64, indexer);
+#   - the same with MTP speculative decoding (next-n steps forwarded to the ranks);
 #   - `--nnodes 2` run as two invocations on localhost (node-rank 0 and 1) gives the same output;
 #   - `kiln serve` with TP=2 answers a chat completion exactly as TP=1 does;
 #   - killing a rank process makes requests fail with an error naming the rank (no hang), and the server lives on;
@@ -71,6 +72,14 @@ for recipe in "$tiny" "$work/dsa.toml"; do
   [ -s "$work/node1.out" ] && die "node 1 printed a completion: $(cat "$work/node1.out")"
   echo "ok: $recipe --nnodes 2 on localhost = TP=1"
 done
+
+# Speculative decoding with the MTP drafter: its next-n steps and the target's lm_head / embedding cross to the
+# ranks too, and drafting is lossless, so the output is TP=1's without drafting.
+one=$(gen "$tiny") || die "TP=1 generate failed"
+mtp="--set speculative.method=mtp --set speculative.depth=2"
+procs=$(eval gen "$tiny" $mtp --set parallel.tensor=2 $socket) || die "processes with MTP drafting failed"
+[ "$procs" = "$one" ] || die "processes with MTP drafting: '$procs' != TP=1 '$one'"
+echo "ok: TP=2 processes with MTP drafting = TP=1"
 
 # kiln serve.
 start_server() {
