@@ -3,7 +3,8 @@
 #   - `kiln generate` greedy output with TP=2, DCP=2 and TP=4×DCP=2 in 2 and 4 processes equals TP=1's and the
 #     ranks-as-threads run's, on the tiny model and on the DSA fixture (another shape: 4 heads, hidden 64, indexer);
 #   - the same with MTP speculative decoding (next-n steps forwarded to the ranks);
-#   - `--nnodes 2` run as two invocations on localhost (node-rank 0 and 1) gives the same output;
+#   - `--nnodes 2` run as two invocations on localhost (node-rank 0 and 1) gives the same output, and so do two
+#     processes started with the torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
 #   - `kiln serve` with TP=2 answers a chat completion exactly as TP=1 does;
 #   - killing a rank process makes requests fail with an error naming the rank (no hang), and the server lives on;
 #   - the rank processes exit with rank 0.
@@ -73,9 +74,22 @@ for recipe in "$tiny" "$work/dsa.toml"; do
   echo "ok: $recipe --nnodes 2 on localhost = TP=1"
 done
 
+# torchrun-style: each rank started by someone else with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  "$kiln" generate --recipe "$tiny" --prompt "The kiln fires the clay, and the clay" --max-tokens 12 --no-stats \
+  --set parallel.tensor=2 --set transport.backend=socket > "$work/rank1.out" 2>>"$log" &
+rank1=$!
+one=$(gen "$tiny") || die "TP=1 generate failed"
+env0=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port gen "$tiny" --set parallel.tensor=2 $socket) ||
+  die "rank 0 started with RANK/WORLD_SIZE failed"
+wait "$rank1" || die "rank 1 started with RANK/WORLD_SIZE failed"
+[ "$env0" = "$one" ] || die "ranks from the environment: '$env0' != TP=1 '$one'"
+[ -s "$work/rank1.out" ] && die "rank 1 printed a completion"
+echo "ok: ranks started with torchrun-style variables = TP=1"
+
 # Speculative decoding with the MTP drafter: its next-n steps and the target's lm_head / embedding cross to the
 # ranks too, and drafting is lossless, so the output is TP=1's without drafting.
-one=$(gen "$tiny") || die "TP=1 generate failed"
 mtp="--set speculative.method=mtp --set speculative.depth=2"
 procs=$(eval gen "$tiny" $mtp --set parallel.tensor=2 $socket) || die "processes with MTP drafting failed"
 [ "$procs" = "$one" ] || die "processes with MTP drafting: '$procs' != TP=1 '$one'"
