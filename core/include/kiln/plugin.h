@@ -24,8 +24,10 @@
 //      ModelInfo::checkpoint_dir (appended), so a modality finds its tower's weights.
 // 2.3: ModelInfo::synthetic_weights and weight_seed (appended), so a modality makes its tower randomly under
 //      model.load = "dummy" as the core does the model's weights.
+// 2.4: Modality::encode_all (appended virtual), so a modality decodes a request's images in parallel and runs its
+//      tower over several at once.
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 3
+#define KILN_ABI_MINOR 4
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

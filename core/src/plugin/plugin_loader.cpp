@@ -31,7 +31,7 @@ constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // kv_layout
     0,  // drafter
     0,  // collective
-    0,  // modality
+    4,  // modality: ABI 2.4 appended Modality::encode_all, which the host calls (an older vtable has no slot)
     1,  // quantizer: the kind exists from ABI 2.1 (appended to the enum; no struct of an older kind changed)
 };
 
