@@ -113,6 +113,7 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   t.device = device_name(t.model, recipe);
   t.model.model->set_graphs(cuda_graphs);
   t.weight_gib = static_cast<double>(t.model.model->weight_bytes()) / (1 << 30);
+  t.recipe = sized_recipe;
   log::info("{}", t.capacity.report());
   KILN_ASSIGN_OR_RETURN(t.caches, make_cache_manager(t.model, plan));
   if (screen.model) {  // as start_engine does: the prediction beside what the process holds now

@@ -17,6 +17,7 @@
 #include "engine/model_runner.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "recipe/recipe.h"
 
 namespace kiln::cli {
 
@@ -31,6 +32,7 @@ struct BenchShape {
 // sequences × positions as memory allows; at least one sequence).
 struct BenchTarget {
   LoadedModel model;  // declared first: outlives the pool and the runner
+  Recipe recipe;      // as loaded, with [scheduler] sized for the shape (what an engine over the model would use)
   const ModelConfig* config = nullptr;  // the MLA + MoE family's (the cost model's shapes)
   std::shared_ptr<CacheManager> caches;
   std::unique_ptr<ModelRunner> runner;
