@@ -67,8 +67,11 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
                                                     const std::vector<DecodePoint>& verify) {
   const int64_t k = static_cast<int64_t>(profile.size());
   const int64_t vocab = t.model.model->vocab_size();
-  t.runner.reset();  // the engine runs make pools of their own, sized from the memory this one leaves
+  t.runner.reset();  // the engine runs share a pool of their own, sized from the memory this one leaves
   t.caches.reset();
+  KILN_ASSIGN_OR_RETURN(EngineBench bench, make_engine_bench(t.model, t.recipe, k));
+  // The same tokens are timed in both runs: past the warm-up, short of the last K (see DecodeWindow).
+  const DecodeWindow window{o.warmup, k};
   std::vector<DraftedPoint> points;
   for (int64_t context : o.contexts)
     for (int64_t batch : o.batches) {
@@ -91,13 +94,13 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
       const auto prompts = bench_prompts(batch, context, vocab);
       const std::string where = "context " + std::to_string(context) + ", batch " + std::to_string(batch);
       log::info("draft profile, {}: pass 1 (plain decode, recording)", where);
-      KILN_ASSIGN_OR_RETURN(EngineDecodeRun plain, run_engine_decode(t.model, t.recipe, prompts, o.steps));
+      KILN_ASSIGN_OR_RETURN(EngineDecodeRun plain, run_engine_decode(t.model, bench, prompts, o.steps, window));
       std::vector<std::vector<int32_t>> recordings = prompts;
       for (int64_t b = 0; b < batch; ++b)
         recordings[b].insert(recordings[b].end(), plain.outputs[b].begin(), plain.outputs[b].end());
       auto oracle = std::make_shared<OracleDrafter>(profile, std::move(recordings), vocab);
       log::info("draft profile, {}: pass 3 (drafted decode, oracle K = {})", where, k);
-      KILN_ASSIGN_OR_RETURN(EngineDecodeRun drafted, run_engine_decode(t.model, t.recipe, prompts, o.steps, oracle, k));
+      KILN_ASSIGN_OR_RETURN(EngineDecodeRun drafted, run_engine_decode(t.model, bench, prompts, o.steps, window, oracle, k));
 
       p.plain_tok_s = plain.tok_s;
       p.drafted_tok_s = drafted.tok_s;

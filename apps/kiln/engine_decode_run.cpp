@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "engine/batch_engine.h"
-#include "engine/engine_factory.h"
 #include "engine/instance_runner.h"
 
 namespace kiln::cli {
@@ -28,21 +27,30 @@ struct Collected {
 
 }  // namespace
 
-Result<EngineDecodeRun> run_engine_decode(const LoadedModel& model, const Recipe& recipe,
+Result<EngineBench> make_engine_bench(const LoadedModel& model, const Recipe& recipe, int64_t max_depth) {
+  EngineBench b;
+  // A drafter with no caches of its own adds nothing to the plan: the pool is the plain one.
+  KILN_ASSIGN_OR_RETURN(b.plan, plan_engine(model, recipe));
+  b.plan.config.prefix_caching = false;
+  // As plan_engine reserves them for a recipe's drafter of speculative.depth = K.
+  b.plan.config.lookahead_slots = 2 * max_depth;
+  KILN_ASSIGN_OR_RETURN(b.caches, make_cache_manager(model, b.plan));
+  return b;
+}
+
+Result<EngineDecodeRun> run_engine_decode(const LoadedModel& model, EngineBench& bench,
                                           const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
-                                          std::shared_ptr<Drafter> drafter, int64_t depth) {
-  KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(model, recipe, drafter.get()));
-  plan.config.prefix_caching = false;
-  if (drafter) {
-    // As plan_engine sets them for a recipe's drafter (speculative.depth): the oracle is no recipe choice.
-    plan.config.speculative_depth = depth;
-    plan.config.speculative_max_batch = 0;
-    plan.config.lookahead_slots = 2 * depth;
-  }
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<CacheManager> caches, make_cache_manager(model, plan));
-  auto runner = std::make_unique<InstanceRunner>(*model.model, *caches);
+                                          const DecodeWindow& window, std::shared_ptr<Drafter> drafter,
+                                          int64_t depth) {
+  EngineConfig config = bench.plan.config;
+  config.speculative_depth = drafter ? depth : 0;  // the oracle is no recipe choice: set as speculative.depth would
+  config.speculative_max_batch = 0;
+  if (config.speculative_depth > config.lookahead_slots)
+    return invalid_argument("drafting depth " + std::to_string(depth) + " exceeds the " +
+                            std::to_string(config.lookahead_slots) + " positions the pool reserves past a pass");
+  auto runner = std::make_unique<InstanceRunner>(*model.model, *bench.caches);
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BatchEngine> engine,
-                        BatchEngine::create(plan.config, std::move(runner), drafter, caches));
+                        BatchEngine::create(config, std::move(runner), drafter, bench.caches));
 
   auto shared = std::make_shared<Collected>();
   shared->tokens.resize(prompts.size());
@@ -86,8 +94,9 @@ Result<EngineDecodeRun> run_engine_decode(const LoadedModel& model, const Recipe
   Clock::time_point all_in = start, first_done = Clock::time_point::max(), last = start;
   for (const auto& t : shared->times) {
     if (t.empty()) return internal_error("engine decode: a request ended without a token");
-    all_in = std::max(all_in, t.front());
-    first_done = std::min(first_done, t.back());
+    const int64_t n = static_cast<int64_t>(t.size());
+    all_in = std::max(all_in, t[std::clamp<int64_t>(window.skip_tokens, 0, n - 1)]);
+    first_done = std::min(first_done, t[std::clamp<int64_t>(n - 1 - window.tail_tokens, 0, n - 1)]);
     last = std::max(last, t.back());
   }
   for (const auto& t : shared->times)

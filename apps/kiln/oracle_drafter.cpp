@@ -43,16 +43,23 @@ bool OracleDrafter::draft_is_correct(size_t recording, int64_t anchor, int i) co
 }
 
 Result<size_t> OracleDrafter::match_recording(const DraftSequence& d) const {
+  // The recording whose tokens agree longest with the rows (a run that left its recording early still finds it;
+  // the rows past the agreement count as divergent).
+  size_t best = recordings_.size();
+  int64_t best_agree = 0;
   for (size_t r = 0; r < recordings_.size(); ++r) {
     const std::vector<int32_t>& rec = recordings_[r];
-    if (static_cast<int64_t>(rec.size()) <= d.start_position + d.num_rows) continue;
-    bool same = true;
-    for (int64_t i = 0; same && i < d.num_rows; ++i) same = rec[d.start_position + i + 1] == d.next_tokens[i];
-    if (same) return r;
+    int64_t agree = 0;
+    while (agree < d.num_rows && d.start_position + agree + 1 < static_cast<int64_t>(rec.size()) &&
+           rec[d.start_position + agree + 1] == d.next_tokens[agree])
+      ++agree;
+    if (agree > best_agree) best = r, best_agree = agree;
   }
-  return not_found("the oracle drafter has no recording of sequence " + std::to_string(d.seq_id) +
-                   " (its rows from position " + std::to_string(d.start_position) +
-                   " match none of the plain run's sequences)");
+  if (best == recordings_.size())
+    return not_found("the oracle drafter has no recording of sequence " + std::to_string(d.seq_id) +
+                     " (its rows from position " + std::to_string(d.start_position) +
+                     " match none of the plain run's sequences)");
+  return best;
 }
 
 Status OracleDrafter::propose(const DraftStep& step, std::vector<DraftProposal>& out) {

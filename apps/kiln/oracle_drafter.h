@@ -42,7 +42,7 @@ struct OracleStats {
 class OracleDrafter final : public Drafter {
  public:
   // `recordings`: each sequence's tokens, prompt then greedy continuation, as the plain run produced them; a
-  // sequence is matched to its recording by its first rows. Profile values are in [0, 1].
+  // sequence is matched to the recording its first rows agree with longest. Profile values are in [0, 1].
   OracleDrafter(std::vector<double> profile, std::vector<std::vector<int32_t>> recordings, int64_t vocab_size,
                 uint64_t seed = 0x6b696c6e);
 

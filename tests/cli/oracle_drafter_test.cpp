@@ -58,7 +58,10 @@ Drafted run(const std::vector<double>& profile, int64_t sequences, int64_t token
   TinyModel& t = tiny();
   Drafted d;
   const auto ps = prompts(sequences);
-  auto plain = run_engine_decode(t.m, t.recipe, ps, tokens);
+  auto bench = make_engine_bench(t.m, t.recipe, static_cast<int64_t>(profile.size()));
+  EXPECT_TRUE(bench.ok()) << bench.status().to_string();
+  if (!bench.ok()) return d;
+  auto plain = run_engine_decode(t.m, *bench, ps, tokens);
   EXPECT_TRUE(plain.ok()) << plain.status().to_string();
   if (!plain.ok()) return d;
   d.plain = std::move(plain).value();
@@ -66,7 +69,7 @@ Drafted run(const std::vector<double>& profile, int64_t sequences, int64_t token
   for (size_t b = 0; b < ps.size(); ++b)
     recordings[b].insert(recordings[b].end(), d.plain.outputs[b].begin(), d.plain.outputs[b].end());
   auto oracle = std::make_shared<OracleDrafter>(profile, recordings, t.m.model->vocab_size());
-  auto drafted = run_engine_decode(t.m, t.recipe, ps, tokens, oracle, static_cast<int64_t>(profile.size()));
+  auto drafted = run_engine_decode(t.m, *bench, ps, tokens, {}, oracle, static_cast<int64_t>(profile.size()));
   EXPECT_TRUE(drafted.ok()) << drafted.status().to_string();
   if (!drafted.ok()) return d;
   d.drafted = std::move(drafted).value();

@@ -34,13 +34,15 @@ void expect_lossless_with(const std::vector<double>& profile) {
   std::vector<std::vector<int32_t>> prompts(3);
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t i = 0; i < 9 + 4 * b; ++i) prompts[b].push_back(static_cast<int32_t>((i * 53 + b * 211 + 7) % 4096));
-  auto plain = run_engine_decode(*m, recipe, prompts, 64);
+  auto bench = make_engine_bench(*m, recipe, static_cast<int64_t>(profile.size()));
+  ASSERT_TRUE(bench.ok()) << bench.status().to_string();
+  auto plain = run_engine_decode(*m, *bench, prompts, 64);
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   auto recordings = prompts;
   for (size_t b = 0; b < prompts.size(); ++b)
     recordings[b].insert(recordings[b].end(), plain->outputs[b].begin(), plain->outputs[b].end());
   auto oracle = std::make_shared<OracleDrafter>(profile, recordings, m->model->vocab_size());
-  auto drafted = run_engine_decode(*m, recipe, prompts, 64, oracle, static_cast<int64_t>(profile.size()));
+  auto drafted = run_engine_decode(*m, *bench, prompts, 64, {}, oracle, static_cast<int64_t>(profile.size()));
   ASSERT_TRUE(drafted.ok()) << drafted.status().to_string();
   EXPECT_EQ(drafted->outputs, plain->outputs);
   const OracleStats& s = oracle->stats();
