@@ -67,9 +67,12 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
                                                     const std::vector<DecodePoint>& verify) {
   const int64_t k = static_cast<int64_t>(profile.size());
   const int64_t vocab = t.model.model->vocab_size();
-  t.runner.reset();  // the engine runs share a pool of their own, sized from the memory this one leaves
-  t.caches.reset();
-  KILN_ASSIGN_OR_RETURN(EngineBench bench, make_engine_bench(t.model, t.recipe, k));
+  // The engine runs share the target's pool (pass 2's pages hold no sequence the engine knows of).
+  if (t.plan.config.lookahead_slots < k)
+    return failed_precondition("the benchmark's pool reserves " + std::to_string(t.plan.config.lookahead_slots) +
+                               " positions past a step, fewer than K = " + std::to_string(k) +
+                               " (open_bench_target's lookahead_slots)");
+  EngineBench bench{t.plan, t.caches};
   // The same tokens are timed in both runs: past the warm-up, short of the last K (see DecodeWindow).
   const DecodeWindow window{o.warmup, k};
   std::vector<DraftedPoint> points;

@@ -42,8 +42,8 @@ std::string parse_draft_profile(const std::string& text, std::vector<double>& ou
 std::vector<std::vector<int32_t>> bench_prompts(int64_t batch, int64_t context, int64_t vocab);
 
 // Passes 1 and 3 for every (context, batch) of `options`, `options.steps` tokens per sequence, with `verify`
-// (pass 2's points: rows 1 and 1 + K at each pair) giving the ideal. Frees the target's own pool and runner first:
-// each engine run makes its own.
+// (pass 2's points: rows 1 and 1 + K at each pair) giving the ideal. The engines run over the target's pool, which
+// open_bench_target must have made with lookahead_slots ≥ K (the command asks for 2K, as the engine reserves).
 Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& target, const DecodeBenchOptions& options,
                                                     const std::vector<double>& profile,
                                                     const std::vector<DecodePoint>& verify);

@@ -164,7 +164,8 @@ int bench_decode(int argc, char** argv) {
     // Prompt chunks of up to 8192 tokens a step (the prefill sweep's default): the batch gets in within a few steps.
     shape.step_tokens = std::max(shape.step_tokens, std::min<int64_t>(prompts, 8192));
   }
-  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile, c.ignore_screen);
+  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile, c.ignore_screen,
+                                  2 * static_cast<int64_t>(profile.size()));
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
