@@ -127,6 +127,8 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
         p.mismatched_tokens += differ;
         p.mismatched_sequences += differ > 0;
       }
+      if (p.plain_tok_s > 0) p.engine_decode_ms = 1e3 * batch / p.plain_tok_s;
+      if (p.drafted_tok_s > 0) p.engine_pass_ms = 1e3 * batch * p.tokens_per_pass / p.drafted_tok_s;
       p.ideal_speedup = p.verify_ms > 0 ? p.tokens_per_pass * p.decode_ms / p.verify_ms : 0;
       p.fraction_of_ideal = p.ideal_speedup > 0 ? p.speedup / p.ideal_speedup : 0;
       if (!p.lossless())
@@ -134,8 +136,10 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
                    "rows left the recording, {} passes accepted another length than the drafts' correctness implies; "
                    "the drafted run's acceptance no longer follows the profile",
                    where, p.mismatched_sequences, batch, p.mismatched_tokens, p.divergent_rows, p.unexpected_accepts);
-      log::info("draft profile, {}: plain {:.1f} tok/s, drafted {:.1f} tok/s ({:.2f}x; ideal {:.2f}x)", where,
-                p.plain_tok_s, p.drafted_tok_s, p.speedup, p.ideal_speedup);
+      log::info("draft profile, {}: plain {:.1f} tok/s, drafted {:.1f} tok/s ({:.2f}x; ideal {:.2f}x); a step "
+                "{:.3f} ms in the engine vs {:.3f} ms alone, a pass {:.3f} ms vs {:.3f} ms",
+                where, p.plain_tok_s, p.drafted_tok_s, p.speedup, p.ideal_speedup, p.engine_decode_ms, p.decode_ms,
+                p.engine_pass_ms, p.verify_ms);
       points.push_back(p);
     }
   return points;
@@ -185,6 +189,8 @@ nlohmann::json drafted_json(const std::vector<DraftedPoint>& points, const std::
                 {"acceptance_per_position", p.cumulative_rates},
                 {"decode_ms_per_step", p.decode_ms},
                 {"verify_ms_per_pass", p.verify_ms},
+                {"engine_decode_ms_per_step", p.engine_decode_ms},
+                {"engine_ms_per_pass", p.engine_pass_ms},
                 {"ideal_speedup", p.ideal_speedup},
                 {"fraction_of_ideal", p.fraction_of_ideal},
                 {"lossless", p.lossless()},

@@ -27,6 +27,8 @@ struct DraftedPoint {
   std::vector<double> conditional_rates;  // per position: P(draft i accepted | drafts before it accepted)
   std::vector<double> cumulative_rates;   // per position: P(draft i accepted), as the engine's metrics count it
   double decode_ms = 0, verify_ms = 0;    // pass 2: the runner's step and its 1 + K row verification pass
+  // The same through the engine (from the tok/s): where measured / ideal falls short, which of the two grew.
+  double engine_decode_ms = 0, engine_pass_ms = 0;
   double ideal_speedup = 0, fraction_of_ideal = 0;
   // Lossless checks: drafted output against the recording (tokens that differ, sequences with any), rows the
   // engine reported that left the recording, passes that accepted another length than the oracle's decisions.
