@@ -130,8 +130,13 @@ TEST(Fp8IndexerKeys, TheLayoutChoosesTheKeyFormatAndTheCacheShrinks) {
 }
 
 // The GLM-5 fixture on fp8 latent pages, indexer keys fp8 vs fp32: the prompt's logits (max |Δ| of a row's largest
-// |logit|, worst and mean over rows) and 24 greedy tokens through the engine. Bounds: MEASURED.
-constexpr double kMaxMeanDrift = 1.0;
+// |logit|, worst and mean over rows) and 24 greedy tokens through the engine. The keys only decide which positions
+// each query attends to, so the rows that see at most index_topk keys (all of them selected either way) must not move
+// at all. Measured 2026-12-03: mean 0.394, worst 1.24, 0 of 24 greedy tokens — the random fixture's top-8 of up to
+// 90 keys from 8 heads × 16-d scores is cut among near-ties that e4m3's ~2.5 % score error (DsaIndexerFp8Scores)
+// reorders, and its logit margins are tiny, so greedy text parts at once, as it does between fp8 and bf16 latents
+// (fp8_layout_model_test.cpp); the bound is 1.5× the mean measured. Trained GLM-5 weights are the real measure.
+constexpr double kMaxMeanDrift = 0.6;
 constexpr int kMinGreedyAgreement = 0;
 
 TEST(Fp8IndexerKeys, LogitDriftAndGreedyAgreementAgainstFp32Keys) {
@@ -143,10 +148,13 @@ TEST(Fp8IndexerKeys, LogitDriftAndGreedyAgreementAgainstFp32Keys) {
   const std::vector<float> a = prompt_logits(fp8, prompt), b = prompt_logits(keys32, prompt);
   ASSERT_EQ(a.size(), b.size());
   const int64_t vocab = fp8.model->vocab_size(), rows = static_cast<int64_t>(a.size()) / vocab;
+  const int64_t topk = kiln::testing::config_of(fp8).index_topk;
+  ASSERT_GT(topk, 0);
   double worst = 0, sum = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const double e = kiln::testing::relative_error(a.data() + r * vocab, b.data() + r * vocab, vocab);
     worst = std::max(worst, e), sum += e;
+    if (r < topk) EXPECT_EQ(e, 0.0) << "row " << r << " sees " << r + 1 << " keys, all selected with either format";
   }
   auto ga = kiln::testing::engine_generate(fp8, sets("fp8_ds_mla"), prompt, 24);
   auto gb = kiln::testing::engine_generate(keys32, sets("fp8_ds_mla"), prompt, 24);
