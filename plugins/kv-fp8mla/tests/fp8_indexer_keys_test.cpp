@@ -18,6 +18,7 @@
 #include "common/test_model.h"
 #include "engine/single_request.h"
 #include "fp8_mla_row.h"
+#include "fp8_test_plugins.h"
 #include "model/arch/architecture.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
@@ -27,13 +28,6 @@ namespace kiln::fp8mla {
 namespace {
 namespace fs = std::filesystem;
 
-void load_plugins() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-kv-fp8mla.so");
-  }();
-  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
-}
 
 const char* const kDsa = "glm_moe_dsa-tiny";  // 3 layers, each with its own indexer: 8 heads × 16, top-8
 
