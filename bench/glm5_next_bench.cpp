@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
   cfg.num_blocks = (positions + bs - 1) / bs + 1;
   cfg.prefix_caching = false;
   cfg.state_slots = 1;
-  auto caches = kiln::CacheManager::create(m->arch->cache_spec(0), m->layout.get(), m->device.get(), cfg);
+  auto caches = kiln::CacheManager::create(m->arch->cache_spec(0, m->layout->indexer_key_format()), m->layout.get(), m->device.get(), cfg);
   if (!caches.ok()) return die(caches.status());
   std::vector<int32_t> table(cfg.num_blocks - 1);
   for (size_t b = 0; b < table.size(); ++b) table[b] = static_cast<int32_t>(b);

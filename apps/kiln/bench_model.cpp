@@ -66,7 +66,8 @@ int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + 
 }  // namespace
 
 Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
-                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen) {
+                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen,
+                                      int64_t lookahead_slots) {
   KILN_ASSIGN_OR_RETURN(Recipe recipe, load_recipe(recipe_file, sets, global_registry()));
   // What can be refused from config.json is refused before any weight is read.
   const std::filesystem::path dir = recipe.section("model").get_string("path");
@@ -109,12 +110,18 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   KILN_ASSIGN_OR_RETURN(t.model, load_model(recipe, global_registry(), ModelLoadOptions{}));
   t.config = mla_moe_config(*t.model.arch);
   KILN_ASSIGN_OR_RETURN(EnginePlan plan, plan_engine(t.model, sized_recipe));
+  if (lookahead_slots > 0) {
+    plan.config.lookahead_slots = lookahead_slots;
+    plan.config.prefix_caching = false;
+  }
   t.capacity = plan.capacity;
   t.device = device_name(t.model, recipe);
   t.model.model->set_graphs(cuda_graphs);
   t.weight_gib = static_cast<double>(t.model.model->weight_bytes()) / (1 << 30);
+  t.recipe = sized_recipe;
   log::info("{}", t.capacity.report());
   KILN_ASSIGN_OR_RETURN(t.caches, make_cache_manager(t.model, plan));
+  t.plan = plan;
   if (screen.model) {  // as start_engine does: the prediction beside what the process holds now
     const MeasuredMemory measured = measure_memory(*screen.model, t.model.on_gpu(), checkpoint_bytes(t.model));
     if (memory_within(*screen.model, measured))

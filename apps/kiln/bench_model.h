@@ -13,10 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache_manager.h"
+#include "engine/engine_factory.h"
 #include "engine/kv_capacity.h"
 #include "engine/model_runner.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "recipe/recipe.h"
 
 namespace kiln::cli {
 
@@ -31,6 +33,8 @@ struct BenchShape {
 // sequences × positions as memory allows; at least one sequence).
 struct BenchTarget {
   LoadedModel model;  // declared first: outlives the pool and the runner
+  Recipe recipe;      // as loaded, with [scheduler] sized for the shape
+  EnginePlan plan;    // the engine settings and pool that recipe gets here: `caches` is that pool
   const ModelConfig* config = nullptr;  // the MLA + MoE family's (the cost model's shapes)
   std::shared_ptr<CacheManager> caches;
   std::unique_ptr<ModelRunner> runner;
@@ -42,9 +46,12 @@ struct BenchTarget {
 // Loads `recipe_file` with `sets` (section.key=value overrides), refuses shapes past the model's
 // max_position_embeddings, and builds the runner. `cuda_graphs`: replay decode steps from CUDA graphs (CUDA only).
 // Before loading, prints the memory model of the recipe sized for `shape` (memory_screen_gate.h) and refuses a
-// no-go unless `ignore_screen`.
+// no-go unless `ignore_screen`. `lookahead_slots` > 0: the pool reserves that many positions past each engine step
+// and keeps no prefix cache, so an engine can also run drafting over it (bench_drafted.h): the device memory of a
+// pool lives as long as the model, so the target's one pool serves every pass.
 Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
-                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen);
+                                      const BenchShape& shape, bool cuda_graphs, bool ignore_screen,
+                                      int64_t lookahead_slots = 0);
 
 struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {4096, 32768, 131072};

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "build_info.h"
+#include "bench_drafted.h"
 #include "bench_model.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -102,7 +103,7 @@ int write_json(const std::string& path, const nlohmann::json& report) {
 int bench_decode(int argc, char** argv) {
   Common c;
   DecodeBenchOptions o;
-  std::string contexts = "4096,32768,131072", batches = "1,4,16,64", rows = "1";
+  std::string contexts = "4096,32768,131072", batches = "1,4,16,64", rows = "1", draft_profile;
   bool no_graphs = false;
   po::options_description desc("kiln bench decode options");
   add_options(desc, c);
@@ -116,13 +117,19 @@ int bench_decode(int argc, char** argv) {
       ("bandwidth", po::value(&o.bandwidth)->default_value(o.bandwidth, "4.26e12"), "memory bandwidth for the roofline, bytes/s")
       ("no-graphs", po::bool_switch(&no_graphs), "CUDA: launch every kernel of a step instead of replaying a CUDA graph")
       ("profile", po::bool_switch(&o.profile),
-       "CUDA: also print where each point's step time goes, by stage (implies --no-graphs)");
+       "CUDA: also print where each point's step time goes, by stage (implies --no-graphs)")
+      ("draft-profile", po::value(&draft_profile),
+       "p1,..,pK: also decode through the engine plainly, then drafting K tokens with an oracle that accepts draft i "
+       "with probability p_i given the drafts before it were accepted (--steps tokens per sequence); report the "
+       "speedup against the ideal the measured verification pass allows");
   po::positional_options_description pos;
   pos.add("recipe", 1);
   po::variables_map vm;
   const std::string usage =
       "usage: kiln bench decode RECIPE [--contexts 4096,32768,131072] [--batch 1,4,16,64] [--steps 64] [--json FILE]\n"
-      "Decode tok/s of the recipe's model at each context × batch, beside the memory roofline.";
+      "                              [--draft-profile 0.9,0.8,0.7,0.6,0.5]\n"
+      "Decode tok/s of the recipe's model at each context × batch, beside the memory roofline; with --draft-profile,\n"
+      "drafting's speedup through the engine against the ideal from the verification pass's cost.";
   if (int rc = parse_or_exit(argc, argv, desc, pos, vm, usage); rc >= 0) return rc;
   if (c.recipe_file.empty()) return fail("give a recipe\n" + usage);
   for (const auto& [flag, text, list] : {std::tuple{"--contexts", &contexts, &o.contexts},
@@ -132,6 +139,13 @@ int bench_decode(int argc, char** argv) {
   if (o.steps < 1) return fail("--steps must be at least 1");
   if (o.warmup < 0) return fail("--warmup must not be negative");
   if (!(o.bandwidth > 0)) return fail("--bandwidth must be positive");
+  std::vector<double> profile;
+  if (!draft_profile.empty()) {
+    if (std::string e = parse_draft_profile(draft_profile, profile); !e.empty()) return fail(e);
+    // Pass 2 times the decode step and the verification pass of 1 + K rows beside whatever --verify-rows asks.
+    for (int64_t r : {int64_t{1}, static_cast<int64_t>(profile.size()) + 1})
+      if (std::find(o.rows.begin(), o.rows.end(), r) == o.rows.end()) o.rows.push_back(r);
+  }
   if (!setup_logging(c.common)) return 2;
   load_plugins(c.common);
 
@@ -139,7 +153,19 @@ int bench_decode(int argc, char** argv) {
   for (int64_t ctx : o.contexts) shape.positions = std::max(shape.positions, decode_positions(ctx, o));
   for (int64_t b : o.batches) shape.sequences = std::max(shape.sequences, b);
   shape.step_tokens = shape.sequences * *std::max_element(o.rows.begin(), o.rows.end());
-  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile, c.ignore_screen);
+  if (!profile.empty()) {
+    const int64_t k = static_cast<int64_t>(profile.size());
+    int64_t prompts = 0;
+    for (int64_t ctx : o.contexts) {
+      // The engine's requests: the prompt, --steps tokens, and the KV positions it reserves past a pass.
+      shape.positions = std::max(shape.positions, ctx + o.steps + 2 * k + 1);
+      prompts = std::max(prompts, ctx * shape.sequences);
+    }
+    // Prompt chunks of up to 8192 tokens a step (the prefill sweep's default): the batch gets in within a few steps.
+    shape.step_tokens = std::max(shape.step_tokens, std::min<int64_t>(prompts, 8192));
+  }
+  auto target = open_bench_target(c.recipe_file, c.sets, shape, !no_graphs && !o.profile, c.ignore_screen,
+                                  2 * static_cast<int64_t>(profile.size()));
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
@@ -156,6 +182,18 @@ int bench_decode(int argc, char** argv) {
   std::cout << decode_table(*points) << stage_tables(*points) << std::flush;
   nlohmann::json report = report_header("decode", *target, command);
   report.update(decode_json(*points, o));
+  if (!profile.empty()) {
+    auto drafted = run_drafted_bench(*target, o, profile, *points);
+    if (!drafted.ok()) return fail(drafted.status().message());
+    std::cout << drafted_table(*drafted, profile) << std::flush;
+    report["drafting"] = drafted_json(*drafted, profile);
+    int64_t broken = 0;
+    for (const DraftedPoint& p : *drafted) broken += p.skipped.empty() && !p.lossless();
+    if (broken > 0)
+      std::printf("\nWARNING: %lld point(s) were NOT lossless: drafted greedy output differs from plain greedy output "
+                  "(see the table's last column); that is a bug to report\n",
+                  static_cast<long long>(broken));
+  }
   return write_json(c.json_file, report);
 }
 

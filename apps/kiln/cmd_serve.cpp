@@ -19,6 +19,7 @@
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 #include "server/server.h"
+#include "server/tool_call_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
@@ -98,8 +99,12 @@ int cmd_serve(int argc, char** argv) {
   if (opts.served_name.empty()) opts.served_name = dir.filename().string();
   opts.max_model_len = started->capacity.max_model_len;
   opts.max_output_tokens = sched.get_int("max_output_tokens");
-  opts.tool_parser = srv.get_string("tool_parser");
-  opts.reasoning_parser = srv.get_string("reasoning_parser");
+  // "auto" (the default) picks what the checkpoint's family writes: DeepSeek-V3 its own call markup and no reasoning.
+  opts.tool_parser = resolve_tool_parser(srv.get_string("tool_parser"), model->info.model_type);
+  opts.reasoning_parser = resolve_reasoning_parser(srv.get_string("reasoning_parser"), model->info.model_type);
+  log::info("server: tool_parser {}, reasoning_parser {} (model_type {})",
+                opts.tool_parser.empty() ? "none" : opts.tool_parser,
+                opts.reasoning_parser.empty() ? "none" : opts.reasoning_parser, model->info.model_type);
   opts.max_body_bytes = srv.get_int("max_body_bytes");
   opts.max_connections = static_cast<int>(srv.get_int("max_connections"));
   opts.header_timeout = std::chrono::seconds(srv.get_int("header_timeout_s"));

@@ -21,6 +21,8 @@ class Fp8MlaCpuLayout final : public KvLayout {
   KvGeometry geometry() const override { return g_; }
   size_t bytes_per_token() const override { return static_cast<size_t>(row_.bytes()); }
   Device device() const override { return Device::cpu(); }
+  // DeepSeek-V3.2's indexer cache beside the fp8 latent: the core's indexer writes and scores e4m3 + fp32 scale rows.
+  IndexerKeyFormat indexer_key_format() const override { return IndexerKeyFormat::kFp8E4m3Scaled; }
 
   Status append(const KvAppendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_cpu(stream));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "image_decode.h"
 #include "processor_settings.h"
@@ -27,7 +29,7 @@ std::vector<std::string> ImageModality::accepted_mime_types() const {
   return {"image/png", "image/jpeg", "image/webp"};
 }
 
-Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
+Status ImageModality::load_weights_once() {
   std::call_once(load_once_, [&] {
     if (weights_ || device_tower_) return;
     if (random_seed_) {
@@ -40,10 +42,11 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
     else
       load_status_ = w.status();
   });
-  KILN_RETURN_IF_ERROR(load_status_);
-  if (std::optional<MediaEmbedding> seen = cache_.find(item.bytes)) return std::move(*seen);
-  KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(item.bytes));
-  KILN_ASSIGN_OR_RETURN(const ProcessedImage processed, process_image(image, processor_));
+  return load_status_;
+}
+
+Result<MediaEmbedding> ImageModality::encode_processed(const std::vector<uint8_t>& bytes,
+                                                       const ProcessedImage& processed) {
   const std::array<std::array<int64_t, 3>, 1> grid = {processed.grid_thw};
   KILN_ASSIGN_OR_RETURN(std::vector<float> rows,
                         device_tower_ ? device_tower_(processed.pixel_values, grid)
@@ -57,8 +60,81 @@ Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
   e.tokens.push_back(config_.image_end_token_id);
   e.embeddings = std::move(rows);
   ++tower_runs_;
-  cache_.insert(item.bytes, e);
+  cache_.insert(bytes, e);
   return e;
+}
+
+Result<MediaEmbedding> ImageModality::encode(const MediaItem& item, Stream) {
+  KILN_RETURN_IF_ERROR(load_weights_once());
+  if (std::optional<MediaEmbedding> seen = cache_.find(item.bytes)) return std::move(*seen);
+  KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(item.bytes));
+  KILN_ASSIGN_OR_RETURN(const ProcessedImage processed, process_image(image, processor_));
+  return encode_processed(item.bytes, processed);
+}
+
+std::vector<Result<MediaEmbedding>> ImageModality::encode_all(std::span<const MediaItem> items, Stream stream) {
+  std::vector<Result<MediaEmbedding>> out;
+  out.reserve(items.size());
+  if (Status s = load_weights_once(); !s.ok()) {
+    for (size_t i = 0; i < items.size(); ++i) out.push_back(s);
+    return out;
+  }
+  if (items.size() <= 1) {
+    for (const MediaItem& item : items) out.push_back(encode(item, stream));
+    return out;
+  }
+  // Decoding and the processor are the host's part of an image (≈ 40 ms for a 1024² PNG): a 16-image request spent
+  // most of its host time there, one image after another. Workers take the items in order; the tower (one at a
+  // time either way) starts on the first as soon as it is ready, so decoding overlaps the tower too. Repeats are
+  // answered from the cache before any work.
+  struct Slot {
+    std::optional<MediaEmbedding> cached;
+    std::promise<Result<ProcessedImage>> promise;
+    std::future<Result<ProcessedImage>> future;
+  };
+  std::vector<Slot> slots(items.size());
+  std::vector<size_t> work;
+  for (size_t i = 0; i < items.size(); ++i) {
+    slots[i].cached = cache_.find(items[i].bytes);
+    if (!slots[i].cached) {
+      slots[i].future = slots[i].promise.get_future();
+      work.push_back(i);
+    }
+  }
+  const unsigned hw = host_threads_ ? host_threads_ : std::max(1u, std::thread::hardware_concurrency());
+  const size_t threads = std::min<size_t>(work.size(), hw);
+  std::atomic<size_t> next{0};
+  std::vector<std::jthread> workers;
+  workers.reserve(threads);
+  for (size_t t = 0; t < threads; ++t)
+    workers.emplace_back([&] {
+      for (size_t k; (k = next.fetch_add(1)) < work.size();) {
+        const size_t i = work[k];
+        Result<ProcessedImage> processed = [&]() -> Result<ProcessedImage> {
+          KILN_ASSIGN_OR_RETURN(const RgbImage image, decode_image(items[i].bytes));
+          return process_image(image, processor_);
+        }();
+        slots[i].promise.set_value(std::move(processed));
+      }
+    });
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (slots[i].cached) {
+      out.push_back(std::move(*slots[i].cached));
+      continue;
+    }
+    Result<ProcessedImage> processed = slots[i].future.get();
+    if (!processed.ok()) {
+      out.push_back(processed.status());
+      continue;
+    }
+    // The same bytes twice in one request: the first run's rows, from the cache (when it is on).
+    if (std::optional<MediaEmbedding> seen = cache_.find(items[i].bytes)) {
+      out.push_back(std::move(*seen));
+      continue;
+    }
+    out.push_back(encode_processed(items[i].bytes, *processed));
+  }
+  return out;  // the workers have set every promise by now; the jthreads join here
 }
 
 Result<std::unique_ptr<ImageModality>> make_image_modality(const std::string& dir, int64_t text_hidden_size,

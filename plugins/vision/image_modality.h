@@ -31,6 +31,10 @@ class ImageModality final : public Modality {
 
   std::vector<std::string> accepted_mime_types() const override;
   Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) override;
+  // Decodes and preprocesses the items on up to `host_threads` threads at once while the tower takes them one by one
+  // as they are ready (one image per tower run, so an image's rows do not depend on the request's other images).
+  std::vector<Result<MediaEmbedding>> encode_all(std::span<const MediaItem> items, Stream stream) override;
+  void set_host_threads(unsigned threads) { host_threads_ = threads; }
 
   const VisionConfig& config() const { return config_; }
   const ImageProcessorConfig& processor_config() const { return processor_; }
@@ -54,6 +58,11 @@ class ImageModality final : public Modality {
   DeviceTower device_tower_;
   EncodeCache cache_;
   std::atomic<uint64_t> tower_runs_{0};
+  unsigned host_threads_ = 0;  // 0: the machine's hardware threads
+
+  Status load_weights_once();
+  // The tower over one processed image and the embedding the prompt takes (cached under `bytes`).
+  Result<MediaEmbedding> encode_processed(const std::vector<uint8_t>& bytes, const ProcessedImage& processed);
 };
 
 // The modality for the checkpoint folder `dir` (config.json + safetensors); `load_weights` false reads only the

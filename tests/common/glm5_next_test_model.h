@@ -48,7 +48,7 @@ class Glm5NextCache {
     cfg.num_blocks = (tokens + bs - 1) / bs;
     cfg.block_size = bs;
     cfg.state_slots = state_slots;
-    auto made = CacheManager::create(m.arch->cache_spec(0), m.layout.get(), m.device.get(), cfg);
+    auto made = CacheManager::create(m.arch->cache_spec(0, m.layout->indexer_key_format()), m.layout.get(), m.device.get(), cfg);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     caches_ = std::move(made).value();
     for (int64_t b = cfg.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

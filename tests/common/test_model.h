@@ -41,7 +41,7 @@ class TestKv {
     cfg.prefix_caching = false;
     cfg.state_slots = 1;
     const int64_t mtp = mtp_layers >= 0 ? mtp_layers : m.model->num_mtp_layers();
-    auto made = CacheManager::create(m.arch->cache_spec(mtp), m.layout.get(), m.device.get(), cfg);
+    auto made = CacheManager::create(m.arch->cache_spec(mtp, m.layout->indexer_key_format()), m.layout.get(), m.device.get(), cfg);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     caches_ = std::move(made).value();
     for (int64_t b = cfg.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

@@ -26,7 +26,7 @@ TEST(KvCapacity, SizesThePoolFromWhatTheWeightsLeave) {
   b.utilization = 0.5;
   b.weight_bytes = 10 * kGiB;
   b.workspace_bytes = 2 * kGiB;
-  b.bytes_per_token = kv_bytes_per_token(47, 656, 0);  // fp8_ds_mla over 47 layers
+  b.bytes_per_token = kv_bytes_per_token(47, 656, 0, IndexerKeyFormat::kFp8E4m3Scaled);  // fp8_ds_mla over 47 layers
   b.block_size = 64;
   b.max_model_len = 131072;
   auto c = plan_kv_capacity(b);
@@ -65,8 +65,10 @@ TEST(KvCapacity, RefusesAPoolSmallerThanOneWindow) {
 }
 
 TEST(KvCapacity, BytesPerTokenIncludeTheIndexerKeys) {
-  EXPECT_EQ(kv_bytes_per_token(2, 1152, 0), 2304u);
-  EXPECT_EQ(kv_bytes_per_token(2, 656, 128), 2u * (656 + 512));
+  EXPECT_EQ(kv_bytes_per_token(2, 1152, 0, IndexerKeyFormat::kFp32), 2304u);
+  EXPECT_EQ(kv_bytes_per_token(2, 1152, 128, IndexerKeyFormat::kFp32), 2u * (1152 + 512));
+  // fp8_ds_mla stores the indexer's 128-d key as 128 e4m3 codes and one fp32 scale.
+  EXPECT_EQ(kv_bytes_per_token(2, 656, 128, IndexerKeyFormat::kFp8E4m3Scaled), 2u * (656 + 132));
 }
 
 TEST(EngineConfig, ReadsTheSchedulerSection) {

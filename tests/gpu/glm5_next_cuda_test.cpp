@@ -241,7 +241,7 @@ struct Pool {
     cfg.block_size = kBlock;
     cfg.prefix_caching = false;
     cfg.state_slots = slots;
-    auto made = CacheManager::create(m.arch->cache_spec(mtp_layers), m.layout.get(), m.device.get(), cfg);
+    auto made = CacheManager::create(m.arch->cache_spec(mtp_layers, m.layout->indexer_key_format()), m.layout.get(), m.device.get(), cfg);
     EXPECT_TRUE(made.ok()) << made.status().to_string();
     caches = std::move(made).value();
     for (int64_t s = 0; s < slots; ++s) {  // blocks in reverse order, so paged addressing is exercised

@@ -133,7 +133,7 @@ TEST(Glm5NextConfig, RefusalsNameTheFileAndField) {
 TEST(Glm5NextConfig, CacheSpecHoldsStateForKdaAndPagesForDsa) {
   auto arch = parse_architecture(fixture_config("glm5_next-shared"), "cfg/config.json");
   ASSERT_TRUE(arch.ok()) << arch.status().to_string();
-  const CacheSpec spec = (*arch)->cache_spec(0);
+  const CacheSpec spec = (*arch)->cache_spec(0, IndexerKeyFormat::kFp32);
   ASSERT_EQ(spec.layers.size(), 6u);
   // KDA layers 0, 3, 5: recurrent [4, 8, 8] + conv [3, 3·32] fp32 per sequence.
   EXPECT_EQ(spec.bytes_per_sequence(), 3u * (4 * 8 * 8 + 3 * 96) * 4);

@@ -52,6 +52,17 @@ TEST(PluginLoader, RefusesOtherAbiMajorNamingBothVersionsAndFile) {
   EXPECT_TRUE(loader.loaded().empty());
 }
 
+// KvLayout grew a virtual in ABI 2.4 (indexer_key_format): a kv_layout built against 2.3 is refused, naming the change.
+TEST(PluginLoader, RefusesKvLayoutBuiltBeforeAbi24) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-old-kv-layout"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("kv_layout `old_layout` was built for ABI 2.3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("changed in ABI 2.4"), std::string::npos) << s.message();
+  EXPECT_TRUE(loader.loaded().empty());
+}
+
 TEST(PluginLoader, RefusesLibraryWithoutEntryPoint) {
   Registry registry;
   PluginLoader loader(registry);
@@ -128,7 +139,8 @@ TEST(PluginLoader, DirectoryLoadsGoodFilesAndRecordsEveryRefusal) {
   loader.load_directory(KILN_TEST_PLUGIN_DIR);
   // test-good and test-duplicate clash: whichever sorts first wins, the other is refused.
   EXPECT_EQ(loader.loaded().size(), 1u);
-  EXPECT_EQ(loader.refused().size(), 6u);  // corrupt, no-entry, wrong-abi, abi1, throws, the loser of the clash
+  // corrupt, no-entry, wrong-abi, abi1, old-kv-layout, throws, the loser of the clash
+  EXPECT_EQ(loader.refused().size(), 7u);
   EXPECT_NE(registry.find(PluginKind::kCollective, "loopback"), nullptr);
 }
 

@@ -164,6 +164,19 @@ TEST(DeepSeekV3ToolCallParser, TheServerPicksItByName) {
   }
 }
 
+// The recipe default "auto": each family gets the parsers for what it writes; explicit values stay as given.
+TEST(DeepSeekV3ToolCallParser, AutoPicksTheParsersOfTheCheckpointsFamily) {
+  EXPECT_EQ(resolve_tool_parser("auto", "deepseek_v3"), "deepseek_v3");
+  EXPECT_EQ(resolve_reasoning_parser("auto", "deepseek_v3"), "");  // V3 does not think
+  for (const char* glm : {"glm4_moe_lite", "glm_moe_dsa", "glm5_next"}) {
+    EXPECT_EQ(resolve_tool_parser("auto", glm), "glm47") << glm;
+    EXPECT_EQ(resolve_reasoning_parser("auto", glm), "glm45") << glm;
+  }
+  EXPECT_EQ(resolve_tool_parser("auto", "llama"), "");  // no parser kiln knows: calls stay in the text
+  EXPECT_EQ(resolve_tool_parser("glm47", "deepseek_v3"), "glm47");
+  EXPECT_EQ(resolve_reasoning_parser("none", "glm_moe_dsa"), "none");
+}
+
 TEST(DeepSeekV3ToolCallParser, ThroughTheOutputPipelineWithAForcedName) {
   OutputPipelineOptions o;
   o.tool_parser = "deepseek_v3";

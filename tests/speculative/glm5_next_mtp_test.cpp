@@ -68,8 +68,9 @@ TEST(Glm5NextMtp, LayoutsAreReadFromTheCheckpointNames) {
   EXPECT_EQ((*kda)->info().num_mtp_layers, 1);
 
   // The cache of the next-n layer is its kind's: a state slot for KDA, latent pages (+ indexer rows) for DSA.
-  const CacheSpec ks = (*kda)->cache_spec(1), ds = (*dsa)->cache_spec(1), ps = (*plain)->cache_spec(1);
-  EXPECT_EQ((*plain)->cache_spec(2).layers.back().entries.size(), 1u);  // one KDA state slot
+  const CacheSpec ks = (*kda)->cache_spec(1, IndexerKeyFormat::kFp32), ds = (*dsa)->cache_spec(1, IndexerKeyFormat::kFp32),
+                  ps = (*plain)->cache_spec(1, IndexerKeyFormat::kFp32);
+  EXPECT_EQ((*plain)->cache_spec(2, IndexerKeyFormat::kFp32).layers.back().entries.size(), 1u);  // one KDA state slot
   ASSERT_EQ(ks.layers.back().entries.size(), 1u);  // recurrent then conv state, one slot
   EXPECT_EQ(ks.layers.back().entries[0].kind, CacheKind::kState);
   ASSERT_EQ(ds.layers.back().entries.size(), 3u);  // latent, indexer rows, pool keys
@@ -191,7 +192,7 @@ TEST_P(Glm5NextMtpKdaState, FollowsOnlyTheAcceptedRows) {
   cfg.prefix_caching = false;
   cfg.state_slots = 2;
   cfg.target_layers = trunk;
-  auto made = CacheManager::create(m.arch->cache_spec(m.model->num_mtp_layers()), m.layout.get(), m.device.get(), cfg);
+  auto made = CacheManager::create(m.arch->cache_spec(m.model->num_mtp_layers(), m.layout->indexer_key_format()), m.layout.get(), m.device.get(), cfg);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   CacheManager& caches = **made;
   std::vector<int32_t> ref_table, test_table;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/indexer_key_format.h"
 #include "kiln/plugin.h"
 #include "kiln/tensor.h"
 
@@ -140,6 +141,10 @@ class KvLayout {
   virtual MlaAttendPlan plan_attend(const MlaAttendShape& shape) const { return {}; }
   virtual Status attend(const MlaAttendArgs& args, Stream stream) const = 0;
   virtual Status gather(const KvGatherArgs& args, Stream stream) const = 0;
+  // How a DSA architecture's lightning indexer stores its keys beside this layout's pages (kiln/indexer_key_format.h):
+  // the layout is the recipe's one choice of cache precision, so it decides for the indexer too. Appended in ABI 2.4
+  // (the loader refuses kv_layout plugins built against an older SDK, whose vtables lack it).
+  virtual IndexerKeyFormat indexer_key_format() const { return IndexerKeyFormat::kFp32; }
 };
 
 }  // namespace kiln

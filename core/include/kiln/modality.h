@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kiln/plugin.h"
+#include "kiln/status.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
@@ -39,6 +41,14 @@ class Modality {
   // Whether it takes video (`media.video = true` needs a modality that does).
   virtual bool accepts_video() const { return false; }
   virtual Result<MediaEmbedding> encode(const MediaItem& item, Stream stream) = 0;
+  // A request's items at once (ABI 2.4), results in order, each succeeding or failing on its own: a modality may
+  // decode them in parallel and run its encoder over several together. The default encodes one after another.
+  virtual std::vector<Result<MediaEmbedding>> encode_all(std::span<const MediaItem> items, Stream stream) {
+    std::vector<Result<MediaEmbedding>> out;
+    out.reserve(items.size());
+    for (const MediaItem& item : items) out.push_back(encode(item, stream));
+    return out;
+  }
 };
 
 }  // namespace kiln

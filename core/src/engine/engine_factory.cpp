@@ -74,7 +74,7 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   EnginePlan plan;
   const DrafterCapabilities caps = drafter ? drafter->capabilities() : DrafterCapabilities{};
   const int64_t mtp_layers = caps.needs_target_mtp ? m.model->num_mtp_layers() : 0;
-  plan.spec = m.arch->cache_spec(mtp_layers);
+  plan.spec = m.arch->cache_spec(mtp_layers, m.layout->indexer_key_format());
   for (const LayerCacheSpec& l : caps.cache_layers) plan.spec.layers.push_back(l);
 
   KvPoolBudget budget;
@@ -96,7 +96,7 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
     // accepted tokens fed again: BatchEngine); a next-n layer's by the draft services, which keep its state as of
     // the accepted rows (EngineDraftServices::mtp_run). A drafter's own layers are rolled back by position only,
     // so one that keeps recurrent state cannot draft yet.
-    const int64_t own_layers_from = static_cast<int64_t>(m.arch->cache_spec(0).layers.size()) + mtp_layers;
+    const int64_t own_layers_from = static_cast<int64_t>(m.arch->cache_spec(0, IndexerKeyFormat::kFp32).layers.size()) + mtp_layers;
     for (size_t l = static_cast<size_t>(own_layers_from); l < plan.spec.layers.size(); ++l)
       for (const CacheEntry& e : plan.spec.layers[l].entries)
         if (e.kind == CacheKind::kState)
@@ -125,7 +125,7 @@ Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& m, c
   cm.prefix_caching = plan.config.prefix_caching;
   cm.lookahead_slots = plan.config.lookahead_slots;
   cm.state_slots = plan.config.max_num_seqs;
-  cm.target_layers = static_cast<int64_t>(m.arch->cache_spec(0).layers.size());
+  cm.target_layers = static_cast<int64_t>(m.arch->cache_spec(0, IndexerKeyFormat::kFp32).layers.size());
   KILN_ASSIGN_OR_RETURN(auto made, CacheManager::create(plan.spec, m.layout.get(), m.device.get(), cm));
   return std::shared_ptr<CacheManager>(std::move(made));
 }

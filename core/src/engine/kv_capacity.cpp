@@ -35,8 +35,10 @@ std::string KvCapacity::report() const {
          " tokens, " + gib(bytes) + ")" + state;
 }
 
-uint64_t kv_bytes_per_token(int64_t num_layers, uint64_t layout_bytes_per_token, int64_t index_head_dim) {
-  return static_cast<uint64_t>(num_layers) * (layout_bytes_per_token + static_cast<uint64_t>(index_head_dim) * 4);
+uint64_t kv_bytes_per_token(int64_t num_layers, uint64_t layout_bytes_per_token, int64_t index_head_dim,
+                            IndexerKeyFormat index_keys) {
+  const uint64_t keys = index_head_dim > 0 ? indexer_key_row_bytes(index_keys, index_head_dim) : 0;
+  return static_cast<uint64_t>(num_layers) * (layout_bytes_per_token + keys);
 }
 
 Result<KvCapacity> plan_kv_capacity(const KvPoolBudget& b) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kiln/indexer_key_format.h"
 #include "kiln/status.h"
 
 namespace kiln {
@@ -41,9 +42,10 @@ struct KvCapacity {
   std::string report() const;
 };
 
-// KV bytes of one token over every layer that caches: the layout's bytes per token plus, for DSA models,
-// the indexer's fp32 key.
-uint64_t kv_bytes_per_token(int64_t num_layers, uint64_t layout_bytes_per_token, int64_t index_head_dim);
+// KV bytes of one token over every layer that caches: the layout's bytes per token plus, for DSA models (every
+// layer running its own indexer), the indexer's key in the layout's format (kiln/indexer_key_format.h).
+uint64_t kv_bytes_per_token(int64_t num_layers, uint64_t layout_bytes_per_token, int64_t index_head_dim,
+                            IndexerKeyFormat index_keys);
 
 Result<KvCapacity> plan_kv_capacity(const KvPoolBudget& budget);
 

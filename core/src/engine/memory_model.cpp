@@ -328,8 +328,9 @@ uint64_t gpu_total_memory(std::string& name) {
 }
 
 // The layout's bytes per token, from its CPU half (the same format on every device); else bf16 latent + rope.
+// The recipe's KV layout's bytes per token, and (into `keys`) how it has a DSA indexer store its keys.
 uint64_t layout_bytes_per_token(const Recipe& recipe, const Registry& registry, const ModelInfo& info,
-                                std::vector<std::string>& notes) {
+                                std::vector<std::string>& notes, IndexerKeyFormat& keys) {
   const RecipeSection& kv = recipe.section("kv");
   CpuDeviceContext cpu;
   CreateContext ctx;
@@ -338,9 +339,13 @@ uint64_t layout_bytes_per_token(const Recipe& recipe, const Registry& registry, 
   ctx.model = &info;
   ctx.device_context = &cpu;
   auto layout = registry.create<KvLayout>(kv.get_string("layout", "bf16"), ctx);
-  if (layout.ok()) return (*layout)->bytes_per_token();
+  keys = IndexerKeyFormat::kFp32;
+  if (layout.ok()) {
+    keys = (*layout)->indexer_key_format();
+    return (*layout)->bytes_per_token();
+  }
   notes.push_back("KV layout `" + kv.get_string("layout") + "` has no CPU half to ask its bytes per token (" +
-                  layout.status().message() + "): bf16 latent + rope assumed");
+                  layout.status().message() + "): bf16 latent + rope and fp32 indexer keys assumed");
   return static_cast<uint64_t>(info.kv_lora_rank + info.qk_rope_head_dim) * 2;
 }
 
@@ -639,7 +644,9 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   const bool drafting = method != "none" && spec.get_int("depth", 0) > 0;
   const int64_t mtp_loaded = method != "none" ? info.num_mtp_layers : 0;  // model_load_options
   const int64_t mtp_cached = drafting && method == "mtp" ? info.num_mtp_layers : 0;
-  CacheSpec cache = arch->cache_spec(mtp_cached);
+  IndexerKeyFormat index_keys = IndexerKeyFormat::kFp32;
+  const uint64_t layout_bpt = layout_bytes_per_token(recipe, registry, info, in.notes, index_keys);
+  CacheSpec cache = arch->cache_spec(mtp_cached, index_keys);
   const std::string draft_model = drafting ? spec.get_string("draft_model", "") : "";
   const int64_t depth = drafting ? spec.get_int("depth", 0) : 0;
   uint64_t draft_row_low = 0, draft_row_high = 0;
@@ -668,7 +675,6 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
                          std::to_string(kv_heads) + " × " + std::to_string(head_dim) + ", bf16 .. fp32 per token");
     }
   }
-  const uint64_t layout_bpt = layout_bytes_per_token(recipe, registry, info, in.notes);
   in.kv_bytes_per_token = cache.bytes_per_token(layout_bpt) + draft_row_high;
   for (const LayerCacheSpec& l : cache.layers)
     for (const CacheEntry& e : l.entries) in.cache_allocations += e.kind == CacheKind::kState ? 0 : 1;

@@ -9,15 +9,16 @@
 
 namespace kiln {
 
-CacheSpec MlaMoeArchitecture::cache_spec(int64_t mtp_layers) const {
+CacheSpec MlaMoeArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const {
   const ModelConfig& c = config_;
   CacheSpec spec;
   for (int64_t l = 0; l < c.num_hidden_layers + mtp_layers; ++l) {
     LayerCacheSpec layer;
     layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
-    // Layers that run their own indexer keep its fp32 keys; "shared" layers reuse an earlier layer's selection.
+    // Layers that run their own indexer keep its keys, in the layout's format (fp32, or e4m3 + scale under
+    // fp8_ds_mla); "shared" layers reuse an earlier layer's selection.
     if (c.has_indexer() && !c.indexer_is_shared(l))
-      layer.entries.push_back({CacheKind::kPagedRows, "indexer_keys", static_cast<size_t>(c.index_head_dim) * 4, 0});
+      layer.entries.push_back({CacheKind::kPagedRows, "indexer_keys", indexer_key_row_bytes(keys, c.index_head_dim), 0});
     spec.layers.push_back(std::move(layer));
   }
   return spec;

@@ -3,6 +3,7 @@
 #include <limits>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include <omp.h>
@@ -15,6 +16,7 @@
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/norm.h"
 #include "kiln/drafter.h"
+#include "kiln/indexer_key_codec.h"
 #include "kiln/log.h"
 #include "model/host_experts_bf16.h"
 #include "model/rope_setup.h"
@@ -237,11 +239,22 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(Hi));
   for (float& x : wts) x *= head_scale;
 
-  auto* cache = static_cast<float*>(caches.entry(kv_layer, 1));
+  // The keys in the layout's format (kiln/indexer_key_format.h): fp32 rows, or e4m3 + scale quantized here on
+  // append and read back by the scores row by row.
+  auto* cache = static_cast<uint8_t*>(caches.entry(kv_layer, 1));
   if (!cache) return failed_precondition("layer " + std::to_string(kv_layer) + " has no indexer key cache");
+  const IndexerKeyFormat key_format = caches.layout->indexer_key_format();
+  const bool fp8_keys = key_format == IndexerKeyFormat::kFp8E4m3Scaled;
+  const int64_t key_bytes = static_cast<int64_t>(indexer_key_row_bytes(key_format, D));
   if (writes_cache())
-    for (int64_t t = 0; t < N; ++t)
-      if (tl.slots[t] >= 0) std::copy_n(k.data() + t * D, D, cache + tl.slots[t] * D);
+    for (int64_t t = 0; t < N; ++t) {
+      if (tl.slots[t] < 0) continue;
+      uint8_t* row = cache + tl.slots[t] * key_bytes;
+      if (fp8_keys)
+        encode_indexer_key_fp8(k.data() + t * D, D, row);
+      else
+        std::memcpy(row, k.data() + t * D, static_cast<size_t>(key_bytes));
+    }
   KILN_RETURN_IF_ERROR(sync_ranks());  // this step's keys (and latents) are in before any rank reads
 
   selected_width = c.index_topk;
@@ -255,14 +268,20 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
     const int64_t kv_len = st.start_position + n;
     std::vector<float> scores(n * kv_len);
     if (context_split()) {
-      KILN_RETURN_IF_ERROR(context_index_scores(st, n, q.data() + b * Hi * D, wts.data() + b * Hi, cache,
+      KILN_RETURN_IF_ERROR(context_index_scores(st, n, q.data() + b * Hi * D, wts.data() + b * Hi, cache, key_format,
                                                 caches.layout->geometry().block_size, scale, scores.data()));
     } else {
-      std::vector<float> keys(kv_len * D);
+      // The sequence's rows in position order, as stored (fp8 rows stay fp8: the scores dequantize them).
+      std::vector<uint8_t> keys(static_cast<size_t>(kv_len * key_bytes));
       for (int64_t t = 0; t < kv_len; ++t)
-        std::copy_n(cache + kv_slot(*st.block_table, bs, t) * D, D, keys.data() + t * D);
-      cpu::dsa_indexer_scores(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale,
-                              scores.data());
+        std::memcpy(keys.data() + t * key_bytes, cache + kv_slot(*st.block_table, bs, t) * key_bytes,
+                    static_cast<size_t>(key_bytes));
+      if (fp8_keys)
+        cpu::dsa_indexer_scores_fp8(q.data() + b * Hi * D, keys.data(), wts.data() + b * Hi, n, kv_len, Hi, D, scale,
+                                    scores.data());
+      else
+        cpu::dsa_indexer_scores(q.data() + b * Hi * D, reinterpret_cast<const float*>(keys.data()),
+                                wts.data() + b * Hi, n, kv_len, Hi, D, scale, scores.data());
     }
     tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
   }

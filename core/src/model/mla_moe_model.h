@@ -29,6 +29,7 @@
 #include "kernels/cpu/moe_router.h"
 #include "kernels/cpu/rope.h"
 #include "kiln/collective.h"
+#include "kiln/indexer_key_format.h"
 #include "model/decode_context_shard.h"
 #include "model/model_config.h"
 #include "model/model_step.h"
@@ -150,8 +151,9 @@ class MlaMoeModel {
                         int64_t selected_width, float scale, const void* pages, const KvLayout& layout,
                         float* o_lat) const;
   // DSA index scores of a sequence's n queries [n, kv_len] (−inf after each query), each rank scoring its own keys.
-  Status context_index_scores(const SequenceStep& st, int64_t n, const float* q, const float* w, const float* key_cache,
-                              int64_t page, float scale, float* scores) const;
+  Status context_index_scores(const SequenceStep& st, int64_t n, const float* q, const float* w,
+                              const uint8_t* key_cache, IndexerKeyFormat key_format, int64_t page, float scale,
+                              float* scores) const;
   // Logits for the rows `steps` ask for, from the rows of `x` [tokens, hidden] through `norm` and `head`.
   Status logits(std::span<const SequenceStep> steps, const TokenLayout& tl, const float* x, const std::vector<float>& norm,
                 const Linear& head, StepOutput& out) const;

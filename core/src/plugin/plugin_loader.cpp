@@ -28,10 +28,10 @@ std::string field(const char* s) { return s ? s : ""; }
 // Every kind took its current shape in 2.0 (device-aware interfaces).
 constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // weight_format
-    0,  // kv_layout
+    4,  // kv_layout: KvLayout::indexer_key_format appended in ABI 2.4 (an older vtable lacks the slot the host calls)
     0,  // drafter
     0,  // collective
-    0,  // modality
+    4,  // modality: ABI 2.4 appended Modality::encode_all, which the host calls (an older vtable has no slot)
     1,  // quantizer: the kind exists from ABI 2.1 (appended to the enum; no struct of an older kind changed)
 };
 

@@ -139,8 +139,10 @@ std::vector<CoreSection> build() {
   s.push_back({"server", "the OpenAI-compatible HTTP server",
                {{str("host", "127.0.0.1", "listen address"), integer("port", 8000, "listen port (0 = any free port)", 0, 65535),
                  str("api_key_env", "", "environment variable holding the API key (empty = no auth)"),
-                 str("tool_parser", "glm47", "tool-call parser", {"glm47", "deepseek_v3", "none"}),
-                 str("reasoning_parser", "glm45", "reasoning parser", {"glm45", "none"}),
+                 str("tool_parser", "auto", "tool-call parser (auto: the one for the checkpoint's model_type)",
+                     {"auto", "glm47", "deepseek_v3", "none"}),
+                 str("reasoning_parser", "auto", "reasoning parser (auto: glm45 for GLM checkpoints, none for DeepSeek-V3)",
+                     {"auto", "glm45", "none"}),
                  integer("max_body_bytes", 0,
                          "largest request body; larger ones get 413 (0 = 1 MiB + 16 bytes per token of "
                          "scheduler.max_model_len)",

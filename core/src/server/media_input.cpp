@@ -75,11 +75,12 @@ std::optional<ApiError> MediaInput::build_prompt(const Tokenizer& tokenizer, std
   }
   std::vector<MediaEmbedding> encoded(media.size());
   std::vector<uint64_t> hashes(media.size());
+  std::vector<MediaItem> items(media.size());
   const std::vector<std::string> types = options_.modality ? options_.modality->accepted_mime_types()
                                                            : std::vector<std::string>{};
   for (std::size_t i = 0; i < media.size(); ++i) {
     const ChatMedia& m = media[i];
-    MediaItem item;
+    MediaItem& item = items[i];
     if (auto e = is_remote_url(m.url) ? fetch_remote_media(m.url, m.field, options_.remote, item)
                                       : decode_data_url(m.url, m.field, item))
       return e;
@@ -95,10 +96,20 @@ std::optional<ApiError> MediaInput::build_prompt(const Tokenizer& tokenizer, std
                          m.field);
     }
     hashes[i] = media_content_hash(item);
-    Result<MediaEmbedding> e = [&] {
-      std::lock_guard<std::mutex> lock(encode_mutex_);
-      return options_.modality->encode(item, options_.stream);
-    }();
+  }
+  // All of a request's items in one call: the modality may decode them in parallel and batch its encoder.
+  std::vector<Result<MediaEmbedding>> results;
+  if (!items.empty()) {
+    std::lock_guard<std::mutex> lock(encode_mutex_);
+    results = options_.modality->encode_all(items, options_.stream);
+  }
+  if (results.size() != items.size())
+    return api_error_from_status(internal_error("the modality `" + options_.modality_name + "` returned " +
+                                                std::to_string(results.size()) + " results for " +
+                                                std::to_string(items.size()) + " items"));
+  for (std::size_t i = 0; i < media.size(); ++i) {
+    const ChatMedia& m = media[i];
+    Result<MediaEmbedding>& e = results[i];
     if (!e.ok()) return bad_request(m.field + ": " + e.status().message(), m.field);
     const MediaEmbedding& emb = *e;
     if (emb.tokens.empty() || emb.first_placeholder < 0 || emb.num_embeddings < 0 ||

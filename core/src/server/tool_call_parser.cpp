@@ -9,6 +9,22 @@ bool is_tool_parser(const std::string& name) {
   return name == "glm47" || name == "deepseek_v3";
 }
 
+OutputParserNames output_parsers_for_model_type(const std::string& model_type) {
+  if (model_type == "deepseek_v3") return {"deepseek_v3", ""};
+  if (model_type == "glm4_moe_lite" || model_type == "glm4_moe" || model_type == "glm_moe_dsa" ||
+      model_type == "glm5_next")
+    return {"glm47", "glm45"};
+  return {"", ""};
+}
+
+std::string resolve_tool_parser(const std::string& recipe_value, const std::string& model_type) {
+  return recipe_value == "auto" ? output_parsers_for_model_type(model_type).tool_parser : recipe_value;
+}
+
+std::string resolve_reasoning_parser(const std::string& recipe_value, const std::string& model_type) {
+  return recipe_value == "auto" ? output_parsers_for_model_type(model_type).reasoning_parser : recipe_value;
+}
+
 std::unique_ptr<ToolCallParser> make_tool_call_parser(const std::string& name, const nlohmann::ordered_json& tools,
                                                       std::function<std::string()> make_id) {
   if (name == "glm47") return std::make_unique<GlmToolCallParser>(tools, std::move(make_id));

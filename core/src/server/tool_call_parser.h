@@ -41,6 +41,19 @@ class ToolCallParser {
 inline constexpr const char* kToolParserNames = "glm47, deepseek_v3, none";
 bool is_tool_parser(const std::string& name);
 
+// The parsers that read what a model family writes, for the recipe's "auto" (the server default): the tool-call
+// parser and the reasoning parser for a checkpoint's config.json `model_type`. DeepSeek-V3 writes its own call
+// markup and does not think (the glm45 reasoning parser would take its whole answer for reasoning); the GLM
+// families write GLM-4.7's. A model_type kiln has no parser for gets none (its calls stay in the text).
+struct OutputParserNames {
+  std::string tool_parser;       // "" = none
+  std::string reasoning_parser;  // "" = none
+};
+OutputParserNames output_parsers_for_model_type(const std::string& model_type);
+// Resolves a recipe value: "auto" → the model type's parser, anything else as given.
+std::string resolve_tool_parser(const std::string& recipe_value, const std::string& model_type);
+std::string resolve_reasoning_parser(const std::string& recipe_value, const std::string& model_type);
+
 // `tools`: the request's OpenAI tools (for argument types); `make_id` names each call ("call_…"). Null for an
 // unknown name.
 std::unique_ptr<ToolCallParser> make_tool_call_parser(const std::string& name, const nlohmann::ordered_json& tools,

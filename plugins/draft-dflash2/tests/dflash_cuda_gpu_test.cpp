@@ -139,7 +139,7 @@ void compare_forwards(const fs::path& draft, bool v2, KvDtype kv, double toleran
   ASSERT_TRUE(weights.ok()) << weights.status().to_string();
   DflashModel host(*config, *weights, H, kv);
   // The GPU pool: the target's layers and the drafter's.
-  CacheSpec spec = gpu.arch->cache_spec(0);
+  CacheSpec spec = gpu.arch->cache_spec(0, gpu.layout->indexer_key_format());
   const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
   for (const LayerCacheSpec& l : dflash_capabilities(*config, host.kv_row_bytes()).cache_layers) spec.layers.push_back(l);
   CacheManagerConfig cfg;
@@ -251,7 +251,7 @@ TEST(CudaDflash2, SampledDraftsFollowTheirQ) {
   EngineDraftServices services(*m.model, m.format, m.info.num_layers, kDrafter.string());
   auto drafter = create_drafter(recipe, global_registry(), m.info, *m.device, &services);
   ASSERT_TRUE(drafter.ok()) << drafter.status().to_string();
-  CacheSpec spec = m.arch->cache_spec(0);
+  CacheSpec spec = m.arch->cache_spec(0, m.layout->indexer_key_format());
   const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
   for (const LayerCacheSpec& l : (*drafter)->capabilities().cache_layers) spec.layers.push_back(l);
   CacheManagerConfig cfg;

@@ -185,7 +185,7 @@ struct DraftPool {
 
   explicit DraftPool(Fixture& f, int64_t blocks = 16) {
     if (!f.drafter.ok()) return;
-    CacheSpec spec = f.m.arch->cache_spec(0);
+    CacheSpec spec = f.m.arch->cache_spec(0, f.m.layout->indexer_key_format());
     const int64_t target_layers = static_cast<int64_t>(spec.layers.size());
     for (const LayerCacheSpec& l : (*f.drafter)->capabilities().cache_layers) spec.layers.push_back(l);
     CacheManagerConfig cfg;

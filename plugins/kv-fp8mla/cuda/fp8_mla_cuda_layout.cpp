@@ -39,6 +39,7 @@ class Fp8MlaCudaLayout final : public KvLayout {
   KvGeometry geometry() const override { return g_; }
   size_t bytes_per_token() const override { return static_cast<size_t>(shape_.row_bytes); }
   Device device() const override { return device_; }
+  IndexerKeyFormat indexer_key_format() const override { return IndexerKeyFormat::kFp8E4m3Scaled; }
 
   Status append(const KvAppendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_stream(stream));

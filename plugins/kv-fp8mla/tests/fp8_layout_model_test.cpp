@@ -17,6 +17,7 @@
 #include "common/test_model.h"
 #include "engine/single_request.h"
 #include "fp8_mla_row.h"
+#include "fp8_test_plugins.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -26,15 +27,6 @@ namespace kiln::fp8mla {
 namespace {
 namespace fs = std::filesystem;
 
-void load_plugins() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    const fs::path dir = fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins";
-    KILN_RETURN_IF_ERROR(loader.load_file(dir / "kiln-kv-fp8mla.so"));
-    return loader.load_file(dir / "kiln-draft-mtp.so");
-  }();
-  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
-}
 
 fs::path model_path(const std::string& name) {
   return name == "tiny-glm" ? fs::path(KILN_SOURCE_DIR) / "models/tiny-glm" : kiln::testing::model_dir(name);
@@ -230,9 +222,11 @@ TEST_P(Fp8MlaModels, LogitDriftAndGreedyAgreementAgainstBf16) {
 INSTANTIATE_TEST_SUITE_P(Architectures, Fp8MlaModels,
                          // Bounds 1.5× the mean drift measured (2026-12-02): random fixtures route and select by
                          // near-ties, so e4m3's 6 % steps move them far (and their greedy text parts early); the
-                         // trained model moves 1.6 % and keeps all 24 tokens.
+                         // trained model moves 1.6 % and keeps all 24 tokens. glm_moe_dsa: 0.408 since 2026-12-03,
+                         // its indexer keys fp8 too (fp8 vs fp32 keys alone, on fp8 latent pages: 0.394 in
+                         // fp8_indexer_keys_test.cpp).
                          ::testing::Values(DriftCase{"glm4_moe_lite-tiny", 0.08, 0}, DriftCase{"deepseek_v3-tiny", 0.12, 0},
-                                           DriftCase{"glm_moe_dsa-tiny", 0.32, 0}, DriftCase{"glm5_next-tiny", 0.05, 0},
+                                           DriftCase{"glm_moe_dsa-tiny", 0.6, 0}, DriftCase{"glm5_next-tiny", 0.05, 0},
                                            DriftCase{"tiny-glm", 0.025, 24}),
                          [](const auto& info) {
                            std::string n = info.param.model;

@@ -156,6 +156,53 @@ TEST(ImageModality, ARepeatedImageSkipsTheTower) {
   EXPECT_EQ(again_uncached->embeddings, first->embeddings);
 }
 
+// A request's images at once (decoded on several threads, the tower one image at a time): each result equals the
+// one-at-a-time encode bit for bit, in the request's order, whatever the thread count; a bad item fails alone; a
+// repeat inside the request runs the tower once.
+TEST(ImageModality, EncodeAllEqualsOneAtATimeInOrderAndFailsItemsAlone) {
+  const std::string dir = (data_dir() / "tower-e2e").string();
+  const std::vector<std::string> names = {"tiny_rgb.png", "palette_trns.png", "photo.jpg", "rgba_lossless.webp",
+                                          "small_rgba.png", "gray_progressive.jpg"};
+  std::vector<MediaItem> items;
+  for (const std::string& n : names)
+    items.push_back({n.ends_with(".png") ? "image/png" : n.ends_with(".jpg") ? "image/jpeg" : "image/webp",
+                     testing::read_bytes(data_dir() / "images" / n)});
+  auto single = make_image_modality(dir, 32, true, /*cache_mib=*/0);
+  ASSERT_TRUE(single.ok()) << single.status().to_string();
+  std::vector<MediaEmbedding> expected;
+  for (const MediaItem& item : items) {
+    auto e = (*single)->encode(item, Stream{});
+    ASSERT_TRUE(e.ok()) << e.status().to_string();
+    expected.push_back(*e);
+  }
+  for (unsigned threads : {1u, 3u, 16u}) {
+    auto all = make_image_modality(dir, 32, true, /*cache_mib=*/0);
+    ASSERT_TRUE(all.ok());
+    (*all)->set_host_threads(threads);
+    const auto results = (*all)->encode_all(items, Stream{});
+    ASSERT_EQ(results.size(), items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      ASSERT_TRUE(results[i].ok()) << names[i] << ": " << results[i].status().to_string();
+      EXPECT_EQ(results[i]->tokens, expected[i].tokens) << names[i] << " with " << threads << " threads";
+      EXPECT_EQ(results[i]->embeddings, expected[i].embeddings) << names[i] << " with " << threads << " threads";
+    }
+    EXPECT_EQ((*all)->tower_runs(), items.size());
+  }
+  // A truncated item between good ones fails alone, with the decoder's message; a repeat runs the tower once.
+  std::vector<MediaItem> mixed = {items[0], items[1], items[0]};
+  mixed[1].bytes.resize(mixed[1].bytes.size() / 2);
+  auto cached = make_image_modality(dir, 32, true, /*cache_mib=*/16);
+  ASSERT_TRUE(cached.ok());
+  const auto results = (*cached)->encode_all(mixed, Stream{});
+  ASSERT_EQ(results.size(), 3u);
+  ASSERT_TRUE(results[0].ok() && results[2].ok());
+  ASSERT_FALSE(results[1].ok());
+  EXPECT_EQ(results[1].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[0]->embeddings, expected[0].embeddings);
+  EXPECT_EQ(results[2]->embeddings, expected[0].embeddings);
+  EXPECT_EQ((*cached)->tower_runs(), 1u);
+}
+
 TEST(ImageModalityWholeModel, LogitsWithTwoImagesMatchTransformers) {
   load_plugin();
   LoadedModel m = load_e2e_model();

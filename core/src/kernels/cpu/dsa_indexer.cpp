@@ -6,6 +6,8 @@
 
 #include "kernels/cpu/topk.h"
 #include "kernels/cpu/vector_ops.h"
+#include "kiln/indexer_key_codec.h"
+#include "kiln/indexer_key_format.h"
 
 namespace kiln::cpu {
 namespace {
@@ -16,6 +18,20 @@ inline float index_score(const float* q, const float* k, const float* w, int64_t
   float total = 0.f;
   for (int64_t h = 0; h < num_heads; ++h) {
     const float logit = dot(q + h * head_dim, k, head_dim) * scale;
+    total += w[h] * std::max(logit, 0.0f);
+  }
+  return total;
+}
+
+// index_score for an fp8 key row: the codes widened into `codes` (head_dim floats), the key's scale applied to each
+// head's dot product.
+inline float index_score_fp8(const float* q, const uint8_t* row, const float* w, int64_t num_heads, int64_t head_dim,
+                             float scale, float* codes) {
+  for (int64_t i = 0; i < head_dim; ++i) codes[i] = e4m3_to_float(row[i]);
+  const float key_scale = indexer_key_fp8_scale(row, head_dim);
+  float total = 0.f;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float logit = dot(q + h * head_dim, codes, head_dim) * key_scale * scale;
     total += w[h] * std::max(logit, 0.0f);
   }
   return total;
@@ -46,6 +62,38 @@ void dsa_indexer_scores_at(const float* q, const float* k, const int64_t* key_po
       row[j] = key_positions[j] <= first_query_position + s
                    ? index_score(q + s * num_heads * head_dim, k + j * head_dim, w + s * num_heads, num_heads,
                                  head_dim, scale)
+                   : -std::numeric_limits<float>::infinity();
+  }
+}
+
+void dsa_indexer_scores_fp8(const float* q, const uint8_t* k_rows, const float* w, int64_t t_q, int64_t t_kv,
+                            int64_t num_heads, int64_t head_dim, float scale, float* scores) {
+  const int64_t offset = t_kv - t_q;
+  const int64_t row_bytes = static_cast<int64_t>(indexer_key_row_bytes(IndexerKeyFormat::kFp8E4m3Scaled, head_dim));
+#pragma omp parallel for schedule(dynamic, 1) if (t_q * t_kv * num_heads * head_dim >= (1 << 16))
+  for (int64_t s = 0; s < t_q; ++s) {
+    std::vector<float> codes(static_cast<size_t>(head_dim));
+    float* row = scores + s * t_kv;
+    const int64_t visible = std::min(t_kv, offset + s + 1);
+    for (int64_t t = 0; t < visible; ++t)
+      row[t] = index_score_fp8(q + s * num_heads * head_dim, k_rows + t * row_bytes, w + s * num_heads, num_heads,
+                               head_dim, scale, codes.data());
+    std::fill(row + visible, row + t_kv, -std::numeric_limits<float>::infinity());
+  }
+}
+
+void dsa_indexer_scores_fp8_at(const float* q, const uint8_t* k_rows, const int64_t* key_positions, const float* w,
+                               int64_t t_q, int64_t first_query_position, int64_t n_keys, int64_t num_heads,
+                               int64_t head_dim, float scale, float* scores) {
+  const int64_t row_bytes = static_cast<int64_t>(indexer_key_row_bytes(IndexerKeyFormat::kFp8E4m3Scaled, head_dim));
+#pragma omp parallel for schedule(dynamic, 1) if (t_q * n_keys * num_heads * head_dim >= (1 << 16))
+  for (int64_t s = 0; s < t_q; ++s) {
+    std::vector<float> codes(static_cast<size_t>(head_dim));
+    float* row = scores + s * n_keys;
+    for (int64_t j = 0; j < n_keys; ++j)
+      row[j] = key_positions[j] <= first_query_position + s
+                   ? index_score_fp8(q + s * num_heads * head_dim, k_rows + j * row_bytes, w + s * num_heads,
+                                     num_heads, head_dim, scale, codes.data())
                    : -std::numeric_limits<float>::infinity();
   }
 }

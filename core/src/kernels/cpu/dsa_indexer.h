@@ -20,6 +20,17 @@ void dsa_indexer_scores_at(const float* q, const float* k, const int64_t* key_po
                            int64_t first_query_position, int64_t n_keys, int64_t num_heads, int64_t head_dim,
                            float scale, float* scores);
 
+// The same scores over keys stored as fp8 rows (kiln/indexer_key_format.h, kFp8E4m3Scaled): row t of k_rows
+// [t_kv, head_dim + 4] is head_dim e4m3 codes, then the key's fp32 scale. Each key is read as it is scored: the
+// codes widened to fp32 (exact), the logit (q_h · codes) · key scale · scale, so no fp32 copy of the keys is made.
+// The CUDA indexer over fp8 rows computes the same expression.
+void dsa_indexer_scores_fp8(const float* q, const uint8_t* k_rows, const float* w, int64_t t_q, int64_t t_kv,
+                            int64_t num_heads, int64_t head_dim, float scale, float* scores);
+// dsa_indexer_scores_at over fp8 rows.
+void dsa_indexer_scores_fp8_at(const float* q, const uint8_t* k_rows, const int64_t* key_positions, const float* w,
+                               int64_t t_q, int64_t first_query_position, int64_t n_keys, int64_t num_heads,
+                               int64_t head_dim, float scale, float* scores);
+
 // Per query s: the keys transformers keeps — torch.topk(min(index_topk, t_kv)) over the query's whole row with the
 // keys after it masked, as torch does it on the CPU (torch_cpu_topk_indices, topk.h: ties picked the same way),
 // then only the visible ones (positions ≤ t_kv − t_q + s), −1 padded to index_topk. out [t_q, index_topk].

@@ -16,6 +16,7 @@
 
 #include "kiln/cache_spec.h"
 #include "kiln/device.h"
+#include "kiln/indexer_key_format.h"
 #include "kiln/model_info.h"
 #include "kiln/status.h"
 #include "model/precision.h"
@@ -32,8 +33,10 @@ class Architecture {
   virtual const std::string& source() const = 0;  // the config.json it was read from, for messages
   virtual ModelInfo info() const = 0;
   virtual std::vector<int64_t> eos_token_ids() const = 0;
-  // What each target layer caches, then each of the first `mtp_layers` next-n layers (indexed after them).
-  virtual CacheSpec cache_spec(int64_t mtp_layers) const = 0;
+  // What each target layer caches, then each of the first `mtp_layers` next-n layers (indexed after them). `keys`
+  // is the recipe's KV layout's choice for a DSA indexer's key cache (KvLayout::indexer_key_format); an
+  // architecture without such a cache ignores it, one whose indexer caches something else says why it does.
+  virtual CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const = 0;
   // Why this model cannot run on `device` (shapes its kernels do not take), or ok.
   virtual Status supports(DeviceType device) const = 0;
   // Why its CPU path cannot run in `precision` (model.precision), or ok; asked at load and by `kiln recipe check`.

@@ -31,7 +31,7 @@ Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t
 // attend there over the layout's pages, and come back out through W_UV. Rows of prefilling sequences (x.prefill) are
 // then overwritten by the expanded-form prefill kernel (over the layout's gathered rows), which is far cheaper per
 // (query, key) pair.
-Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, float* index_keys) {
+Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, void* index_keys) {
   const ModelConfig& c = x.c;
   CudaMlaMoeModel::Impl& I = x.I;
   const KvLayout& layout = *I.layout;

@@ -154,7 +154,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
       KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
       timer.mark("residual add + RMSNorm");
     }
-    KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), static_cast<float*>(caches.entry(kv_layer, 1)))
+    KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), caches.entry(kv_layer, 1))
                              .with_context("layer " + std::to_string(kv_layer) + " attention (GPU)"));
     KILN_RETURN_IF_ERROR(reduce_partial(x, b.y, N * Hd, DType::kBF16));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));

@@ -207,11 +207,12 @@ Status reduce_partial(const StepContext& x, void* y, int64_t count, DType dtype)
 
 // The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
 // for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).
-Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, float* index_keys);
+Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, void* index_keys);
 
-// The DSA lightning indexer of layer `w`: writes this step's keys into `index_keys` and selects, per query
+// The DSA lightning indexer of layer `w`: writes this step's keys into `index_keys` (rows in the KV layout's
+// indexer_key_format) and selects, per query
 // row, the index_topk key positions attention may see (b.selected, −1 padded as cpu::dsa_select_topk).
-Status indexer_block(const StepContext& x, const GpuIndexer& w, float* index_keys);
+Status indexer_block(const StepContext& x, const GpuIndexer& w, void* index_keys);
 
 // The next block's pre-norm residual step, for the MLP block to finish with: b.resid += the block's output,
 // out = rmsnorm(b.resid) · weight (what add_rmsnorm_bf16(b.y, b.resid, weight, N, hidden, eps, out) does).

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/launch_check.cuh"
 #include "runtime/cuda/block_reduce.cuh"
+#include "runtime/cuda/indexer_key_fp8_kernels.h"
 #include "runtime/cuda/mla_cache_row.cuh"
 
 namespace kiln::cuda {
@@ -157,7 +158,8 @@ __global__ void dsa_indexer_scores_kernel(DsaIndexerParams p) {
       p.scores[r * p.width + t] = -INFINITY;
       continue;
     }
-    const float* k = p.keys + (static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size) * p.dim;
+    const float* k = static_cast<const float*>(p.keys) +
+                     (static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size) * p.dim;
     float total = 0.0f;
     for (int64_t h = 0; h < p.heads; ++h) {
       float dot = 0.0f;
@@ -245,6 +247,7 @@ Status dsa_indexer_scores_paged(const DsaIndexerParams& p, StreamHandle stream) 
   if (p.rows == 0) return ok_status();
   if (p.heads * p.dim > 8192)
     return invalid_argument("cuda::dsa_indexer_scores_paged: index_n_heads · index_head_dim exceeds 8192");
+  if (p.key_format == IndexerKeyFormat::kFp8E4m3Scaled) return dsa_indexer_scores_paged_fp8(p, stream);
   const size_t smem = static_cast<size_t>(p.heads * p.dim + p.heads) * sizeof(float);
   const unsigned col_blocks = static_cast<unsigned>(std::min<int64_t>((p.width + kThreads - 1) / kThreads, 64));
   dsa_indexer_scores_kernel<<<dim3(col_blocks, static_cast<unsigned>(p.rows)), kThreads, smem, stream>>>(p);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/stream_handle.h"
+#include "kiln/indexer_key_format.h"
 #include "kiln/status.h"
 
 namespace kiln::cuda {
@@ -61,16 +62,19 @@ Status layernorm_f32(const float* x, const float* weight, const float* bias, int
 // cache[slots[t], :] = x[t, :] for n rows of `dim` fp32 values (the DSA indexer's key cache write).
 Status scatter_rows_f32(const float* x, int64_t n, int64_t dim, const int64_t* slots, float* cache, StreamHandle stream);
 
-// The DSA lightning indexer's scores over a paged fp32 key cache, for batched rows of several sequences:
+// The DSA lightning indexer's scores over a paged key cache, for batched rows of several sequences:
 // scores[r, t] = Σ_h (w[r, h] · head_scale) · ReLU(scale · q[r, h, :]·key(t)) for t < kv_len[r], −inf for
 // kv_len[r] ≤ t < width (cpu::dsa_indexer_scores per row). q fp32 [rows, heads, dim] (after RoPE), w fp32
-// [rows, heads], keys [slots, dim] addressed through block_tables[query_seq[r]]; heads · dim ≤ 8192.
+// [rows, heads], keys [slots, row] addressed through block_tables[query_seq[r]]; heads · dim ≤ 8192. Rows in
+// key_format: fp32 [dim], or fp8 [dim + 4] read as cpu::dsa_indexer_scores_fp8 reads them (the logit
+// (q · codes) · key scale · scale), the codes widened in registers: no fp32 copy of the cache.
 struct DsaIndexerParams {
   const float* q = nullptr;
   const float* w = nullptr;
   int64_t rows = 0, heads = 0, dim = 0;
   float scale = 1.0f, head_scale = 1.0f;
-  const float* keys = nullptr;
+  const void* keys = nullptr;
+  IndexerKeyFormat key_format = IndexerKeyFormat::kFp32;
   int64_t block_size = 0;
   const int32_t* block_tables = nullptr;
   int64_t max_blocks = 0;

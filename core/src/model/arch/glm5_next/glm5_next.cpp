@@ -24,7 +24,7 @@ LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool in
     layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes()});
   } else {
     layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
-    if (indexer) {  // [k | compress-gate score] fp32 per token
+    if (indexer) {  // [k | compress-gate score] fp32 per token, whatever the layout (see cache_spec)
       layer.entries.push_back({CacheKind::kPagedRows, "indexer_rows", 2 * sizeof(float) * c.index_head_dim, 0});
       // A complete pool's key never changes: the CUDA runner computes it once, into row slot(first token) / pool
       // of this entry (a pool's share of a row per token). The CPU model recomputes keys from the rows instead.
@@ -36,7 +36,13 @@ LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool in
 
 }  // namespace
 
-CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers) const {
+CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const {
+  // The layout's indexer key format is not applied here, on purpose: GLM-5.3-Flash's k-pool indexer never scores a
+  // token's key. Its rows are the inputs of the pool compression (key and gate logits, softmaxed over 16 tokens per
+  // channel, where an e4m3 gate error becomes a multiplicative weight error), and its scored keys are the pool keys,
+  // 1/16 of a row per token already. No published engine defines an fp8 form of either, so both stay fp32 under
+  // every layout (plugins/kv-fp8mla/README.md).
+  static_cast<void>(keys);
   const glm5_next::Glm5NextConfig& c = config_;
   CacheSpec spec;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) spec.layers.push_back(layer_cache(c, c.is_kda(l), c.runs_indexer(l)));

@@ -24,7 +24,7 @@ class Glm5NextArchitecture final : public Architecture {
   // KDA layers: their state slot (recurrent, then conv state); DSA layers: the latent pages, plus the indexer's rows
   // (and pool keys) on layers with an indexer of their own. Next-n (MTP) layers likewise by the kind their checkpoint
   // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
-  CacheSpec cache_spec(int64_t mtp_layers) const override;
+  CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const override;
   Status supports(DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
