@@ -25,9 +25,7 @@
 // 2.3: ModelInfo::synthetic_weights and weight_seed (appended), so a modality makes its tower randomly under
 //      model.load = "dummy" as the core does the model's weights.
 // 2.4: KvLayout::indexer_key_format (appended virtual), so a layout stores the DSA indexer's keys in its precision
-//      (fp8_ds_mla: e4m3 + an fp32 scale), and Modality::encode_all (appended virtual), so a modality decodes a
-//      request's images in parallel; kv_layout and modality plugins built before 2.4 are refused (the host calls
-//      both).
+//      (fp8_ds_mla: e4m3 + an fp32 scale); kv_layout plugins built before 2.4 are refused (the host calls it).
 #define KILN_ABI_MAJOR 2
 #define KILN_ABI_MINOR 4
 
