@@ -22,9 +22,9 @@
 
 #include "bench_check.h"
 #include "ipc_all_reduce.h"
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 #include "probe_pattern.h"
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 
 namespace {
 using kiln::DType;
@@ -84,7 +84,7 @@ int launch(const Options& o, char** argv) {
 
 // Microseconds per call: L launches of a graph of K calls, after one warm-up launch; every rank starts together.
 template <class Enqueue>
-double time_graph(kiln::nccl::TcpBootstrap& boot, cudaStream_t s, const Options& o, Enqueue enqueue) {
+double time_graph(kiln::TcpBootstrap& boot, cudaStream_t s, const Options& o, Enqueue enqueue) {
   cudaGraph_t g;
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -111,14 +111,14 @@ double time_graph(kiln::nccl::TcpBootstrap& boot, cudaStream_t s, const Options&
 }
 
 int run_rank(const Options& o) {
-  auto launch_env = kiln::nccl::read_launch_env(kiln::nccl::process_env());
+  auto launch_env = kiln::read_launch_env(kiln::process_env());
   CHECK_OK(launch_env.status());
   const auto& env = *launch_env;
   int gpus = 0;
   CHECK_CUDA(cudaGetDeviceCount(&gpus));
   const int device = env.local_rank % gpus;
   CHECK_CUDA(cudaSetDevice(device));
-  auto boot_made = kiln::nccl::TcpBootstrap::connect(kiln::nccl::rendezvous_spec(env));
+  auto boot_made = kiln::TcpBootstrap::connect(kiln::rendezvous_spec(env));
   CHECK_OK(boot_made.status());
   auto& boot = **boot_made;
 

@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "rank_launcher.h"
 #include "engine/engine_factory.h"
 #include "engine/memory_model.h"
 #include "engine/single_request.h"
@@ -75,12 +76,14 @@ int cmd_generate(int argc, char** argv) {
       ("top-k", po::value(&top_k)->default_value(0), "sample among the k likeliest tokens (0 = off)")
       ("seed", po::value(&seed)->default_value(0), "seed for sampling")
       ("no-stats", "do not print the prefill/decode speeds at the end");
+  RankLaunchOptions launch;
+  add_rank_launch_options(desc, launch);
   add_common_options(desc, common);
   po::positional_options_description pos;
   po::variables_map vm;
   const std::string usage =
       "usage: kiln generate (--recipe FILE | --model DIR) (--prompt TEXT | --chat TEXT) [options]\n"
-      "Streams the completion to stdout; speeds go to stderr.";
+      "Streams the completion to stdout; speeds go to stderr." + std::string("\n") + kRankLaunchHelp;
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
   if (rc >= 0) return rc;
   show_stats = !vm.count("no-stats");
@@ -99,8 +102,13 @@ int cmd_generate(int argc, char** argv) {
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
   const auto screen = log_memory_screen(*recipe, global_registry());  // before anything is loaded
+  // Ranks as processes: start this machine's other ranks (they re-run this command as ranks 1..), before loading.
+  // argv is the subcommand's; argv[-1] is the program's own name, which the ranks re-run.
+  auto local_ranks = launch_local_ranks(*recipe, launch, argc + 1, argv - 1);
+  if (!local_ranks.ok()) return fail(local_ranks.status().message());
   auto loaded = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!loaded.ok()) return fail(loaded.status().message());
+  if (loaded->is_follower()) return run_follower_rank(*loaded);
   const std::filesystem::path dir = recipe->section("model").get_string("path");
   auto tok = Tokenizer::load(dir / "tokenizer.json");
   if (!tok.ok()) return fail(tok.status().message());

@@ -12,6 +12,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "rank_launcher.h"
 #include "engine/engine_factory.h"
 #include "engine/memory_model.h"
 #include "kiln/log.h"
@@ -48,13 +49,15 @@ int cmd_serve(int argc, char** argv) {
       ("host", po::value(&host), "listen address (overrides server.host)")
       ("port", po::value(&port), "listen port (overrides server.port; 0 = any free port)")
       ("set", po::value(&sets)->composing(), "override a recipe key: section.key=value (repeatable)");
+  RankLaunchOptions launch;
+  add_rank_launch_options(desc, launch);
   add_common_options(desc, common);
   po::positional_options_description pos;
   pos.add("recipe", 1);
   po::variables_map vm;
   const std::string usage =
       "usage: kiln serve RECIPE [--host H] [--port P] [--set section.key=value]...\n"
-      "Serves the OpenAI API: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics.";
+      "Serves the OpenAI API: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics." + std::string("\n") + kRankLaunchHelp;
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
   if (rc >= 0) return rc;
   if (recipe_file.empty()) return fail("missing RECIPE\n" + usage);
@@ -71,8 +74,13 @@ int cmd_serve(int argc, char** argv) {
   auto recipe = load_recipe(recipe_file, sets, global_registry());
   if (!recipe.ok()) return fail(recipe.status().message());
   const auto screen = log_memory_screen(*recipe, global_registry());  // before anything is loaded
+  // Ranks as processes: start this machine's other ranks (they re-run this command as ranks 1..), before loading.
+  // argv is the subcommand's; argv[-1] is the program's own name, which the ranks re-run.
+  auto local_ranks = launch_local_ranks(*recipe, launch, argc + 1, argv - 1);
+  if (!local_ranks.ok()) return fail(local_ranks.status().message());
   auto model = load_model(*recipe, global_registry(), model_load_options(*recipe));
   if (!model.ok()) return fail(model.status().message());
+  if (model->is_follower()) return run_follower_rank(*model);
   const std::filesystem::path dir = recipe->section("model").get_string("path");
   auto tokenizer = Tokenizer::load(dir / "tokenizer.json");
   if (!tokenizer.ok()) return fail(tokenizer.status().message());

@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "kiln/log.h"
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 
 namespace kiln::nccl {
 

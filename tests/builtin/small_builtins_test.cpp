@@ -76,11 +76,11 @@ class RecordingRegistrar : public Registrar {
 TEST(RegisterBuiltins, RegistersTheReferenceCapabilities) {
   RecordingRegistrar r;
   ASSERT_TRUE(register_builtin_capabilities(r).ok());
-  ASSERT_EQ(r.entries.size(), 6u);
+  ASSERT_EQ(r.entries.size(), 7u);
   for (auto [kind, name] : {std::pair{PluginKind::kWeightFormat, "dense"}, {PluginKind::kKvLayout, "bf16"},
                             {PluginKind::kKvLayout, "fp32"},
                             {PluginKind::kDrafter, "none"}, {PluginKind::kCollective, "local"},
-                            {PluginKind::kModality, "text"}}) {
+                            {PluginKind::kCollective, "socket"}, {PluginKind::kModality, "text"}}) {
     auto it = r.entries.find({kind, name});
     ASSERT_NE(it, r.entries.end()) << name;
     EXPECT_FALSE(it->second.description.empty());
@@ -88,6 +88,8 @@ TEST(RegisterBuiltins, RegistersTheReferenceCapabilities) {
   }
   // The exact reference layout is a CPU one; the others run wherever this build runs models.
   EXPECT_FALSE(r.entries.at({PluginKind::kKvLayout, "fp32"}).devices.contains(DeviceType::kCuda));
+  // CPU ranks in processes meet in host memory; GPU ranks use `nccl`.
+  EXPECT_FALSE(r.entries.at({PluginKind::kCollective, "socket"}).devices.contains(DeviceType::kCuda));
 #ifdef KILN_WITH_CUDA
   EXPECT_TRUE(r.entries.at({PluginKind::kKvLayout, "bf16"}).devices.contains(DeviceType::kCuda));
   EXPECT_TRUE(r.entries.at({PluginKind::kWeightFormat, "dense"}).devices.contains(DeviceType::kCuda));

@@ -1,7 +1,7 @@
 // The collective seam: load_model creates the recipe's `transport.backend` for its rank and hands it to the model's
 // step. A one-rank group has nothing to exchange (the model never calls it); a collective spanning ranks in other
-// processes is refused until a runner shards over one rank per process (CPU ranks run as threads:
-// tensor_parallel_test.cpp).
+// processes builds this process's rank of parallel.tensor (tests/parallel/, cli.rank_processes), so its size must
+// be parallel.tensor (CPU ranks as threads: tensor_parallel_test.cpp).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -99,14 +99,14 @@ TEST(CollectiveStep, AOneRankGroupIsNeverCalledAndChangesNothing) {
   EXPECT_EQ(counted.logits, plain.logits);
 }
 
-TEST(CollectiveStep, AGroupOfTwoProcessRanksIsRefusedUntilARunnerShardsPerProcess) {
+TEST(CollectiveStep, AGroupOfProcessRanksMustBeParallelTensorRanks) {
   Registry reg = registry_with_test_collectives();
   auto recipe = load_recipe("", sets("two-ranks"), reg);
   ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
   auto m = load_model(*recipe, reg, {});
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("tensor parallelism across processes"), std::string::npos) << m.status().to_string();
-  EXPECT_NE(m.status().message().find("2 ranks"), std::string::npos) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("spans 2 processes"), std::string::npos) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("parallel.tensor = 1"), std::string::npos) << m.status().to_string();
 }
 
 TEST(CollectiveStep, AnUnknownBackendIsNamedInTheError) {

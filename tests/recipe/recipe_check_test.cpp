@@ -112,6 +112,15 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   RecipeCheck dcp_gpu = check("check_ok.toml", {"parallel.tensor=2", "parallel.decode_context=2", "model.device=cuda",
                                                 "kv.layout=bf16"});
   EXPECT_TRUE(has(problem_about(dcp_gpu, "parallel.decode_context"), "CUDA runners keep it whole")) << messages(dcp_gpu);
+  // Ranks as processes: how many, who starts them, which ports.
+  RecipeCheck procs = check("check_ok.toml", {"parallel.tensor=4", "parallel.decode_context=2", "model.device=cpu",
+                                              "transport.backend=socket"});
+  EXPECT_TRUE(procs.problems.empty()) << messages(procs);
+  noted = false;
+  for (const std::string& n : procs.notes)
+    noted = noted || (has(n, "4 CPU ranks, one process each") && has(n, "start 3 rank processes") &&
+                      has(n, "MASTER_PORT .. MASTER_PORT + 3"));
+  EXPECT_TRUE(noted) << messages(procs);
 }
 
 TEST(RecipeCheck, CudaWithoutAGpu) {

@@ -5,6 +5,7 @@
 #include "builtin/none_drafter.h"
 #include "builtin/paged_mla_kv_layout.h"
 #include "builtin/text_modality.h"
+#include "parallel/socket_collective.h"
 
 namespace kiln {
 namespace {
@@ -33,6 +34,11 @@ Status register_builtin_capabilities(Registrar& registrar) {
   KILN_RETURN_IF_ERROR(registrar.add<Drafter>("none", "no speculative decoding", &builtin::create_none_drafter, anywhere));
   KILN_RETURN_IF_ERROR(
       registrar.add<Collective>("local", "a single rank: no communication", &builtin::create_local_collective, anywhere));
+  // CPU ranks in separate processes (parallel/socket_collective.h): what `kiln serve` and `kiln generate` launch for
+  // parallel.tensor > 1 on the CPU when the recipe asks for processes instead of threads.
+  KILN_RETURN_IF_ERROR(registrar.add<Collective>(
+      "socket", "CPU ranks in separate processes (one per rank, any machines) over TCP, rank-order reductions",
+      &create_socket_collective, DeviceSet::cpu()));
   KILN_RETURN_IF_ERROR(
       registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality, anywhere));
   return ok_status();

@@ -24,6 +24,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::create(const CacheSpec& spec
 Status CacheManager::allocate(const CacheSpec& spec) {
   CacheViews& views = views_;
   views.layers.assign(spec.layers.size(), {});
+  views.bytes.assign(spec.layers.size(), {});
   const size_t tokens = static_cast<size_t>(views.num_blocks * views.block_size);
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     for (const CacheEntry& e : spec.layers[l].entries) {
@@ -42,6 +43,7 @@ Status CacheManager::allocate(const CacheSpec& spec) {
         KILN_ASSIGN_OR_RETURN(p, device_->allocate(bytes, what.c_str()));
       }
       views.layers[l].push_back(p);
+      views.bytes[l].push_back(bytes);
       bytes_ += device_ ? bytes : 0;
       if (e.kind == CacheKind::kState) {
         char* base = static_cast<char*>(p);

@@ -42,11 +42,14 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
                                std::to_string(g.rope_dim) + ", the model needs " + std::to_string(config_.kv_lora_rank) +
                                "+" + std::to_string(config_.qk_rope_head_dim));
   const int collective_ranks = ctx.collective ? ctx.collective->world_size() : 1;
-  if (collective_ranks != 1)
-    return unimplemented("tensor parallelism across processes: the collective spans " + std::to_string(collective_ranks) +
-                         " ranks, and " + config_.model_type + " has no runner that shards over one rank per process "
-                         "yet; CPU ranks run as threads of one process (parallel.tensor with transport.backend = "
-                         "\"local\")");
+  // One process per rank: the CPU rank is built here; the CUDA runner's per-rank weight sharding would plug in at
+  // the same place (a CudaMlaMoeModel over a ShardedWeightSource with ctx.collective = `nccl`).
+  if (collective_ranks != 1 && ctx.device->device().is_cuda())
+    return unimplemented("tensor parallelism across processes on CUDA: the collective spans " +
+                         std::to_string(collective_ranks) + " ranks, and the CUDA runner of " + config_.model_type +
+                         " does not shard its weights over one rank per process yet (CPU ranks do: model.device = "
+                         "\"cpu\" with transport.backend = \"socket\")");
+  if (collective_ranks != 1) return MlaMoeCpuInstance::create_process_rank(config_, ctx);
   if (ctx.decode_context > 1 && ctx.device->device().is_cuda())
     return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner of " +
                          config_.model_type + " keeps the whole KV cache on its device (decode-context parallelism "

@@ -49,6 +49,30 @@ Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create(const Model
   return create_rank(config, ctx, *ctx.source, {}, nullptr);
 }
 
+Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_process_rank(const ModelConfig& config,
+                                                                            const BuildContext& ctx) {
+  const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
+  const int context = std::max(ctx.decode_context, 1);
+  if (world != ctx.tensor_parallel)
+    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
+                            std::to_string(ctx.tensor_parallel) + " (× parallel.decode_context within it): one "
+                            "process per tensor-parallel rank, so WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_splittable(config, world));
+  if (world % context != 0)
+    return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
+                            std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");
+  if (context > 1 && (!ctx.context_collective || ctx.context_collective->world_size() != context))
+    return internal_error("rank " + std::to_string(rank) + " has no decode-context group of " + std::to_string(context));
+  const TensorShard shard{rank, world};
+  auto source = std::make_unique<ShardedWeightSource>(*ctx.source, config, shard);
+  auto instance = create_rank(config, ctx, *source, shard, context > 1 ? ctx.context_collective : nullptr);
+  if (!instance.ok())
+    return instance.status().with_context("tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world));
+  (*instance)->rank_source_ = std::move(source);
+  (*instance)->model().set_private_cache(true);
+  return std::unique_ptr<ModelInstance>(std::move(instance).value());
+}
+
 Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_tensor_parallel(const ModelConfig& config,
                                                                                const BuildContext& ctx) {
   const int world = ctx.tensor_parallel, context = std::max(ctx.decode_context, 1);

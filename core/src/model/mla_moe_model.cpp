@@ -138,7 +138,7 @@ Status MlaMoeModel::head_logits(const Linear& head, const float* normed, int64_t
 }
 
 Status MlaMoeModel::sync_ranks() const {
-  if (!sharded()) return ok_status();
+  if (!sharded() || private_cache_) return ok_status();
   float token = 0.0f;
   return collective_->all_reduce(&token, 1, DType::kF32, ReduceOp::kSum, Stream{Device::cpu(), nullptr});
 }

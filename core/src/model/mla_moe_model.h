@@ -89,6 +89,11 @@ class MlaMoeModel {
     context_shard_ = shard;
   }
 
+  // One process per rank: this rank's KV pages are its own (not shared with the other ranks), so it writes every
+  // row it reads — all of them, or with decode-context parallelism its own tokens' — and no rank waits for another's
+  // writes.
+  void set_private_cache(bool on) { private_cache_ = on; }
+
   // Runs all steps as one batch: writes their KV (and indexer keys) into `caches` and returns the logits rows the
   // steps ask for in out.logits / out.first_row (always: the CPU is the host), the final-normed hidden state of
   // every token with want_hidden, the tapped layers' outputs in out.taps (host views into out's buffers).
@@ -164,10 +169,12 @@ class MlaMoeModel {
   bool sharded() const { return collective_ && weights_.shard.sharded(); }
   Collective* context_group_ = nullptr;
   DecodeContextShard context_shard_;
+  bool private_cache_ = false;
   // Only one rank writes each KV row the ranks share: rank 0 (every rank when unsharded); with decode-context
   // parallelism the first group's ranks, each its own tokens (the later groups' ranks own the same tokens and read
   // the same pages).
   bool writes_cache() const {
+    if (private_cache_) return true;
     return context_split() ? weights_.shard.rank < context_shard_.world : weights_.shard.rank == 0;
   }
   // The group meets: rank 0's cache writes are done before any rank reads them (nothing unsharded).

@@ -29,11 +29,15 @@ struct BuildContext {
   // partial sums of their row-parallel blocks (attention out, MLP / MoE out) through it.
   Collective* collective = nullptr;
   // parallel.tensor: ranks of one tensor-parallel group. On the CPU the architecture builds them all here, as
-  // threads of this process (TensorParallelInstance), and `collective` must be a one-rank one.
+  // threads of this process (TensorParallelInstance), when `collective` is a one-rank one; when it spans
+  // parallel.tensor processes, only this process's rank.
   int tensor_parallel = 1;
   // parallel.decode_context: groups of this many consecutive tensor-parallel ranks split the KV cache by token
   // (model/decode_context_shard.h); divides tensor_parallel. CPU ranks only.
   int decode_context = 1;
+  // With one process per rank (`collective` spanning parallel.tensor processes): this rank's decode-context group,
+  // the decode_context consecutive ranks it belongs to (parallel/rank_processes.h); null otherwise.
+  Collective* context_collective = nullptr;
   bool load_mtp = false;                 // also the checkpoint's next-n layers
   Precision precision = Precision::kFp32;  // CPU only
   int threads = 0;                         // CPU only: OpenMP team size (0 = default)

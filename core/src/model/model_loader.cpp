@@ -4,7 +4,10 @@
 
 #include <filesystem>
 
+#include "kiln/launch_env.h"
 #include "kiln/log.h"
+#include "parallel/rank_processes.h"
+#include "parallel/socket_collective.h"
 #include "model/synthetic_weight_source.h"
 #include "runtime/cpu_device_context.h"
 #ifdef KILN_WITH_CUDA
@@ -103,6 +106,35 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   KILN_ASSIGN_OR_RETURN(m.collective,
                         registry.create<Collective>(recipe.section("transport").get_string("backend", "local"), ctx));
 
+  // One process per rank: this rank's decode-context group (consecutive ranks g·D .. g·D + D − 1), led by its
+  // first rank at that rank's own address.
+  LaunchEnv launch;
+  const int ranks = m.collective->world_size();
+  const int decode_context = static_cast<int>(recipe.section("parallel").get_int("decode_context", 1));
+  if (ranks > 1) {
+    KILN_ASSIGN_OR_RETURN(launch, read_launch_env(process_env()));
+    m.rank = m.collective->rank();
+    if (decode_context > 1 && ranks % decode_context == 0) {
+      auto* socket = dynamic_cast<SocketCollective*>(m.collective.get());
+      if (!socket)
+        return unimplemented("parallel.decode_context = " + std::to_string(decode_context) + " with one process per rank "
+                             "needs a collective per decode-context group, which only `transport.backend = \"socket\"` "
+                             "makes so far");
+      KILN_ASSIGN_OR_RETURN(auto addresses, socket->channel().all_gather(socket->channel().local_address()));
+      const int group = m.rank / decode_context;
+      RendezvousSpec spec = rendezvous_spec(launch);
+      spec.addr = addresses[group * decode_context];
+      spec.port = context_group_port(launch, group);
+      spec.rank = m.rank % decode_context;
+      spec.world_size = decode_context;
+      auto context = SocketCollective::connect(spec);
+      if (!context.ok())
+        return context.status().with_context("decode-context group " + std::to_string(group) + " (MASTER_PORT + 2 + " +
+                                             std::to_string(group) + ")");
+      m.context_collective = std::move(context).value();
+    }
+  }
+
   BuildContext build;
   build.source = &m.source();
   build.format = m.format.get();
@@ -110,12 +142,26 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.device = m.device.get();
   build.collective = m.collective.get();
   build.tensor_parallel = static_cast<int>(recipe.section("parallel").get_int("tensor", 1));
-  build.decode_context = static_cast<int>(recipe.section("parallel").get_int("decode_context", 1));
+  build.decode_context = decode_context;
+  build.context_collective = m.context_collective.get();
   m.decode_context = build.decode_context;
   build.load_mtp = options.load_mtp;
   build.precision = precision;
   build.threads = threads;
   KILN_ASSIGN_OR_RETURN(m.model, m.arch->build(build));
+  if (ranks > 1) {
+    KILN_ASSIGN_OR_RETURN(auto control, connect_control_channel(launch));
+    if (m.rank == 0) {
+      // When the group breaks, ranks waiting for rank 0 in a collective are released at once.
+      auto* socket = dynamic_cast<SocketCollective*>(m.collective.get());
+      std::function<void()> release;
+      if (socket) release = [socket] { socket->channel().shut_down(); };
+      m.model = std::make_unique<RankLeaderInstance>(std::move(m.model), std::move(control), std::move(release));
+      log::info("tensor-parallel rank 0 of {} processes: forwarding every call to ranks 1..{}", ranks, ranks - 1);
+    } else {
+      m.rank_control = std::move(control);
+    }
+  }
 #ifdef KILN_WITH_CUDA
   if (device == DeviceType::kCuda) {
     // What loading left on the device beyond the weights (context, cuBLAS, arena slack, load-time buffers): the

@@ -7,6 +7,7 @@
 
 #include "kiln/device_context.h"
 #include "kiln/kv_layout.h"
+#include "kiln/tcp_bootstrap.h"
 #include "kiln/weight_format.h"
 #include "model/arch/architecture.h"
 #include "model/checkpoint.h"
@@ -26,6 +27,12 @@ struct LoadedModel {
   std::shared_ptr<WeightFormat> format;
   std::shared_ptr<KvLayout> layout;
   std::shared_ptr<Collective> collective;  // this rank's (transport.backend)
+  // One process per rank (a collective spanning several processes): this rank's decode-context group, and on the
+  // other ranks than 0 the control channel their follower loop serves (parallel/rank_processes.h); rank 0's model
+  // is a RankLeaderInstance that forwards every call to them.
+  std::shared_ptr<Collective> context_collective;
+  std::unique_ptr<TcpBootstrap> rank_control;
+  int rank = 0;
   std::unique_ptr<Architecture> arch;
   ModelInfo info;
   int decode_context = 1;  // parallel.decode_context
@@ -35,6 +42,8 @@ struct LoadedModel {
     return checkpoint ? static_cast<const WeightSource&>(*checkpoint) : *synthetic;
   }
   bool on_gpu() const { return model && model->device().is_cuda(); }
+  // A rank other than 0 of a group of processes: it runs run_rank_follower(*model, *rank_control, …), no engine.
+  bool is_follower() const { return rank_control != nullptr; }
 };
 
 // Tokens per block the scheduler hands out: the KV layout's page, times parallel.decode_context (a block is one page

@@ -86,6 +86,9 @@ struct CacheViews {
   int64_t block_size = 0;
   const KvLayout* layout = nullptr;       // kMlaLatent entries are in its format
   std::vector<std::vector<void*>> layers;  // [layer][entry]; a layer without caches here has none
+  // [layer][entry]: the bytes behind each pointer of `layers` (state entries: their slots and snapshots), so that a
+  // rank in another process can hold a pool of the same geometry (parallel/rank_processes.h).
+  std::vector<std::vector<size_t>> bytes;
   void* entry(int64_t layer, size_t i) const {
     if (layer < 0 || layer >= static_cast<int64_t>(layers.size()) || i >= layers[layer].size()) return nullptr;
     return layers[layer][i];

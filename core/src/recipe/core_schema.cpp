@@ -110,7 +110,9 @@ std::vector<CoreSection> build() {
       "no collective plugin providing NCCL is loaded (the transport-nccl plugin provides one where kiln was built "
       "with CUDA and NCCL; `kiln plugins` lists what loaded)";
   s.push_back({"transport", "collectives between ranks",
-               {{str("backend", "local", "collective (plugin kind collective): local, nccl")}},
+               {{str("backend", "local",
+                     "collective (plugin kind collective): local (CPU ranks as threads of one process), socket (CPU "
+                     "ranks, one process each, over TCP: kiln serve/generate launch them), nccl (GPUs)")}},
                "backend",
                PluginKind::kCollective,
                {{"custom_all_reduce", "CUDA-IPC custom all-reduce: auto, on, off", no_nccl},

@@ -1,5 +1,6 @@
 #include "recipe/recipe_check.h"
 
+#include <algorithm>
 #include <memory>
 #include <system_error>
 
@@ -215,13 +216,26 @@ class Checker {
                                          "not do yet; tensor parallelism runs on CPU ranks (model.device = \"cpu\")")));
     const RecipeSection& transport = recipe_.section("transport");
     const std::string backend = transport.get_string("backend", "local");
-    if (backend != "local")
+    const int64_t groups = ranks / std::max<int64_t>(parallel.get_int("decode_context", 1), 1);
+    if (backend == "socket") {
+      out_.notes.push_back(setting(transport, "backend") + ": " + std::to_string(ranks) +
+                           " CPU ranks, one process each (rank 0 serves; ranks 1.. execute its calls on their shard "
+                           "with a KV pool of their own): `kiln serve` / `kiln generate` start " +
+                           std::to_string(ranks - 1) +
+                           " rank processes on this machine, or with --nnodes/--node-rank/--master-addr/"
+                           "--master-port this node's share; the ranks meet at MASTER_PORT .. MASTER_PORT + " +
+                           std::to_string(1 + (parallel.get_int("decode_context", 1) > 1 ? groups : 0)) +
+                           " (TCP), and each process needs the model files and the memory of its shard");
+    } else if (backend != "local") {
       return problem(about(transport, "backend",
-                           invalid_argument("CPU ranks run as threads of this process and meet through the built-in "
-                                            "`local` group; `" + backend + "` connects one process per rank")));
-    out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) +
-                         " CPU ranks as threads of this process (heads, MLP columns, routed experts and vocabulary "
-                         "split over them; output bit-identical to one rank)");
+                           invalid_argument("CPU ranks meet through the built-in `local` group (threads of this "
+                                            "process) or `socket` (one process per rank); `" + backend +
+                                            "` connects GPU ranks")));
+    } else {
+      out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) +
+                           " CPU ranks as threads of this process (heads, MLP columns, routed experts and vocabulary "
+                           "split over them; output bit-identical to one rank)");
+    }
     const int64_t context = parallel.get_int("decode_context", 1);
     if (context > 1)
       out_.notes.push_back(setting(parallel, "decode_context") + ": groups of " + std::to_string(context) +

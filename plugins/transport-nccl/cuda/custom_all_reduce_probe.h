@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ipc_all_reduce.h"
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 #include "transport_settings.h"
 
 namespace kiln::nccl::cuda {

@@ -8,9 +8,9 @@
 
 #include "custom_all_reduce_probe.h"
 #include "kiln/log.h"
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 #include "nccl_env_settings.h"
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 #include "transport_settings.h"
 
 namespace kiln::nccl::cuda {

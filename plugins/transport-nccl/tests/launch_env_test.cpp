@@ -1,5 +1,5 @@
 // The launch environment: torchrun's variables parsed, defaults for one rank, and every mistake named.
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 
 #include <gtest/gtest.h>
 

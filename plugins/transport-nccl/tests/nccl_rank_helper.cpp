@@ -17,11 +17,11 @@
 #include "custom_all_reduce_probe.h"
 #include "ipc_all_reduce.h"
 #include "kiln/collective.h"
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
 #include "probe_pattern.h"
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 
 namespace kiln::nccl {
 namespace {

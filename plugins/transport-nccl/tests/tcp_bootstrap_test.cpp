@@ -1,6 +1,6 @@
 // The TCP bootstrap: ranks as threads and as processes find each other and exchange blobs in rank order; a rank
 // that never comes, a wrong world size, a duplicate rank and an occupied port end in errors naming the address.
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

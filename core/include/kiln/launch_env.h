@@ -9,9 +9,9 @@
 #include <string>
 
 #include "kiln/status.h"
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 
-namespace kiln::nccl {
+namespace kiln {
 
 struct LaunchEnv {
   int rank = 0;
@@ -33,4 +33,4 @@ Result<LaunchEnv> read_launch_env(const EnvLookup& env);
 // Where this process meets the others: the launch's address, port, rank, world size and timeout.
 RendezvousSpec rendezvous_spec(const LaunchEnv& launch);
 
-}  // namespace kiln::nccl
+}  // namespace kiln

@@ -1,4 +1,4 @@
-#include "tcp_bootstrap.h"
+#include "kiln/tcp_bootstrap.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -14,13 +14,13 @@
 #include <cstring>
 #include <thread>
 
-namespace kiln::nccl {
+namespace kiln {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'B', 'O', 'O', 'T'};
-// A blob larger than this is no start-up message: a stray client or a corrupt stream.
-constexpr uint64_t kMaxBlob = 64u << 20;
+// A blob larger than this is a corrupt stream (the socket collective's activations stay far below it).
+constexpr uint64_t kMaxBlob = uint64_t{4} << 30;
 
 struct Hello {
   char magic[8];
@@ -34,6 +34,7 @@ std::string errno_text(int e) {
 }
 
 int remaining_ms(Clock::time_point deadline) {
+  if (deadline == Clock::time_point::max()) return -1;  // poll's "for ever"
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left < 0 ? 0 : static_cast<int>(left);
 }
@@ -312,4 +313,47 @@ Status TcpBootstrap::barrier() {
   return all_gather("").status();
 }
 
-}  // namespace kiln::nccl
+}  // namespace kiln
+
+namespace kiln {
+
+Result<int> TcpBootstrap::peer_fd(int peer) const {
+  const int world = spec_.world_size;
+  if (peer < 0 || peer >= world || peer == spec_.rank || (spec_.rank != 0 && peer != 0))
+    return invalid_argument("rank " + std::to_string(spec_.rank) + " has no connection to rank " + std::to_string(peer) +
+                            " (the start-up channel is a star around rank 0)");
+  return peer_fds_[spec_.rank == 0 ? peer : 0];
+}
+
+Status TcpBootstrap::send(int peer, const std::string& blob) {
+  KILN_ASSIGN_OR_RETURN(const int fd, peer_fd(peer));
+  const std::string who = peer == 0 ? "rank 0 at " + where() : "rank " + std::to_string(peer);
+  return send_blob(fd, blob, Clock::now() + spec_.timeout, who);
+}
+
+Result<std::string> TcpBootstrap::receive(int peer, std::optional<std::chrono::milliseconds> timeout) {
+  KILN_ASSIGN_OR_RETURN(const int fd, peer_fd(peer));
+  const std::string who = peer == 0 ? "rank 0 at " + where() : "rank " + std::to_string(peer);
+  const auto wait = timeout.value_or(spec_.timeout);
+  const auto deadline = wait.count() < 0 ? Clock::time_point::max() : Clock::now() + wait;
+  return recv_blob(fd, deadline, who);
+}
+
+void TcpBootstrap::shut_down() {
+  for (int fd : peer_fds_)
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
+std::string TcpBootstrap::local_address() const {
+  if (spec_.rank == 0 || peer_fds_.empty() || peer_fds_[0] < 0) return spec_.addr;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getsockname(peer_fds_[0], reinterpret_cast<sockaddr*>(&addr), &len) != 0) return spec_.addr;
+  char host[INET6_ADDRSTRLEN] = {0};
+  const void* raw = addr.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr)
+                                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&addr)->sin_addr);
+  if (!::inet_ntop(addr.ss_family, raw, host, sizeof host)) return spec_.addr;
+  return host;
+}
+
+}  // namespace kiln

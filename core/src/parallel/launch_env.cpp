@@ -1,9 +1,9 @@
-#include "launch_env.h"
+#include "kiln/launch_env.h"
 
 #include <charconv>
 #include <cstdlib>
 
-namespace kiln::nccl {
+namespace kiln {
 namespace {
 
 // An integer in [lo, hi] from `name`, or the fallback when unset.
@@ -65,4 +65,4 @@ RendezvousSpec rendezvous_spec(const LaunchEnv& launch) {
   return spec;
 }
 
-}  // namespace kiln::nccl
+}  // namespace kiln

@@ -1,17 +1,20 @@
 // The ranks' start-up channel: rank 0 listens on MASTER_ADDR:MASTER_PORT, the others connect (retrying until a
 // timeout), and through the star they exchange small blobs — the NCCL unique id, CUDA IPC handles, probe verdicts.
-// Plain TCP with no NCCL or CUDA in it, so it is tested on the CPU. Not for the data path: every call is
-// blocking and every rank must make the same calls in the same order.
+// Plain TCP with no NCCL or CUDA in it, so it is tested on the CPU. Every call is blocking. The collective calls
+// (all_gather, broadcast, barrier) must be made by every rank in the same order; the point-to-point ones (send,
+// receive) run between rank 0 and one other rank, which is all the star has: the CPU ranks' `socket` collective
+// and the rank processes' control channel (parallel/) are built on them, where simplicity beats bandwidth.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kiln/status.h"
 
-namespace kiln::nccl {
+namespace kiln {
 
 struct RendezvousSpec {
   std::string addr = "127.0.0.1";
@@ -39,12 +42,26 @@ class TcpBootstrap {
   Result<std::string> broadcast(const std::string& blob);
   Status barrier();
 
+  // Point to point along the star: rank 0 with any rank, any other rank with rank 0 only. `receive` waits at most
+  // `timeout` (the rendezvous timeout when not given; a negative one waits for ever, for a rank idle between calls);
+  // a peer that exited is reported at once (its connection closes).
+  Status send(int peer, const std::string& blob);
+  Result<std::string> receive(int peer, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // This rank's address as rank 0 sees it (the local end of its connection; rank 0: MASTER_ADDR), so that a
+  // sub-group led by another rank can meet at an address of that rank's machine.
+  std::string local_address() const;
+  std::chrono::milliseconds timeout() const { return spec_.timeout; }
+  // Shuts every connection down (the object stays valid; its calls fail from now on), waking a thread of this
+  // process blocked in a call, and peers blocked on this rank, at once.
+  void shut_down();
+
  private:
   explicit TcpBootstrap(RendezvousSpec spec) : spec_(std::move(spec)) {}
   std::string where() const;
+  Result<int> peer_fd(int peer) const;
 
   RendezvousSpec spec_;
   std::vector<int> peer_fds_;  // rank 0: one per rank (−1 for itself); others: one, to rank 0
 };
 
-}  // namespace kiln::nccl
+}  // namespace kiln

@@ -1,0 +1,205 @@
+#include "rank_launcher.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "kiln/log.h"
+#include "parallel/rank_processes.h"
+
+extern char** environ;
+
+namespace kiln::cli {
+namespace {
+
+const char* const kRankVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                     "KILN_LAUNCHED_RANK"};
+
+bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A base port with `count` free ports from it (the collective, the control channel, the decode-context groups).
+// Another process may take one before the ranks bind it; then rank 0 says which port it could not listen on.
+Result<int> free_port_range(int count) {
+  std::mt19937 gen(static_cast<uint32_t>(::getpid()) ^ static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::uniform_int_distribution<int> pick(20000, 60000 - count);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int base = pick(gen);
+    bool all = true;
+    for (int i = 0; i < count && all; ++i) all = port_free(base + i);
+    if (all) return base;
+  }
+  return unavailable("found no " + std::to_string(count) + " consecutive free TCP ports on 127.0.0.1; give --master-port");
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+const char* const kRankLaunchHelp =
+    "Ranks as processes (parallel.tensor = W > 1 with transport.backend = \"socket\"): this command starts the other "
+    "W-1 ranks of this machine itself (the same command re-run with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+    "MASTER_PORT set) and is rank 0. Several machines: run it on each with --nnodes N --node-rank R --master-addr "
+    "(node 0's address) --master-port P; node R runs ranks R*K .. R*K+K-1 (K = --nproc-per-node, default W/N). A "
+    "process started with RANK/WORLD_SIZE already set (torchrun, a job script) is that one rank and starts nothing. "
+    "The ranks meet at MASTER_PORT .. MASTER_PORT+1 (+ one port per decode-context group).";
+
+void add_rank_launch_options(po::options_description& desc, RankLaunchOptions& opts) {
+  desc.add_options()
+      ("nnodes", po::value(&opts.nnodes)->default_value(1), "machines the ranks run on (ranks as processes)")
+      ("node-rank", po::value(&opts.node_rank)->default_value(0), "this machine's place among --nnodes (0 runs rank 0)")
+      ("nproc-per-node", po::value(&opts.nproc_per_node)->default_value(0),
+       "rank processes on this machine (0 = parallel.tensor / --nnodes)")
+      ("master-addr", po::value(&opts.master_addr), "address of node 0, where the ranks meet (default 127.0.0.1)")
+      ("master-port", po::value(&opts.master_port), "first of the ports the ranks meet at (default: a free one)");
+}
+
+LocalRanks::~LocalRanks() {
+  // The children exit when rank 0's model says stop (or its connections close); give them a moment, then end them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (pid_t pid : children_) {
+    int status = 0;
+    for (;;) {
+      const pid_t done = ::waitpid(pid, &status, WNOHANG);
+      if (done == pid || done < 0) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        log::warn("rank process {} did not exit after rank 0 stopped: killing it", pid);
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOptions& opts, int argc, char** argv) {
+  LocalRanks ranks;
+  const int world = static_cast<int>(recipe.section("parallel").get_int("tensor", 1));
+  const std::string backend = recipe.section("transport").get_string("backend", "local");
+  const bool processes = backend != "local";
+  const bool flags = opts.nnodes != 1 || opts.node_rank != 0 || opts.nproc_per_node != 0 || !opts.master_addr.empty() ||
+                     opts.master_port != 0;
+  if (world <= 1 || !processes) {
+    if (flags)
+      return invalid_argument("--nnodes/--node-rank/--nproc-per-node/--master-addr/--master-port launch rank processes, "
+                              "and this recipe runs " +
+                              std::string(world <= 1 ? "one rank" : "its ranks as threads (transport.backend = \"local\")") +
+                              "; set parallel.tensor > 1 and transport.backend = \"socket\"");
+    return ranks;
+  }
+  if (std::getenv("RANK") || std::getenv("WORLD_SIZE")) {
+    // A rank this launcher started re-runs the launcher's flags; only another launcher's ranks may not give them.
+    if (flags && !std::getenv("KILN_LAUNCHED_RANK")) return invalid_argument("RANK/WORLD_SIZE are set (a launcher started this rank): give no launch flags");
+    return ranks;  // torchrun-style: this process is the rank the environment names
+  }
+  if (opts.nnodes < 1) return invalid_argument("--nnodes must be at least 1");
+  if (opts.node_rank < 0 || opts.node_rank >= opts.nnodes)
+    return invalid_argument("--node-rank " + std::to_string(opts.node_rank) + " is not in 0.." +
+                            std::to_string(opts.nnodes - 1));
+  const int per_node = opts.nproc_per_node > 0 ? opts.nproc_per_node : world / opts.nnodes;
+  if (per_node * opts.nnodes != world)
+    return invalid_argument("parallel.tensor = " + std::to_string(world) + " ranks do not make " +
+                            std::to_string(opts.nnodes) + " nodes of " + std::to_string(per_node) +
+                            " processes (--nnodes × --nproc-per-node must equal parallel.tensor)");
+  std::string addr = opts.master_addr;
+  int port = opts.master_port;
+  if (opts.nnodes > 1 && (addr.empty() || port == 0))
+    return invalid_argument("--nnodes " + std::to_string(opts.nnodes) +
+                            ": give --master-addr (node 0's address, reachable from every node) and --master-port");
+  if (addr.empty()) addr = "127.0.0.1";
+  if (port == 0) {
+    const int64_t context = std::max<int64_t>(recipe.section("parallel").get_int("decode_context", 1), 1);
+    KILN_ASSIGN_OR_RETURN(port, free_port_range(2 + static_cast<int>(context > 1 ? world / context : 0)));
+  }
+  const int first = opts.node_rank * per_node;
+
+  // The children's environment: this one's, with the rank variables replaced.
+  std::vector<std::string> base;
+  for (char** e = environ; *e; ++e) {
+    bool rank_var = false;
+    for (const char* v : kRankVariables)
+      if (std::strncmp(*e, v, std::strlen(v)) == 0 && (*e)[std::strlen(v)] == '=') rank_var = true;
+    if (!rank_var) base.emplace_back(*e);
+  }
+  auto rank_env = [&](int rank, int local) {
+    std::vector<std::string> env = base;
+    env.push_back("RANK=" + std::to_string(rank));
+    env.push_back("WORLD_SIZE=" + std::to_string(world));
+    env.push_back("LOCAL_RANK=" + std::to_string(local));
+    env.push_back("MASTER_ADDR=" + addr);
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    env.push_back("KILN_LAUNCHED_RANK=1");
+    return env;
+  };
+  std::vector<char*> args(argv, argv + argc);
+  args.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  for (int local = 1; local < per_node; ++local) {
+    const std::vector<std::string> env = rank_env(first + local, local);
+    std::vector<char*> envp;
+    for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) return unavailable(std::string("starting rank process: fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec. The child dies with this process, whatever ends it, and gets the
+      // signals `kiln serve` blocks in its parent back.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execve("/proc/self/exe", args.data(), envp.data());
+      ::_exit(127);
+    }
+    ranks.children().push_back(pid);
+  }
+  // This process is the node's first rank.
+  for (const std::string& e : rank_env(first, 0)) {
+    const size_t eq = e.find('=');
+    const std::string name = e.substr(0, eq);
+    bool rank_var = false;
+    for (const char* v : kRankVariables) rank_var |= name == v;
+    if (rank_var) ::setenv(name.c_str(), e.substr(eq + 1).c_str(), 1);
+  }
+  log::info("ranks as processes: this is rank {} of {}; started rank(s) {}..{} on this machine; meeting at {}:{}", first,
+            world, first + 1, first + per_node - 1, addr, port);
+  return ranks;
+}
+
+int run_follower_rank(LoadedModel& model) {
+  const int rank = model.rank;
+  // `kiln serve` blocked the shutdown signals for its rank 0; a follower has nothing to drain.
+  sigset_t none;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  log::info("tensor-parallel rank {}: executing rank 0's calls", rank);
+  Status s = run_rank_follower(*model.model, *model.rank_control, model.layout.get());
+  if (!s.ok()) return fail("tensor-parallel rank " + std::to_string(rank) + ": " + s.message());
+  log::info("tensor-parallel rank {}: rank 0 stopped; exiting", rank);
+  return 0;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,196 @@
+// One process per rank, with the ranks' processes played by threads: rank 0's RankLeaderInstance forwards every step
+// over the control channel to a follower loop, each rank computes on its own shard with a KV pool of its own, and
+// they meet through the `socket` collective. The logits must be bit-identical to one rank's (the same arithmetic as
+// ranks as threads), and a follower that fails or goes away fails rank 0's call naming it, without a hang.
+#include "parallel/rank_processes.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "common/reference_fixture.h"
+#include "common/test_model.h"
+#include "parallel/socket_collective.h"
+
+namespace kiln {
+namespace {
+
+using namespace std::chrono_literals;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+RendezvousSpec spec_for(int port, int rank, int world) {
+  RendezvousSpec s;
+  s.port = port;
+  s.rank = rank;
+  s.world_size = world;
+  s.timeout = 20s;
+  return s;
+}
+
+std::vector<std::string> sets(const std::string& model) {
+  return {"model.path=" + testing::model_dir(model).string(), "model.device=cpu", "model.threads=1", "kv.layout=fp32"};
+}
+
+// 40 prompt tokens in chunks of 17 / 17 / 6, then 6 greedy decode steps: every row's logits.
+std::vector<float> run(ModelInstance& model, const CacheViews& views, std::vector<int32_t>& table) {
+  std::vector<int32_t> tokens;
+  const int64_t vocab = model.vocab_size();
+  for (int i = 0; i < 40; ++i) tokens.push_back(static_cast<int32_t>((i * 97 + 13) % vocab));
+  std::vector<float> logits;
+  int64_t done = 0;
+  StepOutput o;
+  StepOptions options;
+  options.want_logits = true;
+  auto step = [&](int64_t n, bool all) {
+    SequenceStep s{std::span<const int32_t>(tokens.data() + done, n), done, &table, all};
+    const Status st = model.step({&s, 1}, {}, views, options, o);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+    done += n;
+    return st.ok();
+  };
+  for (int64_t n : {17, 17, 6})
+    if (!step(n, true)) return logits;
+  for (int i = 0; i < 6; ++i) {
+    tokens.push_back(static_cast<int32_t>(std::max_element(o.logits.end() - vocab, o.logits.end()) - (o.logits.end() - vocab)));
+    if (!step(1, false)) return logits;
+  }
+  return logits;
+}
+
+// Rank r's instance of `world`, built from a loaded model's pieces over its own collective.
+Result<std::unique_ptr<ModelInstance>> build_rank(LoadedModel& m, Collective& collective, int world) {
+  BuildContext ctx;
+  ctx.source = &m.source();
+  ctx.format = m.format.get();
+  ctx.layout = m.layout.get();
+  ctx.device = m.device.get();
+  ctx.collective = &collective;
+  ctx.tensor_parallel = world;
+  ctx.threads = 1;
+  return m.arch->build(ctx);
+}
+
+class RankProcesses : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RankProcesses, LogitsAreBitIdenticalToOneRank) {
+  LoadedModel one = testing::load_recipe_model(sets(GetParam()));
+  ASSERT_NE(one.model, nullptr);
+  std::vector<float> reference;
+  {
+    testing::TestKv kv(one, 64);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv.reserve(table, 64).ok());
+    reference = run(*one.model, kv.views(), table);
+  }
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("ranks: " + std::to_string(world));
+    const int port = free_port(), control_port = free_port();
+    std::vector<std::thread> followers;
+    std::vector<Status> follower_status(world);
+    std::vector<LoadedModel> pieces(world);  // each "process" its own loaded pieces
+    for (int r = 1; r < world; ++r) {
+      pieces[r] = testing::load_recipe_model(sets(GetParam()));
+      followers.emplace_back([&, r] {
+        auto collective = SocketCollective::connect(spec_for(port, r, world));
+        if (!collective.ok()) return void(follower_status[r] = collective.status());
+        auto model = build_rank(pieces[r], **collective, world);
+        if (!model.ok()) return void(follower_status[r] = model.status());
+        auto control = TcpBootstrap::connect(spec_for(control_port, r, world));
+        if (!control.ok()) return void(follower_status[r] = control.status());
+        follower_status[r] = run_rank_follower(**model, **control, pieces[r].layout.get());
+      });
+    }
+    std::vector<float> got;
+    {
+      auto collective = SocketCollective::connect(spec_for(port, 0, world));
+      ASSERT_TRUE(collective.ok()) << collective.status().to_string();
+      auto own = build_rank(one, **collective, world);
+      ASSERT_TRUE(own.ok()) << own.status().to_string();
+      auto control = TcpBootstrap::connect(spec_for(control_port, 0, world));
+      ASSERT_TRUE(control.ok()) << control.status().to_string();
+      RankLeaderInstance leader(std::move(own).value(), std::move(control).value());
+      testing::TestKv kv(one, 64);
+      std::vector<int32_t> table;
+      ASSERT_TRUE(kv.reserve(table, 64).ok());
+      got = run(leader, kv.views(), table);
+    }  // the leader's destructor stops the followers
+    for (auto& t : followers) t.join();
+    for (int r = 1; r < world; ++r) EXPECT_TRUE(follower_status[r].ok()) << "rank " << r << ": " << follower_status[r].to_string();
+    ASSERT_EQ(got.size(), reference.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != reference[i];
+    EXPECT_EQ(differ, 0) << "of " << got.size() << " logits";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, RankProcesses, ::testing::Values("glm4_moe_lite-tiny", "glm_moe_dsa-tiny"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+                           return n;
+                         });
+
+// A follower whose step fails reports why; rank 0's call fails naming the rank, at once, and the group stays
+// broken with that reason.
+TEST(RankProcessesFailure, AFollowerThatGoesAwayFailsTheCallNamingIt) {
+  const std::string model = "glm4_moe_lite-tiny";
+  LoadedModel zero = testing::load_recipe_model(sets(model));
+  LoadedModel other = testing::load_recipe_model(sets(model));
+  ASSERT_NE(zero.model, nullptr);
+  const int port = free_port(), control_port = free_port();
+  std::thread follower([&] {
+    auto collective = SocketCollective::connect(spec_for(port, 1, 2));
+    ASSERT_TRUE(collective.ok());
+    auto m = build_rank(other, **collective, 2);
+    ASSERT_TRUE(m.ok());
+    auto control = TcpBootstrap::connect(spec_for(control_port, 1, 2));
+    ASSERT_TRUE(control.ok());
+    // Takes the first call, then dies (its connections close) without answering.
+    (void)(*control)->receive(0, std::chrono::milliseconds(-1));
+  });
+  auto collective = SocketCollective::connect(spec_for(port, 0, 2));
+  ASSERT_TRUE(collective.ok());
+  auto own = build_rank(zero, **collective, 2);
+  ASSERT_TRUE(own.ok());
+  auto control = TcpBootstrap::connect(spec_for(control_port, 0, 2));
+  ASSERT_TRUE(control.ok());
+  SocketCollective* socket = collective->get();
+  RankLeaderInstance leader(std::move(own).value(), std::move(control).value(),
+                            [socket] { socket->channel().shut_down(); });
+  testing::TestKv kv(zero, 32);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv.reserve(table, 32).ok());
+  const std::vector<int32_t> tokens = {5, 6, 7};
+  SequenceStep step{tokens, 0, &table, false};
+  StepOutput o;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status first = leader.step({&step, 1}, {}, kv.views(), StepOptions{}, o);
+  follower.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.message().find("rank 1"), std::string::npos) << first.to_string();
+  const Status later = leader.step({&step, 1}, {}, kv.views(), StepOptions{}, o);
+  ASSERT_FALSE(later.ok());
+  EXPECT_NE(later.message().find("broken"), std::string::npos) << later.to_string();
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,281 @@
+// The `socket` collective (CPU ranks in separate processes): every operation, fp32 and bf16, between threads and
+// between forked processes, bit-identical on every rank to the host's rank-order reduction (fp32 accumulation, one
+// rounding) and, for fp32, to what the in-process group (ranks as threads) computes.
+#include "parallel/socket_collective.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "builtin/inproc_collective.h"
+
+namespace kiln {
+namespace {
+
+using namespace std::chrono_literals;
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+RendezvousSpec spec_for(int port, int rank, int world) {
+  RendezvousSpec s;
+  s.port = port;
+  s.rank = rank;
+  s.world_size = world;
+  s.timeout = 20s;
+  return s;
+}
+
+const Stream kHost{Device::cpu(), nullptr};
+
+// bf16 by round-to-nearest-even, written here independently of the collective's own conversion.
+uint16_t to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+float from_bf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+// Values of very different magnitudes, so that an fp32 sum depends on its order.
+float value(int rank, int64_t i) {
+  const float scale[] = {1.0f, 1e-4f, 3e3f, 0.37f};
+  return std::sin(0.7f * static_cast<float>(i) + 1.3f * static_cast<float>(rank)) * scale[(i + rank) % 4];
+}
+
+// Rank `rank`'s operand of n elements as raw bytes (bf16 values are exact bf16).
+std::vector<char> operand(DType dtype, int rank, int64_t n, int64_t offset = 0) {
+  std::vector<char> out(static_cast<size_t>(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = value(rank, offset + i);
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + i * 4, &v, 4);
+    } else {
+      const uint16_t h = to_bf16(v);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    }
+  }
+  return out;
+}
+
+float element(const std::vector<char>& bytes, DType dtype, int64_t i) {
+  if (dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, bytes.data() + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes.data() + i * 2, 2);
+  return from_bf16(h);
+}
+
+// The reference: elements [offset, offset + n) of every rank's operand, combined in rank order 0..W−1.
+std::vector<char> expected(DType dtype, int world, int64_t n, bool max, int64_t offset = 0) {
+  std::vector<std::vector<char>> in;
+  for (int r = 0; r < world; ++r) in.push_back(operand(dtype, r, offset + n));
+  std::vector<char> out(static_cast<size_t>(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = element(in[0], dtype, offset + i);
+    for (int r = 1; r < world; ++r) {
+      const float v = element(in[r], dtype, offset + i);
+      acc = max ? std::max(acc, v) : acc + v;
+    }
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + i * 4, &acc, 4);
+    } else {
+      const uint16_t h = to_bf16(acc);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    }
+  }
+  return out;
+}
+
+// Every operation on one rank; failures are collected as strings (gtest assertions are not for other processes).
+std::vector<std::string> exercise(Collective& c, int64_t n) {
+  std::vector<std::string> problems;
+  const int rank = c.rank(), world = c.world_size();
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) problems.push_back("rank " + std::to_string(rank) + ": " + what);
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::string d = dtype_name(dtype);
+    for (bool max : {false, true}) {
+      std::vector<char> buf = operand(dtype, rank, n);
+      Status s = c.all_reduce(buf.data(), n, dtype, max ? ReduceOp::kMax : ReduceOp::kSum, kHost);
+      check(s.ok(), "all_reduce " + d + ": " + s.message());
+      check(buf == expected(dtype, world, n, max), "all_reduce " + d + (max ? " max" : " sum") + " differs");
+
+      const std::vector<char> in = operand(dtype, rank, n * world);
+      std::vector<char> out(static_cast<size_t>(n) * dtype_size(dtype));
+      s = c.reduce_scatter(in.data(), out.data(), n, dtype, max ? ReduceOp::kMax : ReduceOp::kSum, kHost);
+      check(s.ok(), "reduce_scatter " + d + ": " + s.message());
+      check(out == expected(dtype, world, n, max, rank * n), "reduce_scatter " + d + " differs");
+    }
+    const std::vector<char> mine = operand(dtype, rank, n);
+    std::vector<char> all(mine.size() * world);
+    Status s = c.all_gather(mine.data(), all.data(), n, dtype, kHost);
+    check(s.ok(), "all_gather " + d + ": " + s.message());
+    for (int r = 0; r < world; ++r) {
+      const std::vector<char> want = operand(dtype, r, n);
+      check(std::memcmp(all.data() + r * want.size(), want.data(), want.size()) == 0,
+            "all_gather " + d + ": rank " + std::to_string(r) + "'s part differs");
+    }
+    for (int root = 0; root < world; ++root) {
+      std::vector<char> buf = operand(dtype, rank, n);
+      s = c.broadcast(buf.data(), n, dtype, root, kHost);
+      check(s.ok(), "broadcast " + d + ": " + s.message());
+      check(buf == operand(dtype, root, n), "broadcast " + d + " from rank " + std::to_string(root) + " differs");
+    }
+  }
+  return problems;
+}
+
+void run_threads(int world, const std::function<void(int, int)>& rank_fn) {
+  const int port = free_port();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { rank_fn(r, port); });
+  for (auto& t : threads) t.join();
+}
+
+class SocketCollectiveThreads : public ::testing::TestWithParam<int> {};
+
+TEST_P(SocketCollectiveThreads, EveryOperationEqualsTheRankOrderReduction) {
+  const int world = GetParam();
+  std::vector<std::vector<std::string>> problems(world);
+  run_threads(world, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, world));
+    if (!c.ok()) {
+      problems[r].push_back(c.status().message());
+      return;
+    }
+    for (int64_t n : {1, 7, 1000}) {
+      auto p = exercise(**c, n);
+      problems[r].insert(problems[r].end(), p.begin(), p.end());
+    }
+  });
+  for (const auto& p : problems)
+    for (const auto& line : p) ADD_FAILURE() << line;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, SocketCollectiveThreads, ::testing::Values(2, 3, 4));
+
+// fp32 sums and gathers of the processes' collective equal those of the ranks-as-threads group, bit for bit.
+TEST(SocketCollective, EqualsTheInProcessGroup) {
+  const int world = 3;
+  const int64_t n = 513;
+  std::vector<std::vector<char>> socket_sum(world), inproc_sum(world), socket_rs(world), inproc_rs(world);
+  run_threads(world, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, world));
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    socket_sum[r] = operand(DType::kF32, r, n);
+    ASSERT_TRUE((*c)->all_reduce(socket_sum[r].data(), n, DType::kF32, ReduceOp::kSum, kHost).ok());
+    const auto in = operand(DType::kF32, r, n * world);
+    socket_rs[r].resize(n * 4);
+    ASSERT_TRUE((*c)->reduce_scatter(in.data(), socket_rs[r].data(), n, DType::kF32, ReduceOp::kSum, kHost).ok());
+  });
+  builtin::InprocGroup group(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto c = group.endpoint(r);
+      inproc_sum[r] = operand(DType::kF32, r, n);
+      ASSERT_TRUE(c->all_reduce(inproc_sum[r].data(), n, DType::kF32, ReduceOp::kSum, kHost).ok());
+      const auto in = operand(DType::kF32, r, n * world);
+      inproc_rs[r].resize(n * 4);
+      ASSERT_TRUE(c->reduce_scatter(in.data(), inproc_rs[r].data(), n, DType::kF32, ReduceOp::kSum, kHost).ok());
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(socket_sum[r], inproc_sum[r]) << "rank " << r;
+    EXPECT_EQ(socket_rs[r], inproc_rs[r]) << "rank " << r;
+    EXPECT_EQ(socket_sum[r], socket_sum[0]) << "rank " << r << " got other bits than rank 0";
+  }
+}
+
+TEST(SocketCollective, BetweenForkedProcesses) {
+  const int world = 3;
+  const int port = free_port();
+  std::vector<pid_t> children;
+  for (int r = 1; r < world; ++r) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto c = SocketCollective::connect(spec_for(port, r, world));
+      if (!c.ok()) ::_exit(2);
+      bool ok = true;
+      for (int64_t n : {1, 7, 1000}) ok = ok && exercise(**c, n).empty();
+      ::_exit(ok ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  auto c = SocketCollective::connect(spec_for(port, 0, world));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  for (int64_t n : {1, 7, 1000})
+    for (const auto& line : exercise(**c, n)) ADD_FAILURE() << line;
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a rank process failed (status " << status << ")";
+  }
+}
+
+TEST(SocketCollective, RanksThatDisagreeAllFail) {
+  std::vector<Status> results(2);
+  run_threads(2, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, 2));
+    ASSERT_TRUE(c.ok());
+    std::vector<float> buf(8, 1.0f);
+    results[r] = (*c)->all_reduce(buf.data(), r == 0 ? 8 : 4, DType::kF32, ReduceOp::kSum, kHost);
+  });
+  for (const Status& s : results) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("disagree"), std::string::npos) << s.message();
+  }
+}
+
+// A rank that goes away fails rank 0's call at once, naming it (no wait for the timeout).
+TEST(SocketCollective, APeerThatExitsFailsTheCallNamingIt) {
+  Status rank0;
+  std::chrono::steady_clock::duration took{};
+  run_threads(2, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, 2));
+    ASSERT_TRUE(c.ok());
+    if (r == 1) return;  // leaves: its connection closes
+    std::vector<float> buf(8, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    rank0 = (*c)->all_reduce(buf.data(), 8, DType::kF32, ReduceOp::kSum, kHost);
+    took = std::chrono::steady_clock::now() - t0;
+  });
+  EXPECT_FALSE(rank0.ok());
+  EXPECT_NE(rank0.message().find("rank 1"), std::string::npos) << rank0.message();
+  EXPECT_LT(took, 5s);
+}
+
+TEST(SocketCollective, HostMemoryOnly) {
+  auto c = SocketCollective::connect(spec_for(0, 0, 1));
+  ASSERT_TRUE(c.ok());
+  float x = 1.0f;
+  const Status s = (*c)->all_reduce(&x, 1, DType::kF32, ReduceOp::kSum, Stream{Device::cuda(0), nullptr});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("nccl"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace kiln
