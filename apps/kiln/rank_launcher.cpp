@@ -7,9 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -40,7 +42,12 @@ bool port_free(int port) {
 // Another process may take one before the ranks bind it; then rank 0 says which port it could not listen on.
 Result<int> free_port_range(int count) {
   std::mt19937 gen(static_cast<uint32_t>(::getpid()) ^ static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  std::uniform_int_distribution<int> pick(20000, 60000 - count);
+  // Below the kernel's ephemeral range (ip_local_port_range, 32768.. by default): a port there can be handed to any
+  // outgoing connection — the ranks' own among them — between this check and rank 0's listen.
+  int ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeral_low;
+  const int high = std::max(20000 + count, std::min(60000, ephemeral_low) - count);
+  std::uniform_int_distribution<int> pick(20000, high);
   for (int attempt = 0; attempt < 64; ++attempt) {
     const int base = pick(gen);
     bool all = true;

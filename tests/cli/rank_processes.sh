@@ -32,6 +32,22 @@ gen() {  # recipe, then --set flags
     --no-stats "$@" 2>>"$log"
 }
 socket="--set transport.backend=socket"
+# A base port with 4 free ports from it (collective, control channel, decode-context groups), below the kernel's
+# ephemeral range: a port there can go to any outgoing connection (the ranks' own) before rank 0 listens on it.
+free_ports() {
+  python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    base = random.randint(20000, max(20004, low - 8))
+    try:
+        for p in range(base, base + 4):
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", p)); s.close()
+        print(base); break
+    except OSError:
+        continue
+PY
+}
 
 # The DSA fixture with the tiny model's tokenizer (the same 4,096-token vocabulary).
 dsa=$work/dsa
@@ -63,7 +79,7 @@ for recipe in "$tiny" "$work/dsa.toml"; do
     echo "ok: $recipe $par: processes = threads = TP=1"
   done
   # Two nodes on this machine: the same command with --node-rank 0 and 1.
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_ports)
   nodes="--set parallel.tensor=4 $socket --nnodes 2 --master-addr 127.0.0.1 --master-port $port"
   eval gen "$recipe" $nodes --node-rank 1 > "$work/node1.out" &
   node1=$!
@@ -75,7 +91,7 @@ for recipe in "$tiny" "$work/dsa.toml"; do
 done
 
 # torchrun-style: each rank started by someone else with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_ports)
 env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
   "$kiln" generate --recipe "$tiny" --prompt "The kiln fires the clay, and the clay" --max-tokens 12 --no-stats \
   --set parallel.tensor=2 --set transport.backend=socket > "$work/rank1.out" 2>>"$log" &
