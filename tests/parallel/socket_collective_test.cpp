@@ -16,34 +16,15 @@
 #include <thread>
 
 #include "builtin/inproc_collective.h"
+#include "parallel/rendezvous_support.h"
 
 namespace kiln {
 namespace {
 
 using namespace std::chrono_literals;
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-RendezvousSpec spec_for(int port, int rank, int world) {
-  RendezvousSpec s;
-  s.port = port;
-  s.rank = rank;
-  s.world_size = world;
-  s.timeout = 20s;
-  return s;
-}
+using testing::free_port;
+using testing::spec_for;
 
 const Stream kHost{Device::cpu(), nullptr};
 
