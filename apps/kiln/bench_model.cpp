@@ -194,7 +194,9 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
       // A step at position q attends over q + 1 keys; the mean over the timed steps.
       const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
       p.weight_bytes = decode_weight_bytes(c, batch * rows);
-      p.kv_bytes = decode_kv_bytes(c, batch, keys);
+      // The pool's bytes per token (the recipe's KV layout, fp8 rows included), not bf16's.
+      p.kv_bytes = decode_kv_bytes(c, batch, keys, static_cast<double>(t.capacity.bytes) /
+                                                       static_cast<double>(std::max<int64_t>(t.capacity.tokens(), 1)));
       p.roofline_tok_s = batch * rows * o.bandwidth / (p.weight_bytes + p.kv_bytes);
       log::info("decode context {} batch {} rows {}: {:.1f} tok/s", context, batch, rows, p.tok_s);
       points.push_back(p);

@@ -172,10 +172,11 @@ int bench_decode(int argc, char** argv) {
   const ModelConfig& mc = *target->config;
   std::printf("roofline = batch x %.3g B/s / (weight + KV bytes read per step). Weights: bf16, router fp32; routed "
               "experts read per MoE layer at batch B: the expected distinct ones under uniform routing, "
-              "E(1-(1-k/E)^B) with E = %lld, k = %lld. KV: B x mean keys attended x %lld layers x (%lld + %lld) x 2 B.\n\n",
+              "E(1-(1-k/E)^B) with E = %lld, k = %lld. KV: B x mean keys attended x %.0f B a token (the pool's: %lld "
+              "layers of the recipe's KV layout%s).\n\n",
               o.bandwidth, static_cast<long long>(mc.n_routed_experts), static_cast<long long>(mc.num_experts_per_tok),
-              static_cast<long long>(mc.num_hidden_layers), static_cast<long long>(mc.kv_lora_rank),
-              static_cast<long long>(mc.qk_rope_head_dim));
+              static_cast<double>(target->capacity.bytes) / static_cast<double>(std::max<int64_t>(target->capacity.tokens(), 1)),
+              static_cast<long long>(mc.num_hidden_layers), mc.index_topk > 0 ? " and the indexer's keys" : "");
   std::fflush(stdout);
   auto points = run_decode_bench(*target, o);
   if (!points.ok()) return fail(points.status().message());

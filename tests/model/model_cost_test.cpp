@@ -68,6 +68,8 @@ TEST(ModelCost, Glm47FlashActiveParamsAndDecodeBytesByHand) {
   const double extra = (expected_distinct_experts(64, 4, 16) - 4) * 46 * 3.0 * 2048 * 1536 * 2 + 15 * 2048 * 2;
   EXPECT_NEAR(decode_weight_bytes(c, 16), one + extra, 1.0);
   EXPECT_DOUBLE_EQ(decode_kv_bytes(c, 3, 4096), 3.0 * 4096 * 47 * 576 * 2);
+  // A layout's own bytes per token (fp8_ds_mla: 656 B a token and layer) replace bf16's 1,152.
+  EXPECT_DOUBLE_EQ(decode_kv_bytes(c, 3, 4096, 47.0 * 656), 3.0 * 4096 * 47 * 656);
 }
 
 TEST(ModelCost, PrefillFlopsCountChunksAndCausalAttention) {

@@ -42,8 +42,9 @@ double decode_weight_bytes(const ModelConfig& c, int64_t batch) {
   return total + static_cast<double>(batch) * Hd * kBf16 + static_cast<double>(c.vocab_size) * Hd * kBf16;
 }
 
-double decode_kv_bytes(const ModelConfig& c, int64_t batch, double context) {
-  return static_cast<double>(batch) * context * c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * kBf16;
+double decode_kv_bytes(const ModelConfig& c, int64_t batch, double context, double bytes_per_token) {
+  if (bytes_per_token <= 0) bytes_per_token = c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * kBf16;
+  return static_cast<double>(batch) * context * bytes_per_token;
 }
 
 double active_params_per_token(const ModelConfig& c) {

@@ -20,9 +20,11 @@ double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens)
 // the lm_head.
 double decode_weight_bytes(const ModelConfig& config, int64_t batch);
 
-// KV bytes one decode step reads when each of `batch` sequences attends over `context` positions: the bf16
-// latent cache, batch × context × layers × (kv_lora_rank + qk_rope_head_dim) × 2.
-double decode_kv_bytes(const ModelConfig& config, int64_t batch, double context);
+// KV bytes one decode step reads when each of `batch` sequences attends over `context` positions:
+// batch × context × bytes_per_token, where bytes_per_token is the pool's per token over every caching layer (the KV
+// layout's rows plus a DSA indexer's keys, in the layout's formats: kv_bytes_per_token in engine/kv_capacity.h). 0
+// takes the bf16 latent rows, layers × (kv_lora_rank + qk_rope_head_dim) × 2.
+double decode_kv_bytes(const ModelConfig& config, int64_t batch, double context, double bytes_per_token = 0);
 
 // Parameters one token is multiplied through, outside the embedding lookup and the lm_head: attention, the dense
 // MLP or (shared + top-k routed experts + router) of every layer.
