@@ -8,7 +8,8 @@
 // product). Then the routed experts of one decode token (one ExpertSet::run: every (token, expert) pair in one
 // launch per projection), expert ids rotated across graph nodes.
 // Copy bandwidth: cudaMemcpyAsync device → device of 1 GiB, counted as bytes read + bytes written.
-// Usage: kiln_bench_exl3_bench
+// Usage: kiln_bench_exl3_bench [--bits 2,3,4,5,6] [--rows 1,4,16,64] [--products-only | --experts-only]
+//   (the defaults are the full table; the options select a part of it, e.g. for a profiler run)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -87,9 +89,39 @@ struct Shape {
   int64_t in, out;
 };
 
+std::vector<int64_t> parse_list(const char* text) {
+  std::vector<int64_t> out;
+  for (const char* p = text; *p;) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || v <= 0) {
+      std::fprintf(stderr, "exl3_bench: bad list '%s'\n", text);
+      std::exit(2);
+    }
+    out.push_back(v);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+bool wanted(const std::vector<int64_t>& list, int64_t v) { return std::find(list.begin(), list.end(), v) != list.end(); }
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::vector<int64_t> bits_list = {2, 3, 4, 5, 6}, rows_list = {1, 4, 16, 64};
+  bool products = true, experts = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bits" && i + 1 < argc) bits_list = parse_list(argv[++i]);
+    else if (a == "--rows" && i + 1 < argc) rows_list = parse_list(argv[++i]);
+    else if (a == "--products-only") experts = false;
+    else if (a == "--experts-only") products = false;
+    else {
+      std::fprintf(stderr, "usage: kiln_bench_exl3_bench [--bits L] [--rows L] [--products-only | --experts-only]\n");
+      return 2;
+    }
+  }
   auto made = kiln::cuda::CudaDeviceContext::create();
   CHECK_OK(made.status());
   auto& dev = **made;
@@ -107,8 +139,9 @@ int main() {
                           {"GLM-5.3-Flash", "down", 2048, 4096}};
   SyntheticSource source;
   std::mt19937 rng(1);
-  for (const Shape& s : shapes) {
+  for (const Shape& s : products ? shapes : std::span<const Shape>{}) {
     for (int bits = 2; bits <= 6; ++bits) {
+      if (!wanted(bits_list, bits)) continue;
       auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, bits);
       const size_t bytes = weight_bytes(s.in, s.out, bits);
       const int count = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes + 1, 8, 512));
@@ -120,7 +153,7 @@ int main() {
         CHECK_OK(l.status());
         linears.push_back(std::move(*l));
       }
-      for (int64_t rows : {1, 4, 16, 64}) {
+      for (int64_t rows : rows_list) {
         std::vector<uint16_t> xh(static_cast<size_t>(rows * s.in));
         for (auto& v : xh) v = static_cast<uint16_t>(0x3C00 + (rng() & 0x3FF)) ^ (rng() & 0x8000);  // bf16 in ±[1, 2)
         void *x = nullptr, *y = nullptr, *ws = nullptr;
@@ -160,8 +193,10 @@ int main() {
   };
   std::printf("\n%-14s %7s %5s %2s %14s %10s %8s\n", "model", "experts", "top_k", "K", "us/token-layer", "eff GB/s",
               "of copy");
-  for (const Moe& m : {Moe{"GLM-4.7-Flash", 64, 4, 2048, 1536}, Moe{"GLM-5.3-Flash", 288, 8, 4096, 2048}}) {
+  const Moe moes[] = {Moe{"GLM-4.7-Flash", 64, 4, 2048, 1536}, Moe{"GLM-5.3-Flash", 288, 8, 4096, 2048}};
+  for (const Moe& m : experts ? moes : std::span<const Moe>{}) {
     for (int bits : {3, 4, 6}) {
+      if (!wanted(bits_list, bits)) continue;
       auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, bits);
       auto set = format->load_experts(source, kiln::ExpertSpec{std::string(m.model) + ".experts" + std::to_string(bits),
                                                                m.experts, m.hidden, m.inter});

@@ -273,7 +273,7 @@ Result<std::unique_ptr<ExpertSet>> make_cuda_expert_set(DeviceContext& dev, cons
     Projection& p = proj[k];
     p.bits = first.bits, p.codebook = first.codebook, p.in = first.in, p.out = first.out;
     p.k_pad = first.k_pad, p.n_pad = first.n_pad;
-    p.splits = product_splits(p.k_pad);
+    p.splits = expert_splits(p.k_pad);
     p.trellis = reinterpret_cast<const uint32_t* const*>(tables);
     p.suh = reinterpret_cast<const float* const*>(tables + count);
     p.svh = reinterpret_cast<const float* const*>(tables + 2 * count);

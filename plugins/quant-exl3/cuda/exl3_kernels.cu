@@ -58,17 +58,6 @@ __device__ __forceinline__ void hadamard128_warp(float (&v)[4], float scale) {
   for (int e = 0; e < 4; ++e) v[e] = __fmul_rn(v[e], scale);
 }
 
-// The lane's three stream words of a tile held across the warp (lane l has word l in `lo`, word l + 32 in `hi`).
-template <int K>
-__device__ __forceinline__ uint32_t word_from_warp(uint32_t lo, uint32_t hi, int index) {
-  const uint32_t a = __shfl_sync(0xFFFFFFFFu, lo, index & 31);
-  if constexpr (8 * K > 32) {
-    const uint32_t b = __shfl_sync(0xFFFFFFFFu, hi, index & 31);
-    return index >= 32 ? b : a;
-  }
-  return a;
-}
-
 // State q of the lane from its window shifted left by its bit offset: (s0 : s1 : s2) holds the lane's states from
 // bit 0, state q ending at bit 16 + q·K (≤ 72). Same bits as lane_state (exl3_lane_states.h), with constant shifts.
 template <int K, int Q>
@@ -77,6 +66,13 @@ __device__ __forceinline__ uint32_t normalized_state(uint32_t s0, uint32_t s1, u
   if constexpr (e <= 32) return (s0 >> (32 - e)) & 0xFFFFu;
   else if constexpr (e <= 64) return __funnelshift_r(s1, s0, 64 - e) & 0xFFFFu;
   else return __funnelshift_r(s2, s1, 96 - e) & 0xFFFFu;
+}
+
+// a / b for 0 ≤ a < 2^20, 1 ≤ b ≤ 2^10 through fp32 (a handful of instructions instead of the ~20 of an integer
+// division by a runtime value): the correctly rounded quotient is within half an ulp of a / b, and a / b is either an
+// integer (exact) or at least 1/b away from the next one, far more than an ulp, so truncation gives the floor.
+__device__ __forceinline__ int small_div(int a, int b) {
+  return __float2int_rz(__fdiv_rn(static_cast<float>(a), static_cast<float>(b)));
 }
 
 // (x & m) ^ c in one LOP3: written out because the compiler splits the two immediates into two instructions.
@@ -132,7 +128,8 @@ __device__ __forceinline__ uint32_t pack_halves(__half a, __half b) {
 constexpr int kGroupTiles = kHadamardSize / 16;  // a block's column tiles, one output rotation
 constexpr int kWarps = kGroupTiles;                 // one per column tile
 constexpr int kProductThreads = 32 * kWarps;
-constexpr int kChunk = 4;                           // tiles per load round; two rounds in flight per warp
+constexpr int kChunk = 4;                           // tiles per cp.async commit group
+constexpr int kRing = 4;                            // chunks in flight per warp (16 tiles: all of a small split)
 constexpr int kRowPad = 8;  // words after each row's input slice: the rows of an A-fragment load land 8 banks apart
 
 template <int K, int CB>
@@ -161,7 +158,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   // Index arithmetic in 32 bits (shapes are far below 2^31; a 64-bit division is a long software routine).
   const int k_blocks = static_cast<int>(a.k_pad / kHadamardSize), n_tiles = static_cast<int>(P.n_pad / 16);
   // Split s takes 128-input blocks [s·k_blocks/S, (s+1)·k_blocks/S): sizes differ by at most one, none empty.
-  const int b_begin = split * k_blocks / splits, b_end = (split + 1) * k_blocks / splits;
+  const int b_begin = small_div(split * k_blocks, splits), b_end = small_div((split + 1) * k_blocks, splits);
   const int i_begin = b_begin * kGroupTiles, i_end = b_end * kGroupTiles;
   const int len = (i_end - i_begin) * 16;
   const int stride = (k_blocks + splits - 1) / splits * kHadamardSize + kRowPad;
@@ -170,51 +167,86 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   const int64_t q0 = a.row_begin + row0;  // global row of local row 0
   const int vblocks = len / kHadamardSize;
 
-  // 1. Weights first: a Linear's trellis and scales are read-only for the whole run, so with programmatic dependent
-  // launch their loads go out before pdl_wait(), while the kernel before this one finishes (pdl.cuh's contract). An
-  // expert set's pointers come through routing ids an earlier kernel writes, so its loads wait.
-  uint32_t lo[kChunk], hi[kChunk], nlo[kChunk], nhi[kChunk];
+  // 1. Weights first: each warp streams its column tile's k range through a ring of kRing chunks in shared memory
+  // (cp.async, 16 bytes a lane), so a warp has kRing·kChunk tiles in flight without holding them in registers and a
+  // block asks for all of a small matrix at once. A Linear's trellis is read-only for the whole run, so with
+  // programmatic dependent launch its copies go out before pdl_wait(), while the kernel before this one finishes
+  // (pdl.cuh's contract). An expert set's pointers come through routing ids an earlier kernel writes, so its copies
+  // wait.
   const uint32_t* trellis = P.trellis.fixed;
-  // Tile i_begin + n of this warp's column at base + n·step (32-bit offsets: a module's trellis is far below 2^31
-  // words, and the address arithmetic stays one instruction per load).
-  const uint32_t* base = nullptr;
+  uint32_t* ring = xs + rows_per_block * (stride + splits * kHadamardSize) + warp * (kRing * kChunk * kWords);
+  // Tile i_begin + n of this warp's column at tiles + n·step (32-bit offsets: a module's trellis is far below 2^31
+  // words, and the address arithmetic stays one instruction per copy).
+  const uint32_t* tiles = nullptr;
   const uint32_t step = static_cast<uint32_t>(n_tiles * kWords);
-  auto load_chunk = [&](int c, uint32_t (&l)[kChunk], uint32_t (&h)[kChunk]) {
-    const bool any = c < chunks;
+  auto issue_chunk = [&](int c) {  // chunk c into ring slot c % kRing; always one commit group, empty past the end
+    if (c < chunks) {
+      uint32_t* dst = ring + (c % kRing) * (kChunk * kWords);
+      constexpr int kPieces = kChunk * kWords / 4, kPerTile = kWords / 4;  // 16-byte pieces
 #pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      const uint32_t at = static_cast<uint32_t>(c * kChunk + u) * step;
-      l[u] = any && lane < kWords ? __ldg(base + at) : 0u;
-      h[u] = kWords > 32 && any && lane + 32 < kWords ? __ldg(base + at + 32) : 0u;
+      for (int it = 0; it < (kPieces + 31) / 32; ++it) {
+        const int p = it * 32 + lane;
+        if (kPieces % 32 == 0 || p < kPieces) {
+          const int u = p / kPerTile, w = p % kPerTile;
+          kiln::cuda::cp_async_16(dst + u * kWords + 4 * w,
+                                  tiles + static_cast<uint32_t>(c * kChunk + u) * step + 4 * w, true);
+        }
+      }
     }
+    kiln::cuda::cp_async_commit();
   };
-  auto set_base = [&] { base = trellis + (static_cast<int64_t>(i_begin) * n_tiles + j) * kWords + lane; };
-  auto load_first_chunks = [&] {  // two chunks in flight before the first decode
-    load_chunk(0, lo, hi);
-    load_chunk(1, nlo, nhi);
+  auto set_tiles = [&] { tiles = trellis + (static_cast<int64_t>(i_begin) * n_tiles + j) * kWords; };
+  auto issue_first_chunks = [&] {
+#pragma unroll
+    for (int c = 0; c < kRing; ++c) issue_chunk(c);
   };
   float suh_first[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this warp's first input vector's suh (one per lane element)
   auto load_suh_first = [&](const float* suh) {
     if (warp >= rows * vblocks) return;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int k = i_begin * 16 + (warp % vblocks) * kHadamardSize + 4 * lane + e;
+      const int k = i_begin * 16 + (warp - small_div(warp, vblocks) * vblocks) * kHadamardSize + 4 * lane + e;
       if (k < a.in) suh_first[e] = __ldg(suh + k);
     }
   };
   if (trellis) {  // a branch, so ptxas keeps these loads ahead of the wait (see skinny_gemm.cu in the core)
-    set_base();
-    load_first_chunks();
+    set_tiles();
+    issue_first_chunks();
     if (P.suh.fixed) load_suh_first(P.suh.fixed);
   }
+  // Local row r's input values of its 128-block vb of this split, before ⊙ suh: bf16 x, or the SwiGLU of an expert's
+  // gate and up outputs as the CPU computes it (0 past `in`).
+  auto input_vector = [&](int r, int vb, float (&x)[4]) {
+    const int64_t q = q0 + r;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = i_begin * 16 + vb * kHadamardSize + 4 * lane + e;
+      float val = 0.0f;
+      if (k < a.in) {
+        if (a.gate) {
+          const float g = fminf(a.gate[q * a.in + k], a.swiglu_limit);
+          const float u = fminf(fmaxf(a.up[q * a.in + k], -a.swiglu_limit), a.swiglu_limit);
+          val = g / (1.0f + expf(-g)) * u;
+        } else {
+          val = __bfloat162float(
+              __ushort_as_bfloat16(a.x_bf16[small_div(static_cast<int>(q), a.x_div) * a.x_stride + k]));
+        }
+      }
+      x[e] = val;
+    }
+  };
   pdl_wait();
   pdl_launch_dependents();
+  // The warp's first input vector is read first: it is what the block barrier below waits for, and it needs no
+  // routing lookup (an expert set's trellis and suh pointers come through ids and a table: two dependent loads).
+  float x_first[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (warp < rows * vblocks) input_vector(small_div(warp, vblocks), warp - small_div(warp, vblocks) * vblocks, x_first);
   if (!trellis) {
     trellis = pick(P.trellis, q0);
-    set_base();
-    load_first_chunks();
+    set_tiles();
+    issue_first_chunks();
   }
-  if (!P.suh.fixed && warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + warp / vblocks));
+  if (!P.suh.fixed && warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + small_div(warp, vblocks)));
   // The epilogue's row (one per warp at most: rows ≤ 8) and its scales, loaded now so they arrive during the work.
   const int er = split == 0 ? warp : kMaxRowsPerBlock;  // rank 0's warp w finishes row w (rows ≤ 8 = warps)
   float svh_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bias_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, weight_e = 1.0f;
@@ -234,25 +266,19 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   // Each warp rotates whole (row, 128-block) vectors of the slice: x ⊙ suh (or the SwiGLU of an expert's gate and
   // up outputs, as the CPU computes it), the butterflies, then the (hi, lo) split.
   for (int v = warp; v < rows * vblocks; v += kWarps) {
-    const int r = v / vblocks, vb = v % vblocks;
-    const int64_t q = q0 + r;
-    const float* suh = pick(P.suh, q);
+    const int r = small_div(v, vblocks), vb = v - r * vblocks;
     float x[4];
+    if (v == warp) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int k = i_begin * 16 + vb * kHadamardSize + 4 * lane + e;
-      float val = 0.0f;
-      if (k < a.in) {
-        if (a.gate) {
-          const float g = fminf(a.gate[q * a.in + k], a.swiglu_limit);
-          const float u = fminf(fmaxf(a.up[q * a.in + k], -a.swiglu_limit), a.swiglu_limit);
-          val = g / (1.0f + expf(-g)) * u;
-        } else {
-          val = __bfloat162float(__ushort_as_bfloat16(a.x_bf16[(static_cast<int>(q) / a.x_div) * a.x_stride + k]));
-        }
-        val = __fmul_rn(val, v == warp ? suh_first[e] : suh[k]);
+      for (int e = 0; e < 4; ++e) x[e] = __fmul_rn(x_first[e], suh_first[e]);
+    } else {
+      const float* suh = pick(P.suh, q0 + r);
+      input_vector(r, vb, x);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = i_begin * 16 + vb * kHadamardSize + 4 * lane + e;
+        x[e] = k < a.in ? __fmul_rn(x[e], suh[k]) : 0.0f;
       }
-      x[e] = val;
     }
     hadamard128_warp(x, a.hadamard_scale);
     __half h[4], l[4];
@@ -271,13 +297,16 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
   // Lanes past the block's rows read the last row: their A rows only feed C rows nobody reads, and the load needs
   // no predicate.
   const uint32_t* xrow = xs + min(g, rows - 1) * stride + 2 * t;
+  const int first1 = (first + 1) % kWords, first2 = (first + 2) % kWords;
   for (int c = 0; c < chunks; ++c) {
     const int i = i_begin + c * kChunk;
+    kiln::cuda::cp_async_wait<kRing - 1>();  // this lane's copies of chunk c have landed
+    __syncwarp();                             // and the other lanes' (the warp reads each other's pieces)
+    const uint32_t* slot = ring + (c % kRing) * (kChunk * kWords);
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
-      const uint32_t w0 = word_from_warp<K>(lo[u], hi[u], first);
-      const uint32_t w1 = word_from_warp<K>(lo[u], hi[u], (first + 1) % kWords);
-      const uint32_t w2 = word_from_warp<K>(lo[u], hi[u], (first + 2) % kWords);
+      const uint32_t* tw = slot + u * kWords;
+      const uint32_t w0 = tw[first], w1 = tw[first1], w2 = tw[first2];
       const uint32_t s0 = __funnelshift_l(w1, w0, off), s1 = __funnelshift_l(w2, w1, off), s2 = w2 << off;
       const uint32_t b00 = decode_pair<CB>(normalized_state<K, 0>(s0, s1, s2), normalized_state<K, 1>(s0, s1, s2));
       const uint32_t b01 = decode_pair<CB>(normalized_state<K, 2>(s0, s1, s2), normalized_state<K, 3>(s0, s1, s2));
@@ -289,9 +318,8 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
       mma_f16_16816(acc[u & 1][0], fa, b00, b01);
       mma_f16_16816(acc[u & 1][1], fa, b10, b11);
     }
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) lo[u] = nlo[u], hi[u] = nhi[u];
-    load_chunk(c + 2, nlo, nhi);
+    __syncwarp();  // every lane has read the slot before it is refilled
+    issue_chunk(c + kRing);
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -355,7 +383,8 @@ const char* launch_product_kc(const ProductArgs& a, int rows_per_block, cudaStre
   const int splits = a.splits;
   if (splits < 1 || splits > kMaxSplits || splits > k_blocks) return "trellis_product: bad split count";
   const int stride = static_cast<int>((k_blocks + splits - 1) / splits) * kHadamardSize + kRowPad;
-  const size_t smem = static_cast<size_t>(rows_per_block) * (stride + splits * kHadamardSize) * sizeof(uint32_t);
+  const size_t smem = (static_cast<size_t>(rows_per_block) * (stride + splits * kHadamardSize) +
+                      static_cast<size_t>(kWarps) * kRing * kChunk * 8 * K) * sizeof(uint32_t);
   auto* kernel = trellis_product_kernel<K, CB>;
   if (smem > 48 * 1024) {
     const cudaError_t e =
@@ -531,6 +560,13 @@ unsigned grid_for(int64_t count, int threads) {
 }  // namespace
 
 int product_splits(int64_t k_pad) { return static_cast<int>(std::clamp<int64_t>(k_pad / kHadamardSize, 1, kMaxSplits)); }
+
+int expert_splits(int64_t k_pad) {
+  // Four 128-input blocks (32 tiles a warp) per split: measured on the H200 (2026-12-03) against two and one, the
+  // GLM-4.7-Flash expert layer at K4 took 33.6 µs against 38.9 and 39.2, GLM-5.3-Flash's 124.6 against 137.4.
+  constexpr int64_t b = 4;
+  return static_cast<int>(std::clamp<int64_t>((k_pad / kHadamardSize + b - 1) / b, 1, kMaxSplits));
+}
 
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream) {
   if (a.rows <= 0) return nullptr;

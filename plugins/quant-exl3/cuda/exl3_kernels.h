@@ -5,12 +5,12 @@
 // The product y = (((x ⊙ suh)·Hb)·Ŵ)·Hb ⊙ svh (+ bias) is one launch (trellis_product). Its grid is (split of the
 // input blocks, 128-column group, row block), and the splits of a (column group, row block) form one thread-block
 // cluster (Hopper), so split sums meet in distributed shared memory instead of global memory. A block
-//   1. issues its first trellis loads, then rotates its slice of the input, one warp per (row, 128-block): x ⊙ suh
+//   1. issues its first trellis copies, then rotates its slice of the input, one warp per (row, 128-block): x ⊙ suh
 //      (or the SwiGLU of an expert's gate and up outputs ⊙ suh), 128-point fp32 butterflies across the lanes in the
 //      CPU reference's order (so the rotated input equals the CPU's bit for bit), then each value split into fp16
 //      hi + lo parts (hi + lo = x to about 2^-22);
-//   2. streams its tiles (one warp per 16-column tile, loads of the next 8 tiles in flight while the current ones
-//      decode), decodes Ŵ in registers straight into mma.m16n8k16 B fragments (each lane's 8 states are its
+//   2. streams its tiles (one warp per 16-column tile, 16 tiles in flight through a shared-memory ring filled by
+//      cp.async, the first ones requested before the wait on the previous kernel), decodes Ŵ in registers straight into mma.m16n8k16 B fragments (each lane's 8 states are its
 //      fragment positions, cut from three stream words) and multiplies on the tensor cores with fp32 accumulators:
 //      A rows 0..7 are the block's rows' hi parts, rows 8..15 their lo parts, so a row's sum is its two C rows
 //      added and the product keeps fp32 accuracy at no extra tensor-core work;
@@ -83,6 +83,9 @@ struct ProductArgs {
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream);
 // The split count (so the summation order) for a shape: one per 128-input block up to a cluster of kMaxSplits.
 int product_splits(int64_t k_pad);
+// The split count of an expert set's projections: a launch serves many (token, expert) pairs, so its grid is large
+// already and fewer, longer splits amortise each warp's set-up (still a function of the shape only).
+int expert_splits(int64_t k_pad);
 
 // A dense bf16 part [out, in] of a mixed stack: y[q, col_offset + o] (+)= x[q]·w[o] (+ bias[o]), one warp per output,
 // fixed order.

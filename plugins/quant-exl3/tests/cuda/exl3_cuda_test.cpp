@@ -349,11 +349,16 @@ TEST_F(Exl3Cuda, ExpertsOfDifferentKPerProjectionAreRefusedNamingTheTensor) {
 // (the kernel gives every split at least one), whatever the shape.
 TEST(Exl3CudaSplits, OneClusterOfNonEmptySplits) {
   for (int64_t k_pad = 128; k_pad <= 20480; k_pad += 128) {
-    const int splits = cuda::product_splits(k_pad);
-    ASSERT_GE(splits, 1);
-    ASSERT_LE(splits, cuda::kMaxSplits) << k_pad;
-    ASSERT_LE(splits, k_pad / 128) << k_pad;
+    for (const int splits : {cuda::product_splits(k_pad), cuda::expert_splits(k_pad)}) {
+      ASSERT_GE(splits, 1);
+      ASSERT_LE(splits, cuda::kMaxSplits) << k_pad;
+      ASSERT_LE(splits, k_pad / 128) << k_pad;
+    }
   }
+  // Expert sets take longer splits (a warp's set-up amortised over more tiles): GLM-4.7-Flash's 2048 inputs in 4.
+  EXPECT_EQ(cuda::expert_splits(2048), 4);
+  EXPECT_EQ(cuda::expert_splits(1536), 3);
+  EXPECT_EQ(cuda::expert_splits(128), 1);
 }
 
 class SyntheticSource : public WeightSource {
