@@ -20,10 +20,13 @@ inline constexpr int64_t kSkinnyGemmLimit = 64;
 //
 // Where linear() sends few rows here rather than to cuBLAS (measured on the H200 at GLM-4.7-Flash's shapes, see
 // bench/kernel_bench.cpp): the per-layer projections (out ≤ 16384) are faster here up to n = 32 and slower at 64,
-// where each 16-byte weight load feeds 16 mma.sync per warp and every block re-reads x from L2; the lm_head
-// (out = 154880) is level with cuBLAS up to n = 4 and slower from n = 16, as its x re-reads then rival W itself.
+// where each 16-byte weight load feeds 16 mma.sync per warp and every block re-reads x from L2. The lm_head
+// (out = 154880) is level with cuBLAS up to n = 4 and slower from n = 16, as its x re-reads then rival W itself —
+// but it stays here up to kSkinnyGemmMaxRows as well (kSkinnyGemmMaxRowsWideOut, until 2026-12-03 8): a verification
+// pass of K drafts has 1 + K logit rows a sequence, and only this kernel keeps a row's logits independent of how many
+// rows share the call, so drafted greedy output equals undrafted output up to 32 logit rows a step, not 8.
 inline constexpr int64_t kSkinnyGemmMaxRows = 32;
-inline constexpr int64_t kSkinnyGemmMaxRowsWideOut = 8;
+inline constexpr int64_t kSkinnyGemmMaxRowsWideOut = kSkinnyGemmMaxRows;
 inline constexpr int64_t kSkinnyGemmWideOut = 16384;
 inline bool skinny_gemm_preferred(int64_t n, int64_t out) {
   return n <= (out <= kSkinnyGemmWideOut ? kSkinnyGemmMaxRows : kSkinnyGemmMaxRowsWideOut);

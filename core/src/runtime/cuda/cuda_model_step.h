@@ -58,9 +58,9 @@ inline constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;  // the 
 // order fixed by the model and the GPU alone: the skinny GEMM for the projections and the per-head absorption
 // products, the gate GEMV for the MoE router, per-expert GEMVs for the routed experts, split-KV partitions that
 // follow each row's own length in the tensor-core attention, and per-row kernels for the rest. Beyond it the
-// GEMMs run on cuBLAS (and the routed experts on the grouped GEMM), whose order follows the row count. The
-// lm_head is the exception inside the bound: a vocabulary wider than kSkinnyGemmWideOut goes to cuBLAS past
-// kSkinnyGemmMaxRowsWideOut (8) logit rows, so there the logits are invariant up to 8 logit rows a step.
+// GEMMs run on cuBLAS (and the routed experts on the grouped GEMM), whose order follows the row count. The lm_head
+// of a wide vocabulary stays on the skinny GEMM up to the same bound (kSkinnyGemmMaxRowsWideOut), though cuBLAS
+// would be faster there from 16 rows, so the logits are invariant up to 32 logit rows a step too.
 // Prompt chunks of kPrefillMinTokens or more are not covered (their attention runs the prefill kernel).
 inline constexpr int64_t kBatchInvariantMaxRows = kSkinnyGemmMaxRows;
 
