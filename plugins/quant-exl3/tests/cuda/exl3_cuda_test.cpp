@@ -158,7 +158,7 @@ TEST_F(Exl3Cuda, ProductMatchesTheCpuReference) {
       auto g = gpu_linear(s, {"m"}, {out}, in);
       auto c = cpu_linear(s, {"m"}, {out}, in);
       ASSERT_TRUE(g && c);
-      for (int64_t rows : {1, 3, 8, 21}) {
+      for (int64_t rows : {1, 3, 8, 12, 21}) {
         const auto x = kiln::test::random_bf16(static_cast<size_t>(rows * in), rng);
         const auto want = run_cpu(*c, x.values, rows);
         EXPECT_LT(rel_error(run_gpu(*g, x.bits, rows, false), want), 1e-5) << rows << " rows, fp32 out";
