@@ -362,7 +362,7 @@ Status SocketCollective::end_call(std::span<SocketCollective* const> groups, con
   }
 
   // 3. The verdicts: sent in the groups this rank leads, received in the others.
-  Status verdict = mine, first;
+  Status first;
   for (size_t i = 0; i < groups.size(); ++i) {
     SocketCollective* g = groups[i];
     if (!active(g)) continue;
