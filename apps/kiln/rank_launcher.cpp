@@ -180,6 +180,11 @@ void LocalRanks::Watch::end_launch(const Child& failed) {
     if (!c.reaped) others += (others.empty() ? "" : ", ") + std::to_string(c.rank);
   if (!others.empty()) report += "\nstopping the other rank(s) of this machine: " + others;
   log::error("{}", report);
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  // From here this process's own start-up fails too, because the ranks it stops close their connections; what it
+  // would print about that only hides the cause just reported.
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
   for (const Child& c : children)
     if (!c.reaped) ::kill(c.pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -195,8 +200,6 @@ void LocalRanks::Watch::end_launch(const Child& failed) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  spdlog::default_logger()->flush();
-  std::fflush(stderr);
   // This rank is blocked in its own start-up (a rendezvous, or loading): nothing it could still do helps.
   ::_exit(1);
 }
