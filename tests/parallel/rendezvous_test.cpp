@@ -32,5 +32,33 @@ TEST(Rendezvous, ARankThatConnectsAndExitsEndsRankZerosWaitAtOnce) {
   }
 }
 
+// A rank that goes on to its first exchange while rank 0 still waits for others is no rank that exited: the meeting
+// completes, and what it sent arrives intact.
+TEST(Rendezvous, ARankThatSendsEarlyIsNotTakenForGone) {
+  const int port = testing::free_port();
+  Status one_status, two_status;
+  std::thread one([&] {
+    auto b = TcpBootstrap::connect(testing::spec_for(port, 1, 3));
+    if (!b.ok()) return void(one_status = b.status());
+    one_status = (*b)->send(0, "early");
+    if (one_status.ok()) one_status = (*b)->receive(0).status();  // stays until rank 0 answers
+  });
+  std::thread two([&] {
+    std::this_thread::sleep_for(300ms);
+    auto b = TcpBootstrap::connect(testing::spec_for(port, 2, 3));
+    two_status = b.status();
+  });
+  auto root = TcpBootstrap::connect(testing::spec_for(port, 0, 3));
+  ASSERT_TRUE(root.ok()) << root.status().message();
+  auto got = (*root)->receive(1);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, "early");
+  EXPECT_TRUE((*root)->send(1, "done").ok());
+  one.join();
+  two.join();
+  EXPECT_TRUE(one_status.ok()) << one_status.message();
+  EXPECT_TRUE(two_status.ok()) << two_status.message();
+}
+
 }  // namespace
 }  // namespace kiln

@@ -192,22 +192,28 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec
     b->peer_fds_.assign(spec.world_size, -1);
     int joined = 1;
     Status failure;
+    // Ranks already in that may have closed their connection: a readable one with nothing to read did. One that
+    // has sent something (it went on to its first exchange) is not watched any more, so its bytes stay unread.
+    std::vector<bool> watched(spec.world_size, true);
     while (joined < spec.world_size && failure.ok()) {
-      // The listening socket and every rank already in: one of those that says anything before the others are in
-      // has closed its connection (a rank sends nothing until the group is complete), so it exited.
       std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
       for (int r = 1; r < spec.world_size; ++r)
-        if (b->peer_fds_[r] >= 0) fds.push_back({b->peer_fds_[r], POLLIN, 0});
+        if (b->peer_fds_[r] >= 0 && watched[r]) fds.push_back({b->peer_fds_[r], POLLIN, 0});
       const int n = ::poll(fds.data(), fds.size(), remaining_ms(deadline));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       for (size_t i = 1; i < fds.size() && failure.ok(); ++i) {
         if (!fds[i].revents) continue;
-        char byte;
-        if (::recv(fds[i].fd, &byte, 1, MSG_PEEK) > 0) continue;  // not closed after all
         int gone = 0;
         for (int r = 1; r < spec.world_size; ++r)
           if (b->peer_fds_[r] == fds[i].fd) gone = r;
+        char byte;
+        const ssize_t got = ::recv(fds[i].fd, &byte, 1, MSG_PEEK);
+        if (got > 0) {
+          watched[gone] = false;
+          continue;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         std::string missing;
         for (int r = 1; r < spec.world_size; ++r)
           if (b->peer_fds_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
