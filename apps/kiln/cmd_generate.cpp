@@ -107,6 +107,7 @@ int cmd_generate(int argc, char** argv) {
   auto local_ranks = launch_local_ranks(*recipe, launch, argc + 1, argv - 1);
   if (!local_ranks.ok()) return fail(local_ranks.status().message());
   auto loaded = load_model(*recipe, global_registry(), model_load_options(*recipe));
+  local_ranks->started();  // every rank met (or this one failed on its own): a rank exiting now ends no launch
   if (!loaded.ok()) return fail(loaded.status().message());
   if (loaded->is_follower()) return run_follower_rank(*loaded);
   const std::filesystem::path dir = recipe->section("model").get_string("path");

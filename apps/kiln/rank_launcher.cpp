@@ -1,6 +1,8 @@
 #include "rank_launcher.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -8,12 +10,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "kiln/log.h"
 #include "parallel/rank_processes.h"
@@ -82,23 +89,211 @@ void add_rank_launch_options(po::options_description& desc, RankLaunchOptions& o
       ("master-port", po::value(&opts.master_port), "first of the ports the ranks meet at (default: a free one)");
 }
 
-LocalRanks::~LocalRanks() {
-  // The children exit when rank 0's model says stop (or its connections close); give them a moment, then end them.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (pid_t pid : children_) {
+// ---- watching the rank processes ----
+
+struct LocalRanks::Watch {
+  struct Child {
+    pid_t pid = 0;
+    int rank = 0;
+    int err = -1;  // read end of its stderr; −1 after EOF
+    std::string partial;
+    std::deque<std::string> tail;  // its last lines
+    bool reaped = false;
     int status = 0;
-    for (;;) {
-      const pid_t done = ::waitpid(pid, &status, WNOHANG);
-      if (done == pid || done < 0) break;
+    bool reported = false;  // its exit after start-up was logged
+  };
+  static constexpr size_t kTailLines = 20;
+
+  std::mutex mu;  // guards children's reaped / status (the destructor reads them)
+  std::vector<Child> children;
+  std::atomic<bool> starting{true};
+  std::atomic<bool> stop{false};
+  std::thread thread;
+
+  void run();
+  // Reads what a child wrote to stderr and passes it on, line by line; false at EOF.
+  bool forward(Child& c);
+  void emit(Child& c, const std::string& line);
+  [[noreturn]] void end_launch(const Child& failed);
+};
+
+namespace {
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + (name ? std::string(" (") + name + ")" : "");
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void LocalRanks::Watch::emit(Child& c, const std::string& line) {
+  write_all(STDERR_FILENO, "[rank " + std::to_string(c.rank) + "] " + line + "\n");
+  c.tail.push_back(line);
+  if (c.tail.size() > kTailLines) c.tail.pop_front();
+}
+
+bool LocalRanks::Watch::forward(Child& c) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(c.err, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    if (n <= 0) {
+      if (!c.partial.empty()) emit(c, std::exchange(c.partial, {}));
+      ::close(c.err);
+      c.err = -1;
+      return false;
+    }
+    c.partial.append(buf, static_cast<size_t>(n));
+    for (size_t eol; (eol = c.partial.find('\n')) != std::string::npos;) {
+      emit(c, c.partial.substr(0, eol));
+      c.partial.erase(0, eol + 1);
+    }
+  }
+}
+
+void LocalRanks::Watch::end_launch(const Child& failed) {
+  std::string report = "rank " + std::to_string(failed.rank) + " (pid " + std::to_string(failed.pid) + ") " +
+                       describe_exit(failed.status) + " while the ranks were starting";
+  if (failed.tail.empty()) {
+    report += "; it wrote nothing to stderr";
+  } else {
+    report += "; its last lines:";
+    for (const std::string& line : failed.tail) report += "\n  " + line;
+  }
+  std::string others;
+  for (const Child& c : children)
+    if (!c.reaped) others += (others.empty() ? "" : ", ") + std::to_string(c.rank);
+  if (!others.empty()) report += "\nstopping the other rank(s) of this machine: " + others;
+  log::error("{}", report);
+  spdlog::default_logger()->flush();
+  std::fflush(stderr);
+  // From here this process's own start-up fails too, because the ranks it stops close their connections; what it
+  // would print about that only hides the cause just reported.
+  if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
+  for (const Child& c : children)
+    if (!c.reaped) ::kill(c.pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (const Child& c : children) {
+    if (c.reaped) continue;
+    int status = 0;
+    while (::waitpid(c.pid, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
-        log::warn("rank process {} did not exit after rank 0 stopped: killing it", pid);
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &status, 0);
+        ::kill(c.pid, SIGKILL);
+        ::waitpid(c.pid, &status, 0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
+  // This rank is blocked in its own start-up (a rendezvous, or loading): nothing it could still do helps.
+  ::_exit(1);
+}
+
+void LocalRanks::Watch::run() {
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> of;
+    for (Child& c : children)
+      if (c.err >= 0) {
+        fds.push_back({c.err, POLLIN, 0});
+        of.push_back(&c);
+      }
+    if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } else if (::poll(fds.data(), fds.size(), 50) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents) forward(*of[i]);
+    }
+    bool all_done = true;
+    for (Child& c : children) {
+      bool reaped;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!c.reaped && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.reaped = true;
+        reaped = c.reaped;
+      }
+      if (reaped && c.err >= 0) {
+        // What it wrote last is in the pipe already: take it before judging.
+        while (forward(c)) {
+          pollfd p{c.err, POLLIN, 0};
+          if (::poll(&p, 1, 200) <= 0) break;
+        }
+      }
+      all_done &= reaped && c.err < 0;
+    }
+    if (starting) {
+      for (Child& c : children) {
+        if (!c.reaped) continue;
+        // A grace moment: when rank 0 itself failed to start, its ranks exit because it closed their connections,
+        // and rank 0 reports its own error (having called started()) rather than this watcher blaming them.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (starting) end_launch(c);
+        break;
+      }
+    } else {
+      for (Child& c : children)
+        if (c.reaped && c.status != 0 && !c.reported) {
+          log::warn("rank {} (pid {}) {}", c.rank, c.pid, describe_exit(c.status));
+          c.reported = true;
+        }
+    }
+    // Done when every child is reaped and its stderr drained; once told to stop, reaped is enough (something the
+    // child started may hold its stderr open).
+    bool all_reaped = true;
+    for (const Child& c : children) all_reaped &= c.reaped;
+    if (all_done || (stop && all_reaped)) return;
+  }
+}
+
+LocalRanks::LocalRanks() : watch_(std::make_unique<Watch>()) {}
+
+LocalRanks::LocalRanks(LocalRanks&& other) noexcept : watch_(std::move(other.watch_)) {}
+
+void LocalRanks::started() {
+  if (watch_) watch_->starting = false;
+}
+
+LocalRanks::~LocalRanks() {
+  if (!watch_) return;
+  watch_->starting = false;
+  if (!watch_->thread.joinable()) return;
+  // The children exit when rank 0's model says stop (or its connections close); give them a moment, then end them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    bool all = true;
+    {
+      std::lock_guard<std::mutex> lock(watch_->mu);
+      for (const auto& c : watch_->children) all &= c.reaped;
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::lock_guard<std::mutex> lock(watch_->mu);
+      for (const auto& c : watch_->children)
+        if (!c.reaped) {
+          log::warn("rank process {} did not exit after rank 0 stopped: killing it", c.pid);
+          ::kill(c.pid, SIGKILL);
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  watch_->stop = true;
+  watch_->thread.join();
 }
 
 Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOptions& opts, int argc, char** argv) {
@@ -163,13 +358,30 @@ Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOpti
   std::vector<char*> args(argv, argv + argc);
   args.push_back(nullptr);
   const pid_t parent = ::getpid();
+  auto& children = ranks.watch_->children;
+  auto abandon = [&](const std::string& why) {
+    for (auto& c : children) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, nullptr, 0);
+      if (c.err >= 0) ::close(c.err);
+    }
+    children.clear();
+    return unavailable("starting rank process: " + why + ": " + std::strerror(errno));
+  };
   for (int local = 1; local < per_node; ++local) {
     const std::vector<std::string> env = rank_env(first + local, local);
     std::vector<char*> envp;
     for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
     envp.push_back(nullptr);
+    // Its stderr comes through a pipe, so that this process can say what it wrote last if it fails to start.
+    int err[2];
+    if (::pipe2(err, O_CLOEXEC) != 0) return abandon("pipe");
     const pid_t pid = ::fork();
-    if (pid < 0) return unavailable(std::string("starting rank process: fork: ") + std::strerror(errno));
+    if (pid < 0) {
+      ::close(err[0]);
+      ::close(err[1]);
+      return abandon("fork");
+    }
     if (pid == 0) {
       // Only async-signal-safe calls until exec. The child dies with this process, whatever ends it, and gets the
       // signals `kiln serve` blocks in its parent back.
@@ -178,11 +390,19 @@ Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOpti
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::dup2(err[1], STDERR_FILENO);
       ::execve("/proc/self/exe", args.data(), envp.data());
       ::_exit(127);
     }
-    ranks.children().push_back(pid);
+    ::close(err[1]);
+    ::fcntl(err[0], F_SETFL, ::fcntl(err[0], F_GETFL, 0) | O_NONBLOCK);
+    LocalRanks::Watch::Child child;
+    child.pid = pid;
+    child.rank = first + local;
+    child.err = err[0];
+    children.push_back(std::move(child));
   }
+  if (!children.empty()) ranks.watch_->thread = std::thread([w = ranks.watch_.get()] { w->run(); });
   // This process is the node's first rank.
   for (const std::string& e : rank_env(first, 0)) {
     const size_t eq = e.find('=');
@@ -203,7 +423,8 @@ int run_follower_rank(LoadedModel& model) {
   sigemptyset(&none);
   pthread_sigmask(SIG_SETMASK, &none, nullptr);
   log::info("tensor-parallel rank {}: executing rank 0's calls", rank);
-  Status s = run_rank_follower(*model.model, *model.rank_control, model.layout.get());
+  Status s = run_rank_follower(*model.model, *model.rank_control, model.layout.get(),
+                               socket_call_groups(model.collective.get(), model.context_collective.get()));
   if (!s.ok()) return fail("tensor-parallel rank " + std::to_string(rank) + ": " + s.message());
   log::info("tensor-parallel rank {}: rank 0 stopped; exiting", rank);
   return 0;

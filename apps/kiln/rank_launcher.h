@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,18 +31,25 @@ struct RankLaunchOptions {
 
 void add_rank_launch_options(po::options_description& desc, RankLaunchOptions& opts);
 
-// The rank processes this one started; the destructor waits for them (they exit once rank 0's model is gone), and
-// kills those that do not within a few seconds.
+// The rank processes this one started. While the ranks start (until started()), a watcher thread ends the launch
+// as soon as one of them exits: it names the rank, its exit status and its last stderr lines, stops the other
+// local ranks and exits this process with status 1 — rank 0 would otherwise wait the whole rendezvous timeout for
+// a rank that is gone. Their stderr passes through this process, each line prefixed "[rank r] ". The destructor
+// waits for them (they exit once rank 0's model is gone), and kills those that do not within a few seconds.
 class LocalRanks {
  public:
-  LocalRanks() = default;
-  LocalRanks(LocalRanks&& other) noexcept : children_(std::move(other.children_)) { other.children_.clear(); }
+  LocalRanks();
+  LocalRanks(LocalRanks&& other) noexcept;
   LocalRanks& operator=(LocalRanks&&) = delete;
   ~LocalRanks();
-  std::vector<pid_t>& children() { return children_; }
+  // Start-up is over (this rank's model loaded, or failed to on its own): a rank that exits from now on is the
+  // running group's business (calls fail naming it), or the consequence of this process's own failure.
+  void started();
+  struct Watch;
 
  private:
-  std::vector<pid_t> children_;
+  friend Result<LocalRanks> launch_local_ranks(const Recipe&, const RankLaunchOptions&, int, char**);
+  std::unique_ptr<Watch> watch_;
 };
 
 // Before the model is loaded: starts this node's other ranks when the recipe runs ranks as processes and the

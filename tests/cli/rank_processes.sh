@@ -6,6 +6,11 @@
 #   - `--nnodes 2` run as two invocations on localhost (node-rank 0 and 1) gives the same output, and so do two
 #     processes started with the torchrun-style variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
 #   - `kiln serve` with TP=2 answers a chat completion exactly as TP=1 does;
+#   - a rank that fails at start-up ends the launch within seconds (not the rendezvous timeout), naming the rank,
+#     its exit status and its last lines, and stopping the other ranks; with ranks started by torchrun-style
+#     variables (no launcher), rank 0 names the rank that could not build its shard;
+#   - a step that fails on one rank (KILN_TEST_FAIL_STEP) fails that request naming the rank, and the next request
+#     equals TP=1's again (TP=2, and TP=4×DCP=2 with the failure on a rank of the second decode-context group);
 #   - killing a rank process makes requests fail with an error naming the rank (no hang), and the server lives on;
 #   - the rank processes exit with rank 0.
 set -u
@@ -111,6 +116,53 @@ procs=$(eval gen "$tiny" $mtp --set parallel.tensor=2 $socket) || die "processes
 [ "$procs" = "$one" ] || die "processes with MTP drafting: '$procs' != TP=1 '$one'"
 echo "ok: TP=2 processes with MTP drafting = TP=1"
 
+# A rank that fails at start-up: the launch ends at once (KILN_RENDEZVOUS_TIMEOUT_S is 60 here), naming it.
+startup_fails() {  # KILN_TEST_FAIL_LOAD value, then more flags; leaves stderr in $work/startup.err, seconds in $took
+  local marker="startup-$$-$RANDOM" t0
+  t0=$(date +%s)
+  if env KILN_TEST_FAIL_LOAD="$1" timeout 120 "$kiln" generate --recipe "$tiny" --prompt "x" --max-tokens 2 --no-stats \
+       --set "model.served_name=\"$marker\"" "${@:2}" > /dev/null 2> "$work/startup.err"; then
+    cat "$work/startup.err" >> "$log"
+    die "KILN_TEST_FAIL_LOAD=$1: the launch succeeded"
+  fi
+  took=$(( $(date +%s) - t0 ))
+  cat "$work/startup.err" >> "$log"
+  [ "$took" -lt 20 ] || die "KILN_TEST_FAIL_LOAD=$1: the launch took $took s to fail"
+  sleep 1
+  pgrep -f "$marker" > /dev/null && die "KILN_TEST_FAIL_LOAD=$1: rank processes outlived the failed launch: $(pgrep -af "$marker")"
+  return 0
+}
+expect_err() { grep -qF -- "$1" "$work/startup.err" || die "start-up failure: no '$1' in: $(cat "$work/startup.err")"; }
+startup_fails 1:rendezvous --set parallel.tensor=4 $socket
+expect_err "rank 1 (pid"
+expect_err "exited with status 1 while the ranks were starting"
+expect_err "injected start-up failure at rendezvous"
+expect_err "stopping the other rank(s) of this machine: 2, 3"
+echo "ok: a rank failing before the rendezvous ends the launch in $took s, naming it"
+startup_fails 2:build --set parallel.tensor=4 $socket
+expect_err "rank 2"
+expect_err "injected start-up failure at build"
+echo "ok: a rank failing to build its shard ends the launch in $took s, naming it"
+# No launcher (torchrun-style): rank 0 hears it from the rank itself over the control channel.
+port=$(free_ports)
+env KILN_TEST_FAIL_LOAD=1:build RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  "$kiln" generate --recipe "$tiny" --prompt "x" --max-tokens 2 --no-stats --set parallel.tensor=2 $socket \
+  > /dev/null 2>> "$log" &
+rank1=$!
+t0=$(date +%s)
+if env KILN_TEST_FAIL_LOAD=1:build RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+     timeout 120 "$kiln" generate --recipe "$tiny" --prompt "x" --max-tokens 2 --no-stats --set parallel.tensor=2 $socket \
+     > /dev/null 2> "$work/startup.err"; then
+  die "rank 0 started although rank 1 could not build its shard"
+fi
+took=$(( $(date +%s) - t0 ))
+cat "$work/startup.err" >> "$log"
+wait "$rank1" && die "rank 1 exited 0 after failing to build"
+[ "$took" -lt 20 ] || die "rank 0 took $took s to give up on rank 1"
+expect_err "tensor-parallel rank 1 could not load"
+expect_err "injected start-up failure at build"
+echo "ok: ranks from the environment: rank 0 names the rank that could not load, in $took s"
+
 # kiln serve.
 start_server() {
   "$kiln" serve "$tiny" --port 0 "$@" > "$work/serve.log" 2>&1 &
@@ -146,6 +198,34 @@ children=$(pgrep -P "$pid")
 got=$(chat | content) || die "TP=2 chat failed"
 [ "$got" = "$want" ] || die "serve TP=2 answered '$got', TP=1 '$want'"
 echo "ok: serve TP=2 (2 processes) = TP=1"
+
+# A step that fails on one rank fails that request, naming the rank, and the group goes on: the next request is
+# TP=1's again. TP=2 (rank 1), and TP=4 × DCP=2 with rank 3 (in the second decode-context group) failing.
+stop_server
+for par in "2 1 --set parallel.tensor=2" "4 3 --set parallel.tensor=4 --set parallel.decode_context=2"; do
+  set -- $par
+  ranks=$1 failing=$2
+  shift 2
+  export KILN_TEST_FAIL_STEP="$failing:$work/fail-step"
+  start_server "$@" --set 'transport.backend="socket"'
+  unset KILN_TEST_FAIL_STEP
+  got=$(chat | content) || die "TP=$ranks chat failed"
+  [ "$got" = "$want" ] || die "serve $par answered '$got', TP=1 '$want'"
+  touch "$work/fail-step"
+  t0=$(date +%s)
+  reply=$(chat)
+  [ $(( $(date +%s) - t0 )) -lt 30 ] || die "the failed request took $(( $(date +%s) - t0 )) s"
+  [ -e "$work/fail-step" ] && die "rank $failing did not take the injected failure"
+  echo "$reply" | grep -q "tensor-parallel rank $failing" || { echo "$reply" >> "$log"; die "the error does not name rank $failing: $reply"; }
+  echo "$reply" | grep -q "injected step failure" || { echo "$reply" >> "$log"; die "the error does not say why: $reply"; }
+  got=$(chat | content) || { cat "$work/serve.log" >> "$log"; die "the request after a failed one failed ($par)"; }
+  [ "$got" = "$want" ] || die "after a failed request, serve $par answered '$got', TP=1 '$want'"
+  [ "$(pgrep -P "$pid" | wc -w)" = $(( ranks - 1 )) ] || die "rank processes are gone after a failed call ($par)"
+  echo "ok: serve $par: a step failing on rank $failing fails that request only; the next = TP=1"
+  stop_server
+done
+start_server --set parallel.tensor=2 --set 'transport.backend="socket"'
+children=$(pgrep -P "$pid")
 
 # A rank process that dies: the request fails with an error naming the rank, quickly; later ones too; no hang.
 kill -9 $children

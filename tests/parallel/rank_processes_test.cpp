@@ -1,7 +1,9 @@
 // One process per rank, with the ranks' processes played by threads: rank 0's RankLeaderInstance forwards every step
 // over the control channel to a follower loop, each rank computes on its own shard with a KV pool of its own, and
 // they meet through the `socket` collective. The logits must be bit-identical to one rank's (the same arithmetic as
-// ranks as threads), and a follower that fails or goes away fails rank 0's call naming it, without a hang.
+// ranks as threads). A call that fails on one rank — before its first meeting, between two, after the last; on a
+// follower or on rank 0 — fails rank 0's call naming that rank, without a hang, and the next calls are bit-identical
+// to one rank's again; a follower that goes away breaks the group, naming it.
 #include "parallel/rank_processes.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "common/reference_fixture.h"
@@ -96,7 +99,7 @@ TEST_P(RankProcesses, LogitsAreBitIdenticalToOneRank) {
         if (!model.ok()) return void(follower_status[r] = model.status());
         auto control = TcpBootstrap::connect(spec_for(control_port, r, world));
         if (!control.ok()) return void(follower_status[r] = control.status());
-        follower_status[r] = run_rank_follower(**model, **control, pieces[r].layout.get());
+        follower_status[r] = run_rank_follower(**model, **control, pieces[r].layout.get(), {collective->get()});
       });
     }
     std::vector<float> got;
@@ -107,7 +110,7 @@ TEST_P(RankProcesses, LogitsAreBitIdenticalToOneRank) {
       ASSERT_TRUE(own.ok()) << own.status().to_string();
       auto control = TcpBootstrap::connect(spec_for(control_port, 0, world));
       ASSERT_TRUE(control.ok()) << control.status().to_string();
-      RankLeaderInstance leader(std::move(own).value(), std::move(control).value());
+      RankLeaderInstance leader(std::move(own).value(), std::move(control).value(), {}, {collective->get()});
       testing::TestKv kv(one, 64);
       std::vector<int32_t> table;
       ASSERT_TRUE(kv.reserve(table, 64).ok());
@@ -155,7 +158,7 @@ TEST(RankProcessesFailure, AFollowerThatGoesAwayFailsTheCallNamingIt) {
   ASSERT_TRUE(control.ok());
   SocketCollective* socket = collective->get();
   RankLeaderInstance leader(std::move(own).value(), std::move(control).value(),
-                            [socket] { socket->channel().shut_down(); });
+                            [socket] { socket->channel().shut_down(); }, {socket});
   testing::TestKv kv(zero, 32);
   std::vector<int32_t> table;
   ASSERT_TRUE(kv.reserve(table, 32).ok());
@@ -172,6 +175,140 @@ TEST(RankProcessesFailure, AFollowerThatGoesAwayFailsTheCallNamingIt) {
   ASSERT_FALSE(later.ok());
   EXPECT_NE(later.message().find("broken"), std::string::npos) << later.to_string();
 }
+
+// A rank's collective that, once armed, fails its k-th call on its own (without meeting anyone): the rank's step
+// then fails between two meetings, as a real error in a layer would.
+class FailingCollective final : public Collective {
+ public:
+  explicit FailingCollective(Collective& real) : real_(real) {}
+  void arm(int k) { fail_in_ = k; }
+
+  int rank() const override { return real_.rank(); }
+  int world_size() const override { return real_.world_size(); }
+  Status all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    KILN_RETURN_IF_ERROR(maybe_fail());
+    return real_.all_reduce(buffer, count, dtype, op, stream);
+  }
+  Status all_gather(const void* in, void* out, int64_t count, DType dtype, Stream stream) override {
+    KILN_RETURN_IF_ERROR(maybe_fail());
+    return real_.all_gather(in, out, count, dtype, stream);
+  }
+  Status reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op, Stream stream) override {
+    KILN_RETURN_IF_ERROR(maybe_fail());
+    return real_.reduce_scatter(in, out, count, dtype, op, stream);
+  }
+  Status broadcast(void* buffer, int64_t count, DType dtype, int root, Stream stream) override {
+    KILN_RETURN_IF_ERROR(maybe_fail());
+    return real_.broadcast(buffer, count, dtype, root, stream);
+  }
+
+ private:
+  Status maybe_fail() {
+    int k = fail_in_.load();
+    if (k < 0) return ok_status();
+    fail_in_ = k - 1;
+    if (k == 0) return internal_error("injected failure on rank " + std::to_string(rank()));
+    return ok_status();
+  }
+  Collective& real_;
+  std::atomic<int> fail_in_{-1};
+};
+
+struct FailedCallCase {
+  int world;
+  int failing_rank;
+  int fail_in;  // which of its collective calls in the failing step fails (0: before it meets anyone)
+};
+
+class RankProcessesFailedCall : public ::testing::TestWithParam<FailedCallCase> {};
+
+// The group survives a call that failed on one rank: rank 0's call fails naming the rank, the followers stay up,
+// and a whole generation afterwards is bit-identical to one rank's.
+TEST_P(RankProcessesFailedCall, TheCallFailsNamingTheRankAndTheGroupGoesOn) {
+  const FailedCallCase fc = GetParam();
+  const int world = fc.world;
+  const std::vector<std::string> recipe = sets("glm4_moe_lite-tiny");
+  LoadedModel one = testing::load_recipe_model(recipe);
+  ASSERT_NE(one.model, nullptr);
+  std::vector<float> reference;
+  {
+    testing::TestKv kv(one, 64);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv.reserve(table, 64).ok());
+    reference = run(*one.model, kv.views(), table);
+  }
+  const int port = free_port(), control_port = free_port();
+  std::vector<LoadedModel> pieces(world);
+  std::vector<std::unique_ptr<FailingCollective>> failing(world);
+  std::vector<std::atomic<bool>> ready(world);
+  std::vector<Status> follower_status(world);
+  std::vector<std::thread> followers;
+  for (int r = 1; r < world; ++r) {
+    pieces[r] = testing::load_recipe_model(recipe);
+    followers.emplace_back([&, r] {
+      auto collective = SocketCollective::connect(spec_for(port, r, world));
+      if (!collective.ok()) return void(follower_status[r] = collective.status());
+      failing[r] = std::make_unique<FailingCollective>(**collective);
+      auto model = build_rank(pieces[r], *failing[r], world);
+      if (!model.ok()) return void(follower_status[r] = model.status());
+      auto control = TcpBootstrap::connect(spec_for(control_port, r, world));
+      if (!control.ok()) return void(follower_status[r] = control.status());
+      ready[r] = true;
+      follower_status[r] = run_rank_follower(**model, **control, pieces[r].layout.get(), {collective->get()});
+    });
+  }
+  auto collective = SocketCollective::connect(spec_for(port, 0, world));
+  ASSERT_TRUE(collective.ok()) << collective.status().to_string();
+  failing[0] = std::make_unique<FailingCollective>(**collective);
+  auto own = build_rank(one, *failing[0], world);
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  auto control = TcpBootstrap::connect(spec_for(control_port, 0, world));
+  ASSERT_TRUE(control.ok()) << control.status().to_string();
+  for (int r = 1; r < world; ++r)
+    while (!ready[r]) std::this_thread::sleep_for(1ms);
+  std::vector<float> got;
+  {
+    SocketCollective* socket = collective->get();
+    RankLeaderInstance leader(std::move(own).value(), std::move(control).value(),
+                              [socket] { socket->channel().shut_down(); }, {socket});
+    testing::TestKv kv(one, 96);
+    std::vector<int32_t> scratch, table;
+    ASSERT_TRUE(kv.reserve(scratch, 32).ok());
+    ASSERT_TRUE(kv.reserve(table, 64).ok());
+    const std::vector<int32_t> tokens = {5, 6, 7, 8};
+    SequenceStep step{tokens, 0, &scratch, false};
+    StepOutput o;
+    StepOptions options;
+    options.want_logits = true;
+    ASSERT_TRUE(leader.step({&step, 1}, {}, kv.views(), options, o).ok());
+    failing[fc.failing_rank]->arm(fc.fail_in);
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status failed = leader.step({&step, 1}, {}, kv.views(), options, o);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+    ASSERT_FALSE(failed.ok());
+    const std::string rank_name = "tensor-parallel rank " + std::to_string(fc.failing_rank);
+    EXPECT_NE(failed.message().find(rank_name), std::string::npos) << failed.to_string();
+    EXPECT_NE(failed.message().find("injected failure on rank " + std::to_string(fc.failing_rank)), std::string::npos)
+        << failed.to_string();
+    EXPECT_EQ(failed.message().find("broken"), std::string::npos) << failed.to_string();
+    got = run(leader, kv.views(), table);
+  }  // the leader's destructor stops the followers
+  for (auto& t : followers) t.join();
+  for (int r = 1; r < world; ++r) EXPECT_TRUE(follower_status[r].ok()) << "rank " << r << ": " << follower_status[r].to_string();
+  ASSERT_EQ(got.size(), reference.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != reference[i];
+  EXPECT_EQ(differ, 0) << "of " << got.size() << " logits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RankProcessesFailedCall,
+                         ::testing::Values(FailedCallCase{2, 1, 0}, FailedCallCase{2, 1, 3}, FailedCallCase{2, 0, 0},
+                                           FailedCallCase{2, 0, 2}, FailedCallCase{3, 2, 1}, FailedCallCase{3, 1, 2},
+                                           FailedCallCase{3, 0, 1}),
+                         [](const auto& info) {
+                           return "w" + std::to_string(info.param.world) + "_rank" + std::to_string(info.param.failing_rank) +
+                                  "_call" + std::to_string(info.param.fail_in);
+                         });
 
 }  // namespace
 }  // namespace kiln

@@ -9,10 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <thread>
 
 #include "builtin/inproc_collective.h"
@@ -247,6 +249,165 @@ TEST(SocketCollective, APeerThatExitsFailsTheCallNamingIt) {
   EXPECT_FALSE(rank0.ok());
   EXPECT_NE(rank0.message().find("rank 1"), std::string::npos) << rank0.message();
   EXPECT_LT(took, 5s);
+}
+
+// ---- a call that fails on some ranks (end_call) ----
+
+// One rank's call: `meetings` all_reduces of 5 floats (each checked), unless it fails on its own before meeting
+// `fail_before` (== meetings: after the last one); then end_call. The verdict, and whether the sums were right.
+struct CallOutcome {
+  Status verdict;
+  bool sums_right = true;
+};
+
+// Each rank r's operand in meeting k: r + 1 + 10·k in every element; the sum is W(W+1)/2 + 10·k·W.
+CallOutcome run_call(std::span<SocketCollective* const> groups, int meetings, int fail_before) {
+  SocketCollective& c = *groups[0];
+  const int world = c.world_size();
+  CallOutcome out;
+  Status mine;
+  for (int k = 0; k < meetings && mine.ok(); ++k) {
+    if (k == fail_before) {
+      mine = internal_error("boom on rank " + std::to_string(c.rank()));
+      break;
+    }
+    std::vector<float> buf(5, static_cast<float>(c.rank() + 1 + 10 * k));
+    mine = c.all_reduce(buf.data(), 5, DType::kF32, ReduceOp::kSum, kHost);
+    if (mine.ok())
+      for (float v : buf) out.sums_right &= v == static_cast<float>(world * (world + 1) / 2 + 10 * k * world);
+    // A rank leading a second group meets there too (every rank of it does, in the same order).
+    if (mine.ok() && groups.size() > 1) {
+      const int part = groups[1]->rank() + 100 * k;
+      std::vector<int32_t> all(groups[1]->world_size());
+      mine = groups[1]->all_gather(&part, all.data(), 1, DType::kI32, kHost);
+      for (int q = 0; mine.ok() && q < groups[1]->world_size(); ++q) out.sums_right &= all[q] == q + 100 * k;
+    }
+  }
+  if (mine.ok() && fail_before == meetings) mine = internal_error("boom on rank " + std::to_string(c.rank()));
+  out.verdict = SocketCollective::end_call(groups, mine);
+  return out;
+}
+
+struct FailureCase {
+  int world;
+  std::vector<int> failing;  // ranks that fail on their own in the middle call
+  int fail_before;           // before which meeting (3: after the last)
+};
+
+class SocketCollectiveAbort : public ::testing::TestWithParam<FailureCase> {};
+
+// Three calls; in the middle one some ranks fail on their own. Every rank returns from it (no hang) with the
+// first failing rank's error, and the next call's sums are right again: the group survived.
+TEST_P(SocketCollectiveAbort, AFailedCallFailsOnEveryRankAndTheNextSucceeds) {
+  const FailureCase fc = GetParam();
+  const int world = fc.world;
+  std::vector<std::vector<CallOutcome>> got(world);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_threads(world, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, world));
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    SocketCollective* groups[] = {c->get()};
+    const bool fails = std::find(fc.failing.begin(), fc.failing.end(), r) != fc.failing.end();
+    for (int call = 0; call < 3; ++call) got[r].push_back(run_call(groups, 3, call == 1 && fails ? fc.fail_before : -1));
+    EXPECT_TRUE((*c)->broken().ok()) << (*c)->broken().message();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  const int first = *std::min_element(fc.failing.begin(), fc.failing.end());
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(got[r].size(), 3u);
+    EXPECT_TRUE(got[r][0].verdict.ok()) << "rank " << r << ": " << got[r][0].verdict.message();
+    ASSERT_FALSE(got[r][1].verdict.ok()) << "rank " << r << " did not see the failed call";
+    EXPECT_NE(got[r][1].verdict.message().find("rank " + std::to_string(first) + ": boom on rank " + std::to_string(first)),
+              std::string::npos)
+        << "rank " << r << ": " << got[r][1].verdict.message();
+    EXPECT_TRUE(got[r][2].verdict.ok()) << "rank " << r << ": " << got[r][2].verdict.message();
+    EXPECT_TRUE(got[r][0].sums_right && got[r][1].sums_right && got[r][2].sums_right) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, SocketCollectiveAbort,
+    ::testing::Values(FailureCase{2, {1}, 0}, FailureCase{2, {1}, 1}, FailureCase{2, {1}, 3}, FailureCase{2, {0}, 0},
+                      FailureCase{2, {0}, 2}, FailureCase{2, {0}, 3}, FailureCase{3, {2}, 1}, FailureCase{3, {0}, 1},
+                      FailureCase{3, {1, 2}, 0}, FailureCase{4, {3, 1}, 2}, FailureCase{4, {0, 2}, 3}),
+    [](const auto& info) {
+      std::string n = "w" + std::to_string(info.param.world) + "_rank";
+      for (int r : info.param.failing) n += std::to_string(r);
+      return n + "_before" + std::to_string(info.param.fail_before);
+    });
+
+// Ranks in two groups at once (a tensor-parallel group of 4 and decode-context groups {0,1}, {2,3}, each led by its
+// first rank): whichever rank fails wherever, every rank's end_call returns — a rank leading one group and
+// waiting in the other cannot deadlock — and the next call is right.
+TEST(SocketCollectiveAbort, TwoGroupsEndTheCallTogether) {
+  const int world = 4, context = 2;
+  for (int failing = 0; failing < world; ++failing)
+    for (int before : {0, 1, 3}) {
+      SCOPED_TRACE("rank " + std::to_string(failing) + " fails before meeting " + std::to_string(before));
+      const int port = free_port();
+      const int group_port[] = {free_port(), free_port()};
+      std::vector<std::vector<CallOutcome>> got(world);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          auto c = SocketCollective::connect(spec_for(port, r, world));
+          auto g = SocketCollective::connect(spec_for(group_port[r / context], r % context, context));
+          ASSERT_TRUE(c.ok() && g.ok());
+          SocketCollective* groups[] = {c->get(), g->get()};
+          for (int call = 0; call < 3; ++call)
+            got[r].push_back(run_call(groups, 3, call == 1 && r == failing ? before : -1));
+        });
+      for (auto& t : threads) t.join();
+      EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(got[r].size(), 3u);
+        EXPECT_TRUE(got[r][0].verdict.ok() && got[r][2].verdict.ok()) << "rank " << r;
+        ASSERT_FALSE(got[r][1].verdict.ok()) << "rank " << r;
+        EXPECT_NE(got[r][1].verdict.message().find("rank " + std::to_string(failing) + ": boom"), std::string::npos)
+            << "rank " << r << ": " << got[r][1].verdict.message();
+        EXPECT_TRUE(got[r][0].sums_right && got[r][1].sums_right && got[r][2].sums_right) << "rank " << r;
+      }
+    }
+}
+
+// Ranks that disagree fail the call on every rank; ending it leaves the group usable.
+TEST(SocketCollectiveAbort, DisagreeingRanksFailTheCallAndTheGroupGoesOn) {
+  std::vector<Status> verdicts(2), after(2);
+  run_threads(2, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, 2));
+    ASSERT_TRUE(c.ok());
+    SocketCollective* groups[] = {c->get()};
+    std::vector<float> buf(8, 1.0f);
+    const Status s = (*c)->all_reduce(buf.data(), r == 0 ? 8 : 4, DType::kF32, ReduceOp::kSum, kHost);
+    verdicts[r] = SocketCollective::end_call(groups, s);
+    after[r] = run_call(groups, 2, -1).verdict;
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(verdicts[r].message().find("disagree"), std::string::npos) << verdicts[r].message();
+    EXPECT_TRUE(after[r].ok()) << after[r].message();
+  }
+}
+
+// A rank that is gone breaks the group for good, on every rank, at once.
+TEST(SocketCollectiveAbort, ARankThatExitsBreaksTheGroup) {
+  std::vector<Status> verdicts(3), later(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_threads(3, [&](int r, int port) {
+    auto c = SocketCollective::connect(spec_for(port, r, 3));
+    ASSERT_TRUE(c.ok());
+    if (r == 2) return;  // exits: its connection closes
+    SocketCollective* groups[] = {c->get()};
+    verdicts[r] = run_call(groups, 2, -1).verdict;
+    later[r] = run_call(groups, 1, -1).verdict;
+    EXPECT_FALSE((*c)->broken().ok());
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_NE(verdicts[0].message().find("rank 2"), std::string::npos) << verdicts[0].message();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(verdicts[r].ok());
+    EXPECT_FALSE(later[r].ok());
+  }
 }
 
 TEST(SocketCollective, HostMemoryOnly) {

@@ -28,6 +28,9 @@ struct RendezvousSpec {
 class TcpBootstrap {
  public:
   // Connects the group; world size 1 opens no socket. Errors name the address, the port and the missing ranks.
+  // Rank 0 gives up at once, without waiting out the timeout, when a rank that had connected closes its connection
+  // before the others arrive (it exited: its launcher or its log says why) — only ranks that never connect can
+  // only be timed out.
   static Result<std::unique_ptr<TcpBootstrap>> connect(const RendezvousSpec& spec);
   ~TcpBootstrap();
   TcpBootstrap(const TcpBootstrap&) = delete;
@@ -51,6 +54,9 @@ class TcpBootstrap {
   // sub-group led by another rank can meet at an address of that rank's machine.
   std::string local_address() const;
   std::chrono::milliseconds timeout() const { return spec_.timeout; }
+  // The socket to `peer` (−1 if none), for waiting on several peers — of several channels — at once with poll(2);
+  // reading and writing stay with receive and send.
+  int native_handle(int peer) const;
   // Shuts every connection down (the object stays valid; its calls fail from now on), waking a thread of this
   // process blocked in a call, and peers blocked on this rank, at once.
   void shut_down();

@@ -6,6 +6,7 @@
 
 #include "kiln/launch_env.h"
 #include "kiln/log.h"
+#include "parallel/injected_faults.h"
 #include "parallel/rank_processes.h"
 #include "parallel/socket_collective.h"
 #include "model/synthetic_weight_source.h"
@@ -103,6 +104,8 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   ctx.section = &recipe.section("kv");
   KILN_ASSIGN_OR_RETURN(m.layout, registry.create<KvLayout>(recipe.section("kv").get_string("layout"), ctx));
   ctx.section = &recipe.section("transport");
+  if (auto env = read_launch_env(process_env()); env.ok() && env->world_size > 1)
+    KILN_RETURN_IF_ERROR(injected_load_fault(env->rank, LoadFaultPoint::kRendezvous));
   KILN_ASSIGN_OR_RETURN(m.collective,
                         registry.create<Collective>(recipe.section("transport").get_string("backend", "local"), ctx));
 
@@ -135,6 +138,13 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
     }
   }
 
+  // The control channel before the shards are built, so that a follower that cannot build its shard tells rank 0
+  // why (and rank 0 does not wait for a rank that will never call back).
+  std::unique_ptr<TcpBootstrap> control;
+  if (ranks > 1) {
+    KILN_ASSIGN_OR_RETURN(control, connect_control_channel(launch));
+  }
+
   BuildContext build;
   build.source = &m.source();
   build.format = m.format.get();
@@ -148,15 +158,21 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   build.load_mtp = options.load_mtp;
   build.precision = precision;
   build.threads = threads;
-  KILN_ASSIGN_OR_RETURN(m.model, m.arch->build(build));
+  Result<std::unique_ptr<ModelInstance>> built = [&]() -> Result<std::unique_ptr<ModelInstance>> {
+    if (ranks > 1) KILN_RETURN_IF_ERROR(injected_load_fault(m.rank, LoadFaultPoint::kBuild));
+    return m.arch->build(build);
+  }();
+  if (ranks > 1 && m.rank != 0) (void)report_rank_loaded(*control, built.status());
+  KILN_ASSIGN_OR_RETURN(m.model, std::move(built));
   if (ranks > 1) {
-    KILN_ASSIGN_OR_RETURN(auto control, connect_control_channel(launch));
     if (m.rank == 0) {
+      KILN_RETURN_IF_ERROR(wait_for_ranks_loaded(*control));
       // When the group breaks, ranks waiting for rank 0 in a collective are released at once.
       auto* socket = dynamic_cast<SocketCollective*>(m.collective.get());
       std::function<void()> release;
       if (socket) release = [socket] { socket->channel().shut_down(); };
-      m.model = std::make_unique<RankLeaderInstance>(std::move(m.model), std::move(control), std::move(release));
+      m.model = std::make_unique<RankLeaderInstance>(std::move(m.model), std::move(control), std::move(release),
+                                                     socket_call_groups(m.collective.get(), m.context_collective.get()));
       log::info("tensor-parallel rank 0 of {} processes: forwarding every call to ranks 1..{}", ranks, ranks - 1);
     } else {
       m.rank_control = std::move(control);

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kiln/log.h"
+#include "parallel/injected_faults.h"
 
 namespace kiln {
 namespace {
@@ -14,8 +15,8 @@ enum class CallKind : uint8_t { kStep = 1, kMtpStep, kEmbed, kLmHead, kStop };
 // Replies: one byte, 0 (done) or 1 followed by the error.
 constexpr char kDone = 0, kFailed = 1;
 
-// How long rank 0 waits for the followers' verdicts after a call failed (they may be stuck in a collective that
-// rank 0 left; then the group is broken anyway).
+// How long rank 0 waits for the followers' verdicts once the group broke, or after a call failed without a
+// collective that ends calls (they may be stuck in a collective that rank 0 left; then the group is broken anyway).
 constexpr std::chrono::milliseconds kFailureGrace{2000};
 
 class Writer {
@@ -219,8 +220,8 @@ Result<std::unique_ptr<TcpBootstrap>> connect_control_channel(const LaunchEnv& l
 // ---------------- rank 0 ----------------
 
 RankLeaderInstance::RankLeaderInstance(std::unique_ptr<ModelInstance> own, std::unique_ptr<TcpBootstrap> control,
-                                       std::function<void()> release)
-    : own_(std::move(own)), control_(std::move(control)), release_(std::move(release)) {}
+                                       std::function<void()> release, std::vector<SocketCollective*> groups)
+    : own_(std::move(own)), control_(std::move(control)), release_(std::move(release)), groups_(std::move(groups)) {}
 
 RankLeaderInstance::~RankLeaderInstance() {
   if (!broken_.ok()) return;
@@ -250,6 +251,30 @@ Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::func
     }
   }
   const Status own = mine();
+  if (!groups_.empty()) {
+    // Every rank ends the call (releasing those still in a meeting), then answers on the control channel.
+    const Status verdict = SocketCollective::end_call(groups_, own);
+    bool gone = false;
+    for (const SocketCollective* g : groups_) gone |= !g->broken().ok();
+    std::optional<std::chrono::milliseconds> wait;
+    if (gone) wait = kFailureGrace;
+    Status lost;
+    for (int r = 1; r < W; ++r) {
+      auto reply = control_->receive(r, wait);
+      if (reply.ok() && !reply->empty()) continue;
+      if (lost.ok())
+        lost = unavailable("tensor-parallel rank " + std::to_string(r) + " did not finish the call: " +
+                           (reply.ok() ? std::string("an empty reply") : reply.status().message()));
+      wait = kFailureGrace;
+    }
+    if (gone || !lost.ok()) {
+      const Status why = gone ? verdict : lost;
+      mark_broken(why);
+      return why;
+    }
+    if (!verdict.ok()) return Status(verdict.code(), "tensor-parallel " + verdict.message());
+    return ok_status();
+  }
   // A failure here may have left the followers inside a collective: wait for them only briefly then.
   std::optional<std::chrono::milliseconds> wait;
   if (!own.ok()) wait = kFailureGrace;
@@ -386,7 +411,38 @@ class MirroredPools {
 
 }  // namespace
 
-Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLayout* layout) {
+std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, Collective* decode_context) {
+  std::vector<SocketCollective*> groups;
+  auto* tp = dynamic_cast<SocketCollective*>(tensor_parallel);
+  if (!tp) return groups;
+  groups.push_back(tp);
+  if (decode_context) {
+    auto* dc = dynamic_cast<SocketCollective*>(decode_context);
+    if (!dc) return {};
+    groups.push_back(dc);
+  }
+  return groups;
+}
+
+Status report_rank_loaded(TcpBootstrap& control, const Status& built) {
+  return control.send(0, built.ok() ? std::string(1, kDone) : std::string(1, kFailed) + built.message());
+}
+
+Status wait_for_ranks_loaded(TcpBootstrap& control) {
+  for (int r = 1; r < control.world_size(); ++r) {
+    // As long as loading may take (the rendezvous timeout), but a rank that exits is seen at once.
+    auto reply = control.receive(r);
+    if (!reply.ok())
+      return reply.status().with_context("tensor-parallel rank " + std::to_string(r) + " did not finish loading");
+    if (reply->empty() || (*reply)[0] != kDone)
+      return failed_reply(reply->empty() ? std::string(1, kFailed) + "an empty reply" : *reply)
+          .with_context("tensor-parallel rank " + std::to_string(r) + " could not load");
+  }
+  return ok_status();
+}
+
+Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLayout* layout,
+                         std::vector<SocketCollective*> groups) {
   MirroredPools pools(model);
   pools.set_layout(layout);
   StepOutput out;
@@ -402,6 +458,7 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
     Status done = [&]() -> Status {
       switch (kind) {
         case CallKind::kStep: {
+          KILN_RETURN_IF_ERROR(injected_step_fault(control.rank()));
           DecodedSteps d;
           StepOptions options;
           KILN_RETURN_IF_ERROR(read_steps(r, d));
@@ -442,6 +499,19 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           return data_loss("rank 0 sent an unknown call (" + std::to_string(static_cast<int>(kind)) + ")");
       }
     }();
+    if (!groups.empty()) {
+      // Every rank ends the call; the group goes on unless a rank is gone.
+      (void)SocketCollective::end_call(groups, done);
+      for (const SocketCollective* g : groups)
+        if (!g->broken().ok()) {
+          (void)control.send(0, std::string(1, kFailed) + g->broken().message());
+          return g->broken();
+        }
+      if (!done.ok())
+        log::warn("tensor-parallel rank {}: a call failed here ({}); the group goes on", control.rank(), done.message());
+      KILN_RETURN_IF_ERROR(control.send(0, done.ok() ? std::string(1, kDone) : std::string(1, kFailed) + done.message()));
+      continue;
+    }
     if (!done.ok()) {
       (void)control.send(0, std::string(1, kFailed) + done.message());
       return done;

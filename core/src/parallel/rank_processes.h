@@ -9,20 +9,30 @@
 // holds a KV pool of its own with the geometry of rank 0's, so the block ids rank 0's scheduler hands out work in
 // it; the first call that names a pool allocates its mirror.
 //
-// Failure: a call that fails on any rank fails on rank 0 naming the rank. A follower whose call failed reports why
-// and exits (its connections close, so ranks waiting for it in a collective fail at once instead of waiting out
-// a timeout); from then on every call fails with that reason — the group cannot be resumed and the server answers
-// requests with the error. Rank 0 exiting closes the channel, and the followers exit.
+// Failure. With `socket` collectives (`groups` below) a call that fails on some ranks fails on all of them and the
+// group carries on: every rank ends every call with SocketCollective::end_call, which releases the ranks still
+// waiting in a meeting for one that failed, and rank 0's call returns the first rank's own error ("tensor-parallel
+// rank r: …"); the next call runs as if nothing had happened. A rank that is gone (exited, killed, unreachable)
+// breaks the group for good: rank 0 closes its connections so that every rank notices at once, the followers exit,
+// and every later call fails with the reason (restart kiln) — the server keeps answering. Without `groups` (a
+// collective that cannot abort a call, such as `nccl`) any failed call breaks the group that way. Rank 0 exiting
+// closes the channel, and the followers exit.
+//
+// Start-up: every follower reports to rank 0, over the control channel, whether it built its shard
+// (report_rank_loaded / wait_for_ranks_loaded), so a rank whose weights fail to load — on this machine or another —
+// ends rank 0's start-up at once with its error, instead of rank 0 waiting for a rank that will never call back.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kiln/launch_env.h"
 #include "kiln/tcp_bootstrap.h"
 #include "model/model_instance.h"
+#include "parallel/socket_collective.h"
 
 namespace kiln {
 
@@ -37,9 +47,11 @@ Result<std::unique_ptr<TcpBootstrap>> connect_control_channel(const LaunchEnv& l
 class RankLeaderInstance final : public ModelInstance {
  public:
   // `own`: rank 0's instance. `release`: called once when the group breaks, to wake ranks that wait for rank 0 in a
-  // collective (closes the collective's connections).
+  // collective (closes the collective's connections). `groups`: the `socket` collectives every call meets in (the
+  // tensor-parallel group, then this rank's decode-context group), ended together after each call; empty when
+  // the collective cannot abort a call.
   RankLeaderInstance(std::unique_ptr<ModelInstance> own, std::unique_ptr<TcpBootstrap> control,
-                     std::function<void()> release = {});
+                     std::function<void()> release = {}, std::vector<SocketCollective*> groups = {});
   ~RankLeaderInstance() override;  // tells the followers to stop
 
   int world() const { return control_->world_size(); }
@@ -67,12 +79,26 @@ class RankLeaderInstance final : public ModelInstance {
   std::unique_ptr<ModelInstance> own_;
   std::unique_ptr<TcpBootstrap> control_;
   std::function<void()> release_;
+  std::vector<SocketCollective*> groups_;
   std::mutex mu_;  // one call at a time (the engine's loop and a drafter's services may both call)
   Status broken_;
 };
 
-// A follower's loop: executes rank 0's calls on `model` until rank 0 says stop (returns OK) or goes away, or a call
-// fails here (both return the error, after reporting it to rank 0). `layout` formats the mirrored pools' latents.
-Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLayout* layout);
+// A follower's loop: executes rank 0's calls on `model` until rank 0 says stop (returns OK) or goes away (returns
+// the error). A call that fails here is reported to rank 0; with `groups` (as for RankLeaderInstance) the loop goes
+// on with the next call unless the group broke, without them it returns the error. `layout` formats the mirrored
+// pools' latents.
+Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLayout* layout,
+                         std::vector<SocketCollective*> groups = {});
+
+// The groups a call meets in when they are `socket` collectives (the tensor-parallel one, then the decode-context
+// one if any); empty otherwise (those calls cannot be aborted: a failure breaks the group).
+std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, Collective* decode_context);
+
+// Start-up over the control channel: a follower says whether it built its shard (`built`: OK or why not), rank 0
+// waits until every follower has, and fails with the first that could not ("rank r could not load: …") or that
+// went away.
+Status report_rank_loaded(TcpBootstrap& control, const Status& built);
+Status wait_for_ranks_loaded(TcpBootstrap& control);
 
 }  // namespace kiln

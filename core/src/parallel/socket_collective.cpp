@@ -1,5 +1,9 @@
 #include "parallel/socket_collective.h"
 
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 
@@ -11,15 +15,34 @@ namespace {
 
 enum class Op : uint8_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast };
 
+// The status word of a message to rank 0: an operand for the meeting, or this rank's verdict on a call it has left.
+enum : uint8_t { kOperand = 0, kLeft = 1 };
+
 // What every rank must agree on, sent ahead of its operand.
 struct Header {
+  uint32_t call = 0;  // the sender's count of ended calls
+  uint8_t kind = kOperand;
   uint8_t op = 0;
   uint8_t dtype = 0;
   uint8_t reduce = 0;  // ReduceOp
-  uint8_t pad = 0;
   int32_t root = 0;
+  int32_t pad = 0;
   int64_t count = 0;
 };
+
+Header header(Op op, DType dtype, uint8_t reduce, int32_t root, int64_t count) {
+  Header h;
+  h.op = static_cast<uint8_t>(op);
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.reduce = reduce;
+  h.root = root;
+  h.count = count;
+  return h;
+}
+
+bool same_call(const Header& a, const Header& b) {
+  return a.op == b.op && a.dtype == b.dtype && a.reduce == b.reduce && a.root == b.root && a.count == b.count;
+}
 
 Status need_host(const Stream& stream, const char* call) {
   if (!stream.device.is_cpu())
@@ -90,6 +113,60 @@ std::string describe(const Header& h) {
   return std::string(op_name(h.op)) + " of " + std::to_string(h.count) + " " + dtype_name(static_cast<DType>(h.dtype));
 }
 
+// Replies from rank 0: [0][result] or [1][int32 code][message] (a failed meeting, or a failed call's verdict).
+std::string ok_reply(const std::string& result) { return std::string(1, '\0') + result; }
+
+std::string error_reply(const Status& s) {
+  std::string out(1, '\1');
+  const int32_t code = static_cast<int32_t>(s.code());
+  out.append(reinterpret_cast<const char*>(&code), sizeof code);
+  return out + s.message();
+}
+
+Result<std::string> parse_reply(const std::string& reply) {
+  if (reply.empty()) return data_loss("collective `socket`: an empty reply from rank 0");
+  if (reply[0] == 0) return reply.substr(1);
+  int32_t code = static_cast<int32_t>(StatusCode::kUnavailable);
+  if (reply.size() >= 1 + sizeof code) std::memcpy(&code, reply.data() + 1, sizeof code);
+  if (code <= 0 || code > static_cast<int32_t>(StatusCode::kInternal)) code = static_cast<int32_t>(StatusCode::kInternal);
+  return Status(static_cast<StatusCode>(code), reply.size() > 1 + sizeof code ? reply.substr(1 + sizeof code) : "");
+}
+
+}  // namespace
+
+// A rank's verdict on a call it has left: how it went there, and whether the failure was its own (not the echo of
+// a meeting another rank failed).
+struct SocketCollective::Left {
+  Status status;
+  bool primary = false;
+
+  std::string encode() const {
+    std::string out;
+    out.push_back(static_cast<char>(primary));
+    const int32_t code = static_cast<int32_t>(status.code());
+    out.append(reinterpret_cast<const char*>(&code), sizeof code);
+    return out + status.message();
+  }
+  static Left decode(const std::string& in) {
+    Left l;
+    int32_t code = 0;
+    if (in.size() < 1 + sizeof code) return {internal_error("a truncated verdict"), true};
+    l.primary = in[0] != 0;
+    std::memcpy(&code, in.data() + 1, sizeof code);
+    if (code < 0 || code > static_cast<int32_t>(StatusCode::kInternal)) code = static_cast<int32_t>(StatusCode::kInternal);
+    if (code != 0) l.status = Status(static_cast<StatusCode>(code), in.substr(1 + sizeof code));
+    return l;
+  }
+};
+
+namespace {
+
+// Why a meeting cannot happen when rank r has left the call.
+std::string left_reason(int r, const Status& status, const Header& meeting) {
+  if (!status.ok()) return "rank " + std::to_string(r) + " failed: " + status.message();
+  return "rank " + std::to_string(r) + " ended the call without this " + describe(meeting) + " (the ranks disagree on the call)";
+}
+
 }  // namespace
 
 struct SocketCollective::Call {
@@ -98,48 +175,210 @@ struct SocketCollective::Call {
   std::function<std::vector<std::string>(const std::vector<std::string>&)> combine;
 };
 
+SocketCollective::SocketCollective(std::unique_ptr<TcpBootstrap> channel)
+    : channel_(std::move(channel)), left_(channel_->world_size()) {}
+
+SocketCollective::~SocketCollective() = default;
+
 Result<std::unique_ptr<SocketCollective>> SocketCollective::connect(const RendezvousSpec& spec) {
   KILN_ASSIGN_OR_RETURN(auto channel, TcpBootstrap::connect(spec));
   return std::make_unique<SocketCollective>(std::move(channel));
 }
 
+Status SocketCollective::break_group(const Status& why) {
+  if (broken_.ok()) {
+    broken_ = Status(why.code(), "collective `socket`: " + why.message());
+    channel_->shut_down();
+  }
+  return broken_;
+}
+
 Result<std::string> SocketCollective::meet(const Call& call, std::string operand) {
+  if (!broken_.ok()) return broken_;
   const int world = world_size();
-  // Replies start with one byte: 0 and the result, or 1 and the error every rank returns.
+  Header mine = call.header;
+  mine.call = call_;
+  mine.kind = kOperand;
   if (rank() != 0) {
-    KILN_RETURN_IF_ERROR(channel_->send(0, pack(call.header, operand.data(), operand.size())));
-    KILN_ASSIGN_OR_RETURN(std::string reply, channel_->receive(0));
-    if (reply.empty()) return data_loss("collective `socket`: an empty reply from rank 0");
-    if (reply[0] != 0) return unavailable("collective `socket`: " + reply.substr(1));
-    return reply.substr(1);
+    if (Status s = channel_->send(0, pack(mine, operand.data(), operand.size())); !s.ok()) return break_group(s);
+    auto reply = channel_->receive(0);
+    if (!reply.ok()) return break_group(reply.status());
+    auto result = parse_reply(*reply);
+    if (!result.ok()) {
+      meeting_failed_ = true;
+      return Status(result.status().code(), "collective `socket`: " + result.status().message());
+    }
+    return result;
   }
   std::vector<std::string> operands(world);
   operands[0] = std::move(operand);
-  std::string disagreement;
+  std::string failure;  // why this meeting fails on every rank still in it
   for (int r = 1; r < world; ++r) {
+    if (left_[r]) {
+      if (failure.empty()) failure = left_reason(r, left_[r]->status, mine);
+      continue;
+    }
     auto blob = channel_->receive(r);
     if (!blob.ok()) {
-      // Release the ranks already heard from, so they fail instead of waiting for the timeout.
-      const std::string why = "tensor-parallel rank " + std::to_string(r) + " failed: " + blob.status().message();
+      // Rank r is gone: tell the ranks already heard from why (they fail at once instead of seeing a closed
+      // connection), then close everything.
+      const Status why = unavailable("rank " + std::to_string(r) + " failed: " + blob.status().message());
       for (int q = 1; q < world; ++q)
-        if (q != r) (void)channel_->send(q, std::string(1, '\1') + why);
-      return unavailable("collective `socket`: " + why);
+        if (q != r && !left_[q]) (void)channel_->send(q, error_reply(Status(why.code(), why.message())));
+      return break_group(why);
     }
     Header h;
-    if (blob->size() < sizeof h) return data_loss("collective `socket`: a short message from rank " + std::to_string(r));
+    if (blob->size() < sizeof h) return break_group(data_loss("a short message from rank " + std::to_string(r)));
     std::memcpy(&h, blob->data(), sizeof h);
-    if (disagreement.empty() && std::memcmp(&h, &call.header, sizeof h) != 0)
-      disagreement = "ranks disagree on the call (rank 0: " + describe(call.header) + "; rank " + std::to_string(r) +
-                     ": " + describe(h) + ")";
+    if (h.call != call_)
+      return break_group(data_loss("rank " + std::to_string(r) + " is in call " + std::to_string(h.call) + ", rank 0 in call " +
+                                   std::to_string(call_) + " (the ranks are out of step)"));
+    if (h.kind == kLeft) {
+      left_[r] = std::make_unique<Left>(Left::decode(blob->substr(sizeof h)));
+      if (failure.empty()) failure = left_reason(r, left_[r]->status, mine);
+      continue;
+    }
+    if (failure.empty() && !same_call(h, mine))
+      failure = "ranks disagree on the call (rank 0: " + describe(mine) + "; rank " + std::to_string(r) + ": " +
+                describe(h) + ")";
     operands[r] = blob->substr(sizeof h);
   }
-  if (!disagreement.empty()) {
-    for (int r = 1; r < world; ++r) (void)channel_->send(r, std::string(1, '\1') + disagreement);
-    return internal_error("collective `socket`: " + disagreement);
+  if (!failure.empty()) {
+    meeting_failed_ = true;
+    const Status failed = unavailable(failure);
+    for (int r = 1; r < world; ++r)
+      if (!left_[r])
+        if (Status s = channel_->send(r, error_reply(failed)); !s.ok()) return break_group(s);
+    return Status(failed.code(), "collective `socket`: " + failure);
   }
   std::vector<std::string> results = call.combine(operands);
-  for (int r = 1; r < world; ++r) KILN_RETURN_IF_ERROR(channel_->send(r, std::string(1, '\0') + results[r]));
+  for (int r = 1; r < world; ++r)
+    if (Status s = channel_->send(r, ok_reply(results[r])); !s.ok()) return break_group(s);
   return std::move(results[0]);
+}
+
+// ---- ending a call ----
+
+Status SocketCollective::announce_end(const Status& mine, bool primary) {
+  Header h;
+  h.call = call_;
+  h.kind = kLeft;
+  const std::string verdict = Left{mine, primary}.encode();
+  if (Status s = channel_->send(0, pack(h, verdict.data(), verdict.size())); !s.ok()) return break_group(s);
+  return ok_status();
+}
+
+Status SocketCollective::take_message_while_ending(int peer, const Status& mine) {
+  auto blob = channel_->receive(peer);
+  if (!blob.ok()) return break_group(unavailable("rank " + std::to_string(peer) + " failed: " + blob.status().message()));
+  Header h;
+  if (blob->size() < sizeof h) return break_group(data_loss("a short message from rank " + std::to_string(peer)));
+  std::memcpy(&h, blob->data(), sizeof h);
+  if (h.call != call_)
+    return break_group(data_loss("rank " + std::to_string(peer) + " is in call " + std::to_string(h.call) +
+                                 ", rank 0 in call " + std::to_string(call_) + " (the ranks are out of step)"));
+  if (h.kind == kLeft) {
+    left_[peer] = std::make_unique<Left>(Left::decode(blob->substr(sizeof h)));
+    return ok_status();
+  }
+  // The rank waits in a meeting this rank has left: fail it there (it ends its call next).
+  const Status why = unavailable("rank 0 " + (mine.ok() ? std::string("ended the call without this ") + describe(h) +
+                                                              " (the ranks disagree on the call)"
+                                                        : "failed: " + mine.message()));
+  if (Status s = channel_->send(peer, error_reply(why)); !s.ok()) return break_group(s);
+  return ok_status();
+}
+
+Status SocketCollective::send_verdict(const Status& mine, bool primary) {
+  const int world = world_size();
+  // The first rank that failed on its own; else (every failure an echo, e.g. ranks that disagreed) the first failure.
+  Status verdict;
+  auto consider = [&](int r, const Status& s, bool own, bool want_own) {
+    if (verdict.ok() && !s.ok() && (own || !want_own)) verdict = Status(s.code(), "rank " + std::to_string(r) + ": " + s.message());
+  };
+  for (bool want_own : {true, false}) {
+    consider(0, mine, primary, want_own);
+    for (int r = 1; r < world; ++r) consider(r, left_[r]->status, left_[r]->primary, want_own);
+  }
+  for (int r = 1; r < world; ++r)
+    if (Status s = channel_->send(r, verdict.ok() ? ok_reply("") : error_reply(verdict)); !s.ok()) return break_group(s);
+  for (auto& l : left_) l.reset();
+  ++call_;
+  meeting_failed_ = false;
+  return verdict;
+}
+
+Status SocketCollective::receive_verdict() {
+  auto reply = channel_->receive(0);
+  if (!reply.ok()) return break_group(reply.status());
+  ++call_;
+  meeting_failed_ = false;
+  return parse_reply(*reply).status();
+}
+
+Status SocketCollective::end_call(std::span<SocketCollective* const> groups, const Status& mine) {
+  bool echo = false;  // this rank's failure came out of a meeting another rank failed
+  for (SocketCollective* g : groups) echo |= g->meeting_failed_;
+  const bool primary = !mine.ok() && !echo;
+  auto active = [](SocketCollective* g) { return g->world_size() > 1 && g->broken_.ok(); };
+
+  // 1. Say so in every group this rank does not lead, before waiting for anything: a leader waiting for this rank
+  //    in a meeting learns at once that it has left.
+  for (SocketCollective* g : groups)
+    if (active(g) && g->rank() != 0) (void)g->announce_end(mine, primary);
+
+  // 2. Every group this rank leads: take each rank's next message — its verdict, or an operand for a meeting this
+  //    rank has left (which then fails there) — from all groups at once, so that no rank waits on a group this
+  //    rank would only reach later.
+  struct Pending {
+    SocketCollective* group;
+    int peer;
+  };
+  auto pending = [&] {
+    std::vector<Pending> out;
+    for (SocketCollective* g : groups)
+      if (active(g) && g->rank() == 0)
+        for (int r = 1; r < g->world_size(); ++r)
+          if (!g->left_[r]) out.push_back({g, r});
+    return out;
+  };
+  std::chrono::milliseconds timeout{0};
+  for (SocketCollective* g : groups) timeout = std::max(timeout, g->channel_->timeout());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::vector<Pending> wait = pending(); !wait.empty(); wait = pending()) {
+    std::vector<pollfd> fds;
+    for (const Pending& p : wait) fds.push_back({p.group->channel_->native_handle(p.peer), POLLIN, 0});
+    const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(left_ms.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      for (const Pending& p : wait)
+        (void)p.group->break_group(unavailable("rank 0 waited " + std::to_string(timeout.count() / 1000) + " s for rank " +
+                                               std::to_string(p.peer) + " to end the call"));
+      break;
+    }
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i].revents && wait[i].group->broken_.ok()) (void)wait[i].group->take_message_while_ending(wait[i].peer, mine);
+  }
+
+  // 3. The verdicts: sent in the groups this rank leads, received in the others.
+  Status first;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    SocketCollective* g = groups[i];
+    if (!active(g)) continue;
+    const Status v = g->rank() == 0 ? g->send_verdict(mine, primary) : Status();
+    if (i == 0 && g->rank() == 0) first = v;
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    SocketCollective* g = groups[i];
+    if (!active(g) || g->rank() == 0) continue;
+    const Status v = g->receive_verdict();
+    if (i == 0) first = v;
+  }
+  for (SocketCollective* g : groups)
+    if (!g->broken_.ok()) return g->broken_;
+  if (groups.empty() || groups[0]->world_size() == 1) return mine;
+  return first;
 }
 
 Status SocketCollective::all_reduce(void* buffer, int64_t count, DType dtype, ReduceOp op, Stream stream) {
@@ -148,7 +387,7 @@ Status SocketCollective::all_reduce(void* buffer, int64_t count, DType dtype, Re
   if (count < 0) return invalid_argument("collective `socket`: negative element count");
   if (world_size() == 1) return ok_status();
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
-  Call call{{static_cast<uint8_t>(Op::kAllReduce), static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), 0, 0, count},
+  Call call{header(Op::kAllReduce, dtype, static_cast<uint8_t>(op), 0, count),
             [&](const std::vector<std::string>& in) {
               return std::vector<std::string>(in.size(), reduce_in_rank_order(in, dtype, op == ReduceOp::kMax, 0, count));
             }};
@@ -166,7 +405,7 @@ Status SocketCollective::all_gather(const void* in, void* out, int64_t count, DT
     if (bytes) std::memmove(out, in, bytes);
     return ok_status();
   }
-  Call call{{static_cast<uint8_t>(Op::kAllGather), static_cast<uint8_t>(dtype), 0, 0, 0, count},
+  Call call{header(Op::kAllGather, dtype, 0, 0, count),
             [&](const std::vector<std::string>& parts) {
               std::string all;
               for (const std::string& p : parts) all += p;
@@ -188,7 +427,7 @@ Status SocketCollective::reduce_scatter(const void* in, void* out, int64_t count
     if (bytes) std::memmove(out, in, bytes);
     return ok_status();
   }
-  Call call{{static_cast<uint8_t>(Op::kReduceScatter), static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), 0, 0, count},
+  Call call{header(Op::kReduceScatter, dtype, static_cast<uint8_t>(op), 0, count),
             [&](const std::vector<std::string>& all) {
               std::vector<std::string> chunks(all.size());
               for (size_t r = 0; r < all.size(); ++r)
@@ -210,7 +449,7 @@ Status SocketCollective::broadcast(void* buffer, int64_t count, DType dtype, int
   if (count < 0) return invalid_argument("collective `socket`: negative element count");
   if (world_size() == 1) return ok_status();
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
-  Call call{{static_cast<uint8_t>(Op::kBroadcast), static_cast<uint8_t>(dtype), 0, 0, root, count},
+  Call call{header(Op::kBroadcast, dtype, 0, root, count),
             [&](const std::vector<std::string>& all) { return std::vector<std::string>(all.size(), all[root]); }};
   // Only the root's bytes travel to rank 0.
   std::string mine = rank() == root ? std::string(static_cast<const char*>(buffer), bytes) : std::string();

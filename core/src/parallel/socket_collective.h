@@ -6,9 +6,21 @@
 //
 // It exists so that one process per rank (parallel/rank_processes.h, the launcher in `kiln serve`/`generate`) runs
 // and is tested without a GPU; on GPUs the `nccl` collective takes its place unchanged. Host memory only.
+//
+// Calls and aborts. The rank processes run a *call* (a step, an embedding, …) on every rank at once, each rank meeting
+// the others in a sequence of collectives; a call can fail on one rank alone (its step returns an error between two
+// meetings). Then the others must not wait for it, and the group must stay usable. So every message a rank sends to
+// rank 0 starts with a status word: an operand, or "this rank has left the call" with its verdict. A rank whose call
+// ended — well or not — says so with end_call(); rank 0, meeting a rank that has left, fails that meeting on every
+// rank still in it (naming the rank and its reason), their calls fail and they end their calls too; end_call is a
+// last meeting where rank 0 collects every rank's verdict and tells all of them the group's. After it every rank is
+// at the same point again and the next call runs normally. A rank that is gone (its connection closed, a timeout,
+// a corrupt stream) cannot be resumed: the collective is then broken for good, shuts its connections so that every
+// other rank sees it at once, and every later call fails.
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "kiln/collective.h"
 #include "kiln/tcp_bootstrap.h"
@@ -18,7 +30,8 @@ namespace kiln {
 class SocketCollective final : public Collective {
  public:
   // Over a connected group (its ranks and world size are the group's).
-  explicit SocketCollective(std::unique_ptr<TcpBootstrap> channel) : channel_(std::move(channel)) {}
+  explicit SocketCollective(std::unique_ptr<TcpBootstrap> channel);
+  ~SocketCollective() override;
   static Result<std::unique_ptr<SocketCollective>> connect(const RendezvousSpec& spec);
 
   int rank() const override { return channel_->rank(); }
@@ -28,15 +41,37 @@ class SocketCollective final : public Collective {
   Status reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op, Stream stream) override;
   Status broadcast(void* buffer, int64_t count, DType dtype, int root, Stream stream) override;
 
+  // Ends this rank's part of the current call in every group it meets in (the tensor-parallel group first, then its
+  // decode-context group, if any) and returns the call's verdict as the first group's rank 0 sees it: OK, or the
+  // first rank's own failure ("rank r: …"; a rank whose error only came from a meeting another rank failed is
+  // named only when no rank failed on its own). `mine` is how the call went on this rank. Every rank of every
+  // group must call it once per call, including when the call went well. All groups are ended together, so that
+  // a rank leading one group and waiting in another cannot deadlock.
+  static Status end_call(std::span<SocketCollective* const> groups, const Status& mine);
+  // Not OK once a rank is gone: the group cannot go on (every call fails with this).
+  const Status& broken() const { return broken_; }
+
   TcpBootstrap& channel() { return *channel_; }
 
  private:
   struct Call;
+  struct Left;
   // One meeting: this rank's operand goes to rank 0, which hands `combine` every rank's (in rank order) and sends
   // rank r the r-th string it returns; the result of this rank comes back.
   Result<std::string> meet(const Call& call, std::string operand);
+  // Records why the group cannot go on, and closes the connections so that every other rank learns it at once.
+  Status break_group(const Status& why);
+  // end_call's phases.
+  Status announce_end(const Status& mine, bool primary);
+  Status take_message_while_ending(int peer, const Status& mine);
+  Status send_verdict(const Status& mine, bool primary);
+  Status receive_verdict();
 
   std::unique_ptr<TcpBootstrap> channel_;
+  Status broken_;
+  uint32_t call_ = 0;            // calls this rank has ended: every message carries it, so ranks out of step are caught
+  bool meeting_failed_ = false;  // a meeting of this call failed here (so this rank's error may not be its own)
+  std::vector<std::unique_ptr<Left>> left_;  // rank 0: the ranks that have left this call, with their verdicts
 };
 
 // The registry's factory: this process's rank, world size and rendezvous from the torchrun-style launch

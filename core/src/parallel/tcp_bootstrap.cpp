@@ -192,8 +192,36 @@ Result<std::unique_ptr<TcpBootstrap>> TcpBootstrap::connect(const RendezvousSpec
     b->peer_fds_.assign(spec.world_size, -1);
     int joined = 1;
     Status failure;
+    // Ranks already in that may have closed their connection: a readable one with nothing to read did. One that
+    // has sent something (it went on to its first exchange) is not watched any more, so its bytes stay unread.
+    std::vector<bool> watched(spec.world_size, true);
     while (joined < spec.world_size && failure.ok()) {
-      if (!wait_fd(listen_fd, POLLIN, deadline, "").ok()) break;
+      std::vector<pollfd> fds{{listen_fd, POLLIN, 0}};
+      for (int r = 1; r < spec.world_size; ++r)
+        if (b->peer_fds_[r] >= 0 && watched[r]) fds.push_back({b->peer_fds_[r], POLLIN, 0});
+      const int n = ::poll(fds.data(), fds.size(), remaining_ms(deadline));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      for (size_t i = 1; i < fds.size() && failure.ok(); ++i) {
+        if (!fds[i].revents) continue;
+        int gone = 0;
+        for (int r = 1; r < spec.world_size; ++r)
+          if (b->peer_fds_[r] == fds[i].fd) gone = r;
+        char byte;
+        const ssize_t got = ::recv(fds[i].fd, &byte, 1, MSG_PEEK);
+        if (got > 0) {
+          watched[gone] = false;
+          continue;
+        }
+        if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        std::string missing;
+        for (int r = 1; r < spec.world_size; ++r)
+          if (b->peer_fds_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        failure = unavailable("rank " + std::to_string(gone) + " connected to rank 0 at " + b->where() +
+                              " (MASTER_ADDR:MASTER_PORT) and closed its connection before rank(s) " + missing +
+                              " were in: it exited (its log, or its launcher, says why)");
+      }
+      if (!failure.ok() || !(fds[0].revents & POLLIN)) continue;
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       set_nonblocking(fd);
@@ -337,6 +365,11 @@ Result<std::string> TcpBootstrap::receive(int peer, std::optional<std::chrono::m
   const auto wait = timeout.value_or(spec_.timeout);
   const auto deadline = wait.count() < 0 ? Clock::time_point::max() : Clock::now() + wait;
   return recv_blob(fd, deadline, who);
+}
+
+int TcpBootstrap::native_handle(int peer) const {
+  auto fd = peer_fd(peer);
+  return fd.ok() ? *fd : -1;
 }
 
 void TcpBootstrap::shut_down() {

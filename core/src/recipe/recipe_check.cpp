@@ -225,7 +225,9 @@ class Checker {
                            " rank processes on this machine, or with --nnodes/--node-rank/--master-addr/"
                            "--master-port this node's share; the ranks meet at MASTER_PORT .. MASTER_PORT + " +
                            std::to_string(1 + (parallel.get_int("decode_context", 1) > 1 ? groups : 0)) +
-                           " (TCP), and each process needs the model files and the memory of its shard");
+                           " (TCP), and each process needs the model files and the memory of its shard; a rank that "
+                           "fails at start-up ends the start at once, a request that fails on one rank fails on all "
+                           "and the next goes on, and a rank that exits stops the group until a restart");
     } else if (backend != "local") {
       return problem(about(transport, "backend",
                            invalid_argument("CPU ranks meet through the built-in `local` group (threads of this "

@@ -115,9 +115,15 @@ TEST(TcpBootstrap, WorldSizeMismatchIsRefusedOnBothSides) {
 
 TEST(TcpBootstrap, DuplicateRankIsRefused) {
   const int port = testing::free_loopback_port();
-  Status first, second;
-  std::thread a([&] { first = TcpBootstrap::connect(spec(port, 1, 3, 3s)).status(); });
-  std::thread b([&] { second = TcpBootstrap::connect(spec(port, 1, 3, 3s)).status(); });
+  // Each claimant keeps its connection until the end (one that closed it would be a rank that exited, which rank 0
+  // reports as such).
+  std::unique_ptr<TcpBootstrap> kept[2];
+  auto claim = [&](int i) {
+    auto b = TcpBootstrap::connect(spec(port, 1, 3, 3s));
+    if (b.ok()) kept[i] = std::move(b).value();
+  };
+  std::thread a([&] { claim(0); });
+  std::thread b([&] { claim(1); });
   auto root = TcpBootstrap::connect(spec(port, 0, 3, 3s));
   a.join();
   b.join();
