@@ -66,6 +66,7 @@ inline std::vector<int32_t> reference_tokens(std::vector<int32_t> history, int64
 struct RecordedStep {
   const void* table = nullptr;  // identifies the sequence within one call
   int64_t start = 0, tokens = 0;
+  bool all_logits = false;      // a verification pass's entry (t_L and its drafts)
 };
 
 class FakeModelRunner final : public ModelRunner {
@@ -78,6 +79,9 @@ class FakeModelRunner final : public ModelRunner {
         slot_pos_(num_blocks * block_size, -1) {}
 
   int64_t vocab_size() const override { return vocab_; }
+  // The bound the engine is told (the fake model itself is invariant at any size); records() shows what it ran.
+  void set_batch_invariance(BatchInvariance bound) { bound_ = bound; }
+  BatchInvariance batch_invariance() const override { return bound_; }
   bool applies_token_masks() const override { return true; }  // select_tokens_host applies them
   bool applies_logit_adjustments() const override { return true; }
 
@@ -110,7 +114,7 @@ class FakeModelRunner final : public ModelRunner {
       for (int32_t b : table)
         if (b < 0 || b >= num_blocks_) return violation("block id " + std::to_string(b) + " outside the pool");
       for (int64_t p = st.start_position; p < end; ++p) writer[table[p / block_size_]] = s;
-      record.push_back({st.block_table, st.start_position, n});
+      record.push_back({st.block_table, st.start_position, n, st.all_logits});
     }
     // A block being written belongs to its writer alone: no other sequence of the batch may hold it.
     for (size_t s = 0; s < steps.size(); ++s) {
@@ -246,6 +250,7 @@ class FakeModelRunner final : public ModelRunner {
     return internal_error("SequenceStep contract: " + what);
   }
 
+  BatchInvariance bound_;
   const CacheViews* state_views_ = nullptr;
   int64_t num_blocks_, block_size_, vocab_;
   std::vector<int32_t> slot_token_;
