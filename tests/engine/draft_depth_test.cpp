@@ -5,8 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "engine/draft_depth.h"
 #include "engine_harness.h"
@@ -167,14 +165,11 @@ TEST_P(BoundedDrafting, VerificationPassesStayInsideTheBound) {
       e.drafter->set_prompt(i + 1, prompts[i]);
       ASSERT_TRUE(e.engine->submit(p, c.sink(i)).ok());
     };
+    // The engine holds before its 4th step (request 0, admitted first, decodes by then) and the late ones come in.
+    e.runner->close_gate_at_call(4);
     for (int i = 0; i < concurrency; ++i) submit(i);
-    // Hold the engine once request 0 decodes, and let the late ones in while it is held.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (c.tokens_so_far(0) < 2 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    ASSERT_GE(c.tokens_so_far(0), 2) << where;
-    e.runner->close_gate();
-    e.runner->wait_until_blocked();
+    e.runner->wait_until_blocked_at(4);
+    ASSERT_GE(c.tokens_so_far(0), 1) << where;
     for (int i = concurrency; i < total; ++i) submit(i);
     e.runner->open_gate();
     for (int i = 0; i < total; ++i) {
@@ -257,17 +252,20 @@ TEST(BoundedDraftingLoad, PromptChunksShareAVerifyingPassOnlyWhenTheyFit) {
     e.drafter->set_prompt(i + 1, prompts[i]);
     ASSERT_TRUE(e.engine->submit(p, c.sink(i)).ok());
   };
+  // Each arrives while request 0 decodes alone (drafting 3: passes of 4 rows): request 1 before step 4, request 2
+  // (after request 1's 6 tokens, before request 0's 60) before step 14.
+  e.runner->close_gate_at_call(4);
   submit(0);
-  for (int i = 1; i < 3; ++i) {
-    // Each arrives while request 0 decodes alone (and drafts 3: a pass of 4 rows).
-    while (c.tokens_so_far(0) < 4 * i) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    e.runner->close_gate();
-    e.runner->wait_until_blocked();
-    submit(i);
-    e.runner->open_gate();
-    ASSERT_TRUE(c.wait(i));
-  }
-  ASSERT_TRUE(c.wait(0));
+  e.runner->wait_until_blocked_at(4);
+  submit(1);
+  e.runner->close_gate_at_call(14);
+  e.runner->open_gate();
+  e.runner->wait_until_blocked_at(14);
+  ASSERT_TRUE(c.get(1).done) << "request 1 should have ended by step 14";
+  ASSERT_FALSE(c.get(0).done) << "request 0 should still decode at step 14";
+  submit(2);
+  e.runner->open_gate();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.wait(i));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(c.get(i).tokens, reference_tokens(prompts[i], lengths[i], {}, kVocab));
   const EngineMetrics m = wait_idle(*e.engine);
   const std::vector<Pass> passes = passes_of(*e.runner);

@@ -93,6 +93,7 @@ class FakeModelRunner final : public ModelRunner {
 
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const StepOptions& options,
               StepOutput& out) override {
+    if (close_at_.load() == calls_.load() + 1) close_gate();
     wait_gate();
     const int64_t call = calls_.fetch_add(1) + 1;
     if (call == fail_on_call_) return internal_error("injected failure on call " + std::to_string(call));
@@ -229,6 +230,13 @@ class FakeModelRunner final : public ModelRunner {
     }
     gate_cv_.notify_all();
   }
+  // Closes the gate as call `call` (from 1) arrives: the engine holds right before that step, however fast it runs.
+  void close_gate_at_call(int64_t call) { close_at_ = call; }
+  // Waits until step() is blocked at the gate before call `call`.
+  void wait_until_blocked_at(int64_t call) {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    gate_cv_.wait(lock, [&] { return blocked_ && calls_.load() == call - 1; });
+  }
   // Waits until step() is blocked at the closed gate.
   void wait_until_blocked() {
     std::unique_lock<std::mutex> lock(gate_mutex_);
@@ -255,7 +263,7 @@ class FakeModelRunner final : public ModelRunner {
   int64_t num_blocks_, block_size_, vocab_;
   std::vector<int32_t> slot_token_;
   std::vector<int64_t> slot_pos_;
-  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> calls_{0}, close_at_{0};
   int64_t fail_on_call_ = -1;
   mutable std::mutex mutex_;
   std::vector<std::vector<RecordedStep>> records_;
