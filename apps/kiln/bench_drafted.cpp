@@ -73,6 +73,7 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
                                " positions past a step, fewer than K = " + std::to_string(k) +
                                " (open_bench_target's lookahead_slots)");
   EngineBench bench{t.plan, t.caches};
+  const BatchInvariance bound = t.model.model->batch_invariance();
   // The same tokens are timed in both runs: past the warm-up, short of the last K (see DecodeWindow).
   const DecodeWindow window{o.warmup, k};
   std::vector<DraftedPoint> points;
@@ -117,6 +118,8 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
       const OracleStats& s = oracle->stats();
       for (size_t i = 0; i < profile.size(); ++i) p.conditional_rates.push_back(s.conditional_rate(i));
       p.passes = m.spec_drafts;
+      p.effective_depth = m.spec_drafts ? static_cast<double>(m.spec_draft_tokens) / m.spec_drafts : 0.0;
+      p.bound_limited_steps = m.spec_bound_limited_steps;
       p.divergent_rows = s.divergent_rows;
       p.unexpected_accepts = s.unexpected_accepts;
       for (int64_t b = 0; b < batch; ++b) {
@@ -136,6 +139,11 @@ Result<std::vector<DraftedPoint>> run_drafted_bench(BenchTarget& t, const Decode
                    "rows left the recording, {} passes accepted another length than the drafts' correctness implies; "
                    "the drafted run's acceptance no longer follows the profile",
                    where, p.mismatched_sequences, batch, p.mismatched_tokens, p.divergent_rows, p.unexpected_accepts);
+      if (p.bound_limited_steps > 0)
+        log::warn("draft profile, {}: the runner's batch-invariance bound ({} rows, {} with logits) limited drafting "
+                  "in {} steps: the passes ran at depth {:.2f} of K = {}, and the ideal (a 1 + K row pass) does not "
+                  "apply",
+                  where, bound.rows, bound.logit_rows, p.bound_limited_steps, p.effective_depth, k);
       log::info("draft profile, {}: plain {:.1f} tok/s, drafted {:.1f} tok/s ({:.2f}x; ideal {:.2f}x); a step "
                 "{:.3f} ms in the engine vs {:.3f} ms alone, a pass {:.3f} ms vs {:.3f} ms",
                 where, p.plain_tok_s, p.drafted_tok_s, p.speedup, p.ideal_speedup, p.engine_decode_ms, p.decode_ms,
@@ -149,18 +157,22 @@ std::string drafted_table(const std::vector<DraftedPoint>& points, const std::ve
   std::string s =
       "\nDrafting with the oracle, profile " + joined(profile, "%.2f") + " (K = " + std::to_string(profile.size()) +
       "; p_i = P(draft i accepted | drafts before it accepted)); tok/s through the engine while the whole batch "
-      "decodes; ideal = tokens per pass x decode ms / verify ms\n\n"
-      "| context | batch | plain tok/s | drafted tok/s | speedup | tokens/pass (profile) | per-position acceptance "
-      "(conditional) | decode ms | verify ms (1+K rows) | ideal speedup | measured / ideal | lossless |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "decodes; depth run = drafts per verification pass (below K where the runner's batch-invariance bound kept "
+      "the passes shallower, 0 where it left no room to draft); ideal = tokens per pass x decode ms / verify ms\n\n"
+      "| context | batch | plain tok/s | drafted tok/s | speedup | depth run | tokens/pass (profile) | per-position "
+      "acceptance (conditional) | decode ms | verify ms (1+K rows) | ideal speedup | measured / ideal | lossless |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const DraftedPoint& p : points) {
     s += "| " + std::to_string(p.context) + " | " + std::to_string(p.batch) + " | ";
     if (!p.skipped.empty()) {
-      s += "skipped: " + p.skipped + " | | | | | | | | | |\n";
+      s += "skipped: " + p.skipped + " | | | | | | | | | | |\n";
       continue;
     }
+    // Below K where the batch-invariance bound shrank the passes (then the ideal, against 1 + K rows, does not apply).
+    const std::string depth = p.bound_limited_steps > 0 ? fmt("%.2f", p.effective_depth) + " (bound-limited)"
+                                                        : fmt("%.2f", p.effective_depth);
     s += fmt("%.1f", p.plain_tok_s) + " | " + fmt("%.1f", p.drafted_tok_s) + " | " + fmt("%.2fx", p.speedup) + " | " +
-         fmt("%.2f", p.tokens_per_pass) + fmt(" (%.2f)", p.expected_tokens_per_pass) + " | " +
+         depth + " | " + fmt("%.2f", p.tokens_per_pass) + fmt(" (%.2f)", p.expected_tokens_per_pass) + " | " +
          joined(p.conditional_rates, "%.2f") + " | " + fmt("%.3f", p.decode_ms) + " | " + fmt("%.3f", p.verify_ms) +
          " | " + fmt("%.2fx", p.ideal_speedup) + " | " + fmt("%.1f %%", 100 * p.fraction_of_ideal) + " | ";
     s += p.lossless() ? "yes" : "NO: " + std::to_string(p.mismatched_tokens) + " tokens in " +
@@ -183,6 +195,8 @@ nlohmann::json drafted_json(const std::vector<DraftedPoint>& points, const std::
                 {"drafted_tok_s", p.drafted_tok_s},
                 {"speedup", p.speedup},
                 {"verification_passes", p.passes},
+                {"effective_depth", p.effective_depth},
+                {"bound_limited_steps", p.bound_limited_steps},
                 {"tokens_per_pass", p.tokens_per_pass},
                 {"expected_tokens_per_pass", p.expected_tokens_per_pass},
                 {"conditional_acceptance_per_position", p.conditional_rates},

@@ -4,6 +4,8 @@
 //   pass 1  plain greedy decoding through the engine: the recording, and plain tok/s;
 //   pass 2  (bench_model.h, run before) the runner's decode step and its verification pass of 1 + K rows;
 //   pass 3  drafted decoding through the engine with the oracle: drafted tok/s, acceptance per position.
+// The engine keeps each verification pass inside the runner's batch-invariance bound (engine/draft_depth.h), so
+// with many sequences it drafts shallower than K, or not at all: each point reports the depth it ran at.
 // ideal speedup = tokens per verification pass (measured) × t(decode step) ÷ t(verification pass of 1 + K rows):
 // what drafting would give if proposing cost nothing and the engine added nothing to a step.
 #pragma once
@@ -24,6 +26,11 @@ struct DraftedPoint {
   int64_t tokens_per_sequence = 0;
   double plain_tok_s = 0, drafted_tok_s = 0, speedup = 0;  // engine, over the window where the batch is whole
   double tokens_per_pass = 0, expected_tokens_per_pass = 0;  // mean acceptance length: measured, the profile's
+  // The depth the passes ran at: drafts per verification pass, below K where the runner's batch-invariance bound
+  // (model/batch_invariance.h) shrank it, 0 where it left no room for drafts at all; and the steps it limited. The
+  // ideal below is against a pass of 1 + K rows, so it is only comparable at the full depth.
+  double effective_depth = 0;
+  int64_t bound_limited_steps = 0;
   std::vector<double> conditional_rates;  // per position: P(draft i accepted | drafts before it accepted)
   std::vector<double> cumulative_rates;   // per position: P(draft i accepted), as the engine's metrics count it
   double decode_ms = 0, verify_ms = 0;    // pass 2: the runner's step and its 1 + K row verification pass

@@ -66,6 +66,7 @@ inline std::vector<int32_t> reference_tokens(std::vector<int32_t> history, int64
 struct RecordedStep {
   const void* table = nullptr;  // identifies the sequence within one call
   int64_t start = 0, tokens = 0;
+  bool all_logits = false;      // a verification pass's entry (t_L and its drafts)
 };
 
 class FakeModelRunner final : public ModelRunner {
@@ -78,6 +79,9 @@ class FakeModelRunner final : public ModelRunner {
         slot_pos_(num_blocks * block_size, -1) {}
 
   int64_t vocab_size() const override { return vocab_; }
+  // The bound the engine is told (the fake model itself is invariant at any size); records() shows what it ran.
+  void set_batch_invariance(BatchInvariance bound) { bound_ = bound; }
+  BatchInvariance batch_invariance() const override { return bound_; }
   bool applies_token_masks() const override { return true; }  // select_tokens_host applies them
   bool applies_logit_adjustments() const override { return true; }
 
@@ -89,6 +93,7 @@ class FakeModelRunner final : public ModelRunner {
 
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const StepOptions& options,
               StepOutput& out) override {
+    if (close_at_.load() == calls_.load() + 1) close_gate();
     wait_gate();
     const int64_t call = calls_.fetch_add(1) + 1;
     if (call == fail_on_call_) return internal_error("injected failure on call " + std::to_string(call));
@@ -110,7 +115,7 @@ class FakeModelRunner final : public ModelRunner {
       for (int32_t b : table)
         if (b < 0 || b >= num_blocks_) return violation("block id " + std::to_string(b) + " outside the pool");
       for (int64_t p = st.start_position; p < end; ++p) writer[table[p / block_size_]] = s;
-      record.push_back({st.block_table, st.start_position, n});
+      record.push_back({st.block_table, st.start_position, n, st.all_logits});
     }
     // A block being written belongs to its writer alone: no other sequence of the batch may hold it.
     for (size_t s = 0; s < steps.size(); ++s) {
@@ -225,6 +230,13 @@ class FakeModelRunner final : public ModelRunner {
     }
     gate_cv_.notify_all();
   }
+  // Closes the gate as call `call` (from 1) arrives: the engine holds right before that step, however fast it runs.
+  void close_gate_at_call(int64_t call) { close_at_ = call; }
+  // Waits until step() is blocked at the gate before call `call`.
+  void wait_until_blocked_at(int64_t call) {
+    std::unique_lock<std::mutex> lock(gate_mutex_);
+    gate_cv_.wait(lock, [&] { return blocked_ && calls_.load() == call - 1; });
+  }
   // Waits until step() is blocked at the closed gate.
   void wait_until_blocked() {
     std::unique_lock<std::mutex> lock(gate_mutex_);
@@ -246,11 +258,12 @@ class FakeModelRunner final : public ModelRunner {
     return internal_error("SequenceStep contract: " + what);
   }
 
+  BatchInvariance bound_;
   const CacheViews* state_views_ = nullptr;
   int64_t num_blocks_, block_size_, vocab_;
   std::vector<int32_t> slot_token_;
   std::vector<int64_t> slot_pos_;
-  std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> calls_{0}, close_at_{0};
   int64_t fail_on_call_ = -1;
   mutable std::mutex mutex_;
   std::vector<std::vector<RecordedStep>> records_;

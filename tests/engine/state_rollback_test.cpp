@@ -9,54 +9,13 @@
 
 #include "engine/cache_manager.h"
 #include "engine_harness.h"
+#include "fake_drafter.h"
 #include "runtime/cpu_device_context.h"
 
 namespace kiln::testing {
 namespace {
 
 constexpr int64_t kVocab = 53;
-
-// Proposes the fake model's greedy continuation, with each draft replaced by a wrong token at a seeded rate.
-class SometimesRightDrafter final : public Drafter {
- public:
-  explicit SometimesRightDrafter(int max_depth) : max_depth_(max_depth) {}
-  DrafterCapabilities capabilities() const override {
-    DrafterCapabilities c;
-    c.max_depth = max_depth_;
-    return c;
-  }
-  Status propose(const DraftStep& step, std::vector<DraftProposal>& out) override {
-    out.assign(step.seqs.size(), {});
-    std::vector<float> logits(kVocab);
-    for (size_t b = 0; b < step.seqs.size(); ++b) {
-      const DraftSequence& d = step.seqs[b];
-      // The sequence's tokens by position: row p's successor is next_tokens[p − start]; the last one is t_L.
-      std::vector<int32_t>& h = histories_[d.seq_id];
-      if (h.empty()) h.push_back(prompt_of_[d.seq_id].at(0));
-      h.resize(d.start_position + 1);
-      h.insert(h.end(), d.next_tokens, d.next_tokens + d.num_rows);
-      std::vector<int32_t> draft_history = h;
-      for (int k = 0; k < d.depth; ++k) {
-        fake_logits(draft_history, kVocab, logits.data());
-        int32_t best = 0;
-        for (int32_t v = 1; v < kVocab; ++v)
-          if (logits[v] > logits[best]) best = v;
-        if (std::uniform_real_distribution<double>(0, 1)(rng_) < 0.35) best = (best + 1) % kVocab;
-        out[b].tokens.push_back(best);
-        draft_history.push_back(best);
-      }
-    }
-    return ok_status();
-  }
-  Status rollback(int64_t, int64_t) override { return ok_status(); }
-  void release(int64_t id) override { histories_.erase(id); }
-  void set_prompt(int64_t id, std::vector<int32_t> prompt) { prompt_of_[id] = std::move(prompt); }
-
- private:
-  int max_depth_;
-  std::mt19937_64 rng_{5};
-  std::map<int64_t, std::vector<int32_t>> histories_, prompt_of_;
-};
 
 TEST(StateRollback, GreedyOutputWithDraftsOverRecurrentStateEqualsWithout) {
   for (int depth : {1, 2, 3, 5}) {
@@ -76,7 +35,7 @@ TEST(StateRollback, GreedyOutputWithDraftsOverRecurrentStateEqualsWithout) {
     auto runner = std::make_unique<FakeModelRunner>(config.num_blocks, config.block_size, kVocab);
     FakeModelRunner* fake = runner.get();
     fake->keep_state(&shared->views());
-    auto drafter = std::make_shared<SometimesRightDrafter>(depth);
+    auto drafter = std::make_shared<SometimesRightDrafter>(depth, kVocab);
     auto engine = BatchEngine::create(config, std::move(runner), drafter, shared);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
 

@@ -48,8 +48,29 @@ BatchEngine::BatchEngine(const EngineConfig& config, std::unique_ptr<ModelRunner
       runner_(std::move(runner)),
       caches_(std::move(caches)),
       scheduler_(config_, *caches_),
-      drafter_(std::move(drafter)) {
-  if (drafter_) options_.tap_layers = drafter_->capabilities().tap_layers;
+      drafter_(std::move(drafter)),
+      bound_(runner_->batch_invariance()) {
+  if (drafter_) {
+    options_.tap_layers = drafter_->capabilities().tap_layers;
+    if (bound_.bounded()) {
+      const int64_t k = config_.speculative_depth;
+      // Sequences that can verify depth K together, and 1 draft each (fair_draft_depth with no prompt chunk).
+      auto fits = [&](int64_t d) {
+        int64_t n = 0;
+        while (n < config_.max_num_seqs && fair_draft_depth(k, n + 1, n + 1, {}, bound_) >= d) ++n;
+        return n;
+      };
+      if (fits(1) == 0)
+        log::warn("speculative decoding stays off: the model runner's steps are batch-invariant only up to {} rows "
+                  "({} with logits; a weight format that promises no bound gives 0), fewer than one verification "
+                  "pass needs, so no pass could be lossless",
+                  bound_.rows, bound_.logit_rows);
+      else
+        log::info("speculative decoding within the runner's batch-invariance bound ({} rows, {} with logits): depth "
+                  "{} for up to {} decoding sequences, shallower beyond, none past {}",
+                  bound_.rows, bound_.logit_rows, k, fits(k), fits(1));
+    }
+  }
   publish_metrics();
 }
 
@@ -188,8 +209,42 @@ int64_t BatchEngine::draft_budget(const Sequence& seq) const {
   return std::max<int64_t>(std::min<int64_t>(config_.speculative_depth, remaining - 1), 0);
 }
 
+// Drafts a decoding chunk could verify now: what the drafter proposed, within the sequence's limits.
+int64_t BatchEngine::drafts_ready(const ScheduledChunk& chunk) const {
+  const Sequence& seq = *chunk.seq;
+  if (chunk.num_tokens != 1 || seq.pending() != 1) return 0;
+  return std::min<int64_t>(static_cast<int64_t>(seq.drafts.size()), draft_budget(seq));
+}
+
+int64_t BatchEngine::verification_depth(const ScheduledStep& plan) {
+  // The pass verifies inside the runner's batch-invariance bound (draft_depth.h). The proposals were sized for the
+  // chunks the scheduler expected; when others came (an arrival, a forecast that missed), the drafts shrink to fit,
+  // or the step runs without them. Prompt chunks never wait for drafts: a second pass in the same step would need a
+  // second drafter call over its rows, which ends the validity of the q the first one returned (drafter.h), and a
+  // chunk deferred behind verifying passes delays its request's first token for as long as others keep drafting.
+  // Dropping the drafts instead runs exactly the pass undrafted decoding runs there.
+  int64_t decoding = 0, drafting = 0, wanted = 0;
+  PassRows chunks;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.num_tokens == 1 && c.seq->pending() == 1) {
+      ++decoding;
+      const int64_t k = drafts_ready(c);
+      drafting += k > 0;
+      wanted = std::max(wanted, k);
+    } else {
+      chunks.rows += c.num_tokens;
+      chunks.logit_rows += 1;
+    }
+  }
+  const int64_t depth = fair_draft_depth(config_.speculative_depth, decoding, drafting, chunks, bound_);
+  if (depth < wanted && !bound_counted_) ++spec_.bound_limited_steps;
+  bound_counted_ = false;
+  return depth;
+}
+
 void BatchEngine::build_step(const ScheduledStep& plan) {
   const size_t n = plan.chunks.size();
+  const int64_t depth = drafter_ ? verification_depth(plan) : 0;
   steps_.clear();
   select_.assign(n, {});
   verify_tokens_.assign(n, {});
@@ -197,9 +252,8 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
   for (size_t i = 0; i < n; ++i) {
     Sequence* seq = plan.chunks[i].seq;
     const int64_t count = plan.chunks[i].num_tokens, from = seq->num_computed;
-    const bool decoding = count == 1 && seq->pending() == 1;
     TokenSelection& sel = select_[i];
-    int64_t k = decoding ? std::min<int64_t>(static_cast<int64_t>(seq->drafts.size()), draft_budget(*seq)) : 0;
+    int64_t k = std::min(drafts_ready(plan.chunks[i]), depth);
     // A chunk that computes everything pending yields the sequence's next token.
     sel.select = seq->pending() == count;
     if (sel.select && seq->constraint) k = constrain(*seq, k);
@@ -284,6 +338,23 @@ Status BatchEngine::propose(const ScheduledStep& plan, const std::vector<int64_t
   // Too many decoding sequences for drafting to pay: the drafter only follows this step's rows, and the next step
   // decodes plainly (which drafting reproduces anyway).
   const bool drafting = config_.speculative_max_batch <= 0 || decoding <= config_.speculative_max_batch;
+  // The next step's pass verifies inside the runner's batch-invariance bound: one depth for every sequence that
+  // drafts, sized beside the prompt chunks the scheduler is expected to run with them (verification_depth trims
+  // the drafts again should other chunks come).
+  int64_t depth = 0, would_draft = 0;
+  if (drafting) {
+    int64_t wanting = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i)
+      if (computed_rows[i] > 0 && plan.chunks[i].seq->pending() == 1) {
+        const int64_t budget = draft_budget(*plan.chunks[i].seq);
+        wanting += budget > 0;
+        would_draft = std::max(would_draft, budget);
+      }
+    depth = fair_draft_depth(config_.speculative_depth, decoding, wanting,
+                             scheduler_.forecast_prompt_chunks(decoding), bound_);
+  }
+  bound_counted_ = depth < would_draft;
+  if (bound_counted_) ++spec_.bound_limited_steps;
   DraftStep ds;
   ds.taps = output_.taps;
   next_tokens_.assign(plan.chunks.size(), {});
@@ -305,7 +376,7 @@ Status BatchEngine::propose(const ScheduledStep& plan, const std::vector<int64_t
     d.num_rows = rows;
     d.tap_row = tap_row;
     d.next_tokens = next.data();
-    d.depth = drafting && seq->pending() == 1 ? static_cast<int>(draft_budget(*seq)) : 0;
+    d.depth = seq->pending() == 1 ? static_cast<int>(std::min(draft_budget(*seq), depth)) : 0;
     d.temperature = seq->sampler.greedy() ? 0.0f : seq->sampler.options().temperature;
     d.seed = seq->sampler.options().seed;
     d.block_table = seq->kv.blocks.data();
@@ -524,6 +595,7 @@ void BatchEngine::publish_metrics() {
   metrics_.spec_accepted_tokens = spec_.accepted;
   metrics_.spec_drafted_per_pos = spec_.drafted_at;
   metrics_.spec_accepted_per_pos = spec_.accepted_at;
+  metrics_.spec_bound_limited_steps = spec_.bound_limited_steps;
   waiting_ = scheduler_.num_waiting();
   idle_now_ = scheduler_.empty();
   if (idle_now_) idle_.notify_all();

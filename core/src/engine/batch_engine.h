@@ -7,7 +7,9 @@
 // device) and proposes up to K drafts for each sequence that decodes next; the next step runs each such
 // sequence's newest token and its drafts in one verification pass (the same forward as every other sequence's
 // decode or prompt chunk), and the runner accepts a prefix plus one token (greedy, or rejection sampling against
-// the drafts' sparse q). KV rows past the accepted ones are overwritten before anything reads them.
+// the drafts' sparse q). KV rows past the accepted ones are overwritten before anything reads them. Each pass that
+// verifies stays inside the runner's batch-invariance bound (draft_depth.h): the drafting sequences share the rows
+// it leaves at one depth ≤ K, and a step where not even one draft each fits runs without drafts.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "engine/cache_manager.h"
+#include "engine/draft_depth.h"
 #include "engine/engine_api.h"
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
@@ -66,6 +69,9 @@ class BatchEngine final : public Engine {
                  const std::vector<int64_t>& computed_rows);
   // Drafts the engine lets a sequence have now (0: it does not decode next, or is near its limits).
   int64_t draft_budget(const Sequence& seq) const;
+  int64_t drafts_ready(const ScheduledChunk& chunk) const;
+  // The depth every verifying sequence of the step's pass gets (draft_depth.h), and the bound-limited count.
+  int64_t verification_depth(const ScheduledStep& plan);
   Status check_media(const RequestParams& params) const;
   // A constrained sequence about to select: fills seq.allowed with the masks of its pass's rows and returns how many
   // of its k drafts the pass verifies (the drafts the constraint allows, up to the first it refuses).
@@ -93,6 +99,9 @@ class BatchEngine final : public Engine {
   std::shared_ptr<CacheManager> caches_;
   Scheduler scheduler_;  // touched by the loop thread only
   std::shared_ptr<Drafter> drafter_;  // null: no speculative decoding
+  // The runner's batch-invariance bound: every pass that verifies drafts stays inside it.
+  BatchInvariance bound_;
+  bool bound_counted_ = false;  // the last proposal already counted the coming step as bound-limited
   StepOptions options_;               // the drafter's tap layers
   StepOutput output_;
   std::vector<SequenceStep> steps_;

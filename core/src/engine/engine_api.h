@@ -79,6 +79,8 @@ struct EngineMetrics {
   // per draft position (0 = the first draft) how often it was proposed and accepted.
   int64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
   std::vector<int64_t> spec_drafted_per_pos, spec_accepted_per_pos;
+  // Steps where the model runner's batch-invariance bound made drafting shallower than K, or turned it off.
+  int64_t spec_bound_limited_steps = 0;
 };
 
 class Engine {

@@ -17,6 +17,7 @@ class InstanceRunner final : public ModelRunner {
   }
   int64_t vocab_size() const override { return model_.vocab_size(); }
   int64_t hidden_size() const override { return model_.hidden_size(); }
+  BatchInvariance batch_invariance() const override { return model_.batch_invariance(); }
   // CPU: host selection (model/host_token_select). CUDA: uploaded with the selection and applied on the device —
   // adjustments, masks and min_p in the host's order (kernels/cuda/logit_adjust, token_mask), logprobs taken from
   // the rows before them (kernels/cuda/logprobs) — in runtime/cuda/cuda_token_selection.

@@ -7,6 +7,7 @@
 #include <span>
 
 #include "kiln/status.h"
+#include "model/batch_invariance.h"
 #include "model/model_step.h"
 
 namespace kiln {
@@ -21,6 +22,9 @@ class ModelRunner {
   virtual Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
                       const StepOptions& options, StepOutput& out) = 0;
   virtual int64_t vocab_size() const = 0;
+  // Rows (and logit rows) of one step() within which every row's results are independent of the others: the
+  // engine keeps each pass that verifies drafts inside it, so drafting stays lossless (model/batch_invariance.h).
+  virtual BatchInvariance batch_invariance() const { return {}; }
   // The width of the embedding rows a step's media may carry (the model's hidden size); 0: it takes no media.
   virtual int64_t hidden_size() const { return 0; }
   // Whether step() fills StepOutput::logprobs for selections that ask (the host and the CUDA token selection do).

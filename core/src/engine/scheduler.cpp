@@ -151,6 +151,24 @@ ScheduledStep Scheduler::schedule() {
   return step;
 }
 
+PassRows Scheduler::forecast_prompt_chunks(int64_t decoding) const {
+  PassRows chunks;
+  int64_t budget = config_.max_num_batched_tokens - decoding;
+  auto take = [&](const Sequence* seq) {
+    const int64_t n = std::min(seq->pending(), budget);
+    chunks.rows += n;
+    chunks.logit_rows += 1;
+    budget -= n;
+  };
+  for (const Sequence* seq : running_)
+    if (budget > 0 && seq->pending() > 1) take(seq);
+  int64_t admitted = num_running();
+  for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0 && admitted < config_.max_num_seqs;
+       ++it, ++admitted)
+    take(*it);
+  return chunks;
+}
+
 void Scheduler::on_computed(const ScheduledChunk& chunk) {
   Sequence* seq = chunk.seq;
   seq->num_computed += chunk.num_tokens;

@@ -17,6 +17,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/cache_manager.h"
+#include "engine/draft_depth.h"
 #include "engine/engine_config.h"
 #include "engine/sequence.h"
 
@@ -43,6 +44,10 @@ class Scheduler {
   void add(std::unique_ptr<Sequence> seq);
 
   ScheduledStep schedule();
+  // The prompt chunks the next schedule() is expected to run beside `decoding` decodes, were KV no constraint:
+  // running sequences part-way through their prompt, then waiting ones while max_num_seqs allows (all of their
+  // tokens: a prefix-cache match is only known at admission). The engine sizes the next step's drafts against it.
+  PassRows forecast_prompt_chunks(int64_t decoding) const;
   // After the step's forward pass: the chunk's tokens have KV now.
   void on_computed(const ScheduledChunk& chunk);
   // Frees the sequence's blocks and forgets it (finished, cancelled or its client gone).

@@ -13,6 +13,9 @@ struct SpeculativeMetrics {
   int64_t drafted = 0;   // draft tokens proposed
   int64_t accepted = 0;  // draft tokens accepted
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position 0..K−1
+  // Steps whose drafting the runner's batch-invariance bound held below what the sequences would have drafted
+  // (a shallower depth, or none): the passes then verify fewer drafts than K (draft_depth.h).
+  int64_t bound_limited_steps = 0;
 
   void record(int64_t num_drafted, int64_t num_accepted) {
     if (num_drafted <= 0) return;

@@ -15,6 +15,7 @@
 #include "kiln/draft_services.h"
 #include "kiln/kv_layout.h"
 #include "kiln/weight_format.h"
+#include "model/batch_invariance.h"
 #include "model/model_step.h"
 #include "model/precision.h"
 
@@ -64,6 +65,9 @@ class ModelInstance {
   // asks for logits or hidden states.
   virtual Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
                       const CacheViews& caches, const StepOptions& options, StepOutput& out) = 0;
+  // How many rows (and logit rows) one step() may carry with each row's results independent of the others
+  // (model/batch_invariance.h). Unbounded unless the device's kernels say otherwise.
+  virtual BatchInvariance batch_invariance() const { return {}; }
   // Next-n layer `layer` over steps of one or more sequences: token i of a step is t_{p+1} for position p, row i of
   // `hidden` (device, [Σ tokens, hidden] fp32) the state it conditions on. KV in `caches` (the draft pool's views,
   // indexed num_target_layers + layer).

@@ -50,6 +50,8 @@ class TensorParallelInstance final : public ModelInstance {
   int64_t vocab_size() const override { return ranks_[0].instance->vocab_size(); }
   int64_t hidden_size() const override { return ranks_[0].instance->hidden_size(); }
   int64_t num_mtp_layers() const override { return ranks_[0].instance->num_mtp_layers(); }
+  // Every rank runs the same kernels over the same rows: rank 0 speaks for the group.
+  BatchInvariance batch_invariance() const override { return ranks_[0].instance->batch_invariance(); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,

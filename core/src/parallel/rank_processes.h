@@ -62,6 +62,8 @@ class RankLeaderInstance final : public ModelInstance {
   int64_t vocab_size() const override { return own_->vocab_size(); }
   int64_t hidden_size() const override { return own_->hidden_size(); }
   int64_t num_mtp_layers() const override { return own_->num_mtp_layers(); }
+  // Every rank runs the same kernels over the same rows: rank 0 speaks for the group.
+  BatchInvariance batch_invariance() const override { return own_->batch_invariance(); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,

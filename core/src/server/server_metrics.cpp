@@ -116,6 +116,10 @@ std::string ServerMetrics::render(const EngineMetrics& e, const std::string& mod
                 static_cast<double>(e.spec_draft_tokens));
   render_scalar(out, "kiln:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.", labels,
                 static_cast<double>(e.spec_accepted_tokens));
+  render_scalar(out, "kiln:spec_decode_bound_limited_steps_total", "counter",
+                "Steps where the model runner's batch-invariance bound made drafting shallower than the depth, or "
+                "turned it off.",
+                labels, static_cast<double>(e.spec_bound_limited_steps));
   out += "# HELP kiln:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, by draft position.\n"
          "# TYPE kiln:spec_decode_num_accepted_tokens_per_pos_total counter\n";
   for (size_t p = 0; p < e.spec_accepted_per_pos.size(); ++p)

@@ -10,6 +10,7 @@
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
 #include "model/rope_setup.h"
+#include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
@@ -273,6 +274,12 @@ Status CudaMlaMoeModel::step(std::span<const SequenceStep> steps, std::span<cons
   }
   I.timer.finish();
   return ok_status();
+}
+
+BatchInvariance CudaMlaMoeModel::batch_invariance() const {
+  BatchInvariantBound b;
+  for (const GpuLayer& l : weights_.layers) b.add(l);
+  return b.bound(weights_.lm_head.get());
 }
 
 Status CudaMlaMoeModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,

@@ -39,6 +39,8 @@ class CudaMlaMoeModel final : public ModelInstance {
   int64_t num_mtp_layers() const override { return static_cast<int64_t>(weights_.mtp.size()); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
+  // kBatchInvariantMaxRows, the trunk's weight-format promises and the lm_head's (batch_invariant_bound.h).
+  BatchInvariance batch_invariance() const override;
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
                   MtpStepOutput& out) override;
   Status embed(const int32_t* ids, int64_t n, TensorView out) override;

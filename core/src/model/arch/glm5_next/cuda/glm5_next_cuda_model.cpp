@@ -18,6 +18,7 @@
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
 #include "model/arch/glm5_next/cuda/glm5_next_glue_kernels.h"
+#include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
@@ -567,6 +568,20 @@ Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<co
   }
   I.timer.finish();
   return ok_status();
+}
+
+BatchInvariance Glm5NextCudaModel::batch_invariance() const {
+  kiln::cuda::BatchInvariantBound b;
+  for (const LayerGpu& l : weights_.layers) {
+    b.add(l.block);
+    if (l.kda)
+      for (const auto* p :
+           {&l.kda->qkv, &l.kda->f_a, &l.kda->f_b, &l.kda->b_proj, &l.kda->g_a, &l.kda->g_b, &l.kda->o_proj})
+        b.add(p->get());
+    if (l.indexer)
+      for (const auto* p : {&l.indexer->wq_b, &l.indexer->wk, &l.indexer->weights_proj}) b.add(p->get());
+  }
+  return b.bound(weights_.lm_head.get());
 }
 
 Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,

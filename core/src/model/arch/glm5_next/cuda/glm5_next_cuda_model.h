@@ -46,6 +46,8 @@ class Glm5NextCudaModel final : public ModelInstance {
   int64_t num_mtp_layers() const override { return static_cast<int64_t>(weights_.mtp.size()); }
   Status step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select, const CacheViews& caches,
               const StepOptions& options, StepOutput& out) override;
+  // As CudaMlaMoeModel's (runtime/cuda/batch_invariant_bound.h), with the KDA and pooled-indexer projections.
+  BatchInvariance batch_invariance() const override;
   Status mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden, const CacheViews& caches,
                   MtpStepOutput& out) override;
   Status embed(const int32_t* ids, int64_t n, TensorView out) override;

@@ -1,0 +1,35 @@
+// The batch-invariance bound of a CUDA model step (model/batch_invariance.h): kBatchInvariantMaxRows rows for the
+// kernels the runner owns (cuda_model_step.h says why), lowered to what the weight format's Linear and ExpertSet
+// objects of the trunk promise (Linear::batch_invariant_rows), and for logit rows to the lm_head's promise (the
+// built-in dense head of a vocabulary wider than kSkinnyGemmWideOut: kSkinnyGemmMaxRowsWideOut).
+//
+// Linear::batch_invariant_rows answers for a plain run; a projection the step runs with the SwiGLU epilogue may hold
+// further (the built-in fused path holds to kSkinnyGemmMaxRows), but the SDK does not say so, and the plain promise
+// is the one every path keeps. So a dense MLP wider than kSkinnyGemmWideOut (GLM-4.7-Flash's layer 0: 2 × 10240)
+// lowers the rows to 8 — no further than the lm_head of its 154880-token vocabulary lowers the logit rows anyway.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/weight_format.h"
+#include "model/batch_invariance.h"
+#include "runtime/cuda/gpu_weights.h"
+
+namespace kiln::cuda {
+
+class BatchInvariantBound {
+ public:
+  BatchInvariantBound();
+  // Null pieces (absent projections) promise nothing and limit nothing.
+  void add(const Linear* linear);
+  void add(const ExpertSet* experts);
+  // Every Linear and ExpertSet of a decoder layer (attention, DSA indexer, MLP or MoE).
+  void add(const GpuLayer& layer);
+  // The bound of steps whose logits come from `lm_head` (null: no logits).
+  BatchInvariance bound(const Linear* lm_head) const;
+
+ private:
+  int64_t rows_;
+};
+
+}  // namespace kiln::cuda
