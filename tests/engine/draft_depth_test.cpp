@@ -28,7 +28,7 @@ TEST(FairDraftDepth, UnboundedRunnersDraftTheFullDepth) {
 }
 
 TEST(FairDraftDepth, SharesTheRowsLeftEquallyAndStopsBelowOneDraft) {
-  // GLM-4.7-Flash on the H200: 8 logit rows (the lm_head of its 154880-token vocabulary).
+  // An 8-row bound (GLM-4.7-Flash on the H200 had it before its lm_head kept 32 logit rows invariant).
   const BatchInvariance flash = bound_of(8, 8);
   EXPECT_EQ(fair_draft_depth(5, 1, 1, {}, flash), 5);   // 6 rows
   EXPECT_EQ(fair_draft_depth(5, 2, 2, {}, flash), 3);   // 8 rows

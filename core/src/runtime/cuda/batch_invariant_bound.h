@@ -1,12 +1,13 @@
 // The batch-invariance bound of a CUDA model step (model/batch_invariance.h): kBatchInvariantMaxRows rows for the
 // kernels the runner owns (cuda_model_step.h says why), lowered to what the weight format's Linear and ExpertSet
 // objects of the trunk promise (Linear::batch_invariant_rows), and for logit rows to the lm_head's promise (the
-// built-in dense head of a vocabulary wider than kSkinnyGemmWideOut: kSkinnyGemmMaxRowsWideOut).
+// built-in dense head: kSkinnyGemmMaxRowsWideOut = 32 since 2026-12-03, 8 before, for a vocabulary wider than
+// kSkinnyGemmWideOut).
 //
 // Linear::batch_invariant_rows answers for a plain run; a projection the step runs with the SwiGLU epilogue may hold
 // further (the built-in fused path holds to kSkinnyGemmMaxRows), but the SDK does not say so, and the plain promise
-// is the one every path keeps. So a dense MLP wider than kSkinnyGemmWideOut (GLM-4.7-Flash's layer 0: 2 × 10240)
-// lowers the rows to 8 — no further than the lm_head of its 154880-token vocabulary lowers the logit rows anyway.
+// is the one every path keeps. A dense MLP wider than kSkinnyGemmWideOut (GLM-4.7-Flash's layer 0: 2 × 10240)
+// promises kSkinnyGemmMaxRowsWideOut rows like the lm_head, so GLM-4.7-Flash's bound is 32 rows, 32 logit rows.
 #pragma once
 
 #include <cstdint>
