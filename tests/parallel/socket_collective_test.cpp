@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <latch>
 #include <functional>
 #include <span>
 #include <thread>
@@ -392,11 +393,18 @@ TEST(SocketCollectiveAbort, DisagreeingRanksFailTheCallAndTheGroupGoesOn) {
 // A rank that is gone breaks the group for good, on every rank, at once.
 TEST(SocketCollectiveAbort, ARankThatExitsBreaksTheGroup) {
   std::vector<Status> verdicts(3), later(3);
+  // Rank 2 leaves only once every rank's connect has returned: leaving earlier is a rank that fails at start-up,
+  // which the rendezvous reports instead (a race this test once lost under load).
+  std::latch connected(3);
   const auto t0 = std::chrono::steady_clock::now();
   run_threads(3, [&](int r, int port) {
     auto c = SocketCollective::connect(spec_for(port, r, 3));
-    ASSERT_TRUE(c.ok());
-    if (r == 2) return;  // exits: its connection closes
+    connected.count_down();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    if (r == 2) {
+      connected.wait();
+      return;  // exits: its connection closes
+    }
     SocketCollective* groups[] = {c->get()};
     verdicts[r] = run_call(groups, 2, -1).verdict;
     later[r] = run_call(groups, 1, -1).verdict;
