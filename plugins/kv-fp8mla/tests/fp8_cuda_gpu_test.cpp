@@ -11,13 +11,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
+#include "fp8_mla_kernels.h"
 #include "fp8_mla_row.h"
+#include "kiln/cuda/mla_decode_plan.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -329,6 +332,129 @@ TEST(Fp8MlaCudaModel, GlmMoeDsaWithFp8IndexerKeysMatchesTheCpu) {
     EXPECT_TRUE(tie_at[static_cast<size_t>(same)]) << "free-running tokens part at step " << same
                                                    << " where the CPU's choice is not a near-tie";
 }
+
+}  // namespace
+}  // namespace kiln::fp8mla
+
+namespace kiln::fp8mla {
+namespace {
+
+// The layout's tensor-core attention against the host's fp32 attention where the short test above cannot reach:
+// contexts of up to 4,097 keys (many 64-key tiles a split, several splits and the merge), 5 / 20 / 64 heads (one to
+// four n8 tiles, two CTAs a row at 64), rope 64 and NoPE (with DSA selections), rows at scales 2^−4 .. 2^4, all zero
+// and tiny. Bound: 2e-2 of a head's largest |out|, as above; and a row's bits alone equal its bits among the others
+// (batch invariance).
+struct LongShape {
+  int64_t rope, heads;
+  bool selection;
+};
+
+class Fp8MlaLongAttention : public ::testing::TestWithParam<LongShape> {};
+
+TEST_P(Fp8MlaLongAttention, MatchesTheHost) {
+  load_plugins();
+  const LongShape sh = GetParam();
+  const int64_t latent = 512, W = latent + sh.rope, heads = sh.heads, block = kBlock;
+  auto cpu = make_layout(Device::cpu(), latent, sh.rope);
+  ASSERT_TRUE(cpu);
+  const std::vector<int32_t> kv_len = {1, 700, 2500, 4097};
+  const int64_t nq = static_cast<int64_t>(kv_len.size()), keys = 4097;
+  const int64_t blocks = (keys + block - 1) / block, row_bytes = static_cast<int64_t>(cpu->bytes_per_token());
+  std::mt19937 rng(static_cast<uint32_t>(sh.rope * 131 + heads));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rows(keys * W);
+  for (int64_t t = 0; t < keys; ++t) {
+    // No huge tiles here (the short test above has them), and scales to 2^4: keys far stronger than the rest decide
+    // a head's softmax alone, between near-tied scores that the rounding of q to bf16 reorders (measured with rows
+    // to 2^8: 9 % off the host), and would hide everything else.
+    const int kind = static_cast<int>(t % 97);
+    const float spread = kind == 11 ? 0.0f : kind == 29 ? 1e-30f : std::ldexp(1.0f, static_cast<int>(t % 9) - 4);
+    for (int64_t i = 0; i < W; ++i) rows[t * W + i] = spread * normal(rng);
+  }
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<int64_t> slots(keys);
+  for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / block] * block + t % block;
+  std::vector<uint8_t> pages(static_cast<size_t>(blocks * block * row_bytes), 0);
+  KvAppendArgs a;
+  a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = pages.data();
+  ASSERT_TRUE(cpu->append(a, {}).ok());
+
+  std::vector<float> q(nq * heads * W);
+  for (float& x : q) x = 0.05f * normal(rng);
+  const int64_t width = sh.selection ? 2048 : 0;
+  std::vector<int32_t> selected(nq * std::max<int64_t>(width, 1), -1);
+  if (sh.selection)
+    for (int64_t r = 0; r < nq; ++r) {
+      std::vector<int32_t> pos(keys);
+      std::iota(pos.begin(), pos.end(), 0);
+      std::shuffle(pos.begin(), pos.end(), rng);
+      for (int64_t i = 0; i < width; ++i) selected[r * width + i] = i % 7 == 3 ? -1 : pos[i];
+    }
+  const std::vector<int32_t> query_seq(nq, 0);
+
+  std::vector<float> want(nq * heads * latent);
+  MlaAttendArgs m;
+  m.num_queries = nq, m.num_heads = heads, m.max_blocks = blocks, m.scale = 0.07f, m.max_kv_len = keys;
+  m.selected_width = width;
+  m.cache = pages.data(), m.q = q.data(), m.block_tables = table.data(), m.query_seq = query_seq.data();
+  m.kv_len = kv_len.data(), m.selected = sh.selection ? selected.data() : nullptr, m.out = want.data();
+  ASSERT_TRUE(cpu->attend(m, {}).ok());
+
+  Dev<uint8_t> d_pages(pages);
+  Dev<float> d_q(q);
+  Dev<int32_t> d_table(table), d_qs(query_seq), d_kv(kv_len), d_sel(selected);
+  const RowGeometry geom{latent, sh.rope};
+  AttendParams p;
+  p.shape.latent = latent, p.shape.rope = sh.rope, p.shape.tiles = geom.tiles();
+  p.shape.scales_offset = geom.scales_offset(), p.shape.rope_offset = geom.rope_offset();
+  p.shape.row_bytes = row_bytes;
+  p.pages = d_pages.p, p.block_size = block, p.q = d_q.p, p.num_queries = nq, p.num_heads = heads;
+  p.block_tables = d_table.p, p.max_blocks = blocks, p.query_seq = d_qs.p, p.kv_len = d_kv.p;
+  p.selected = sh.selection ? d_sel.p : nullptr, p.selected_width = width, p.scale = 0.07f;
+  ASSERT_TRUE(tc_attend_supported(p.shape, width));
+  const int splits = static_cast<int>((cuda::mla_decode_length_splits(sh.selection ? width : keys) + 15) / 16 * 16);
+  Dev<char> workspace(cuda::mla_decode_workspace_bytes(nq, heads, splits));
+  auto run = [&](int64_t first, int64_t count) {
+    Dev<float> out(static_cast<size_t>(count * heads * latent));
+    AttendParams r = p;
+    r.q = d_q.p + first * heads * W, r.num_queries = count, r.query_seq = d_qs.p + first, r.kv_len = d_kv.p + first;
+    r.selected = sh.selection ? d_sel.p + first * width : nullptr, r.out = out.p;
+    const char* why = launch_tc_attend(r, splits, true, workspace.p, nullptr);
+    EXPECT_EQ(why, nullptr) << why;
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return out.get();
+  };
+  const std::vector<float> all = run(0, nq);
+  auto worst_of = [&](const std::vector<float>& got) {
+    double worst = 0;
+    for (int64_t rh = 0; rh < nq * heads; ++rh) {
+      double diff = 0, scale = 0;
+      for (int64_t i = rh * latent; i < (rh + 1) * latent; ++i)
+        diff = std::max(diff, std::fabs(double(got[i]) - want[i])), scale = std::max(scale, std::fabs(double(want[i])));
+      worst = std::max(worst, scale > 0 ? diff / scale : diff);
+    }
+    return worst;
+  };
+  const double worst = worst_of(all);
+  std::printf("fp8_ds_mla 512 + %lld, %lld heads%s, up to %lld keys: worst max |Δ| of a head's largest |out| vs the "
+              "host %.3g\n", static_cast<long long>(sh.rope), static_cast<long long>(heads),
+              sh.selection ? " (selection)" : "", static_cast<long long>(keys), worst);
+  EXPECT_LE(worst, 2e-2);
+  for (float x : all) ASSERT_TRUE(std::isfinite(x));
+  const std::vector<float> last_alone = run(nq - 1, 1);
+  EXPECT_TRUE(std::equal(last_alone.begin(), last_alone.end(), all.end() - heads * latent))
+      << "the longest row alone differs from the same row among the others";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8MlaLongAttention,
+                         ::testing::Values(LongShape{64, 20, false}, LongShape{64, 5, false}, LongShape{64, 64, false},
+                                           LongShape{0, 20, false}, LongShape{0, 64, true}, LongShape{0, 8, true}),
+                         [](const auto& info) {
+                           return "rope" + std::to_string(info.param.rope) + "_heads" +
+                                  std::to_string(info.param.heads) + (info.param.selection ? "_selection" : "");
+                         });
 
 }  // namespace
 }  // namespace kiln::fp8mla
