@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "fp8_mla_kernels.h"
+#include "kiln/cuda/pdl_launch.cuh"
+#include "kiln/cuda/warp_mma.cuh"
 
 namespace kiln::fp8mla {
 namespace {
@@ -46,6 +48,10 @@ __device__ __forceinline__ float tile_scale(const uint8_t* row, const RowShape& 
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(RowShape s, const float* rows, int64_t row_stride,
                                                                 const int64_t* slots, uint8_t* pages) {
   __shared__ float warp_amax[kAppendThreads / kWarp];
+  // Launched with programmatic dependent launch: the rows come from the kernel just before (the core's norm / rope
+  // pass); the kernels after start their prologues while this one runs.
+  kiln::cuda::pdl_wait();
+  kiln::cuda::pdl_launch_dependents();
   const int64_t t = blockIdx.x, slot = slots[t];
   if (slot < 0) return;
   const float* src = rows + t * row_stride;
@@ -185,9 +191,11 @@ const char* launched() {
 const char* launch_append(const RowShape& s, const float* rows, int64_t row_stride, const int64_t* slots, int64_t n,
                           uint8_t* pages, void* stream) {
   if (n == 0) return nullptr;
-  append_kernel<<<static_cast<unsigned>(n), kAppendThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      s, rows, row_stride, slots, pages);
-  return launched();
+  static const bool pdl = kiln::cuda::pdl_supported_on_current_device();
+  const cudaError_t e = kiln::cuda::launch_with_pdl(append_kernel, dim3(static_cast<unsigned>(n)), dim3(kAppendThreads),
+                                                    0, static_cast<cudaStream_t>(stream), pdl, s, rows, row_stride,
+                                                    slots, pages);
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
 const char* launch_attend(const AttendParams& p, void* stream) {
