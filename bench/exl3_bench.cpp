@@ -24,6 +24,7 @@
 #include "exl3_cuda_format.h"
 #include "runtime/cuda/cuda_device_context.h"
 #include "bench_check.h"
+#include "bench_graph_timing.h"
 
 namespace {
 
@@ -39,28 +40,6 @@ class SyntheticSource : public kiln::WeightSource {
 size_t weight_bytes(int64_t in, int64_t out, int bits) {
   const int64_t k = (in + 127) / 128 * 128, n = (out + 127) / 128 * 128;
   return static_cast<size_t>(k * n * bits / 8) + static_cast<size_t>(k + n) * 4;  // trellis + fp32 suh/svh
-}
-
-// Milliseconds per replay of `graph` (median of 7 after 2 warm-ups).
-float time_graph(cudaGraphExec_t exec, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaGraphLaunch(exec, st));
-  std::vector<float> ms;
-  for (int i = 0; i < 7; ++i) {
-    CHECK_CUDA(cudaEventRecord(a, st));
-    CHECK_CUDA(cudaGraphLaunch(exec, st));
-    CHECK_CUDA(cudaEventRecord(b, st));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
 }
 
 double copy_bandwidth(cudaStream_t st) {
@@ -89,21 +68,6 @@ struct Shape {
   int64_t in, out;
 };
 
-std::vector<int64_t> parse_list(const char* text) {
-  std::vector<int64_t> out;
-  for (const char* p = text; *p;) {
-    char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (end == p || v <= 0) {
-      std::fprintf(stderr, "exl3_bench: bad list '%s'\n", text);
-      std::exit(2);
-    }
-    out.push_back(v);
-    p = *end == ',' ? end + 1 : end;
-  }
-  return out;
-}
-
 bool wanted(const std::vector<int64_t>& list, int64_t v) { return std::find(list.begin(), list.end(), v) != list.end(); }
 
 }  // namespace
@@ -113,8 +77,8 @@ int main(int argc, char** argv) {
   bool products = true, experts = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--bits" && i + 1 < argc) bits_list = parse_list(argv[++i]);
-    else if (a == "--rows" && i + 1 < argc) rows_list = parse_list(argv[++i]);
+    if (a == "--bits" && i + 1 < argc) bits_list = parse_list(argv[++i], "exl3_bench");
+    else if (a == "--rows" && i + 1 < argc) rows_list = parse_list(argv[++i], "exl3_bench");
     else if (a == "--products-only") experts = false;
     else if (a == "--experts-only") products = false;
     else {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench_check.h"
+#include "bench_graph_timing.h"
 #include "fp8_mla_kernels.h"
 #include "fp8_mla_row.h"
 #include "kernels/cuda/mla_decode.h"
@@ -26,27 +27,6 @@
 namespace {
 
 constexpr int64_t kLatent = 512, kRope = 64, kBlock = 64;
-
-float time_graph(cudaGraphExec_t exec, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaGraphLaunch(exec, st));
-  std::vector<float> ms;
-  for (int i = 0; i < 7; ++i) {
-    CHECK_CUDA(cudaEventRecord(a, st));
-    CHECK_CUDA(cudaGraphLaunch(exec, st));
-    CHECK_CUDA(cudaEventRecord(b, st));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
-}
 
 // ms per call of `call(i)` for i = 0 .. calls − 1, captured in one graph.
 template <class Fn>
@@ -90,21 +70,6 @@ double copy_bandwidth(cudaStream_t st) {
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);
-}
-
-std::vector<int64_t> parse_list(const char* text) {
-  std::vector<int64_t> out;
-  for (const char* p = text; *p;) {
-    char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (end == p || v <= 0) {
-      std::fprintf(stderr, "fp8mla_bench: bad list '%s'\n", text);
-      std::exit(2);
-    }
-    out.push_back(v);
-    p = *end == ',' ? end + 1 : end;
-  }
-  return out;
 }
 
 // `copies` sequences of `ctx` tokens each: pages of every copy in one allocation, each copy's block table a shuffle
@@ -172,8 +137,8 @@ int main(int argc, char** argv) {
   int64_t heads = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--contexts" && i + 1 < argc) contexts = parse_list(argv[++i]);
-    else if (a == "--heads" && i + 1 < argc) heads = parse_list(argv[++i]).at(0);
+    if (a == "--contexts" && i + 1 < argc) contexts = parse_list(argv[++i], "fp8mla_bench");
+    else if (a == "--heads" && i + 1 < argc) heads = parse_list(argv[++i], "fp8mla_bench").at(0);
     else {
       std::fprintf(stderr, "usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20]\n");
       return 2;
