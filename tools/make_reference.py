@@ -176,6 +176,38 @@ def as_topk_freq_schedule(cfg: dict) -> None:
     del cfg["indexer_types"]
 
 
+# MLA + MoE config variants (tools/README.md, "Config variants"): the options of Glm4MoeLiteConfig and DeepseekV3Config
+# the first three fixtures leave at one value, a few combined per fixture. Vocab 256, 3 layers, 8 experts of 16 and
+# bf16 weights (fp32 where noted) keep each one near 300 KB. num_key_value_heads follows num_attention_heads (MLA
+# repeats no KV heads: transformers' eager attention needs them equal).
+kConfigVariantTrunk = {**kTrunk, "vocab_size": 256, "intermediate_size": 48, "moe_intermediate_size": 16}
+
+
+def config_variant(cls, **overrides) -> Callable[[], transformers.PreTrainedConfig]:
+    def make() -> transformers.PreTrainedConfig:
+        args = {**kConfigVariantTrunk, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048}
+        args.update(overrides)
+        args["num_key_value_heads"] = args["num_attention_heads"]
+        return cls(**args)
+    return make
+
+
+def as_moonlight_rope(cfg: dict) -> None:
+    """Write rope as Moonlight-16B-A3B's config.json does (a deepseek_v3 with q_lora_rank null): a top-level
+    rope_theta and `"rope_scaling": null`, plus its router keys that transformers ignores but kiln checks."""
+    rope = cfg.pop("rope_parameters")
+    assert rope["rope_type"] == "default"
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["rope_scaling"] = None
+    cfg["scoring_func"] = "sigmoid"
+    cfg["topk_method"] = "noaux_tc"
+
+
+def as_first_k_dense_only(cfg: dict) -> None:
+    """deepseek_v3 reads first_k_dense_replace alone; drop what 5.17 does not write for it anyway."""
+    cfg.pop("mlp_layer_types", None)
+
+
 kFixtures = [
     Fixture("glm4_moe_lite-tiny", 1001, glm4_moe_lite_config, torch.float32, with_mtp=True),
     Fixture("glm_moe_dsa-tiny", 2016, glm_moe_dsa_config, torch.bfloat16),
@@ -200,6 +232,52 @@ kFixtures = [
     # exactly 0 and top-k cuts fall inside those ties, where the selection is torch.topk's CPU procedure.
     Fixture("glm_moe_dsa-h3d16-ties", 7004, glm_moe_dsa_variant_config(
         index_n_heads=3, index_head_dim=16, index_topk=8), torch.bfloat16, exact_ties=True),
+    # Config variants (tools/README.md, "Config variants").
+    # 3 heads, queries projected directly (q_lora_rank null: q_proj), qk_nope 12 != v_head 20, 2 shared experts,
+    # top-1 routing without renormalisation, every layer MoE (mlp_layer_types all sparse).
+    Fixture("glm4_moe_lite-h3-qproj", 8003, config_variant(
+        Glm4MoeLiteConfig, num_attention_heads=3, q_lora_rank=None, qk_nope_head_dim=12, v_head_dim=20,
+        n_shared_experts=2, num_experts_per_tok=1, norm_topk_prob=False, routed_scaling_factor=2.0,
+        mlp_layer_types=["sparse"] * 3, rope_parameters={"rope_type": "default", "rope_theta": 1e4}), torch.bfloat16),
+    # 5 heads, qk_rope 4 / nope 16 / v 8, 4 expert groups of 2 with the best 2 kept, top-3, no shared expert,
+    # lm_head tied to the embedding, YaRN with mscale != mscale_all_dim (cos/sin × 1.0942, softmax scale × 1.2188).
+    Fixture("glm4_moe_lite-h5-yarn-groups", 8104, config_variant(
+        Glm4MoeLiteConfig, num_attention_heads=5, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=4,
+        v_head_dim=8, n_group=4, topk_group=2, num_experts_per_tok=3, n_shared_experts=0, tie_word_embeddings=True,
+        routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse", "sparse"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 8, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5}), torch.bfloat16),
+    # All layers dense (no router at all), rope on the natural layout (rope_interleave false: rotate-half), odd
+    # number of rope pairs (qk_rope 6), 2 heads.
+    Fixture("glm4_moe_lite-dense-halves", 8203, config_variant(
+        Glm4MoeLiteConfig, num_attention_heads=2, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12,
+        mlp_layer_types=["dense"] * 3, rope_interleave=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}), torch.float32),
+    # Moonlight-style deepseek_v3: q_lora_rank null, `"rope_scaling": null` + rope_theta 5e4, one group, 2 shared
+    # experts, routed_scaling 2.446, first_k_dense_replace 1, 3 heads, qk_nope 16 != v_head 12.
+    Fixture("deepseek_v3-qproj", 8304, config_variant(
+        DeepseekV3Config, num_attention_heads=3, q_lora_rank=None, v_head_dim=12, n_group=1, topk_group=1,
+        n_shared_experts=2, num_experts_per_tok=2, routed_scaling_factor=2.446, first_k_dense_replace=1,
+        rms_norm_eps=1e-6, num_mtp_layers=0, rope_parameters={"rope_type": "default", "rope_theta": 5e4}),
+        torch.bfloat16, edit_config=as_moonlight_rope),
+    # DeepSeek-V2-Lite's rope_scaling (mscale = mscale_all_dim = 0.707: cos/sin unscaled, softmax scale × m²), written
+    # as published; every layer MoE (first_k_dense_replace 0), 4 groups top-2, top-3 without renormalisation,
+    # routed_scaling 1.0, 5 heads, qk_rope 4.
+    Fixture("deepseek_v3-v2lite-yarn", 8409, config_variant(
+        DeepseekV3Config, num_attention_heads=5, qk_rope_head_dim=4, v_head_dim=20, n_group=4, topk_group=2,
+        num_experts_per_tok=3, norm_topk_prob=False, routed_scaling_factor=1.0, first_k_dense_replace=0,
+        rms_norm_eps=1e-6, num_mtp_layers=0, max_position_embeddings=640,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}),
+        torch.bfloat16, published_rope_scaling=True, edit_config=as_first_k_dense_only),
+    # All dense (first_k_dense_replace 5 > 3 layers), tied lm_head, YaRN with mscale only (attention_factor from
+    # factor alone, softmax scale unchanged), 4 heads, the class default n_group 8 (no router runs).
+    Fixture("deepseek_v3-dense-tied", 8506, config_variant(
+        DeepseekV3Config, num_attention_heads=4, first_k_dense_replace=5, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, num_mtp_layers=0, max_position_embeddings=512,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0}),
+        torch.bfloat16, published_rope_scaling=True, edit_config=as_first_k_dense_only),
 ]
 
 
@@ -222,8 +300,10 @@ def randomize_beyond_init(model: torch.nn.Module, gen: torch.Generator) -> None:
             if hasattr(module, "e_score_correction_bias"):
                 bias = module.e_score_correction_bias
                 bias.copy_(0.1 * torch.randn(bias.shape, generator=gen))
-        # A sharper output distribution widens the greedy top-1/top-2 gaps (see kMinGreedyGap).
-        model.lm_head.weight.mul_(kLmHeadGain)
+        # A sharper output distribution widens the greedy top-1/top-2 gaps (see kMinGreedyGap). A tied lm_head is the
+        # embedding: scaling it would scale the residual stream too and make greedy decoding repeat the last token.
+        if not model.config.tie_word_embeddings:
+            model.lm_head.weight.mul_(kLmHeadGain)
 
 
 def antipodal_indexer_heads(model: torch.nn.Module) -> None:
@@ -542,8 +622,32 @@ def decision_gaps(model, sequences: list[torch.Tensor], exact_ties: bool = False
     return gaps
 
 
+def greedy_with_bf16_latents(model, prompt: torch.Tensor) -> torch.Tensor:
+    """greedy_with_cache with every cached latent (kv_a_layernorm output and roped k_pe) rounded to bf16, as kiln's
+    bf16 KV layout stores them: tests/model/reference_model_test.cpp holds that layout to the same greedy tokens."""
+    from transformers import DynamicCache
+
+    update = DynamicCache.update
+
+    def rounded(self, k, v, layer_idx, *args, **kwargs):
+        return update(self, k.to(torch.bfloat16).float(), v.to(torch.bfloat16).float(), layer_idx, *args, **kwargs)
+
+    DynamicCache.update = rounded
+    try:
+        return greedy_with_cache(model, prompt)[0]
+    finally:
+        DynamicCache.update = update
+
+
 def check_margins(fixture: Fixture, path: Path, refs: dict[str, torch.Tensor]) -> dict[str, float]:
     model = load_eager_fp32(path)
+    # MLA latents only: the DSA models' cache holds expanded keys and values, which kiln does not store.
+    if not any(type(m).__name__.endswith("Indexer") for m in model.modules()):
+        with torch.no_grad():
+            bf16_greedy = greedy_with_bf16_latents(model, refs["prompt_ids"].long())
+        if not torch.equal(bf16_greedy, refs["greedy_ids"]):
+            raise AssertionError(f"{fixture.name}: bf16-rounded cached latents change the greedy tokens "
+                                 f"({bf16_greedy.tolist()} vs {refs['greedy_ids'].tolist()}); pick another seed")
     full = torch.cat([refs["prompt_ids"], refs["greedy_ids"][:-1]]).long()
     kExactTies[0] = 0
     gaps = decision_gaps(model, [full, refs["prompt2_ids"].long()], fixture.exact_ties)
@@ -579,13 +683,14 @@ def verify_checkpoint_forms(fixture: Fixture, path: Path) -> None:
     if fixture.published_rope_scaling:
         assert "rope_scaling" in cfg and "rope_parameters" not in cfg, "config.json should use rope_scaling"
         rope = model.config.rope_parameters
-        assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0, f"rope_scaling not honoured: {rope}"
+        want = fixture.make_config().rope_parameters
+        assert rope["rope_type"] == "yarn" and rope["factor"] == want["factor"], f"rope_scaling not honoured: {rope}"
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)  # 5.17 writes rope_parameters back
             assert "rope_parameters" in json.loads((Path(tmp) / "config.json").read_text())
             same = logits_of(load_eager_fp32(Path(tmp)), prompt)
         assert torch.equal(logits, same), "rope_scaling and rope_parameters forms give different logits"
-    else:
+    elif not fixture.edit_config:
         assert "rope_parameters" in cfg and "rope_scaling" not in cfg, "config.json should use rope_parameters"
 
     if fixture.edit_config:

@@ -296,6 +296,27 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::Values("glm4_moe_lite-t
 // MLP patterns other than a prefix.
 INSTANTIATE_TEST_SUITE_P(DsaVariants, CudaModel,
                          ::testing::Values("glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"));
+// The config variants (tools/README.md) the CUDA runner takes: 3/4/5 heads, qk_nope != v_head, qk_rope 4, the direct
+// q_proj path, 0/2 shared experts, top-1 and grouped routing, unnormalised weights, all-MoE and all-dense stacks, a
+// tied lm_head, YaRN variants. glm4_moe_lite-dense-halves (rotate-half rope) is refused: see below.
+INSTANTIATE_TEST_SUITE_P(ConfigVariants, CudaModel,
+                         ::testing::Values("glm4_moe_lite-h3-qproj", "glm4_moe_lite-h5-yarn-groups", "deepseek_v3-qproj",
+                                           "deepseek_v3-v2lite-yarn", "deepseek_v3-dense-tied"));
+
+// rope_interleave = false (rotate-half on the natural layout) runs on the CPU only: loading it for CUDA stops at
+// CudaMlaMoeModel::supports with a message naming config.json and the option, before any device memory is touched.
+TEST(CudaModelRefusals, RotateHalfRopeIsRefusedAtLoad) {
+  const fs::path dir = model_dir("glm4_moe_lite-dense-halves");
+  auto recipe = load_recipe("", {"model.path=" + dir.string(), "kv.layout=bf16", "model.device=cuda"}, global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto m = load_model(*recipe, global_registry(), {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find((dir / "config.json").string()), std::string::npos) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("rope_interleave = false is not supported by the CUDA runner"), std::string::npos)
+      << m.status().to_string();
+  // The CPU runs it (tests/model/reference_model_test.cpp compares it with transformers).
+  EXPECT_TRUE(load("glm4_moe_lite-dense-halves", "cpu").model != nullptr);
+}
 
 // The trained tiny-glm (bf16 weights, real margins): 32 free-running greedy tokens on the CPU (in `cpu_precision`) and
 // on the GPU for 8 prompts of different lengths (3 .. 38 tokens: both MLA forms), the GPU decoding all of them as

@@ -356,6 +356,46 @@ TEST(ModelConfig, RejectsValuesTheRuntimeCannotServe) {
               HasSubstr("'mlp_bias'"));
 }
 
+// Options transformers honours (or cannot run) that kiln's MLA + MoE path would otherwise compute differently: each
+// is refused naming config.json's field, never run as another model.
+TEST(ModelConfig, RefusesOptionsItWouldComputeDifferently) {
+  EXPECT_THAT(config_error({{"model_type", "glm4_moe_lite"}, {"attention_bias", true}}, StatusCode::kUnimplemented),
+              HasSubstr("'attention_bias' is true"));
+  EXPECT_TRUE(ModelConfig::from_json({{"model_type", "deepseek_v3"}, {"attention_bias", false}}, "test.json").ok());
+  // glm4_moe_lite's default rope reads partial_rotary_factor, at the top level or in the rope dict.
+  EXPECT_THAT(config_error({{"model_type", "glm4_moe_lite"}, {"partial_rotary_factor", 0.5}}, StatusCode::kUnimplemented),
+              HasSubstr("field 'partial_rotary_factor' is 0.5"));
+  EXPECT_THAT(config_error({{"model_type", "glm4_moe_lite"},
+                            {"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.25}}}},
+                           StatusCode::kUnimplemented),
+              HasSubstr("field 'rope_parameters.partial_rotary_factor' is 0.25"));
+  // Every class's yarn reads it.
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"},
+                            {"rope_scaling", {{"type", "yarn"}, {"factor", 4}, {"partial_rotary_factor", 0.5}}}},
+                           StatusCode::kUnimplemented),
+              HasSubstr("'rope_scaling.partial_rotary_factor' is 0.5; deepseek_v3's yarn rope reads it"));
+  // deepseek_v3's and glm_moe_dsa's default rope ignore it (all qk_rope_head_dim dims rotate), and so does kiln.
+  for (const char* type : {"deepseek_v3", "glm_moe_dsa"}) {
+    const ModelConfig c = parse({{"model_type", type}, {"rope_parameters", {{"rope_type", "default"},
+                                                                             {"partial_rotary_factor", 0.5}}}});
+    EXPECT_EQ(kernel_rope_config(c).rotary_dim, c.qk_rope_head_dim) << type;
+  }
+  EXPECT_TRUE(ModelConfig::from_json({{"model_type", "glm4_moe_lite"}, {"partial_rotary_factor", 1.0}}, "t").ok());
+  // Group scores sum each group's two best experts; top-k cannot reach beyond the kept groups.
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"n_routed_experts", 8}, {"n_group", 8}, {"topk_group", 4},
+                            {"num_experts_per_tok", 2}}),
+              HasSubstr("'n_group' (8) leaves 1 expert per group"));
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"n_routed_experts", 8}, {"n_group", 4}, {"topk_group", 1},
+                            {"num_experts_per_tok", 3}}),
+              HasSubstr("'num_experts_per_tok' (3) exceeds the 2 experts of the topk_group kept groups"));
+  // A stack without MoE layers never routes: the class's n_group default (8) may stay with 8 experts.
+  EXPECT_TRUE(ModelConfig::from_json({{"model_type", "deepseek_v3"}, {"n_routed_experts", 8}, {"num_hidden_layers", 3},
+                                      {"first_k_dense_replace", 5}, {"num_mtp_layers", 0}}, "t").ok());
+  // One group of one expert is fine: the group choice is trivial.
+  EXPECT_TRUE(ModelConfig::from_json({{"model_type", "glm4_moe_lite"}, {"n_routed_experts", 1}, {"n_group", 1},
+                                      {"num_experts_per_tok", 1}}, "t").ok());
+}
+
 // The architecture registry answers for model types it does not hold, naming the ones it does.
 TEST(ModelConfig, UnsupportedModelTypes) {
   for (const char* type : {"llama", "deepseek_v32"}) {

@@ -126,6 +126,63 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceModel,
 INSTANTIATE_TEST_SUITE_P(DsaVariants, ReferenceModel,
                          ::testing::Values("glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"));
 
+// Config variants (tools/README.md, "Config variants"): 2/3/5 heads, qk_nope != v_head, qk_rope 4/6, the direct
+// q_proj path (q_lora_rank null), 0/2 shared experts, top-1 and grouped routing, unnormalised routing weights, all-MoE
+// and all-dense stacks, tied lm_head, YaRN with mscale != mscale_all_dim and DeepSeek-V2-Lite's rope_scaling,
+// rotate-half rope, Moonlight's `"rope_scaling": null`.
+INSTANTIATE_TEST_SUITE_P(ConfigVariants, ReferenceModel,
+                         ::testing::Values("glm4_moe_lite-h3-qproj", "glm4_moe_lite-h5-yarn-groups",
+                                           "glm4_moe_lite-dense-halves", "deepseek_v3-qproj", "deepseek_v3-v2lite-yarn",
+                                           "deepseek_v3-dense-tied"));
+
+// What each config variant is meant to exercise, read back through kiln's parser (as ConfigsParseToTheIntendedSchedules
+// below for the DSA variants): a regenerated fixture that quietly stopped varying an option fails here.
+TEST(ConfigVariants, ConfigsParseToTheIntendedOptions) {
+  struct Expect {
+    const char* name;
+    int64_t heads, q_lora, nope, rope, v, shared, top_k, n_group, topk_group;
+    bool norm_topk, tied, interleave;
+    RopeType rope_type;
+    double mscale, mscale_all_dim;
+    std::vector<bool> moe;
+  };
+  using enum RopeType;
+  for (const Expect& e : std::vector<Expect>{
+           {"glm4_moe_lite-h3-qproj", 3, 0, 12, 8, 20, 2, 1, 1, 1, false, false, true, kDefault, 0, 0, {true, true, true}},
+           {"glm4_moe_lite-h5-yarn-groups", 5, 24, 16, 4, 8, 0, 3, 4, 2, true, true, true, kYarn, 1.0, 0.5,
+            {false, true, true}},
+           {"glm4_moe_lite-dense-halves", 2, 32, 10, 6, 12, 1, 2, 1, 1, true, false, false, kDefault, 0, 0,
+            {false, false, false}},
+           {"deepseek_v3-qproj", 3, 0, 16, 8, 12, 2, 2, 1, 1, true, false, true, kDefault, 0, 0, {false, true, true}},
+           {"deepseek_v3-v2lite-yarn", 5, 32, 16, 4, 20, 1, 3, 4, 2, false, false, true, kYarn, 0.707, 0.707,
+            {true, true, true}},
+           {"deepseek_v3-dense-tied", 4, 32, 16, 8, 16, 1, 2, 8, 4, true, true, true, kYarn, 1.0, 0,
+            {false, false, false}}}) {
+    SCOPED_TRACE(e.name);
+    LoadedModel m = load(e.name, "fp32");
+    const ModelConfig& c = cpu_model(m).config();
+    EXPECT_EQ(c.num_attention_heads, e.heads);
+    EXPECT_EQ(c.q_lora_rank, e.q_lora);
+    EXPECT_EQ(c.qk_nope_head_dim, e.nope);
+    EXPECT_EQ(c.qk_rope_head_dim, e.rope);
+    EXPECT_EQ(c.v_head_dim, e.v);
+    EXPECT_EQ(c.n_shared_experts, e.shared);
+    EXPECT_EQ(c.num_experts_per_tok, e.top_k);
+    EXPECT_EQ(c.n_group, e.n_group);
+    EXPECT_EQ(c.topk_group, e.topk_group);
+    EXPECT_EQ(c.norm_topk_prob, e.norm_topk);
+    EXPECT_EQ(c.tie_word_embeddings, e.tied);
+    EXPECT_EQ(c.rope.interleave, e.interleave);
+    EXPECT_EQ(c.rope.type, e.rope_type);
+    EXPECT_DOUBLE_EQ(c.rope.mscale, e.mscale);
+    EXPECT_DOUBLE_EQ(c.rope.mscale_all_dim, e.mscale_all_dim);
+    ASSERT_EQ(c.num_hidden_layers, 3);
+    for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(c.is_moe(l), e.moe[l]) << "layer " << l;
+    // A tied checkpoint has no lm_head tensor: the embedding serves as the head.
+    EXPECT_EQ(SafetensorsFile::open(model_dir(e.name) / "model.safetensors")->has("lm_head.weight"), !e.tied);
+  }
+}
+
 // What each DSA variant is meant to exercise, read back through kiln's config parser: a fixture that silently
 // stopped varying (say, a regenerated config.json spelling the schedules differently) would otherwise still pass.
 TEST(DsaVariants, ConfigsParseToTheIntendedSchedules) {

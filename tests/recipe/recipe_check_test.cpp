@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -129,6 +131,35 @@ TEST(RecipeCheck, CudaWithoutAGpu) {
   const std::string m = problem_about(c, "model.device");
   EXPECT_TRUE(has(m, "`model.device = \"cuda\"` (--set model.device=cuda): ")) << m;
   EXPECT_TRUE(has(m, "no CUDA device is visible to this process") || has(m, "this kiln was built without CUDA")) << m;
+}
+
+// A config option kiln would compute differently is refused by the config reader, so `kiln recipe check` names the
+// file and the field before anything loads.
+TEST(RecipeCheck, ConfigOptionKilnCannotRunIsNamed) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "kiln_recipe_check_attention_bias";
+  fs::create_directories(dir);
+  std::ifstream in(fs::path(model_dir("deepseek_v3-qproj")) / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["attention_bias"] = true;
+  std::ofstream(dir / "config.json") << config.dump(2);
+  fs::copy_file(fs::path(model_dir("deepseek_v3-qproj")) / "model.safetensors", dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  RecipeCheck c = check("check_ok.toml", {"model.path=" + dir.string()});
+  const std::string m = problem_about(c, "model.path");
+  EXPECT_TRUE(has(m, (dir / "config.json").string() + ": field 'attention_bias' is true")) << m;
+  fs::remove_all(dir);
+}
+
+// rope_interleave = false runs on the CPU but not in the CUDA runner: a recipe for the GPU is told so by the config's
+// capability check (CudaMlaMoeModel::supports), on any machine built with CUDA.
+TEST(RecipeCheck, RotateHalfRopeOnCudaIsRefused) {
+  RecipeCheck cpu = check("check_ok.toml", {"model.path=" + model_dir("glm4_moe_lite-dense-halves")});
+  EXPECT_TRUE(cpu.problems.empty()) << messages(cpu);
+  RecipeCheck gpu = check("check_ok.toml", {"model.path=" + model_dir("glm4_moe_lite-dense-halves"),
+                                            "model.device=cuda", "kv.layout=bf16"});
+  EXPECT_TRUE(has(messages(gpu), "rope_interleave = false is not supported by the CUDA runner") ||
+              has(messages(gpu), "this kiln was built without CUDA"))
+      << messages(gpu);
 }
 
 TEST(RecipeCheck, Fp32LayoutOnCuda) {

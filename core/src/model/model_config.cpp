@@ -23,7 +23,7 @@ double yarn_mscale(double scale, double mscale) {
 // Resolves rope settings as transformers' convert_rope_params_to_dict / standardize_rope_params and
 // _compute_yarn_parameters do: a non-empty `rope_scaling` wins over `rope_parameters`; `rope_theta` and
 // `partial_rotary_factor` inside the dict win over top-level keys; `rope_type` falls back to legacy `type`.
-Status read_rope(const json& root, const FieldReader& top, ModelConfig& c) {
+Status read_rope(const json& root, const FieldReader& top, const MlaMoeVariant& v, ModelConfig& c) {
   const char* dict_key = nullptr;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     if (!top.present(key) || top.is_null(key)) continue;
@@ -33,7 +33,19 @@ Status read_rope(const json& root, const FieldReader& top, ModelConfig& c) {
   RopeConfig& rope = c.rope;
   KILN_RETURN_IF_ERROR(top.read("rope_theta", rope.theta));
   KILN_RETURN_IF_ERROR(top.read("partial_rotary_factor", rope.partial_rotary_factor));
-  if (dict_key == nullptr) return ok_status();
+  std::string partial_key = "partial_rotary_factor";
+  // transformers builds int(qk_rope_head_dim · factor) / 2 frequencies but rotates all qk_rope_head_dim values of
+  // q and k with them: any factor but 1 either fails there or rotates every pair by the first frequency. kiln
+  // rotates all of them with their own frequencies, so a config where the factor is read and is not 1 is refused
+  // rather than run as something else. (Where the class's rope ignores it, kiln ignores it too.)
+  auto refuse_partial = [&]() -> Status {
+    if (rope.partial_rotary_factor == 1.0) return ok_status();
+    return unimplemented(c.source + ": field '" + partial_key + "' is " + json(rope.partial_rotary_factor).dump() +
+                         "; " + c.model_type + "'s " + (rope.type == RopeType::kYarn ? "yarn" : "default") +
+                         " rope reads it, and its attention rotates all qk_rope_head_dim values, so only 1 describes "
+                         "a model that runs (kiln does not support partial rotary MLA)");
+  };
+  if (dict_key == nullptr) return v.default_rope_reads_partial_rotary ? refuse_partial() : ok_status();
 
   const std::string source_prefix = std::string(dict_key) + ".";
   const json& dict = root.at(dict_key);
@@ -41,14 +53,16 @@ Status read_rope(const json& root, const FieldReader& top, ModelConfig& c) {
   FieldReader r(dict, source, source_prefix);
   KILN_RETURN_IF_ERROR(r.read("rope_theta", rope.theta));
   KILN_RETURN_IF_ERROR(r.read("partial_rotary_factor", rope.partial_rotary_factor));
+  if (r.present("partial_rotary_factor")) partial_key = source_prefix + "partial_rotary_factor";
   std::string type = "default";
   KILN_RETURN_IF_ERROR(r.read_aliased({"type", "rope_type"}, type));
-  if (type == "default") return ok_status();
+  if (type == "default") return v.default_rope_reads_partial_rotary ? refuse_partial() : ok_status();
   if (type != "yarn") {
     return unimplemented(source + ": field '" + source_prefix + "rope_type' is '" + type +
                          "'; kiln supports \"default\" and \"yarn\"");
   }
   rope.type = RopeType::kYarn;
+  KILN_RETURN_IF_ERROR(refuse_partial());
 
   if (!r.present("factor")) return invalid_argument(source + ": yarn rope needs field '" + source_prefix + "factor'");
   rope.original_max_position_embeddings = c.max_position_embeddings;
@@ -246,6 +260,24 @@ Status validate(const FieldReader& r, const MlaMoeVariant& v, const ModelConfig&
   return ok_status();
 }
 
+// The grouped router as transformers runs it at every MoE layer; a stack without MoE layers never routes (a dense
+// checkpoint may keep the class's n_group default of 8 with 8 experts).
+Status validate_router(const FieldReader& r, const ModelConfig& c) {
+  const int64_t group_size = c.n_routed_experts / c.n_group;
+  // A group's score is the sum of its two best experts (transformers' topk(2) fails on smaller groups).
+  if (c.n_group > 1 && group_size < 2) {
+    return r.value_error("n_group", "(" + std::to_string(c.n_group) + ") leaves " + std::to_string(group_size) +
+                                        " expert per group; group scores sum each group's two best experts");
+  }
+  // Beyond the kept groups' experts, top-k would pick among masked (-inf) experts: an arbitrary choice.
+  if (c.n_group > 1 && c.num_experts_per_tok > c.topk_group * group_size) {
+    return r.value_error("num_experts_per_tok", "(" + std::to_string(c.num_experts_per_tok) + ") exceeds the " +
+                                                    std::to_string(c.topk_group * group_size) +
+                                                    " experts of the topk_group kept groups");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& source_name, const MlaMoeVariant& v) {
@@ -296,6 +328,12 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
 
   KILN_RETURN_IF_ERROR(r.read("rms_norm_eps", c.rms_norm_eps));
   KILN_RETURN_IF_ERROR(r.read("attention_bias", c.attention_bias));
+  // transformers then adds biases to q_a_proj (or nothing on q_proj), kv_a_proj_with_mqa and o_proj; kiln's MLA
+  // has none, and running without them would be another model.
+  if (c.attention_bias) {
+    return unimplemented(source_name + ": field 'attention_bias' is true; kiln's MLA projections have no biases "
+                                       "(q_a_proj, kv_a_proj_with_mqa and o_proj would need them)");
+  }
   KILN_RETURN_IF_ERROR(r.read("tie_word_embeddings", c.tie_word_embeddings));
   KILN_RETURN_IF_ERROR(r.read("max_position_embeddings", c.max_position_embeddings));
   KILN_RETURN_IF_ERROR(v.num_mtp_layers_alias
@@ -309,7 +347,7 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
   KILN_RETURN_IF_ERROR(r.read("pad_token_id", c.pad_token_id));
 
   if (v.reads_rope_interleave) KILN_RETURN_IF_ERROR(r.read("rope_interleave", c.rope.interleave));
-  KILN_RETURN_IF_ERROR(read_rope(root, r, c));
+  KILN_RETURN_IF_ERROR(read_rope(root, r, v, c));
 
   if (v.has_indexer) {
     bool mlp_bias = false;
@@ -322,6 +360,8 @@ Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& 
 
   KILN_RETURN_IF_ERROR(validate(r, v, c));
   KILN_RETURN_IF_ERROR(read_moe_layers(r, v, c));
+  if (c.num_nextn_predict_layers > 0 || std::find(c.moe_layers.begin(), c.moe_layers.end(), true) != c.moe_layers.end())
+    KILN_RETURN_IF_ERROR(validate_router(r, c));
   if (v.has_indexer) KILN_RETURN_IF_ERROR(read_indexer_layers(r, c));
   return c;
 }

@@ -56,6 +56,9 @@ struct MlaMoeVariant {
   bool num_experts_alias = false;           // `num_experts` is an alias of n_routed_experts (besides num_local_experts)
   bool num_mtp_layers_alias = false;        // `num_mtp_layers` is an alias of num_nextn_predict_layers
   bool reads_rope_interleave = true;        // false: always interleaved, no switch
+  // Whether the class's default rope reads partial_rotary_factor (yarn always does). Where it is read, a factor
+  // other than 1 builds a table narrower than qk_rope_head_dim, which transformers' MLA cannot apply.
+  bool default_rope_reads_partial_rotary = false;
   bool has_indexer = false;                 // the DSA lightning indexer (index_*, indexer layer schedule, mlp_bias)
 };
 

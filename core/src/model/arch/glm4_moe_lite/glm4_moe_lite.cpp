@@ -39,6 +39,7 @@ MlaMoeVariant variant() {
   // Glm4MoeLite has no first_k_dense_replace field: without mlp_layer_types it makes layer 0 dense only.
   v.dense_layers = MlaMoeVariant::DenseLayers::kLayerZero;
   v.head_dim_aliases_rope_dim = true;
+  v.default_rope_reads_partial_rotary = true;  // Glm4MoeLiteRotaryEmbedding's default rope applies it
   return v;
 }
 
