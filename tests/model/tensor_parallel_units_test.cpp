@@ -71,14 +71,15 @@ TEST(TensorParallelUnits, ARanksSourceSplitsTheSharedExpertAndKeepsTheStoredOneW
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
   const ModelConfig c = tiny_config();
   for (int world : {2, 3}) {
-    const ShardedWeightSource last(**ckpt, c, TensorShard{world - 1, world});
+    const TensorShard shard{world - 1, world};
+    const ShardedWeightSource last(**ckpt, c, shard);
     const std::string name = "model.layers.1.mlp.shared_experts.gate_proj.weight";
     auto part = last.get(name);
     auto whole = last.stored().get(name);
     ASSERT_TRUE(part.ok() && whole.ok());
     const int64_t inter = c.moe_intermediate_size * c.n_shared_experts;
     EXPECT_EQ(whole->shape[0], inter) << "the stored shared expert is whole";
-    EXPECT_EQ(part->shape[0], TensorShard{world - 1, world}.count(inter)) << "the rank's view has its columns";
+    EXPECT_EQ(part->shape[0], shard.count(inter)) << "the rank's view has its columns";
     EXPECT_EQ(&last.stored(), ckpt->get());
   }
 }
