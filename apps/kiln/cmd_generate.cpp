@@ -1,7 +1,10 @@
 // `kiln generate`: load a recipe's model and stream a completion to stdout.
 #include <chrono>
 #include <cstdio>
+#include <climits>
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -50,11 +53,54 @@ Result<std::string> render_chat(const std::filesystem::path& dir, const std::str
   return render_glm_chat({user}, opts);
 }
 
+// "3, 17,42" → {3, 17, 42}.
+Result<std::vector<int32_t>> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    char* end = nullptr;
+    const std::string digits = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    const long long v = std::strtoll(digits.c_str(), &end, 10);
+    if (digits.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      return invalid_argument("--prompt-ids `" + text + "`: `" + item + "` is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return invalid_argument("--prompt-ids `" + text + "` names no token");
+  return ids;
+}
+
+// Ids in, ids out: for checkpoints without a tokenizer (the test fixtures) and for comparing runs token by token.
+int generate_ids(LoadedModel& loaded, const Recipe& recipe, const MemoryModel* screen, std::vector<int32_t> ids,
+                 int64_t max_tokens, SamplingOptions sampling, bool show_stats) {
+  auto started = start_engine(loaded, recipe, {}, screen);
+  if (!started.ok()) return fail(started.status().message());
+  RequestParams request;
+  request.prompt = std::move(ids);
+  request.max_tokens = max_tokens;
+  request.sampling = sampling;
+  SingleRequestStats stats;
+  bool first = true;
+  auto print = [&](int32_t id) {
+    std::cout << (first ? "" : " ") << id << std::flush;
+    first = false;
+    return true;
+  };
+  auto result = run_single_request(*started->engine, std::move(request), print, &stats);
+  std::cout << std::endl;
+  if (!result.ok()) return fail(result.status().message());
+  if (show_stats)
+    std::fprintf(stderr, "prefill: %lld tokens | decode: %lld tokens\n", static_cast<long long>(stats.prompt_tokens),
+                 static_cast<long long>(stats.generated_tokens));
+  return 0;
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
   CommonOptions common;
-  std::string recipe_file, model_dir, prompt, chat;
+  std::string recipe_file, model_dir, prompt, chat, prompt_ids;
   std::vector<std::string> sets;
   int64_t max_tokens = 64, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f;
@@ -68,6 +114,9 @@ int cmd_generate(int argc, char** argv) {
       ("set", po::value(&sets)->composing(), "override a recipe key: section.key=value (repeatable)")
       ("prompt,p", po::value(&prompt), "raw prompt text (no chat template)")
       ("chat,c", po::value(&chat), "a user message, wrapped in the model's chat template")
+      ("prompt-ids", po::value(&prompt_ids),
+       "the prompt as comma-separated token ids; prints the generated ids, space-separated (no tokenizer is read and "
+       "no stop token ends it: --max-tokens does)")
       ("thinking", po::bool_switch(&thinking), "with --chat: let the model think first (<think>)")
       ("show-prompt", po::bool_switch(&show_prompt), "with --chat: print the rendered prompt before the answer")
       ("max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate at most")
@@ -82,13 +131,20 @@ int cmd_generate(int argc, char** argv) {
   po::positional_options_description pos;
   po::variables_map vm;
   const std::string usage =
-      "usage: kiln generate (--recipe FILE | --model DIR) (--prompt TEXT | --chat TEXT) [options]\n"
+      "usage: kiln generate (--recipe FILE | --model DIR) (--prompt TEXT | --chat TEXT | --prompt-ids IDS) [options]\n"
       "Streams the completion to stdout; speeds go to stderr." + std::string("\n") + kRankLaunchHelp;
   int rc = parse_or_exit(argc, argv, desc, pos, vm, usage);
   if (rc >= 0) return rc;
   show_stats = !vm.count("no-stats");
   if (recipe_file.empty() == model_dir.empty()) return fail("give exactly one of --recipe or --model\n" + usage);
-  if (prompt.empty() == chat.empty()) return fail("give exactly one of --prompt or --chat\n" + usage);
+  if (prompt.empty() + chat.empty() + prompt_ids.empty() != 2)
+    return fail("give exactly one of --prompt, --chat or --prompt-ids\n" + usage);
+  std::vector<int32_t> given_ids;
+  if (!prompt_ids.empty()) {
+    auto parsed = parse_token_ids(prompt_ids);
+    if (!parsed.ok()) return fail(parsed.status().message());
+    given_ids = std::move(parsed).value();
+  }
   if (max_tokens < 1) return fail("--max-tokens must be at least 1");
   if (temperature < 0) return fail("--temperature must be ≥ 0");
   if (top_p <= 0 || top_p > 1) return fail("--top-p must be in (0, 1]");
@@ -110,6 +166,8 @@ int cmd_generate(int argc, char** argv) {
   local_ranks->started();  // every rank met (or this one failed on its own): a rank exiting now ends no launch
   if (!loaded.ok()) return fail(loaded.status().message());
   if (loaded->is_follower()) return run_follower_rank(*loaded);
+  if (!given_ids.empty()) return generate_ids(*loaded, *recipe, screen ? &*screen : nullptr, given_ids, max_tokens,
+                                              {temperature, top_k, top_p, seed}, show_stats);
   const std::filesystem::path dir = recipe->section("model").get_string("path");
   auto tok = Tokenizer::load(dir / "tokenizer.json");
   if (!tok.ok()) return fail(tok.status().message());

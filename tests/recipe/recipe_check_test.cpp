@@ -102,9 +102,28 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   bool noted = false;
   for (const std::string& n : cpu.notes) noted = noted || has(n, "2 CPU ranks as threads of this process");
   EXPECT_TRUE(noted) << messages(cpu);
-  // CUDA: refused, saying what it would need.
+  // CUDA: one process per rank, so ranks as threads are refused, saying what each backend needs; over `socket` a
+  // note says the ranks meet through host memory (a correctness path); drafting under CUDA ranks is refused.
   RecipeCheck gpu = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16"});
-  EXPECT_TRUE(has(problem_about(gpu, "parallel.tensor"), "2 ranks on CUDA would need 2 GPUs")) << messages(gpu);
+  const std::string local_gpu = problem_about(gpu, "parallel.tensor");
+  EXPECT_TRUE(has(local_gpu, "2 ranks on CUDA run one process each")) << messages(gpu);
+  EXPECT_TRUE(has(local_gpu, "needs 2 GPUs, one per rank")) << messages(gpu);
+  EXPECT_TRUE(has(local_gpu, "this machine sees ")) << messages(gpu);
+  RecipeCheck gpu_socket = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16",
+                                                   "transport.backend=socket"});
+  for (const auto& p : gpu_socket.problems) EXPECT_FALSE(has(p.message(), "parallel.tensor")) << p.to_string();
+  noted = false;
+  for (const std::string& n : gpu_socket.notes)
+    noted = noted || (has(n, "2 CUDA ranks, one process each") && has(n, "meeting through host memory") &&
+                      has(n, "not a fast one"));
+  EXPECT_TRUE(noted) << messages(gpu_socket);
+  RecipeCheck gpu_draft = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16",
+                                                  "transport.backend=socket", "speculative.method=mtp",
+                                                  "speculative.depth=2"});
+  bool refused = false;
+  for (const auto& p : gpu_draft.problems)
+    refused = refused || (has(p.message(), "speculative.method") && has(p.message(), "drafting with parallel.tensor > 1 on CUDA"));
+  EXPECT_TRUE(refused) << messages(gpu_draft);
   // Decode-context parallelism: a note on CPU ranks, refused on CUDA naming its key.
   RecipeCheck dcp = check("check_ok.toml", {"parallel.tensor=2", "parallel.decode_context=2", "model.device=cpu"});
   EXPECT_TRUE(dcp.problems.empty()) << messages(dcp);

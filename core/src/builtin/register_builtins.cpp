@@ -34,11 +34,14 @@ Status register_builtin_capabilities(Registrar& registrar) {
   KILN_RETURN_IF_ERROR(registrar.add<Drafter>("none", "no speculative decoding", &builtin::create_none_drafter, anywhere));
   KILN_RETURN_IF_ERROR(
       registrar.add<Collective>("local", "a single rank: no communication", &builtin::create_local_collective, anywhere));
-  // CPU ranks in separate processes (parallel/socket_collective.h): what `kiln serve` and `kiln generate` launch for
-  // parallel.tensor > 1 on the CPU when the recipe asks for processes instead of threads.
+  // Ranks in separate processes (parallel/socket_collective.h): what `kiln serve` and `kiln generate` launch for
+  // parallel.tensor > 1 when the recipe asks for processes instead of threads. CUDA ranks stage their buffers
+  // through host memory (runtime/cuda/host_staged_collective.h): a correctness path, e.g. two ranks on one GPU.
   KILN_RETURN_IF_ERROR(registrar.add<Collective>(
-      "socket", "CPU ranks in separate processes (one per rank, any machines) over TCP, rank-order reductions",
-      &create_socket_collective, DeviceSet::cpu()));
+      "socket",
+      "ranks in separate processes (one per rank, any machines) over TCP, rank-order reductions; CUDA ranks stage "
+      "through host memory (a correctness path, no CUDA graphs)",
+      &create_socket_collective, kBuilt));
   KILN_RETURN_IF_ERROR(
       registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality, anywhere));
   return ok_status();

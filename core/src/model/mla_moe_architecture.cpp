@@ -42,22 +42,27 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
                                std::to_string(g.rope_dim) + ", the model needs " + std::to_string(config_.kv_lora_rank) +
                                "+" + std::to_string(config_.qk_rope_head_dim));
   const int collective_ranks = ctx.collective ? ctx.collective->world_size() : 1;
-  // One process per rank: the CPU rank is built here; the CUDA runner's per-rank weight sharding would plug in at
-  // the same place (a CudaMlaMoeModel over a ShardedWeightSource with ctx.collective = `nccl`).
-  if (collective_ranks != 1 && ctx.device->device().is_cuda())
-    return unimplemented("tensor parallelism across processes on CUDA: the collective spans " +
-                         std::to_string(collective_ranks) + " ranks, and the CUDA runner of " + config_.model_type +
-                         " does not shard its weights over one rank per process yet (CPU ranks do: model.device = "
-                         "\"cpu\" with transport.backend = \"socket\")");
+  // One process per rank: this process's rank of the group, on its device.
+  if (collective_ranks != 1 && ctx.device->device().is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));
+    KILN_ASSIGN_OR_RETURN(auto m, cuda::CudaMlaMoeModel::create_rank(config_, ctx));
+    return std::unique_ptr<ModelInstance>(std::move(m));
+#else
+    return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+  }
   if (collective_ranks != 1) return MlaMoeCpuInstance::create_process_rank(config_, ctx);
   if (ctx.decode_context > 1 && ctx.device->device().is_cuda())
     return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner of " +
                          config_.model_type + " keeps the whole KV cache on its device (decode-context parallelism "
                          "runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
+  // Ranks as threads of one process share its device; a CUDA runner is one rank per process.
   if (ctx.tensor_parallel > 1 && ctx.device->device().is_cuda())
-    return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA: the CUDA runner of " +
-                         config_.model_type + " does not shard its weights yet (tensor parallelism runs on CPU ranks; "
-                         "set model.device = \"cpu\" or parallel.tensor = 1)");
+    return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA with transport.backend = "
+                         "\"local\" (ranks as threads): the CUDA runner of " + config_.model_type + " runs one rank per "
+                         "process; set transport.backend = \"nccl\" (one GPU per rank) or \"socket\" (ranks meeting "
+                         "through host memory, e.g. two ranks on one GPU)");
   if (ctx.tensor_parallel > 1) return MlaMoeCpuInstance::create_tensor_parallel(config_, ctx);
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA

@@ -10,26 +10,6 @@
 #include "model/tensor_parallel_instance.h"
 
 namespace kiln {
-namespace {
-
-// Every rank needs at least one of each unit the ranks split.
-Status check_splittable(const ModelConfig& c, int world) {
-  const std::pair<const char*, int64_t> units[] = {
-      {"num_attention_heads", c.num_attention_heads},
-      {"vocab_size", c.vocab_size},
-      {"n_routed_experts", c.n_routed_experts},
-      {"intermediate_size", c.intermediate_size},
-      {"moe_intermediate_size × n_shared_experts", c.moe_intermediate_size * c.n_shared_experts}};
-  for (const auto& [name, count] : units) {
-    const bool used = std::string(name) != "n_routed_experts" || c.n_routed_experts > 0;
-    if (used && count > 0 && count < world)
-      return invalid_argument("parallel.tensor = " + std::to_string(world) + ": " + c.source + " has " + name + " = " +
-                              std::to_string(count) + ", fewer than the ranks that split it");
-  }
-  return ok_status();
-}
-
-}  // namespace
 
 Result<std::unique_ptr<MlaMoeCpuInstance>> MlaMoeCpuInstance::create_rank(const ModelConfig& config,
                                                                          const BuildContext& ctx,
@@ -57,7 +37,7 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_process_rank(co
     return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
                             std::to_string(ctx.tensor_parallel) + " (× parallel.decode_context within it): one "
                             "process per tensor-parallel rank, so WORLD_SIZE must equal parallel.tensor");
-  KILN_RETURN_IF_ERROR(check_splittable(config, world));
+  KILN_RETURN_IF_ERROR(check_tensor_parallel_units(config, world));
   if (world % context != 0)
     return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
                             std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");
@@ -76,7 +56,7 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_process_rank(co
 Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_tensor_parallel(const ModelConfig& config,
                                                                                const BuildContext& ctx) {
   const int world = ctx.tensor_parallel, context = std::max(ctx.decode_context, 1);
-  KILN_RETURN_IF_ERROR(check_splittable(config, world));
+  KILN_RETURN_IF_ERROR(check_tensor_parallel_units(config, world));
   if (world % context != 0)
     return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
                             std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");

@@ -6,6 +6,7 @@
 
 #include "kiln/launch_env.h"
 #include "kiln/log.h"
+#include "parallel/collective_capture.h"
 #include "parallel/injected_faults.h"
 #include "parallel/rank_processes.h"
 #include "parallel/socket_collective.h"
@@ -30,6 +31,25 @@ bool cuda_device_available() {
   return false;
 #endif
 }
+
+#ifdef KILN_WITH_CUDA
+// One process per rank (a torchrun-style launch of more than one rank): this rank's GPU is LOCAL_RANK modulo the
+// visible devices, as torchrun and `kiln serve`'s launcher number them. More local ranks than GPUs share devices
+// (round robin), which only a collective meeting through the host serves (NCCL refuses two ranks on one GPU).
+Status select_rank_device() {
+  auto launch = read_launch_env(process_env());
+  if (!launch.ok() || launch->world_size <= 1) return ok_status();
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) return unavailable("no CUDA device is visible to this rank");
+  const int device = launch->local_rank % count;
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    return internal_error("cudaSetDevice(" + std::to_string(device) + ") for LOCAL_RANK " +
+                          std::to_string(launch->local_rank) + ": " + cudaGetErrorString(e));
+  log::info("rank {} (LOCAL_RANK {}) on cuda:{} of {} visible{}", launch->rank, launch->local_rank, device, count,
+            launch->local_rank >= count ? " (sharing it with another rank of this machine)" : "");
+  return ok_status();
+}
+#endif
 
 Result<DeviceType> resolve_device(const Recipe& recipe, const Registry& registry, const Architecture& arch) {
   const RecipeSection& model = recipe.section("model");
@@ -88,6 +108,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   }
   if (device == DeviceType::kCuda) {
 #ifdef KILN_WITH_CUDA
+    KILN_RETURN_IF_ERROR(select_rank_device());
     KILN_ASSIGN_OR_RETURN(auto ctx, cuda::CudaDeviceContext::create());
     m.device = std::move(ctx);
 #endif
@@ -118,7 +139,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
     KILN_ASSIGN_OR_RETURN(launch, read_launch_env(process_env()));
     m.rank = m.collective->rank();
     if (decode_context > 1 && ranks % decode_context == 0) {
-      auto* socket = dynamic_cast<SocketCollective*>(m.collective.get());
+      auto* socket = dynamic_cast<SocketCollective*>(host_side(m.collective.get()));
       if (!socket)
         return unimplemented("parallel.decode_context = " + std::to_string(decode_context) + " with one process per rank "
                              "needs a collective per decode-context group, which only `transport.backend = \"socket\"` "
@@ -168,7 +189,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
     if (m.rank == 0) {
       KILN_RETURN_IF_ERROR(wait_for_ranks_loaded(*control));
       // When the group breaks, ranks waiting for rank 0 in a collective are released at once.
-      auto* socket = dynamic_cast<SocketCollective*>(m.collective.get());
+      auto* socket = dynamic_cast<SocketCollective*>(host_side(m.collective.get()));
       std::function<void()> release;
       if (socket) release = [socket] { socket->channel().shut_down(); };
       m.model = std::make_unique<RankLeaderInstance>(std::move(m.model), std::move(control), std::move(release),

@@ -1,6 +1,8 @@
 #include "model/sharded_weight_source.h"
 
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 namespace kiln {
 namespace {
@@ -22,6 +24,22 @@ std::pair<size_t, size_t> expert_index(const std::string& name) {
 }
 
 }  // namespace
+
+Status check_tensor_parallel_units(const ModelConfig& c, int world) {
+  const std::pair<const char*, int64_t> units[] = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"vocab_size", c.vocab_size},
+      {"n_routed_experts", c.n_routed_experts},
+      {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size × n_shared_experts", c.moe_intermediate_size * c.n_shared_experts}};
+  for (const auto& [name, count] : units) {
+    const bool used = std::string(name) != "n_routed_experts" || c.n_routed_experts > 0;
+    if (used && count > 0 && count < world)
+      return invalid_argument("parallel.tensor = " + std::to_string(world) + ": " + c.source + " has " + name + " = " +
+                              std::to_string(count) + ", fewer than the ranks that split it");
+  }
+  return ok_status();
+}
 
 ShardedWeightSource::RowSplit ShardedWeightSource::row_split(const std::string& module) const {
   const ModelConfig& c = config_;

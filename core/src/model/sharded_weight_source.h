@@ -30,6 +30,8 @@ class ShardedWeightSource final : public WeightSource {
   Result<TensorView> get(const std::string& name) const override;
   bool synthetic() const override { return stored_.synthetic(); }
   uint64_t seed() const override { return stored_.seed(); }
+  // The checkpoint as stored (what a rank reads the modules it holds whole from).
+  const WeightSource& stored() const { return stored_; }
 
   // How a module (a tensor name without its last component) is split: units and rows per unit, or none.
   struct RowSplit {
@@ -46,5 +48,9 @@ class ShardedWeightSource final : public WeightSource {
   const ModelConfig config_;
   const TensorShard shard_;
 };
+
+// Every rank needs at least one of each unit the ranks split (heads, vocabulary rows, routed experts, the dense MLP's
+// and the shared experts' intermediate columns); counts the ranks do not divide split unevenly (tensor_shard.h).
+Status check_tensor_parallel_units(const ModelConfig& config, int world);
 
 }  // namespace kiln

@@ -1,5 +1,7 @@
 #include "parallel/rank_processes.h"
 
+#include "parallel/collective_capture.h"
+
 #include <cstring>
 #include <map>
 #include <type_traits>
@@ -413,11 +415,11 @@ class MirroredPools {
 
 std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, Collective* decode_context) {
   std::vector<SocketCollective*> groups;
-  auto* tp = dynamic_cast<SocketCollective*>(tensor_parallel);
+  auto* tp = dynamic_cast<SocketCollective*>(host_side(tensor_parallel));
   if (!tp) return groups;
   groups.push_back(tp);
   if (decode_context) {
-    auto* dc = dynamic_cast<SocketCollective*>(decode_context);
+    auto* dc = dynamic_cast<SocketCollective*>(host_side(decode_context));
     if (!dc) return {};
     groups.push_back(dc);
   }

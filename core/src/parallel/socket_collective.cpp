@@ -9,6 +9,9 @@
 
 #include "kernels/cpu/half_float.h"
 #include "kiln/launch_env.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda/host_staged_collective.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -462,6 +465,14 @@ Status SocketCollective::broadcast(void* buffer, int64_t count, DType dtype, int
 Result<std::unique_ptr<Collective>> create_socket_collective(const CreateContext& context) {
   KILN_ASSIGN_OR_RETURN(const LaunchEnv launch, read_launch_env(process_env()));
   KILN_ASSIGN_OR_RETURN(auto collective, SocketCollective::connect(rendezvous_spec(launch)));
+  if (context.device.is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    // Device buffers: staged through pinned host memory (a correctness path, not a fast one: see that header).
+    return std::unique_ptr<Collective>(new cuda::HostStagedCollective(std::move(collective)));
+#else
+    return unimplemented("collective `socket` on " + context.device.to_string() + ": this kiln was built without CUDA");
+#endif
+  }
   return std::unique_ptr<Collective>(std::move(collective));
 }
 

@@ -15,6 +15,9 @@
 #include "model/model_loader.h"
 #include "recipe/core_schema.h"
 #include "recipe/drafter_settings.h"
+#ifdef KILN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -199,8 +202,45 @@ class Checker {
     }
   }
 
-  // What a parallel recipe needs: CPU ranks run as threads of this process over the built-in `local` group; the
-  // CUDA runners do not shard yet, so a GPU recipe with ranks cannot load.
+  // CUDA ranks: one process per rank; what each backend asks of the machine.
+  void check_cuda_ranks(int64_t ranks) {
+    const RecipeSection& parallel = recipe_.section("parallel");
+    const RecipeSection& transport = recipe_.section("transport");
+    const std::string backend = transport.get_string("backend", "local");
+    const std::string method = recipe_.section("speculative").get_string("method", "none");
+    if (method != "none")
+      problem(about(recipe_.section("speculative"), "method",
+                    unimplemented("drafting with parallel.tensor > 1 on CUDA: the CUDA runner's ranks hold only their "
+                                  "vocabulary rows of the embedding and lm_head a drafter borrows (drafting under "
+                                  "tensor parallelism runs on CPU ranks)")));
+    int gpus = 0;
+#ifdef KILN_WITH_CUDA
+    if (cuda_device_available()) cudaGetDeviceCount(&gpus);
+#endif
+    const std::string here = " (this machine sees " + std::to_string(gpus) + ")";
+    if (backend == "local")
+      return problem(about(parallel, "tensor",
+                           unimplemented(std::to_string(ranks) + " ranks on CUDA run one process each: set "
+                                         "transport.backend = \"nccl\" (needs " + std::to_string(ranks) +
+                                         " GPUs, one per rank, with peer access for the custom all-reduce" + here +
+                                         ") or \"socket\" (ranks meeting through host memory; they may share GPUs)")));
+    if (backend == "socket") {
+      out_.notes.push_back(setting(transport, "backend") + ": " + std::to_string(ranks) +
+                           " CUDA ranks, one process each, on GPU LOCAL_RANK mod the visible GPUs" + here +
+                           ", meeting through host memory (each collective waits for the stream and copies through "
+                           "pinned memory; no CUDA graphs): a correctness path for tests and hosts without peer "
+                           "access, not a fast one; `kiln serve` / `kiln generate` start " + std::to_string(ranks - 1) +
+                           " rank processes on this machine");
+      return;
+    }
+    out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) + " CUDA ranks over `" + backend +
+                         "` need " + std::to_string(ranks) + " GPUs, one per rank (LOCAL_RANK picks it)" + here +
+                         "; NCCL refuses two ranks on one GPU; the custom all-reduce needs peer access between them");
+  }
+
+  // What a parallel recipe needs: CPU ranks run as threads of this process over the built-in `local` group or as
+  // processes over `socket`; CUDA ranks are one process each (the MLA + MoE runner shards its weights per rank),
+  // one GPU per rank over `nccl`, or meeting through host memory over `socket` (ranks may then share GPUs).
   void check_parallel() {
     const RecipeSection& parallel = recipe_.section("parallel");
     const int64_t ranks = parallel.get_int("tensor", 1);
@@ -209,11 +249,7 @@ class Checker {
       problem(about(parallel, "decode_context",
                     unimplemented("splits the KV cache over CPU ranks; the CUDA runners keep it whole on their device "
                                   "(model.device = \"cpu\", or decode_context = 1)")));
-    if (device_ == DeviceType::kCuda)
-      return problem(about(parallel, "tensor",
-                           unimplemented(std::to_string(ranks) + " ranks on CUDA would need " + std::to_string(ranks) +
-                                         " GPUs and a runner that shards its weights, which the CUDA runners do "
-                                         "not do yet; tensor parallelism runs on CPU ranks (model.device = \"cpu\")")));
+    if (device_ == DeviceType::kCuda) return check_cuda_ranks(ranks);
     const RecipeSection& transport = recipe_.section("transport");
     const std::string backend = transport.get_string("backend", "local");
     const int64_t groups = ranks / std::max<int64_t>(parallel.get_int("decode_context", 1), 1);

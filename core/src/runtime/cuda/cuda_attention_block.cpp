@@ -15,11 +15,6 @@ bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
 
 }  // namespace
 
-Status reduce_partial(const StepContext& x, void* y, int64_t count, DType dtype) {
-  if (!x.I.collective) return ok_status();
-  return x.I.collective->all_reduce(y, count, dtype, ReduceOp::kSum, x.I.sdk_stream()).with_context("tensor-parallel sum");
-}
-
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype) {
   LinearRun r;
   r.x = TensorView::contiguous(const_cast<void*>(in), DType::kBF16, {n, l.in_features()}, x.I.dev.device());
@@ -37,7 +32,9 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
   const KvLayout& layout = *I.layout;
   const StepBuffers& b = x.b;
   const StreamHandle st = I.s();
-  const int64_t N = x.shape.N, H = c.num_attention_heads, L = c.kv_lora_rank;
+  // H: this rank's heads (all of them on one rank); their outputs are gathered for o_proj, which reads every head's.
+  const int64_t N = x.shape.N, H = x.shape.shard.count(c.num_attention_heads), L = c.kv_lora_rank;
+  uint16_t* const attn = I.sharded() ? b.attn_local : b.attn;
   const int64_t Rr = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, qk = nope + Rr, D = L + Rr;
   const float one = 1.0f, zero = 0.0f;
   if (!pages) return failed_precondition("the layer has no KV pages");
@@ -114,13 +111,13 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
   if (skinny) {
     SkinnyStrides s;
     s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + vd) * L, s.y_row = H * vd, s.y_batch = vd;
-    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(b.o_lat_bf, N, L, w.kv_b_dense + nope * L, vd, b.attn,
+    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(b.o_lat_bf, N, L, w.kv_b_dense + nope * L, vd, attn,
                                                           DType::kBF16, s, false, I.sm_count, st)
                              .with_context("MLA output un-absorption"));
   } else {
     KILN_RETURN_IF_ERROR(blas_ok(
       cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, vd, N, L, &one, w.kv_b_dense + nope * L, CUDA_R_16BF,
-                                 L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, b.attn, CUDA_R_16BF,
+                                 L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, attn, CUDA_R_16BF,
                                  H * vd, vd, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "MLA output un-absorption"));
   }
@@ -131,10 +128,14 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     p.dims = {H, nope, Rr, vd, L};
     p.q = b.q, p.layout = &layout, p.pages = pages, p.stream = I.sdk_stream(), p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks;
-    p.kv_b = w.kv_b_dense, p.scale = a.scale, p.out = b.attn;
+    p.kv_b = w.kv_b_dense, p.scale = a.scale, p.out = attn;
     p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;
     KILN_RETURN_IF_ERROR(mla_prefill_attention(p, I.blas, st));
     I.timer.mark("attention: prefill kernel (expanded form)");
+  }
+  if (I.sharded()) {
+    KILN_RETURN_IF_ERROR(gather_units(x, attn, N, c.num_attention_heads, vd, DType::kBF16, b.attn));
+    I.timer.mark("attention: head gather (tensor parallel)");
   }
   KILN_RETURN_IF_ERROR(run_linear(x, *w.o_proj, b.attn, N, b.y, DType::kBF16));
   I.timer.mark("attention: o_proj");

@@ -10,6 +10,8 @@
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
 #include "model/rope_setup.h"
+#include "model/sharded_weight_source.h"
+#include "parallel/collective_capture.h"
 #include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -22,6 +24,12 @@ int64_t tap_key(const std::vector<int>& taps) {
   uint64_t h = taps.size();
   for (int t : taps) h = h * 1000003u + static_cast<uint64_t>(t + 2);
   return static_cast<int64_t>(h);
+}
+
+// Drafters borrow the target's embedding and lm_head outside a step; a rank holds only its vocabulary rows of both.
+std::string sharded_drafting_refusal(const char* what) {
+  return std::string("the target's ") + what + " for a drafter under tensor parallelism on CUDA: each rank holds only "
+         "its vocabulary rows (drafting with parallel.tensor > 1 runs on CPU ranks)";
 }
 
 }  // namespace
@@ -50,7 +58,34 @@ Status CudaMlaMoeModel::supports(const ModelConfig& c) {
   return ok_status();
 }
 
-Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConfig& c, const BuildContext& ctx) {
+Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create_rank(const ModelConfig& c, const BuildContext& ctx) {
+  const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
+  const std::string where = "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world) + " on CUDA";
+  if (world != ctx.tensor_parallel)
+    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
+                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
+                            "WORLD_SIZE must equal parallel.tensor");
+  if (ctx.decode_context > 1)
+    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner "
+                         "of " + c.model_type + " keeps the whole KV cache on each rank's device (decode-context "
+                         "parallelism runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
+  if (ctx.load_mtp)
+    return unimplemented(where + ": drafting with the next-n (MTP) layers is not sharded on CUDA yet (the drafter's "
+                         "embedding, lm_head and device-chained steps would need it); set speculative.method = "
+                         "\"none\" or run the ranks on the CPU");
+  KILN_RETURN_IF_ERROR(check_tensor_parallel_units(c, world));
+  const TensorShard shard{rank, world};
+  BuildContext rank_ctx = ctx;
+  auto source = std::make_unique<ShardedWeightSource>(*ctx.source, c, shard);
+  rank_ctx.source = source.get();
+  auto m = create(c, rank_ctx, shard);
+  if (!m.ok()) return m.status().with_context(where);
+  (*m)->rank_source_ = std::move(source);
+  return m;
+}
+
+Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConfig& c, const BuildContext& ctx,
+                                                                 TensorShard shard) {
   KILN_RETURN_IF_ERROR(supports(c));
   auto* dev = dynamic_cast<CudaDeviceContext*>(ctx.device);
   if (!dev) return failed_precondition("the CUDA model needs the core's CUDA device context");
@@ -60,6 +95,7 @@ Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConf
   Impl& I = *m->impl_;
   I.layout = ctx.layout;
   I.collective = ctx.collective;
+  I.shard = shard;
   I.sm_count = dev->multiprocessor_count();
   KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
   I.route_done = static_cast<unsigned*>(done);
@@ -72,7 +108,10 @@ Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create(const ModelConf
     I.inv_freq = static_cast<float*>(p);
     KILN_RETURN_IF_ERROR(dev->copy(I.inv_freq, inv.data(), inv.size() * sizeof(float), true));
   }
-  KILN_ASSIGN_OR_RETURN(m->weights_, load_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp));
+  // A rank's source is a ShardedWeightSource over the checkpoint, which is what the shared expert is read from whole.
+  const WeightSource* whole = nullptr;
+  if (const auto* sharded = dynamic_cast<const ShardedWeightSource*>(ctx.source)) whole = &sharded->stored();
+  KILN_ASSIGN_OR_RETURN(m->weights_, load_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp, shard, whole));
   return m;
 }
 
@@ -98,6 +137,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   sh.attend = I.layout->plan_attend(sh.attend_shape);
   sh.scores_kv = c.has_indexer() ? round_up_pow2(lay.max_kv, 16) : 0;
   sh.mtp = mtp != nullptr;
+  sh.shard = I.shard;
   if (!lay.prefill.empty())
     sh.prefill_workspace = mla_prefill_workspace_bytes(
         static_cast<int64_t>(lay.prefill.size()), lay.prefill_keys,
@@ -157,15 +197,24 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     }
     KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), caches.entry(kv_layer, 1))
                              .with_context("layer " + std::to_string(kv_layer) + " attention (GPU)"));
-    KILN_RETURN_IF_ERROR(reduce_partial(x, b.y, N * Hd, DType::kBF16));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
     timer.mark("residual add + RMSNorm");
     return mlp_block(x, w, &next).with_context("layer " + std::to_string(kv_layer) + " mlp (GPU)");
   };
+  // Embedding rows of the step's ids into `out`: under tensor parallelism each rank gathers its vocabulary rows
+  // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
+  auto embed_rows = [&](uint16_t* out) -> Status {
+    if (!I.sharded()) return embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, out, st);
+    const TensorShard& shard = I.shard;
+    KILN_RETURN_IF_ERROR(offset_ids_i32(b.ids, N, static_cast<int32_t>(shard.begin(c.vocab_size)), b.ids_local, st));
+    KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, shard.count(c.vocab_size), Hd, b.ids_local, N,
+                                               out, st));
+    return sum_exclusive(x, out, N * Hd, DType::kBF16);
+  };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
   auto enqueue_trunk = [&]() -> Status {
-    KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    KILN_RETURN_IF_ERROR(embed_rows(b.y));
     // Media rows over their placeholders' embeddings, rounded to bf16 as the table's rows are. From pageable memory:
     // the copy has taken the rows when it returns (such steps are prompt chunks, never graphed).
     for (const auto& [row, m] : media) {
@@ -194,7 +243,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   // add_rmsnorm then adds a zero block output), one decoder layer, the head norm.
   auto enqueue_mtp = [&]() -> Status {
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.y, 0, N * Hd * sizeof(uint16_t), I.stream), "MTP zero block"));
-    KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.h, st));
+    KILN_RETURN_IF_ERROR(embed_rows(b.h));
     KILN_RETURN_IF_ERROR(rmsnorm_bf16(b.h, mtp->enorm, N, Hd, eps, b.normed, st));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.prev, mtp->hnorm, N, Hd, eps, b.h, st));  // prev += 0: unchanged
     const size_t row = Hd * sizeof(uint16_t);
@@ -211,7 +260,12 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
     KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
     const Linear& head = mtp ? *mtp->head : *weights_.lm_head;
-    KILN_RETURN_IF_ERROR(run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
+    if (I.sharded()) {  // this rank's vocabulary rows, then every rank's gathered
+      KILN_RETURN_IF_ERROR(run_linear(x, head, b.row_states, R, b.logits_local, DType::kF32));
+      KILN_RETURN_IF_ERROR(gather_units(x, b.logits_local, R, c.vocab_size, 1, DType::kF32, b.logits));
+    } else {
+      KILN_RETURN_IF_ERROR(run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
+    }
     timer.mark("final norm + lm_head");
     return ok_status();
   };
@@ -224,7 +278,10 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   const GraphKey key{mtp_index,      sh.S, R, sh.max_blocks, sh.scores_kv, tap_key(taps), sh.attend, sh.want_hidden,
                      I.scratch.base(), caches.entry(0, 0), 0, N};
   const bool verification = std::all_of(steps.begin(), steps.end(), [](const SequenceStep& s) { return s.all_logits; });
-  if (graphs_ && lay.prefill.empty() && media.empty() && (N == sh.S || verification)) {
+  // A collective that meets through the host (collective_capture.h) cannot be captured: such ranks run every step
+  // directly.
+  const bool capturable = !I.sharded() || collective_capturable(*I.collective);
+  if (graphs_ && capturable && lay.prefill.empty() && media.empty() && (N == sh.S || verification)) {
     KILN_RETURN_IF_ERROR(I.graphs.run(key, I.stream, enqueue));
   } else {
     timer.begin(I.stream);
@@ -301,6 +358,7 @@ Status CudaMlaMoeModel::mtp_step(int64_t layer, std::span<const SequenceStep> st
 }
 
 Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
+  if (impl_->sharded()) return unimplemented(sharded_drafting_refusal("embedding"));
   if (!out.device.is_cuda() || out.dtype != DType::kBF16 || out.numel() != n * config_.hidden_size)
     return invalid_argument("CUDA embedding rows go to device bf16 [n, hidden]");
   return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
@@ -308,6 +366,7 @@ Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
 }
 
 Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
+  if (impl_->sharded()) return unimplemented(sharded_drafting_refusal("lm_head"));
   if (!hidden.device.is_cuda() || hidden.dtype != DType::kBF16 || hidden.dim(-1) != config_.hidden_size)
     return invalid_argument("the CUDA lm_head takes device bf16 [n, hidden]");
   LinearRun r;

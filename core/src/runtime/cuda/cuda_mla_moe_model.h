@@ -24,7 +24,17 @@ namespace kiln::cuda {
 class CudaMlaMoeModel final : public ModelInstance {
  public:
   // On ctx.device (a CudaDeviceContext): weights through ctx.format from ctx.source, attention through ctx.layout.
-  static Result<std::unique_ptr<CudaMlaMoeModel>> create(const ModelConfig& config, const BuildContext& ctx);
+  // `shard`: this rank's part of a tensor-parallel group (ctx.source then serves its rows: see create_rank).
+  static Result<std::unique_ptr<CudaMlaMoeModel>> create(const ModelConfig& config, const BuildContext& ctx,
+                                                         TensorShard shard = {});
+  // One process per tensor-parallel rank (ctx.collective spans parallel.tensor processes): this rank's shard of the
+  // weights (load_gpu_weights: heads, dense-MLP columns, routed experts and vocabulary rows split as the CPU ranks
+  // split them; the shared expert whole on one rank) and a step in which the ranks meet through ctx.collective —
+  // gathers of the heads' outputs, the dense MLP's SwiGLU columns and the logits, sums of the embedding rows and
+  // the routed pairs, each with one non-zero contributor — so every rank computes every value with the arithmetic
+  // of one rank wherever its kernels' launch shapes do not depend on the split widths (at the test fixtures' sizes
+  // they do not: tests/gpu). Refused with decode-context parallelism and with MTP drafting.
+  static Result<std::unique_ptr<CudaMlaMoeModel>> create_rank(const ModelConfig& config, const BuildContext& ctx);
   ~CudaMlaMoeModel() override;
 
   const ModelConfig& config() const { return config_; }
@@ -71,6 +81,7 @@ class CudaMlaMoeModel final : public ModelInstance {
   bool graphs_ = true;
   DeviceTokenSelection selection_;
   std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
+  std::unique_ptr<WeightSource> rank_source_;  // a tensor-parallel rank's view of the checkpoint (create_rank)
 };
 
 }  // namespace kiln::cuda

@@ -81,6 +81,7 @@ struct StepShape {
   size_t expert_workspace = 0;   // the routed experts' (ExpertSet::workspace_bytes)
   int64_t taps = 0;              // tapped layers (fp32 [N, hidden] each)
   bool want_hidden = false;      // the final-normed hidden states in fp32 (a tap of kTapFinalNormed, or tests)
+  TensorShard shard;             // this rank's part of a tensor-parallel group's work (one rank: all of it)
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -106,6 +107,13 @@ struct StepBuffers {
   void* prefill_workspace;  // mla_prefill_attention's scratch (null without prefilling sequences)
   float* prev;    // MTP: the hidden states the rows condition on [N, hidden]
   uint16_t* cat;  // MTP: cat(enorm(embedding), hnorm(prev)) [N, 2·hidden]
+  // Tensor parallelism only (null on one rank): this rank's part before a gather — its heads' attention output
+  // [N, heads·v], its dense-MLP SwiGLU columns [N, columns], its vocabulary rows' logits [R, rows] — the token ids
+  // and routed pairs' expert ids moved into this rank's numbering, and the all_gather's staging (send, receive).
+  uint16_t *attn_local, *act_local;
+  float* logits_local;
+  int32_t *ids_local, *pair_ids_local;
+  char *gather_send, *gather_recv;
 };
 
 // Lays the step's buffers out in `scratch` (see StepScratch: a measuring pass, then the real one).
@@ -168,6 +176,8 @@ struct CudaMlaMoeModel::Impl {
   CublasGemm* gemm;
   const KvLayout* layout = nullptr;
   Collective* collective = nullptr;  // the tensor-parallel group (none: one rank)
+  TensorShard shard;                 // this rank's part of the group's work (load_gpu_weights' split)
+  bool sharded() const { return collective && shard.sharded(); }
   StepScratch scratch;
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;
@@ -201,9 +211,17 @@ struct StepContext {
 // y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype);
 
-// Sums a row-parallel block's partial output over the tensor-parallel group, in place on the step's stream (a
-// no-op for one rank; graph-capturable, as the Collective contract requires).
-Status reduce_partial(const StepContext& x, void* y, int64_t count, DType dtype);
+// Tensor parallelism (x.I.sharded()): full [n, units · width] (row stride units · width) from every rank's local
+// [n, (its units) · width] in unit order — each rank's block padded to the largest part so that one all_gather
+// moves them, then copied into place. Copies only, so the values are exactly the owners'.
+Status gather_units(const StepContext& x, const void* local, int64_t n, int64_t units, int64_t width, DType dtype,
+                    void* full);
+// The send staging gather_units needs for n rows of `units` · width elements of `dtype`, in bytes (the receive
+// staging is world times that).
+size_t gather_staging_bytes(const TensorShard& shard, int64_t n, int64_t units, int64_t width, DType dtype);
+// Sums `count` elements over the tensor-parallel group in place, on the step's stream. Only where at most one rank
+// holds a non-zero value per element (masked embedding rows, routed pairs of one owner): the sum is then exact.
+Status sum_exclusive(const StepContext& x, void* y, int64_t count, DType dtype);
 
 // The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
 // for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).

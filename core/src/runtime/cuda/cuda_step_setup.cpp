@@ -72,7 +72,9 @@ Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& 
 
 void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& sc, StepBuffers& b) {
   const int64_t N = sh.N, R = sh.R, S = sh.S;
-  const int64_t Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, Rr = c.qk_rope_head_dim;
+  // H: this rank's heads (all of them on one rank); o_proj's input holds every head's output.
+  const TensorShard& shard = sh.shard;
+  const int64_t Hd = c.hidden_size, H = shard.count(c.num_attention_heads), L = c.kv_lora_rank, Rr = c.qk_rope_head_dim;
   const int64_t qk = c.qk_nope_head_dim + Rr, D = L + Rr, vd = c.v_head_dim;
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t moe_I = c.moe_intermediate_size;
@@ -86,7 +88,7 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   b.q_res_n = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
   b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk);
   b.q_abs = sc.carve<float>(N * H * D), b.o_lat_bf = sc.carve<uint16_t>(N * H * L);
-  b.attn = sc.carve<uint16_t>(N * H * vd);
+  b.attn = sc.carve<uint16_t>(N * c.num_attention_heads * vd);
   b.mla_workspace = sh.attend.workspace_bytes ? sc.carve<char>(sh.attend.workspace_bytes) : nullptr;
   b.gu = sc.carve<uint16_t>(N * 2 * dense_I), b.act = sc.carve<uint16_t>(N * dense_I), b.shared = sc.carve<uint16_t>(N * Hd);
   b.h32 = sc.carve<float>(N * Hd), b.router_logits = sc.carve<float>(N * E), b.route_w = sc.carve<float>(N * topk);
@@ -105,6 +107,20 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   b.selected = dsa ? sc.carve<int32_t>(N * c.index_topk) : nullptr;
   b.prefill_workspace = sh.prefill_workspace ? sc.carve<char>(sh.prefill_workspace) : nullptr;
   b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
+  b.attn_local = nullptr, b.act_local = nullptr, b.logits_local = nullptr, b.ids_local = nullptr;
+  b.pair_ids_local = nullptr, b.gather_send = nullptr, b.gather_recv = nullptr;
+  if (shard.sharded()) {
+    const int64_t V = c.vocab_size;
+    b.attn_local = sc.carve<uint16_t>(N * H * vd);
+    b.act_local = sc.carve<uint16_t>(N * std::max<int64_t>(shard.count(c.intermediate_size), 1));
+    b.logits_local = sc.carve<float>(R * shard.count(V));
+    b.ids_local = sc.carve<int32_t>(N), b.pair_ids_local = sc.carve<int32_t>(N * topk);
+    const size_t staging =
+        std::max({gather_staging_bytes(shard, N, c.num_attention_heads, vd, DType::kBF16),
+                  gather_staging_bytes(shard, N, c.intermediate_size, 1, DType::kBF16),
+                  gather_staging_bytes(shard, R, V, 1, DType::kF32)});
+    b.gather_send = sc.carve<char>(staging), b.gather_recv = sc.carve<char>(staging * shard.world);
+  }
 }
 
 Status upload_step_layout(const StepLayout& L, const StepBuffers& b, PinnedUploadRing& staging, cudaStream_t stream) {

@@ -16,17 +16,21 @@ struct Loader {
   WeightFormat& format;
   CudaDeviceContext& dev;
   WeightUploader up;
+  TensorShard shard;
+  const WeightSource& whole;  // the unsplit checkpoint (the shared expert's rank reads it whole)
   size_t bytes = 0;
 
-  Loader(const ModelConfig& config, const WeightSource& source, WeightFormat& f, CudaDeviceContext& d)
-      : c(config), src(source), format(f), dev(d), up(source, d.cuda_stream()) {}
+  Loader(const ModelConfig& config, const WeightSource& source, WeightFormat& f, CudaDeviceContext& d,
+         TensorShard s, const WeightSource& w)
+      : c(config), src(source), format(f), dev(d), up(source, d.cuda_stream()), shard(s), whole(w) {}
 
-  Result<std::unique_ptr<Linear>> linear(std::vector<std::string> names, std::vector<int64_t> outs, int64_t in) {
+  Result<std::unique_ptr<Linear>> linear(std::vector<std::string> names, std::vector<int64_t> outs, int64_t in,
+                                         const WeightSource* from = nullptr) {
     LinearSpec spec;
     spec.names = std::move(names);
     spec.out_features = std::move(outs);
     spec.in_features = in;
-    KILN_ASSIGN_OR_RETURN(auto l, format.load_linear(src, spec));
+    KILN_ASSIGN_OR_RETURN(auto l, format.load_linear(from ? *from : src, spec));
     if (l->in_features() != in || l->out_features() != spec.total_out())
       return invalid_argument("`" + spec.names[0] + "` loaded as [" + std::to_string(l->out_features()) + ", " +
                               std::to_string(l->in_features()) + "], the config implies [" +
@@ -70,18 +74,20 @@ struct Loader {
     bytes += n * 2;
     return static_cast<const uint16_t*>(p);
   }
-  // gate and up stacked (gate rows first); then down.
-  Status swiglu_mlp(const std::string& p, int64_t inter, GpuLayer& w) {
+  // gate and up stacked (gate rows first, `local` of them each: this rank's columns), from `from`; then down (all
+  // `inter` columns).
+  Status swiglu_mlp(const std::string& p, int64_t inter, int64_t local, GpuLayer& w, const WeightSource* from = nullptr) {
     const int64_t hd = c.hidden_size;
-    KILN_ASSIGN_OR_RETURN(w.gate_up, linear({p + ".gate_proj", p + ".up_proj"}, {inter, inter}, hd));
-    KILN_ASSIGN_OR_RETURN(w.down, linear(p + ".down_proj", inter, hd));
+    KILN_ASSIGN_OR_RETURN(w.gate_up, linear({p + ".gate_proj", p + ".up_proj"}, {local, local}, hd, from));
+    KILN_ASSIGN_OR_RETURN(w.down, linear({p + ".down_proj"}, {hd}, inter, from));
     return ok_status();
   }
 
   Result<GpuLayer> layer(int64_t l) {
     GpuLayer w;
     const std::string p = "model.layers." + std::to_string(l);
-    const int64_t H = c.num_attention_heads, hd = c.hidden_size;
+    // H: this rank's heads (all of them on one rank); o_proj reads every head's output (gathered).
+    const int64_t H = shard.count(c.num_attention_heads), hd = c.hidden_size;
     KILN_ASSIGN_OR_RETURN(w.input_norm, norm(p + ".input_layernorm.weight", hd));
     KILN_ASSIGN_OR_RETURN(w.post_attention_norm, norm(p + ".post_attention_layernorm.weight", hd));
     const std::string a = p + ".self_attn";
@@ -103,7 +109,7 @@ struct Loader {
                                             static_cast<uint16_t*>(uk_t), dev.cuda_stream()));
     w.w_uk_t = static_cast<const uint16_t*>(uk_t);
     bytes += static_cast<size_t>(H * c.kv_lora_rank * c.qk_nope_head_dim) * 2;
-    KILN_ASSIGN_OR_RETURN(w.o_proj, linear(a + ".o_proj", H * c.v_head_dim, hd));
+    KILN_ASSIGN_OR_RETURN(w.o_proj, linear(a + ".o_proj", c.num_attention_heads * c.v_head_dim, hd));
     if (c.has_indexer() && !c.indexer_is_shared(l)) {
       const std::string ip = a + ".indexer";
       const int64_t Di = c.index_head_dim;
@@ -117,7 +123,7 @@ struct Loader {
     }
     w.is_moe = c.is_moe(l);
     if (!w.is_moe) {
-      KILN_RETURN_IF_ERROR(swiglu_mlp(p + ".mlp", c.intermediate_size, w));
+      KILN_RETURN_IF_ERROR(swiglu_mlp(p + ".mlp", c.intermediate_size, shard.count(c.intermediate_size), w));
       return w;
     }
     const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
@@ -125,16 +131,17 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(w.router_bias, f32(p + ".mlp.gate.e_score_correction_bias", 1, E, DummyInit::kZero));
     ExpertSpec spec;
     spec.prefix = p + ".mlp.experts";
-    spec.num_experts = E;
+    spec.num_experts = shard.count(E);  // this rank's, numbered from 0 by the sharded source
     spec.hidden = hd;
     spec.intermediate = I;
     KILN_ASSIGN_OR_RETURN(w.experts, format.load_experts(src, spec));
     if (!w.experts->device().is_cuda())
       return failed_precondition("`" + spec.prefix + "`: the weight format made them on " + w.experts->device().to_string());
     bytes += w.experts->bytes();
-    if (c.n_shared_experts > 0) {
+    if (c.n_shared_experts > 0 && shard.rank == shared_expert_rank(shard)) {
       w.has_shared = true;
-      KILN_RETURN_IF_ERROR(swiglu_mlp(p + ".mlp.shared_experts", I * c.n_shared_experts, w));
+      const int64_t inter = I * c.n_shared_experts;
+      KILN_RETURN_IF_ERROR(swiglu_mlp(p + ".mlp.shared_experts", inter, inter, w, &whole));
     }
     return w;
   }
@@ -143,10 +150,13 @@ struct Loader {
 }  // namespace
 
 Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource& source, WeightFormat& format,
-                                    CudaDeviceContext& device, bool load_mtp) {
-  Loader ld(c, source, format, device);
+                                    CudaDeviceContext& device, bool load_mtp, TensorShard shard,
+                                    const WeightSource* whole) {
+  if (shard.sharded() && !whole) return invalid_argument("a tensor-parallel rank's weights need the unsplit checkpoint too");
+  Loader ld(c, source, format, device, shard, whole ? *whole : source);
   GpuWeights w;
-  KILN_ASSIGN_OR_RETURN(w.embed, ld.linear("model.embed_tokens", c.hidden_size, c.vocab_size));
+  const int64_t vocab = shard.count(c.vocab_size);  // this rank's vocabulary rows
+  KILN_ASSIGN_OR_RETURN(w.embed, ld.linear("model.embed_tokens", c.hidden_size, vocab));
   KILN_ASSIGN_OR_RETURN(w.embed_tokens, ld.dense(*w.embed, "model.embed_tokens"));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KILN_ASSIGN_OR_RETURN(GpuLayer layer, ld.layer(l));
@@ -156,7 +166,7 @@ Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource& so
   if (c.tie_word_embeddings && (source.synthetic() || !source.has("lm_head.weight"))) {
     w.lm_head = w.embed;
   } else {
-    KILN_ASSIGN_OR_RETURN(w.lm_head, ld.linear("lm_head", c.hidden_size, c.vocab_size));
+    KILN_ASSIGN_OR_RETURN(w.lm_head, ld.linear("lm_head", c.hidden_size, vocab));
   }
   for (int64_t i = 0; load_mtp && i < c.num_nextn_predict_layers; ++i) {
     const int64_t l = c.num_hidden_layers + i;
@@ -168,7 +178,7 @@ Result<GpuWeights> load_gpu_weights(const ModelConfig& c, const WeightSource& so
     KILN_ASSIGN_OR_RETURN(m.head_norm, ld.norm(p + ".shared_head.norm.weight", c.hidden_size));
     KILN_ASSIGN_OR_RETURN(m.eh_proj, ld.linear(p + ".eh_proj", 2 * c.hidden_size, c.hidden_size));
     if (!source.synthetic() && source.has(p + ".shared_head.head.weight")) {
-      KILN_ASSIGN_OR_RETURN(m.head, ld.linear(p + ".shared_head.head", c.hidden_size, c.vocab_size));
+      KILN_ASSIGN_OR_RETURN(m.head, ld.linear(p + ".shared_head.head", c.hidden_size, vocab));
     } else {
       m.head = w.lm_head;
     }

@@ -13,6 +13,7 @@
 #include "kernels/cuda/stream_handle.h"
 #include "kiln/weight_format.h"
 #include "model/model_config.h"
+#include "model/tensor_shard.h"
 #include "runtime/cuda/cuda_device_context.h"
 
 namespace kiln::cuda {
@@ -46,6 +47,8 @@ struct GpuLayer {
   float swiglu_limit = std::numeric_limits<float>::infinity();
   bool is_moe = false;
   // The dense MLP, or the shared expert(s) of a MoE layer: gate and up stacked ([2·I, hidden], gate rows first).
+  // Under tensor parallelism the dense MLP's gate_up holds this rank's intermediate columns (down all of them: its
+  // input is gathered), and the shared expert lives whole on one rank (has_shared there only; see load_gpu_weights).
   std::unique_ptr<Linear> gate_up, down;
   bool has_shared = false;
   const float* router = nullptr;       // fp32 [E, hidden]
@@ -75,7 +78,19 @@ struct GpuWeights {
 // Loads every layer through `format` (made for this device) from `source` (a synthetic source gives random weights
 // of the config's shapes; norms 1, router bias 0). With `load_mtp`, also the next-n layers: those the checkpoint
 // holds (HF exports may drop them), or num_nextn_predict_layers of them with random weights. Errors name the tensor.
+//
+// Tensor parallelism (`shard` of more than one rank): `source` is this rank's ShardedWeightSource, so the modules it
+// splits come with this rank's rows — q_b / q_proj and kv_b its heads, the dense MLP's gate / up its intermediate
+// columns, the embedding and the heads its vocabulary rows, the routed experts its own, renumbered from 0 — and the
+// rest (o_proj, down, kv_a / q_a, norms, router, indexer) whole. The shared expert is the exception: it is not split
+// by columns but held whole by shared_expert_rank(shard) alone, read from `whole` (the unsplit checkpoint), so that
+// it is computed exactly as on one rank — folded into the routed experts' launches or not — and the ranks' sum of
+// the expert outputs (one rank's rows, zeros elsewhere) is exact.
 Result<GpuWeights> load_gpu_weights(const ModelConfig& config, const WeightSource& source, WeightFormat& format,
-                                    CudaDeviceContext& device, bool load_mtp);
+                                    CudaDeviceContext& device, bool load_mtp, TensorShard shard = {},
+                                    const WeightSource* whole = nullptr);
+
+// The rank that holds the shared expert whole: the last (rank 0 also selects tokens and runs the scheduler).
+inline int shared_expert_rank(const TensorShard& shard) { return shard.world - 1; }
 
 }  // namespace kiln::cuda

@@ -57,6 +57,11 @@ __global__ void bf16_to_f32_kernel(const uint16_t* in, size_t n, float* out) {
     out[i] = bf16_bits_to_float(in[i]);
 }
 
+__global__ void offset_ids_kernel(const int32_t* ids, int64_t n, int32_t offset, int32_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ids[i] - offset;
+}
+
 __global__ void transpose_w_uk_kernel(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,
                                       uint16_t* out) {
   const int64_t total = heads * latent * nope;
@@ -201,6 +206,12 @@ Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream
 Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream) {
   bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
   return check_launch("bf16_to_f32");
+}
+
+Status offset_ids_i32(const int32_t* ids, int64_t n, int32_t offset, int32_t* out, StreamHandle stream) {
+  if (n <= 0) return ok_status();
+  offset_ids_kernel<<<grid_for(static_cast<size_t>(n)), kThreads, 0, stream>>>(ids, n, offset, out);
+  return check_launch("offset_ids_i32");
 }
 
 Status mla_transpose_w_uk(const uint16_t* kv_b, int64_t heads, int64_t nope, int64_t v, int64_t latent,

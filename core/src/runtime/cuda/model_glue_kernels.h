@@ -21,6 +21,10 @@ Status fill_constant_f32(float* p, size_t n, float value, StreamHandle stream);
 Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream);
 Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream);
 
+// out[i] = ids[i] − offset for n ids: token or expert ids moved into a tensor-parallel rank's numbering (those it
+// does not own fall outside [0, its count), which the embedding gather and the expert grouping skip).
+Status offset_ids_i32(const int32_t* ids, int64_t n, int32_t offset, int32_t* out, StreamHandle stream);
+
 // W_UK of every head transposed, for the skinny absorption GEMM (its weight rows must be contiguous in k):
 // w_uk_t[h, l, i] = kv_b[h·(nope + v) + i, l] for kv_b bf16 [heads·(nope + v), latent], w_uk_t bf16
 // [heads, latent, nope].
