@@ -3,7 +3,8 @@
 # memory (transport.backend = "socket", runtime/cuda/host_staged_collective.h), since NCCL refuses two ranks on one
 # GPU. For each fixture (glm4_moe_lite, deepseek_v3, glm_moe_dsa): `kiln generate --prompt-ids` on the fixture's
 # prompt, greedy, 16 tokens —
-#   - model.device = "cuda", parallel.tensor = 1 gives the fixture's reference continuation (transformers);
+#   - model.device = "cuda", parallel.tensor = 1 agrees with the fixture's reference continuation (transformers, fp32)
+#     on at least its first 8 ids (bf16 on the GPU may part from it at a near-tie after that);
 #   - parallel.tensor = 2 and 3 (uneven splits: 4 heads as 1 + 1 + 2, 8 experts as 2 + 3 + 3, ...) give the same ids.
 # Skips (77) without a GPU.
 set -u
@@ -55,11 +56,19 @@ TOML
       2>> "$log"
   }
   one=$(gen) || die "$fixture: TP=1 on CUDA failed"
-  [ "$one" = "$want" ] || die "$fixture: TP=1 on CUDA gave '$one', the reference (transformers) '$want'"
+  # The CUDA runner computes in bf16 and the fixture's greedy ids come from transformers in fp32: they may part at a
+  # near-tie (tests/gpu/cuda_model_test.cpp bounds that with teacher-forced logits). Here they must agree on a prefix
+  # of at least 8 tokens; the claim under test is that the ranks reproduce TP=1's ids exactly.
+  same=0
+  read -r -a one_ids <<< "$one"
+  read -r -a want_ids <<< "$want"
+  while [ $same -lt ${#want_ids[@]} ] && [ "${one_ids[$same]:-}" = "${want_ids[$same]}" ]; do same=$((same + 1)); done
+  [ $same -ge 8 ] || die "$fixture: TP=1 on CUDA gave '$one', the reference (transformers) '$want' (first $same agree)"
+  echo "$fixture: TP=1 on CUDA agrees with transformers on the first $same of ${#want_ids[@]} greedy ids"
   for tp in 2 3; do
     got=$(gen --set parallel.tensor=$tp --set 'transport.backend="socket"') || die "$fixture: TP=$tp on CUDA failed"
     [ "$got" = "$one" ] || die "$fixture: TP=$tp on CUDA gave '$got', TP=1 '$one'"
-    echo "ok: $fixture: TP=$tp (rank processes on one GPU) = TP=1 = reference"
+    echo "ok: $fixture: TP=$tp (rank processes on one GPU) = TP=1"
   done
 done
 echo "cuda tensor parallel: all passed"
