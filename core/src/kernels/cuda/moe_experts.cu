@@ -303,6 +303,7 @@ __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t t
 // squares and the normed row are bit for bit what combine + add_rmsnorm_bf16 give.
 constexpr int kNormThreads = 256;
 
+template <int kPer>
 __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
     const float* __restrict__ y, int64_t top_k, int64_t hidden, const float* __restrict__ shared_y,
     const uint16_t* __restrict__ add, float* __restrict__ residual, const uint16_t* __restrict__ weight, float eps,
@@ -310,9 +311,46 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
   const int64_t row = blockIdx.x;
   pdl_wait();
   pdl_launch_dependents();
-  rmsnorm_row<kNormThreads, true>(
-      [&](int64_t i) { return bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add))); },
-      residual + row * hidden, weight, hidden, eps, normed + row * hidden);
+  if constexpr (kPer > 0) {
+    // combined()'s sums in its order (experts, then the shared expert, then `add`), with the expert loop outside
+    // the element loop so each expert's loads of the whole row are in flight together.
+    rmsnorm_row_regs<kNormThreads, kPer, true>(
+        [&](float (&v)[kPer]) {
+          for (int64_t k = 0; k < top_k; ++k) {
+            const float* yk = y + (row * top_k + k) * hidden;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+              const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+              if (i < hidden) v[j] += yk[i];
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+            if (i >= hidden) continue;
+            if (shared_y) v[j] += shared_y[row * hidden + i];
+            if (add) v[j] += bf16_bits_to_float(add[row * hidden + i]);
+            v[j] = bf16_bits_to_float(float_to_bf16_bits(v[j]));
+          }
+        },
+        residual + row * hidden, weight, hidden, eps, normed + row * hidden);
+  } else {
+    rmsnorm_row<kNormThreads, true>(
+        [&](int64_t i) {
+          return bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add)));
+        },
+        residual + row * hidden, weight, hidden, eps, normed + row * hidden);
+  }
+}
+
+auto combine_add_rmsnorm_kernel_for(int64_t hidden) {
+  switch (rmsnorm_row_values(hidden, kNormThreads)) {
+    case 4: return combine_add_rmsnorm_kernel<4>;
+    case 8: return combine_add_rmsnorm_kernel<8>;
+    case 16: return combine_add_rmsnorm_kernel<16>;
+    case 32: return combine_add_rmsnorm_kernel<32>;
+    default: return combine_add_rmsnorm_kernel<0>;
+  }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -401,7 +439,7 @@ Status moe_combine_add_rmsnorm_bf16(const float* y, int64_t n, int64_t top_k, in
                                     uint16_t* normed, StreamHandle stream) {
   if (n < 0 || top_k <= 0 || hidden <= 0) return invalid_argument("cuda::moe_combine_add_rmsnorm_bf16: bad shape");
   if (n == 0) return ok_status();
-  return check_cuda(launch_pdl(combine_add_rmsnorm_kernel, dim3(static_cast<unsigned>(n)), dim3(kNormThreads), 0,
+  return check_cuda(launch_pdl(combine_add_rmsnorm_kernel_for(hidden), dim3(static_cast<unsigned>(n)), dim3(kNormThreads), 0,
                                stream, y, top_k, hidden, shared_y, add, residual, norm_weight, eps, normed),
                     "cuda::moe_combine_add_rmsnorm_bf16");
 }
