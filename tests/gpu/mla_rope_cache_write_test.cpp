@@ -29,7 +29,9 @@ struct Dims {
 TEST(GpuMlaRopeCacheWrite, MatchesCpuAndTheSeparateKernelsBitwise) {
   std::mt19937_64 rng(97);
   for (const Dims& d : {Dims{1, 20, 192, 64, 512}, Dims{5, 20, 192, 64, 512}, Dims{3, 7, 32, 16, 128},
-                        Dims{4, 4, 16, 8, 33}, Dims{2, 3, 24, 0, 40}}) {
+                        Dims{4, 4, 16, 8, 33}, Dims{2, 3, 24, 0, 40},
+                        // rope 128: the pairs span two warps; latent 1100: past the register form (the general one)
+                        Dims{2, 3, 64, 128, 256}, Dims{2, 2, 16, 64, 1100}}) {
     const int64_t n = d.n, H = d.heads, qk = d.nope + d.rope, D = d.latent + d.rope, cache_rows = 3 * n + 1;
     const std::string what = "n " + std::to_string(n) + " heads " + std::to_string(H) + " rope " +
                              std::to_string(d.rope) + " latent " + std::to_string(d.latent);

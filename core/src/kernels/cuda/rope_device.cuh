@@ -13,6 +13,17 @@ __device__ __forceinline__ float rope_load(const uint16_t* p) { return bf16_bits
 __device__ __forceinline__ void rope_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void rope_store(uint16_t* p, float v) { *p = float_to_bf16_bits(v); }
 
+// Frequency i's pair (even, odd) rotated: lo is stored at v[i], hi at v[half + i]. Same rounding as the CPU: fp32
+// angle, fp64 cos/sin rounded once, then the fp32 attention factor.
+__device__ __forceinline__ void rope_pair(float even, float odd, float position, float inv_freq_i,
+                                          float attention_factor, float& lo, float& hi) {
+  const double angle = static_cast<double>(position * inv_freq_i);
+  const float c = static_cast<float>(cos(angle)) * attention_factor;
+  const float s = static_cast<float>(sin(angle)) * attention_factor;
+  lo = even * c - odd * s;
+  hi = odd * c + even * s;
+}
+
 // In place, called by all 32 lanes of a warp: pairs (v[2i], v[2i+1]) rotated by frequency i < half and written
 // de-interleaved (v[i], v[half + i]). Every lane reads its pairs before any lane writes, so the in-place
 // de-interleaving cannot read an overwritten value.
@@ -33,12 +44,10 @@ __device__ __forceinline__ void rope_slice_warp(T* v, float position, const floa
   for (int k = 0; k < kRopeMaxPairsPerLane; ++k) {
     const int i = lane + 32 * k;
     if (i < half) {
-      // Same rounding as the CPU: fp32 angle, fp64 cos/sin rounded once, then the fp32 attention factor.
-      const double angle = static_cast<double>(position * inv_freq[i]);
-      const float c = static_cast<float>(cos(angle)) * attention_factor;
-      const float s = static_cast<float>(sin(angle)) * attention_factor;
-      rope_store(v + i, even[k] * c - odd[k] * s);
-      rope_store(v + half + i, odd[k] * c + even[k] * s);
+      float lo, hi;
+      rope_pair(even[k], odd[k], position, inv_freq[i], attention_factor, lo, hi);
+      rope_store(v + i, lo);
+      rope_store(v + half + i, hi);
     }
   }
 }

@@ -10,16 +10,15 @@
 namespace kiln::cuda {
 namespace {
 
-// Block (t, h < heads): query head h of token t; block (t, heads): token t's latent. Warp 0 ropes the slice in
-// place as the RoPE kernel does; after the barrier the block reads the roped values back (its own writes).
-__global__ void mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
-  const int64_t t = blockIdx.x, h = blockIdx.y;
+// Latent values a thread of the register form holds (latent ≤ kLatentPerThread · kMlaCacheRowThreads).
+constexpr int kLatentPerThread = 8;
+
+// Block (t, h < heads): query head h of token t; block (t, heads): token t's latent. The general form: warp 0
+// ropes the slice in place as the RoPE kernel does; after the barrier the block reads the roped values back (its
+// own writes) and writes the row as mla_write_cache does.
+__device__ void rope_cache_write_general(const MlaRopeCacheWrite& a, int64_t t, int64_t h, float position,
+                                         int half) {
   const int64_t qk = a.nope + a.rope, D = a.latent + a.rope;
-  pdl_wait();
-  pdl_launch_dependents();
-  // Without positions the rows are already roped (and without a norm weight already normalised).
-  const float position = a.positions ? static_cast<float>(a.positions[t]) : 0.0f;
-  const int half = a.positions ? static_cast<int>(a.rope / 2) : 0;
   if (h < a.heads) {
     float* v = a.q + (t * a.heads + h) * qk;
     if (threadIdx.x < 32 && half > 0) rope_slice_warp(v + a.nope, position, a.inv_freq, a.attention_factor, half,
@@ -43,6 +42,112 @@ __global__ void mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
   mla_write_cache_row(row, a.latent, a.rope, a.norm_weight, a.eps, a.cache + a.slots[t] * D);
 }
 
+// The same values and bits with every load issued up front. Why: at decode this kernel is a chain of L2 round trips
+// on the critical path of every layer (load, rope, store, barrier, load back, reduce, load again, store). Thread
+// p < half takes rope pair p (the angle's fp64 cos/sin overlaps the other loads); each thread keeps its latent
+// values in registers, in the element order and summation order of mla_write_cache_row / mla_normalize_row.
+__device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t, int64_t h, float position,
+                                           int half) {
+  const int64_t qk = a.nope + a.rope, D = a.latent + a.rope;
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool pair = tid < half;
+  float lo = 0.f, hi = 0.f;
+  if (h < a.heads) {
+    float* v = a.q + (t * a.heads + h) * qk;
+    uint16_t* vb = a.q_bf + (t * a.heads + h) * qk;
+    float* pe = a.q_abs + (t * a.heads + h) * D + a.latent;
+    if (pair) rope_pair(v[a.nope + 2 * tid], v[a.nope + 2 * tid + 1], position, a.inv_freq[tid], a.attention_factor,
+                        lo, hi);
+#pragma unroll 4
+    for (int64_t i = tid; i < a.nope; i += blockDim.x) vb[i] = float_to_bf16_bits(v[i]);
+    if (half == 0) {  // no RoPE: the rope part as given
+      for (int64_t i = tid; i < a.rope; i += blockDim.x) {
+        const float r = v[a.nope + i];
+        vb[a.nope + i] = float_to_bf16_bits(r);
+        pe[i] = r;
+      }
+      return;
+    }
+    __syncthreads();  // every pair read before any is overwritten in place
+    if (pair) {
+      v[a.nope + tid] = lo;
+      v[a.nope + half + tid] = hi;
+      vb[a.nope + tid] = float_to_bf16_bits(lo);
+      vb[a.nope + half + tid] = float_to_bf16_bits(hi);
+      pe[tid] = lo;
+      pe[half + tid] = hi;
+    }
+    return;
+  }
+  float* row = a.ckv + t * (a.ckv_stride > 0 ? a.ckv_stride : D);
+  float x[kLatentPerThread];
+  float w[kLatentPerThread];
+#pragma unroll
+  for (int j = 0; j < kLatentPerThread; ++j) {
+    const int64_t i = tid + static_cast<int64_t>(j) * kMlaCacheRowThreads;
+    x[j] = i < a.latent ? row[i] : 0.f;
+    w[j] = a.norm_weight && i < a.latent ? bf16_bits_to_float(a.norm_weight[i]) : 0.f;
+  }
+  if (pair) rope_pair(row[a.latent + 2 * tid], row[a.latent + 2 * tid + 1], position, a.inv_freq[tid],
+                      a.attention_factor, lo, hi);
+  if (half > 0) {
+    __syncthreads();  // every pair read before any is overwritten in place
+    if (pair) {
+      row[a.latent + tid] = lo;
+      row[a.latent + half + tid] = hi;
+    }
+  }
+  const bool store = a.cache != nullptr && a.slots[t] >= 0;
+  if (a.cache != nullptr && !store) return;  // padding (the whole block)
+  float inv = 1.f;
+  if (a.norm_weight) {
+    __shared__ float red[32];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLatentPerThread; ++j)
+      if (tid + static_cast<int64_t>(j) * kMlaCacheRowThreads < a.latent) ss += x[j] * x[j];
+    ss = block_reduce<false>(ss, red);
+    inv = rsqrtf(ss / static_cast<float>(a.latent) + a.eps);
+  }
+  if (!store) {  // a layout that stores final rows: the normalised latent in place, in fp32
+    if (!a.norm_weight) return;
+#pragma unroll
+    for (int j = 0; j < kLatentPerThread; ++j) {
+      const int64_t i = tid + static_cast<int64_t>(j) * kMlaCacheRowThreads;
+      if (i < a.latent) row[i] = x[j] * inv * w[j];
+    }
+    return;
+  }
+  uint16_t* dst = a.cache + a.slots[t] * D;
+#pragma unroll
+  for (int j = 0; j < kLatentPerThread; ++j) {
+    const int64_t i = tid + static_cast<int64_t>(j) * kMlaCacheRowThreads;
+    if (i < a.latent) dst[i] = float_to_bf16_bits(a.norm_weight ? x[j] * inv * w[j] : x[j]);
+  }
+  if (half > 0) {
+    if (pair) {
+      dst[a.latent + tid] = float_to_bf16_bits(lo);
+      dst[a.latent + half + tid] = float_to_bf16_bits(hi);
+    }
+  } else {
+    for (int64_t i = tid; i < a.rope; i += blockDim.x) dst[a.latent + i] = float_to_bf16_bits(row[a.latent + i]);
+  }
+}
+
+template <bool kRegisters>
+__global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  pdl_wait();
+  pdl_launch_dependents();
+  // Without positions the rows are already roped (and without a norm weight already normalised).
+  const float position = a.positions ? static_cast<float>(a.positions[t]) : 0.0f;
+  const int half = a.positions ? static_cast<int>(a.rope / 2) : 0;
+  if constexpr (kRegisters)
+    rope_cache_write_registers(a, t, h, position, half);
+  else
+    rope_cache_write_general(a, t, h, position, half);
+}
+
 }  // namespace
 
 Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
@@ -57,7 +162,9 @@ Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
     return invalid_argument("cuda::mla_rope_cache_write: ckv_stride must be 0 or ≥ latent + rope");
   if (a.n == 0) return ok_status();
   const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
-  return check_cuda(launch_pdl(mla_rope_cache_write_kernel, grid, dim3(kMlaCacheRowThreads), 0, stream, a),
+  const bool registers = a.latent <= int64_t{kLatentPerThread} * kMlaCacheRowThreads;
+  return check_cuda(launch_pdl(registers ? mla_rope_cache_write_kernel<true> : mla_rope_cache_write_kernel<false>,
+                               grid, dim3(kMlaCacheRowThreads), 0, stream, a),
                     "cuda::mla_rope_cache_write");
 }
 
