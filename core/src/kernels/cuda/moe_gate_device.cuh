@@ -30,16 +30,31 @@ __device__ __forceinline__ void gate_logits_for_expert(const uint16_t* __restric
   for (int64_t t0 = 0; t0 < n; t0 += kGateTokens) {
     const int count = static_cast<int>(n - t0 < kGateTokens ? n - t0 : kGateTokens);
     float acc[kGateTokens] = {};
-    for (int64_t k = 4 * local; k < hidden; k += 4 * kGateThreads) {
-      const float4 wv = __ldg(reinterpret_cast<const float4*>(we + k));
+    if (count == 1) {
+      // One token (c1 decode): four rounds of loads in flight together, where the loop below waits for each
+      // round's loads before issuing the next (a chain of L2/DRAM round trips). The same fmaf order, so the same
+      // bits as the general loop.
+#pragma unroll 4
+      for (int64_t k = 4 * local; k < hidden; k += 4 * kGateThreads) {
+        const float4 wv = __ldg(reinterpret_cast<const float4*>(we + k));
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(x + t0 * hidden + k));
+        acc[0] = fmaf(wv.x, __uint_as_float(raw.x << 16), acc[0]);
+        acc[0] = fmaf(wv.y, __uint_as_float(raw.x & 0xffff0000u), acc[0]);
+        acc[0] = fmaf(wv.z, __uint_as_float(raw.y << 16), acc[0]);
+        acc[0] = fmaf(wv.w, __uint_as_float(raw.y & 0xffff0000u), acc[0]);
+      }
+    } else {
+      for (int64_t k = 4 * local; k < hidden; k += 4 * kGateThreads) {
+        const float4 wv = __ldg(reinterpret_cast<const float4*>(we + k));
 #pragma unroll
-      for (int t = 0; t < kGateTokens; ++t) {
-        if (t >= count) break;
-        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(x + (t0 + t) * hidden + k));
-        acc[t] = fmaf(wv.x, __uint_as_float(raw.x << 16), acc[t]);
-        acc[t] = fmaf(wv.y, __uint_as_float(raw.x & 0xffff0000u), acc[t]);
-        acc[t] = fmaf(wv.z, __uint_as_float(raw.y << 16), acc[t]);
-        acc[t] = fmaf(wv.w, __uint_as_float(raw.y & 0xffff0000u), acc[t]);
+        for (int t = 0; t < kGateTokens; ++t) {
+          if (t >= count) break;
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(x + (t0 + t) * hidden + k));
+          acc[t] = fmaf(wv.x, __uint_as_float(raw.x << 16), acc[t]);
+          acc[t] = fmaf(wv.y, __uint_as_float(raw.x & 0xffff0000u), acc[t]);
+          acc[t] = fmaf(wv.z, __uint_as_float(raw.y << 16), acc[t]);
+          acc[t] = fmaf(wv.w, __uint_as_float(raw.y & 0xffff0000u), acc[t]);
+        }
       }
     }
 #pragma unroll
