@@ -115,6 +115,9 @@ struct LocalRanks::Watch {
   bool forward(Child& c);
   void emit(Child& c, const std::string& line);
   [[noreturn]] void end_launch(const Child& failed);
+  // The running group broke (a rank hung or went away): the ranks of this machine have nothing left to do, and a
+  // rank that hangs would not notice, so they are stopped.
+  void stop_ranks(const Status& why);
 };
 
 namespace {
@@ -204,6 +207,15 @@ void LocalRanks::Watch::end_launch(const Child& failed) {
   ::_exit(1);
 }
 
+void LocalRanks::Watch::stop_ranks(const Status& why) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::string stopped;
+  for (const Child& c : children)
+    if (!c.reaped && ::kill(c.pid, SIGTERM) == 0) stopped += (stopped.empty() ? "" : ", ") + std::to_string(c.rank);
+  if (!stopped.empty())
+    log::warn("stopping the rank process(es) of this machine, rank(s) {}: {}", stopped, why.message());
+}
+
 void LocalRanks::Watch::run() {
   for (;;) {
     std::vector<pollfd> fds;
@@ -270,6 +282,7 @@ void LocalRanks::started() {
 
 LocalRanks::~LocalRanks() {
   if (!watch_) return;
+  if (watch_->thread.joinable()) set_group_broken_handler({});
   watch_->starting = false;
   if (!watch_->thread.joinable()) return;
   // The children exit when rank 0's model says stop (or its connections close); give them a moment, then end them.
@@ -402,7 +415,10 @@ Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOpti
     child.err = err[0];
     children.push_back(std::move(child));
   }
-  if (!children.empty()) ranks.watch_->thread = std::thread([w = ranks.watch_.get()] { w->run(); });
+  if (!children.empty()) {
+    ranks.watch_->thread = std::thread([w = ranks.watch_.get()] { w->run(); });
+    set_group_broken_handler([w = ranks.watch_.get()](const Status& why) { w->stop_ranks(why); });
+  }
   // This process is the node's first rank.
   for (const std::string& e : rank_env(first, 0)) {
     const size_t eq = e.find('=');

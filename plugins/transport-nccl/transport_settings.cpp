@@ -25,7 +25,17 @@ SectionSchema transport_schema() {
   env.doc =
       "NCCL_* environment variables set before NCCL initialises, e.g. { NCCL_CUMEM_ENABLE = \"0\" }; a variable "
       "the environment already sets keeps its value";
-  return {{mode, force, env}};
+  // The same key as the built-in `socket` collective's (one bound for a rank that hangs, whichever transport).
+  KeySpec timeout;
+  timeout.name = "timeout_s";
+  timeout.type = ValueType::kInteger;
+  timeout.default_value = int64_t{300};
+  timeout.min = 1;
+  timeout.max = 24 * 3600;
+  timeout.doc =
+      "seconds a rank may wait for the others in one collective call (a rank that hangs): then the call fails on "
+      "every rank still alive, naming the ranks that did not arrive, and the tensor-parallel group ends";
+  return {{mode, force, env, timeout}};
 }
 
 Result<TransportSettings> read_transport_settings(const RecipeSection* section) {
@@ -42,6 +52,7 @@ Result<TransportSettings> read_transport_settings(const RecipeSection* section) 
     return section->error("custom_all_reduce", "\"" + mode + "\" is not one of auto, on, off");
   out.force_probe_failure = section->get_bool("custom_all_reduce_force_fail", false);
   out.env = section->get_table("env");
+  out.timeout = std::chrono::seconds(section->get_int("timeout_s", 300));
   if (Status s = check_nccl_env(out.env); !s.ok()) return section->error("env", s.message());
   return out;
 }

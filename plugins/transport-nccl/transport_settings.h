@@ -1,6 +1,7 @@
 // The keys the `nccl` collective adds to [transport], and their values as the collective reads them.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "kiln/recipe.h"
@@ -16,6 +17,9 @@ struct TransportSettings {
   CustomAllReduceMode custom_all_reduce = CustomAllReduceMode::kAuto;
   bool force_probe_failure = false;  // transport.custom_all_reduce_force_fail: exercises the fallback
   StringTable env;                   // NCCL_* settings, checked
+  // transport.timeout_s: how long the communicator's creation, or any enqueued collective, may take before the
+  // watchdog aborts the communicator (comm_watchdog.h).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
 SectionSchema transport_schema();

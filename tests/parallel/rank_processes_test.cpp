@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "common/reference_fixture.h"
@@ -308,6 +310,120 @@ INSTANTIATE_TEST_SUITE_P(Cases, RankProcessesFailedCall,
                          [](const auto& info) {
                            return "w" + std::to_string(info.param.world) + "_rank" + std::to_string(info.param.failing_rank) +
                                   "_call" + std::to_string(info.param.fail_in);
+                         });
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+struct HangCase {
+  int world;
+  int hanging_rank;
+};
+
+class RankProcessesHang : public ::testing::TestWithParam<HangCase> {};
+
+// A rank that hangs inside a step (KILN_TEST_HANG_STEP: alive, sleeping, never reaching the others) is bounded by the
+// call timeout (transport.timeout_s): every rank still alive fails within the bound (twice it for the ranks waiting on
+// rank 0, when rank 0 is the one that hangs) plus slack, with an error naming the collective, the call and the rank
+// that did not arrive; the group is broken from then on, and every follower loop ends.
+TEST_P(RankProcessesHang, TheOthersFailWithinTheBoundNamingTheRank) {
+  const HangCase hc = GetParam();
+  const int world = hc.world;
+  constexpr auto kBound = 1500ms;
+  constexpr double kHangSeconds = 6;
+  const std::vector<std::string> recipe = sets("glm4_moe_lite-tiny");
+  const int port = free_port(), control_port = free_port();
+  std::vector<LoadedModel> pieces(world);
+  std::vector<std::atomic<bool>> ready(world);
+  std::vector<Status> follower_status(world);
+  std::vector<std::chrono::steady_clock::duration> follower_took(world);
+  std::atomic<int64_t> hang_started_ns{0};
+  std::vector<std::thread> followers;
+  const std::string flag = ::testing::TempDir() + "hang-step-" + std::to_string(::getpid());
+  for (int r = 0; r < world; ++r) pieces[r] = testing::load_recipe_model(recipe);
+  for (int r = 1; r < world; ++r)
+    followers.emplace_back([&, r] {
+      auto collective = SocketCollective::connect(spec_for(port, r, world), kBound);
+      if (!collective.ok()) return void(follower_status[r] = collective.status());
+      auto model = build_rank(pieces[r], **collective, world);
+      if (!model.ok()) return void(follower_status[r] = model.status());
+      auto control = TcpBootstrap::connect(spec_for(control_port, r, world));
+      if (!control.ok()) return void(follower_status[r] = control.status());
+      ready[r] = true;
+      follower_status[r] = run_rank_follower(**model, **control, pieces[r].layout.get(), {collective->get()});
+      follower_took[r] = std::chrono::steady_clock::now() - std::chrono::steady_clock::time_point(
+                                                                 std::chrono::nanoseconds(hang_started_ns.load()));
+    });
+  auto collective = SocketCollective::connect(spec_for(port, 0, world), kBound);
+  ASSERT_TRUE(collective.ok()) << collective.status().to_string();
+  auto own = build_rank(pieces[0], **collective, world);
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  auto control = TcpBootstrap::connect(spec_for(control_port, 0, world));
+  ASSERT_TRUE(control.ok()) << control.status().to_string();
+  for (int r = 1; r < world; ++r)
+    while (!ready[r]) std::this_thread::sleep_for(1ms);
+  Status broken_seen;
+  set_group_broken_handler([&](const Status& why) { broken_seen = why; });
+  {
+    SocketCollective* socket = collective->get();
+    RankLeaderInstance leader(std::move(own).value(), std::move(control).value(),
+                              [socket] { socket->channel().shut_down(); }, {socket});
+    testing::TestKv kv(pieces[0], 32);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv.reserve(table, 32).ok());
+    const std::vector<int32_t> tokens = {5, 6, 7, 8};
+    SequenceStep step{tokens, 0, &table, false};
+    StepOutput o;
+    ASSERT_TRUE(leader.step({&step, 1}, {}, kv.views(), StepOptions{}, o).ok());  // the group works
+
+    { std::ofstream(flag) << "hang"; }
+    ::setenv("KILN_TEST_HANG_STEP", (std::to_string(hc.hanging_rank) + ":" + std::to_string(kHangSeconds) + ":" + flag).c_str(), 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    hang_started_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+    const Status failed = leader.step({&step, 1}, {}, kv.views(), StepOptions{}, o);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ::unsetenv("KILN_TEST_HANG_STEP");
+    ASSERT_FALSE(failed.ok());
+    if (hc.hanging_rank != 0) {
+      // Rank 0 names the rank: within the bound, plus its 2 s wait for the followers' replies, plus slack.
+      EXPECT_LT(took, kBound + 2s + 2s);
+      EXPECT_GE(took, kBound - 100ms);
+      const std::string msg = failed.message();
+      EXPECT_NE(msg.find("collective `socket`"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(" in call "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank " + std::to_string(hc.hanging_rank) + " did not arrive within transport.timeout_s"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(broken_seen.message().find("did not arrive"), std::string::npos) << broken_seen.to_string();
+    }
+    const Status later = leader.step({&step, 1}, {}, kv.views(), StepOptions{}, o);
+    ASSERT_FALSE(later.ok());
+    EXPECT_NE(later.message().find("broken"), std::string::npos) << later.to_string();
+  }
+  for (auto& t : followers) t.join();
+  set_group_broken_handler({});
+  for (int r = 1; r < world; ++r) {
+    EXPECT_FALSE(follower_status[r].ok()) << "rank " << r;
+    if (r == hc.hanging_rank) continue;
+    // Alive ranks end within the bound (rank 0 tells them) or twice it (they time rank 0 out), plus slack.
+    EXPECT_LT(follower_took[r], 2 * kBound + 3s) << "rank " << r << ": " << follower_status[r].to_string();
+    if (hc.hanging_rank == 0)
+      EXPECT_NE(follower_status[r].message().find("rank 0"), std::string::npos) << follower_status[r].to_string();
+    else
+      EXPECT_NE(follower_status[r].message().find("rank " + std::to_string(hc.hanging_rank) + " did not arrive"),
+                std::string::npos)
+          << follower_status[r].to_string();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RankProcessesHang,
+                         ::testing::Values(HangCase{2, 1}, HangCase{3, 2}, HangCase{3, 1}, HangCase{3, 0}),
+                         [](const auto& info) {
+                           return "w" + std::to_string(info.param.world) + "_rank" +
+                                  std::to_string(info.param.hanging_rank);
                          });
 
 }  // namespace

@@ -418,6 +418,54 @@ TEST(SocketCollectiveAbort, ARankThatExitsBreaksTheGroup) {
   }
 }
 
+// A rank that hangs (alive, connected, never calling) before a meeting: within the call timeout every other rank's
+// call fails, rank 0 naming the collective, the meeting, the call and every rank that did not arrive; the group is
+// broken. Also a rank that hangs after its last meeting, at the end of the call. The hanging ranks leave only after
+// the others have failed.
+TEST(SocketCollective, HungRanksAreNamedWithinTheCallTimeout) {
+  constexpr auto kBound = 800ms;
+  for (const bool at_end : {false, true}) {
+    const int world = 4;
+    std::vector<Status> got(world);
+    std::vector<std::chrono::steady_clock::duration> took(world);
+    std::latch others_done(2);
+    run_threads(world, [&](int r, int port) {
+      auto c = SocketCollective::connect(spec_for(port, r, world), kBound);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      std::vector<float> x(64, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (r == 1 || r == 3) {  // hang
+        if (at_end) (void)(*c)->all_reduce(x.data(), 64, DType::kF32, ReduceOp::kSum, kHost);
+        others_done.wait();
+        return;
+      }
+      Status s = (*c)->all_reduce(x.data(), 64, DType::kF32, ReduceOp::kSum, kHost);
+      if (at_end) {
+        EXPECT_TRUE(s.ok()) << s.to_string();
+        SocketCollective* groups[] = {c->get()};
+        s = SocketCollective::end_call(groups, s);
+      }
+      got[r] = s;
+      took[r] = std::chrono::steady_clock::now() - t0;
+      if (r == 0) EXPECT_FALSE((*c)->broken().ok());  // rank 2 learns it when it next meets rank 0
+      others_done.count_down();
+    });
+    for (int r : {0, 2}) {
+      ASSERT_FALSE(got[r].ok()) << "rank " << r;
+      EXPECT_GE(took[r], kBound - 50ms) << "rank " << r;
+      EXPECT_LT(took[r], 2 * kBound + 2s) << "rank " << r << ": " << got[r].to_string();
+    }
+    const std::string msg = got[0].message();
+    EXPECT_NE(msg.find("collective `socket`"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(at_end ? "the end of call 0" : "all_reduce of 64 F32 in call 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("ranks 1, 3 did not arrive within transport.timeout_s = 800 ms"), std::string::npos) << msg;
+    if (!at_end)  // rank 2 hears it from rank 0
+      EXPECT_NE(got[2].message().find("ranks 1, 3 did not arrive"), std::string::npos) << got[2].message();
+  }
+  EXPECT_EQ(missing_ranks_message("x", {2}, std::chrono::seconds(5)),
+            "x: rank 2 did not arrive within transport.timeout_s = 5 s (hung, or far slower than the others)");
+}
+
 TEST(SocketCollective, HostMemoryOnly) {
   auto c = SocketCollective::connect(spec_for(0, 0, 1));
   ASSERT_TRUE(c.ok());

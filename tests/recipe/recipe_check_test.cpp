@@ -140,8 +140,16 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   noted = false;
   for (const std::string& n : procs.notes)
     noted = noted || (has(n, "4 CPU ranks, one process each") && has(n, "start 3 rank processes") &&
-                      has(n, "MASTER_PORT .. MASTER_PORT + 3") && has(n, "fails on all and the next goes on"));
+                      has(n, "MASTER_PORT .. MASTER_PORT + 3") && has(n, "fails on all and the next goes on") &&
+                      has(n, "hangs for 300 s (transport.timeout_s)"));
   EXPECT_TRUE(noted) << messages(procs);
+  // The bound on a hung rank is the recipe's.
+  RecipeCheck bounded = check("check_ok.toml", {"parallel.tensor=2", "model.device=cpu", "transport.backend=socket",
+                                                "transport.timeout_s=7"});
+  EXPECT_TRUE(bounded.problems.empty()) << messages(bounded);
+  noted = false;
+  for (const std::string& n : bounded.notes) noted = noted || has(n, "hangs for 7 s (transport.timeout_s)");
+  EXPECT_TRUE(noted) << messages(bounded);
 }
 
 TEST(RecipeCheck, CudaWithoutAGpu) {

@@ -41,7 +41,7 @@ Status register_builtin_capabilities(Registrar& registrar) {
       "socket",
       "ranks in separate processes (one per rank, any machines) over TCP, rank-order reductions; CUDA ranks stage "
       "through host memory (a correctness path, no CUDA graphs)",
-      &create_socket_collective, kBuilt));
+      &create_socket_collective, kBuilt, SectionSchema{{transport_timeout_key()}}));
   KILN_RETURN_IF_ERROR(
       registrar.add<Modality>("text", "text only: accepts no media", &builtin::create_text_modality, anywhere));
   return ok_status();

@@ -66,7 +66,8 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
     uint64_t total = 0, used = 0;
     device_memory(total, used);
     memory.memory_bytes = total;
-    memory.weight_bytes = std::max<uint64_t>(m.model->weight_bytes(), used);
+    // Rank 0 of GPU ranks: the pool is mirrored on every rank, so it must fit beside the largest rank's shard too.
+    memory.weight_bytes = std::max<uint64_t>(m.model->weight_bytes(), used) + m.rank_weight_excess;
   }
   const RecipeSection& scheduler = recipe.section("scheduler");
   KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, m.info.max_position_embeddings));

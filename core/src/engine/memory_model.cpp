@@ -12,6 +12,7 @@
 #include "engine/engine_factory.h"
 #include "engine/glm5_next_memory.h"
 #include "engine/kv_capacity.h"
+#include "engine/rank_weights.h"
 #include "kiln/kv_layout.h"
 #include "kiln/log.h"
 #include "model/arch/architecture.h"
@@ -127,13 +128,17 @@ struct WeightEstimate {
   uint64_t low = 0, high = 0;
   std::string basis;
   bool approximate = false;
+  uint64_t routed_experts = 0;  // of low: the routed experts' bytes (what tensor parallelism divides most)
 };
 
 // The CUDA runner's copy of a checkpoint (runtime/cuda/gpu_weights.cpp): float tensors as bf16 but the router, its
 // bias and the indexer's key norm in fp32; quantized tensors (integer dtypes: EXL3 trellis and signs) as stored;
 // per attention layer W_UK transposed, and a dense copy of kv_b / the embedding where the format quantized them.
-WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& info, int64_t mtp_layers) {
-  uint64_t bytes = 0;
+// With `config` and a sharded `shard`: what that tensor-parallel rank holds (rank_weights.h).
+WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& info, int64_t mtp_layers,
+                                       const ModelConfig* config = nullptr, TensorShard shard = {}) {
+  if (!config) shard = {};
+  uint64_t bytes = 0, experts = 0;
   int64_t quantized_kv_b = 0;
   bool quantized_embed = false;
   for (const std::string& name : ckpt.names()) {
@@ -142,25 +147,34 @@ WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& 
     auto t = ckpt.get(name);
     if (!t.ok()) continue;
     const uint64_t n = static_cast<uint64_t>(t->numel());
+    uint64_t held = 0;
     if (!is_float(t->dtype)) {
-      bytes += n * static_cast<uint64_t>(dtype_size(t->dtype));
+      held = n * static_cast<uint64_t>(dtype_size(t->dtype));
       if (ends_with(name, "kv_b_proj.trellis")) ++quantized_kv_b;
       if (name == "model.embed_tokens.trellis") quantized_embed = true;
     } else if (ends_with(name, ".mlp.gate.weight") || ends_with(name, "e_score_correction_bias") ||
                ends_with(name, "k_norm.weight") || ends_with(name, "k_norm.bias")) {
-      bytes += 4 * n;
+      held = 4 * n;
     } else {
-      bytes += 2 * n;
+      held = 2 * n;
     }
+    if (shard.sharded()) held = rank_tensor_bytes(*config, name, held, shard);
+    bytes += held;
+    if (config && rank_holding(*config, name) == RankHolding::kRoutedExpert) experts += held;
   }
   const uint64_t attn_layers = static_cast<uint64_t>(info.num_layers + mtp_layers);
   const uint64_t H = info.num_heads, L = info.kv_lora_rank;
-  bytes += attn_layers * H * L * static_cast<uint64_t>(info.qk_nope_head_dim) * 2;  // W_UK transposed
-  bytes += static_cast<uint64_t>(quantized_kv_b) * H * L *
-           static_cast<uint64_t>(info.qk_nope_head_dim + info.v_head_dim) * 2;
-  if (quantized_embed) bytes += static_cast<uint64_t>(info.vocab_size * info.hidden_size) * 2;
+  // Per head: this rank's heads.
+  bytes += rank_unit_bytes(attn_layers * H * L * static_cast<uint64_t>(info.qk_nope_head_dim) * 2, info.num_heads,
+                           shard);  // W_UK transposed
+  bytes += rank_unit_bytes(static_cast<uint64_t>(quantized_kv_b) * H * L *
+                               static_cast<uint64_t>(info.qk_nope_head_dim + info.v_head_dim) * 2,
+                           info.num_heads, shard);
+  if (quantized_embed)
+    bytes += rank_unit_bytes(static_cast<uint64_t>(info.vocab_size * info.hidden_size) * 2, info.vocab_size, shard);
   WeightEstimate w;
   w.low = bytes;
+  w.routed_experts = experts;
   w.high = scale(bytes, 1.02);  // a format's own tables and 256-byte alignment
   w.basis = "checkpoint headers (" + std::to_string(ckpt.names().size()) + " tensors) as the CUDA runner holds them";
   return w;
@@ -190,18 +204,23 @@ WeightEstimate cpu_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& i
 
 // model.load = "dummy": the shapes the CUDA loader asks for (gpu_weights.cpp), each linear at the format's bytes per
 // weight (dense: bf16; exl3: bits / 8 plus its sign vectors, 128-padded).
-WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, int64_t bits, int64_t mtp_layers) {
+// With a sharded `shard`: what that tensor-parallel rank loads (rank_weights.h: its heads, dense-MLP columns, routed
+// experts and vocabulary rows; the shared expert on shared_expert_rank; the rest whole).
+WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, int64_t bits, int64_t mtp_layers,
+                             TensorShard shard = {}) {
   const bool exl3 = format == "exl3";
   const double per_weight = exl3 ? static_cast<double>(bits) / 8.0 : 2.0;
-  double total = 0;
+  double total = 0, experts = 0;
   auto linear = [&](double in, double out) {
     total += in * out * per_weight;
     if (exl3) total += 2.0 * (in + out);  // suh, svh
   };
-  const double Hd = static_cast<double>(c.hidden_size), H = static_cast<double>(c.num_attention_heads);
+  const double Hd = static_cast<double>(c.hidden_size), H_all = static_cast<double>(c.num_attention_heads);
+  // This rank's heads and vocabulary rows (all of them on one rank).
+  const double H = static_cast<double>(shard.count(c.num_attention_heads));
   const double L = static_cast<double>(c.kv_lora_rank), D = L + static_cast<double>(c.qk_rope_head_dim);
   const double qk = static_cast<double>(c.qk_head_dim()), nope = static_cast<double>(c.qk_nope_head_dim);
-  const double vd = static_cast<double>(c.v_head_dim), V = static_cast<double>(c.vocab_size);
+  const double vd = static_cast<double>(c.v_head_dim), V = static_cast<double>(shard.count(c.vocab_size));
   auto layer = [&](int64_t l) {
     total += 2 * Hd * 2;  // norms
     if (c.q_lora_rank > 0) {
@@ -216,7 +235,7 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
     linear(L, H * (nope + vd));
     if (exl3) total += L * H * (nope + vd) * 2;  // dequantized for absorption
     total += H * L * nope * 2;                   // W_UK transposed
-    linear(H * vd, Hd);
+    linear(H_all * vd, Hd);  // o_proj: whole on every rank (it reads every head's output, gathered)
     if (c.has_indexer() && !c.indexer_is_shared(l)) {
       const double Di = static_cast<double>(c.index_head_dim), nh = static_cast<double>(c.index_n_heads);
       linear(static_cast<double>(c.q_lora_rank), nh * Di);
@@ -225,17 +244,19 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
       total += 2 * Di * 4;
     }
     if (!c.is_moe(l)) {
-      linear(Hd, 2 * static_cast<double>(c.intermediate_size));
-      linear(static_cast<double>(c.intermediate_size), Hd);
+      linear(Hd, 2 * static_cast<double>(shard.count(c.intermediate_size)));  // this rank's columns
+      linear(static_cast<double>(c.intermediate_size), Hd);                   // down whole
       return;
     }
     const double E = static_cast<double>(c.n_routed_experts), I = static_cast<double>(c.moe_intermediate_size);
     total += (E * Hd + E) * 4;  // router, bias
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    const double before = total;
+    for (int64_t e = 0; e < shard.count(c.n_routed_experts); ++e) {
       linear(Hd, 2 * I);
       linear(I, Hd);
     }
-    if (c.n_shared_experts > 0) {
+    experts += total - before;
+    if (c.n_shared_experts > 0 && shard.rank == shared_expert_rank(shard)) {
       linear(Hd, 2 * I * static_cast<double>(c.n_shared_experts));
       linear(I * static_cast<double>(c.n_shared_experts), Hd);
     }
@@ -252,6 +273,7 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
   }
   WeightEstimate w;
   w.low = static_cast<uint64_t>(total);
+  w.routed_experts = static_cast<uint64_t>(experts);
   w.high = scale(w.low, exl3 ? 1.08 : 1.02);  // exl3 pads each dimension to 128
   w.basis = "config shapes (model.load = \"dummy\") at " +
             (exl3 ? std::to_string(bits) + " bits per weight (weights.bits)" : std::string("bf16"));
@@ -565,6 +587,15 @@ std::string MemoryModel::report(const std::string& p) const {
         << "    (the pool takes what gpu_memory_utilization leaves after what is in use at start, so the at-load total "
            "is tighter than the sum of the terms)\n";
   }
+  if (inputs.rank_weights.size() > 1) {
+    o << p << "  weights per rank (parallel.tensor = " << inputs.rank_weights.size()
+      << "; the largest bounds the KV pool):\n";
+    for (size_t r = 0; r < inputs.rank_weights.size(); ++r) {
+      const MemoryInputs::RankWeights& w = inputs.rank_weights[r];
+      o << p << "    rank " << r << ": " << range_text(w.low, w.high) << " (routed experts " << size_text(w.routed_experts)
+        << " of " << size_text(inputs.full_routed_experts) << ")\n";
+    }
+  }
   for (const std::string& n : inputs.notes) o << p << "  assumes: " << n << "\n";
   o << p << "  verdict: "
     << (judged                     ? (go ? "go" : "no-go")
@@ -696,7 +727,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     KILN_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
     in.rule_weight_bytes = file_bytes(ckpt->files());
     if (!g5)
-      w = in.cuda ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded)
+      w = in.cuda ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded, mla)
                   : cpu_checkpoint_weights(*ckpt, info, model.get_string("precision", "fp32") == "bf16");
   } else if (mla) {
     w = dummy_weights(*mla, format, recipe.section("weights").get_int("bits", 4), mtp_loaded);
@@ -718,6 +749,38 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
             : glm5_next_cpu_weight_bytes(c, *names, prefix, in.rule_weight_bytes,
                                          model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0);
     w = WeightEstimate{b.low, b.high, b.basis, false};
+  }
+  // Tensor parallelism on CUDA: one GPU per rank, each holding its shard; the term is the largest rank's.
+  const int64_t tensor = recipe.section("parallel").get_int("tensor", 1);
+  if (tensor > 1 && in.cuda && mla && !g5) {
+    in.full_routed_experts = w.routed_experts;
+    int largest = 0;
+    std::string per_rank;
+    for (int r = 0; r < tensor; ++r) {
+      const TensorShard shard{r, static_cast<int>(tensor)};
+      const WeightEstimate rw =
+          ckpt ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded, mla, shard)
+               : dummy_weights(*mla, format, recipe.section("weights").get_int("bits", 4), mtp_loaded, shard);
+      in.rank_weights.push_back({rw.low, rw.high, rw.routed_experts});
+      if (rw.high > in.rank_weights[largest].high) largest = r;
+    }
+    const MemoryInputs::RankWeights& big = in.rank_weights[largest];
+    w.basis += "; rank " + std::to_string(largest) + "'s shard of parallel.tensor = " + std::to_string(tensor) +
+               " (the largest; rank_weights.h)";
+    w.low = big.low;
+    w.high = big.high;
+    w.routed_experts = big.routed_experts;
+    in.notes.push_back("parallel.tensor = " + std::to_string(tensor) +
+                       ": one GPU per rank, each holding its shard of the weights (heads, dense-MLP columns, routed "
+                       "experts, vocabulary rows; the shared expert whole on the last rank; the rest whole on every "
+                       "rank) and a KV pool of rank 0's geometry; the terms are the largest rank's");
+  } else if (tensor > 1 && in.cuda && g5) {
+    in.notes.push_back("parallel.tensor = " + std::to_string(tensor) + ": glm5_next is not sharded, so every rank is "
+                       "priced with all of its weights");
+  } else if (tensor > 1) {
+    in.notes.push_back("parallel.tensor = " + std::to_string(tensor) + " on the CPU: the ranks view the one mapping of "
+                       "the checkpoint (threads of this process, or processes sharing the page cache), so the weights "
+                       "are the checkpoint's files once");
   }
   in.terms.push_back(term("weights", w.low, w.high, main, MemoryWhen::kLoad, "weights.format", w.basis));
   in.terms.back().approximate = w.approximate;

@@ -54,6 +54,14 @@ struct MemoryInputs {
   int64_t max_model_len = 0;
   int64_t max_num_seqs = 0;
   int64_t cache_allocations = 0;   // paged cache entries (each one allocation of the pool)
+  // parallel.tensor > 1 on CUDA (one GPU per rank): each rank's weights (engine/rank_weights.h), rank by rank. The
+  // "weights" term is the largest rank's, which bounds the KV pool: every rank holds a pool of rank 0's geometry.
+  struct RankWeights {
+    uint64_t low = 0, high = 0;
+    uint64_t routed_experts = 0;  // of low
+  };
+  std::vector<RankWeights> rank_weights;
+  uint64_t full_routed_experts = 0;  // the routed experts' bytes on one rank, beside the ranks' parts
   std::vector<std::string> notes;  // assumptions the report states
 };
 

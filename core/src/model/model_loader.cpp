@@ -151,7 +151,7 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
       spec.port = context_group_port(launch, group);
       spec.rank = m.rank % decode_context;
       spec.world_size = decode_context;
-      auto context = SocketCollective::connect(spec);
+      auto context = SocketCollective::connect(spec, socket->call_timeout());  // transport.timeout_s too
       if (!context.ok())
         return context.status().with_context("decode-context group " + std::to_string(group) + " (MASTER_PORT + 2 + " +
                                              std::to_string(group) + ")");
@@ -183,11 +183,14 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
     if (ranks > 1) KILN_RETURN_IF_ERROR(injected_load_fault(m.rank, LoadFaultPoint::kBuild));
     return m.arch->build(build);
   }();
-  if (ranks > 1 && m.rank != 0) (void)report_rank_loaded(*control, built.status());
+  if (ranks > 1 && m.rank != 0)
+    (void)report_rank_loaded(*control, built.status(), built.ok() ? (*built)->weight_bytes() : 0);
   KILN_ASSIGN_OR_RETURN(m.model, std::move(built));
   if (ranks > 1) {
     if (m.rank == 0) {
-      KILN_RETURN_IF_ERROR(wait_for_ranks_loaded(*control));
+      KILN_ASSIGN_OR_RETURN(const uint64_t largest, wait_for_ranks_loaded(*control));
+      const uint64_t own = m.model->weight_bytes();
+      m.rank_weight_excess = largest > own ? largest - own : 0;
       // When the group breaks, ranks waiting for rank 0 in a collective are released at once.
       auto* socket = dynamic_cast<SocketCollective*>(host_side(m.collective.get()));
       std::function<void()> release;

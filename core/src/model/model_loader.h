@@ -36,6 +36,9 @@ struct LoadedModel {
   std::unique_ptr<Architecture> arch;
   ModelInfo info;
   int decode_context = 1;  // parallel.decode_context
+  // Rank 0 of a group of processes: how many more bytes of weights the largest other rank holds than this one (the
+  // KV pool this rank sizes is mirrored on every rank: engine_factory.cpp's pool rule adds it to what is in use).
+  uint64_t rank_weight_excess = 0;
   std::unique_ptr<ModelInstance> model;
 
   const WeightSource& source() const {

@@ -41,8 +41,12 @@ Status check_tensor_parallel_units(const ModelConfig& c, int world) {
   return ok_status();
 }
 
-ShardedWeightSource::RowSplit ShardedWeightSource::row_split(const std::string& module) const {
-  const ModelConfig& c = config_;
+int64_t routed_expert_of(const std::string& name) {
+  const auto [at, len] = expert_index(name);
+  return at == std::string::npos ? -1 : std::strtoll(name.substr(at, len).c_str(), nullptr, 10);
+}
+
+TensorRowSplit tensor_row_split(const ModelConfig& c, const std::string& module) {
   if (module == "model.embed_tokens" || module == "lm_head" || ends_with(module, ".shared_head.head"))
     return {c.vocab_size, 1};
   if (ends_with(module, ".self_attn.q_b_proj") || ends_with(module, ".self_attn.q_proj"))

@@ -21,6 +21,16 @@
 
 namespace kiln {
 
+// How a module (a tensor name without its last component) is split by rows across the ranks: units and rows per
+// unit, or none. The memory model (engine/rank_weights.h) prices a rank's weights with the same rule.
+struct TensorRowSplit {
+  int64_t units = 0;  // 0: not split
+  int64_t rows_per_unit = 1;
+};
+TensorRowSplit tensor_row_split(const ModelConfig& config, const std::string& module);
+// The routed expert a tensor belongs to ("model.layers.3.mlp.experts.5.gate_proj.weight" → 5), or −1.
+int64_t routed_expert_of(const std::string& name);
+
 class ShardedWeightSource final : public WeightSource {
  public:
   ShardedWeightSource(const WeightSource& stored, const ModelConfig& config, TensorShard shard)
@@ -33,12 +43,8 @@ class ShardedWeightSource final : public WeightSource {
   // The checkpoint as stored (what a rank reads the modules it holds whole from).
   const WeightSource& stored() const { return stored_; }
 
-  // How a module (a tensor name without its last component) is split: units and rows per unit, or none.
-  struct RowSplit {
-    int64_t units = 0;          // 0: not split
-    int64_t rows_per_unit = 1;
-  };
-  RowSplit row_split(const std::string& module) const;
+  using RowSplit = TensorRowSplit;
+  RowSplit row_split(const std::string& module) const { return tensor_row_split(config_, module); }
 
  private:
   // The stored name of `name` (routed experts renumbered to this rank's range).

@@ -21,4 +21,8 @@ struct TensorShard {
   bool owns(int64_t unit, int64_t units) const { return unit >= begin(units) && unit < end(units); }
 };
 
+// The rank that holds the MoE shared expert whole (runtime/cuda/gpu_weights.h): the last (rank 0 also selects
+// tokens and runs the scheduler). The memory model (engine/rank_weights.h) counts it there.
+inline int shared_expert_rank(const TensorShard& shard) { return shard.world - 1; }
+
 }  // namespace kiln

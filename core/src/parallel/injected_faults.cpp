@@ -1,7 +1,9 @@
 #include "parallel/injected_faults.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace kiln {
 namespace {
@@ -31,6 +33,16 @@ Status injected_step_fault(int rank) {
   std::string file;
   if (!names_rank("KILN_TEST_FAIL_STEP", rank, file) || std::remove(file.c_str()) != 0) return ok_status();
   return internal_error("injected step failure (KILN_TEST_FAIL_STEP)");
+}
+
+void injected_step_hang(int rank) {
+  std::string rest;
+  if (!names_rank("KILN_TEST_HANG_STEP", rank, rest)) return;
+  const size_t colon = rest.find(':');
+  if (colon == std::string::npos) return;
+  const std::string file = rest.substr(colon + 1);
+  if (std::remove(file.c_str()) != 0) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::strtod(rest.substr(0, colon).c_str(), nullptr)));
 }
 
 }  // namespace kiln

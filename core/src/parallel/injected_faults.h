@@ -5,6 +5,8 @@
 //                                       others) or "build" (after meeting them, in place of building its shard)
 //   KILN_TEST_FAIL_STEP=<rank>:<file>   rank <rank>'s next step fails while <file> exists; the rank deletes the
 //                                       file, so exactly one step fails per file a test creates
+//   KILN_TEST_HANG_STEP=<rank>:<seconds>:<file>  rank <rank>'s next step sleeps <seconds> (alive, but never reaching
+//                                       the others) while <file> exists; the rank deletes the file, as above
 #pragma once
 
 #include <string>
@@ -19,5 +21,7 @@ enum class LoadFaultPoint { kRendezvous, kBuild };
 Status injected_load_fault(int rank, LoadFaultPoint point);
 // The injected error when KILN_TEST_FAIL_STEP names this rank and its file exists (which it deletes); OK otherwise.
 Status injected_step_fault(int rank);
+// Sleeps when KILN_TEST_HANG_STEP names this rank and its file exists (which it deletes); returns at once otherwise.
+void injected_step_hang(int rank);
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include "parallel/collective_capture.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <type_traits>
@@ -233,11 +234,23 @@ RankLeaderInstance::~RankLeaderInstance() {
   for (int r = 1; r < world(); ++r) (void)control_->send(r, stop);
 }
 
+namespace {
+std::mutex broken_handler_mu;
+std::function<void(const Status&)> broken_handler;
+}  // namespace
+
+void set_group_broken_handler(std::function<void(const Status&)> handler) {
+  std::lock_guard<std::mutex> lock(broken_handler_mu);
+  broken_handler = std::move(handler);
+}
+
 void RankLeaderInstance::mark_broken(const Status& why) {
   if (!broken_.ok()) return;
   broken_ = Status(why.code(), "the tensor-parallel group is broken (restart kiln): " + why.message());
   log::error("{}", broken_.message());
   if (release_) release_();
+  std::lock_guard<std::mutex> lock(broken_handler_mu);
+  if (broken_handler) broken_handler(broken_);
 }
 
 Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::function<Status()>& mine) {
@@ -315,7 +328,10 @@ Status RankLeaderInstance::step(std::span<const SequenceStep> steps, std::span<c
   KILN_RETURN_IF_ERROR(write_steps(w, *own_, steps));
   write_options(w, options);
   write_pool(w, caches);
-  return on_all_ranks(w.take(), [&] { return own_->step(steps, select, caches, options, out); });
+  return on_all_ranks(w.take(), [&] {
+    injected_step_hang(0);
+    return own_->step(steps, select, caches, options, out);
+  });
 }
 
 Status RankLeaderInstance::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
@@ -426,11 +442,16 @@ std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, C
   return groups;
 }
 
-Status report_rank_loaded(TcpBootstrap& control, const Status& built) {
-  return control.send(0, built.ok() ? std::string(1, kDone) : std::string(1, kFailed) + built.message());
+Status report_rank_loaded(TcpBootstrap& control, const Status& built, uint64_t weight_bytes) {
+  if (!built.ok()) return control.send(0, std::string(1, kFailed) + built.message());
+  Writer w;
+  w.pod(kDone);
+  w.pod(weight_bytes);
+  return control.send(0, w.take());
 }
 
-Status wait_for_ranks_loaded(TcpBootstrap& control) {
+Result<uint64_t> wait_for_ranks_loaded(TcpBootstrap& control) {
+  uint64_t largest = 0;
   for (int r = 1; r < control.world_size(); ++r) {
     // As long as loading may take (the rendezvous timeout), but a rank that exits is seen at once.
     auto reply = control.receive(r);
@@ -439,8 +460,11 @@ Status wait_for_ranks_loaded(TcpBootstrap& control) {
     if (reply->empty() || (*reply)[0] != kDone)
       return failed_reply(reply->empty() ? std::string(1, kFailed) + "an empty reply" : *reply)
           .with_context("tensor-parallel rank " + std::to_string(r) + " could not load");
+    uint64_t bytes = 0;
+    if (reply->size() >= 1 + sizeof bytes) std::memcpy(&bytes, reply->data() + 1, sizeof bytes);
+    largest = std::max(largest, bytes);
   }
-  return ok_status();
+  return largest;
 }
 
 Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLayout* layout,
@@ -461,6 +485,7 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
       switch (kind) {
         case CallKind::kStep: {
           KILN_RETURN_IF_ERROR(injected_step_fault(control.rank()));
+          injected_step_hang(control.rank());
           DecodedSteps d;
           StepOptions options;
           KILN_RETURN_IF_ERROR(read_steps(r, d));
@@ -506,8 +531,11 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
       (void)SocketCollective::end_call(groups, done);
       for (const SocketCollective* g : groups)
         if (!g->broken().ok()) {
-          (void)control.send(0, std::string(1, kFailed) + g->broken().message());
-          return g->broken();
+          // This rank's own error in the call says what happened (e.g. which rank did not arrive); the broken
+          // group's only how this rank learnt it.
+          const Status why = done.ok() ? g->broken() : done;
+          (void)control.send(0, std::string(1, kFailed) + why.message());
+          return why;
         }
       if (!done.ok())
         log::warn("tensor-parallel rank {}: a call failed here ({}); the group goes on", control.rank(), done.message());

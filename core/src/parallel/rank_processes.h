@@ -97,10 +97,17 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
 // one if any); empty otherwise (those calls cannot be aborted: a failure breaks the group).
 std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, Collective* decode_context);
 
+// Called once when a RankLeaderInstance of this process finds its group broken (after it released the ranks waiting
+// in a collective): the launcher (`kiln serve` / `generate`) stops the rank processes it started, so that a rank that
+// hangs does not outlive the group. An empty function removes the handler.
+void set_group_broken_handler(std::function<void(const Status&)> handler);
+
 // Start-up over the control channel: a follower says whether it built its shard (`built`: OK or why not), rank 0
 // waits until every follower has, and fails with the first that could not ("rank r could not load: …") or that
-// went away.
-Status report_rank_loaded(TcpBootstrap& control, const Status& built);
-Status wait_for_ranks_loaded(TcpBootstrap& control);
+// went away. A follower that built its shard also says how many bytes of weights it holds (`weight_bytes`), and
+// rank 0 gets the largest: the ranks' shards differ (the shared expert lives on the last rank, uneven splits), and
+// the KV pool rank 0 sizes is mirrored on every rank, so it must fit beside the largest shard.
+Status report_rank_loaded(TcpBootstrap& control, const Status& built, uint64_t weight_bytes = 0);
+Result<uint64_t> wait_for_ranks_loaded(TcpBootstrap& control);
 
 }  // namespace kiln

@@ -178,14 +178,57 @@ struct SocketCollective::Call {
   std::function<std::vector<std::string>(const std::vector<std::string>&)> combine;
 };
 
-SocketCollective::SocketCollective(std::unique_ptr<TcpBootstrap> channel)
-    : channel_(std::move(channel)), left_(channel_->world_size()) {}
+SocketCollective::SocketCollective(std::unique_ptr<TcpBootstrap> channel, std::chrono::milliseconds call_timeout)
+    : channel_(std::move(channel)),
+      call_timeout_(call_timeout.count() > 0 ? call_timeout : channel_->timeout()),
+      left_(channel_->world_size()) {}
 
 SocketCollective::~SocketCollective() = default;
 
-Result<std::unique_ptr<SocketCollective>> SocketCollective::connect(const RendezvousSpec& spec) {
+Result<std::unique_ptr<SocketCollective>> SocketCollective::connect(const RendezvousSpec& spec,
+                                                                     std::chrono::milliseconds call_timeout) {
   KILN_ASSIGN_OR_RETURN(auto channel, TcpBootstrap::connect(spec));
-  return std::make_unique<SocketCollective>(std::move(channel));
+  return std::make_unique<SocketCollective>(std::move(channel), call_timeout);
+}
+
+KeySpec transport_timeout_key() {
+  KeySpec k;
+  k.name = "timeout_s";
+  k.type = ValueType::kInteger;
+  k.default_value = int64_t{300};
+  k.min = 1;
+  k.max = 24 * 3600;
+  k.doc = "seconds a rank may wait for the others in one collective call (a rank that hangs): then the call fails on "
+          "every rank still alive, naming the ranks that did not arrive, and the tensor-parallel group ends";
+  return k;
+}
+
+std::string missing_ranks_message(const std::string& meeting, const std::vector<int>& missing,
+                                  std::chrono::milliseconds timeout) {
+  std::string ranks;
+  for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const auto ms = timeout.count();
+  const std::string bound = ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+  return meeting + ": rank" + (missing.size() == 1 ? " " : "s ") + ranks + " did not arrive within transport.timeout_s = " +
+         bound + " (hung, or far slower than the others)";
+}
+
+std::vector<int> SocketCollective::not_arrived(std::vector<int> ranks,
+                                               std::chrono::steady_clock::time_point deadline) const {
+  while (!ranks.empty()) {
+    std::vector<pollfd> fds;
+    for (int r : ranks) fds.push_back({channel_->native_handle(r), POLLIN, 0});
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(left.count(), 0)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ranks;
+    std::vector<int> still;
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (!fds[i].revents) still.push_back(ranks[i]);
+    if (n == 0) return still;  // the deadline passed
+    ranks = std::move(still);
+  }
+  return {};
 }
 
 Status SocketCollective::break_group(const Status& why) {
@@ -202,10 +245,11 @@ Result<std::string> SocketCollective::meet(const Call& call, std::string operand
   Header mine = call.header;
   mine.call = call_;
   mine.kind = kOperand;
+  const std::string meeting = describe(mine) + " in call " + std::to_string(call_);
   if (rank() != 0) {
     if (Status s = channel_->send(0, pack(mine, operand.data(), operand.size())); !s.ok()) return break_group(s);
-    auto reply = channel_->receive(0);
-    if (!reply.ok()) return break_group(reply.status());
+    auto reply = channel_->receive(0, leader_wait());
+    if (!reply.ok()) return break_group(Status(reply.status().code(), meeting + ": " + reply.status().message()));
     auto result = parse_reply(*reply);
     if (!result.ok()) {
       meeting_failed_ = true;
@@ -215,6 +259,19 @@ Result<std::string> SocketCollective::meet(const Call& call, std::string operand
   }
   std::vector<std::string> operands(world);
   operands[0] = std::move(operand);
+  // Every rank still in the call within the bound, or the meeting fails on the ranks that came, naming the others.
+  std::vector<int> expected;
+  for (int r = 1; r < world; ++r)
+    if (!left_[r]) expected.push_back(r);
+  if (const std::vector<int> missing =
+          not_arrived(expected, std::chrono::steady_clock::now() + call_timeout_);
+      !missing.empty()) {
+    const Status why = unavailable(missing_ranks_message(meeting, missing, call_timeout_));
+    for (int r : expected)
+      if (std::find(missing.begin(), missing.end(), r) == missing.end())
+        (void)channel_->send(r, error_reply(why));
+    return break_group(why);
+  }
   std::string failure;  // why this meeting fails on every rank still in it
   for (int r = 1; r < world; ++r) {
     if (left_[r]) {
@@ -312,7 +369,7 @@ Status SocketCollective::send_verdict(const Status& mine, bool primary) {
 }
 
 Status SocketCollective::receive_verdict() {
-  auto reply = channel_->receive(0);
+  auto reply = channel_->receive(0, leader_wait());
   if (!reply.ok()) return break_group(reply.status());
   ++call_;
   meeting_failed_ = false;
@@ -346,7 +403,7 @@ Status SocketCollective::end_call(std::span<SocketCollective* const> groups, con
     return out;
   };
   std::chrono::milliseconds timeout{0};
-  for (SocketCollective* g : groups) timeout = std::max(timeout, g->channel_->timeout());
+  for (SocketCollective* g : groups) timeout = std::max(timeout, g->call_timeout_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (std::vector<Pending> wait = pending(); !wait.empty(); wait = pending()) {
     std::vector<pollfd> fds;
@@ -355,9 +412,14 @@ Status SocketCollective::end_call(std::span<SocketCollective* const> groups, con
     const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(left_ms.count(), 0)));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      for (const Pending& p : wait)
-        (void)p.group->break_group(unavailable("rank 0 waited " + std::to_string(timeout.count() / 1000) + " s for rank " +
-                                               std::to_string(p.peer) + " to end the call"));
+      for (SocketCollective* g : groups) {
+        std::vector<int> missing;
+        for (const Pending& p : wait)
+          if (p.group == g) missing.push_back(p.peer);
+        if (!missing.empty())
+          (void)g->break_group(
+              unavailable(missing_ranks_message("the end of call " + std::to_string(g->call_), missing, timeout)));
+      }
       break;
     }
     for (size_t i = 0; i < fds.size(); ++i)
@@ -464,7 +526,8 @@ Status SocketCollective::broadcast(void* buffer, int64_t count, DType dtype, int
 
 Result<std::unique_ptr<Collective>> create_socket_collective(const CreateContext& context) {
   KILN_ASSIGN_OR_RETURN(const LaunchEnv launch, read_launch_env(process_env()));
-  KILN_ASSIGN_OR_RETURN(auto collective, SocketCollective::connect(rendezvous_spec(launch)));
+  const auto timeout = std::chrono::seconds(context.section ? context.section->get_int("timeout_s", 300) : 300);
+  KILN_ASSIGN_OR_RETURN(auto collective, SocketCollective::connect(rendezvous_spec(launch), timeout));
   if (context.device.is_cuda()) {
 #ifdef KILN_WITH_CUDA
     // Device buffers: staged through pinned host memory (a correctness path, not a fast one: see that header).

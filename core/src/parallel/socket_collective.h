@@ -17,22 +17,34 @@
 // at the same point again and the next call runs normally. A rank that is gone (its connection closed, a timeout,
 // a corrupt stream) cannot be resumed: the collective is then broken for good, shuts its connections so that every
 // other rank sees it at once, and every later call fails.
+//
+// A rank that hangs (alive, but never reaching a meeting or the end of a call) is bounded by the call timeout
+// (transport.timeout_s): rank 0 waits that long for every rank's operand in a meeting (and for every rank's end of a
+// call), then fails the meeting on every rank that did arrive with an error naming the collective, the meeting, the
+// call and the ranks that did not arrive, and breaks the group. The other ranks wait twice as long for rank 0, so
+// that it is rank 0 (which sees every rank) that names the missing ones — unless rank 0 is the rank that hangs.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "kiln/collective.h"
+#include "kiln/recipe.h"
 #include "kiln/tcp_bootstrap.h"
 
 namespace kiln {
 
 class SocketCollective final : public Collective {
  public:
-  // Over a connected group (its ranks and world size are the group's).
-  explicit SocketCollective(std::unique_ptr<TcpBootstrap> channel);
+  // Over a connected group (its ranks and world size are the group's). `call_timeout`: how long rank 0 waits for a
+  // rank in a meeting or at the end of a call (0: the channel's timeout, the rendezvous timeout).
+  explicit SocketCollective(std::unique_ptr<TcpBootstrap> channel,
+                            std::chrono::milliseconds call_timeout = std::chrono::milliseconds(0));
   ~SocketCollective() override;
-  static Result<std::unique_ptr<SocketCollective>> connect(const RendezvousSpec& spec);
+  static Result<std::unique_ptr<SocketCollective>> connect(
+      const RendezvousSpec& spec, std::chrono::milliseconds call_timeout = std::chrono::milliseconds(0));
 
   int rank() const override { return channel_->rank(); }
   int world_size() const override { return channel_->world_size(); }
@@ -52,6 +64,7 @@ class SocketCollective final : public Collective {
   const Status& broken() const { return broken_; }
 
   TcpBootstrap& channel() { return *channel_; }
+  std::chrono::milliseconds call_timeout() const { return call_timeout_; }
 
  private:
   struct Call;
@@ -66,8 +79,14 @@ class SocketCollective final : public Collective {
   Status take_message_while_ending(int peer, const Status& mine);
   Status send_verdict(const Status& mine, bool primary);
   Status receive_verdict();
+  // Rank 0: waits until each of `ranks` has a message (or closed its connection) or `deadline` passes; the ranks
+  // that have neither by then.
+  std::vector<int> not_arrived(std::vector<int> ranks, std::chrono::steady_clock::time_point deadline) const;
+  // What a rank other than 0 waits for rank 0's answer.
+  std::chrono::milliseconds leader_wait() const { return 2 * call_timeout_; }
 
   std::unique_ptr<TcpBootstrap> channel_;
+  std::chrono::milliseconds call_timeout_;
   Status broken_;
   uint32_t call_ = 0;            // calls this rank has ended: every message carries it, so ranks out of step are caught
   bool meeting_failed_ = false;  // a meeting of this call failed here (so this rank's error may not be its own)
@@ -75,7 +94,13 @@ class SocketCollective final : public Collective {
 };
 
 // The registry's factory: this process's rank, world size and rendezvous from the torchrun-style launch
-// environment (kiln/launch_env.h); world size 1 opens no socket.
+// environment (kiln/launch_env.h), the call timeout from [transport] timeout_s; world size 1 opens no socket.
 Result<std::unique_ptr<Collective>> create_socket_collective(const CreateContext& context);
+
+// [transport] timeout_s: the key `socket` declares (the `nccl` collective declares its own, alike).
+KeySpec transport_timeout_key();
+// "all_reduce of 4096 bf16 in call 17: rank(s) 1, 3 did not arrive within transport.timeout_s = 5 s"
+std::string missing_ranks_message(const std::string& meeting, const std::vector<int>& missing,
+                                  std::chrono::milliseconds timeout);
 
 }  // namespace kiln

@@ -230,12 +230,20 @@ class Checker {
                            ", meeting through host memory (each collective waits for the stream and copies through "
                            "pinned memory; no CUDA graphs): a correctness path for tests and hosts without peer "
                            "access, not a fast one; `kiln serve` / `kiln generate` start " + std::to_string(ranks - 1) +
-                           " rank processes on this machine");
+                           " rank processes on this machine; a rank that hangs for " + timeout_text(transport) +
+                           " stops the group");
       return;
     }
     out_.notes.push_back(setting(parallel, "tensor") + ": " + std::to_string(ranks) + " CUDA ranks over `" + backend +
                          "` need " + std::to_string(ranks) + " GPUs, one per rank (LOCAL_RANK picks it)" + here +
-                         "; NCCL refuses two ranks on one GPU; the custom all-reduce needs peer access between them");
+                         "; NCCL refuses two ranks on one GPU; the custom all-reduce needs peer access between them; "
+                         "a rank that hangs for " + timeout_text(transport) +
+                         " (the communicator's creation or one call) is aborted by the watchdog and stops the group");
+  }
+
+  // transport.timeout_s as the notes say it: "300 s (transport.timeout_s)".
+  static std::string timeout_text(const RecipeSection& transport) {
+    return std::to_string(transport.get_int("timeout_s", 300)) + " s (transport.timeout_s)";
   }
 
   // What a parallel recipe needs: CPU ranks run as threads of this process over the built-in `local` group or as
@@ -263,7 +271,8 @@ class Checker {
                            std::to_string(1 + (parallel.get_int("decode_context", 1) > 1 ? groups : 0)) +
                            " (TCP), and each process needs the model files and the memory of its shard; a rank that "
                            "fails at start-up ends the start at once, a request that fails on one rank fails on all "
-                           "and the next goes on, and a rank that exits stops the group until a restart");
+                           "and the next goes on, and a rank that exits — or hangs for " + timeout_text(transport) +
+                           ", the bound on one collective call — stops the group until a restart");
     } else if (backend != "local") {
       return problem(about(transport, "backend",
                            invalid_argument("CPU ranks meet through the built-in `local` group (threads of this "

@@ -1,12 +1,14 @@
 // The `nccl` collective from the built plugin with a one-rank communicator (label `gpu`): all four collectives
 // against expected values, eagerly and inside a captured CUDA graph, through NCCL (custom_all_reduce = off) and
-// through the custom kernel (on: its probe passes with one rank too).
+// through the custom kernel (on: its probe passes with one rank too); and the watchdog aborting a hung call.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "kiln/collective.h"
@@ -137,6 +139,54 @@ TEST(NcclOneRank, RefusesAStreamOfAnotherDeviceAndABadRoot) {
   Status i16 = c->all_reduce(b.p, 16, DType::kI16, ReduceOp::kSum, Stream{Device::cuda(0), nullptr});
   ASSERT_FALSE(i16.ok());
   EXPECT_NE(i16.message().find("cannot reduce"), std::string::npos) << i16.message();
+}
+
+// The watchdog (comm_watchdog.h) on a real communicator: with transport.timeout_s = 1, an all_reduce stuck behind a
+// host function that holds the stream for 3 s is aborted (ncclCommAbort) after about a second, the next call
+// returns the reason instead of enqueuing, the stream drains, and a new communicator in the same process works.
+TEST(NcclOneRank, AHungCallIsAbortedAndTheNextCommunicatorWorks) {
+  {
+    RecipeSection section("transport");
+    section.set("custom_all_reduce", std::string("off"));
+    section.set("timeout_s", int64_t{1});
+    section.set("env", StringTable{{"NCCL_DEBUG", "WARN"}});
+    CreateContext ctx;
+    ctx.device = Device::cuda(0);
+    ctx.section = &section;
+    auto made = registry().create<Collective>("nccl", ctx);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    std::shared_ptr<Collective> c = *made;
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const Stream stream{Device::cuda(0), s};
+    DeviceBuffer b(4096);
+    ASSERT_EQ(cudaMemset(b.p, 0, b.bytes), cudaSuccess);
+    // A healthy call completes and is retired: no abort.
+    ASSERT_TRUE(c->all_reduce(b.p, 1024, DType::kF32, ReduceOp::kSum, stream).ok());
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(c->all_reduce(b.p, 1024, DType::kF32, ReduceOp::kSum, stream).ok());
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    // The injected hang: the stream held for 3 s, the collective queued behind it.
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  s, [](void*) { std::this_thread::sleep_for(std::chrono::seconds(3)); }, nullptr),
+              cudaSuccess);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(c->all_reduce(b.p, 1024, DType::kF32, ReduceOp::kSum, stream).ok());  // enqueued
+    std::this_thread::sleep_for(std::chrono::milliseconds(2200));
+    const Status after = c->all_reduce(b.p, 1024, DType::kF32, ReduceOp::kSum, stream);
+    ASSERT_FALSE(after.ok());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+    EXPECT_NE(after.message().find("ncclAllReduce of 1024 F32 did not complete within transport.timeout_s = 1 s"),
+              std::string::npos)
+        << after.message();
+    EXPECT_NE(after.message().find("ncclCommAbort"), std::string::npos) << after.message();
+    (void)cudaStreamSynchronize(s);  // the host function ends; what the aborted call left is not looked at
+    (void)cudaGetLastError();
+    c.reset();
+    cudaStreamDestroy(s);
+  }
+  run_collectives("off", false);
 }
 
 TEST(NcclOneRank, RecipeEnvWithAForeignNameIsRefusedBeforeNccl) {

@@ -58,6 +58,9 @@ TEST(TransportSettings, SchemaDeclaresTheKeysWithDefaults) {
   EXPECT_EQ(schema.find("custom_all_reduce_force_fail")->type, ValueType::kBool);
   ASSERT_NE(schema.find("env"), nullptr);
   EXPECT_EQ(schema.find("env")->type, ValueType::kStringTable);
+  ASSERT_NE(schema.find("timeout_s"), nullptr);
+  EXPECT_EQ(schema.find("timeout_s")->type, ValueType::kInteger);
+  EXPECT_EQ(schema.find("timeout_s")->min, 1);
 }
 
 TEST(TransportSettings, ReadsTheSection) {
@@ -65,6 +68,7 @@ TEST(TransportSettings, ReadsTheSection) {
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->custom_all_reduce, CustomAllReduceMode::kAuto);
   EXPECT_FALSE(defaults->force_probe_failure);
+  EXPECT_EQ(defaults->timeout, std::chrono::seconds(300));
 
   RecipeSection s("transport");
   s.set("custom_all_reduce", std::string("on"));
@@ -75,6 +79,9 @@ TEST(TransportSettings, ReadsTheSection) {
   EXPECT_EQ(read->custom_all_reduce, CustomAllReduceMode::kOn);
   EXPECT_TRUE(read->force_probe_failure);
   EXPECT_EQ(read->env.at("NCCL_CUMEM_ENABLE"), "0");
+  EXPECT_EQ(read->timeout, std::chrono::seconds(300));
+  s.set("timeout_s", int64_t{7});
+  EXPECT_EQ(read_transport_settings(&s)->timeout, std::chrono::seconds(7));
 
   s.set("env", StringTable{{"LD_PRELOAD", "/tmp/x.so"}}, "r.toml:9");
   auto bad = read_transport_settings(&s);

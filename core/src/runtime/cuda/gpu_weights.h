@@ -90,7 +90,4 @@ Result<GpuWeights> load_gpu_weights(const ModelConfig& config, const WeightSourc
                                     CudaDeviceContext& device, bool load_mtp, TensorShard shard = {},
                                     const WeightSource* whole = nullptr);
 
-// The rank that holds the shared expert whole: the last (rank 0 also selects tokens and runs the scheduler).
-inline int shared_expert_rank(const TensorShard& shard) { return shard.world - 1; }
-
 }  // namespace kiln::cuda
