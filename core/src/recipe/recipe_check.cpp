@@ -245,9 +245,9 @@ class Checker {
     const RecipeSection& parallel = recipe_.section("parallel");
     const int64_t ranks = parallel.get_int("tensor", 1);
     // What the model's shapes allow (each setting judged alone, so the problem names the one at fault).
-    const int context = static_cast<int>(parallel.get_int("decode_context", 1));
-    if (arch_ && context > 1)
-      if (Status s = arch_->supports_parallel(1, context); !s.ok()) problem(about(parallel, "decode_context", s));
+    const int groups_of = static_cast<int>(parallel.get_int("decode_context", 1));
+    if (arch_ && groups_of > 1)
+      if (Status s = arch_->supports_parallel(1, groups_of); !s.ok()) problem(about(parallel, "decode_context", s));
     if (arch_ && ranks > 1)
       if (Status s = arch_->supports_parallel(static_cast<int>(ranks), 1); !s.ok()) problem(about(parallel, "tensor", s));
     if (ranks <= 1 || !device_known_) return;
