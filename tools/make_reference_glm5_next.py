@@ -109,6 +109,14 @@ kFixtures = [
         index_topk_freq=2, index_skip_topk_offset=2,
         hc_mult=3, index_n_heads=8, index_head_dim=16, index_kpool=4, index_topk=12),
         names="flat_original", flat_config=True),
+    # Three heads everywhere (DSA, KDA) and hc_mult 4: tensor parallelism over 2 ranks splits every head count
+    # unevenly (1 and 2) and over 3 ranks gives each rank one (tests/model/glm5_next_tensor_parallel_test.cpp).
+    Fixture("glm5_next-h3", 4421, dict(
+        num_attention_heads=3, num_key_value_heads=3,
+        num_hidden_layers=4, layer_types=[K, D, K, D], mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        linear_num_heads=3, linear_head_dim=8, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+        hc_mult=4, index_n_heads=8, index_head_dim=16, index_kpool=4, index_topk=8),
+        names="save_pretrained"),
 ]
 
 

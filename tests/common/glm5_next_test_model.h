@@ -18,7 +18,7 @@
 namespace kiln::testing {
 
 inline const std::vector<std::string>& glm5_next_fixtures() {
-  static const std::vector<std::string> names = {"glm5_next-tiny", "glm5_next-shared", "glm5_next-flat"};
+  static const std::vector<std::string> names = {"glm5_next-tiny", "glm5_next-shared", "glm5_next-flat", "glm5_next-h3"};
   return names;
 }
 

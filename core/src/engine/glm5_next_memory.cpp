@@ -1,10 +1,12 @@
 #include "engine/glm5_next_memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "model/arch/glm5_next/glm5_next_sharded_source.h"
 #include "model/arch/glm5_next/glm5_next_weight_inventory.h"
 
 namespace kiln {
@@ -118,28 +120,52 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
 
 WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& c, const WeightSource& stored,
                                        const std::string& prefix, uint64_t mapped_bytes, bool bf16_precision,
-                                       bool with_mtp) {
+                                       bool with_mtp, CpuRanks ranks) {
   const WeightInventory inv = glm5_next::glm5_next_weight_inventory(c, prefix, with_mtp);
+  const int world = std::max(ranks.world, 1), here = std::clamp(ranks.here, 1, world);
+  const TensorShard shard{0, world};
+  const glm5_next::Glm5NextShardedSource split_by(stored, c, shard);
+  // The elements the ranks in this process hold of a tensor of `units` split units (0: replicated) and n elements.
+  auto held_here = [&](uint64_t n, int64_t units) -> uint64_t {
+    if (units <= 0 || world == 1) return n * static_cast<uint64_t>(here);
+    if (here == world) return n;  // the parts add up to the whole
+    return n / static_cast<uint64_t>(units) * static_cast<uint64_t>(shard.max_count(units) * here);
+  };
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  // The per-head fp32 vectors the loader keeps its heads' part of.
+  auto fp32_units = [&](const std::string& name) -> int64_t {
+    return ends_with(name, ".conv1d.weight") || ends_with(name, ".forget_gate.dt_bias") ||
+                   ends_with(name, ".forget_gate.A_log")
+               ? c.linear_num_heads
+               : 0;
+  };
+  auto rounded_units = [&](const WeightItem& it) -> int64_t {
+    if (it.name.find(".mlp.experts.") != std::string::npos) return c.n_routed_experts;
+    return split_by.row_split(module_of(it.name)).units;
+  };
   uint64_t copies = 0, rounded = 0, blocks = 0;
   std::set<std::string> seen;  // a tied head is the embedding's rounded copy again
   for (const WeightItem& it : inv.items) {
     const uint64_t n = static_cast<uint64_t>(it.numel());
     if (it.held == WeightHeld::kFp32 || it.held == WeightHeld::kNorm) {
-      copies += 4 * n;
-      ++blocks;
+      copies += 4 * held_here(n, fp32_units(it.name));
+      blocks += static_cast<uint64_t>(here);
     }
     // bf16 precision rounds what the GPU holds in bf16 (projections, experts, norms, the embedding), once per
     // tensor and only where it is stored wider; an expert's dtype is its first's.
     if (bf16_precision && it.held != WeightHeld::kFp32 && seen.insert(it.name).second) {
       auto t = stored.get(it.name_of(0));
       if (t.ok() && (t->dtype == DType::kF32 || t->dtype == DType::kF16)) {
-        rounded += 2 * n;
-        blocks += static_cast<uint64_t>(it.count);
+        rounded += 2 * held_here(n, rounded_units(it));
+        blocks += static_cast<uint64_t>(it.count) * static_cast<uint64_t>(here);
       }
     }
   }
-  copies += static_cast<uint64_t>(inv.dsa_layers * inv.kv_b_numel) * 4;  // kv_b in fp32, for the absorbed form
-  blocks += static_cast<uint64_t>(inv.dsa_layers);
+  // kv_b in fp32, for the absorbed form: each rank its heads'.
+  copies += 4 * held_here(static_cast<uint64_t>(inv.dsa_layers * inv.kv_b_numel), c.num_attention_heads);
+  blocks += static_cast<uint64_t>(inv.dsa_layers) * static_cast<uint64_t>(here);
   // Low: the mapped files alone, which the measurement counts in full; the copies come from the heap, which may
   // reuse memory the process freed before (the screen's own parsing), so resident memory can grow by less.
   WeightBytes w;
@@ -150,7 +176,10 @@ WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& c, const
       "maps, conv, gates, router and kv_b on " + std::to_string(inv.dsa_layers) + " DSA layers (" + mib(copies) +
       ", itemised from config.json)" +
       (bf16_precision ? " + bf16 copies of its F32/F16 projections, experts, norms and embedding (" + mib(rounded) + ")"
-                      : "");
+                      : "") +
+      (world > 1 ? ", held by " + std::to_string(here) + " of " + std::to_string(world) +
+                       " tensor-parallel ranks (replicated tensors once per rank, split ones in parts)"
+                 : "");
   return w;
 }
 

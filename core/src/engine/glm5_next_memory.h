@@ -27,13 +27,24 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& config,
                                         const std::string& prefix, const std::string& format, int64_t bits,
                                         bool with_mtp);
 
+// Tensor-parallel CPU ranks (parallel.tensor = world) of which `here` run in the process priced: all of them as
+// threads (transport.backend = "local"), one per process ("socket").
+struct CpuRanks {
+  int world = 1;
+  int here = 1;
+};
+
 // The CPU model's weights (glm5_next_weights.cpp): `mapped_bytes` of checkpoint files it maps (projections,
 // experts and the embedding are views into them), the fp32 copies it makes (norms, the fp32 tensors, kv_b per DSA
 // layer) and, in bf16 precision, the bf16 copies of every F32 / F16 tensor it rounds: low the files, high the files
-// and the copies (each with its heap block's slack).
+// and the copies (each with its heap block's slack). With `ranks`, the mapping is the process's one and every rank
+// holds copies of its own: whole ones of what the ranks replicate (norms, mHC maps, router, indexer, o_proj /
+// down_proj in bf16 precision), its part of what they split (kv_b, the short conv, dt_bias, A_log by head; in bf16
+// precision also the split projections, routed experts and vocabulary rows; glm5_next_sharded_source.h) — for an
+// uneven split the largest part.
 WeightBytes glm5_next_cpu_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource& stored,
                                        const std::string& prefix, uint64_t mapped_bytes, bool bf16_precision,
-                                       bool with_mtp);
+                                       bool with_mtp, CpuRanks ranks = {});
 
 // The vision tower's fp32 weights (plugins/vision: a host copy on the CPU, an upload on CUDA); 0 without a
 // vision_config.

@@ -9,6 +9,7 @@
 #include "model/arch/glm5_next/cuda/glm5_next_cuda_model.h"
 #endif
 #include "model/arch/glm5_next/glm5_next_mtp_layout.h"
+#include "model/arch/glm5_next/glm5_next_sharded_source.h"
 #include "model/checkpoint.h"
 #include "model/model_instance.h"
 
@@ -68,6 +69,13 @@ Status Glm5NextArchitecture::supports(DeviceType device) const {
 #endif
 }
 
+Status Glm5NextArchitecture::supports_parallel(int tensor, int decode_context) const {
+  if (decode_context > 1)
+    return unimplemented("parallel.decode_context = " + std::to_string(decode_context) +
+                         ": glm5_next's pooled DSA and KDA layers do not split their caches by token (set it to 1)");
+  return tensor > 1 ? glm5_next::check_glm5_next_tensor_parallel_units(config_, tensor) : ok_status();
+}
+
 Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildContext& ctx) const {
   if (!ctx.source || !ctx.format || !ctx.layout || !ctx.device)
     return invalid_argument("building glm5_next needs a weight source, format, KV layout and device");
@@ -76,13 +84,13 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", glm5_next's DSA layers need " +
                                std::to_string(config_.kv_lora_rank) + "+0 (a latent and no rope part)");
-  if (ctx.decode_context > 1)
-    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) +
-                         ": glm5_next's pooled DSA and KDA layers do not split their caches by token (set it to 1)");
-  if ((ctx.collective && ctx.collective->world_size() > 1) || ctx.tensor_parallel > 1)
-    return unimplemented("tensor parallelism: " +
-                         std::to_string(std::max(ctx.tensor_parallel, ctx.collective ? ctx.collective->world_size() : 1)) +
-                         " ranks, and glm5_next does not shard its weights yet (parallel.tensor = 1)");
+  if (ctx.decode_context > 1) return supports_parallel(ctx.tensor_parallel, ctx.decode_context);
+  const int collective_ranks = ctx.collective ? ctx.collective->world_size() : 1;
+  if (ctx.device->device().is_cuda() && (collective_ranks > 1 || ctx.tensor_parallel > 1))
+    return unimplemented("parallel.tensor = " + std::to_string(std::max(ctx.tensor_parallel, collective_ranks)) +
+                         " on CUDA: glm5_next's CUDA runner holds every weight on one GPU and does not shard yet "
+                         "(tensor parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
+                         "parallel.tensor = 1)");
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));
@@ -95,6 +103,9 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
   // Without next-n layers in the checkpoint none is loaded (num_mtp_layers() = 0), and a drafter that needs them
   // is refused at engine start; a layer of a layout kiln does not know is refused here, naming its tensors.
   if (ctx.load_mtp && !config_.mtp_refusal.empty()) return failed_precondition(config_.mtp_refusal);
+  // Tensor parallelism on CPU ranks: this process's rank of a group of processes, or every rank as threads here.
+  if (collective_ranks > 1) return glm5_next::Glm5NextCpuInstance::create_process_rank(config_, ctx);
+  if (ctx.tensor_parallel > 1) return glm5_next::Glm5NextCpuInstance::create_tensor_parallel(config_, ctx);
   KILN_ASSIGN_OR_RETURN(auto m, glm5_next::Glm5NextCpuInstance::create(config_, ctx));
   return std::unique_ptr<ModelInstance>(std::move(m));
 }

@@ -26,6 +26,9 @@ class Glm5NextArchitecture final : public Architecture {
   // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
   CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const override;
   Status supports(DeviceType device) const override;
+  // Tensor parallelism on CPU ranks needs at least one head, column, expert and vocabulary row per rank; no
+  // decode-context parallelism (its pooled DSA and KDA layers do not split their caches by token).
+  Status supports_parallel(int tensor, int decode_context) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
  private:

@@ -1,15 +1,76 @@
 #include "model/arch/glm5_next/glm5_next_cpu_instance.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+
+#include "builtin/inproc_collective.h"
+#include "model/arch/glm5_next/glm5_next_sharded_source.h"
+#include "model/tensor_parallel_instance.h"
+
 namespace kiln::glm5_next {
 
-Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create(const Glm5NextConfig& config,
-                                                                         const BuildContext& ctx) {
+Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create_rank(const Glm5NextConfig& config,
+                                                                             const BuildContext& ctx,
+                                                                             TensorShard shard) {
   KILN_ASSIGN_OR_RETURN(Glm5NextWeights weights,
-                        load_glm5_next_weights(config, *ctx.source, *ctx.format, ctx.load_mtp, ctx.precision));
+                        load_glm5_next_weights(config, *ctx.source, *ctx.format, ctx.load_mtp, ctx.precision, shard));
   auto model = std::make_unique<Glm5NextModel>(config, std::move(weights));
   model->set_precision(ctx.precision);
   model->set_threads(ctx.threads);
+  if (shard.sharded()) model->set_collective(ctx.collective);
   return std::unique_ptr<Glm5NextCpuInstance>(new Glm5NextCpuInstance(std::move(model), *ctx.device));
+}
+
+Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create(const Glm5NextConfig& config,
+                                                                         const BuildContext& ctx) {
+  return create_rank(config, ctx, {});
+}
+
+Result<std::unique_ptr<ModelInstance>> Glm5NextCpuInstance::create_process_rank(const Glm5NextConfig& config,
+                                                                              const BuildContext& ctx) {
+  const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
+  if (world != ctx.tensor_parallel)
+    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
+                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
+                            "WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(config, world));
+  // Verifying drafts rolls the KDA state back from snapshots the engine copies in rank 0's pool alone; the other
+  // processes' pools (each holding its heads' state) would keep the rejected drafts' updates.
+  if (ctx.load_mtp && !config.mtp.empty())
+    return unimplemented("speculative decoding with glm5_next on rank processes (transport.backend = \"socket\"): "
+                         "the engine rolls KDA state back after rejected drafts in rank 0's cache only, and the other "
+                         "ranks hold their heads' state in caches of their own; draft with ranks as threads "
+                         "(transport.backend = \"local\") or set speculative.method = \"none\"");
+  auto instance = create_rank(config, ctx, TensorShard{rank, world});
+  if (!instance.ok())
+    return instance.status().with_context("tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world));
+  (*instance)->model().set_private_cache(true);
+  return std::unique_ptr<ModelInstance>(std::move(instance).value());
+}
+
+Result<std::unique_ptr<ModelInstance>> Glm5NextCpuInstance::create_tensor_parallel(const Glm5NextConfig& config,
+                                                                                 const BuildContext& ctx) {
+  const int world = ctx.tensor_parallel;
+  KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(config, world));
+  auto group = std::make_unique<builtin::InprocGroup>(world);
+  // The machine's threads shared among the ranks, which run at once.
+  const int threads = std::max(1, (ctx.threads > 0 ? ctx.threads : omp_get_max_threads()) / world);
+  std::vector<TensorParallelInstance::Rank> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    ranks[r].collective = group->endpoint(r);
+    BuildContext rank_ctx = ctx;
+    rank_ctx.collective = ranks[r].collective.get();
+    rank_ctx.threads = threads;
+    // The weights view the checkpoint through the rank's own sharded source (Glm5NextWeights::sharded), so the rank
+    // needs no source of its own beyond the checkpoint.
+    auto instance = create_rank(config, rank_ctx, TensorShard{r, world});
+    if (!instance.ok())
+      return instance.status().with_context("tensor-parallel rank " + std::to_string(r) + " of " + std::to_string(world));
+    ranks[r].instance = std::move(instance).value();
+  }
+  return std::unique_ptr<ModelInstance>(new TensorParallelInstance(std::move(group), {}, std::move(ranks)));
 }
 
 }  // namespace kiln::glm5_next

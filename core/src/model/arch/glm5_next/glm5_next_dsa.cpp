@@ -41,10 +41,13 @@ Status Glm5NextModel::indexer_select(const PooledIndexerWeights& w, int64_t l, c
   KILN_RETURN_IF_ERROR(run_linear(*w.weights_proj, h, n, wts.data()));
   const float head_scale = 1.0f / std::sqrt(static_cast<float>(heads));
   for (float& x : wts) x *= head_scale;
-  for (int64_t t = 0; t < n; ++t) {
-    std::copy_n(k.data() + t * dim, dim, cache + tl.slots[t] * row);
-    std::copy_n(gate.data() + t * dim, dim, cache + tl.slots[t] * row + dim);
-  }
+  if (writes_kv())
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(k.data() + t * dim, dim, cache + tl.slots[t] * row);
+      std::copy_n(gate.data() + t * dim, dim, cache + tl.slots[t] * row + dim);
+    }
+  // The rows (and the layer's latents, appended before this) are in place before any rank reads them.
+  KILN_RETURN_IF_ERROR(sync_ranks());
 
   selected.assign(n * width, -1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
@@ -77,7 +80,9 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
                           const float* h, float* out, std::vector<int32_t>& selected) const {
   const Glm5NextConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tl.positions.size());
-  const int64_t heads = c.num_attention_heads, latent = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  // This rank's heads (all of them unsharded); the latent, the indexer and its selection are every rank's.
+  const int64_t heads = weights_.shard.count(c.num_attention_heads), latent = c.kv_lora_rank,
+                nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);  // q_a / kv_a norms take rms_norm_eps in this model
 
   std::vector<float> q_resid(n * c.q_lora_rank), q(n * heads * nope), lat(n * latent);
@@ -94,14 +99,17 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   const KvLayout& layout = *caches.layout;
   KvAppendArgs append;  // rows are the latent alone: the layout's rope part is 0 wide
   append.pages = pages, append.slots = tl.slots.data(), append.n = n, append.rows = lat.data();
-  KILN_RETURN_IF_ERROR(layout.append(append, {}));
+  if (writes_kv()) KILN_RETURN_IF_ERROR(layout.append(append, {}));
 
-  if (w.dense) {
-    selected.clear();  // nothing selects: every visible token
-  } else if (w.indexer) {
-    KILN_RETURN_IF_ERROR(indexer_select(*w.indexer, l, tl, caches, h, q_resid.data(), selected));
-  } else if (selected.size() != static_cast<size_t>(n * c.selection_width())) {
-    return failed_precondition("layer " + std::to_string(l) + " shares an indexer selection no earlier layer made");
+  if (w.indexer) {
+    KILN_RETURN_IF_ERROR(indexer_select(*w.indexer, l, tl, caches, h, q_resid.data(), selected));  // meets the ranks
+  } else {
+    KILN_RETURN_IF_ERROR(sync_ranks());  // the latents are in place before any rank reads them
+    if (w.dense) {
+      selected.clear();  // nothing selects: every visible token
+    } else if (selected.size() != static_cast<size_t>(n * c.selection_width())) {
+      return failed_precondition("layer " + std::to_string(l) + " shares an indexer selection no earlier layer made");
+    }
   }
 
   // Absorbed form: q_lat = q · W_UK per head, attention over the cached latents, o = W_UV · o_lat.
@@ -139,7 +147,14 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   round_bf16(o_lat.data(), n * heads * latent);
   cpu::mla_unabsorb_output(o_lat.data(), n, w.kv_b_f32.data(), dims, attn.data());
   round_bf16(attn.data(), n * heads * vd);
-  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, attn.data(), n, out));
+  const float* o_in = attn.data();
+  std::vector<float> all_heads;
+  if (sharded()) {  // o_proj runs whole over every head's output
+    all_heads.resize(static_cast<size_t>(n * c.num_attention_heads * vd));
+    KILN_RETURN_IF_ERROR(gather_units(attn.data(), n, c.num_attention_heads, vd, all_heads.data()));
+    o_in = all_heads.data();
+  }
+  KILN_RETURN_IF_ERROR(run_linear(*w.o_proj, o_in, n, out));
   round_bf16(out, n * c.hidden_size);
   return ok_status();
 }

@@ -23,6 +23,8 @@ namespace {
 // experts' launches (bf16 precision mirrors it).
 constexpr int64_t kGpuFoldedSharedExpertRows = 32;
 
+const Stream kHostStream{Device::cpu(), nullptr};
+
 cpu::MhcParams mhc_params(const Glm5NextConfig& c, const MhcWeights& w) {
   cpu::MhcParams p;
   p.fn = w.fn.data(), p.base = w.base.data(), p.scale = w.scale.data();
@@ -34,12 +36,23 @@ cpu::MhcParams mhc_params(const Glm5NextConfig& c, const MhcWeights& w) {
 
 }  // namespace
 
-void Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
+Status Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
   const TensorView& e = weights_.embed_tokens;
-  const int64_t hd = config_.hidden_size;
+  const int64_t hd = config_.hidden_size, V = config_.vocab_size;
+  const TensorShard& shard = weights_.shard;
+  const int64_t v0 = shard.begin(V), v1 = shard.end(V);
+  // Sharded: this rank's rows into its block of `rows` (others stay 0), then every rank takes each token's row from
+  // the block of the rank that owns it — a copy, so the values are exactly the stored ones.
+  std::vector<float> rows;
+  float* mine = out;
+  if (sharded()) {
+    rows.assign(static_cast<size_t>(n * hd), 0.0f);
+    mine = rows.data();
+  }
   for (int64_t i = 0; i < n; ++i) {
-    const size_t row = static_cast<size_t>(ids[i]) * hd;
-    float* dst = out + i * hd;
+    if (ids[i] < v0 || ids[i] >= v1) continue;
+    const size_t row = static_cast<size_t>(ids[i] - v0) * hd;
+    float* dst = mine + i * hd;
     switch (e.dtype) {
       case DType::kF32:
         std::copy_n(e.as<const float>() + row, hd, dst);
@@ -52,6 +65,47 @@ void Glm5NextModel::embed(const int32_t* ids, int64_t n, float* out) const {
         break;
     }
   }
+  if (!sharded()) return ok_status();
+  std::vector<float> all(static_cast<size_t>(shard.world * n * hd));
+  KILN_RETURN_IF_ERROR(collective_->all_gather(rows.data(), all.data(), n * hd, DType::kF32, kHostStream));
+  for (int64_t i = 0; i < n; ++i) {
+    int owner = 0;
+    while (owner + 1 < shard.world && ids[i] >= TensorShard{owner + 1, shard.world}.begin(V)) ++owner;
+    std::copy_n(all.data() + (owner * n + i) * hd, hd, out + i * hd);
+  }
+  return ok_status();
+}
+
+Status Glm5NextModel::sync_ranks() const {
+  if (!sharded() || private_cache_) return ok_status();
+  float token = 0.0f;
+  return collective_->all_reduce(&token, 1, DType::kF32, ReduceOp::kSum, kHostStream);
+}
+
+Status Glm5NextModel::gather_units(const float* local, int64_t n, int64_t units, int64_t width, float* full) const {
+  const TensorShard& shard = weights_.shard;
+  if (!sharded()) {
+    std::copy_n(local, n * units * width, full);
+    return ok_status();
+  }
+  // Every rank sends a block padded to the largest part, so the blocks are of one size as all_gather needs.
+  const int64_t block = shard.max_count(units) * width, mine = shard.count(units) * width;
+  std::vector<float> send(static_cast<size_t>(n * block), 0.0f), all(static_cast<size_t>(shard.world * n * block));
+  for (int64_t t = 0; t < n; ++t) std::copy_n(local + t * mine, mine, send.data() + t * block);
+  KILN_RETURN_IF_ERROR(collective_->all_gather(send.data(), all.data(), n * block, DType::kF32, kHostStream));
+  for (int r = 0; r < shard.world; ++r) {
+    const TensorShard other{r, shard.world};
+    const int64_t count = other.count(units) * width, offset = other.begin(units) * width;
+    for (int64_t t = 0; t < n; ++t) std::copy_n(all.data() + (r * n + t) * block, count, full + t * units * width + offset);
+  }
+  return ok_status();
+}
+
+Status Glm5NextModel::head_logits(const Linear& head, const float* normed, int64_t n, float* logits) const {
+  if (!sharded()) return run_linear(head, normed, n, logits);
+  std::vector<float> mine(n * head.out_features());  // this rank's vocabulary rows, then everyone's gathered
+  KILN_RETURN_IF_ERROR(run_linear(head, normed, n, mine.data()));
+  return gather_units(mine.data(), n, config_.vocab_size, 1, logits);
 }
 
 void Glm5NextModel::round_bf16(float* x, int64_t n) const {
@@ -59,7 +113,7 @@ void Glm5NextModel::round_bf16(float* x, int64_t n) const {
 }
 
 Status Glm5NextModel::lm_head(const float* normed, int64_t n, float* logits) const {
-  return run_linear(*weights_.lm_head, normed, n, logits);
+  return head_logits(*weights_.lm_head, normed, n, logits);
 }
 
 Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const CacheViews& caches, bool state,
@@ -92,9 +146,10 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
 }
 
 // bf16: the fused gate_up Linear rounds each half to bf16 before the SwiGLU, whose output is stored in bf16, and down
-// stores bf16.
+// stores bf16. Sharded, gate / up hold this rank's intermediate columns and down all of them: the activations are
+// gathered first.
 Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const {
-  const int64_t inter = m.gate->out_features();
+  const int64_t inter = m.gate->out_features(), full = m.down->in_features();
   std::vector<float> g(n * inter), u(n * inter), a(n * inter);
   KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
   KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
@@ -102,8 +157,84 @@ Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, 
   round_bf16(u.data(), n * inter);
   cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
   round_bf16(a.data(), n * inter);
+  if (sharded()) {
+    std::vector<float> all(n * full);
+    KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
+    a = std::move(all);
+  }
   KILN_RETURN_IF_ERROR(run_linear(*m.down, a.data(), n, out));
   round_bf16(out, n * config_.hidden_size);
+  return ok_status();
+}
+
+Status Glm5NextModel::folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const {
+  if (!sharded()) return expert_mlp_bf16(m, h, n, out, static_cast<float>(config_.swiglu_limit));
+  const int64_t inter = m.gate->out_features(), full = m.down->in_features();
+  std::vector<float> g(n * inter), u(n * inter), a(n * inter), all(n * full);
+  KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
+  KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+  cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
+  cpu::round_to_bf16(a.data(), n * inter);
+  KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
+  return run_linear(*m.down, all.data(), n, out);
+}
+
+// out [n, hidden]: each token's (token, slot) pairs' weighted expert outputs summed in slot order.
+Status Glm5NextModel::routed_experts(const MoeWeights& moe, const float* h, int64_t n, const int32_t* ids,
+                                     const float* route, float* out) const {
+  const Glm5NextConfig& c = config_;
+  const int64_t hd = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  if (!sharded() && bf16()) return routed_experts_bf16(moe.expert_mlps, h, n, hd, k, ids, route, out, limit);
+  std::vector<float> pairs(n * k * hd, 0.0f);
+  if (!sharded()) {
+    ExpertRun run;
+    run.x = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, hd});
+    run.routing.top_k = static_cast<int>(k);
+    run.routing.ids = ids;
+    run.routing.weights = route;
+    run.pair_out = pairs.data();
+    run.swiglu_limit = limit;
+    KILN_RETURN_IF_ERROR(moe.experts->run(run, {}).status());
+  } else {
+    // Each pair's output from the one rank that holds its expert (zeros elsewhere, so the group's sum is that output
+    // exactly), as MlaMoeModel does.
+    const int64_t e0 = weights_.shard.begin(E), local = weights_.shard.count(E);
+    if (bf16()) {
+      KILN_RETURN_IF_ERROR(
+          routed_expert_pairs_bf16(moe.expert_mlps, e0, E, h, n, hd, k, ids, route, pairs.data(), limit));
+    } else {
+      std::vector<int64_t> mine;
+      for (int64_t p = 0; p < n * k; ++p)
+        if (ids[p] >= e0 && ids[p] < e0 + local) mine.push_back(p);
+      const int64_t P = static_cast<int64_t>(mine.size());
+      if (P > 0) {
+        std::vector<float> x(P * hd), pw(P), out_p(P * hd);
+        std::vector<int32_t> pid(P);
+        for (int64_t i = 0; i < P; ++i) {
+          std::copy_n(h + (mine[i] / k) * hd, hd, x.data() + i * hd);
+          pid[i] = static_cast<int32_t>(ids[mine[i]] - e0);
+          pw[i] = route[mine[i]];
+        }
+        ExpertRun run;  // one pair per row: the set's rows are independent, so each pair is computed as among its
+        run.x = TensorView::contiguous(x.data(), DType::kF32, {P, hd});  // token's slots
+        run.routing.top_k = 1;
+        run.routing.ids = pid.data();
+        run.routing.weights = pw.data();
+        run.pair_out = out_p.data();
+        run.swiglu_limit = limit;
+        KILN_RETURN_IF_ERROR(moe.experts->run(run, {}).status());
+        for (int64_t i = 0; i < P; ++i) std::copy_n(out_p.data() + i * hd, hd, pairs.data() + mine[i] * hd);
+      }
+    }
+    KILN_RETURN_IF_ERROR(collective_->all_reduce(pairs.data(), n * k * hd, DType::kF32, ReduceOp::kSum, kHostStream));
+  }
+  for (int64_t t = 0; t < n; ++t) {  // a token's pairs summed in slot order
+    float* dst = out + t * hd;
+    std::fill(dst, dst + hd, 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < hd; ++i) dst[i] += pairs[(t * k + j) * hd + i];
+  }
   return ok_status();
 }
 
@@ -119,42 +250,18 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
   rc.num_experts = experts, rc.top_k = k, rc.n_group = c.n_group, rc.topk_group = c.topk_group;
   rc.norm_topk_prob = c.norm_topk_prob, rc.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
   cpu::moe_route(logits.data(), w.moe.router_bias.data(), n, rc, ids.data(), route.data(), router_margin);
-
-  if (bf16()) {
-    const float limit = static_cast<float>(c.swiglu_limit);
-    KILN_RETURN_IF_ERROR(routed_experts_bf16(w.moe.expert_mlps, h, n, hd, k, ids.data(), route.data(), out, limit));
-    if (w.moe.shared.gate) {
-      // The GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
-      // (up to 32 rows: its output stays fp32), else runs it as a dense MLP (bf16 output).
-      std::vector<float> shared(n * hd);
-      const bool folded = n <= kGpuFoldedSharedExpertRows && w.moe.shared.gate->out_features() == c.moe_intermediate_size;
-      KILN_RETURN_IF_ERROR(folded ? expert_mlp_bf16(w.moe.shared, h, n, shared.data(), limit)
-                                  : dense_mlp(w.moe.shared, h, n, shared.data()));
-      for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
-    }
-    round_bf16(out, n * hd);
-    return ok_status();
-  }
-  std::vector<float> pairs(n * k * hd);
-  ExpertRun run;
-  run.x = TensorView::contiguous(const_cast<float*>(h), DType::kF32, {n, hd});
-  run.routing.top_k = static_cast<int>(k);
-  run.routing.ids = ids.data();
-  run.routing.weights = route.data();
-  run.pair_out = pairs.data();
-  run.swiglu_limit = static_cast<float>(c.swiglu_limit);
-  KILN_RETURN_IF_ERROR(w.moe.experts->run(run, {}).status());
-  for (int64_t t = 0; t < n; ++t) {  // a token's pairs summed in slot order
-    float* dst = out + t * hd;
-    std::fill(dst, dst + hd, 0.0f);
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t i = 0; i < hd; ++i) dst[i] += pairs[(t * k + j) * hd + i];
-  }
+  KILN_RETURN_IF_ERROR(routed_experts(w.moe, h, n, ids.data(), route.data(), out));
   if (w.moe.shared.gate) {
     std::vector<float> shared(n * hd);
-    KILN_RETURN_IF_ERROR(dense_mlp(w.moe.shared, h, n, shared.data()));
+    // bf16: the GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
+    // (up to 32 rows: its output stays fp32), else runs it as a dense MLP (bf16 output).
+    const bool folded = bf16() && n <= kGpuFoldedSharedExpertRows &&
+                        w.moe.shared.down->in_features() == c.moe_intermediate_size;
+    KILN_RETURN_IF_ERROR(folded ? folded_shared_expert_bf16(w.moe.shared, h, n, shared.data())
+                                : dense_mlp(w.moe.shared, h, n, shared.data()));
     for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
   }
+  round_bf16(out, n * hd);
   return ok_status();
 }
 
@@ -228,7 +335,7 @@ Status Glm5NextModel::logits(const TokenLayout& tl, const float* normed, const L
   std::vector<float> picked(r * hd);
   for (int64_t i = 0; i < r; ++i) std::copy_n(normed + rows[i] * hd, hd, picked.data() + i * hd);
   out.logits.resize(r * config_.vocab_size);
-  return run_linear(head, picked.data(), r, out.logits.data());
+  return head_logits(head, picked.data(), r, out.logits.data());
 }
 
 Status Glm5NextModel::mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
@@ -247,7 +354,7 @@ Status Glm5NextModel::mtp_forward(int64_t mtp_index, std::span<const SequenceSte
   ids.reserve(n);
   for (const SequenceStep& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
   std::vector<float> e(n * hd), hn(n * hd), cat(n * 2 * hd), x0(n * hd);
-  embed(ids.data(), n, e.data());
+  KILN_RETURN_IF_ERROR(embed(ids.data(), n, e.data()));
   cpu::rmsnorm(e.data(), m.enorm.data(), n, hd, eps, e.data());
   round_bf16(e.data(), n * hd);
   std::copy_n(prev_hidden, n * hd, hn.data());
@@ -300,7 +407,7 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
   ids.reserve(n);
   for (const SequenceStep& st : steps) ids.insert(ids.end(), st.tokens.begin(), st.tokens.end());
   std::vector<float> e(n * hd);
-  embed(ids.data(), n, e.data());
+  KILN_RETURN_IF_ERROR(embed(ids.data(), n, e.data()));
   for (size_t i = 0; i < steps.size(); ++i)  // media rows replace their placeholders' embeddings
     for (const MediaRows& m : steps[i].media)
       std::copy_n(m.embeddings, m.count * hd, e.data() + (tl.seq_begin[i] + m.first_row) * hd);

@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "kiln/collective.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
 #include "model/arch/glm5_next/glm5_next_weights.h"
 #include "model/model_step.h"
@@ -35,6 +36,19 @@ class Glm5NextModel {
   bool bf16() const { return precision_ == Precision::kBf16; }
   // CPU threads for this model's kernels (0 = OpenMP's default), applied on the thread that runs each forward.
   void set_threads(int threads) { threads_ = threads; }
+  // Tensor parallelism, the family's way (MlaMoeModel::set_collective): the group this rank's weights
+  // (Glm5NextWeights::shard) are a part of. Each rank computes its DSA and KDA heads, intermediate columns, routed
+  // experts and vocabulary rows; the parts meet through gathers that copy, never partial sums: a rank gathers the
+  // heads' outputs and the MLPs' SwiGLU activations and runs o_proj / down_proj whole, routed experts' pair outputs
+  // come from their one owner (zeros elsewhere) and are summed in slot order, embeddings and logits are gathered.
+  // Replicated work (the mHC maps, norms, the router, q_a / kv_a, the DSA indexer and so its top-k) is the same
+  // arithmetic on every rank. So every rank computes every value as one rank does: output bit-identical to
+  // parallel.tensor = 1. KV pages shared by the ranks (threads of one process) are written by rank 0 alone, and the
+  // ranks meet before reading them; a KDA state slot holds every head, and each rank reads and writes only its own
+  // heads' parts of it (recurrent and conv state), so a slot is the whole state whatever the rank count.
+  void set_collective(Collective* collective) { collective_ = collective; }
+  // One process per rank: this rank's KV pages and state slots are its own, so it writes every row it reads.
+  void set_private_cache(bool on) { private_cache_ = on; }
 
   // Runs all steps as one batch: updates their caches and state slots, and returns the logits rows they ask for
   // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden or a
@@ -50,7 +64,8 @@ class Glm5NextModel {
   Status mtp_forward(int64_t mtp_index, std::span<const SequenceStep> steps, const float* prev_hidden,
                      const CacheViews& caches, StepOutput& out) const;
   const Glm5NextWeights& weights() const { return weights_; }
-  void embed(const int32_t* ids, int64_t n, float* out) const;
+  // Sharded, a collective call: every rank of the group must make it.
+  Status embed(const int32_t* ids, int64_t n, float* out) const;
   // Logits [n, vocab] of final-normed rows [n, hidden].
   Status lm_head(const float* normed, int64_t n, float* logits) const;
 
@@ -79,11 +94,28 @@ class Glm5NextModel {
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
   Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
   void round_bf16(float* x, int64_t n) const;
+  // The shared expert folded into the routed experts' launches (bf16 precision, few rows): gate / up in fp32, the
+  // clamped SwiGLU output in bf16, down in fp32 (expert_mlp_bf16, with this rank's columns gathered before down).
+  Status folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const;
+  Status routed_experts(const MoeWeights& moe, const float* h, int64_t n, const int32_t* ids, const float* route,
+                        float* out) const;
+
+  bool sharded() const { return collective_ && weights_.shard.sharded(); }
+  // Only one rank writes each KV / indexer row the ranks share: rank 0 (every rank unsharded or with its own pages).
+  bool writes_kv() const { return !sharded() || private_cache_ || weights_.shard.rank == 0; }
+  // The group meets: rank 0's cache writes are done before any rank reads them (nothing unsharded or private).
+  Status sync_ranks() const;
+  // full [n, units · width] from every rank's local [n, (its units) · width] in unit order (a copy unsharded).
+  Status gather_units(const float* local, int64_t n, int64_t units, int64_t width, float* full) const;
+  // Logits [n, vocab] of a vocabulary-parallel head (this rank's rows, gathered).
+  Status head_logits(const Linear& head, const float* normed, int64_t n, float* logits) const;
 
   Glm5NextConfig config_;
   Glm5NextWeights weights_;
   int threads_ = 0;
   Precision precision_ = Precision::kFp32;
+  Collective* collective_ = nullptr;
+  bool private_cache_ = false;
 };
 
 }  // namespace kiln::glm5_next

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "model/arch/glm5_next/glm5_next_sharded_source.h"
 #include "model/arch/glm5_next/glm5_next_tensor_names.h"
 #include "model/bf16_weight_source.h"
 
@@ -17,6 +18,7 @@ struct Loader {
   const WeightSource& exact;
   WeightFormat& format;
   bool bf16 = false;
+  TensorShard shard;  // this rank's heads, columns, experts and vocabulary rows (the sources serve its parts)
 
   // Modules reading the same input, stacked along the output dimension (one name: a plain projection).
   Result<std::unique_ptr<Linear>> linear(std::vector<std::string> names, std::vector<int64_t> outs, int64_t in) const {
@@ -56,18 +58,25 @@ struct Loader {
 
   Result<std::unique_ptr<KdaWeights>> kda(const std::string& p) const {
     const int64_t hidden = c.hidden_size, h = c.linear_num_heads, d = c.linear_head_dim, ch = c.kda_channels();
+    // This rank's heads [h0, h0 + hl): their channels [h0·d, (h0 + hl)·d) of each of q, k, v.
+    const int64_t h0 = shard.begin(h), hl = shard.count(h), c0 = h0 * d, cl = hl * d;
     auto k = std::make_unique<KdaWeights>();
-    KILN_ASSIGN_OR_RETURN(k->qkv, linear({p + ".q_proj", p + ".k_proj", p + ".v_proj"}, {ch, ch, ch}, hidden));
-    KILN_ASSIGN_OR_RETURN(k->conv, short_conv(p));
+    KILN_ASSIGN_OR_RETURN(k->qkv, linear({p + ".q_proj", p + ".k_proj", p + ".v_proj"}, {cl, cl, cl}, hidden));
+    KILN_ASSIGN_OR_RETURN(std::vector<float> conv, short_conv(p));
+    const int64_t width = c.linear_conv_kernel_dim;
+    for (int64_t part = 0; part < 3; ++part)  // q, k, v: each its heads' rows of [ch, width]
+      k->conv.insert(k->conv.end(), conv.begin() + (part * ch + c0) * width, conv.begin() + (part * ch + c0 + cl) * width);
     KILN_ASSIGN_OR_RETURN(k->f_a, linear(p + ".forget_gate.f_a_proj", hidden, d));
-    KILN_ASSIGN_OR_RETURN(k->f_b, linear(p + ".forget_gate.f_b_proj", d, ch));
-    KILN_ASSIGN_OR_RETURN(k->dt_bias, exact_f32(p + ".forget_gate.dt_bias", {ch}));
-    KILN_ASSIGN_OR_RETURN(k->a_log, exact_f32(p + ".forget_gate.A_log", {h}));
-    KILN_ASSIGN_OR_RETURN(k->b_proj, linear(p + ".b_proj", hidden, h));
+    KILN_ASSIGN_OR_RETURN(k->f_b, linear(p + ".forget_gate.f_b_proj", d, cl));
+    KILN_ASSIGN_OR_RETURN(std::vector<float> dt_bias, exact_f32(p + ".forget_gate.dt_bias", {ch}));
+    k->dt_bias.assign(dt_bias.begin() + c0, dt_bias.begin() + c0 + cl);
+    KILN_ASSIGN_OR_RETURN(std::vector<float> a_log, exact_f32(p + ".forget_gate.A_log", {h}));
+    k->a_log.assign(a_log.begin() + h0, a_log.begin() + h0 + hl);
+    KILN_ASSIGN_OR_RETURN(k->b_proj, linear(p + ".b_proj", hidden, hl));
     KILN_ASSIGN_OR_RETURN(k->g_a, linear(p + ".g_a_proj", hidden, d));
-    KILN_ASSIGN_OR_RETURN(k->g_b, linear(p + ".g_b_proj", d, ch));
+    KILN_ASSIGN_OR_RETURN(k->g_b, linear(p + ".g_b_proj", d, cl));
     KILN_ASSIGN_OR_RETURN(k->o_norm, exact_f32(p + ".o_norm.weight", {d}));
-    KILN_ASSIGN_OR_RETURN(k->o_proj, linear(p + ".o_proj", ch, hidden));
+    KILN_ASSIGN_OR_RETURN(k->o_proj, linear(p + ".o_proj", ch, hidden));  // whole: its input is gathered
     return k;
   }
 
@@ -85,7 +94,7 @@ struct Loader {
   }
 
   Result<std::unique_ptr<DsaWeights>> dsa(const std::string& p, bool with_indexer) const {
-    const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, latent = c.kv_lora_rank;
+    const int64_t hidden = c.hidden_size, heads = shard.count(c.num_attention_heads), latent = c.kv_lora_rank;
     auto a = std::make_unique<DsaWeights>();
     KILN_ASSIGN_OR_RETURN(a->q_a, linear(p + ".q_a_proj", hidden, c.q_lora_rank));
     KILN_ASSIGN_OR_RETURN(a->q_a_norm, f32(p + ".q_a_layernorm.weight", {c.q_lora_rank}));
@@ -98,35 +107,38 @@ struct Loader {
         a->kv_b
             ->dequantize(TensorView::contiguous(a->kv_b_f32.data(), DType::kF32, {a->kv_b->out_features(), latent}), {})
             .with_context(p + ".kv_b_proj"));
-    KILN_ASSIGN_OR_RETURN(a->o_proj, linear(p + ".o_proj", heads * c.v_head_dim, hidden));
+    // Whole: its input (every head's output) is gathered.
+    KILN_ASSIGN_OR_RETURN(a->o_proj, linear(p + ".o_proj", c.num_attention_heads * c.v_head_dim, hidden));
     if (with_indexer) {
       KILN_ASSIGN_OR_RETURN(a->indexer, indexer(p + ".indexer"));
     }
     return a;
   }
 
-  Result<MlpWeights> mlp(const std::string& p, int64_t inter) const {
+  // `split`: gate / up hold this rank's intermediate columns (a dense MLP, the shared experts), down all of them.
+  Result<MlpWeights> mlp(const std::string& p, int64_t inter, bool split = true) const {
+    const int64_t local = split ? shard.count(inter) : inter;
     MlpWeights m;
-    KILN_ASSIGN_OR_RETURN(m.gate, linear(p + ".gate_proj", c.hidden_size, inter));
-    KILN_ASSIGN_OR_RETURN(m.up, linear(p + ".up_proj", c.hidden_size, inter));
+    KILN_ASSIGN_OR_RETURN(m.gate, linear(p + ".gate_proj", c.hidden_size, local));
+    KILN_ASSIGN_OR_RETURN(m.up, linear(p + ".up_proj", c.hidden_size, local));
     KILN_ASSIGN_OR_RETURN(m.down, linear(p + ".down_proj", inter, c.hidden_size));
     return m;
   }
 
   Result<MoeWeights> moe(const std::string& p) const {
-    const int64_t experts = c.n_routed_experts;
+    const int64_t experts = c.n_routed_experts, local = shard.count(experts);  // the source numbers ours from 0
     MoeWeights m;
     KILN_ASSIGN_OR_RETURN(m.router, exact_f32(p + ".gate.weight", {experts, c.hidden_size}));
     KILN_ASSIGN_OR_RETURN(m.router_bias, exact_f32(p + ".gate.e_score_correction_bias", {experts}));
     ExpertSpec spec;
     spec.prefix = p + ".experts";
-    spec.num_experts = experts;
+    spec.num_experts = local;
     spec.hidden = c.hidden_size;
     spec.intermediate = c.moe_intermediate_size;
     KILN_ASSIGN_OR_RETURN(m.experts, format.load_experts(src, spec));
     // bf16 precision: each expert also as three Linears, so the model can round its SwiGLU output as the GPU does.
-    for (int64_t e = 0; bf16 && e < experts; ++e) {
-      KILN_ASSIGN_OR_RETURN(MlpWeights one, mlp(spec.prefix + "." + std::to_string(e), c.moe_intermediate_size));
+    for (int64_t e = 0; bf16 && e < local; ++e) {
+      KILN_ASSIGN_OR_RETURN(MlpWeights one, mlp(spec.prefix + "." + std::to_string(e), c.moe_intermediate_size, false));
       m.expert_mlps.push_back(std::move(one));
     }
     if (m.experts->hidden_size() != c.hidden_size || m.experts->intermediate_size() != c.moe_intermediate_size)
@@ -170,7 +182,7 @@ struct Loader {
     KILN_ASSIGN_OR_RETURN(m.head_norm, f32(p + ".shared_head.norm.weight", {hidden}));
     KILN_ASSIGN_OR_RETURN(m.eh_proj, linear(p + ".eh_proj", 2 * hidden, hidden));
     if (layout.own_head) {
-      KILN_ASSIGN_OR_RETURN(m.head, linear(p + ".shared_head.head", hidden, c.vocab_size));
+      KILN_ASSIGN_OR_RETURN(m.head, linear(p + ".shared_head.head", hidden, shard.count(c.vocab_size)));
     }
     const bool kda = layout.attention == AttentionKind::kKda;
     KILN_ASSIGN_OR_RETURN(m.layer, layer(p, kda, layout.indexer, layout.moe, layout.hyper_connections));
@@ -196,20 +208,25 @@ Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& c, co
 }
 
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const WeightSource& checkpoint,
-                                               WeightFormat& format, bool load_mtp, Precision precision) {
+                                               WeightFormat& format, bool load_mtp, Precision precision,
+                                               TensorShard shard) {
   Glm5NextWeights w;
+  w.shard = shard;
   auto names = std::make_shared<Glm5NextTensorNames>(checkpoint);
   w.names = names;
+  if (shard.sharded()) w.sharded = std::make_shared<Glm5NextShardedSource>(*names, c, shard);
+  const WeightSource& exact = shard.sharded() ? *w.sharded : *names;
   const bool bf16 = precision == Precision::kBf16;
-  if (bf16) w.rounded = std::make_shared<Bf16WeightSource>(*names);
-  const WeightSource& src = bf16 ? *w.rounded : *names;
+  if (bf16) w.rounded = std::make_shared<Bf16WeightSource>(exact);
+  const WeightSource& src = bf16 ? *w.rounded : exact;
   const std::string prefix = names->trunk_prefix();
-  const Loader load{c, src, *names, format, bf16};
+  const Loader load{c, src, exact, format, bf16, shard};
+  const int64_t vocab = shard.count(c.vocab_size);
   const std::string embed = prefix + "embed_tokens.weight";
   KILN_ASSIGN_OR_RETURN(w.embed_tokens, src.get(embed));
-  if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != c.vocab_size || w.embed_tokens.shape[1] != c.hidden_size)
+  if (w.embed_tokens.rank != 2 || w.embed_tokens.shape[0] != vocab || w.embed_tokens.shape[1] != c.hidden_size)
     return invalid_argument("tensor `" + embed + "` has shape " + w.embed_tokens.shape_string() + ", expected [" +
-                            std::to_string(c.vocab_size) + ", " + std::to_string(c.hidden_size) + "]");
+                            std::to_string(vocab) + ", " + std::to_string(c.hidden_size) + "]");
   if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 &&
       w.embed_tokens.dtype != DType::kF16)
     return invalid_argument("tensor `" + embed + "` has unsupported dtype " +
@@ -221,7 +238,7 @@ Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& c, const We
   }
   KILN_ASSIGN_OR_RETURN(w.final_norm, load.f32(prefix + "norm.weight", {c.hidden_size}));
   const std::string head = c.tie_word_embeddings && !names->has("lm_head.weight") ? prefix + "embed_tokens" : "lm_head";
-  KILN_ASSIGN_OR_RETURN(w.lm_head, load.linear(head, c.hidden_size, c.vocab_size));
+  KILN_ASSIGN_OR_RETURN(w.lm_head, load.linear(head, c.hidden_size, vocab));
   if (load_mtp)
     for (size_t i = 0; i < c.mtp.size(); ++i) {
       const std::string p = prefix + "layers." + std::to_string(c.num_hidden_layers + static_cast<int64_t>(i));

@@ -11,6 +11,7 @@
 #include "model/arch/glm5_next/glm5_next_config.h"
 #include "model/model_weights.h"
 #include "model/precision.h"
+#include "model/tensor_shard.h"
 
 namespace kiln::glm5_next {
 
@@ -68,6 +69,11 @@ struct MtpLayerWeights {
 };
 
 struct Glm5NextWeights {
+  // Tensor parallelism: which part this rank holds (glm5_next_sharded_source.h). Sharded, the split modules have this
+  // rank's shapes: embed_tokens / lm_head its vocabulary rows, DSA q_b / kv_b and KDA q / k / v / f_b / g_b / b_proj
+  // (and the short conv, dt_bias, A_log) its heads, dense and shared-expert gate / up its intermediate columns, and
+  // the MoE its routed experts [shard.begin(E), shard.end(E)) numbered from 0.
+  TensorShard shard;
   TensorView embed_tokens;  // [vocab, hidden] as stored; rows widened on lookup
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
@@ -76,6 +82,7 @@ struct Glm5NextWeights {
   // The source the format loaded from (the checkpoint seen through its tensor names): kept as long as the weights,
   // for formats that hold on to their source.
   std::shared_ptr<const WeightSource> names;
+  std::shared_ptr<const WeightSource> sharded;  // a tensor-parallel rank's view of `names`
   // bf16 precision: `names` rounded to bf16 (what the projections, experts, bf16 norms and embedding came from).
   std::shared_ptr<const WeightSource> rounded;
 };
@@ -89,8 +96,9 @@ Result<std::vector<float>> load_glm5_next_short_conv(const Glm5NextConfig& confi
 // with `load_mtp` the next-n layers config.mtp lists. Errors name the missing or misshapen tensor.
 // bf16 precision: the weights the CUDA runner holds in bf16 are rounded to it (projections, experts — also
 // kept as per-expert Linears —, the RMSNorm weights, the embedding); those it keeps in fp32 are not.
+// A sharded `shard`: only this tensor-parallel rank's part (Glm5NextWeights::shard).
 Result<Glm5NextWeights> load_glm5_next_weights(const Glm5NextConfig& config, const WeightSource& checkpoint,
                                                WeightFormat& format, bool load_mtp = false,
-                                               Precision precision = Precision::kFp32);
+                                               Precision precision = Precision::kFp32, TensorShard shard = {});
 
 }  // namespace kiln::glm5_next
