@@ -99,6 +99,13 @@ MemoryTerm term(std::string name, uint64_t lo, uint64_t hi, MemoryWhere where, M
   return {std::move(name), lo, std::max(lo, hi), where, when, std::move(key), std::move(basis)};
 }
 
+// glm5_next's CPU ranks in the priced process: parallel.tensor of them as threads (`local`), one per process.
+CpuRanks glm5_next_cpu_ranks(const Recipe& recipe) {
+  const int world = static_cast<int>(std::max<int64_t>(recipe.section("parallel").get_int("tensor", 1), 1));
+  const bool processes = recipe.section("transport").get_string("backend", "local") == "socket";
+  return CpuRanks{world, processes ? 1 : world};
+}
+
 // The layer a tensor belongs to ("model.layers.12.…" → 12), or −1.
 int64_t layer_of(const std::string& name) {
   static const std::string prefix = "model.layers.";
@@ -747,7 +754,8 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
             ? glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, recipe.section("weights").get_int("bits", 4),
                                           mtp_loaded > 0 && names != nullptr)
             : glm5_next_cpu_weight_bytes(c, *names, prefix, in.rule_weight_bytes,
-                                         model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0);
+                                         model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0,
+                                         glm5_next_cpu_ranks(recipe));
     w = WeightEstimate{b.low, b.high, b.basis, false};
   }
   // Tensor parallelism on CUDA: one GPU per rank, each holding its shard; the term is the largest rank's.

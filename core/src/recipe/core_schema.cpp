@@ -95,13 +95,14 @@ std::vector<CoreSection> build() {
   s.push_back({"parallel", "parallelism",
                {{integer("tensor", 1,
                          "tensor-parallel ranks: heads, MLP columns, routed experts and vocabulary split over them, "
-                         "output bit-identical to 1 (CPU: ranks as threads of this process; CUDA: not yet)",
+                         "output bit-identical to 1 (CPU: ranks as threads, or processes with `socket`; CUDA: one rank "
+                         "process per GPU, MLA + MoE architectures)",
                          1, 64),
                  integer("decode_context", 1,
                          "decode-context-parallel ranks: groups of this many consecutive tensor ranks split the KV "
                          "cache by token (position p on rank p mod decode_context; the scheduler's blocks are "
                          "kv.block_size × decode_context tokens, one page per rank), attention merged by log-sum-exp "
-                         "(logits equal one rank's to fp32 rounding); must divide tensor (CPU ranks; CUDA: not yet)",
+                         "(logits equal one rank's to fp32 rounding); must divide tensor (CPU ranks; refused on CUDA)",
                          1, 64)}},
                std::nullopt});
   // custom_all_reduce(_force_fail) and env configure NCCL: they are the keys of a collective that provides it (the
