@@ -8,6 +8,7 @@
 
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/memory_model.h"
@@ -121,7 +122,10 @@ class RankWeightsScreen : public ::testing::TestWithParam<std::tuple<std::string
 // Σ over the ranks = F + (N − 1)·R for the same R at every N (R: the replicated bytes), the term is the largest
 // rank's, the routed experts are split among the ranks, and parallel.tensor = 1 prices what it always did.
 TEST_P(RankWeightsScreen, RanksSumToOneRankPlusReplicas) {
-  const auto [model, dummy] = GetParam();
+  // Plain copies, not a structured binding: the lambda below captures `model`, which clang (the sanitizer build)
+  // refuses for a binding.
+  const auto model = std::get<0>(GetParam());
+  const bool dummy = std::get<1>(GetParam());
   std::vector<std::string> base;
   if (dummy) base.push_back("model.load=dummy");
   const MemoryInputs one = screen_inputs(model, base);
