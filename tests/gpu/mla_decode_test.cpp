@@ -9,6 +9,7 @@
 #include "device_buffer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kiln/cuda/mla_decode_sync.h"
 
 namespace kiln::test {
 namespace {
@@ -144,6 +145,33 @@ void run_case(const Case& c, uint64_t seed) {
   EXPECT_LT(rel_error(got, want), kTolerance) << "heads " << c.heads << " block " << c.block_size << " splits "
                                               << c.num_splits << " sel " << c.selected_width << " rows "
                                               << nq << (c.grouped ? " grouped" : "") << (c.bf16_only ? " bf16" : "");
+  if (c.num_splits >= cuda::kMlaKernelMergeMinSplits) {
+    // With merge counters (and a grid that fits on the device at once) the decode kernel merges its splits itself:
+    // the same bits as the separate merge, and the counters back at zero after every launch (two rounds).
+    cuda::MlaDecodeSync sync(0);
+    ASSERT_NE(sync.get(), nullptr);
+    cuda::MlaDecodeParams m = p;
+    m.sync = sync.get();
+    DeviceBuffer<float> mout(want.size());
+    DeviceBuffer<uint16_t> mout_bf(want.size());
+    m.out = c.bf16_only ? nullptr : mout.get();
+    m.out_bf16 = mout_bf.get();
+    for (int round = 0; round < 2; ++round) {
+      mout_bf.poison();
+      mout.poison();
+      EXPECT_TRUE(cuda::mla_decode_bf16(m, nullptr).ok());
+      KILN_CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(mout_bf.download() == got_bf) << "kernel-side merge, round " << round;
+      if (!c.bf16_only) {
+        const std::vector<float> mf = mout.download();
+        EXPECT_EQ(0, std::memcmp(mf.data(), got.data(), got.size() * sizeof(float))) << "kernel-side merge, round " << round;
+      }
+      std::vector<unsigned> counters(2 * cuda::kMlaSyncGroups, 1u);
+      KILN_CUDA_OK(cudaMemcpy(counters.data(), sync.get(), cuda::mla_decode_sync_bytes(), cudaMemcpyDeviceToHost));
+      EXPECT_TRUE(std::all_of(counters.begin(), counters.end(), [](unsigned v) { return v == 0u; }))
+          << "merge counters left non-zero";
+    }
+  }
   if (c.split_by_length && !c.grouped) {
     const size_t n = size_t(c.heads) * 512;
     DeviceBuffer<float> alone(n);
@@ -175,6 +203,17 @@ TEST(GpuMlaDecode, SplitKvMatchesCpu) {
   run_case({64, 64, {1000, 3, 2500}, 7, 0}, 5);
   run_case({128, 32, {777}, 4, 0}, 6);
   run_case({20, 64, {100}, 8, 0}, 7);  // more splits than tiles: empty splits must not disturb the merge
+}
+
+// Enough splits for the kernel-side merge (kMlaKernelMergeMinSplits): run_case checks it against the separate merge
+// bit for bit, with rows of several lengths, empty splits, 64 heads (two CTA columns) and NoPE rows.
+TEST(GpuMlaDecode, KernelSideMergeMatchesTheSeparateMerge) {
+  static_assert(cuda::kMlaKernelMergeMinSplits <= 128);
+  run_case({20, 64, {9000, 131, 4100}, 128, 0}, 31);
+  run_case({64, 64, {7000, 2}, cuda::kMlaKernelMergeMinSplits, 0}, 32);
+  run_case({20, 64, {300}, 100, 0}, 33);  // 5 tiles over 100 splits: most splits empty
+  run_case({20, 64, {8000, 9000}, 64, 0, {3, 2}, true}, 34);
+  run_case({16, 64, {9000}, 64, 0, {}, false, false, true, 0}, 35);
 }
 
 TEST(GpuMlaDecode, SelectedTokensMatchCpu) {

@@ -8,6 +8,7 @@
 
 #include "device_buffer.h"
 #include "kernels/cpu/moe_router.h"
+#include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_gate_gemv.h"
 #include "kernels/cuda/moe_route_group.h"
 
@@ -28,6 +29,11 @@ TEST(GpuMoeGateRouteGroup, MatchesTheGateGemvAndRouteGroupBitwise) {
       {{256, 8, 8, 4, true, 2.5f}, 13, 1024, true},   // DeepSeek-V3 group-limited
       {{60, 6, 1, 1, false, 1.0f}, 7, 64, false},     // E not a multiple of 8 experts a block
       {{1024, 8, 1, 1, true, 1.0f}, 16, 256, true},   // largest E: fewer routing warps than tokens
+      // Up to 32 pairs the lists come from group_pairs_small: its edges.
+      {{64, 4, 1, 1, true, 1.8f}, 8, 2048, true},     // 32 pairs
+      {{256, 8, 8, 4, true, 2.5f}, 2, 1024, true},    // 16 pairs, group-limited
+      {{1024, 8, 1, 1, true, 1.0f}, 4, 256, true},    // 32 pairs over the largest E
+      {{60, 6, 1, 1, false, 1.0f}, 5, 64, false},     // 30 pairs
   };
   DeviceBuffer<unsigned> done(std::vector<unsigned>{0});
   for (const auto& c : cases) {
@@ -66,6 +72,13 @@ TEST(GpuMoeGateRouteGroup, MatchesTheGateGemvAndRouteGroupBitwise) {
       EXPECT_EQ(offsets.download(), offsets2.download()) << what;
       EXPECT_EQ(active.download(), active2.download()) << what;
       EXPECT_EQ(order.download(), order2.download()) << what;
+      // And against the grouping kernel of the expert launches (block scans over slices, another implementation).
+      DeviceBuffer<int32_t> offsets3(e + 1), active3(e), order3(pairs);
+      KILN_STATUS_OK(cuda::moe_group_by_expert(dids2.get(), pairs, e, {offsets3.get(), active3.get(), order3.get()},
+                                               nullptr));
+      EXPECT_EQ(offsets.download(), offsets3.download()) << what;
+      EXPECT_EQ(active.download(), active3.download()) << what;
+      EXPECT_EQ(order.download(), order3.download()) << what;
       EXPECT_EQ(done.download(), std::vector<unsigned>{0}) << what;
     }
   }

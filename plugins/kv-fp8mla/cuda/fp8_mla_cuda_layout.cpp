@@ -12,6 +12,7 @@
 #include "fp8_mla_layout.h"
 #include "fp8_mla_row.h"
 #include "kiln/cuda/mla_decode_plan.h"
+#include "kiln/cuda/mla_decode_sync.h"
 
 namespace kiln::fp8mla {
 namespace {
@@ -30,7 +31,7 @@ Status launched(const char* error, const char* what) {
 
 class Fp8MlaCudaLayout final : public KvLayout {
  public:
-  Fp8MlaCudaLayout(const KvGeometry& g, Device device) : g_(g), device_(device) {
+  Fp8MlaCudaLayout(const KvGeometry& g, Device device) : g_(g), device_(device), sync_(device.index) {
     const RowGeometry row{g.latent_dim, g.rope_dim};
     shape_.latent = row.latent, shape_.rope = row.rope, shape_.tiles = row.tiles();
     shape_.scales_offset = row.scales_offset(), shape_.rope_offset = row.rope_offset(), shape_.row_bytes = row.bytes();
@@ -92,7 +93,7 @@ class Fp8MlaCudaLayout final : public KvLayout {
     p.q = a.q, p.num_queries = a.num_queries, p.num_heads = a.num_heads;
     p.block_tables = a.block_tables, p.max_blocks = a.max_blocks, p.query_seq = a.query_seq, p.kv_len = a.kv_len;
     p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
-    p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
+    p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16, p.sync = sync_.get();
     if (tc_attend_supported(shape_, p.selected_width)) {
       // Without the plan's workspace the rows are not split (correct, slower).
       const bool planned = a.num_splits > 1 && a.workspace != nullptr &&
@@ -132,6 +133,7 @@ class Fp8MlaCudaLayout final : public KvLayout {
   KvGeometry g_;
   Device device_;
   RowShape shape_;
+  cuda::MlaDecodeSync sync_;  // the tensor-core attention's merge counters (one stream uses a layout at a time)
 };
 
 }  // namespace

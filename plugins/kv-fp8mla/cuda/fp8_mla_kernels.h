@@ -39,6 +39,7 @@ struct AttendParams {
   float* out = nullptr;          // [num_queries, num_heads, latent], optional
   uint16_t* out_bf16 = nullptr;  // the same rounded to bf16, optional
   int64_t split_slots = 0;       // launch_split_attend: splits a row may take (1..kSplitSlots)
+  unsigned* sync = nullptr;      // launch_tc_attend: the layout's merge counters (kiln/cuda/mla_decode_sync.h), optional
 };
 const char* launch_attend(const AttendParams& p, void* stream);
 

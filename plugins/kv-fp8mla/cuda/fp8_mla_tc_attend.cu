@@ -85,7 +85,7 @@ const char* launch_tc_attend(const AttendParams& a, int num_splits, bool split_b
   p.block_size = a.block_size, p.block_tables = a.block_tables, p.max_blocks = a.max_blocks;
   p.query_seq = a.query_seq, p.kv_len = a.kv_len, p.selected = a.selected, p.selected_width = a.selected_width;
   p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
-  p.num_splits = num_splits, p.split_by_length = split_by_length, p.workspace = workspace;
+  p.num_splits = num_splits, p.split_by_length = split_by_length, p.workspace = workspace, p.sync = a.sync;
   if (const char* why = cuda::mla_decode_check(p)) return why;
   static const bool pdl = cuda::mla_decode_pdl_default();
   const cudaError_t e = cuda::launch_mla_decode_tc<Fp8Rows>(p, static_cast<cudaStream_t>(stream), pdl);

@@ -78,13 +78,91 @@ struct Smem {
   static_assert(Rows::kStagedRowBytes % 16 == 0, "staged rows are whole 16-byte pieces");
 };
 
+// The merge of a (query, head)'s splits, in two steps that the standalone merge kernel and the decode kernel's own
+// merge (below) both run, so a row's bits do not depend on which one merged it:
+//   mla_merge_weights: one warp: m = the largest log-sum-exp, w_s = exp(lse_s − m) into shared memory, and
+//     1 / Σ w_s (lane-strided sums, then a butterfly);
+//   mla_merge_piece: four lanes of a warp per 4-value column piece: lane g sums w_s · partial_s over splits g, g + 4,
+//     ... in order, and the first of the four adds the four in lane order and scales by 1 / Σ w_s.
+// Empty splits (lse −∞, w 0) never contribute their partial (it was not written).
+constexpr int kCombineLanes = 4;
+constexpr int kPiecesPerRow = static_cast<int>(kMlaLatentDim) / 4;  // float4 pieces of one (query, head) output
+constexpr int kCombineThreads = kCombineLanes * kPiecesPerRow;
+
+__device__ __forceinline__ void mla_merge_weights(const float* __restrict__ part_lse, int64_t rows, int num_splits,
+                                                  int64_t qh, float* s_w, float* s_inv, int lane) {
+  float m = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) m = fmaxf(m, __ldcg(part_lse + s * rows + qh));
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(~0u, m, off));
+  float total = 0.f;
+  for (int s = lane; s < num_splits; s += 32) {
+    const float lse = __ldcg(part_lse + s * rows + qh);
+    const float w = lse == -INFINITY ? 0.f : expf(lse - m);
+    s_w[s] = w;
+    total += w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(~0u, total, off);
+  if (lane == 0) *s_inv = total > 0.f ? 1.f / total : 0.f;
+}
+
+// Every lane of the warp calls it (the shuffles); `active` false for lanes without a piece.
+__device__ __forceinline__ void mla_merge_piece(const float* __restrict__ part_out, int64_t rows, int num_splits,
+                                                int64_t qh, int col4, const float* s_w, float inv, bool active,
+                                                float* __restrict__ out, uint16_t* __restrict__ out_bf16) {
+  const int g = threadIdx.x % kCombineLanes;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (active) {
+#pragma unroll 4
+    for (int s = g; s < num_splits; s += kCombineLanes) {
+      const float w = s_w[s];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(part_out + (s * rows + qh) * kMlaLatentDim) + col4);
+      if (w != 0.f) acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+  }
+  float4 sum = acc;
+#pragma unroll
+  for (int k = 1; k < kCombineLanes; ++k) {
+    const float x = __shfl_down_sync(~0u, acc.x, k), y = __shfl_down_sync(~0u, acc.y, k);
+    const float z = __shfl_down_sync(~0u, acc.z, k), w = __shfl_down_sync(~0u, acc.w, k);
+    sum.x += x, sum.y += y, sum.z += z, sum.w += w;
+  }
+  if (!active || g != 0) return;
+  const float4 v = make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+  if (out) reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] = v;
+  if (out_bf16)
+    reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+}
+
+// The standalone merge: one block per (query, head).
+__global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(const float* __restrict__ part_out,
+                                                                          const float* __restrict__ part_lse,
+                                                                          int64_t rows, int num_splits,
+                                                                          float* __restrict__ out,
+                                                                          uint16_t* __restrict__ out_bf16) {
+  __shared__ float s_w[kMlaMaxSplits];
+  __shared__ float s_inv;
+  pdl_wait();  // the partials of the decode kernel just before
+  pdl_launch_dependents();
+  if (threadIdx.x < 32) mla_merge_weights(part_lse, rows, num_splits, blockIdx.x, s_w, &s_inv, threadIdx.x);
+  __syncthreads();
+  mla_merge_piece(part_out, rows, num_splits, blockIdx.x, threadIdx.x / kCombineLanes, s_w, s_inv, true, out, out_bf16);
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // grid: (CTAs per row group, splits, row groups). A group's rows · heads (row, head) pairs, row-major, are spread
 // evenly over the fewest CTAs of 8·kN pairs (the rest of blockIdx.x exits); each CTA streams one split of the keys
 // its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
 // One row per group is the plain decode case: CTA x takes heads 8·kN·x onward.
 template <int kN, class Rows>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeParams p, float* part_out,
-                                                                    float* part_lse) {
+                                                                    float* part_lse, unsigned* sync) {
   using L = Smem<kN, Rows>;
   using G = RowGeometry<Rows::kRopeDim>;
   constexpr bool kStaged = L::kStaged;
@@ -386,68 +464,47 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
     const float l = s_l[tid];
     part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
   }
-}
-
-// One block per (query, head): split weights exp(lse_s − max) once into shared memory, then kCombineGroups
-// thread groups each sum a quarter of the splits over all 512 columns (float4 per thread), merged in shared memory.
-constexpr int kCombineGroups = 4;
-constexpr int kMaxSplits = static_cast<int>(kMlaMaxSplits);
-
-__global__ void __launch_bounds__(kCombineGroups * 128) mla_decode_combine_kernel(const float* __restrict__ part_out,
-                                                                           const float* __restrict__ part_lse,
-                                                                           int64_t rows, int num_splits,
-                                                                           float* __restrict__ out,
-                                                                           uint16_t* __restrict__ out_bf16) {
-  __shared__ float s_weight[kMaxSplits];
-  __shared__ float4 s_acc[kCombineGroups][128];
-  __shared__ float s_inv_total;
-  const int64_t qh = blockIdx.x;
-  const int tid = threadIdx.x;
-  pdl_wait();  // the partials of the decode kernel just before
-  pdl_launch_dependents();
-  if (tid < 32) {
-    float lse_max = -INFINITY;
-    for (int s = tid; s < num_splits; s += 32) lse_max = fmaxf(lse_max, part_lse[s * rows + qh]);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(~0u, lse_max, off));
-    float total = 0.f;
-    for (int s = tid; s < num_splits; s += 32) {
-      const float lse = part_lse[s * rows + qh];
-      const float w = lse == -INFINITY ? 0.f : expf(lse - lse_max);
-      s_weight[s] = w;
-      total += w;
+  if (sync == nullptr) return;
+  // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
+  // the launcher passes `sync` only when every CTA of the grid is resident at once, so waiting for the rest of the
+  // row group cannot deadlock. Each CTA announces its partials, waits for its group's, then merges an even share
+  // of the group's column pieces with the standalone kernel's code. The two counters of the group end at zero (the
+  // last CTA past the wait resets them) for the next launch.
+  __threadfence();
+  __syncthreads();
+  const unsigned participants = static_cast<unsigned>(ctas) * static_cast<unsigned>(p.num_splits);
+  if (tid == 0) {
+    unsigned* arrived = sync + 2 * blockIdx.z;
+    unsigned* passed = arrived + 1;
+    atomicAdd(arrived, 1u);
+    while (load_acquire(arrived) < participants) __nanosleep(32);
+    if (atomicAdd(passed, 1u) == participants - 1) {
+      atomicExch(arrived, 0u);
+      atomicExch(passed, 0u);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(~0u, total, off);
-    if (tid == 0) s_inv_total = total > 0.f ? 1.f / total : 0.f;
   }
   __syncthreads();
-  const int group = tid / 128, col4 = tid % 128;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-  for (int s = group; s < num_splits; s += kCombineGroups) {
-    const float w = s_weight[s];
-    if (w == 0.f) continue;  // an empty split's partial is never read
-    const float4 v = reinterpret_cast<const float4*>(part_out + (s * rows + qh) * kMlaLatentDim)[col4];
-    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
-  }
-  s_acc[group][col4] = acc;
+  const int64_t pieces = static_cast<int64_t>(pairs) * kPiecesPerRow;
+  const int64_t me = static_cast<int64_t>(split) * ctas + blockIdx.x;
+  const int64_t begin = pieces * me / participants, end = pieces * (me + 1) / participants;
+  if (begin >= end) return;
+  // The weights of the (query, head)s this share touches, one warp each, in the (now free) KV stages.
+  const int64_t qh0 = first_row * heads + begin / kPiecesPerRow;
+  const int n_qh = static_cast<int>((end - 1) / kPiecesPerRow - begin / kPiecesPerRow + 1);
+  float* s_w = reinterpret_cast<float*>(smem + L::kKv);
+  float* s_inv = s_w + static_cast<size_t>(n_qh) * p.num_splits;
+  for (int j = warp; j < n_qh; j += kWarps)
+    mla_merge_weights(part_lse, rows, p.num_splits, qh0 + j, s_w + static_cast<size_t>(j) * p.num_splits, s_inv + j,
+                      lane);
   __syncthreads();
-  if (group == 0) {
-    float4 sum = s_acc[0][col4];
-#pragma unroll
-    for (int g = 1; g < kCombineGroups; ++g) {
-      const float4 v = s_acc[g][col4];
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-    }
-    const float inv = s_inv_total;
-    const float4 v = make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
-    if (out) reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] = v;
-    if (out_bf16)
-      reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  for (int64_t base = begin; base < end; base += kThreads / kCombineLanes) {
+    const int64_t i = base + tid / kCombineLanes;
+    const bool active = i < end;
+    const int j = active ? static_cast<int>(i / kPiecesPerRow - begin / kPiecesPerRow) : 0;
+    mla_merge_piece(part_out, rows, p.num_splits, qh0 + j, static_cast<int>(i % kPiecesPerRow),
+                    s_w + static_cast<size_t>(j) * p.num_splits, s_inv[j], active, p.out, p.out_bf16);
   }
 }
-
 
 // n8 tiles per CTA for groups of up to `rows` rows: enough for the largest even share of a group's pairs (a
 // smaller group's share is never larger, see the kernel's chunk).
@@ -462,8 +519,20 @@ cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t 
   return launch_with_pdl(kernel, grid, block, smem, stream, pdl, args...);
 }
 
+// KILN_MLA_SEPARATE_MERGE=1 keeps the merge in its own launch (an A/B switch for benchmarks; same bits).
+inline bool separate_merge_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("KILN_MLA_SEPARATE_MERGE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return forced;
+}
+
+// `merged` says whether the decode kernel merges the splits itself: with p.sync, kMlaKernelMergeMinSplits or more splits, at most
+// kMlaSyncGroups row groups, and a grid that fits on the device at once (all its CTAs resident together).
 template <int kN, class Rows>
-cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out, float* part_lse) {
+cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out, float* part_lse,
+                          bool& merged) {
   constexpr size_t kBytes = Smem<kN, Rows>::kBytes;
   static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
@@ -472,7 +541,23 @@ cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pd
   const int64_t pairs = rows * p.num_heads;
   const dim3 grid(static_cast<unsigned>((pairs + 8 * kN - 1) / (8 * kN)), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.row_groups ? p.num_groups : p.num_queries));
-  return launch(mla_decode_tc_kernel<kN, Rows>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out, part_lse);
+  merged = false;
+  if (p.sync != nullptr && p.num_splits >= kMlaKernelMergeMinSplits && grid.z <= kMlaSyncGroups &&
+      !separate_merge_forced()) {
+    static const int per_sm = [] {
+      int n = 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_decode_tc_kernel<kN, Rows>, kThreads, kBytes) ==
+                     cudaSuccess
+                 ? n
+                 : 0;
+    }();
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      merged = static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(per_sm) * sms;
+  }
+  return launch(mla_decode_tc_kernel<kN, Rows>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out, part_lse,
+                merged ? p.sync : nullptr);
 }
 
 }  // namespace mla_tc
@@ -491,17 +576,18 @@ cudaError_t launch_mla_decode_tc(const MlaDecodeParams& p, cudaStream_t stream, 
   const int ntiles = mla_tc::ntiles_for(p.row_groups ? p.max_group_rows : 1, p.num_heads);
   const bool nope = p.rope_dim == 0;
   using namespace mla_tc;
+  bool merged = false;
   const cudaError_t e =
-      ntiles == 1   ? (nope ? launch_decode<1, RowsFor<0>>(p, stream, pdl, part_out, part_lse)
-                            : launch_decode<1, RowsFor<64>>(p, stream, pdl, part_out, part_lse))
-      : ntiles == 2 ? (nope ? launch_decode<2, RowsFor<0>>(p, stream, pdl, part_out, part_lse)
-                            : launch_decode<2, RowsFor<64>>(p, stream, pdl, part_out, part_lse))
-      : ntiles == 3 ? (nope ? launch_decode<3, RowsFor<0>>(p, stream, pdl, part_out, part_lse)
-                            : launch_decode<3, RowsFor<64>>(p, stream, pdl, part_out, part_lse))
-                    : (nope ? launch_decode<4, RowsFor<0>>(p, stream, pdl, part_out, part_lse)
-                            : launch_decode<4, RowsFor<64>>(p, stream, pdl, part_out, part_lse));
-  if (e != cudaSuccess || p.num_splits == 1) return e;
-  return launch(mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineGroups * 128), 0, stream,
+      ntiles == 1   ? (nope ? launch_decode<1, RowsFor<0>>(p, stream, pdl, part_out, part_lse, merged)
+                            : launch_decode<1, RowsFor<64>>(p, stream, pdl, part_out, part_lse, merged))
+      : ntiles == 2 ? (nope ? launch_decode<2, RowsFor<0>>(p, stream, pdl, part_out, part_lse, merged)
+                            : launch_decode<2, RowsFor<64>>(p, stream, pdl, part_out, part_lse, merged))
+      : ntiles == 3 ? (nope ? launch_decode<3, RowsFor<0>>(p, stream, pdl, part_out, part_lse, merged)
+                            : launch_decode<3, RowsFor<64>>(p, stream, pdl, part_out, part_lse, merged))
+                    : (nope ? launch_decode<4, RowsFor<0>>(p, stream, pdl, part_out, part_lse, merged)
+                            : launch_decode<4, RowsFor<64>>(p, stream, pdl, part_out, part_lse, merged));
+  if (e != cudaSuccess || p.num_splits == 1 || merged) return e;
+  return launch(mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineThreads), 0, stream,
                 pdl, static_cast<const float*>(part_out), static_cast<const float*>(part_lse), rows, p.num_splits,
                 p.out, p.out_bf16);
 }

@@ -7,6 +7,7 @@
 
 #include "builtin/paged_mla_kv_layout.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kiln/cuda/mla_decode_sync.h"
 #include "runtime/cuda/cuda_device_context.h"
 #include "runtime/cuda/mla_latent_gather.h"
 #include "runtime/cuda/mla_rope_cache_write.h"
@@ -25,7 +26,8 @@ int64_t round_up_pow2(int64_t v, int64_t at_least) {
 
 class Bf16KvLayoutCuda final : public KvLayout {
  public:
-  Bf16KvLayoutCuda(KvGeometry g, Device device) : g_(g), device_(device), row_(g.latent_dim + g.rope_dim) {}
+  Bf16KvLayoutCuda(KvGeometry g, Device device)
+      : g_(g), device_(device), row_(g.latent_dim + g.rope_dim), sync_(device.index) {}
 
   KvGeometry geometry() const override { return g_; }
   size_t bytes_per_token() const override { return static_cast<size_t>(row_) * 2; }
@@ -91,6 +93,7 @@ class Bf16KvLayoutCuda final : public KvLayout {
       p.rope_dim = g_.rope_dim;
       p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
       p.num_splits = a.num_splits, p.split_by_length = a.split_by_length, p.workspace = a.workspace;
+      p.sync = sync_.get();
       return cuda::mla_decode_bf16(p, st);
     }
     shape.num_queries = a.num_queries, shape.num_heads = a.num_heads, shape.max_kv_len = a.max_kv_len;
@@ -125,6 +128,7 @@ class Bf16KvLayoutCuda final : public KvLayout {
   KvGeometry g_;
   Device device_;
   int64_t row_;
+  cuda::MlaDecodeSync sync_;  // the decode kernel's merge counters (one stream uses a layout at a time)
 };
 
 }  // namespace
