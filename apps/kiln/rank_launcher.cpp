@@ -1,11 +1,9 @@
 #include "rank_launcher.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,13 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <utility>
 
 #include "kiln/log.h"
+#include "parallel/loopback_ports.h"
 #include "parallel/rank_processes.h"
 
 extern char** environ;
@@ -32,37 +29,6 @@ namespace {
 
 const char* const kRankVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                                      "KILN_LAUNCHED_RANK"};
-
-bool port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// A base port with `count` free ports from it (the collective, the control channel, the decode-context groups).
-// Another process may take one before the ranks bind it; then rank 0 says which port it could not listen on.
-Result<int> free_port_range(int count) {
-  std::mt19937 gen(static_cast<uint32_t>(::getpid()) ^ static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  // Below the kernel's ephemeral range (ip_local_port_range, 32768.. by default): a port there can be handed to any
-  // outgoing connection — the ranks' own among them — between this check and rank 0's listen.
-  int ephemeral_low = 32768;
-  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeral_low;
-  const int high = std::max(20000 + count, std::min(60000, ephemeral_low) - count);
-  std::uniform_int_distribution<int> pick(20000, high);
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    const int base = pick(gen);
-    bool all = true;
-    for (int i = 0; i < count && all; ++i) all = port_free(base + i);
-    if (all) return base;
-  }
-  return unavailable("found no " + std::to_string(count) + " consecutive free TCP ports on 127.0.0.1; give --master-port");
-}
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -345,8 +311,9 @@ Result<LocalRanks> launch_local_ranks(const Recipe& recipe, const RankLaunchOpti
                             ": give --master-addr (node 0's address, reachable from every node) and --master-port");
   if (addr.empty()) addr = "127.0.0.1";
   if (port == 0) {
+    // The collective, the control channel and one per decode-context group; rank 0 names a port it cannot listen on.
     const int64_t context = std::max<int64_t>(recipe.section("parallel").get_int("decode_context", 1), 1);
-    KILN_ASSIGN_OR_RETURN(port, free_port_range(2 + static_cast<int>(context > 1 ? world / context : 0)));
+    KILN_ASSIGN_OR_RETURN(port, free_loopback_ports(2 + static_cast<int>(context > 1 ? world / context : 0)));
   }
   const int first = opts.node_rank * per_node;
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A rank process that hangs inside a step (KILN_TEST_HANG_STEP: alive, asleep, never reaching the others), under
 # `kiln serve` with TP=2 over `socket` and transport.timeout_s = 3:
-#   - the request in flight fails within the bound + slack (not the 300 s default), with an error response (the
-#     server's path for a failed step) whose message names the collective, the call and the rank that did not arrive;
+#   - the request in flight fails within the bound + slack (not the 300 s default) with HTTP 503 (the group is gone:
+#     no fault of the request, and not a 500), whose message names the collective, the call and the rank that did not
+#     arrive;
 #   - the launcher stops the rank processes (the hung one included) at once, the server lives on (/health), and
-#     later requests fail saying the group is broken.
+#     later requests fail with 503 saying the group is broken.
 set -u
 kiln=$1 tiny=$2
 export KILN_RENDEZVOUS_TIMEOUT_S=60
@@ -47,8 +48,9 @@ code=$(chat)
 took=$(( $(date +%s) - t0 ))
 [ -e "$work/hang" ] && die "rank 1 did not take the injected hang"
 [ "$took" -lt 12 ] || die "the request took $took s with transport.timeout_s = 3"
-# The server's failure path for a failed step (an error response, as for a rank that failed or died).
-case "$code" in 500|503) ;; *) die "HTTP $code: $(cat "$work/reply")" ;; esac
+# A broken group is a service that is gone, not an internal error: 503.
+[ "$code" = 503 ] || die "HTTP $code (want 503): $(cat "$work/reply")"
+grep -qF '"service_unavailable"' "$work/reply" || die "the error's type is not service_unavailable: $(cat "$work/reply")"
 for want in "collective \`socket\`" " in call " "rank 1 did not arrive within transport.timeout_s = 3 s"; do
   grep -qF -- "$want" "$work/reply" || die "the error lacks '$want': $(cat "$work/reply")"
 done
@@ -61,7 +63,7 @@ kill -0 "$child" 2>/dev/null && die "the hung rank process $child was not stoppe
 grep -qF "stopping the rank process(es) of this machine, rank(s) 1" "$work/serve.log" || die "the launcher did not say it stopped rank 1"
 curl -sf --max-time 10 "$url/health" > /dev/null || die "the server stopped answering"
 code=$(chat)
-case "$code" in 500|503) ;; *) die "a later request: HTTP $code $(cat "$work/reply")" ;; esac
+[ "$code" = 503 ] || die "a later request: HTTP $code (want 503) $(cat "$work/reply")"
 grep -qF "broken" "$work/reply" || die "a later request does not say the group is broken: $(cat "$work/reply")"
 echo "ok: the launcher stopped the hung rank; the server answers, later requests fail with the broken group"
 kill -TERM "$pid"

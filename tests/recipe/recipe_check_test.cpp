@@ -161,6 +161,29 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   EXPECT_TRUE(noted) << messages(bounded);
 }
 
+// glm5_next's tensor parallelism: the architecture's own answer for the recipe's device, the one its build gives at
+// load — CPU ranks split it (within its shapes), its CUDA runner does not shard, whichever backend carries the ranks.
+TEST(RecipeCheck, Glm5NextTensorParallelIsJudgedForItsDevice) {
+  for (const char* backend : {"transport.backend=local", "transport.backend=socket"}) {
+    RecipeCheck cpu = check("glm5_next_tiny.toml", {"parallel.tensor=2", backend});
+    EXPECT_TRUE(cpu.problems.empty()) << backend << "\n" << messages(cpu);
+  }
+  RecipeCheck too_many = check("glm5_next_tiny.toml", {"parallel.tensor=3"});
+  const std::string shapes = problem_about(too_many, "parallel.tensor");
+  EXPECT_TRUE(has(shapes, "num_attention_heads = 2, fewer than the ranks that split it")) << shapes;
+  for (const char* backend : {"transport.backend=socket", "transport.backend=local"}) {
+    RecipeCheck gpu = check("glm5_next_tiny.toml", {"parallel.tensor=2", "model.device=cuda", backend});
+    bool refused = false;
+    for (const auto& p : gpu.problems)
+      refused = refused || (has(p.message(), "`parallel.tensor = 2`") &&
+                            has(p.message(), "glm5_next's CUDA runner holds every weight on one GPU"));
+    EXPECT_TRUE(refused) << backend << "\n" << messages(gpu);
+  }
+  // One rank on CUDA is not a parallel recipe: nothing about parallel.tensor.
+  RecipeCheck one = check("glm5_next_tiny.toml", {"model.device=cuda"});
+  for (const auto& p : one.problems) EXPECT_FALSE(has(p.message(), "parallel.tensor")) << p.to_string();
+}
+
 TEST(RecipeCheck, CudaWithoutAGpu) {
   RecipeCheck c = check("check_ok.toml", {"model.device=cuda", "kv.layout=bf16"});
   if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is visible";

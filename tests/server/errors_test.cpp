@@ -148,6 +148,54 @@ TEST_F(ServerTest, EngineRefusalsMapToHttpStatuses) {
   expect_error(post("/v1/responses", {{"input", "x"}}), 404, "");
 }
 
+// A generation the engine ends with an error: 503 naming the cause when a device or peer is gone (a tensor-parallel
+// group broken by a hung or dead rank: no fault of the request), 500 with a request id for a fault of kiln — in one
+// body, in a stream's error event, and with n > 1.
+TEST_F(ServerTest, FailedGenerationsAre503WhenThePeerIsGoneAnd500Otherwise) {
+  const std::string gone = "the tensor-parallel group is broken (restart kiln): collective `socket`: rank 1 did not "
+                           "arrive within transport.timeout_s = 3 s";
+  auto has = [](const json& e, const std::string& part) {
+    return e["message"].get<std::string>().find(part) != std::string::npos;
+  };
+  engine_.script({5, 6});  // tokens already out before the step failed do not change the answer
+  engine_.fail_next(unavailable(gone));
+  json error = expect_error(post("/v1/chat/completions", {{"messages", messages()}}), 503, "");
+  EXPECT_EQ(error["type"], "service_unavailable");
+  EXPECT_TRUE(has(error, gone)) << error;
+  EXPECT_FALSE(has(error, "request id")) << error;
+
+  engine_.fail_next(internal_error("the model runner selected 0 tokens (0 accepted) for step 0"));
+  error = expect_error(post("/v1/completions", {{"prompt", "x"}}), 500, "");
+  EXPECT_EQ(error["type"], "server_error");
+  EXPECT_TRUE(has(error, "selected 0 tokens")) << error;
+  EXPECT_TRUE(has(error, "request id")) << error;
+
+  // n = 2: the first choice's failure is the response's.
+  engine_.fail_next(unavailable(gone));
+  error = expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 2}}), 503, "");
+  EXPECT_TRUE(has(error, gone)) << error;
+  engine_.fail_next(internal_error("a bug"));
+  expect_error(post("/v1/chat/completions", {{"messages", messages()}, {"n", 2}}), 500, "");
+
+  // Streamed (200 sent already): the error event carries the kind.
+  for (const bool peer_gone : {true, false}) {
+    engine_.fail_next(peer_gone ? unavailable(gone) : internal_error("a bug"));
+    std::string body;
+    auto res = post_streaming("/v1/chat/completions", {{"messages", messages()}, {"stream", true}},
+                              [&](const std::string& piece) {
+                                body += piece;
+                                return true;
+                              });
+    ASSERT_TRUE(res);
+    json last;
+    for (const SseEvent& e : parse_sse(body))
+      if (e.data != "[DONE]") last = json::parse(e.data);
+    ASSERT_TRUE(last.contains("error")) << body;
+    EXPECT_EQ(last["error"]["type"], peer_gone ? "service_unavailable" : "server_error") << body;
+    EXPECT_TRUE(has(last["error"], peer_gone ? gone : "a bug")) << body;
+  }
+}
+
 TEST_F(ServerTest, UnknownRouteIsOpenAiShaped404) {
   auto res = client()->Get("/v1/nothing");
   json error = expect_error(res, 404, "");

@@ -46,6 +46,12 @@ class FakeEngine : public Engine {
     std::lock_guard lock(mutex_);
     refusal_ = std::move(status);
   }
+  // The next submitted request ends with an engine error (kError with why's kind) after its scripted tokens, as a
+  // failed step ends the sequences in it.
+  void fail_next(Status why) {
+    std::lock_guard lock(mutex_);
+    failure_ = std::move(why);
+  }
   void set_cached_prompt_tokens(int64_t n) { cached_ = n; }
   // Each later request "prefills" for this long before its first token, in `chunks` equal chunks; one that asked
   // for prefill progress hears of each chunk but the last.
@@ -68,6 +74,8 @@ class FakeEngine : public Engine {
     a.params = params;
     a.sink = std::move(sink);
     a.submitted = std::chrono::steady_clock::now();
+    a.failure = failure_;
+    failure_ = Status();
     if (!scripts_.empty()) {
       a.tokens = std::move(scripts_.front());
       scripts_.pop_front();
@@ -139,6 +147,7 @@ class FakeEngine : public Engine {
     size_t next = 0;
     std::chrono::steady_clock::time_point submitted;
     int chunks_done = 0;
+    Status failure;  // ends with this error once its tokens are out
   };
 
   void loop() {
@@ -174,10 +183,16 @@ class FakeEngine : public Engine {
           } else if (static_cast<int64_t>(a.next) >= a.params.max_tokens) {
             ev.finished = true;
             ev.finish_reason = FinishReason::kLength;
-          } else if (a.next == a.tokens.size()) {
+          } else if (a.next == a.tokens.size() && a.failure.ok()) {
             ev.finished = true;
             ev.finish_reason = FinishReason::kStop;
           }
+        } else if (!a.failure.ok()) {
+          ev.finished = true;
+          ev.finish_reason = FinishReason::kError;
+          ev.error = a.failure.to_string();
+          ev.error_code = a.failure.code();
+          ev.completion_tokens = static_cast<int64_t>(a.next);
         } else {
           ev.finished = true;
           ev.finish_reason = FinishReason::kStop;
@@ -212,6 +227,7 @@ class FakeEngine : public Engine {
   std::deque<std::vector<int32_t>> scripts_;
   std::vector<int32_t> default_reply_;
   Status refusal_;
+  Status failure_;  // for the next submitted request (fail_next)
   std::set<uint64_t> cancelled_;
   std::vector<RequestParams> submitted_;
   std::atomic<int> sink_refusals_{0};

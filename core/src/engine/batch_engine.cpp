@@ -427,7 +427,7 @@ void BatchEngine::step() {
                             std::to_string(options_.tap_layers.size()) + " layers the drafter taps");
   if (!status.ok()) {
     log::error("engine: step over {} sequences failed: {}", n, status.to_string());
-    for (const ScheduledChunk& c : plan.chunks) end(c.seq, FinishReason::kError, status.to_string());
+    for (const ScheduledChunk& c : plan.chunks) fail(c.seq, "", status);
     return;
   }
 
@@ -454,7 +454,7 @@ void BatchEngine::step() {
     scheduler_.on_computed(ScheduledChunk{seq, a + 1});
     computed_rows[i] = a + 1;
     if (Status r = drafter_->rollback(static_cast<int64_t>(seq->id), seq->num_computed); !r.ok()) {
-      end(seq, FinishReason::kError, "drafter rollback: " + r.to_string());
+      fail(seq, "drafter rollback: ", r);
       computed_rows[i] = 0;
       continue;
     }
@@ -471,7 +471,7 @@ void BatchEngine::step() {
       // The state went on past the rejected drafts: back to before t_L, then t_L and the accepted drafts again
       // (their pages are rewritten with the same rows). verify_tokens_[i] lives until the replay ran.
       if (Status r = caches_->restore_state(seq->state_slot); !r.ok()) {
-        end(seq, FinishReason::kError, "state rollback: " + r.to_string());
+        fail(seq, "state rollback: ", r);
         computed_rows[i] = 0;
         continue;
       }
@@ -484,7 +484,7 @@ void BatchEngine::step() {
   if (Status s = propose(plan, computed_from, computed_rows); !s.ok()) {
     log::error("engine: drafting failed: {}", s.to_string());
     for (size_t i = 0; i < n; ++i)
-      if (computed_rows[i] > 0) end(plan.chunks[i].seq, FinishReason::kError, "drafter: " + s.to_string());
+      if (computed_rows[i] > 0) fail(plan.chunks[i].seq, "drafter: ", s);
     return;  // every sequence to replay has ended
   }
   // After the drafter read this step's taps (a step's tap memory is the model's until its next step).
@@ -497,7 +497,7 @@ void BatchEngine::replay_accepted() {
   const Status status = runner_->step(replay_steps_, {}, StepOptions{}, replay_output_);
   if (status.ok()) return;
   log::error("engine: replaying accepted tokens after a rejection failed: {}", status.to_string());
-  for (Sequence* seq : replay_seqs_) end(seq, FinishReason::kError, "state replay: " + status.to_string());
+  for (Sequence* seq : replay_seqs_) fail(seq, "state replay: ", status);
 }
 
 const TokenLogprobs* BatchEngine::logprobs_of(size_t entry, int64_t t) const {
@@ -572,6 +572,15 @@ void BatchEngine::end(Sequence* seq, FinishReason reason, const std::string& err
   event.finished = true;
   event.finish_reason = reason;
   event.error = error;
+  emit(seq, event);
+}
+
+void BatchEngine::fail(Sequence* seq, const std::string& context, const Status& why) {
+  TokenEvent event;
+  event.finished = true;
+  event.finish_reason = FinishReason::kError;
+  event.error = context + why.to_string();
+  event.error_code = why.code();
   emit(seq, event);
 }
 

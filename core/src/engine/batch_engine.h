@@ -92,6 +92,8 @@ class BatchEngine final : public Engine {
   // This step's logprobs of entry `entry`'s t-th selected token; null when not asked or not reported.
   const TokenLogprobs* logprobs_of(size_t entry, int64_t t) const;
   void end(Sequence* seq, FinishReason reason, const std::string& error = "");
+  // Ends `seq` with an error: `context` + `why`, keeping why's kind for the server (TokenEvent::error_code).
+  void fail(Sequence* seq, const std::string& context, const Status& why);
   void publish_metrics();
 
   const EngineConfig config_;

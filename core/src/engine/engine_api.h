@@ -54,6 +54,9 @@ struct TokenEvent {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;              // set with kError
+  // With kError, the failure's kind: kUnavailable when a device or peer is gone (a broken tensor-parallel group),
+  // which the server answers 503; kInternal for a fault of kiln (500).
+  StatusCode error_code = StatusCode::kInternal;
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // including this token
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache

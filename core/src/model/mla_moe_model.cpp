@@ -18,6 +18,7 @@
 #include "kiln/drafter.h"
 #include "kiln/indexer_key_codec.h"
 #include "kiln/log.h"
+#include "model/cpu_rank_gathers.h"
 #include "model/host_experts_bf16.h"
 #include "model/rope_setup.h"
 
@@ -97,37 +98,8 @@ MlaMoeModel::MlaMoeModel(ModelConfig config, ModelWeights weights)
 }
 
 Status MlaMoeModel::embed(const int32_t* ids, int64_t n, float* out) const {
-  const TensorView& e = weights_.embed_tokens;
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
-  const TensorShard& shard = weights_.shard;
-  const int64_t v0 = shard.begin(V), v1 = shard.end(V);
-  // Sharded: this rank's rows into its block of `rows` (others stay 0), then every rank takes each token's row
-  // from the block of the rank that owns it — a copy, so the values are exactly the stored ones.
-  std::vector<float> rows;
-  float* mine = out;
-  if (sharded()) {
-    rows.assign(static_cast<size_t>(n * H), 0.0f);
-    mine = rows.data();
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < v0 || ids[i] >= v1) continue;
-    const size_t row = static_cast<size_t>(ids[i] - v0) * H;
-    float* dst = mine + i * H;
-    switch (e.dtype) {
-      case DType::kF32: std::copy_n(e.as<const float>() + row, H, dst); break;
-      case DType::kBF16: cpu::bf16_to_float(e.as<const uint16_t>() + row, dst, H); break;
-      default: cpu::fp16_to_float(e.as<const uint16_t>() + row, dst, H); break;
-    }
-  }
-  if (!sharded()) return ok_status();
-  std::vector<float> all(static_cast<size_t>(shard.world * n * H));
-  KILN_RETURN_IF_ERROR(collective_->all_gather(rows.data(), all.data(), n * H, DType::kF32, Stream{Device::cpu(), nullptr}));
-  for (int64_t i = 0; i < n; ++i) {
-    int owner = 0;
-    while (owner + 1 < shard.world && ids[i] >= TensorShard{owner + 1, shard.world}.begin(V)) ++owner;
-    std::copy_n(all.data() + (owner * n + i) * H, H, out + i * H);
-  }
-  return ok_status();
+  return embed_rank_rows(sharded() ? collective_ : nullptr, weights_.shard, weights_.embed_tokens, config_.vocab_size,
+                         config_.hidden_size, ids, n, out);
 }
 
 Status MlaMoeModel::head_logits(const Linear& head, const float* normed, int64_t n, float* logits) const {
@@ -144,25 +116,7 @@ Status MlaMoeModel::sync_ranks() const {
 }
 
 Status MlaMoeModel::gather_units(const float* local, int64_t n, int64_t units, int64_t width, float* full) const {
-  const TensorShard& shard = weights_.shard;
-  if (!sharded()) {
-    std::copy_n(local, n * units * width, full);
-    return ok_status();
-  }
-  // Every rank sends a block padded to the largest part, so the blocks are of one size as all_gather needs.
-  const int64_t block = shard.max_count(units) * width;
-  const int64_t mine = shard.count(units) * width;
-  std::vector<float> send(static_cast<size_t>(n * block), 0.0f), all(static_cast<size_t>(shard.world * n * block));
-  for (int64_t t = 0; t < n; ++t) std::copy_n(local + t * mine, mine, send.data() + t * block);
-  KILN_RETURN_IF_ERROR(
-      collective_->all_gather(send.data(), all.data(), n * block, DType::kF32, Stream{Device::cpu(), nullptr}));
-  for (int r = 0; r < shard.world; ++r) {
-    const TensorShard other{r, shard.world};
-    const int64_t count = other.count(units) * width, offset = other.begin(units) * width;
-    for (int64_t t = 0; t < n; ++t)
-      std::copy_n(all.data() + (r * n + t) * block, count, full + t * units * width + offset);
-  }
-  return ok_status();
+  return gather_rank_units(sharded() ? collective_ : nullptr, weights_.shard, local, n, units, width, full);
 }
 
 void MlaMoeModel::round_bf16(float* x, int64_t n) const {

@@ -7,10 +7,6 @@
 namespace kiln {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // "model.layers.3.mlp.experts.5.gate_proj.weight" → the position of "5" and its length, or npos.
 std::pair<size_t, size_t> expert_index(const std::string& name) {
   static const std::string kExperts = ".mlp.experts.";
@@ -47,53 +43,47 @@ int64_t routed_expert_of(const std::string& name) {
 }
 
 TensorRowSplit tensor_row_split(const ModelConfig& c, const std::string& module) {
-  if (module == "model.embed_tokens" || module == "lm_head" || ends_with(module, ".shared_head.head"))
+  if (module == "model.embed_tokens" || module == "lm_head" || module.ends_with(".shared_head.head"))
     return {c.vocab_size, 1};
-  if (ends_with(module, ".self_attn.q_b_proj") || ends_with(module, ".self_attn.q_proj"))
+  if (module.ends_with(".self_attn.q_b_proj") || module.ends_with(".self_attn.q_proj"))
     return {c.num_attention_heads, c.qk_head_dim()};
-  if (ends_with(module, ".self_attn.kv_b_proj")) return {c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim};
-  if (ends_with(module, ".mlp.shared_experts.gate_proj") || ends_with(module, ".mlp.shared_experts.up_proj"))
+  if (module.ends_with(".self_attn.kv_b_proj")) return {c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim};
+  if (module.ends_with(".mlp.shared_experts.gate_proj") || module.ends_with(".mlp.shared_experts.up_proj"))
     return {c.moe_intermediate_size * c.n_shared_experts, 1};
-  if (expert_index(module + ".").first == std::string::npos &&
-      (ends_with(module, ".mlp.gate_proj") || ends_with(module, ".mlp.up_proj")))
+  if (routed_expert_of(module + ".") < 0 && (module.ends_with(".mlp.gate_proj") || module.ends_with(".mlp.up_proj")))
     return {c.intermediate_size, 1};
   return {};
 }
 
-std::string ShardedWeightSource::stored_name(const std::string& name) const {
+std::optional<std::string> RowShardedSource::stored_name(const std::string& name) const {
   const auto [at, len] = expert_index(name);
   if (at == std::string::npos) return name;
   const int64_t local = std::strtoll(name.substr(at, len).c_str(), nullptr, 10);
-  const int64_t global = shard_.begin(config_.n_routed_experts) + local;
-  return name.substr(0, at) + std::to_string(global) + name.substr(at + len);
+  if (local >= shard_.count(n_routed_experts_)) return std::nullopt;
+  return name.substr(0, at) + std::to_string(shard_.begin(n_routed_experts_) + local) + name.substr(at + len);
 }
 
-bool ShardedWeightSource::has(const std::string& name) const {
-  const auto [at, len] = expert_index(name);
-  if (at != std::string::npos &&
-      std::strtoll(name.substr(at, len).c_str(), nullptr, 10) >= shard_.count(config_.n_routed_experts))
-    return false;
-  return stored_.has(stored_name(name));
+bool RowShardedSource::has(const std::string& name) const {
+  const std::optional<std::string> stored = stored_name(name);
+  return stored && stored_.has(*stored);
 }
 
-Result<TensorView> ShardedWeightSource::get(const std::string& name) const {
-  const auto [at, len] = expert_index(name);
-  if (at != std::string::npos &&
-      std::strtoll(name.substr(at, len).c_str(), nullptr, 10) >= shard_.count(config_.n_routed_experts))
+Result<TensorView> RowShardedSource::get(const std::string& name) const {
+  const std::optional<std::string> stored = stored_name(name);
+  if (!stored)
     return not_found("tensor parallel rank " + std::to_string(shard_.rank) + " holds " +
-                     std::to_string(shard_.count(config_.n_routed_experts)) + " routed experts; `" + name +
+                     std::to_string(shard_.count(n_routed_experts_)) + " routed experts; `" + name +
                      "` is not one of them");
-  const std::string stored = stored_name(name);
   const size_t dot = name.rfind('.');
   const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
   const RowSplit split = row_split(module);
-  if (split.units == 0 || !shard_.sharded()) return stored_.get(stored);
+  if (split.units == 0 || !shard_.sharded()) return stored_.get(*stored);
   const std::string where = "tensor parallelism (rank " + std::to_string(shard_.rank) + " of " +
                             std::to_string(shard_.world) + "): `" + name + "`";
   if (name.substr(dot + 1) != "weight")
     return unimplemented(where + " belongs to a module the ranks split by rows, and only dense `.weight` matrices "
                                  "can be split (quantized formats are not sharded yet)");
-  KILN_ASSIGN_OR_RETURN(TensorView t, stored_.get(stored));
+  KILN_ASSIGN_OR_RETURN(TensorView t, stored_.get(*stored));
   if (t.dtype != DType::kF32 && t.dtype != DType::kBF16 && t.dtype != DType::kF16)
     return unimplemented(where + " is " + dtype_name(t.dtype) + "; only F32 / BF16 / F16 matrices can be split");
   if (t.rank != 2 || t.shape[0] != split.units * split.rows_per_unit)

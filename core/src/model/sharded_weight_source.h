@@ -11,8 +11,11 @@
 //
 // Parts are row ranges of the stored matrix, so they are views into the same mapping (no copies). Only dense
 // matrices (F32 / BF16 / F16 `.weight`) can be split; a quantized module that would be split is refused by name.
+// RowShardedSource is that mechanism for any architecture; each says only which modules split (row_split):
+// ShardedWeightSource here, glm5_next's Glm5NextShardedSource.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "kiln/weight_format.h"
@@ -31,28 +34,40 @@ TensorRowSplit tensor_row_split(const ModelConfig& config, const std::string& mo
 // The routed expert a tensor belongs to ("model.layers.3.mlp.experts.5.gate_proj.weight" → 5), or −1.
 int64_t routed_expert_of(const std::string& name);
 
-class ShardedWeightSource final : public WeightSource {
+// A rank's view of `stored` under an architecture's split rule: routed experts renumbered to this rank's range, the
+// modules row_split names served as this rank's rows, everything else as stored.
+class RowShardedSource : public WeightSource {
  public:
-  ShardedWeightSource(const WeightSource& stored, const ModelConfig& config, TensorShard shard)
-      : stored_(stored), config_(config), shard_(shard) {}
-
-  bool has(const std::string& name) const override;
-  Result<TensorView> get(const std::string& name) const override;
-  bool synthetic() const override { return stored_.synthetic(); }
-  uint64_t seed() const override { return stored_.seed(); }
+  using RowSplit = TensorRowSplit;
+  bool has(const std::string& name) const final;
+  Result<TensorView> get(const std::string& name) const final;
+  bool synthetic() const final { return stored_.synthetic(); }
+  uint64_t seed() const final { return stored_.seed(); }
   // The checkpoint as stored (what a rank reads the modules it holds whole from).
   const WeightSource& stored() const { return stored_; }
+  virtual RowSplit row_split(const std::string& module) const = 0;
 
-  using RowSplit = TensorRowSplit;
-  RowSplit row_split(const std::string& module) const { return tensor_row_split(config_, module); }
+ protected:
+  RowShardedSource(const WeightSource& stored, TensorShard shard, int64_t n_routed_experts)
+      : stored_(stored), shard_(shard), n_routed_experts_(n_routed_experts) {}
 
  private:
-  // The stored name of `name` (routed experts renumbered to this rank's range).
-  std::string stored_name(const std::string& name) const;
+  // The stored name of `name` (a routed expert renumbered to this rank's range); none for an expert past its range.
+  std::optional<std::string> stored_name(const std::string& name) const;
 
   const WeightSource& stored_;
-  const ModelConfig config_;
   const TensorShard shard_;
+  const int64_t n_routed_experts_;
+};
+
+class ShardedWeightSource final : public RowShardedSource {
+ public:
+  ShardedWeightSource(const WeightSource& stored, const ModelConfig& config, TensorShard shard)
+      : RowShardedSource(stored, shard, config.n_routed_experts), config_(config) {}
+  RowSplit row_split(const std::string& module) const override { return tensor_row_split(config_, module); }
+
+ private:
+  const ModelConfig config_;
 };
 
 // Every rank needs at least one of each unit the ranks split (heads, vocabulary rows, routed experts, the dense MLP's

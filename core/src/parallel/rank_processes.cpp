@@ -273,13 +273,16 @@ void set_group_broken_handler(std::function<void(const Status&)> handler) {
   broken_handler = std::move(handler);
 }
 
-void RankLeaderInstance::mark_broken(const Status& why) {
-  if (!broken_.ok()) return;
-  broken_ = Status(why.code(), "the tensor-parallel group is broken (restart kiln): " + why.message());
+Status RankLeaderInstance::mark_broken(const Status& why) {
+  if (!broken_.ok()) return broken_;
+  // Unavailable whatever broke it: the group is gone until a restart, which is no fault of the request (the server
+  // answers 503 for it, and for every later one).
+  broken_ = unavailable("the tensor-parallel group is broken (restart kiln): " + why.message());
   log::error("{}", broken_.message());
   if (release_) release_();
   std::lock_guard<std::mutex> lock(broken_handler_mu);
   if (broken_handler) broken_handler(broken_);
+  return broken_;
 }
 
 Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::function<Status()>& mine) {
@@ -288,11 +291,8 @@ Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::func
   const int W = world();
   for (int r = 1; r < W; ++r) {
     Status sent = control_->send(r, call);
-    if (!sent.ok()) {
-      const Status why = unavailable("tensor-parallel rank " + std::to_string(r) + " is gone: " + sent.message());
-      mark_broken(why);
-      return why;
-    }
+    if (!sent.ok())
+      return mark_broken(unavailable("tensor-parallel rank " + std::to_string(r) + " is gone: " + sent.message()));
   }
   const Status own = mine();
   if (!groups_.empty()) {
@@ -311,11 +311,7 @@ Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::func
                            (reply.ok() ? std::string("an empty reply") : reply.status().message()));
       wait = kFailureGrace;
     }
-    if (gone || !lost.ok()) {
-      const Status why = gone ? verdict : lost;
-      mark_broken(why);
-      return why;
-    }
+    if (gone || !lost.ok()) return mark_broken(gone ? verdict : lost);
     if (!verdict.ok()) return Status(verdict.code(), "tensor-parallel " + verdict.message());
     return ok_status();
   }
@@ -346,8 +342,7 @@ Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::func
   Status failed = !first_follower.ok() && (own.ok() || own.message().find("collective `socket`") != std::string::npos)
                       ? first_follower
                       : own.with_context("tensor-parallel rank 0");
-  if (!in_step) mark_broken(failed);
-  return failed;
+  return in_step ? failed : mark_broken(failed);
 }
 
 Status RankLeaderInstance::step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,

@@ -78,7 +78,8 @@ class RankLeaderInstance final : public ModelInstance {
  private:
   // Sends `call` to every follower, runs `mine`, then collects the followers' verdicts.
   Status on_all_ranks(const std::string& call, const std::function<Status()>& mine);
-  void mark_broken(const Status& why);
+  // Breaks the group for good (the first cause wins) and returns what this call and every later one answer.
+  Status mark_broken(const Status& why);
 
   std::unique_ptr<ModelInstance> own_;
   std::unique_ptr<TcpBootstrap> control_;

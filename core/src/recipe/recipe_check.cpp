@@ -252,12 +252,16 @@ class Checker {
   void check_parallel() {
     const RecipeSection& parallel = recipe_.section("parallel");
     const int64_t ranks = parallel.get_int("tensor", 1);
-    // What the model's shapes allow (each setting judged alone, so the problem names the one at fault).
+    // What the model allows on its device — the architecture's own answer, the one its build gives at load (each
+    // setting judged alone, so the problem names the one at fault). An unknown device ("auto" on a model whose
+    // architecture could not be read) is judged as the CPU, whose ranks split every architecture.
     const int groups_of = static_cast<int>(parallel.get_int("decode_context", 1));
+    const DeviceType on = device_known_ ? device_ : DeviceType::kCpu;
     if (arch_ && groups_of > 1)
-      if (Status s = arch_->supports_parallel(1, groups_of); !s.ok()) problem(about(parallel, "decode_context", s));
+      if (Status s = arch_->supports_parallel(1, groups_of, on); !s.ok()) problem(about(parallel, "decode_context", s));
     if (arch_ && ranks > 1)
-      if (Status s = arch_->supports_parallel(static_cast<int>(ranks), 1); !s.ok()) problem(about(parallel, "tensor", s));
+      if (Status s = arch_->supports_parallel(static_cast<int>(ranks), 1, on); !s.ok())
+        problem(about(parallel, "tensor", s));
     if (ranks <= 1 || !device_known_) return;
     if (device_ == DeviceType::kCuda && parallel.get_int("decode_context", 1) > 1)
       problem(about(parallel, "decode_context",

@@ -56,4 +56,13 @@ ApiError api_error_from_status(const Status& status, std::string param) {
   return e;
 }
 
+ApiError generation_failed(const Status& why) {
+  ApiError e;
+  e.message = "generation failed: " + why.message();
+  const bool gone = why.code() == StatusCode::kUnavailable;
+  e.http_status = gone ? 503 : 500;
+  e.type = gone ? "service_unavailable" : "server_error";
+  return e;
+}
+
 }  // namespace kiln

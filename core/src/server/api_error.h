@@ -26,5 +26,9 @@ struct ApiError {
 ApiError bad_request(std::string message, std::string param = "");
 // Engine/tokenizer Status → HTTP: invalid argument 400, not found 404, resource exhausted 429, unavailable 503.
 ApiError api_error_from_status(const Status& status, std::string param = "");
+// A generation the engine ended with an error (TokenEvent::error_code): 503 when a device or peer is gone — a broken
+// tensor-parallel group, nothing the request did and nothing a retry fixes before kiln restarts — else 500 (a fault
+// of kiln). The message names the cause.
+ApiError generation_failed(const Status& why);
 
 }  // namespace kiln

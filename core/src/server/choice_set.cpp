@@ -54,7 +54,7 @@ void ChoiceSet::drive(std::chrono::milliseconds timeout, std::string* out) {
     if (!update.finished) continue;
     c.done = true;
     c.finish_reason = update.finish_reason;
-    if (update.finish_reason == "error" && !error_) error_ = update.error;
+    if (update.finish_reason == "error" && !error_) error_ = Status(update.error_code, update.error);
     if (out && update.finish_reason != "error")
       *out += c.writer->stream_finish({update.finish_reason, c.session->usage(), c.session->tool_calls()});
   }

@@ -34,8 +34,8 @@ class ChoiceSet {
   nlohmann::ordered_json body();
 
   bool finished() const { return finished_; }
-  // A choice failed in the engine: its message (the stream then ended with an error event).
-  const std::optional<std::string>& error() const { return error_; }
+  // A choice failed in the engine: its kind and message (the stream then ended with an error event).
+  const std::optional<Status>& error() const { return error_; }
   void abandon();
 
  private:
@@ -53,7 +53,7 @@ class ChoiceSet {
 
   std::vector<Choice> choices_;
   bool begun_ = false, finished_ = false;
-  std::optional<std::string> error_;
+  std::optional<Status> error_;
 };
 
 }  // namespace kiln

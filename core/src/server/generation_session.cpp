@@ -94,7 +94,10 @@ SessionUpdate GenerationSession::next(std::chrono::milliseconds timeout) {
       }
     }
     if (event.finished) {
-      if (event.finish_reason == FinishReason::kError) update.error = event.error;
+      if (event.finish_reason == FinishReason::kError) {
+        update.error = event.error;
+        update.error_code = event.error_code;
+      }
       finish(update, finish_reason_name(event.finish_reason));
       return update;
     }

@@ -33,6 +33,7 @@ struct SessionUpdate {
   bool finished = false;
   std::string finish_reason;  // stop, length, abort, error (set when finished)
   std::string error;          // with "error"
+  StatusCode error_code = StatusCode::kInternal;  // with "error": its kind (TokenEvent::error_code)
   // The latest prefill progress event since the last update (prefill_total 0: none).
   int64_t prefilled_tokens = 0, prefill_total = 0;
 };

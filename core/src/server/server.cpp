@@ -167,7 +167,8 @@ struct HttpServer::Impl {
           return send_error(res, cancelled_by_shutdown());
         }
       } while (true);
-      if (update.finish_reason == "error") return send_error(res, server_fault("generation failed: " + update.error));
+      if (update.finish_reason == "error")
+        return send_error(res, generation_failed(Status(update.error_code, update.error)));
       res.set_content(prepared.writer->complete(all, result_of(*session, update))
                           .dump(-1, ' ', false, ojson::error_handler_t::replace),
                       "application/json");
@@ -194,7 +195,7 @@ struct HttpServer::Impl {
           out += state->writer->stream_pieces(update.pieces);
           if (update.finished) {
             out += update.finish_reason == "error"
-                       ? state->writer->stream_error(logged(server_fault("generation failed: " + update.error)))
+                       ? state->writer->stream_error(logged(generation_failed(Status(update.error_code, update.error))))
                        : state->writer->stream_end(result_of(*state->session, update));
           } else if (cancel_in_flight) {
             state->session->abandon();
@@ -240,7 +241,7 @@ struct HttpServer::Impl {
           return send_error(res, cancelled_by_shutdown());
         }
       }
-      if (set->error()) return send_error(res, server_fault("generation failed: " + *set->error()));
+      if (set->error()) return send_error(res, generation_failed(*set->error()));
       res.set_content(set->body().dump(-1, ' ', false, ojson::error_handler_t::replace), "application/json");
       return;
     }
@@ -254,7 +255,7 @@ struct HttpServer::Impl {
           std::string out = set->stream_next(kPoll);
           bool done = set->finished();
           if (done && set->error()) {
-            out += error_writer->stream_error(logged(server_fault("generation failed: " + *set->error())));
+            out += error_writer->stream_error(logged(generation_failed(*set->error())));
           } else if (!done && cancel_in_flight) {
             set->abandon();
             out += error_writer->stream_error(cancelled_by_shutdown());

@@ -111,10 +111,13 @@ class NcclCollective final : public Collective {
   ~NcclCollective() override {
     thread_.reset();  // no tick from here on
     cudaSetDevice(device_);
-    if (!watchdog_->aborted()) release_custom_all_reduce(custom_, *bootstrap_);
+    if (!watchdog_->aborted()) {
+      release_custom_all_reduce(custom_, *bootstrap_);
+      finalize();
+    }
     {
       std::lock_guard<std::mutex> lock(comm_->mu);
-      if (comm_->comm) ncclCommDestroy(comm_->comm);
+      if (comm_->comm) ncclCommDestroy(comm_->comm);  // null once aborted: ncclCommAbort freed it
       comm_->comm = nullptr;
     }
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -163,6 +166,25 @@ class NcclCollective final : public Collective {
   }
 
  private:
+  // A clean shutdown: ncclCommFinalize flushes what the communicator still has in flight and releases its network
+  // resources in step with the peers, so the ncclCommDestroy that follows only frees memory (destroying an
+  // unfinalized communicator does that flush inside Destroy, unbounded). Non-blocking, it is polled under
+  // transport.timeout_s like any call: a peer that is gone leaves it in progress, and the watchdog then aborts the
+  // communicator (the broken path) instead.
+  void finalize() {
+    ncclResult_t r = ncclSuccess;
+    {
+      std::lock_guard<std::mutex> lock(comm_->mu);
+      if (!comm_->comm) return;
+      r = ncclCommFinalize(comm_->comm);
+    }
+    Status done = r == ncclSuccess || r == ncclInProgress
+                      ? watchdog_->wait_ready("ncclCommFinalize", clock_now, sleep_for)
+                      : nccl_status(r, "ncclCommFinalize", comm_->comm);
+    if (done.ok()) return;
+    log::warn("{}", done.message());
+    comm_->abort();  // no-op when the watchdog already did
+  }
   static size_t bytes(int64_t count, DType dtype) { return static_cast<size_t>(count) * dtype_size(dtype); }
 
   Result<cudaStream_t> check(int64_t count, Stream stream, const char* what) const {
@@ -277,8 +299,7 @@ Result<std::unique_ptr<Collective>> create_nccl_collective(const CreateContext& 
   KILN_RETURN_IF_ERROR(watchdog->wait_ready(init, clock_now, sleep_for));
   auto choice = choose_all_reduce(settings, *bootstrap, device);
   if (!choice.ok()) {
-    ncclCommDestroy(comm->comm);
-    comm->comm = nullptr;
+    comm->abort();  // the broken path: a peer may be gone, and an abort waits for none
     return choice.status();
   }
   int version = 0;

@@ -1,25 +1,14 @@
-// A TCP port on 127.0.0.1 that was free a moment ago, for tests that start a rendezvous.
+// A TCP port on 127.0.0.1 that was free a moment ago, for tests that start a rendezvous: below the kernel's
+// ephemeral range, as the launcher picks them (parallel/loopback_ports.h says why not bind(0)); 0 if none was found.
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "parallel/loopback_ports.h"
 
 namespace kiln::nccl::testing {
 
 inline int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+  const Result<int> port = kiln::free_loopback_ports(1);
+  return port.ok() ? *port : 0;
 }
 
 }  // namespace kiln::nccl::testing

@@ -41,9 +41,10 @@ class Architecture {
   virtual Status supports(DeviceType device) const = 0;
   // Why its CPU path cannot run in `precision` (model.precision), or ok; asked at load and by `kiln recipe check`.
   virtual Status supports_precision(Precision precision) const { return ok_status(); }
-  // Why `tensor` ranks (parallel.tensor) in decode-context groups of `decode_context` cannot split this model, naming
-  // the config field or setting, or ok; asked by `kiln recipe check` (build refuses the same at load).
-  virtual Status supports_parallel(int tensor, int decode_context) const { return ok_status(); }
+  // Why `tensor` ranks (parallel.tensor) in decode-context groups of `decode_context` on `device` cannot split this
+  // model (its shapes, or a runner that does not shard), naming the config field or setting, or ok; asked by `kiln
+  // recipe check`, and by build at load, so the two say the same thing.
+  virtual Status supports_parallel(int tensor, int decode_context, DeviceType device) const { return ok_status(); }
   // The model on ctx's device: weights through its WeightFormat, attention through its KvLayout.
   virtual Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const = 0;
 };

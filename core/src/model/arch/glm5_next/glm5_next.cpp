@@ -69,11 +69,17 @@ Status Glm5NextArchitecture::supports(DeviceType device) const {
 #endif
 }
 
-Status Glm5NextArchitecture::supports_parallel(int tensor, int decode_context) const {
+Status Glm5NextArchitecture::supports_parallel(int tensor, int decode_context, DeviceType device) const {
   if (decode_context > 1)
     return unimplemented("parallel.decode_context = " + std::to_string(decode_context) +
                          ": glm5_next's pooled DSA and KDA layers do not split their caches by token (set it to 1)");
-  return tensor > 1 ? glm5_next::check_glm5_next_tensor_parallel_units(config_, tensor) : ok_status();
+  if (tensor <= 1) return ok_status();
+  if (device == DeviceType::kCuda)
+    return unimplemented("parallel.tensor = " + std::to_string(tensor) +
+                         " on CUDA: glm5_next's CUDA runner holds every weight on one GPU and does not shard yet "
+                         "(tensor parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
+                         "parallel.tensor = 1)");
+  return glm5_next::check_glm5_next_tensor_parallel_units(config_, tensor);
 }
 
 Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildContext& ctx) const {
@@ -84,13 +90,9 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
     return failed_precondition("the KV layout has geometry " + std::to_string(g.latent_dim) + "+" +
                                std::to_string(g.rope_dim) + ", glm5_next's DSA layers need " +
                                std::to_string(config_.kv_lora_rank) + "+0 (a latent and no rope part)");
-  if (ctx.decode_context > 1) return supports_parallel(ctx.tensor_parallel, ctx.decode_context);
   const int collective_ranks = ctx.collective ? ctx.collective->world_size() : 1;
-  if (ctx.device->device().is_cuda() && (collective_ranks > 1 || ctx.tensor_parallel > 1))
-    return unimplemented("parallel.tensor = " + std::to_string(std::max(ctx.tensor_parallel, collective_ranks)) +
-                         " on CUDA: glm5_next's CUDA runner holds every weight on one GPU and does not shard yet "
-                         "(tensor parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
-                         "parallel.tensor = 1)");
+  KILN_RETURN_IF_ERROR(supports_parallel(std::max(ctx.tensor_parallel, collective_ranks), ctx.decode_context,
+                                         ctx.device->device().type));
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));

@@ -28,7 +28,7 @@ class Glm5NextArchitecture final : public Architecture {
   Status supports(DeviceType device) const override;
   // Tensor parallelism on CPU ranks needs at least one head, column, expert and vocabulary row per rank; no
   // decode-context parallelism (its pooled DSA and KDA layers do not split their caches by token).
-  Status supports_parallel(int tensor, int decode_context) const override;
+  Status supports_parallel(int tensor, int decode_context, DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
  private:

@@ -1,5 +1,5 @@
-// One tensor-parallel rank's view of a glm5_next checkpoint (seen through Glm5NextTensorNames), the family's rules
-// (model/sharded_weight_source.h) applied to this architecture's modules:
+// One tensor-parallel rank's view of a glm5_next checkpoint (seen through Glm5NextTensorNames): the family's mechanism
+// (RowShardedSource, model/sharded_weight_source.h) with this architecture's split rule:
 //
 //   column-parallel, this rank's rows:  DSA q_b_proj / kv_b_proj (its heads); KDA q_proj / k_proj / v_proj,
 //                                       forget_gate.f_b_proj, g_b_proj (its heads' channels) and b_proj (its heads);
@@ -19,37 +19,21 @@
 
 #include <string>
 
-#include "kiln/weight_format.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
+#include "model/sharded_weight_source.h"
 #include "model/tensor_shard.h"
 
 namespace kiln::glm5_next {
 
-class Glm5NextShardedSource final : public WeightSource {
+class Glm5NextShardedSource final : public RowShardedSource {
  public:
   // `names`: the checkpoint through Glm5NextTensorNames (per-expert names, transformers' leaf names).
   Glm5NextShardedSource(const WeightSource& names, const Glm5NextConfig& config, TensorShard shard)
-      : names_(names), config_(config), shard_(shard) {}
-
-  bool has(const std::string& name) const override;
-  Result<TensorView> get(const std::string& name) const override;
-  bool synthetic() const override { return names_.synthetic(); }
-  uint64_t seed() const override { return names_.seed(); }
-
-  // How a module (a tensor name without its last component) is split: units and rows per unit, or none.
-  struct RowSplit {
-    int64_t units = 0;  // 0: not split
-    int64_t rows_per_unit = 1;
-  };
-  RowSplit row_split(const std::string& module) const;
+      : RowShardedSource(names, shard, config.n_routed_experts), config_(config) {}
+  RowSplit row_split(const std::string& module) const override;
 
  private:
-  std::string stored_name(const std::string& name) const;  // routed experts renumbered to this rank's range
-  bool beyond_local_experts(const std::string& name) const;
-
-  const WeightSource& names_;
   const Glm5NextConfig config_;
-  const TensorShard shard_;
 };
 
 // Every rank needs at least one of each unit the ranks split (DSA and KDA heads, vocabulary rows, routed experts, the
