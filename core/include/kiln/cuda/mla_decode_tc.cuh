@@ -135,19 +135,46 @@ __device__ __forceinline__ void mla_merge_piece(const float* __restrict__ part_o
     reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
-// The standalone merge: one block per (query, head).
+// The standalone merge: one block per (query, head); thread group g = tid / 128 is mla_merge_piece's lane g for
+// all 128 column pieces (the same sums in the same order, so the same bits), each warp's loads one contiguous
+// 512-byte row piece of a split.
 __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(const float* __restrict__ part_out,
                                                                           const float* __restrict__ part_lse,
                                                                           int64_t rows, int num_splits,
                                                                           float* __restrict__ out,
                                                                           uint16_t* __restrict__ out_bf16) {
   __shared__ float s_w[kMlaMaxSplits];
+  __shared__ float4 s_acc[kCombineLanes][kPiecesPerRow];
   __shared__ float s_inv;
+  const int64_t qh = blockIdx.x;
+  const int tid = threadIdx.x;
   pdl_wait();  // the partials of the decode kernel just before
   pdl_launch_dependents();
-  if (threadIdx.x < 32) mla_merge_weights(part_lse, rows, num_splits, blockIdx.x, s_w, &s_inv, threadIdx.x);
+  if (tid < 32) mla_merge_weights(part_lse, rows, num_splits, qh, s_w, &s_inv, tid);
   __syncthreads();
-  mla_merge_piece(part_out, rows, num_splits, blockIdx.x, threadIdx.x / kCombineLanes, s_w, s_inv, true, out, out_bf16);
+  const int g = tid / kPiecesPerRow, col4 = tid % kPiecesPerRow;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int s = g; s < num_splits; s += kCombineLanes) {
+    const float w = s_w[s];
+    if (w == 0.f) continue;
+    const float4 v = reinterpret_cast<const float4*>(part_out + (s * rows + qh) * kMlaLatentDim)[col4];
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  }
+  s_acc[g][col4] = acc;
+  __syncthreads();
+  if (g != 0) return;
+  float4 sum = s_acc[0][col4];
+#pragma unroll
+  for (int k = 1; k < kCombineLanes; ++k) {
+    const float4 a = s_acc[k][col4];
+    sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
+  }
+  const float inv = s_inv;
+  const float4 v = make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+  if (out) reinterpret_cast<float4*>(out + qh * kMlaLatentDim)[col4] = v;
+  if (out_bf16)
+    reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
