@@ -187,7 +187,9 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 // evenly over the fewest CTAs of 8·kN pairs (the rest of blockIdx.x exits); each CTA streams one split of the keys
 // its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
 // One row per group is the plain decode case: CTA x takes heads 8·kN·x onward.
-template <int kN, class Rows>
+// kMerge: the instantiation that merges its splits itself (`sync` set); the other one is the plain kernel, its code
+// untouched by the merge.
+template <int kN, class Rows, bool kMerge>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeParams p, float* part_out,
                                                                     float* part_lse, unsigned* sync) {
   using L = Smem<kN, Rows>;
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
     const float l = s_l[tid];
     part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
   }
-  if (sync == nullptr) return;
+  if constexpr (!kMerge) return;
   // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
   // the launcher passes `sync` only when every CTA of the grid is resident at once, so waiting for the rest of the
   // row group cannot deadlock. Each CTA announces its partials, waits for its group's, then merges an even share
@@ -561,7 +563,7 @@ template <int kN, class Rows>
 cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out, float* part_lse,
                           bool& merged) {
   constexpr size_t kBytes = Smem<kN, Rows>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows>,
+  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows, false>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   if (attr != cudaSuccess) return attr;
   const int64_t rows = p.row_groups ? p.max_group_rows : 1;
@@ -573,8 +575,11 @@ cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pd
       !separate_merge_forced()) {
     static const int per_sm = [] {
       int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_decode_tc_kernel<kN, Rows>, kThreads, kBytes) ==
-                     cudaSuccess
+      if (cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kBytes)) != cudaSuccess)
+        return 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_decode_tc_kernel<kN, Rows, true>, kThreads,
+                                                           kBytes) == cudaSuccess
                  ? n
                  : 0;
     }();
@@ -583,8 +588,11 @@ cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pd
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
       merged = static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(per_sm) * sms;
   }
-  return launch(mla_decode_tc_kernel<kN, Rows>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out, part_lse,
-                merged ? p.sync : nullptr);
+  if (merged)
+    return launch(mla_decode_tc_kernel<kN, Rows, true>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out,
+                  part_lse, p.sync);
+  return launch(mla_decode_tc_kernel<kN, Rows, false>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out,
+                part_lse, static_cast<unsigned*>(nullptr));
 }
 
 }  // namespace mla_tc
