@@ -80,9 +80,9 @@ struct MlaDecodeParams {
 // Row groups (grid.z) a kernel-side merge takes; larger grids merge in the second launch.
 inline constexpr int64_t kMlaSyncGroups = 256;
 inline constexpr size_t mla_decode_sync_bytes() { return sizeof(unsigned) * 2 * kMlaSyncGroups; }
-// Fewer splits than this merge in the second launch: measured on an H200 (GLM-4.7-Flash shapes), the in-grid merge
-// gains 4.8 % at 128K and 0.9 % at 32K (128 splits) and loses 0.8 % at 4K and 2 % at batch 4 (32 splits), where
-// the merge launch hides behind the decode kernel's tail.
+// Fewer splits than this merge in the second launch: measured on an H200 (GLM-4.7-Flash shapes, c1, bench/RESULTS.md
+// session 18), the in-grid merge gains 2.9–4.8 % at 128K and up to 0.9 % at 32K (128 splits) and loses 0.8 % at 4K
+// and 2 % at batch 4 (32 splits), where the merge launch hides behind the decode kernel's tail.
 inline constexpr int kMlaKernelMergeMinSplits = 64;
 
 // Tiles per split under split_by_length: a function of the row's own tile count only (the kernel's too).

@@ -78,8 +78,10 @@ struct Smem {
   static_assert(Rows::kStagedRowBytes % 16 == 0, "staged rows are whole 16-byte pieces");
 };
 
-// The merge of a (query, head)'s splits, in two steps that the standalone merge kernel and the decode kernel's own
-// merge (below) both run, so a row's bits do not depend on which one merged it:
+// The merge of a (query, head)'s splits, in two steps. The decode kernel's own merge (below) runs both; the
+// standalone merge kernel runs the first and the same sums as the second in the same order with its own thread
+// mapping (its loads coalesce better), so a row's bits do not depend on which one merged it
+// (GpuMlaDecode.KernelSideMergeMatchesTheSeparateMerge):
 //   mla_merge_weights: one warp: m = the largest log-sum-exp, w_s = exp(lse_s − m) into shared memory, and
 //     1 / Σ w_s (lane-strided sums, then a butterfly);
 //   mla_merge_piece: four lanes of a warp per 4-value column piece: lane g sums w_s · partial_s over splits g, g + 4,
@@ -497,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
   // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
   // the launcher passes `sync` only when every CTA of the grid is resident at once, so waiting for the rest of the
   // row group cannot deadlock. Each CTA announces its partials, waits for its group's, then merges an even share
-  // of the group's column pieces with the standalone kernel's code. The two counters of the group end at zero (the
+  // of the group's column pieces with the standalone kernel's sums. The two counters of the group end at zero (the
   // last CTA past the wait resets them) for the next launch.
   __threadfence();
   __syncthreads();
