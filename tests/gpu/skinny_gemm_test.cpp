@@ -148,6 +148,51 @@ TEST(GpuSkinnyGemm, EachRowIsBitwiseIndependentOfTheOtherRows) {
   }
 }
 
+// Tensor parallelism (a rank computes a column-sharded part of W's rows) and the block shape: an output's bits
+// depend on its W row and x row alone. The whole W and row ranges of it (a TP=2 / TP=3 rank's part, which has
+// fewer tiles and so may get another warp count or tile pairing), under every block shape (sm_count 1: two tiles
+// of 8 warps; 132: what an H200 picks; 100000: one tile of 16 warps), and 33..64 rows against the row alone.
+TEST(GpuSkinnyGemm, AnOutputIsBitwiseTheSameWhateverTheShardAndBlockShape) {
+  std::mt19937_64 rng(97);
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{256, 4096}, {2048, 768}, {5120, 2112}, {520, 300}}) {
+    constexpr int64_t kRows = cuda::kSkinnyGemmLimit;
+    const Bf16Data x = random_bf16(size_t(kRows) * in, rng);
+    const Bf16Data w = random_bf16(size_t(out) * in, rng, -0.05f, 0.05f);
+    DeviceBuffer<uint16_t> dx(x.bits), dw(w.bits);
+    DeviceBuffer<float> dy(size_t(kRows) * out);
+    auto run = [&](int64_t n, int64_t x_row0, int64_t row0, int64_t rows, int sms) {
+      dy.poison();
+      const Status st = cuda::skinny_gemm_bf16(dx.get() + x_row0 * in, n, in, dw.get() + row0 * in, rows, dy.get(),
+                                               DType::kF32, false, sms, nullptr);
+      EXPECT_TRUE(st.ok()) << st.message();
+      auto y = dy.download();
+      y.resize(size_t(n) * rows);
+      return y;
+    };
+    for (int64_t n : {int64_t{1}, int64_t{8}, int64_t{33}, kRows}) {
+      const std::vector<float> whole = run(n, 0, 0, out, 132);
+      for (int sms : {1, 132, 100000})
+        for (int parts : {1, 2, 3}) {
+          const int64_t per = (out + parts - 1) / parts;
+          for (int64_t row0 = 0; row0 < out; row0 += per) {
+            const int64_t rows = std::min(per, out - row0);
+            const std::vector<float> part = run(n, 0, row0, rows, sms);
+            for (int64_t r = 0; r < n; ++r)
+              ASSERT_EQ(0, std::memcmp(part.data() + r * rows, whole.data() + r * out + row0, rows * sizeof(float)))
+                  << "in " << in << " out " << out << " n " << n << " sms " << sms << ": rows " << row0 << ".."
+                  << row0 + rows << " of " << parts << " parts, x row " << r;
+          }
+        }
+      if (n > cuda::kSkinnyGemmMaxRows)  // 33..64 rows: each row as it comes alone
+        for (int64_t r : {int64_t{0}, n / 2, n - 1}) {
+          const std::vector<float> alone = run(1, r, 0, out, 132);
+          ASSERT_EQ(0, std::memcmp(alone.data(), whole.data() + r * out, out * sizeof(float)))
+              << "in " << in << " out " << out << ": row " << r << " of " << n << " vs alone";
+        }
+    }
+  }
+}
+
 struct MlaShape {
   int64_t heads, nope, rope, v, latent;
 };

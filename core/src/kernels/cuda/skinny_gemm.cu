@@ -7,6 +7,13 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kMaxWarps = 16;
+// k is cut into kKSlices interleaved slices whatever the block's warp count: slice s holds the 32-wide chunks
+// s, s + 16, s + 32, ... and sums them in that order; a block adds (slice w + slice w + 8) for w = 0..7, in w
+// order. A 16-warp block runs one slice per warp, an 8-warp block two (w and w + 8, in two accumulators), so an
+// output's bits depend on `in` alone — not on how many tiles the call has, which picks the warp count. That is
+// what makes a column-sharded linear (tensor parallelism: a rank computes some of the rows) bitwise equal to the
+// same rows of the whole one.
+constexpr int kKSlices = 16;
 
 // 16 bytes of x, which the previous kernel may have written: an ordinary load, kept after pdl_wait() by being
 // volatile.
@@ -16,17 +23,17 @@ __device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
   return v;
 }
 
-// A block owns kM·16 output rows and all n rows of x; its warps split k into 32-wide chunks (warp w takes
-// chunks w, w + warps, ...). Lane (g = lane / 4, c = lane % 4) loads 8 consecutive k of W rows g and g + 8 and
+// A block owns kM·16 output rows and all n rows of x; its kWarps warps split k into 32-wide chunks (warp w takes
+// chunks w, w + kWarps, ..., chunk ch summed into the accumulator of slice ch % kKSlices, see kKSlices). Lane (g = lane / 4, c = lane % 4) loads 8 consecutive k of W rows g and g + 8 and
 // of x row g; the mma's k order is a permutation of those (logical k {2c, 2c+1, 2c+8, 2c+9} of the first mma =
 // physical 8c..8c+3, of the second = 8c+4..8c+7), the same for both operands, so the sums are the plain dot
-// products. Per-warp partials meet in shared memory in warp order (deterministic). A round loads kUnroll chunks
-// per warp into registers before any is used; kUnroll only sets how many bytes are in flight, not the order in
-// which a warp's chunks are summed (w, w + warps, ... whatever the unroll).
+// products. Per-warp partials meet in shared memory in the fixed slice order. A round loads kUnroll chunks per warp
+// into registers before any is used; kUnroll only sets how many bytes are in flight, not the order in which a
+// slice's chunks are summed.
 // Programmatic dependent launch (pdl.cuh): the first round of W loads is issued before pdl_wait() (in the SASS
 // too: see the prologue), so the launch and the first DRAM round trip overlap the previous kernel; x (and y when
 // accumulating) is read after it.
-// Blocks of up to kMaxWarps warps where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
+// Blocks of kMaxWarps warps only where launch_rows may pick that many (kM == 1, kNT ≤ 4), else 8.
 // Batch b = blockIdx.y offsets x, W and y by its strides (SkinnyStrides).
 // kSwiGlu (kM == 2): W is a fused [2·out, in] gate|up weight; the block's tile 0 is gate rows row0.., its tile 1
 // the up rows out + row0.. (each k-reduced exactly as a plain tile), and the epilogue writes
@@ -34,16 +41,20 @@ __device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
 // swiglu_bf16 does after a bf16 gate_up GEMM.
 // One block per SM is all __launch_bounds__ promises: asked for more, ptxas squeezes the registers by issuing
 // each x load just before its mma pair (four dependent L2 round trips a round) instead of all at once.
-template <int kM, int kNT, int kUnroll, bool kSwiGlu = false>
-__global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
+template <int kM, int kNT, int kUnroll, int kWarps, bool kSwiGlu = false>
+__global__ void __launch_bounds__(kWarps * 32, 1)
     skinny_gemm_kernel(const uint16_t* x, int n, int in, const uint16_t* __restrict__ w, int out, void* y,
                        SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
   static_assert(!kSwiGlu || kM == 2, "a SwiGLU block owns one gate tile and the matching up tile");
-  extern __shared__ float s_part[];  // [warps][kM][kNT][4][32]
+  static_assert(kWarps == 8 || kWarps == 16, "a warp holds one or two of the 16 k slices");
+  constexpr int kSlicesPerWarp = kKSlices / kWarps;
+  // A round spans kUnroll · kWarps chunks, a multiple of kKSlices, so chunk u of every round is in the same slice.
+  static_assert(kUnroll % kSlicesPerWarp == 0);
+  extern __shared__ float s_part[];  // [kWarps][kM][kNT][4][32]: each warp's slices already added (w + (w + 8))
   const int64_t batch = blockIdx.y;
   x += batch * st.x_batch;
   w += batch * st.w_batch;
-  const int warps = blockDim.x / 32;
+  constexpr int warps = kWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
   constexpr int kRows = kSwiGlu ? 16 : kM * 16;  // output rows a block owns
@@ -91,7 +102,7 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
   pdl_wait();
   pdl_launch_dependents();
 
-  float acc[kM][kNT][4] = {};
+  float acc[kSlicesPerWarp][kM][kNT][4] = {};
   for (int base = warp; base < chunks; base += kUnroll * warps) {
     if (base != warp) load_round(base);
     // x of kXGroup chunks is loaded before their mmas, so those loads (L2 round trips after the wait, on the
@@ -116,8 +127,9 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
 #pragma unroll
           for (int mt = 0; mt < kM; ++mt) {
             const uint4 a = wv[u0 + du][mt][0], b = wv[u0 + du][mt][1], xb = xv[du][nt];
-            mma_bf16_16816(acc[mt][nt], a.x, b.x, a.y, b.y, xb.x, xb.y);
-            mma_bf16_16816(acc[mt][nt], a.z, b.z, a.w, b.w, xb.z, xb.w);
+            float(&d)[4] = acc[(u0 + du) % kSlicesPerWarp][mt][nt];
+            mma_bf16_16816(d, a.x, b.x, a.y, b.y, xb.x, xb.y);
+            mma_bf16_16816(d, a.z, b.z, a.w, b.w, xb.z, xb.w);
           }
     }
   }
@@ -128,8 +140,19 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s_part[warp * kPerWarp + ((mt * kNT + nt) * 4 + r) * 32 + lane] = acc[mt][nt][r];
+      for (int r = 0; r < 4; ++r) {
+        float v = acc[0][mt][nt][r];
+        if constexpr (kSlicesPerWarp == 2) v += acc[1][mt][nt][r];  // slice w + slice w + 8
+        s_part[warp * kPerWarp + ((mt * kNT + nt) * 4 + r) * 32 + lane] = v;
+      }
   __syncthreads();
+  // Slice pair w's sum (slice w + slice w + 8) from the partials at `idx`: in the warp's own, or two warps' added.
+  auto pair_sum = [&](int w, int idx) {
+    if constexpr (kSlicesPerWarp == 2)
+      return s_part[w * kPerWarp + idx];
+    else
+      return s_part[w * kPerWarp + idx] + s_part[(w + 8) * kPerWarp + idx];
+  };
   // Element (row rr of the block, token j): consecutive threads take consecutive rows, so y stores coalesce.
   if constexpr (kSwiGlu) {
     for (int e = threadIdx.x; e < kRows * kNT * 8; e += blockDim.x) {
@@ -141,9 +164,9 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
       const int gate_idx = ((0 * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
       const int up_idx = ((1 * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
       float sg = 0.f, su = 0.f;
-      for (int wi = 0; wi < warps; ++wi) {
-        sg += s_part[wi * kPerWarp + gate_idx];
-        su += s_part[wi * kPerWarp + up_idx];
+      for (int wi = 0; wi < kKSlices / 2; ++wi) {
+        sg += pair_sum(wi, gate_idx);
+        su += pair_sum(wi, up_idx);
       }
       const float gv = fminf(bf16_bits_to_float(float_to_bf16_bits(sg)), limit);
       const float uv = fminf(fmaxf(bf16_bits_to_float(float_to_bf16_bits(su)), -limit), limit);
@@ -160,7 +183,7 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
     const int nt = j / 8, cc = (j % 8) / 2, sub = j % 2;
     const int idx = ((mt * kNT + nt) * 4 + half * 2 + sub) * 32 + gg * 4 + cc;
     float s = 0.f;
-    for (int wi = 0; wi < warps; ++wi) s += s_part[wi * kPerWarp + idx];
+    for (int wi = 0; wi < kKSlices / 2; ++wi) s += pair_sum(wi, idx);
     const int64_t o = batch * st.y_batch + static_cast<int64_t>(j) * st.y_row + row;
     if (y_f32) {
       float* yf = static_cast<float*>(y);
@@ -172,14 +195,22 @@ __global__ void __launch_bounds__(kM == 1 && kNT <= 4 ? kMaxWarps * 32 : 256, 1)
   }
 }
 
+template <int kM, int kNT, int kUnroll, int kWarps>
+Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, const SkinnyStrides& st,
+              bool y_f32, bool accumulate, StreamHandle stream) {
+  const dim3 grid(static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16)), static_cast<unsigned>(st.batches));
+  const size_t smem = sizeof(float) * kWarps * kM * kNT * 4 * 32;
+  return check_cuda(launch_pdl(skinny_gemm_kernel<kM, kNT, kUnroll, kWarps>, grid, dim3(kWarps * 32), smem, stream,
+                               x, n, in, w, out, y, st, y_f32, accumulate, 0.f),
+                    "cuda::skinny_gemm_bf16");
+}
+
 template <int kM, int kNT, int kUnroll>
 Status launch(const uint16_t* x, int n, int in, const uint16_t* w, int out, void* y, const SkinnyStrides& st,
               bool y_f32, bool accumulate, int warps, StreamHandle stream) {
-  const dim3 grid(static_cast<unsigned>((out + kM * 16 - 1) / (kM * 16)), static_cast<unsigned>(st.batches));
-  const size_t smem = sizeof(float) * warps * kM * kNT * 4 * 32;
-  return check_cuda(launch_pdl(skinny_gemm_kernel<kM, kNT, kUnroll>, grid, dim3(warps * 32), smem, stream, x, n, in,
-                               w, out, y, st, y_f32, accumulate, 0.f),
-                    "cuda::skinny_gemm_bf16");
+  if constexpr (kM == 1 && kNT <= 4)
+    if (warps == kMaxWarps) return launch<kM, kNT, kUnroll, kMaxWarps>(x, n, in, w, out, y, st, y_f32, accumulate, stream);
+  return launch<kM, kNT, kUnroll, 8>(x, n, in, w, out, y, st, y_f32, accumulate, stream);
 }
 
 // Whether a warp should keep 8 chunks (16 KB per 16-row tile pair, 8 KB per tile) in flight rather than 4: only
@@ -190,8 +221,7 @@ bool deep_rounds(int in, int warps) { return (in + 31) / 32 > 4 * warps; }
 
 // The SwiGLU form: one block per 16 act columns (a gate tile and its up tile), always 8 warps, so the block
 // shape depends on nothing but `inter` and a row's results on nothing but its own x row (batch invariance).
-// Each output's k split is that of a plain 8-warp tile: where the two-kernel path runs 8 warps too (at least
-// sm_count gate_up tiles), act is bitwise what linear + swiglu_bf16 give.
+// Each output's k split is the fixed one of every tile (kKSlices), so act is bitwise what linear + swiglu_bf16 give.
 constexpr int kSwiGluWarps = 8;
 
 template <int kNT>
@@ -201,19 +231,19 @@ Status launch_swiglu(const uint16_t* x, int n, int in, const uint16_t* w, int in
   st.x_row = in, st.y_row = inter;
   const dim3 grid(static_cast<unsigned>((inter + 15) / 16));
   const size_t smem = sizeof(float) * kSwiGluWarps * 2 * kNT * 4 * 32;
-  auto kernel = skinny_gemm_kernel<2, kNT, 4, true>;
+  auto kernel = skinny_gemm_kernel<2, kNT, 4, kSwiGluWarps, true>;
   if constexpr (kNT <= 2)
-    if (deep_rounds(in, kSwiGluWarps)) kernel = skinny_gemm_kernel<2, kNT, 8, true>;
+    if (deep_rounds(in, kSwiGluWarps)) kernel = skinny_gemm_kernel<2, kNT, 8, kSwiGluWarps, true>;
   return check_cuda(launch_pdl(kernel, grid, dim3(kSwiGluWarps * 32), smem, stream, x, n, in, w, inter,
                                static_cast<void*>(act), st, false, false, limit),
                     "cuda::skinny_gemm_swiglu_bf16");
 }
 
 // The block shape for n ≤ kSkinnyGemmMaxRows (kNT ≤ 4): a function of the output tiles (out and batches) and
-// the SM count only, never of n, so every output's k split (warp w sums chunks w, w + warps, ... in order) and
-// the order the warp partials meet in are the same whatever rows share the call; the token tiles only change
-// which mma column a row occupies, and an mma column's sums do not depend on the other columns. Hence a row's
-// results are bitwise independent of the other rows for n ≤ 32 (batch invariance). Two 16-row tiles per block
+// the SM count only. Whatever the shape, every output's k split and the order its slices meet in are the fixed
+// ones of kKSlices, so an output depends on its W row and x row alone: not on the other rows of x (the token tiles
+// only change which mma column a row occupies, and an mma column's sums do not depend on the other columns: batch
+// invariance), nor on the other rows of W (a column-sharded part of W gives the same bits). Two 16-row tiles per block
 // share each x load once there are blocks enough to fill the chip twice over; small matrices get one tile and,
 // below one block per SM, 16 warps so more loads are in flight (deep_rounds: up to 128 KB per SM, what
 // two-tile blocks reach at two blocks per SM). (Partials stay ≤ 32 KB of shared memory: warps · kM · kNT ≤ 64.)
@@ -237,7 +267,7 @@ Status launch_rows(const uint16_t* x, int n, int in, const uint16_t* w, int out,
         return launch<1, kNT, 8>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
     return launch<1, kNT, 4>(x, n, in, w, out, y, st, y_f32, accumulate, shape.warps, stream);
   } else {
-    // 33..64 rows: one tile of 8 warps (the partials' shared-memory bound), so not batch invariant.
+    // 33..64 rows: one tile of 8 warps (the partials' shared-memory bound); the same k split as above.
     return launch<1, kNT, 4>(x, n, in, w, out, y, st, y_f32, accumulate, 8, stream);
   }
 }

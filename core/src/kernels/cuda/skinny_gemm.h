@@ -14,9 +14,10 @@ namespace kiln::cuda {
 
 // Largest n the kernel takes.
 inline constexpr int64_t kSkinnyGemmLimit = 64;
-// Batch invariance: for n ≤ kSkinnyGemmMaxRows every output's summation order depends on (in, out, batches,
-// sm_count) only, so a row's results are bitwise the same whatever other rows share the call (the CUDA runner
-// relies on it to make speculative verification lossless; skinny_gemm.cu says why). 33..64 rows are not.
+// Batch invariance: every output's summation order depends on `in` only (skinny_gemm.cu, kKSlices), so a row's
+// results are bitwise the same whatever other rows share the call (the CUDA runner relies on it to make speculative
+// verification lossless) and whatever other rows of W do (a tensor-parallel rank's column-sharded part gives the
+// whole product's bits). That holds up to kSkinnyGemmLimit rows; linear() sends rows here up to kSkinnyGemmMaxRows.
 //
 // Where linear() sends few rows here rather than to cuBLAS (measured on the H200 at GLM-4.7-Flash's shapes, see
 // bench/kernel_bench.cpp): the per-layer projections (out ≤ 16384) are faster here up to n = 32 and slower at 64,
