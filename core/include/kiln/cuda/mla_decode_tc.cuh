@@ -93,13 +93,19 @@ constexpr int kCombineThreads = kCombineLanes * kPiecesPerRow;
 
 __device__ __forceinline__ void mla_merge_weights(const float* __restrict__ part_lse, int64_t rows, int num_splits,
                                                   int64_t qh, float* s_w, float* s_inv, int lane) {
+  // The lse values pass through s_w (each lane rereads only what it wrote): a second __ldcg pass would be another
+  // L2 round trip on the merge's critical path.
   float m = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) m = fmaxf(m, __ldcg(part_lse + s * rows + qh));
+  for (int s = lane; s < num_splits; s += 32) {
+    const float lse = __ldcg(part_lse + s * rows + qh);
+    s_w[s] = lse;
+    m = fmaxf(m, lse);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(~0u, m, off));
   float total = 0.f;
   for (int s = lane; s < num_splits; s += 32) {
-    const float lse = __ldcg(part_lse + s * rows + qh);
+    const float lse = s_w[s];
     const float w = lse == -INFINITY ? 0.f : expf(lse - m);
     s_w[s] = w;
     total += w;
