@@ -40,9 +40,12 @@ __device__ __forceinline__ uint4 load_activation(const uint16_t* p) {
 // y = bf16(silu(min(gate, limit)) · clamp(up, ±limit)) over [n, out] from the bf16-rounded gate and up, as
 // swiglu_bf16 does after a bf16 gate_up GEMM.
 // One block per SM is all __launch_bounds__ promises: asked for more, ptxas squeezes the registers by issuing
-// each x load just before its mma pair (four dependent L2 round trips a round) instead of all at once.
+// each x load just before its mma pair (four dependent L2 round trips a round) instead of all at once. The one
+// exception: the one-row, one-tile 8-warp form (q_b, un-absorption at c1) fits three blocks per SM at 80 registers
+// without that, as it did before its second accumulator (88 unbounded: two blocks; H200, GLM-4.7-Flash c1 decode
+// 227.2 / 194.4 / 146.4 tok/s at 4K / 32K / 128K unbounded, 230.0 / 198.8 / 149.8 bounded, bench/RESULTS.md).
 template <int kM, int kNT, int kUnroll, int kWarps, bool kSwiGlu = false>
-__global__ void __launch_bounds__(kWarps * 32, 1)
+__global__ void __launch_bounds__(kWarps * 32, kM == 1 && kNT == 1 && kUnroll == 4 && kWarps == 8 ? 3 : 1)
     skinny_gemm_kernel(const uint16_t* x, int n, int in, const uint16_t* __restrict__ w, int out, void* y,
                        SkinnyStrides st, bool y_f32, bool accumulate, float limit) {
   static_assert(!kSwiGlu || kM == 2, "a SwiGLU block owns one gate tile and the matching up tile");
