@@ -252,6 +252,79 @@ TEST(GpuMlaPrefill, PagedPathMatchesAbsorbedDeepSeekAndTiny) {
   run_path_case({{3, 16, 6, 12}, 30, 8, {{5, 17}}}, 14);                         // rows of 36 values: scalar gather
 }
 
+// Tensor parallelism: a rank runs the path over its heads (its rows of kv_b, its heads of q), and each head's output
+// must be bitwise the one-rank output's (CUDA TP greedy = TP=1). The kv_b expansion's GEMM is as wide as the rank's
+// heads, so its per-element sums must not depend on that width.
+void run_head_shard_case(const PathCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Dims& d = c.d;
+  const int64_t H = d.heads, qk = d.nope + d.rope, L = c.latent, D = L + d.rope, bs = c.block_size;
+  const int64_t n = static_cast<int64_t>(c.seqs.size());
+  int64_t rows = 0;
+  const std::vector<int64_t> q_row = query_rows(c.seqs, &rows);
+  int64_t max_kv = 0, total_keys = 0;
+  for (const SeqShape& s : c.seqs) max_kv = std::max(max_kv, s.kv_len), total_keys += s.kv_len;
+  const int64_t max_blocks = (max_kv + bs - 1) / bs;
+  std::vector<int32_t> tables(n * max_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  const Bf16Data cache = random_bf16(size_t(n * max_blocks * bs * D), rng);
+  const Bf16Data kv_b = random_bf16(size_t(H * (d.nope + d.v) * L), rng, -0.1f, 0.1f);
+  const std::vector<float> q = random_f32(size_t(rows * H * qk), rng);
+  std::vector<cuda::MlaPrefillSequence> seqs;
+  for (int64_t b = 0; b < n; ++b) seqs.push_back({q_row[b], c.seqs[b].q_len, c.seqs[b].kv_len, b});
+  DeviceBuffer<uint16_t> dcache(cache.bits), dkv_b(kv_b.bits);
+  DeviceBuffer<int32_t> dtables(tables);
+  auto layout = bf16_layout(L, d.rope, bs);
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  // Heads [h0, h0 + hs): q's rows of those heads, kv_b's rows from head h0 on; returns bf16 [rows, hs, v].
+  auto run = [&](int64_t h0, int64_t hs) {
+    std::vector<float> q_part;
+    for (int64_t r = 0; r < rows; ++r)
+      q_part.insert(q_part.end(), q.begin() + (r * H + h0) * qk, q.begin() + (r * H + h0 + hs) * qk);
+    const cuda::MlaPrefillDims dims{hs, d.nope, d.rope, d.v, L};
+    const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(n, total_keys, dims);
+    DeviceBuffer<float> dq(q_part);
+    DeviceBuffer<uint16_t> dout(size_t(rows * hs * d.v));
+    DeviceBuffer<unsigned char> ws(ws_bytes);
+    dout.poison();
+    cuda::MlaPrefillArgs a;
+    a.seqs = seqs, a.dims = dims, a.q = dq.get(), a.layout = layout.get(), a.pages = dcache.get(), a.block_size = bs;
+    a.stream = Stream{Device::cuda(0), nullptr};
+    a.block_tables = dtables.get(), a.max_blocks = max_blocks, a.kv_b = dkv_b.get() + h0 * (d.nope + d.v) * L;
+    a.scale = 0.3f, a.out = dout.get(), a.workspace = ws.get(), a.workspace_bytes = ws_bytes;
+    const Status st = cuda::mla_prefill_attention(a, blas, nullptr);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    cudaDeviceSynchronize();
+    return dout.download();
+  };
+  const std::vector<uint16_t> whole = run(0, H);
+  for (int parts : {2, 3}) {
+    if (parts > H) continue;
+    for (int r = 0; r < parts; ++r) {
+      const int64_t h0 = H * r / parts, hs = H * (r + 1) / parts - h0;
+      const std::vector<uint16_t> part = run(h0, hs);
+      int64_t differ = 0;
+      for (size_t b = 0; b < c.seqs.size(); ++b)
+        for (int64_t i = 0; i < c.seqs[b].q_len; ++i)
+          for (int64_t h = 0; h < hs; ++h)
+            for (int64_t k = 0; k < d.v; ++k)
+              differ += part[((q_row[b] + i) * hs + h) * d.v + k] != whole[((q_row[b] + i) * H + h0 + h) * d.v + k];
+      EXPECT_EQ(differ, 0) << "H " << H << " L " << L << ": heads " << h0 << ".." << h0 + hs << " of " << parts
+                           << " ranks differ from the one-rank path in " << differ << " values";
+    }
+  }
+  cublasDestroy(blas);
+}
+
+TEST(GpuMlaPrefill, EachHeadIsBitwiseTheSameOnATensorParallelRank) {
+  run_head_shard_case({{8, 32, 16, 32}, 128, 16, {{17, 17}}}, 21);                  // models/tiny-glm, its prompt
+  run_head_shard_case({{8, 32, 16, 32}, 128, 16, {{40, 100}, {3, 3}}}, 22);
+  run_head_shard_case({{4, 16, 8, 16}, 32, 16, {{9, 40}, {2, 2}}}, 23);             // the tiny fixtures' dims
+  run_head_shard_case({{20, 192, 64, 256}, 512, 64, {{130, 400}, {7, 7}}}, 24);    // GLM-4.7-Flash
+  run_head_shard_case({{20, 192, 64, 256}, 512, 64, {{2000, 2000}}}, 25);
+}
+
 TEST(GpuMlaPrefill, RejectsSmallWorkspace) {
   const std::vector<cuda::MlaPrefillSequence> seqs{{0, 4, 10, 0}};
   const cuda::MlaPrefillDims dims{4, 16, 8, 16, 32};

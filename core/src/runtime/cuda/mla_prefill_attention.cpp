@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/skinny_gemm.h"
 
 namespace kiln::cuda {
 namespace {
@@ -93,27 +94,43 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
   KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
 
-  // [keys, H·(nope + v)] = latent[:, :L] · kv_bᵀ; column-major view: kv_bᵀ-stored-as-col-major (lda = L) times
-  // the latent rows (ldb = L + R, the rope tail skipped), bf16 out with fp32 accumulation.
-  const int64_t kv_width = d.num_heads * (d.nope_dim + d.v_dim);
-  if (kv_width > INT32_MAX || row_width > INT32_MAX)
-    return out_of_range("mla_prefill_attention: kv_b too large for one GEMM");
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t bs = cublasSetStream(blas, stream);
-  if (bs == CUBLAS_STATUS_SUCCESS)
-    bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kv_width), static_cast<int>(total_keys),
-                      static_cast<int>(d.latent_dim), &one, a.kv_b, CUDA_R_16BF, static_cast<int>(d.latent_dim), latent,
-                      CUDA_R_16BF, static_cast<int>(row_width), &zero, kv, CUDA_R_16BF, static_cast<int>(kv_width),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (bs != CUBLAS_STATUS_SUCCESS)
-    return internal_error(std::string("mla_prefill_attention: kv_b expansion GEMM: ") + cublasGetStatusString(bs));
+  // Head-major K_nope | V: [H][keys][nope + v], head h = latent[:, :L] · kv_b[h]ᵀ, one product of the same shape
+  // per head. A head's values must not depend on how many heads share the call: a tensor-parallel rank expands only
+  // its heads and must get the one-rank bits (greedy TP = TP=1). One GEMM over all heads is as wide as the rank's
+  // heads, and cuBLAS picks its kernel (split-K / stream-K, so the summation order) by that width. Up to
+  // kSkinnyGemmLimit keys the skinny GEMM does every head in one launch (its k split depends on L alone); past that,
+  // one cuBLAS call per head, each the same problem (m, n, k and leading dimensions) on every rank.
+  const int64_t hw = d.nope_dim + d.v_dim, L = d.latent_dim;
+  if (hw > INT32_MAX || row_width > INT32_MAX || total_keys * hw > INT64_MAX / d.num_heads)
+    return out_of_range("mla_prefill_attention: kv_b too large");
+  SkinnyStrides sk;
+  sk.batches = d.num_heads, sk.x_row = row_width, sk.x_batch = 0, sk.w_batch = hw * L, sk.y_row = hw,
+  sk.y_batch = total_keys * hw;
+  if (total_keys <= kSkinnyGemmLimit && d.num_heads <= 65535 && row_width % 8 == 0 &&
+      skinny_gemm_supported(latent, total_keys, L, a.kv_b)) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.stream.device.index) != cudaSuccess) sms = 1;
+    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(latent, total_keys, L, a.kv_b, hw, kv, DType::kBF16, sk,
+                                                          false, sms, stream)
+                             .with_context("mla_prefill_attention: kv_b expansion"));
+  } else {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t bs = cublasSetStream(blas, stream);
+    for (int64_t h = 0; h < d.num_heads && bs == CUBLAS_STATUS_SUCCESS; ++h)
+      bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(hw), static_cast<int>(total_keys),
+                        static_cast<int>(L), &one, a.kv_b + h * hw * L, CUDA_R_16BF, static_cast<int>(L), latent,
+                        CUDA_R_16BF, static_cast<int>(row_width), &zero, kv + h * total_keys * hw, CUDA_R_16BF,
+                        static_cast<int>(hw), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+      return internal_error(std::string("mla_prefill_attention: kv_b expansion GEMM: ") + cublasGetStatusString(bs));
+  }
 
-  // K_nope and V stay interleaved per head in the GEMM output; k_rope is the latent rows' tail.
+  // k_rope is the latent rows' tail.
   MlaPrefillParams p;
   p.q = a.q, p.q_row_stride = d.num_heads * (d.nope_dim + d.rope_dim);
-  p.k_nope = kv, p.k_nope_key_stride = kv_width, p.k_nope_head_stride = d.nope_dim + d.v_dim;
+  p.k_nope = kv, p.k_nope_key_stride = hw, p.k_nope_head_stride = total_keys * hw;
   p.k_rope = latent + d.latent_dim, p.k_rope_key_stride = row_width;
-  p.v = kv + d.nope_dim, p.v_key_stride = kv_width, p.v_head_stride = d.nope_dim + d.v_dim;
+  p.v = kv + d.nope_dim, p.v_key_stride = hw, p.v_head_stride = total_keys * hw;
   p.out = a.out, p.out_row_stride = d.num_heads * d.v_dim;
   p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len, p.total_keys = total_keys;
   p.num_heads = d.num_heads, p.nope_dim = d.nope_dim, p.rope_dim = d.rope_dim, p.v_dim = d.v_dim;

@@ -1,6 +1,7 @@
 // MLA attention for the sequences that bring more than one new token in a step (prefill / chunked prefill), in
 // the expanded form: each sequence's cached latent rows are gathered from its pages by the KV layout (bf16 rows,
-// whatever the layout stores), K_nope and V are expanded from them by one cuBLAS GEMM against kv_b_proj, and the
+// whatever the layout stores), K_nope and V are expanded from them head by head against kv_b_proj (each head's
+// values independent of how many heads the call has: tensor-parallel ranks expand only theirs), and the
 // causal tensor-core kernel of kernels/cuda/mla_prefill.h runs over the result. Per (query, key) pair and head this costs nope + rope + v
 // multiply-adds, against 2 · (latent + rope) in the absorbed decode form.
 //
@@ -55,7 +56,7 @@ struct MlaPrefillArgs {
 };
 
 // Device scratch for a batch of `num_seqs` sequences whose kv_len sum to `total_keys`: the sequence tables, the
-// gathered latent rows [total_keys, latent + rope] and the expanded K_nope / V [total_keys, H, nope + v] (bf16;
+// gathered latent rows [total_keys, latent + rope] and the expanded K_nope / V [H, total_keys, nope + v] (bf16;
 // at 128K keys of GLM-4.7-Flash that is 2.3 GB).
 size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& dims);
 
