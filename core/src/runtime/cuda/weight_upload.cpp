@@ -29,8 +29,12 @@ Result<TensorView> WeightUploader::checked(const std::string& name, int64_t rows
 }
 
 Status WeightUploader::copy(void* dst, const void* src, size_t bytes, const std::string& name) {
-  // Synchronous: the host staging buffer is reused for the next tensor.
-  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+  // On the model's stream, and waited for there: the host staging buffer is reused for the next tensor, and kernels
+  // queued on that stream while loading (W_UK's transpose reads kv_b) and every step after it must see the bytes.
+  // A plain cudaMemcpy runs on the legacy default stream, which the model's non-blocking stream does not wait for,
+  // and from pageable memory it may return before its DMA has landed (CUDA's API synchronisation notes).
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) return internal_error("uploading `" + name + "`: " + cudaGetErrorString(e));
   return ok_status();
 }
