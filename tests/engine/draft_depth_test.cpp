@@ -211,9 +211,22 @@ TEST(BoundedDraftingLoad, DepthReturnsToKWhenTheLoadDrops) {
     prompts.push_back({static_cast<int32_t>(3 + i), static_cast<int32_t>(9 + i), static_cast<int32_t>(20 + i)});
     e.drafter->set_prompt(i + 1, prompts.back());
   }
-  const std::vector<Outcome> outcomes = run_requests(*e.engine, prompts, lengths);
-  ASSERT_EQ(outcomes.size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(outcomes[i].tokens, reference_tokens(prompts[i], lengths[i], {}, kVocab));
+  // The engine holds before its first step until all four are queued: on a loaded machine the submitting thread
+  // could otherwise fall behind by the dozen steps request 1 needs to finish, and four never decode together.
+  Collector c;
+  e.runner->close_gate_at_call(1);
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.max_tokens = lengths[i];
+    ASSERT_TRUE(e.engine->submit(p, c.sink(i)).ok());
+  }
+  e.runner->wait_until_blocked_at(1);
+  e.runner->open_gate();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(c.wait(i));
+    EXPECT_EQ(c.get(i).tokens, reference_tokens(prompts[i], lengths[i], {}, kVocab));
+  }
   const EngineMetrics m = wait_idle(*e.engine);
   const std::vector<Pass> passes = passes_of(*e.runner);
   expect_passes_within(passes, bound, m, "load");
