@@ -7,6 +7,7 @@
 
 #include "builtin/paged_mla_kv_layout.h"
 #include "engine/cache_manager.h"
+#include "model/model_instance.h"
 #include "kiln/model_info.h"
 #include "runtime/cpu_device_context.h"
 
@@ -135,6 +136,84 @@ TEST(CacheManager, ANextNLayersStateIsSnapshottedApartFromTheTargets) {
   EXPECT_EQ(target[0], 0x11);
   p->caches->release_state_slot(*slot);
   EXPECT_EQ(p->caches->state_slot_of(table.data()), -1);
+}
+
+// A model that only records the state copies it is told of (what a rank leader forwards to its other processes).
+class RecordingModel final : public ModelInstance {
+ public:
+  Device device() const override { return Device::cpu(); }
+  DeviceContext& device_context() override { return device_; }
+  size_t weight_bytes() const override { return 0; }
+  int64_t vocab_size() const override { return 0; }
+  int64_t hidden_size() const override { return 0; }
+  int64_t num_mtp_layers() const override { return 0; }
+  Status step(std::span<const SequenceStep>, std::span<const TokenSelection>, const CacheViews&, const StepOptions&,
+              StepOutput&) override {
+    return ok_status();
+  }
+  Status mtp_step(int64_t, std::span<const SequenceStep>, const float*, const CacheViews&, MtpStepOutput&) override {
+    return ok_status();
+  }
+  Status embed(const int32_t*, int64_t, TensorView) override { return ok_status(); }
+  Status lm_head(const TensorView&, float*) override { return ok_status(); }
+  Status sample_drafts(const DraftSampleRequest&) override { return ok_status(); }
+  void mirror_state_copy(const StateCopy& copy) override { copies.push_back(copy); }
+
+  std::vector<StateCopy> copies;
+
+ private:
+  CpuDeviceContext device_;
+};
+
+// Every state copy (target and next-n layers alike) is told to the mirror by pool, layer, entry and byte offsets, so
+// that replaying the copies in a pool of the same geometry (another process's) leaves the same state there.
+TEST(CacheManager, StateCopiesReplayedInAnotherPoolOfTheSameGeometryLeaveTheSameState) {
+  CacheSpec spec = mixed_spec();
+  spec.layers.push_back({{{CacheKind::kState, "mtp_recurrent", 0, 16}}});
+  auto leader = make_pool(spec, 3, /*target_layers=*/3), follower = make_pool(spec, 3, /*target_layers=*/3);
+  RecordingModel model;
+  leader->caches->set_state_mirror(&model);
+  const CacheViews &a = leader->caches->views(), &b = follower->caches->views();
+  (void)leader->caches->acquire_state_slot();
+  auto slot = leader->caches->acquire_state_slot();
+  ASSERT_TRUE(slot.ok());
+  for (const CacheViews* v : {&a, &b})
+    for (size_t l = 2; l < v->layers.size(); ++l)
+      for (size_t e = 0; e < v->layers[l].size(); ++e) std::memset(v->layers[l][e], 0, v->bytes[l][e]);
+  // Both pools run the same "steps": the same writes to the live slots.
+  auto write_live = [&](uint8_t value) {
+    for (const CacheViews* v : {&a, &b}) {
+      std::memset(static_cast<uint8_t*>(v->layers[2][0]) + *slot * 64, value, 64);
+      std::memset(static_cast<uint8_t*>(v->layers[2][1]) + *slot * 32, value + 1, 32);
+      std::memset(static_cast<uint8_t*>(v->layers[3][0]) + *slot * 16, value + 2, 16);
+    }
+  };
+  auto replay = [&] {
+    for (const StateCopy& c : model.copies) {
+      ASSERT_EQ(c.pool, pool_identity(a));
+      ASSERT_LE(c.from + c.bytes, b.bytes[c.layer][c.entry]);
+      ASSERT_LE(c.to + c.bytes, b.bytes[c.layer][c.entry]);
+      char* base = static_cast<char*>(b.layers[c.layer][c.entry]);
+      std::memcpy(base + c.to, base + c.from, c.bytes);
+    }
+    model.copies.clear();
+  };
+  write_live(1);
+  ASSERT_TRUE(leader->caches->snapshot_state(*slot).ok());
+  ASSERT_TRUE(leader->caches->snapshot_layer_state(*slot, 3).ok());
+  EXPECT_EQ(model.copies.size(), 3u);  // two target entries, one next-n entry
+  replay();
+  write_live(0x40);  // drafts verified, then rejected
+  ASSERT_TRUE(leader->caches->restore_state(*slot).ok());
+  ASSERT_TRUE(leader->caches->restore_layer_state(*slot, 3).ok());
+  replay();
+  for (size_t l = 0; l < a.layers.size(); ++l)
+    for (size_t e = 0; e < a.layers[l].size(); ++e) {
+      if (l < 2) continue;  // paged entries: not state
+      ASSERT_EQ(a.bytes[l][e], b.bytes[l][e]);
+      EXPECT_EQ(std::memcmp(a.layers[l][e], b.layers[l][e], a.bytes[l][e]), 0) << "layer " << l << " entry " << e;
+    }
+  EXPECT_EQ(static_cast<uint8_t*>(a.layers[2][0])[*slot * 64], 1) << "the restore did not take the state back";
 }
 
 TEST(CacheManager, AModelWithoutStateHoldsNoSlots) {

@@ -48,7 +48,7 @@ Status CacheManager::allocate(const CacheSpec& spec) {
       if (e.kind == CacheKind::kState) {
         char* base = static_cast<char*>(p);
         const size_t half = static_cast<size_t>(state_slots_) * e.slot_bytes;
-        state_entries_.push_back({base, base ? base + half : nullptr, e.slot_bytes, static_cast<int64_t>(l)});
+        state_entries_.push_back({base, e.slot_bytes, static_cast<int64_t>(l), views.layers[l].size() - 1, half});
         state_bytes_ += e.slot_bytes;
       }
     }
@@ -92,10 +92,12 @@ Status CacheManager::copy_state(int32_t slot, bool to_snapshot, int64_t first, i
   if (!device_) return ok_status();
   for (const StateEntry& e : state_entries_) {
     if (e.layer < first || e.layer >= end) continue;
-    char* live = e.slots + static_cast<size_t>(slot) * e.slot_bytes;
-    char* snap = e.snapshots + static_cast<size_t>(slot) * e.slot_bytes;
-    KILN_RETURN_IF_ERROR(to_snapshot ? device_->copy(snap, live, e.slot_bytes, false)
-                                     : device_->copy(live, snap, e.slot_bytes, false));
+    const size_t live = static_cast<size_t>(slot) * e.slot_bytes, snap = e.snapshot + live;
+    KILN_RETURN_IF_ERROR(to_snapshot ? device_->copy(e.slots + snap, e.slots + live, e.slot_bytes, false)
+                                     : device_->copy(e.slots + live, e.slots + snap, e.slot_bytes, false));
+    if (mirror_)
+      mirror_->mirror_state_copy({pool_identity(views_), e.layer, e.entry, to_snapshot ? live : snap,
+                                  to_snapshot ? snap : live, e.slot_bytes});
   }
   return ok_status();
 }

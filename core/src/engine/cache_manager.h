@@ -18,6 +18,7 @@
 #include "kiln/cache_spec.h"
 #include "kiln/device_context.h"
 #include "kiln/kv_layout.h"
+#include "model/model_instance.h"
 #include "model/model_step.h"
 
 namespace kiln {
@@ -64,6 +65,9 @@ class CacheManager {
   bool has_state(int64_t layer) const;
   Status snapshot_layer_state(int32_t slot, int64_t layer);
   Status restore_layer_state(int32_t slot, int64_t layer);
+  // Every state copy is also told to `model` (which outlives this manager), for ranks that keep state in pools of
+  // their own.
+  void set_state_mirror(ModelInstance* model) { mirror_ = model; }
 
  private:
   CacheManager(const CacheManagerConfig& config)
@@ -78,10 +82,11 @@ class CacheManager {
   size_t bytes_ = 0;
   // State: per (layer, entry) its slots' memory and, beside it, the snapshots.
   struct StateEntry {
-    char* slots = nullptr;
-    char* snapshots = nullptr;
+    char* slots = nullptr;  // then, `snapshot` bytes on, the snapshots
     size_t slot_bytes = 0;
     int64_t layer = 0;
+    size_t entry = 0;     // index in the layer's entries
+    size_t snapshot = 0;  // bytes from `slots` to the snapshots
   };
   std::vector<StateEntry> state_entries_;
   size_t state_bytes_ = 0;
@@ -89,6 +94,7 @@ class CacheManager {
   std::vector<int32_t> state_free_;
   std::vector<const std::vector<int32_t>*> state_holder_;  // per slot: the holder's block table, if given
   int64_t target_layers_ = 0;
+  ModelInstance* mirror_ = nullptr;
 };
 
 }  // namespace kiln

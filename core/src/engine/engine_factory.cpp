@@ -128,6 +128,7 @@ Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& m, c
   cm.state_slots = plan.config.max_num_seqs;
   cm.target_layers = static_cast<int64_t>(m.arch->cache_spec(0, IndexerKeyFormat::kFp32).layers.size());
   KILN_ASSIGN_OR_RETURN(auto made, CacheManager::create(plan.spec, m.layout.get(), m.device.get(), cm));
+  made->set_state_mirror(m.model.get());
   return std::shared_ptr<CacheManager>(std::move(made));
 }
 

@@ -77,6 +77,10 @@ class ModelInstance {
   virtual Status embed(const int32_t* ids, int64_t n, TensorView out) = 0;
   virtual Status lm_head(const TensorView& hidden, float* logits) = 0;
   virtual Status sample_drafts(const DraftSampleRequest& request) = 0;
+  // The cache owner copied state within one of this instance's pools (snapshot before verification, restore after
+  // a rejection). Nothing to do where every rank's state lives in that pool; ranks in other processes, each holding
+  // its heads' state in a pool of its own, repeat the copy there before their next call.
+  virtual void mirror_state_copy(const StateCopy& copy) {}
 
   // Diagnostics, where the device has them (no-ops elsewhere). CUDA: decode-shaped steps replay CUDA graphs (on by
   // default); per-stage GPU time of the steps launched directly (milliseconds per stage label since the last clear).

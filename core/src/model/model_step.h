@@ -95,6 +95,24 @@ struct CacheViews {
   }
 };
 
+// A pool's identity across processes: the address of its first entry (a rank in another process mirrors each pool
+// of rank 0 once, keyed by it).
+inline const void* pool_identity(const CacheViews& c) {
+  for (const auto& layer : c.layers)
+    for (void* p : layer)
+      if (p) return p;
+  return nullptr;
+}
+
+// One copy the cache owner made inside a pool's state entry (a state slot to its snapshot, or back), in bytes from
+// the entry's start. A model whose ranks hold pools of their own repeats it there (ModelInstance::mirror_state_copy).
+struct StateCopy {
+  const void* pool = nullptr;  // pool_identity of the pool
+  int64_t layer = 0;
+  size_t entry = 0;
+  size_t from = 0, to = 0, bytes = 0;
+};
+
 // slot = block · block_size + offset: where position `pos` of a sequence with `table` lives.
 inline int64_t kv_slot(const std::vector<int32_t>& table, int64_t block_size, int64_t pos) {
   return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;

@@ -77,12 +77,8 @@ Status to_host(ModelInstance& model, const T* src, size_t n, std::vector<T>& dst
 // ---- what a call carries ----
 
 void write_pool(Writer& w, const CacheViews& c) {
-  // Identity of the pool on rank 0 (its first entry's address): a follower mirrors each pool once.
-  const void* first = nullptr;
-  for (const auto& layer : c.layers)
-    for (void* p : layer)
-      if (!first && p) first = p;
-  w.pod(reinterpret_cast<uint64_t>(first));
+  // Identity of the pool on rank 0: a follower mirrors each pool once.
+  w.pod(reinterpret_cast<uint64_t>(pool_identity(c)));
   w.pod(c.num_blocks);
   w.pod(c.block_size);
   w.pod(static_cast<uint64_t>(c.layers.size()));
@@ -256,9 +252,33 @@ Status RankLeaderInstance::mark_broken(const Status& why) {
   return broken_;
 }
 
-Status RankLeaderInstance::on_all_ranks(const std::string& call, const std::function<Status()>& mine) {
+void RankLeaderInstance::mirror_state_copy(const StateCopy& copy) {
+  std::lock_guard<std::mutex> lock(copies_mu_);
+  state_copies_.push_back(copy);
+}
+
+Status RankLeaderInstance::on_all_ranks(std::string call, const std::function<Status()>& mine, bool with_state_copies) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
+  if (with_state_copies) {
+    // Taken under mu_, so the followers see the copies in the order the calls around them were made.
+    std::vector<StateCopy> copies;
+    {
+      std::lock_guard<std::mutex> copies_lock(copies_mu_);
+      copies.swap(state_copies_);
+    }
+    Writer w;
+    w.pod(static_cast<uint64_t>(copies.size()));
+    for (const StateCopy& c : copies) {
+      w.pod(reinterpret_cast<uint64_t>(c.pool));
+      w.pod(c.layer);
+      w.pod(static_cast<uint64_t>(c.entry));
+      w.pod(static_cast<uint64_t>(c.from));
+      w.pod(static_cast<uint64_t>(c.to));
+      w.pod(static_cast<uint64_t>(c.bytes));
+    }
+    call += w.take();
+  }
   const int W = world();
   for (int r = 1; r < W; ++r) {
     Status sent = control_->send(r, call);
@@ -323,10 +343,13 @@ Status RankLeaderInstance::step(std::span<const SequenceStep> steps, std::span<c
   KILN_RETURN_IF_ERROR(write_steps(w, *own_, steps));
   write_options(w, options);
   write_pool(w, caches);
-  return on_all_ranks(w.take(), [&] {
-    injected_step_hang(0);
-    return own_->step(steps, select, caches, options, out);
-  });
+  return on_all_ranks(
+      w.take(),
+      [&] {
+        injected_step_hang(0);
+        return own_->step(steps, select, caches, options, out);
+      },
+      /*with_state_copies=*/true);
 }
 
 Status RankLeaderInstance::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
@@ -341,7 +364,8 @@ Status RankLeaderInstance::mtp_step(int64_t layer, std::span<const SequenceStep>
   KILN_RETURN_IF_ERROR(write_steps(w, *own_, steps));
   w.array(rows.data(), rows.size());
   write_pool(w, caches);
-  return on_all_ranks(w.take(), [&] { return own_->mtp_step(layer, steps, hidden, caches, out); });
+  return on_all_ranks(
+      w.take(), [&] { return own_->mtp_step(layer, steps, hidden, caches, out); }, /*with_state_copies=*/true);
 }
 
 Status RankLeaderInstance::embed(const int32_t* ids, int64_t n, TensorView out) {
@@ -416,6 +440,35 @@ class MirroredPools {
   }
   void set_layout(const KvLayout* layout) { layout_ = layout; }
 
+  // Makes in this rank's pools the state copies rank 0 made in its own since its last step (sent after the call).
+  Status copy_state(Reader& r) {
+    uint64_t n = 0;
+    KILN_RETURN_IF_ERROR(r.pod(n));
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t id = 0, entry = 0, from = 0, to = 0, bytes = 0;
+      int64_t layer = 0;
+      KILN_RETURN_IF_ERROR(r.pod(id));
+      KILN_RETURN_IF_ERROR(r.pod(layer));
+      KILN_RETURN_IF_ERROR(r.pod(entry));
+      KILN_RETURN_IF_ERROR(r.pod(from));
+      KILN_RETURN_IF_ERROR(r.pod(to));
+      KILN_RETURN_IF_ERROR(r.pod(bytes));
+      auto it = pools_.find(id);
+      // A pool no step has used yet holds no sequence's state: there is nothing to copy.
+      if (it == pools_.end()) continue;
+      const CacheViews& pool = it->second;
+      char* base = static_cast<char*>(pool.entry(layer, entry));
+      const uint64_t size = base ? pool.bytes[layer][entry] : 0;
+      if (!base || bytes > size || from > size - bytes || to > size - bytes)
+        return data_loss("rank 0 sent a state copy outside layer " + std::to_string(layer) + " entry " +
+                         std::to_string(entry) + " of its pool (" + std::to_string(bytes) + " bytes from " +
+                         std::to_string(from) + " to " + std::to_string(to) + " in " + std::to_string(size) + ")");
+      if (bytes > 0 && from != to)
+        KILN_RETURN_IF_ERROR(model_.device_context().copy(base + to, base + from, bytes, /*wait=*/false));
+    }
+    return ok_status();
+  }
+
  private:
   ModelInstance& model_;
   const KvLayout* layout_ = nullptr;
@@ -486,6 +539,7 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           KILN_RETURN_IF_ERROR(read_steps(r, d));
           KILN_RETURN_IF_ERROR(read_options(r, options));
           KILN_ASSIGN_OR_RETURN(const CacheViews* caches, pools.read(r));
+          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           return model.step(d.steps, {}, *caches, options, out);
         }
         case CallKind::kMtpStep: {
@@ -496,6 +550,7 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           KILN_RETURN_IF_ERROR(read_steps(r, d));
           KILN_RETURN_IF_ERROR(r.array(hidden));
           KILN_ASSIGN_OR_RETURN(const CacheViews* caches, pools.read(r));
+          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           return model.mtp_step(layer, d.steps, hidden.data(), *caches, mtp_out);
         }
         case CallKind::kEmbed: {

@@ -72,10 +72,14 @@ class RankLeaderInstance final : public ModelInstance {
   Status lm_head(const TensorView& hidden, float* logits) override;
   // Host sampling reads rank 0's outputs only: no rank meets another.
   Status sample_drafts(const DraftSampleRequest& request) override { return own_->sample_drafts(request); }
+  // Each follower holds its heads' state in a pool of its own: the copy is queued and sent with the next step (or
+  // MTP step), which the follower makes in its pool before running the call.
+  void mirror_state_copy(const StateCopy& copy) override;
 
  private:
-  // Sends `call` to every follower, runs `mine`, then collects the followers' verdicts.
-  Status on_all_ranks(const std::string& call, const std::function<Status()>& mine);
+  // Sends `call` to every follower, runs `mine`, then collects the followers' verdicts. `with_state_copies`: the
+  // call (a step or an MTP step) ends with the state copies queued since the last such call.
+  Status on_all_ranks(std::string call, const std::function<Status()>& mine, bool with_state_copies = false);
   // Breaks the group for good (the first cause wins) and returns what this call and every later one answer.
   Status mark_broken(const Status& why);
 
@@ -84,6 +88,8 @@ class RankLeaderInstance final : public ModelInstance {
   std::function<void()> release_;
   std::vector<SocketCollective*> groups_;
   std::mutex mu_;  // one call at a time (the engine's loop and a drafter's services may both call)
+  std::mutex copies_mu_;
+  std::vector<StateCopy> state_copies_;  // queued for the followers' next step
   Status broken_;
 };
 

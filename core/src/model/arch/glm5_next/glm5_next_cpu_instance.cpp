@@ -36,13 +36,8 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextCpuInstance::create_process_rank(
                             std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
                             "WORLD_SIZE must equal parallel.tensor");
   KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(config, world));
-  // Verifying drafts rolls the KDA state back from snapshots the engine copies in rank 0's pool alone; the other
-  // processes' pools (each holding its heads' state) would keep the rejected drafts' updates.
-  if (ctx.load_mtp && !config.mtp.empty())
-    return unimplemented("speculative decoding with glm5_next on rank processes (transport.backend = \"socket\"): "
-                         "the engine rolls KDA state back after rejected drafts in rank 0's cache only, and the other "
-                         "ranks hold their heads' state in caches of their own; draft with ranks as threads "
-                         "(transport.backend = \"local\") or set speculative.method = \"none\"");
+  // Drafting works here too: the state copies the engine makes in rank 0's pool (a KDA slot to its snapshot before
+  // verification, back after a rejection) reach the other processes with the next step (RankLeaderInstance).
   auto instance = create_rank(config, ctx, TensorShard{rank, world});
   if (!instance.ok())
     return instance.status().with_context("tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world));
