@@ -17,7 +17,10 @@ class MlaDecodeSync {
     if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) return;
     void* p = nullptr;
     if (cudaMalloc(&p, mla_decode_sync_bytes()) == cudaSuccess) {
-      if (cudaMemset(p, 0, mla_decode_sync_bytes()) == cudaSuccess)
+      // cudaMemset runs on the legacy default stream and may return before it lands; the model's stream is
+      // non-blocking (does not wait for that stream), so wait here rather than let a first decode read stale counters.
+      if (cudaMemset(p, 0, mla_decode_sync_bytes()) == cudaSuccess &&
+          cudaStreamSynchronize(cudaStreamLegacy) == cudaSuccess)
         counters_ = static_cast<unsigned*>(p);
       else
         cudaFree(p);
