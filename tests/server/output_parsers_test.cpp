@@ -258,5 +258,47 @@ TEST(OutputPipeline, StopStringSpanningTokensEndsTheText) {
   EXPECT_EQ(text_of(all, OutputPiece::Kind::kContent), "hello ");
 }
 
+// skip_special_tokens (vLLM's default, true): special tokens no parser reads produce no text; the reasoning split
+// still sees <think> / </think>, a tool-call parser every marker; false keeps them all.
+TEST(OutputPipeline, SpecialTokensNoParserReadsAreLeftOutUnlessAskedFor) {
+  using testing::server_test_tokenizer;
+  const std::string reply = "<think>Plan.</think>An<|begin_of_image|>swer<|endoftext|>.";
+  auto run = [&](bool skip, bool reasoning, bool tools) {
+    OutputPipelineOptions o;
+    o.skip_special_tokens = skip;
+    o.split_reasoning = reasoning;
+    if (tools) {
+      o.tool_parser = "glm47";
+      o.tools = kTools;
+    }
+    o.stop_token_ids = {*server_test_tokenizer().token_to_id("<|user|>")};
+    OutputPipeline pipeline(server_test_tokenizer(), o);
+    OutputPieces all;
+    for (int32_t id : testing::reply_tokens(reply)) append_pieces(all, pipeline.feed_token(id));
+    append_pieces(all, pipeline.finish());
+    return std::make_pair(text_of(all, OutputPiece::Kind::kReasoning), text_of(all, OutputPiece::Kind::kContent));
+  };
+  ASSERT_TRUE(server_test_tokenizer().is_special(*server_test_tokenizer().token_to_id("<|begin_of_image|>")));
+  EXPECT_EQ(run(true, false, false), std::make_pair(std::string(), std::string("Plan.Answer.")));
+  EXPECT_EQ(run(true, true, false), std::make_pair(std::string("Plan."), std::string("Answer.")));
+  EXPECT_EQ(run(false, false, false), std::make_pair(std::string(), reply));
+  EXPECT_EQ(run(false, true, false),
+            std::make_pair(std::string("Plan."), std::string("An<|begin_of_image|>swer<|endoftext|>.")));
+  // A tool-call parser reads special tokens: nothing is skipped while one runs.
+  EXPECT_EQ(run(true, true, true), run(false, true, true));
+
+  // A call still parses with the default.
+  OutputPipelineOptions o;
+  o.tool_parser = "glm47";
+  o.tools = kTools;
+  OutputPipeline pipeline(server_test_tokenizer(), o);
+  for (int32_t id : testing::reply_tokens("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+                                          "</tool_call>"))
+    (void)pipeline.feed_token(id);
+  (void)pipeline.finish();
+  ASSERT_EQ(pipeline.tool_calls().size(), 1u);
+  EXPECT_EQ(pipeline.tool_calls()[0].arguments, R"({"city": "Oslo"})");
+}
+
 }  // namespace
 }  // namespace kiln

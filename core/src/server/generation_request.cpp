@@ -50,6 +50,8 @@ void read_sampling_fields(RequestReader& reader, const std::vector<const char*>&
     s.seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
   }
   if (auto stop = reader.string_or_list("stop", kMaxStopStrings)) request.output.stop_strings = *stop;
+  // vLLM's extension, default true: special tokens a parser does not read produce no text (OutputPipelineOptions).
+  request.output.skip_special_tokens = reader.boolean("skip_special_tokens").value_or(true);
   request.n = static_cast<int>(reader.integer("n", 1, kMaxChoices).value_or(1));
   request.stream = reader.boolean("stream").value_or(false);
   if (const auto* opts = reader.value("stream_options")) {

@@ -15,11 +15,16 @@ std::string random_id(const std::string& prefix, int length) {
 
 OutputPipeline::OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions options)
     : options_(std::move(options)),
+      tokenizer_(tokenizer),
       decoder_(tokenizer, /*skip_special=*/false),
       stop_(options_.stop_strings),
       stop_ids_(options_.stop_token_ids.begin(), options_.stop_token_ids.end()) {
   if (options_.split_reasoning) reasoning_.emplace(options_.starts_in_reasoning);
   tools_ = make_tool_call_parser(options_.tool_parser, options_.tools, [] { return random_id("call_"); });
+  skip_special_ = options_.skip_special_tokens && !tools_;
+  if (skip_special_ && reasoning_)
+    for (const char* marker : {"<think>", "</think>"})
+      if (auto id = tokenizer.token_to_id(marker)) kept_special_.insert(*id);
 }
 
 const std::vector<ParsedToolCall>& OutputPipeline::tool_calls() const {
@@ -50,6 +55,7 @@ OutputPieces OutputPipeline::route(const std::string& text, bool final) {
 
 OutputPieces OutputPipeline::feed_token(int32_t id) {
   if (stop_ids_.count(id) || stop_.matched()) return {};
+  if (skip_special_ && tokenizer_.is_special(id) && !kept_special_.count(id)) return {};
   return route(stop_.feed(decoder_.feed(id)), false);
 }
 

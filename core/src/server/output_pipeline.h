@@ -1,6 +1,6 @@
 // Turns one request's generated token ids into ordered output pieces:
-//   ids → StreamingDecoder (whole UTF-8 characters; special tokens kept as text so the parsers see <think>,
-//   <tool_call>, ...) → stop strings → reasoning split (glm45) → tool-call parsing (glm47, deepseek_v3).
+//   ids → StreamingDecoder (whole UTF-8 characters; special tokens as text only where a parser reads them: see
+//   skip_special_tokens) → stop strings → reasoning split (glm45) → tool-call parsing (glm47, deepseek_v3).
 // Used the same way for streamed and non-streamed responses, so both produce identical text.
 #pragma once
 
@@ -28,6 +28,10 @@ struct OutputPipelineOptions {
   std::string tool_parser;              // the tool-call parser to run ("glm47", "deepseek_v3"; "": none)
   std::string forced_tool_name;         // the prompt opened a call to this function (tool_choice naming it)
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  // The request's skip_special_tokens (vLLM's, default true): special tokens produce no text, except those a parser
+  // reads — <think> and </think> for the reasoning split, and every one while a tool-call parser runs (its markers
+  // are special tokens; vLLM turns the skipping off for tool calls the same way).
+  bool skip_special_tokens = true;
 };
 
 class OutputPipeline {
@@ -48,6 +52,9 @@ class OutputPipeline {
   OutputPieces route(const std::string& text, bool final);
 
   OutputPipelineOptions options_;
+  const Tokenizer& tokenizer_;
+  bool skip_special_ = false;
+  std::unordered_set<int32_t> kept_special_;  // read by a parser although skip_special_
   StreamingDecoder decoder_;
   StopStringMatcher stop_;
   std::unordered_set<int32_t> stop_ids_;
