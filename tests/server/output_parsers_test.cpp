@@ -258,17 +258,18 @@ TEST(OutputPipeline, StopStringSpanningTokensEndsTheText) {
   EXPECT_EQ(text_of(all, OutputPiece::Kind::kContent), "hello ");
 }
 
-// skip_special_tokens (vLLM's default, true): special tokens no parser reads produce no text; the reasoning split
-// still sees <think> / </think>, a tool-call parser every marker; false keeps them all.
+// skip_special_tokens (vLLM's default, true): special tokens produce no text but <think> / </think> (for the
+// reasoning split, or as marks without it); with tools offered every marker stays (for the parser, or in the text
+// without one); false keeps them all.
 TEST(OutputPipeline, SpecialTokensNoParserReadsAreLeftOutUnlessAskedFor) {
   using testing::server_test_tokenizer;
   const std::string reply = "<think>Plan.</think>An<|begin_of_image|>swer<|endoftext|>.";
-  auto run = [&](bool skip, bool reasoning, bool tools) {
+  auto run = [&](bool skip, bool reasoning, bool tools, const std::string& parser = "glm47") {
     OutputPipelineOptions o;
     o.skip_special_tokens = skip;
     o.split_reasoning = reasoning;
     if (tools) {
-      o.tool_parser = "glm47";
+      o.tool_parser = parser;
       o.tools = kTools;
     }
     o.stop_token_ids = {*server_test_tokenizer().token_to_id("<|user|>")};
@@ -279,13 +280,15 @@ TEST(OutputPipeline, SpecialTokensNoParserReadsAreLeftOutUnlessAskedFor) {
     return std::make_pair(text_of(all, OutputPiece::Kind::kReasoning), text_of(all, OutputPiece::Kind::kContent));
   };
   ASSERT_TRUE(server_test_tokenizer().is_special(*server_test_tokenizer().token_to_id("<|begin_of_image|>")));
-  EXPECT_EQ(run(true, false, false), std::make_pair(std::string(), std::string("Plan.Answer.")));
+  EXPECT_EQ(run(true, false, false), std::make_pair(std::string(), std::string("<think>Plan.</think>Answer.")));
   EXPECT_EQ(run(true, true, false), std::make_pair(std::string("Plan."), std::string("Answer.")));
   EXPECT_EQ(run(false, false, false), std::make_pair(std::string(), reply));
   EXPECT_EQ(run(false, true, false),
             std::make_pair(std::string("Plan."), std::string("An<|begin_of_image|>swer<|endoftext|>.")));
-  // A tool-call parser reads special tokens: nothing is skipped while one runs.
+  // A tool-call parser reads special tokens: nothing is skipped while one runs, nor while tools are offered with
+  // no parser (the calls stay in the text).
   EXPECT_EQ(run(true, true, true), run(false, true, true));
+  EXPECT_EQ(run(true, false, true, ""), std::make_pair(std::string(), reply));
 
   // A call still parses with the default.
   OutputPipelineOptions o;

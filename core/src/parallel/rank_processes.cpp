@@ -259,9 +259,15 @@ void RankLeaderInstance::mirror_state_copy(const StateCopy& copy) {
 
 Status RankLeaderInstance::on_all_ranks(std::string call, const std::function<Status()>& mine, bool with_state_copies) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!broken_.ok()) return broken_;
+  if (!broken_.ok()) {
+    std::lock_guard<std::mutex> copies_lock(copies_mu_);
+    state_copies_.clear();  // no follower will make them
+    return broken_;
+  }
   if (with_state_copies) {
-    // Taken under mu_, so the followers see the copies in the order the calls around them were made.
+    // Taken under mu_, so the followers see the copies in the order the calls around them were made. They go right
+    // after the call's kind: a follower makes them before anything in the call can fail, so a failed call (the
+    // group goes on) loses none.
     std::vector<StateCopy> copies;
     {
       std::lock_guard<std::mutex> copies_lock(copies_mu_);
@@ -277,7 +283,7 @@ Status RankLeaderInstance::on_all_ranks(std::string call, const std::function<St
       w.pod(static_cast<uint64_t>(c.to));
       w.pod(static_cast<uint64_t>(c.bytes));
     }
-    call += w.take();
+    call.insert(sizeof(CallKind), w.take());
   }
   const int W = world();
   for (int r = 1; r < W; ++r) {
@@ -440,7 +446,8 @@ class MirroredPools {
   }
   void set_layout(const KvLayout* layout) { layout_ = layout; }
 
-  // Makes in this rank's pools the state copies rank 0 made in its own since its last step (sent after the call).
+  // Makes in this rank's pools the state copies rank 0 made in its own since its last step (sent first in a step or
+  // MTP step, after its kind).
   Status copy_state(Reader& r) {
     uint64_t n = 0;
     KILN_RETURN_IF_ERROR(r.pod(n));
@@ -459,7 +466,8 @@ class MirroredPools {
       const CacheViews& pool = it->second;
       char* base = static_cast<char*>(pool.entry(layer, entry));
       const uint64_t size = base ? pool.bytes[layer][entry] : 0;
-      if (!base || bytes > size || from > size - bytes || to > size - bytes)
+      const uint64_t apart = from > to ? from - to : to - from;
+      if (!base || bytes > size || from > size - bytes || to > size - bytes || (apart < bytes && apart > 0))
         return data_loss("rank 0 sent a state copy outside layer " + std::to_string(layer) + " entry " +
                          std::to_string(entry) + " of its pool (" + std::to_string(bytes) + " bytes from " +
                          std::to_string(from) + " to " + std::to_string(to) + " in " + std::to_string(size) + ")");
@@ -532,6 +540,7 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
     Status done = [&]() -> Status {
       switch (kind) {
         case CallKind::kStep: {
+          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           KILN_RETURN_IF_ERROR(injected_step_fault(control.rank()));
           injected_step_hang(control.rank());
           DecodedSteps d;
@@ -539,10 +548,10 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           KILN_RETURN_IF_ERROR(read_steps(r, d));
           KILN_RETURN_IF_ERROR(read_options(r, options));
           KILN_ASSIGN_OR_RETURN(const CacheViews* caches, pools.read(r));
-          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           return model.step(d.steps, {}, *caches, options, out);
         }
         case CallKind::kMtpStep: {
+          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           int64_t layer = 0;
           DecodedSteps d;
           std::vector<float> hidden;
@@ -550,7 +559,6 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           KILN_RETURN_IF_ERROR(read_steps(r, d));
           KILN_RETURN_IF_ERROR(r.array(hidden));
           KILN_ASSIGN_OR_RETURN(const CacheViews* caches, pools.read(r));
-          KILN_RETURN_IF_ERROR(pools.copy_state(r));
           return model.mtp_step(layer, d.steps, hidden.data(), *caches, mtp_out);
         }
         case CallKind::kEmbed: {

@@ -78,7 +78,7 @@ class RankLeaderInstance final : public ModelInstance {
 
  private:
   // Sends `call` to every follower, runs `mine`, then collects the followers' verdicts. `with_state_copies`: the
-  // call (a step or an MTP step) ends with the state copies queued since the last such call.
+  // call (a step or an MTP step) carries the state copies queued since the last such call, right after its kind.
   Status on_all_ranks(std::string call, const std::function<Status()>& mine, bool with_state_copies = false);
   // Breaks the group for good (the first cause wins) and returns what this call and every later one answer.
   Status mark_broken(const Status& why);

@@ -21,8 +21,9 @@ OutputPipeline::OutputPipeline(const Tokenizer& tokenizer, OutputPipelineOptions
       stop_ids_(options_.stop_token_ids.begin(), options_.stop_token_ids.end()) {
   if (options_.split_reasoning) reasoning_.emplace(options_.starts_in_reasoning);
   tools_ = make_tool_call_parser(options_.tool_parser, options_.tools, [] { return random_id("call_"); });
-  skip_special_ = options_.skip_special_tokens && !tools_;
-  if (skip_special_ && reasoning_)
+  // Tools offered without a parser to take their calls leave the calls in the text, markers and all.
+  skip_special_ = options_.skip_special_tokens && !tools_ && options_.tools.empty();
+  if (skip_special_)
     for (const char* marker : {"<think>", "</think>"})
       if (auto id = tokenizer.token_to_id(marker)) kept_special_.insert(*id);
 }

@@ -28,9 +28,10 @@ struct OutputPipelineOptions {
   std::string tool_parser;              // the tool-call parser to run ("glm47", "deepseek_v3"; "": none)
   std::string forced_tool_name;         // the prompt opened a call to this function (tool_choice naming it)
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
-  // The request's skip_special_tokens (vLLM's, default true): special tokens produce no text, except those a parser
-  // reads — <think> and </think> for the reasoning split, and every one while a tool-call parser runs (its markers
-  // are special tokens; vLLM turns the skipping off for tool calls the same way).
+  // The request's skip_special_tokens (vLLM's, default true): special tokens produce no text, except <think> and
+  // </think> (the reasoning split reads them, and without it they still mark where the reasoning ends) and, when the
+  // request offers tools, every one (a tool-call parser reads its markers; without one the calls stay in the text
+  // whole; vLLM turns the skipping off for tool calls the same way). Stop strings match the text after skipping.
   bool skip_special_tokens = true;
 };
 
