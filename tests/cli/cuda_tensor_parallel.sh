@@ -6,7 +6,8 @@
 #   - model.device = "cuda", parallel.tensor = 1 agrees with the fixture's reference continuation (transformers, fp32)
 #     on at least its first 8 ids (bf16 on the GPU may part from it at a near-tie after that);
 #   - parallel.tensor = 2 and 3 (uneven splits: 4 heads as 1 + 1 + 2, 8 experts as 2 + 3 + 3, ...) give the same ids.
-# Then the trained tiny model (bf16) at TP = 2 (twice) and 3 against its TP = 1 ids.
+# Then the trained tiny model (models/tiny-glm, bf16) at TP = 2 (twice) and 3 against its TP = 1 ids, and drafting on
+# its ranks: MTP at TP = 2 and 3 and dflash2 at TP = 2 give TP = 1's greedy ids without drafting.
 # Skips (77) without a GPU.
 set -u
 kiln=$1 source_dir=$2
@@ -76,21 +77,45 @@ TOML
     echo "ok: $fixture: TP=$tp (rank processes on one GPU) = TP=1"
   done
 done
-# The trained tiny model (models/tiny-glm, bf16): its lm_head's tile count straddles the SM count between TP=1 and a
-# rank (the skinny GEMM's k split must not follow it), and in session 19 its ranks gave other ids from run to run
-# (bench/results/session19_2026-12-04/tp_nondeterminism.md). Two runs at TP=2 and one at TP=3 must each give TP=1's
-# ids.
+# The trained tiny model (models/tiny-glm, bf16): its lm_head (vocabulary 4096) has 256 tiles whole and 128 on a TP=2
+# rank, on either side of the H200's 132 SMs, so the skinny GEMM runs other block shapes on the ranks than at TP=1 (its
+# k split must not follow that). In session 19 its ranks gave other ids from run to run: the weight upload ran on the
+# legacy stream, which the model's stream does not wait for (bench/results/session19_2026-12-04/tp_nondeterminism.md);
+# two runs at TP=2 and one at TP=3 must each give TP=1's ids.
 tiny=$source_dir/configs/tiny-cpu.toml
 tiny_ids=455,892,436,77,270,72,583,264,268,302,88,11,310,264,268,302,88
+on_cuda=(--set model.device=cuda --set model.threads=1)
 tgen() {
-  timeout 300 "$kiln" generate --recipe "$tiny" --prompt-ids "$tiny_ids" --max-tokens 24 --no-stats \
-    --set model.device=cuda "$@" 2>> "$log"
+  timeout 300 "$kiln" generate --recipe "$1" --prompt-ids "$tiny_ids" --max-tokens 24 --no-stats \
+    "${on_cuda[@]}" "${@:2}" 2>> "$log"
 }
-plain=$(tgen) || die "tiny-glm: TP=1 on CUDA failed"
+plain=$(tgen "$tiny") || die "tiny-glm: TP=1 on CUDA failed"
 [ -n "$plain" ] || die "tiny-glm: TP=1 on CUDA gave nothing"
 for tp in 2 2 3; do
-  got=$(tgen --set parallel.tensor=$tp --set 'transport.backend="socket"') || die "tiny-glm: TP=$tp on CUDA failed"
+  got=$(tgen "$tiny" --set parallel.tensor=$tp --set 'transport.backend="socket"') ||
+    die "tiny-glm: TP=$tp on CUDA failed"
   [ "$got" = "$plain" ] || die "tiny-glm: TP=$tp on CUDA gave '$got', TP=1 '$plain'"
   echo "ok: tiny-glm: TP=$tp (rank processes on one GPU) = TP=1"
 done
+# Drafting on CUDA ranks (tiny-glm's next-n layer drafts well, so drafts are accepted and rejected both): greedy,
+# drafting is lossless, so every run must give TP = 1's ids without drafting.
+#   - speculative.method = "mtp", depth 3: the next-n layer split as the trunk's layers, every MTP step run on every
+#     rank (the chained steps' device tokens staged through rank 0's host);
+#   - speculative.method = "dflash2", depth 5: the drafter's embedding and lm_head calls on every rank,
+#     vocabulary-parallel.
+mtp=(--set speculative.method=mtp --set speculative.depth=3)
+got=$(tgen "$tiny" "${mtp[@]}") || die "tiny-glm: TP=1 with MTP drafting failed"
+[ "$got" = "$plain" ] || die "tiny-glm: TP=1 with MTP drafting gave '$got', without '$plain'"
+echo "ok: tiny-glm: TP=1 with MTP drafting (depth 3) = without"
+for tp in 2 3; do
+  got=$(tgen "$tiny" "${mtp[@]}" --set parallel.tensor=$tp --set 'transport.backend="socket"') ||
+    die "tiny-glm: TP=$tp with MTP drafting on CUDA failed"
+  [ "$got" = "$plain" ] || die "tiny-glm: TP=$tp with MTP drafting gave '$got', TP=1 '$plain'"
+  echo "ok: tiny-glm: TP=$tp (rank processes on one GPU) with MTP drafting (depth 3) = TP=1"
+done
+dflash=$source_dir/configs/tiny-cpu-dflash2.toml
+got=$(tgen "$dflash" --set parallel.tensor=2 --set 'transport.backend="socket"') ||
+  die "tiny-glm: TP=2 with dflash2 drafting on CUDA failed"
+[ "$got" = "$plain" ] || die "tiny-glm: TP=2 with dflash2 drafting gave '$got', TP=1 '$plain'"
+echo "ok: tiny-glm: TP=2 (rank processes on one GPU) with dflash2 drafting = TP=1"
 echo "cuda tensor parallel: all passed"

@@ -62,8 +62,10 @@ std::vector<float> run(ModelInstance& model, const CacheViews& views, std::vecto
 }
 
 // Rank r's instance of `world`, built from a loaded model's pieces over its own collective.
-Result<std::unique_ptr<ModelInstance>> build_rank(LoadedModel& m, Collective& collective, int world) {
+Result<std::unique_ptr<ModelInstance>> build_rank(LoadedModel& m, Collective& collective, int world,
+                                                  bool load_mtp = false) {
   BuildContext ctx;
+  ctx.load_mtp = load_mtp;
   ctx.source = &m.source();
   ctx.format = m.format.get();
   ctx.layout = m.layout.get();
@@ -133,6 +135,99 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, RankProcesses, ::testing::Values("glm4_moe_li
                            std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
                            return n;
                          });
+
+// A drafter's next-n steps across rank processes: step 1 over a prompt's rows, then chained steps whose token is
+// named on rank 0's device (SequenceStep::device_tokens, with placeholder ids in `tokens`: a CUDA drafter's draft
+// just sampled there). Rank 0 stages those ids through its host for every rank, so the logits and hidden rows are
+// bit-identical to one rank's run on the real ids. (On the CPU the "device" is the host, and the CPU model itself
+// would read the placeholders: any rank that ran on them would part from the reference.)
+TEST(RankProcessesDrafting, ChainedNextNStepsOnDeviceTokensEqualOneRank) {
+  const std::string model = "glm4_moe_lite-tiny";
+  ModelLoadOptions with_mtp;
+  with_mtp.load_mtp = true;
+  LoadedModel one = testing::load_recipe_model(sets(model), with_mtp);
+  ASSERT_NE(one.model, nullptr);
+  ASSERT_GE(one.model->num_mtp_layers(), 1);
+  const int64_t H = one.model->hidden_size(), V = one.model->vocab_size();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 9; ++i) prompt.push_back(static_cast<int32_t>((i * 131 + 7) % V));
+  const std::vector<int32_t> drafts = {static_cast<int32_t>(V - 3), 11, static_cast<int32_t>(404 % V)};  // chained ids
+  std::vector<float> conditioning(prompt.size() * H);
+  for (size_t i = 0; i < conditioning.size(); ++i) conditioning[i] = static_cast<float>((i * 37) % 101) / 50.f - 1.f;
+  // Step 1 on the prompt's rows (all logits), then one chained row per draft on the previous output's last row.
+  // `device_ids`: pass the chained ids as device tokens (placeholders in `tokens`), else as host tokens.
+  auto run = [&](ModelInstance& m, const CacheViews& views, std::vector<int32_t>& table, bool device_ids) {
+    std::vector<float> got;
+    MtpStepOutput o;
+    SequenceStep first{prompt, 0, &table, true};
+    Status st = m.mtp_step(0, {&first, 1}, conditioning.data(), views, o);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    if (!st.ok()) return got;
+    got.insert(got.end(), o.logits, o.logits + prompt.size() * V);
+    std::vector<float> prev(o.hidden + (prompt.size() - 1) * H, o.hidden + prompt.size() * H);
+    const int32_t placeholder = 0;
+    for (size_t k = 0; k < drafts.size(); ++k) {
+      SequenceStep chained{std::span<const int32_t>(device_ids ? &placeholder : &drafts[k], 1),
+                           static_cast<int64_t>(prompt.size() + k), &table, false};
+      if (device_ids) chained.device_tokens = &drafts[k];
+      st = m.mtp_step(0, {&chained, 1}, prev.data(), views, o);
+      EXPECT_TRUE(st.ok()) << "chained step " << k << ": " << st.to_string();
+      if (!st.ok()) return got;
+      got.insert(got.end(), o.logits, o.logits + V);
+      got.insert(got.end(), o.hidden, o.hidden + H);
+      prev.assign(o.hidden, o.hidden + H);
+    }
+    return got;
+  };
+  std::vector<float> reference;
+  {
+    testing::TestKv kv(one, 32);
+    std::vector<int32_t> table;
+    ASSERT_TRUE(kv.reserve(table, 32).ok());
+    reference = run(*one.model, kv.views(), table, false);
+  }
+  ASSERT_EQ(reference.size(), prompt.size() * V + drafts.size() * (V + H));
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("ranks: " + std::to_string(world));
+    const int port = free_port(), control_port = free_port();
+    std::vector<std::thread> followers;
+    std::vector<Status> follower_status(world);
+    std::vector<LoadedModel> pieces(world);
+    for (int r = 1; r < world; ++r) {
+      pieces[r] = testing::load_recipe_model(sets(model), with_mtp);
+      followers.emplace_back([&, r] {
+        auto collective = SocketCollective::connect(spec_for(port, r, world));
+        if (!collective.ok()) return void(follower_status[r] = collective.status());
+        auto m = build_rank(pieces[r], **collective, world, /*load_mtp=*/true);
+        if (!m.ok()) return void(follower_status[r] = m.status());
+        auto control = TcpBootstrap::connect(spec_for(control_port, r, world));
+        if (!control.ok()) return void(follower_status[r] = control.status());
+        follower_status[r] = run_rank_follower(**m, **control, pieces[r].layout.get(), {collective->get()});
+      });
+    }
+    std::vector<float> got;
+    {
+      auto collective = SocketCollective::connect(spec_for(port, 0, world));
+      ASSERT_TRUE(collective.ok()) << collective.status().to_string();
+      auto own = build_rank(one, **collective, world, /*load_mtp=*/true);
+      ASSERT_TRUE(own.ok()) << own.status().to_string();
+      ASSERT_GE((*own)->num_mtp_layers(), 1);
+      auto control = TcpBootstrap::connect(spec_for(control_port, 0, world));
+      ASSERT_TRUE(control.ok()) << control.status().to_string();
+      RankLeaderInstance leader(std::move(own).value(), std::move(control).value(), {}, {collective->get()});
+      testing::TestKv kv(one, 32);
+      std::vector<int32_t> table;
+      ASSERT_TRUE(kv.reserve(table, 32).ok());
+      got = run(leader, kv.views(), table, true);
+    }
+    for (auto& t : followers) t.join();
+    for (int r = 1; r < world; ++r) EXPECT_TRUE(follower_status[r].ok()) << "rank " << r << ": " << follower_status[r].to_string();
+    ASSERT_EQ(got.size(), reference.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != reference[i];
+    EXPECT_EQ(differ, 0) << "of " << got.size() << " values";
+  }
+}
 
 // A follower whose step fails reports why; rank 0's call fails naming the rank, at once, and the group stays
 // broken with that reason.

@@ -103,7 +103,7 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   for (const std::string& n : cpu.notes) noted = noted || has(n, "2 CPU ranks as threads of this process");
   EXPECT_TRUE(noted) << messages(cpu);
   // CUDA: one process per rank, so ranks as threads are refused, saying what each backend needs; over `socket` a
-  // note says the ranks meet through host memory (a correctness path); drafting under CUDA ranks is refused.
+  // note says the ranks meet through host memory (a correctness path).
   RecipeCheck gpu = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16"});
   const std::string local_gpu = problem_about(gpu, "parallel.tensor");
   EXPECT_TRUE(has(local_gpu, "2 ranks on CUDA run one process each")) << messages(gpu);
@@ -120,10 +120,19 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
   RecipeCheck gpu_draft = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16",
                                                   "transport.backend=socket", "speculative.method=mtp",
                                                   "speculative.depth=2"});
-  bool refused = false;
+  // MTP drafting on CUDA ranks is accepted (every rank runs the next-n steps on its shard), said in a note.
   for (const auto& p : gpu_draft.problems)
-    refused = refused || (has(p.message(), "speculative.method") && has(p.message(), "drafting with parallel.tensor > 1 on CUDA"));
-  EXPECT_TRUE(refused) << messages(gpu_draft);
+    EXPECT_FALSE(has(p.message(), "speculative.method") || has(p.message(), "parallel.tensor")) << p.to_string();
+  noted = false;
+  for (const std::string& n : gpu_draft.notes)
+    noted = noted || (has(n, "speculative.method") && has(n, "on 2 CUDA ranks: every rank runs the drafter's"));
+  EXPECT_TRUE(noted) << messages(gpu_draft);
+  // What load refuses is still refused: a next-n drafter on a checkpoint without next-n layers.
+  RecipeCheck no_mtp = check("check_ok.toml", {"parallel.tensor=2", "model.device=cuda", "kv.layout=bf16",
+                                               "transport.backend=socket", "speculative.method=mtp",
+                                               "speculative.depth=2", "model.path=\"" +
+                                               model_dir("deepseek_v3-tiny") + "\""});
+  EXPECT_TRUE(has(problem_about(no_mtp, "speculative.method"), "this checkpoint has none")) << messages(no_mtp);
   // Decode-context parallelism: a note on CPU ranks, refused on CUDA naming its key.
   RecipeCheck dcp = check("check_ok.toml", {"parallel.tensor=2", "parallel.decode_context=2", "model.device=cpu"});
   EXPECT_TRUE(dcp.problems.empty()) << messages(dcp);

@@ -94,8 +94,8 @@ Status write_steps(Writer& w, ModelInstance& model, std::span<const SequenceStep
   w.pod(static_cast<uint64_t>(steps.size()));
   for (const SequenceStep& s : steps) {
     if (s.device_tokens)
-      return unimplemented("a step with device tokens (a drafter's chained step) across rank processes: the ranks "
-                           "would need rank 0's device ids");
+      return internal_error("a step with device tokens (a drafter's chained step) reached the control channel unstaged "
+                            "(stage_device_tokens)");
     w.array(s.tokens.data(), s.tokens.size());
     w.pod(s.start_position);
     const bool has_table = s.block_table != nullptr;
@@ -112,6 +112,35 @@ Status write_steps(Writer& w, ModelInstance& model, std::span<const SequenceStep
       w.array(rows.data(), rows.size());
     }
   }
+  return ok_status();
+}
+
+// Steps whose tokens are all on the host: a drafter's chained next-n step names its tokens on rank 0's device
+// (SequenceStep::device_tokens, the draft just sampled there), which no other rank can read. They are staged through
+// rank 0's host (one wait for rank 0's stream per chained step), and every rank — rank 0 too, so that all run the
+// same step by construction — runs the step on the staged ids: for parallel.tensor > 1 the drafter's device-chained
+// path falls back to the per-step path. It costs no more than the call already does: the step's hidden rows cross
+// to the host the same way (mtp_step), and a host-staged collective waits for the stream at every meeting anyway.
+struct HostTokenSteps {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<SequenceStep> steps;
+};
+
+Status stage_device_tokens(ModelInstance& model, std::span<const SequenceStep> steps, HostTokenSteps& out,
+                           std::span<const SequenceStep>& use) {
+  use = steps;
+  if (std::none_of(steps.begin(), steps.end(), [](const SequenceStep& s) { return s.device_tokens != nullptr; }))
+    return ok_status();
+  out.tokens.assign(steps.size(), {});
+  out.steps.assign(steps.begin(), steps.end());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!steps[i].device_tokens) continue;
+    KILN_RETURN_IF_ERROR(to_host(model, steps[i].device_tokens, steps[i].tokens.size(), out.tokens[i])
+                             .with_context("a chained step's device tokens"));
+    out.steps[i].tokens = out.tokens[i];
+    out.steps[i].device_tokens = nullptr;
+  }
+  use = out.steps;
   return ok_status();
 }
 
@@ -344,6 +373,8 @@ Status RankLeaderInstance::on_all_ranks(std::string call, const std::function<St
 
 Status RankLeaderInstance::step(std::span<const SequenceStep> steps, std::span<const TokenSelection> select,
                                 const CacheViews& caches, const StepOptions& options, StepOutput& out) {
+  HostTokenSteps staged;
+  KILN_RETURN_IF_ERROR(stage_device_tokens(*own_, steps, staged, steps));
   Writer w;
   w.pod(CallKind::kStep);
   KILN_RETURN_IF_ERROR(write_steps(w, *own_, steps));
@@ -360,6 +391,8 @@ Status RankLeaderInstance::step(std::span<const SequenceStep> steps, std::span<c
 
 Status RankLeaderInstance::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
                                     const CacheViews& caches, MtpStepOutput& out) {
+  HostTokenSteps staged;
+  KILN_RETURN_IF_ERROR(stage_device_tokens(*own_, steps, staged, steps));
   size_t tokens = 0;
   for (const SequenceStep& s : steps) tokens += s.tokens.size();
   std::vector<float> rows;
@@ -483,6 +516,27 @@ class MirroredPools {
   std::map<uint64_t, CacheViews> pools_;
 };
 
+// A follower's device memory for the calls' inputs and outputs, grown as they need (never freed: device memory
+// lives as long as the model, and a drafter's batches grow to a bound).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(ModelInstance& model) : model_(model) {}
+  Result<char*> at_least(size_t bytes) {
+    if (bytes > bytes_) {
+      const size_t want = std::max(bytes, 2 * bytes_);
+      KILN_ASSIGN_OR_RETURN(void* p, model_.device_context().allocate(want, "rank call buffer"));
+      data_ = static_cast<char*>(p);
+      bytes_ = want;
+    }
+    return data_;
+  }
+
+ private:
+  ModelInstance& model_;
+  char* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace
 
 std::vector<SocketCollective*> socket_call_groups(Collective* tensor_parallel, Collective* decode_context) {
@@ -530,6 +584,9 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
   StepOutput out;
   MtpStepOutput mtp_out;
   std::vector<float> buffer;
+  // A model on a device (CUDA ranks) reads a drafter's embedding ids and lm_head rows there and writes there.
+  const bool on_device = !model.device().is_cpu();
+  DeviceBuffer device_buffer(model);
   for (;;) {
     auto call = control.receive(0, std::chrono::milliseconds(-1));  // idle between requests for as long as it takes
     if (!call.ok()) return call.status().with_context("rank " + std::to_string(control.rank()) + " lost rank 0");
@@ -566,7 +623,15 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           TensorView view;
           KILN_RETURN_IF_ERROR(r.array(ids));
           KILN_RETURN_IF_ERROR(read_view(r, view));
-          buffer.resize((static_cast<size_t>(numel(view)) * dtype_size(view.dtype) + 3) / 4);
+          const size_t out_bytes = static_cast<size_t>(numel(view)) * dtype_size(view.dtype);
+          if (on_device) {  // the ids and the rows where the model reads and writes them
+            KILN_ASSIGN_OR_RETURN(char* dev, device_buffer.at_least(ids.size() * sizeof(int32_t) + out_bytes));
+            KILN_RETURN_IF_ERROR(model.device_context().copy(dev, ids.data(), ids.size() * sizeof(int32_t), false));
+            view.data = dev + ids.size() * sizeof(int32_t);
+            view.device = model.device();
+            return model.embed(reinterpret_cast<const int32_t*>(dev), static_cast<int64_t>(ids.size()), view);
+          }
+          buffer.resize((out_bytes + 3) / 4);
           view.data = buffer.data();
           return model.embed(ids.data(), static_cast<int64_t>(ids.size()), view);
         }
@@ -575,8 +640,18 @@ Status run_rank_follower(ModelInstance& model, TcpBootstrap& control, const KvLa
           std::vector<char> rows;
           KILN_RETURN_IF_ERROR(read_view(r, view));
           KILN_RETURN_IF_ERROR(r.array(rows));
-          view.data = rows.data();
           const int64_t n = model.hidden_size() > 0 ? numel(view) / model.hidden_size() : 0;
+          const size_t logits_bytes = static_cast<size_t>(n * model.vocab_size()) * sizeof(float);
+          if (on_device) {
+            // The rows' bytes rounded up to 256, so that the logits after them are aligned.
+            const size_t rows_bytes = (rows.size() + 255) / 256 * 256;
+            KILN_ASSIGN_OR_RETURN(char* dev, device_buffer.at_least(rows_bytes + logits_bytes));
+            KILN_RETURN_IF_ERROR(model.device_context().copy(dev, rows.data(), rows.size(), false));
+            view.data = dev;
+            view.device = model.device();
+            return model.lm_head(view, reinterpret_cast<float*>(dev + rows_bytes));
+          }
+          view.data = rows.data();
           buffer.resize(static_cast<size_t>(n * model.vocab_size()));
           return model.lm_head(view, buffer.data());
         }

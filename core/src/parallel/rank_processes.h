@@ -4,7 +4,9 @@
 // inside the call through the collective (`socket` on CPU ranks, `nccl` on GPUs).
 //
 // What crosses the control channel is what a call reads on the host: the steps (tokens, positions, block tables,
-// media rows), the step options, the MTP hidden rows, embedding ids, lm_head rows, and the cache pool's geometry.
+// media rows), the step options, the MTP hidden rows, embedding ids, lm_head rows, and the cache pool's geometry. A
+// drafter's chained step with its tokens on rank 0's device (SequenceStep::device_tokens) has them staged through
+// rank 0's host first, and every rank, rank 0 included, runs it on those ids.
 // Token selection is rank 0's alone (as with ranks as threads): the others stop at their logits. Every follower
 // holds a KV pool of its own with the geometry of rank 0's, so the block ids rank 0's scheduler hands out work in
 // it; the first call that names a pool allocates its mirror.

@@ -26,12 +26,6 @@ int64_t tap_key(const std::vector<int>& taps) {
   return static_cast<int64_t>(h);
 }
 
-// Drafters borrow the target's embedding and lm_head outside a step; a rank holds only its vocabulary rows of both.
-std::string sharded_drafting_refusal(const char* what) {
-  return std::string("the target's ") + what + " for a drafter under tensor parallelism on CUDA: each rank holds only "
-         "its vocabulary rows (drafting with parallel.tensor > 1 runs on CPU ranks)";
-}
-
 }  // namespace
 
 CudaMlaMoeModel::CudaMlaMoeModel(ModelConfig config, CudaDeviceContext& dev)
@@ -69,10 +63,11 @@ Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create_rank(const Mode
     return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner "
                          "of " + c.model_type + " keeps the whole KV cache on each rank's device (decode-context "
                          "parallelism runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
-  if (ctx.load_mtp)
-    return unimplemented(where + ": drafting with the next-n (MTP) layers is not sharded on CUDA yet (the drafter's "
-                         "embedding, lm_head and device-chained steps would need it); set speculative.method = "
-                         "\"none\" or run the ranks on the CPU");
+  // ctx.load_mtp: the next-n layers are sharded as the trunk's layers are (the sharded source splits their heads,
+  // MLP columns, experts and shared_head.head's vocabulary rows; enorm, hnorm and eh_proj stay whole), and an MTP
+  // step runs the trunk's building blocks, so it meets the other ranks in the same collectives in the same order:
+  // the embedding's exclusive sum, each block's gathers and sums, the head's logits gather. Every rank runs every
+  // MTP step: RankLeaderInstance forwards it (a chained step's device tokens staged through rank 0's host).
   KILN_RETURN_IF_ERROR(check_tensor_parallel_units(c, world));
   const TensorShard shard{rank, world};
   BuildContext rank_ctx = ctx;
@@ -358,22 +353,65 @@ Status CudaMlaMoeModel::mtp_step(int64_t layer, std::span<const SequenceStep> st
 }
 
 Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
-  if (impl_->sharded()) return unimplemented(sharded_drafting_refusal("embedding"));
   if (!out.device.is_cuda() || out.dtype != DType::kBF16 || out.numel() != n * config_.hidden_size)
     return invalid_argument("CUDA embedding rows go to device bf16 [n, hidden]");
-  return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
-                               out.as<uint16_t>(), impl_->s());
+  Impl& I = *impl_;
+  const int64_t Hd = config_.hidden_size;
+  if (!I.sharded())
+    return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, Hd, ids, n, out.as<uint16_t>(), I.s());
+  // As a step's embedding (run_step's embed_rows): this rank's vocabulary rows, zero rows for the others' ids, and
+  // the group's sum, in which each row has its one owner. Every rank runs it (RankLeaderInstance forwards the call).
+  if (n == 0) return ok_status();
+  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch(static_cast<size_t>(n) * sizeof(int32_t)));
+  auto* local = reinterpret_cast<int32_t*>(scratch);
+  KILN_RETURN_IF_ERROR(offset_ids_i32(ids, n, static_cast<int32_t>(I.shard.begin(config_.vocab_size)), local, I.s()));
+  KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, I.shard.count(config_.vocab_size), Hd, local, n,
+                                             out.as<uint16_t>(), I.s()));
+  return I.collective->all_reduce(out.data, n * Hd, DType::kBF16, ReduceOp::kSum, I.sdk_stream())
+      .with_context("tensor-parallel embedding (drafter)");
 }
 
 Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
-  if (impl_->sharded()) return unimplemented(sharded_drafting_refusal("lm_head"));
   if (!hidden.device.is_cuda() || hidden.dtype != DType::kBF16 || hidden.dim(-1) != config_.hidden_size)
     return invalid_argument("the CUDA lm_head takes device bf16 [n, hidden]");
+  Impl& I = *impl_;
+  const int64_t n = hidden.numel() / config_.hidden_size, V = config_.vocab_size;
   LinearRun r;
-  const int64_t n = hidden.numel() / config_.hidden_size;
   r.x = hidden;
-  r.y = TensorView::contiguous(logits, DType::kF32, {n, config_.vocab_size}, impl_->dev.device());
-  return weights_.lm_head->run(r, impl_->dev.stream());
+  if (!I.sharded()) {
+    r.y = TensorView::contiguous(logits, DType::kF32, {n, V}, I.dev.device());
+    return weights_.lm_head->run(r, I.dev.stream());
+  }
+  // As a step's logits: this rank's vocabulary columns, then every rank's gathered in vocabulary order (copies only,
+  // so each value is its owner's). Scratch apart from the step's buffers, whose logits a drafter may still read.
+  if (n == 0) return ok_status();
+  const int64_t mine = I.shard.count(V);
+  const size_t local_bytes = static_cast<size_t>(n * mine) * sizeof(float);
+  const size_t send_bytes = gather_staging_bytes(I.shard, n, V, 1, DType::kF32);
+  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch(align(local_bytes) + align(send_bytes) +
+                                                       send_bytes * static_cast<size_t>(I.shard.world)));
+  auto* local = reinterpret_cast<float*>(scratch);
+  r.y = TensorView::contiguous(local, DType::kF32, {n, mine}, I.dev.device());
+  KILN_RETURN_IF_ERROR(weights_.lm_head->run(r, I.dev.stream()));
+  StepShape shape;
+  shape.shard = I.shard;
+  StepBuffers b;
+  b.gather_send = scratch + align(local_bytes);
+  b.gather_recv = b.gather_send + align(send_bytes);
+  const StepContext x{config_, I, shape, b, 0, {}, nullptr};
+  return gather_units(x, local, n, V, 1, DType::kF32, logits).with_context("tensor-parallel lm_head (drafter)");
+}
+
+Result<char*> CudaMlaMoeModel::drafter_scratch(size_t bytes) {
+  if (bytes > drafter_scratch_bytes_) {
+    // Grown, never freed (device memory lives as long as the model): a drafter's batches grow to a bound.
+    const size_t want = std::max(bytes, 2 * drafter_scratch_bytes_);
+    KILN_ASSIGN_OR_RETURN(void* p, impl_->dev.allocate(want, "tensor-parallel drafter scratch"));
+    drafter_scratch_ = static_cast<char*>(p);
+    drafter_scratch_bytes_ = want;
+  }
+  return drafter_scratch_;
 }
 
 Status CudaMlaMoeModel::sample_drafts(const DraftSampleRequest& r) {

@@ -33,7 +33,9 @@ class CudaMlaMoeModel final : public ModelInstance {
   // gathers of the heads' outputs, the dense MLP's SwiGLU columns and the logits, sums of the embedding rows and
   // the routed pairs, each with one non-zero contributor — so every rank computes every value with the arithmetic
   // of one rank wherever its kernels' launch shapes do not depend on the split widths (at the test fixtures' sizes
-  // they do not: tests/gpu). Refused with decode-context parallelism and with MTP drafting.
+  // they do not: tests/gpu). Refused with decode-context parallelism. MTP drafting works: the next-n layers are
+  // split as the trunk's layers and mtp_step() meets the ranks as step() does. embed() and lm_head() outside a step
+  // (drafters with a model of their own, e.g. dflash) are vocabulary-parallel as the step's: every rank runs them.
   static Result<std::unique_ptr<CudaMlaMoeModel>> create_rank(const ModelConfig& config, const BuildContext& ctx);
   ~CudaMlaMoeModel() override;
 
@@ -82,6 +84,10 @@ class CudaMlaMoeModel final : public ModelInstance {
   DeviceTokenSelection selection_;
   std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
   std::unique_ptr<WeightSource> rank_source_;  // a tensor-parallel rank's view of the checkpoint (create_rank)
+  // A rank's device scratch for embed() and lm_head() outside a step (vocabulary ids, local logits, gather staging).
+  Result<char*> drafter_scratch(size_t bytes);
+  char* drafter_scratch_ = nullptr;
+  size_t drafter_scratch_bytes_ = 0;
 };
 
 }  // namespace kiln::cuda
