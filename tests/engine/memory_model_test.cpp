@@ -73,6 +73,25 @@ TEST(MemoryModel, PoolTermFollowsTheEnginesRule) {
   EXPECT_EQ(2 * find_term(*a, "KV pool")->high, find_term(*b, "KV pool")->high);
 }
 
+TEST(MemoryModel, CpuRankThreadsEachPriceTheirOwnActivations) {
+  // parallel.tensor = 3 as threads of this process: three forwards' buffers at once; as processes (socket), the
+  // priced process runs one rank.
+  auto one = screen_memory(tiny_recipe(), global_registry());
+  auto threads = screen_memory(tiny_recipe({"parallel.tensor=3"}), global_registry());
+  auto processes = screen_memory(tiny_recipe({"parallel.tensor=3", "transport.backend=\"socket\""}), global_registry());
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ASSERT_TRUE(threads.ok()) << threads.status().to_string();
+  ASSERT_TRUE(processes.ok()) << processes.status().to_string();
+  const MemoryTerm* a = find_term(*one, "activations");
+  const MemoryTerm* t = find_term(*threads, "activations");
+  const MemoryTerm* p = find_term(*processes, "activations");
+  ASSERT_TRUE(a && t && p);
+  EXPECT_EQ(t->high, 3 * a->high);
+  EXPECT_EQ(t->low, a->low);
+  EXPECT_EQ(p->high, a->high);
+  EXPECT_NE(t->basis.find("3 rank threads"), std::string::npos) << t->basis;
+}
+
 TEST(MemoryModel, ImpossibleRecipeIsNoGoNamingTheKey) {
   // 40 MiB of memory: 36 usable at 0.9, less 19 MiB of weights and the step's workspace, leaves no KV window.
   ScreenOptions tight;

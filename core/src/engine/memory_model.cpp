@@ -99,8 +99,9 @@ MemoryTerm term(std::string name, uint64_t lo, uint64_t hi, MemoryWhere where, M
   return {std::move(name), lo, std::max(lo, hi), where, when, std::move(key), std::move(basis)};
 }
 
-// glm5_next's CPU ranks in the priced process: parallel.tensor of them as threads (`local`), one per process.
-CpuRanks glm5_next_cpu_ranks(const Recipe& recipe) {
+// The CPU ranks in the priced process (any architecture): parallel.tensor of them as threads (`local`), one per
+// process.
+CpuRanks cpu_ranks(const Recipe& recipe) {
   const int world = static_cast<int>(std::max<int64_t>(recipe.section("parallel").get_int("tensor", 1), 1));
   const bool processes = recipe.section("transport").get_string("backend", "local") == "socket";
   return CpuRanks{world, processes ? 1 : world};
@@ -755,7 +756,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
                                           mtp_loaded > 0 && names != nullptr)
             : glm5_next_cpu_weight_bytes(c, *names, prefix, in.rule_weight_bytes,
                                          model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0,
-                                         glm5_next_cpu_ranks(recipe));
+                                         cpu_ranks(recipe));
     w = WeightEstimate{b.low, b.high, b.basis, false};
   }
   // Tensor parallelism on CUDA: one GPU per rank, each holding its shard; the term is the largest rank's.
@@ -865,10 +866,15 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       in.terms.push_back(term("checkpoint mapping", 0, in.rule_weight_bytes, MemoryWhere::kHost, MemoryWhen::kLoad, "",
                               "the mapped safetensors (page cache: reclaimable, resident while read at load)"));
   } else {
+    // Tensor-parallel ranks that are threads of this process (transport "local") each run their own forward with
+    // buffers of their own at once (the hidden-wide ones whole, the head- and column-sharded ones a share): priced
+    // as that many one-rank forwards. A rank process holds one.
     const uint64_t ws = workspace_estimate(info, config);
-    in.terms.push_back(term("activations", ws / 8, ws * 2, MemoryWhere::kHost, MemoryWhen::kRun,
+    const uint64_t here = static_cast<uint64_t>(cpu_ranks(recipe).here);
+    in.terms.push_back(term("activations", ws / 8, ws * 2 * here, MemoryWhere::kHost, MemoryWhen::kRun,
                             "scheduler.max_num_batched_tokens",
-                            "the CPU forward's buffers for one step of " + std::to_string(N) + " tokens"));
+                            "the CPU forward's buffers for one step of " + std::to_string(N) + " tokens" +
+                                (here > 1 ? ", for each of the " + std::to_string(here) + " rank threads" : "")));
   }
   std::error_code ec;
   const auto tok = fs::file_size(dir / "tokenizer.json", ec);
