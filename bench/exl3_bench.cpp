@@ -8,8 +8,11 @@
 // product). Then the routed experts of one decode token (one ExpertSet::run: every (token, expert) pair in one
 // launch per projection), expert ids rotated across graph nodes.
 // Copy bandwidth: cudaMemcpyAsync device → device of 1 GiB, counted as bytes read + bytes written.
-// Usage: kiln_bench_exl3_bench [--bits 2,3,4,5,6] [--rows 1,4,16,64] [--products-only | --experts-only]
+// Usage: kiln_bench_exl3_bench [--bits 2,3,4,5,6] [--rows 1,4,16,64] [--products-only | --experts-only | --viterbi]
 //   (the defaults are the full table; the options select a part of it, e.g. for a profiler run)
+// --viterbi: the encoder's trellis search instead (`kiln quantize`'s cost): tiles per second on the GPU
+//   (cuda::viterbi_tiles over 16,384 random tiles, host to host, transfers included) and on this machine's CPU
+//   threads (viterbi_tile under OpenMP over 16 tiles a thread), the same tiles' first ones compared bit for bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +24,14 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
+#include <chrono>
+
 #include "exl3_cuda_format.h"
+#include "exl3_encoder.h"
+#include "exl3_viterbi.h"
+#include "exl3_viterbi_cuda.h"
 #include "runtime/cuda/cuda_device_context.h"
 #include "bench_check.h"
 #include "bench_graph_timing.h"
@@ -70,22 +80,71 @@ struct Shape {
 
 bool wanted(const std::vector<int64_t>& list, int64_t v) { return std::find(list.begin(), list.end(), v) != list.end(); }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The trellis search's rate, GPU against this machine's CPU threads, MUL1 codebook, Gaussian targets.
+int viterbi_rates(const std::vector<int64_t>& bits_list) {
+  const std::vector<float>& values = kiln::exl3::codebook_values(kiln::exl3::Codebook::kMul1);
+  const int threads = omp_get_max_threads();
+  std::printf("trellis search (MUL1), GPU: 16,384 tiles per K; CPU: %d threads x 16 tiles\n", threads);
+  std::printf("%2s %14s %14s %8s\n", "K", "GPU tiles/s", "CPU tiles/s", "GPU/CPU");
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t bits : bits_list) {
+    if (bits < 2 || bits > 8) continue;
+    const int64_t tiles = 16384, cpu_tiles = 16 * threads;
+    std::vector<float> t(static_cast<size_t>(tiles * 256));
+    for (float& x : t) x = normal(rng);
+    std::vector<uint8_t> gpu(static_cast<size_t>(tiles * 256)), cpu(static_cast<size_t>(cpu_tiles * 256));
+    const std::string warm = kiln::exl3::cuda::viterbi_tiles(t.data(), 64, static_cast<int>(bits), values.data(),
+                                                             gpu.data(), nullptr);
+    if (!warm.empty()) {
+      std::fprintf(stderr, "%s\n", warm.c_str());
+      return 1;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    const std::string e = kiln::exl3::cuda::viterbi_tiles(t.data(), tiles, static_cast<int>(bits), values.data(),
+                                                          gpu.data(), nullptr);
+    const double gpu_s = seconds_since(t0);
+    if (!e.empty()) {
+      std::fprintf(stderr, "%s\n", e.c_str());
+      return 1;
+    }
+    t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < cpu_tiles; ++i) {
+      thread_local kiln::exl3::ViterbiWorkspace ws;
+      kiln::exl3::viterbi_tile(t.data() + i * 256, static_cast<int>(bits), values.data(), ws, cpu.data() + i * 256);
+    }
+    const double cpu_s = seconds_since(t0);
+    const bool same = std::equal(cpu.begin(), cpu.end(), gpu.begin());
+    std::printf("%2lld %14.0f %14.1f %7.1fx%s\n", static_cast<long long>(bits), tiles / gpu_s, cpu_tiles / cpu_s,
+                (tiles / gpu_s) / (cpu_tiles / cpu_s), same ? "" : "  (symbols DIFFER from the CPU's)");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> bits_list = {2, 3, 4, 5, 6}, rows_list = {1, 4, 16, 64};
-  bool products = true, experts = true;
+  bool products = true, experts = true, viterbi = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bits" && i + 1 < argc) bits_list = parse_list(argv[++i], "exl3_bench");
     else if (a == "--rows" && i + 1 < argc) rows_list = parse_list(argv[++i], "exl3_bench");
     else if (a == "--products-only") experts = false;
     else if (a == "--experts-only") products = false;
+    else if (a == "--viterbi") viterbi = true;
     else {
-      std::fprintf(stderr, "usage: kiln_bench_exl3_bench [--bits L] [--rows L] [--products-only | --experts-only]\n");
+      std::fprintf(stderr,
+                   "usage: kiln_bench_exl3_bench [--bits L] [--rows L] [--products-only | --experts-only | --viterbi]\n");
       return 2;
     }
   }
+  if (viterbi) return viterbi_rates(bits_list);
   auto made = kiln::cuda::CudaDeviceContext::create();
   CHECK_OK(made.status());
   auto& dev = **made;

@@ -159,9 +159,29 @@ EncodedMatrix encode_matrix(const float* w, int64_t out, int64_t in, const Encod
   // The trellis, tile by tile; progress is reported between chunks, on this thread.
   const int64_t cols = n / kTile, tiles = (k / kTile) * cols, words = static_cast<int64_t>(kTile) * o.bits;
   r.trellis.assign(static_cast<size_t>(tiles * words), 0);
-  const int64_t chunk = std::max<int64_t>(64, 16 * threads);
+  // With a tile search of the caller's (the GPU), chunks of 4,096 tiles: gathered here, searched there, packed here;
+  // a chunk it declines is searched on the CPU.
+  bool device = static_cast<bool>(o.tile_search);
+  const int64_t chunk = device ? 4096 : std::max<int64_t>(64, 16 * threads);
+  std::vector<float> targets;
+  std::vector<uint8_t> found;
   for (int64_t begin = 0; begin < tiles; begin += chunk) {
     const int64_t end = std::min(tiles, begin + chunk);
+    if (device) {
+      targets.resize(static_cast<size_t>((end - begin) * kTileValues));
+      found.resize(targets.size());
+#pragma omp parallel for num_threads(threads)
+      for (int64_t tile = begin; tile < end; ++tile)
+        gather_tile(t, n, tile / cols, tile % cols, 1.0f, targets.data() + (tile - begin) * kTileValues);
+      device = o.tile_search(targets.data(), end - begin, o.bits, values, found.data());
+      if (device) {
+#pragma omp parallel for num_threads(threads)
+        for (int64_t tile = begin; tile < end; ++tile)
+          encode_symbols(found.data() + (tile - begin) * kTileValues, o.bits, r.trellis.data() + tile * words);
+        if (progress) progress(end - begin);
+        continue;
+      }
+    }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t tile = begin; tile < end; ++tile) {
       thread_local ViterbiWorkspace ws;

@@ -20,6 +20,10 @@ struct EncodeOptions {
   Codebook codebook = Codebook::kMcg;
   uint64_t seed = 0;                   // the sign vectors' seed: same seed and weight → same bytes
   int threads = 0;                     // 0: OpenMP's default
+  // Optional: searches `tiles` tiles at once (targets [tiles, 256] in code order → symbols [tiles, 256]) with the
+  // same results as viterbi_tile, bit for bit (the plugin's CUDA search); false: the CPU searches those tiles.
+  std::function<bool(const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols)>
+      tile_search;
 };
 
 // What a module stores (HF `weight` [out, in] → EXL3 orientation k = in, n = out, padded to multiples of 128).

@@ -1,5 +1,6 @@
 #include "exl3_quantizer.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -8,7 +9,11 @@
 #include "exl3_half.h"
 #include "exl3_module.h"
 #include "exl3_tile.h"
+#include "kiln/log.h"
 #include "kiln/quantizer.h"
+#ifdef KILN_EXL3_WITH_CUDA
+#include "exl3_viterbi_cuda.h"
+#endif
 
 namespace kiln::exl3 {
 namespace {
@@ -77,6 +82,20 @@ class Exl3Quantizer final : public Quantizer {
     eo.codebook = cb;
     eo.seed = o.seed;
     eo.threads = o.threads;
+#ifdef KILN_EXL3_WITH_CUDA
+    // The trellis search on the GPU where there is one (the same bytes as the CPU's; KILN_EXL3_VITERBI=cpu keeps it
+    // on the CPU). K = 1 and a failed launch stay on the CPU.
+    // After a failure (no memory left beside another process, say) the rest of the run stays on the CPU: said once.
+    if (o.bits >= 2 && !device_failed_ && cuda::viterbi_device_usable())
+      eo.tile_search = [this](const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols) {
+        if (device_failed_) return false;
+        const std::string error = cuda::viterbi_tiles(targets, tiles, bits, values, symbols, nullptr);
+        if (error.empty()) return true;
+        device_failed_ = true;
+        log::warn("exl3 quantizer: the GPU trellis search failed ({}); searching on the CPU from here on", error);
+        return false;
+      };
+#endif
     const int64_t out = w.shape[0], in = w.shape[1];
     const float* data = w.as<const float>();
     EncodedMatrix e = encode_matrix(data, out, in, eo, progress);
@@ -103,6 +122,9 @@ class Exl3Quantizer final : public Quantizer {
 
   int min_bits() const override { return 1; }
   int max_bits() const override { return kMaxBits; }
+
+ private:
+  std::atomic<bool> device_failed_{false};
 };
 
 Result<std::unique_ptr<Quantizer>> create_exl3_quantizer(const CreateContext&) {

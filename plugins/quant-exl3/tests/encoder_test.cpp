@@ -111,5 +111,34 @@ TEST(Exl3Encoder, SameSeedSameBytesAnyThreadCount) {
   EXPECT_NE(encode_matrix(w.data(), 128, 128, o).suh, a.suh);
 }
 
+// The seam the GPU search plugs into (EncodeOptions::tile_search): chunks it searches are packed as it returns them,
+// chunks it declines are searched on the CPU, and a search equal to the CPU's writes the CPU's bytes either way.
+TEST(Exl3Encoder, TileSearchSeamWritesTheSameBytesAndFallsBackWhenDeclined) {
+  const std::vector<float> w = gaussian(100 * 200, 4, 0.05f);  // padded to 128 × 256: 128 tiles
+  EncodeOptions o;
+  o.bits = 3;
+  o.seed = 7;
+  const EncodedMatrix cpu = encode_matrix(w.data(), 100, 200, o);
+  int64_t searched = 0;
+  o.tile_search = [&](const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols) {
+    ViterbiWorkspace ws;
+    for (int64_t t = 0; t < tiles; ++t) viterbi_tile(targets + t * 256, bits, values, ws, symbols + t * 256);
+    searched += tiles;
+    return true;
+  };
+  const EncodedMatrix seam = encode_matrix(w.data(), 100, 200, o);
+  EXPECT_EQ(searched, (256 / 16) * (128 / 16));
+  EXPECT_EQ(seam.trellis, cpu.trellis);
+  int declined = 0;
+  o.tile_search = [&](const float*, int64_t, int, const float*, uint8_t* symbols) {
+    symbols[0] ^= 1;  // a declined chunk's symbols are not used
+    ++declined;
+    return false;
+  };
+  const EncodedMatrix fallback = encode_matrix(w.data(), 100, 200, o);
+  EXPECT_EQ(declined, 1);
+  EXPECT_EQ(fallback.trellis, cpu.trellis);
+}
+
 }  // namespace
 }  // namespace kiln::exl3
