@@ -11,8 +11,9 @@
 // Usage: kiln_bench_exl3_bench [--bits 2,3,4,5,6] [--rows 1,4,16,64] [--products-only | --experts-only | --viterbi]
 //   (the defaults are the full table; the options select a part of it, e.g. for a profiler run)
 // --viterbi: the encoder's trellis search instead (`kiln quantize`'s cost): tiles per second on the GPU
-//   (cuda::viterbi_tiles over 16,384 random tiles, host to host, transfers included) and on this machine's CPU
-//   threads (viterbi_tile under OpenMP over 16 tiles a thread), the same tiles' first ones compared bit for bit.
+//   (cuda::viterbi_tiles over 16,384 random tiles, host to host, transfers included; codebook values read from the
+//   table, then decoded in registers as the quantizer runs it) and on this machine's CPU threads (viterbi_tile under
+//   OpenMP over 16 tiles a thread), the same tiles' first ones compared bit for bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,7 +90,7 @@ int viterbi_rates(const std::vector<int64_t>& bits_list) {
   const std::vector<float>& values = kiln::exl3::codebook_values(kiln::exl3::Codebook::kMul1);
   const int threads = omp_get_max_threads();
   std::printf("trellis search (MUL1), GPU: 16,384 tiles per K; CPU: %d threads x 16 tiles\n", threads);
-  std::printf("%2s %14s %14s %8s\n", "K", "GPU tiles/s", "CPU tiles/s", "GPU/CPU");
+  std::printf("%2s %18s %14s %14s %8s\n", "K", "GPU table tiles/s", "GPU tiles/s", "CPU tiles/s", "GPU/CPU");
   std::mt19937_64 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t bits : bits_list) {
@@ -105,8 +106,14 @@ int viterbi_rates(const std::vector<int64_t>& bits_list) {
       return 1;
     }
     auto t0 = std::chrono::steady_clock::now();
-    const std::string e = kiln::exl3::cuda::viterbi_tiles(t.data(), tiles, static_cast<int>(bits), values.data(),
-                                                          gpu.data(), nullptr);
+    std::string e = kiln::exl3::cuda::viterbi_tiles(t.data(), tiles, static_cast<int>(bits), values.data(), gpu.data(),
+                                                    nullptr);
+    const double table_s = seconds_since(t0);
+    std::vector<uint8_t> decoded(gpu.size());
+    t0 = std::chrono::steady_clock::now();
+    if (e.empty())
+      e = kiln::exl3::cuda::viterbi_tiles(t.data(), tiles, static_cast<int>(bits), values.data(), decoded.data(),
+                                          nullptr, static_cast<int>(kiln::exl3::Codebook::kMul1));
     const double gpu_s = seconds_since(t0);
     if (!e.empty()) {
       std::fprintf(stderr, "%s\n", e.c_str());
@@ -119,9 +126,9 @@ int viterbi_rates(const std::vector<int64_t>& bits_list) {
       kiln::exl3::viterbi_tile(t.data() + i * 256, static_cast<int>(bits), values.data(), ws, cpu.data() + i * 256);
     }
     const double cpu_s = seconds_since(t0);
-    const bool same = std::equal(cpu.begin(), cpu.end(), gpu.begin());
-    std::printf("%2lld %14.0f %14.1f %7.1fx%s\n", static_cast<long long>(bits), tiles / gpu_s, cpu_tiles / cpu_s,
-                (tiles / gpu_s) / (cpu_tiles / cpu_s), same ? "" : "  (symbols DIFFER from the CPU's)");
+    const bool same = std::equal(cpu.begin(), cpu.end(), gpu.begin()) && gpu == decoded;
+    std::printf("%2lld %18.0f %14.0f %14.1f %7.1fx%s\n", static_cast<long long>(bits), tiles / table_s, tiles / gpu_s,
+                cpu_tiles / cpu_s, (tiles / gpu_s) / (cpu_tiles / cpu_s), same ? "" : "  (symbols DIFFER)");
   }
   return 0;
 }

@@ -87,9 +87,13 @@ class Exl3Quantizer final : public Quantizer {
     // on the CPU). K = 1 and a failed launch stay on the CPU.
     // After a failure (no memory left beside another process, say) the rest of the run stays on the CPU: said once.
     if (o.bits >= 2 && !device_failed_ && cuda::viterbi_device_usable())
-      eo.tile_search = [this](const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols) {
+      eo.tile_search = [this, cb](const float* targets, int64_t tiles, int bits, const float* values,
+                                  uint8_t* symbols) {
         if (device_failed_) return false;
-        const std::string error = cuda::viterbi_tiles(targets, tiles, bits, values, symbols, nullptr);
+        // Values decoded in registers where that was faster on the H200 (K = 2: 1.31×; K = 8: 2.0×, a block's
+        // threads mostly waiting on L2 there), the table elsewhere (K = 3..6: 1-7 % faster); the same bits either way.
+        const int decode = bits <= 2 || bits >= 7 ? static_cast<int>(cb) : -1;
+        const std::string error = cuda::viterbi_tiles(targets, tiles, bits, values, symbols, nullptr, decode);
         if (error.empty()) return true;
         device_failed_ = true;
         log::warn("exl3 quantizer: the GPU trellis search failed ({}); searching on the CPU from here on", error);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "exl3_codebook_device.cuh"
 #include "exl3_viterbi_cuda.h"
 
 namespace kiln::exl3::cuda {
@@ -15,15 +16,20 @@ constexpr int kThreads = 1024;
 constexpr float kUnreachable = 1e30f;      // exl3_viterbi.cpp's
 constexpr size_t kBackBudget = size_t(1) << 30;  // backpointer bytes per launch
 
-// The cost of reaching DP state e through predecessor `hi` with target w, rounded as the CPU rounds it.
+// The cost of reaching full state s (DP state s mod 2^(16−K), from s >> K) with target w, rounded as the CPU rounds
+// it. CB ≥ 0 decodes the state's value in registers (the table's value bit for bit, exl3_codebook_device.cuh) instead
+// of reading the 256 KiB table from L2 at every step.
+template <int CB>
 __device__ __forceinline__ float arrive(const float* cost, const float* __restrict__ values, uint32_t s, int bits,
                                         float w) {
-  const float d = __fsub_rn(__ldg(values + s), w);
+  const float v = CB < 0 ? __ldg(values + s) : decode_state(s, CB);
+  const float d = __fsub_rn(v, w);
   return __fadd_rn(cost[s >> bits], __fmul_rn(d, d));
 }
 
 // One pass of viterbi_path over t[0..256): `edge` < 0 free ends, else closed at that DP state. Leaves the path's
 // full states in `path` and returns its cost (valid in every thread).
+template <int CB>
 __device__ float pass(const float* t, int bits, const float* __restrict__ values, int64_t edge, float* cost,
                       float* next, uint8_t* back, uint32_t* path, float* red_v, uint32_t* red_i) {
   const uint32_t dp = 1u << (16 - bits), his = 1u << bits;
@@ -34,10 +40,10 @@ __device__ float pass(const float* t, int bits, const float* __restrict__ values
     const float w = t[step];
     uint8_t* b = back + static_cast<size_t>(step) * dp;
     for (uint32_t e = threadIdx.x; e < dp; e += blockDim.x) {
-      float best = arrive(cost, values, e, bits, w);
+      float best = arrive<CB>(cost, values, e, bits, w);
       uint32_t best_hi = 0;
       for (uint32_t hi = 1; hi < his; ++hi) {
-        const float c = arrive(cost, values, (hi << (16 - bits)) | e, bits, w);
+        const float c = arrive<CB>(cost, values, (hi << (16 - bits)) | e, bits, w);
         if (c < best) best = c, best_hi = hi;
       }
       next[e] = best;
@@ -87,6 +93,7 @@ __device__ float pass(const float* t, int bits, const float* __restrict__ values
 
 // Block b searches tile first + b: the free-ended pass from position 128 around to 127 picks the state at 255,
 // which closes the second pass over 0..255 (viterbi_tile).
+template <int CB>
 __global__ void __launch_bounds__(kThreads) viterbi_tiles_kernel(const float* __restrict__ targets, int bits,
                                                                   const float* __restrict__ values, uint8_t* backs,
                                                                   uint8_t* symbols, float* errors) {
@@ -100,11 +107,11 @@ __global__ void __launch_bounds__(kThreads) viterbi_tiles_kernel(const float* __
   uint8_t* back = backs + static_cast<size_t>(blockIdx.x) * kValues * dp;
   for (int i = threadIdx.x; i < kValues; i += blockDim.x) s_t[i] = t[(i + kValues / 2) % kValues];
   __syncthreads();
-  pass(s_t, bits, values, -1, s_cost, s_cost + dp, back, s_path, red_v, red_i);
+  pass<CB>(s_t, bits, values, -1, s_cost, s_cost + dp, back, s_path, red_v, red_i);
   const uint32_t edge = s_path[kValues - 1 - kValues / 2] & (dp - 1);
   for (int i = threadIdx.x; i < kValues; i += blockDim.x) s_t[i] = t[i];
   __syncthreads();
-  const float total = pass(s_t, bits, values, edge, s_cost, s_cost + dp, back, s_path, red_v, red_i);
+  const float total = pass<CB>(s_t, bits, values, edge, s_cost, s_cost + dp, back, s_path, red_v, red_i);
   for (int i = threadIdx.x; i < kValues; i += blockDim.x)
     symbols[static_cast<size_t>(blockIdx.x) * kValues + i] = static_cast<uint8_t>(s_path[i] & ((1u << bits) - 1u));
   if (threadIdx.x == 0) errors[blockIdx.x] = total;
@@ -122,14 +129,19 @@ bool viterbi_device_usable() {
 }
 
 std::string viterbi_tiles(const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols,
-                          double* errors) {
+                          double* errors, int codebook) {
   if (bits < 2 || bits > 8) return "the device Viterbi takes 2..8 bits, got " + std::to_string(bits);
+  if (codebook < -1 || codebook > kCbMul1) return "the device Viterbi: unknown codebook " + std::to_string(codebook);
+  auto kernel = codebook == kCb3Inst ? viterbi_tiles_kernel<kCb3Inst>
+                : codebook == kCbMcg ? viterbi_tiles_kernel<kCbMcg>
+                : codebook == kCbMul1 ? viterbi_tiles_kernel<kCbMul1>
+                                      : viterbi_tiles_kernel<-1>;
   if (tiles <= 0) return "";
   const uint32_t dp = 1u << (16 - bits);
   const size_t smem = size_t(2) * dp * sizeof(float);
   const size_t back_per_tile = size_t(kValues) * dp;
   const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(tiles, kBackBudget / back_per_tile));
-  cudaError_t e = cudaFuncSetAttribute(viterbi_tiles_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return failed("exl3 Viterbi: shared memory", e);
   float *d_values = nullptr, *d_targets = nullptr, *d_errors = nullptr;
@@ -151,8 +163,7 @@ std::string viterbi_tiles(const float* targets, int64_t tiles, int bits, const f
       if (!check(cudaMemcpy(d_targets, targets + first * kValues, sizeof(float) * kValues * n, cudaMemcpyHostToDevice),
                  "exl3 Viterbi: upload"))
         break;
-      viterbi_tiles_kernel<<<static_cast<unsigned>(n), kThreads, smem>>>(d_targets, bits, d_values, d_backs, d_symbols,
-                                                                        d_errors);
+      kernel<<<static_cast<unsigned>(n), kThreads, smem>>>(d_targets, bits, d_values, d_backs, d_symbols, d_errors);
       if (!check(cudaGetLastError(), "exl3 Viterbi: launch") ||
           !check(cudaMemcpy(symbols + first * kValues, d_symbols, size_t(kValues) * n, cudaMemcpyDeviceToHost),
                  "exl3 Viterbi") ||

@@ -16,9 +16,10 @@ bool viterbi_device_usable();
 
 // Searches `tiles` tiles: targets [tiles, 256] (host, code order), the codebook's decoded values of all 65,536
 // states (host); writes symbols [tiles, 256] and, if not null, errors [tiles] (host). K = bits must be 2..8 (K = 1
-// keeps 2 × 32,768 DP costs, more shared memory than a block gets: the caller searches those on the CPU). Returns ""
-// or what failed.
+// keeps 2 × 32,768 DP costs, more shared memory than a block gets: the caller searches those on the CPU).
+// `codebook` (exl3::Codebook as int) decodes each state's value in registers — the same values as the table, without
+// streaming it from L2 at every step; −1 reads `values`. Returns "" or what failed.
 std::string viterbi_tiles(const float* targets, int64_t tiles, int bits, const float* values, uint8_t* symbols,
-                          double* errors);
+                          double* errors, int codebook = -1);
 
 }  // namespace kiln::exl3::cuda

@@ -1,5 +1,5 @@
 // The encoder's trellis search on the GPU against the CPU search (exl3_viterbi.h): the same symbols and the same
-// squared errors, bit for bit, for K = 2..8 and every codebook, on targets at the codebook's scale and on outliers;
+// squared errors, bit for bit, for K = 2..8 and every codebook (values from the table and decoded in registers), on targets at the codebook's scale and on outliers;
 // and a whole weight encoded with the GPU search writes the CPU's bytes. Skips without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -38,17 +38,27 @@ TEST(Exl3ViterbiCuda, SymbolsAndErrorsEqualTheCpuSearchForEveryKAndCodebook) {
     for (int bits = 2; bits <= 8; ++bits) {
       const int64_t tiles = bits <= 3 ? 6 : 12;
       const std::vector<float> targets = random_targets(tiles, 1000 * bits + static_cast<int>(cb), 1.0f);
-      std::vector<uint8_t> gpu(static_cast<size_t>(tiles * kTargets));
-      std::vector<double> gpu_err(static_cast<size_t>(tiles));
-      ASSERT_EQ(cuda::viterbi_tiles(targets.data(), tiles, bits, values.data(), gpu.data(), gpu_err.data()), "");
+      // The table read from memory (−1) and the values decoded in registers (the codebook's id).
+      std::vector<uint8_t> gpu[2];
+      std::vector<double> gpu_err[2];
+      for (int mode = 0; mode < 2; ++mode) {
+        gpu[mode].resize(static_cast<size_t>(tiles * kTargets));
+        gpu_err[mode].resize(static_cast<size_t>(tiles));
+        ASSERT_EQ(cuda::viterbi_tiles(targets.data(), tiles, bits, values.data(), gpu[mode].data(),
+                                      gpu_err[mode].data(), mode == 0 ? -1 : static_cast<int>(cb)),
+                  "");
+      }
       ViterbiWorkspace ws;
       for (int64_t tile = 0; tile < tiles; ++tile) {
         uint8_t cpu[kTargets];
         const double err = viterbi_tile(targets.data() + tile * kTargets, bits, values.data(), ws, cpu);
-        EXPECT_EQ(err, gpu_err[static_cast<size_t>(tile)]) << codebook_name(cb) << " K=" << bits << " tile " << tile;
-        for (int i = 0; i < kTargets; ++i)
-          ASSERT_EQ(cpu[i], gpu[static_cast<size_t>(tile * kTargets + i)])
-              << codebook_name(cb) << " K=" << bits << " tile " << tile << " symbol " << i;
+        for (int mode = 0; mode < 2; ++mode) {
+          EXPECT_EQ(err, gpu_err[mode][static_cast<size_t>(tile)])
+              << codebook_name(cb) << " K=" << bits << " tile " << tile << " mode " << mode;
+          for (int i = 0; i < kTargets; ++i)
+            ASSERT_EQ(cpu[i], gpu[mode][static_cast<size_t>(tile * kTargets + i)])
+                << codebook_name(cb) << " K=" << bits << " tile " << tile << " symbol " << i << " mode " << mode;
+        }
       }
     }
   }
@@ -80,7 +90,7 @@ TEST(Exl3ViterbiCuda, AWeightEncodedWithTheGpuSearchHasTheCpuBytes) {
     int calls = 0;
     o.tile_search = [&](const float* targets, int64_t tiles, int k, const float* values, uint8_t* symbols) {
       ++calls;
-      return cuda::viterbi_tiles(targets, tiles, k, values, symbols, nullptr).empty();
+      return cuda::viterbi_tiles(targets, tiles, k, values, symbols, nullptr, static_cast<int>(Codebook::kMul1)).empty();
     };
     const EncodedMatrix gpu = encode_matrix(w.data(), out, in, o, nullptr);
     EXPECT_EQ(calls, 1);
