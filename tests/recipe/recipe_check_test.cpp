@@ -132,7 +132,9 @@ TEST(RecipeCheck, TensorParallelismSaysWhatItNeeds) {
                                                "transport.backend=socket", "speculative.method=mtp",
                                                "speculative.depth=2", "model.path=\"" +
                                                model_dir("deepseek_v3-tiny") + "\""});
-  EXPECT_TRUE(has(problem_about(no_mtp, "speculative.method"), "this checkpoint has none")) << messages(no_mtp);
+  // (A kiln built without CUDA, like the sanitized CI pass, refuses the device itself and checks no further.)
+  if (!has(messages(no_mtp), "built without CUDA"))
+    EXPECT_TRUE(has(problem_about(no_mtp, "speculative.method"), "this checkpoint has none")) << messages(no_mtp);
   // Decode-context parallelism: a note on CPU ranks, refused on CUDA naming its key.
   RecipeCheck dcp = check("check_ok.toml", {"parallel.tensor=2", "parallel.decode_context=2", "model.device=cpu"});
   EXPECT_TRUE(dcp.problems.empty()) << messages(dcp);
