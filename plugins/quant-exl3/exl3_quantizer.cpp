@@ -84,8 +84,8 @@ class Exl3Quantizer final : public Quantizer {
     eo.threads = o.threads;
 #ifdef KILN_EXL3_WITH_CUDA
     // The trellis search on the GPU where there is one (the same bytes as the CPU's; KILN_EXL3_VITERBI=cpu keeps it
-    // on the CPU). K = 1 and a failed launch stay on the CPU.
-    // After a failure (no memory left beside another process, say) the rest of the run stays on the CPU: said once.
+    // on the CPU). K = 1 stays on the CPU, and after a failure (no memory left beside another process, say) so does
+    // the rest of the run: said once.
     if (o.bits >= 2 && !device_failed_ && cuda::viterbi_device_usable())
       eo.tile_search = [this, cb](const float* targets, int64_t tiles, int bits, const float* values,
                                   uint8_t* symbols) {
