@@ -1,4 +1,5 @@
 // `kiln generate`: load a recipe's model and stream a completion to stdout.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <climits>
@@ -71,6 +72,16 @@ Result<std::vector<int32_t>> parse_token_ids(const std::string& text) {
   return ids;
 }
 
+// The speeds line on stderr: prefill is submit → first token, decode the steps after it.
+void print_stats(const SingleRequestStats& stats, const std::string& acceptance) {
+  const double prefill_tps = stats.prompt_tokens / std::max(stats.prefill_seconds, 1e-9);
+  const int64_t decode_steps = std::max<int64_t>(stats.generated_tokens - 1, 0);
+  const double decode_tps = decode_steps / std::max(stats.decode_seconds, 1e-9);
+  std::fprintf(stderr, "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s%s%s\n",
+               static_cast<long long>(stats.prompt_tokens), prefill_tps, static_cast<long long>(stats.generated_tokens),
+               decode_tps, acceptance.c_str(), stats.stopped_by_token ? " (stopped at end of turn)" : "");
+}
+
 // Ids in, ids out: for checkpoints without a tokenizer (the test fixtures) and for comparing runs token by token.
 int generate_ids(LoadedModel& loaded, const Recipe& recipe, const MemoryModel* screen, std::vector<int32_t> ids,
                  int64_t max_tokens, SamplingOptions sampling, bool show_stats) {
@@ -90,9 +101,7 @@ int generate_ids(LoadedModel& loaded, const Recipe& recipe, const MemoryModel* s
   auto result = run_single_request(*started->engine, std::move(request), print, &stats);
   std::cout << std::endl;
   if (!result.ok()) return fail(result.status().message());
-  if (show_stats)
-    std::fprintf(stderr, "prefill: %lld tokens | decode: %lld tokens\n", static_cast<long long>(stats.prompt_tokens),
-                 static_cast<long long>(stats.generated_tokens));
+  if (show_stats) print_stats(stats, "");
   return 0;
 }
 
@@ -212,14 +221,7 @@ int cmd_generate(int argc, char** argv) {
   }
   std::cout << decoder.flush() << std::endl;
   if (!result.ok()) return fail(result.status().message());
-  if (show_stats) {
-    const double prefill_tps = stats.prompt_tokens / std::max(stats.prefill_seconds, 1e-9);
-    const int64_t decode_steps = std::max<int64_t>(stats.generated_tokens - 1, 0);
-    const double decode_tps = decode_steps / std::max(stats.decode_seconds, 1e-9);
-    std::fprintf(stderr, "prefill: %lld tokens, %.1f tok/s | decode: %lld tokens, %.1f tok/s%s%s\n",
-                 static_cast<long long>(stats.prompt_tokens), prefill_tps, static_cast<long long>(stats.generated_tokens),
-                 decode_tps, acceptance.c_str(), stats.stopped_by_token ? " (stopped at end of turn)" : "");
-  }
+  if (show_stats) print_stats(stats, acceptance);
   return 0;
 }
 

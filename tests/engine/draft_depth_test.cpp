@@ -47,6 +47,20 @@ TEST(FairDraftDepth, SharesTheRowsLeftEquallyAndStopsBelowOneDraft) {
   EXPECT_EQ(fair_draft_depth(7, 1, 1, {}, bound_of(4, 8)), 3);
 }
 
+// A verification pass of 1 + K rows must stay decode-shaped: on the GPU a sequence bringing 16 tokens attends through
+// the prefill kernel, so speculative.depth 16 verifies 14 at most however many rows the step has left.
+TEST(FairDraftDepth, KeepsAVerificationPassWithinTheChunkRows) {
+  BatchInvariance gpu = bound_of(32, 32);
+  gpu.chunk_rows = 15;
+  EXPECT_EQ(fair_draft_depth(16, 1, 1, {}, gpu), 14);
+  EXPECT_EQ(fair_draft_depth(5, 1, 1, {}, gpu), 5);
+  EXPECT_EQ(fair_draft_depth(16, 2, 2, {}, gpu), 14);
+  EXPECT_EQ(fair_draft_depth(16, 3, 3, {}, gpu), 9);  // 32 rows shared
+  BatchInvariance one = bound_of(32, 32);
+  one.chunk_rows = 1;  // no pass of two rows would be decode-shaped
+  EXPECT_EQ(fair_draft_depth(5, 1, 1, {}, one), 0);
+}
+
 TEST(FairDraftDepth, PromptChunksCountTheirRowsAndOneLogitRow) {
   const BatchInvariance b = bound_of(32, 8);
   EXPECT_EQ(fair_draft_depth(5, 1, 1, {20, 1}, b), 5);  // 26 rows, 7 logit rows

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -295,6 +296,35 @@ TEST(RecipeCheck, ReportsEveryProblemWithItsLine) {
   EXPECT_TRUE(has(problem_about(c, "transport.custom_all_reduce"), "check_bad.toml:10")) << messages(c);
   EXPECT_TRUE(has(problem_about(c, "gpu_memory_utilization"), "check_bad.toml:13")) << messages(c);
   EXPECT_TRUE(has(problem_about(c, "media.video"), "check_bad.toml:16")) << messages(c);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// scheduler.batch_invariant on CUDA: more sequences than the runner's 32 batch-invariant rows are refused before
+// loading, naming max_num_seqs; within it a note states the step and chunk limits; on the CPU (invariant at any
+// size) nothing is said.
+TEST(RecipeCheck, BatchInvariantOnCudaNeedsMaxNumSeqsWithinTheBound) {
+  RecipeCheck wide = check("check_ok.toml", {"model.device=cuda", "kv.layout=bf16", "scheduler.batch_invariant=true",
+                                             "scheduler.max_num_seqs=64"});
+  const std::string about_seqs = problem_about(wide, "scheduler.max_num_seqs");
+  EXPECT_TRUE(has(about_seqs, "batch-invariant up to 32 rows")) << messages(wide);
+  RecipeCheck fits = check("check_ok.toml", {"model.device=cuda", "kv.layout=bf16", "scheduler.batch_invariant=true",
+                                             "scheduler.max_num_seqs=16"});
+  auto mentions = [](const RecipeCheck& c, const std::string& key) {
+    return std::count_if(c.problems.begin(), c.problems.end(),
+                         [&](const Status& p) { return p.message().find(key) != std::string::npos; });
+  };
+  EXPECT_EQ(mentions(fits, "max_num_seqs"), 0) << messages(fits);
+  bool noted = false;
+  for (const std::string& n : fits.notes) noted = noted || has(n, "prompt chunks of 15");
+  EXPECT_TRUE(noted) << messages(fits);
+  RecipeCheck cpu = check("check_ok.toml", {"model.device=cpu", "scheduler.batch_invariant=true",
+                                            "scheduler.max_num_seqs=64"});
+  EXPECT_EQ(mentions(cpu, "max_num_seqs"), 0) << messages(cpu);
 }
 
 }  // namespace

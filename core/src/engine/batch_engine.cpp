@@ -7,6 +7,30 @@
 
 namespace kiln {
 
+Result<EngineConfig> apply_batch_invariance(const EngineConfig& config, const BatchInvariance& bound) {
+  if (!config.batch_invariant) return config;
+  if (!bound.bounded()) {
+    log::info("scheduler.batch_invariant: the model runner is batch-invariant at any step size; no limit applied");
+    return config;
+  }
+  EngineConfig c = config;
+  const int64_t rows = std::min(bound.rows, bound.logit_rows);  // every chunk brings a logit row
+  if (rows < 1 || bound.chunk_rows < 1)
+    return invalid_argument("scheduler.batch_invariant: the model runner promises no batch-invariant rows (its "
+                            "weight format's kernels follow the batch), so no step could keep it");
+  c.max_num_batched_tokens = std::min(c.max_num_batched_tokens, rows);
+  c.max_chunk_tokens = c.max_chunk_tokens > 0 ? std::min(c.max_chunk_tokens, bound.chunk_rows) : bound.chunk_rows;
+  if (c.max_num_seqs > c.max_num_batched_tokens)
+    return invalid_argument("scheduler.batch_invariant: the model runner's steps are batch-invariant up to " +
+                            std::to_string(c.max_num_batched_tokens) + " rows, fewer than scheduler.max_num_seqs (" +
+                            std::to_string(c.max_num_seqs) + ") decoding sequences; set max_num_seqs to at most " +
+                            std::to_string(c.max_num_batched_tokens));
+  log::info("scheduler.batch_invariant: steps of at most {} tokens, prompt chunks of at most {} (the model runner's "
+            "bound; max_num_batched_tokens was {})",
+            c.max_num_batched_tokens, c.max_chunk_tokens, config.max_num_batched_tokens);
+  return c;
+}
+
 Result<std::unique_ptr<BatchEngine>> BatchEngine::create(const EngineConfig& config,
                                                          std::unique_ptr<ModelRunner> runner,
                                                          std::shared_ptr<Drafter> drafter,
@@ -36,8 +60,9 @@ Result<std::unique_ptr<BatchEngine>> BatchEngine::create(const EngineConfig& con
     cm.lookahead_slots = config.lookahead_slots, cm.state_slots = config.max_num_seqs;
     KILN_ASSIGN_OR_RETURN(caches, CacheManager::create(CacheSpec{}, nullptr, nullptr, cm));
   }
+  KILN_ASSIGN_OR_RETURN(const EngineConfig applied, apply_batch_invariance(config, runner->batch_invariance()));
   std::unique_ptr<BatchEngine> engine(
-      new BatchEngine(config, std::move(runner), std::move(drafter), std::move(caches)));
+      new BatchEngine(applied, std::move(runner), std::move(drafter), std::move(caches)));
   engine->thread_ = std::thread([e = engine.get()] { e->loop(); });
   return engine;
 }

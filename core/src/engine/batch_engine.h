@@ -32,6 +32,10 @@
 
 namespace kiln {
 
+// `config` as the engine runs it: under config.batch_invariant, its step and chunk limits lowered to the runner's
+// batch-invariance bound (an error when max_num_seqs decodes could not fit in it); otherwise unchanged.
+Result<EngineConfig> apply_batch_invariance(const EngineConfig& config, const BatchInvariance& bound);
+
 class BatchEngine final : public Engine {
  public:
   // Validates the config and starts the loop thread. `caches` holds the pool the runner's KV lives in (its blocks

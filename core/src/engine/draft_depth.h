@@ -4,7 +4,8 @@
 //
 // A pass holds the decode rows of every decoding sequence — 1 + d rows for one verifying d drafts, each with
 // logits — and the prompt chunks beside them (their tokens as rows, one logit row each). Every drafting sequence
-// gets the same depth d (a fair share), the largest d ≤ K with which the whole pass fits both bounds; 0 when not
+// gets the same depth d (a fair share), the largest d ≤ K with which the whole pass fits both bounds, and 1 + d
+// within the bound's chunk_rows (a longer pass would take the prefill path); 0 when not
 // even d = 1 fits, and the step then decodes plainly, as speculative.max_batch makes it when many sequences decode.
 #pragma once
 

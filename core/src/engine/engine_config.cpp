@@ -16,6 +16,7 @@ Status EngineConfig::validate() const {
   KILN_RETURN_IF_ERROR(positive(num_blocks, "num_blocks"));
   KILN_RETURN_IF_ERROR(positive(block_size, "block_size"));
   if (lookahead_slots < 0) return invalid_argument("engine: lookahead_slots must not be negative");
+  if (max_chunk_tokens < 0) return invalid_argument("engine: max_chunk_tokens must not be negative");
   // Decodes are scheduled before anything else and never split; a step must fit one token per sequence.
   if (max_num_batched_tokens < max_num_seqs)
     return invalid_argument("scheduler.max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
@@ -37,6 +38,7 @@ Result<EngineConfig> engine_config_from_recipe(const RecipeSection& s, int64_t m
   c.max_num_batched_tokens = s.get_int("max_num_batched_tokens", c.max_num_batched_tokens);
   c.prefix_caching = s.get_bool("prefix_caching", c.prefix_caching);
   c.max_waiting = s.get_int("max_waiting", c.max_waiting);
+  c.batch_invariant = s.get_bool("batch_invariant", c.batch_invariant);
   if (c.max_num_batched_tokens < c.max_num_seqs)
     return s.error("max_num_batched_tokens", std::to_string(c.max_num_batched_tokens) + " is below max_num_seqs (" +
                                                  std::to_string(c.max_num_seqs) +

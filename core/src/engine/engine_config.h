@@ -13,6 +13,11 @@ struct EngineConfig {
   int64_t max_num_seqs = 16;              // sequences running (holding KV) at once
   int64_t max_num_batched_tokens = 2048;  // tokens computed per step: decodes + prefill chunks
   int64_t max_waiting = 1024;             // queued requests beyond which submit answers kResourceExhausted
+  // Keep every step inside the model runner's batch-invariance bound, prompt chunks included (model/batch_invariance.h):
+  // a sequence's output then depends only on its own tokens. The engine applies the bound when it starts
+  // (max_num_batched_tokens and max_chunk_tokens lowered to it); a runner without a bound is invariant already.
+  bool batch_invariant = false;
+  int64_t max_chunk_tokens = 0;  // prompt tokens a sequence may bring to one step (0: no limit beyond the step's)
   bool prefix_caching = true;
   int64_t lookahead_slots = 0;  // extra KV positions reserved per running sequence (speculative decoding)
   int64_t speculative_depth = 0;  // draft tokens per decode step (K); needs a drafter and lookahead_slots ≥ K

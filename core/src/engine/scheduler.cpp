@@ -74,11 +74,16 @@ bool Scheduler::reserve_running(Sequence* seq, int64_t tokens, int64_t& preempte
   return blocks_.grow(seq->kv, target).ok();
 }
 
+int64_t Scheduler::chunk_of(const Sequence& seq, int64_t budget) const {
+  const int64_t n = std::min(seq.pending(), budget);
+  return config_.max_chunk_tokens > 0 ? std::min(n, config_.max_chunk_tokens) : n;
+}
+
 bool Scheduler::admit(Sequence* seq, int64_t& budget, ScheduledStep& step) {
   // A model with recurrent state recomputes from the start: its state is not in the prefix cache's blocks.
   const int64_t matched = caches_.has_state() ? 0 : blocks_.match_prefix(seq->tokens, seq->kv, seq->media_spans);
   seq->num_computed = matched;
-  const int64_t n = std::min(seq->pending(), budget);
+  const int64_t n = chunk_of(*seq, budget);
   if (!blocks_.can_grow(seq->kv, seq->num_computed + n) || !blocks_.grow(seq->kv, seq->num_computed + n).ok()) {
     blocks_.release(seq->kv);
     seq->num_computed = 0;
@@ -128,7 +133,7 @@ ScheduledStep Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = running_[i];
     if (seq->scheduled_step == step_) continue;
-    int64_t n = std::min(seq->pending(), budget);
+    int64_t n = chunk_of(*seq, budget);
     if (!reserve_running(seq, n, step.num_preempted)) {
       // Older sequences hold the rest of the pool: take what is free and wait for the rest.
       const int64_t fit = (static_cast<int64_t>(seq->kv.blocks.size()) + blocks_.free_blocks()) * bs -
@@ -155,7 +160,7 @@ PassRows Scheduler::forecast_prompt_chunks(int64_t decoding) const {
   PassRows chunks;
   int64_t budget = config_.max_num_batched_tokens - decoding;
   auto take = [&](const Sequence* seq) {
-    const int64_t n = std::min(seq->pending(), budget);
+    const int64_t n = chunk_of(*seq, budget);
     chunks.rows += n;
     chunks.logit_rows += 1;
     budget -= n;

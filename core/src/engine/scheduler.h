@@ -64,6 +64,8 @@ class Scheduler {
  private:
   bool reserve_running(Sequence* seq, int64_t tokens, int64_t& preempted);
   bool admit(Sequence* seq, int64_t& budget, ScheduledStep& step);
+  // The tokens of `seq` a step with `budget` tokens left runs: what is pending, within config.max_chunk_tokens.
+  int64_t chunk_of(const Sequence& seq, int64_t budget) const;
   void preempt(Sequence* seq);
 
   // Frees the sequence's blocks and state slot.

@@ -4,6 +4,13 @@
 // inside it: a verification pass of 1 + K rows must reproduce what K + 1 plain decode steps compute, so the engine
 // keeps every pass that verifies drafts within the bound (engine/draft_depth.h). The CPU model holds at any size;
 // the CUDA runner up to kBatchInvariantMaxRows rows and its lm_head's bound (runtime/cuda/cuda_model_step.h).
+//
+// A row is decode-shaped when its sequence brings at most `chunk_rows` tokens to the step (a decode, a verification
+// pass, or a short prompt chunk): a longer prompt chunk takes the runner's prefill path (on the GPU the expanded-form
+// MLA prefill kernel, KDA's chunked scan), whose arithmetic follows the chunk, so a verification pass must keep to
+// chunk_rows too. Under scheduler.batch_invariant the engine holds every step inside the whole bound, prompt chunks
+// included, and a sequence's output then depends on nothing but its own tokens (not on batching, chunking or the
+// prefix cache).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +22,12 @@ struct BatchInvariance {
   static constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
   int64_t rows = kUnbounded;
   int64_t logit_rows = kUnbounded;
-  bool bounded() const { return rows != kUnbounded || logit_rows != kUnbounded; }
+  int64_t chunk_rows = kUnbounded;
+  bool bounded() const { return rows != kUnbounded || logit_rows != kUnbounded || chunk_rows != kUnbounded; }
 };
+
+// The most rows the CUDA runner's steps are batch-invariant for, whatever the weights (runtime/cuda/cuda_model_step.h's
+// kBatchInvariantMaxRows; a weight format may promise fewer): what `kiln recipe check` can know before loading.
+inline constexpr int64_t kCudaBatchInvariantMaxRows = 32;
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 #include "kiln/modality.h"
 #include "kiln/weight_format.h"
 #include "model/arch/architecture.h"
+#include "model/batch_invariance.h"
 #include "model/checkpoint.h"
 #include "model/model_loader.h"
 #include "recipe/core_schema.h"
@@ -121,6 +122,7 @@ class Checker {
     check_model_path();
     check_draft_model_path();
     check_device();
+    check_batch_invariant();
     check_parallel();
     check_precision();
     check_capability_devices();
@@ -170,6 +172,25 @@ class Checker {
     if (!dir.empty() && !fs::is_directory(dir, ec))
       problem(about(spec, "draft_model",
                     not_found(dir + (fs::exists(dir, ec) ? " is not a directory" : " does not exist"))));
+  }
+
+  // scheduler.batch_invariant on CUDA: the runner's steps hold at most kCudaBatchInvariantMaxRows rows (the weight
+  // format may promise fewer, known at load), so more sequences than that could never decode in one step.
+  void check_batch_invariant() {
+    const RecipeSection& sched = recipe_.section("scheduler");
+    if (!device_known_ || device_ != DeviceType::kCuda || !sched.has("batch_invariant") ||
+        !sched.get_bool("batch_invariant") || !sched.has("max_num_seqs"))
+      return;
+    const int64_t seqs = sched.get_int("max_num_seqs");
+    if (seqs > kCudaBatchInvariantMaxRows)
+      problem(about(sched, "max_num_seqs",
+                    invalid_argument(std::to_string(seqs) + " sequences cannot decode in one step under "
+                                     "scheduler.batch_invariant: the CUDA runner's steps are batch-invariant up to " +
+                                     std::to_string(kCudaBatchInvariantMaxRows) + " rows; set at most that")));
+    else
+      out_.notes.push_back(setting(sched, "batch_invariant") + ": steps of at most " +
+                           std::to_string(kCudaBatchInvariantMaxRows) +
+                           " tokens, prompt chunks of 15 (fewer if the weight format promises fewer, known at load)");
   }
 
   // The device the model would run on. An explicit "cuda" stays the target of the capability checks even where no

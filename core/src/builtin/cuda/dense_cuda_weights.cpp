@@ -46,6 +46,8 @@ class DenseCudaLinear final : public Linear {
     return e == Epilogue::kSwiGLU && max_rows > cuda::kSkinnyGemmMaxRows ? align256(max_rows * out_ * 2) : 0;
   }
   int64_t batch_invariant_rows() const override {
+    // The skinny GEMM reads rows in 16-byte vectors; other widths run cuBLAS, whose kernel follows the row count.
+    if (in_ % 8 != 0) return 1;
     return out_ <= cuda::kSkinnyGemmWideOut ? cuda::kSkinnyGemmMaxRows : cuda::kSkinnyGemmMaxRowsWideOut;
   }
 

@@ -6,6 +6,8 @@
 
 namespace kiln::cuda {
 
+static_assert(kBatchInvariantMaxRows == kCudaBatchInvariantMaxRows, "recipe check states the runner's bound");
+
 BatchInvariantBound::BatchInvariantBound() : rows_(kBatchInvariantMaxRows) {}
 
 void BatchInvariantBound::add(const Linear* linear) {
@@ -29,11 +31,17 @@ void BatchInvariantBound::add(const GpuLayer& w) {
   add(w.experts.get());
 }
 
+void BatchInvariantBound::add_absorption(const ModelConfig& config) {
+  if (!absorbs_with_skinny_gemm(config, 1)) rows_ = std::min<int64_t>(rows_, 1);
+}
+
 BatchInvariance BatchInvariantBound::bound(const Linear* lm_head) const {
   BatchInvariance b;
   b.rows = std::max<int64_t>(rows_, 0);
   // Every logit row is also a row of the step.
   b.logit_rows = lm_head ? std::clamp<int64_t>(lm_head->batch_invariant_rows(), 0, b.rows) : b.rows;
+  // A sequence bringing kPrefillMinTokens tokens attends through the expanded-form prefill kernel.
+  b.chunk_rows = std::min<int64_t>(kPrefillMinTokens - 1, b.rows);
   return b;
 }
 

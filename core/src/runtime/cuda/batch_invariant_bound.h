@@ -14,6 +14,7 @@
 
 #include "kiln/weight_format.h"
 #include "model/batch_invariance.h"
+#include "model/model_config.h"
 #include "runtime/cuda/gpu_weights.h"
 
 namespace kiln::cuda {
@@ -26,6 +27,8 @@ class BatchInvariantBound {
   void add(const ExpertSet* experts);
   // Every Linear and ExpertSet of a decoder layer (attention, DSA indexer, MLP or MoE).
   void add(const GpuLayer& layer);
+  // The runner's own per-head absorption GEMMs: skinny (invariant) only for 16-byte aligned head widths.
+  void add_absorption(const ModelConfig& config);
   // The bound of steps whose logits come from `lm_head` (null: no logits).
   BatchInvariance bound(const Linear* lm_head) const;
 

@@ -4,17 +4,6 @@
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
-namespace {
-
-// The per-head absorption products of a batch-invariant step run the skinny GEMM as a strided batch over heads
-// (cuBLAS's batched GEMM picks its algorithm by the row count); it needs 16-byte aligned rows.
-bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
-  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  return rows <= kBatchInvariantMaxRows && qk % 8 == 0 && c.qk_nope_head_dim % 8 == 0 && c.kv_lora_rank % 8 == 0;
-}
-
-}  // namespace
-
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype) {
   LinearRun r;
   r.x = TensorView::contiguous(const_cast<void*>(in), DType::kBF16, {n, l.in_features()}, x.I.dev.device());

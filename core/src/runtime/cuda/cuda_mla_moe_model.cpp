@@ -330,6 +330,7 @@ Status CudaMlaMoeModel::step(std::span<const SequenceStep> steps, std::span<cons
 
 BatchInvariance CudaMlaMoeModel::batch_invariance() const {
   BatchInvariantBound b;
+  b.add_absorption(config_);
   for (const GpuLayer& l : weights_.layers) b.add(l);
   return b.bound(weights_.lm_head.get());
 }

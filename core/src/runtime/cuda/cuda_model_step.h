@@ -64,6 +64,14 @@ inline constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;  // the 
 // Prompt chunks of kPrefillMinTokens or more are not covered (their attention runs the prefill kernel).
 inline constexpr int64_t kBatchInvariantMaxRows = kSkinnyGemmMaxRows;
 
+// The per-head absorption products of a batch-invariant step run the skinny GEMM as a strided batch over heads
+// (cuBLAS's batched GEMM picks its algorithm by the row count); it needs 16-byte aligned rows. Where the model's
+// head widths do not allow it, only one-row steps are batch-invariant (BatchInvariantBound::add_absorption).
+inline bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  return rows <= kBatchInvariantMaxRows && qk % 8 == 0 && c.qk_nope_head_dim % 8 == 0 && c.kv_lora_rank % 8 == 0;
+}
+
 
 // Fills `layout` (and first_row: per step its first logits row) from the steps, checking each against the pool's
 // block count.

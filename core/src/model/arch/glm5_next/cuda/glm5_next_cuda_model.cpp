@@ -572,6 +572,7 @@ Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<co
 
 BatchInvariance Glm5NextCudaModel::batch_invariance() const {
   kiln::cuda::BatchInvariantBound b;
+  b.add_absorption(mla_);
   for (const LayerGpu& l : weights_.layers) {
     b.add(l.block);
     if (l.kda)
@@ -581,7 +582,10 @@ BatchInvariance Glm5NextCudaModel::batch_invariance() const {
     if (l.indexer)
       for (const auto* p : {&l.indexer->wq_b, &l.indexer->wk, &l.indexer->weights_proj}) b.add(p->get());
   }
-  return b.bound(weights_.lm_head.get());
+  BatchInvariance bound = b.bound(weights_.lm_head.get());
+  // More than kKdaDecodeMaxTokens tokens of a sequence run KDA's chunked scan instead of the recurrent kernel.
+  bound.chunk_rows = std::min(bound.chunk_rows, kKdaDecodeMaxTokens);
+  return bound;
 }
 
 Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep> steps, const float* hidden,
