@@ -230,7 +230,8 @@ TEST(GpuMoeExperts, ManyRowsOnOneExpertMatchCpu) {
 }
 
 // moe_combine_add_rmsnorm_bf16 is bit for bit moe_combine_bf16 followed by add_rmsnorm_bf16: residual and normed
-// rows, with a folded shared expert's fp32 rows, a bf16 addend, both or neither; n = 1, 3, 16, 32, odd widths.
+// rows, with a folded shared expert's fp32 rows (rounded to bf16 first), a bf16 addend, both or neither; n = 1, 3,
+// 16, 32, odd widths.
 TEST(GpuMoeExperts, CombineAddRmsnormIsCombineThenAddRmsnorm) {
   std::mt19937_64 rng(71);
   const float eps = 1e-5f;
@@ -265,7 +266,7 @@ TEST(GpuMoeExperts, CombineAddRmsnormIsCombineThenAddRmsnorm) {
         for (int64_t i = 0; i < hidden; i += 97) {
           float s = 0.f;
           for (int64_t j = 0; j < top_k; ++j) s += y[(t * top_k + j) * hidden + i];
-          if (use_shared) s += shared_y[t * hidden + i];
+          if (use_shared) s += cpu::bf16_to_float(cpu::float_to_bf16(shared_y[t * hidden + i]));
           if (use_add) s += add.values[t * hidden + i];
           ASSERT_EQ(combined[t * hidden + i], cpu::float_to_bf16(s)) << "token " << t << " element " << i;
         }

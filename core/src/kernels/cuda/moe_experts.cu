@@ -278,13 +278,20 @@ Status launch_tiles(const TileArgs& a, int64_t pairs, int64_t num_experts, Strea
   return go(std::integral_constant<int, kMaxTokenTiles>{});
 }
 
-// Token t's routed sum in slot order, then the folded shared expert's fp32 row, then a bf16 addend.
+// A folded shared expert's fp32 output, rounded to bf16 as the shared expert run apart stores it (dense_mlp's bf16
+// output, the CPU model's bf16 precision): a row's sum then does not depend on whether its step folded the shared
+// expert (steps of up to kSkinnyGemmMaxRows rows do, larger ones run it apart).
+__device__ __forceinline__ float shared_term(const float* __restrict__ shared_y, int64_t at) {
+  return bf16_bits_to_float(float_to_bf16_bits(shared_y[at]));
+}
+
+// Token t's routed sum in slot order, then the folded shared expert's row, then a bf16 addend.
 __device__ __forceinline__ float combined(const float* __restrict__ y, int64_t t, int64_t top_k, int64_t hidden,
                                           int64_t i, const float* __restrict__ shared_y,
                                           const uint16_t* __restrict__ add) {
   float s = 0.f;
   for (int64_t j = 0; j < top_k; ++j) s += y[(t * top_k + j) * hidden + i];
-  if (shared_y) s += shared_y[t * hidden + i];
+  if (shared_y) s += shared_term(shared_y, t * hidden + i);
   if (add) s += bf16_bits_to_float(add[t * hidden + i]);
   return s;
 }
@@ -328,7 +335,7 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
           for (int j = 0; j < kPer; ++j) {
             const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
             if (i >= hidden) continue;
-            if (shared_y) v[j] += shared_y[row * hidden + i];
+            if (shared_y) v[j] += shared_term(shared_y, row * hidden + i);
             if (add) v[j] += bf16_bits_to_float(add[row * hidden + i]);
             v[j] = bf16_bits_to_float(float_to_bf16_bits(v[j]));
           }

@@ -52,9 +52,9 @@ Status moe_down_bf16(const uint16_t* h, int64_t pairs, int64_t inter, int64_t hi
                      int64_t num_experts, const MoeDispatch& dispatch, const float* route_weight, float* y,
                      StreamHandle stream, const MoeSharedExpert* shared = nullptr);
 
-// out[t, :] = bf16(Σ_j y[t·top_k + j, :] + shared_y[t, :] + add[t, :]), summed in slot order, then shared_y
-// (fp32 [n, hidden]: a folded shared expert's rows), then add (bf16 [n, hidden]: a shared expert run apart); both
-// may be null.
+// out[t, :] = bf16(Σ_j y[t·top_k + j, :] + bf16(shared_y[t, :]) + add[t, :]), summed in slot order, then shared_y
+// (fp32 [n, hidden]: a folded shared expert's rows, rounded to bf16 first as a shared expert run apart stores its
+// output), then add (bf16 [n, hidden]: a shared expert run apart); both may be null.
 Status moe_combine_bf16(const float* y, int64_t n, int64_t top_k, int64_t hidden, const uint16_t* add, uint16_t* out,
                         StreamHandle stream, const float* shared_y = nullptr);
 

@@ -99,7 +99,8 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   }
   timer.mark("MoE: router + grouping");
   // The routed experts through the weight format; a shared expert may ride in their launches (its fp32 output
-  // then lands in the N rows of b.moe_y after the routed pairs').
+  // then lands in the N rows of b.moe_y after the routed pairs', and the combine rounds it to bf16 where dense_mlp
+  // stores a shared expert run apart: both paths, and the CPU model's bf16 precision, round at the same point).
   ExpertRun run;
   run.x = TensorView::contiguous(b.h, DType::kBF16, {N, Hd}, x.I.dev.device());
   run.routing.top_k = static_cast<int>(topk);
