@@ -117,6 +117,16 @@ kFixtures = [
         linear_num_heads=3, linear_head_dim=8, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
         hc_mult=4, index_n_heads=8, index_head_dim=16, index_kpool=4, index_topk=8),
         names="save_pretrained"),
+    # Four heads everywhere (DSA, KDA, indexer) and 8 experts: decode-context parallelism inside tensor
+    # parallelism (parallel.tensor = 4, decode_context = 2: two groups of two) and groups of four
+    # (tests/model/glm5_next_decode_context_test.cpp). A shared indexer right after a full one, hc_mult 2.
+    Fixture("glm5_next-h4", 5551, dict(
+        num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=4, layer_types=[D, D, K, D], mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        indexer_types=["full", "shared", "full", "full"],
+        linear_num_heads=4, linear_head_dim=8, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+        hc_mult=2, index_n_heads=4, index_head_dim=16, index_kpool=4, index_topk=8),
+        names="save_pretrained"),
 ]
 
 

@@ -18,7 +18,8 @@
 namespace kiln::testing {
 
 inline const std::vector<std::string>& glm5_next_fixtures() {
-  static const std::vector<std::string> names = {"glm5_next-tiny", "glm5_next-shared", "glm5_next-flat", "glm5_next-h3"};
+  static const std::vector<std::string> names = {"glm5_next-tiny", "glm5_next-shared", "glm5_next-flat", "glm5_next-h3",
+                                               "glm5_next-h4"};
   return names;
 }
 
@@ -43,7 +44,7 @@ inline glm5_next::Glm5NextModel& glm5_next_model(LoadedModel& m) {
 class Glm5NextCache {
  public:
   Glm5NextCache(const LoadedModel& m, int64_t tokens, int64_t state_slots) {
-    const int64_t bs = m.layout->geometry().block_size;
+    const int64_t bs = scheduler_block_size(m);  // a page per rank of a decode-context group
     CacheManagerConfig cfg;
     cfg.num_blocks = (tokens + bs - 1) / bs;
     cfg.block_size = bs;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/glm5_next_test_model.h"
+#include "common/glm5_next_two_sequence_run.h"
 #include "model/arch/glm5_next/glm5_next.h"
 #include "model/arch/glm5_next/glm5_next_sharded_source.h"
 #include "model/arch/glm5_next/glm5_next_tensor_names.h"
@@ -20,7 +21,7 @@
 namespace kiln {
 namespace {
 
-using testing::Glm5NextCache;
+using testing::Glm5NextRun;
 using testing::model_dir;
 
 std::vector<std::string> sets(const std::string& model, const std::string& precision, int tp) {
@@ -32,68 +33,6 @@ std::vector<std::string> sets(const std::string& model, const std::string& preci
 Result<LoadedModel> load(const std::vector<std::string>& s) {
   KILN_ASSIGN_OR_RETURN(Recipe recipe, load_recipe("", s, global_registry()));
   return load_model(recipe, global_registry(), {});
-}
-
-struct ModelRun {
-  std::vector<float> logits;    // every position's logits of the prompt chunks, then each decode step's
-  std::vector<int32_t> tokens;  // greedy continuation
-  std::vector<std::vector<char>> kda_state;  // per KDA layer: the sequence's whole slot (recurrent + conv state)
-};
-
-// Two sequences in one batch: a 70-token prompt (past a KDA chunk, several indexer pools and every fixture's top-k)
-// in chunks of 29 / 29 / 12 beside a 12-token one in chunks of 5 / 4 / 3, then 8 greedy decode steps of both.
-ModelRun run_model(LoadedModel& m) {
-  const int64_t vocab = m.model->vocab_size();
-  std::mt19937 rng(11);
-  std::vector<std::vector<int32_t>> tokens(2);
-  for (int i = 0; i < 70; ++i) tokens[0].push_back(static_cast<int32_t>(rng() % (vocab - 1)) + 1);
-  for (int i = 0; i < 12; ++i) tokens[1].push_back(static_cast<int32_t>(rng() % (vocab - 1)) + 1);
-  Glm5NextCache cache(m, 2 * 160, 2);
-  std::vector<std::vector<int32_t>> tables = {cache.table(160), cache.table(160)};
-  ModelRun run;
-  StepOutput o;
-  StepOptions options;
-  options.want_logits = true;
-  const std::vector<std::vector<int64_t>> chunks = {{29, 29, 12}, {5, 4, 3}};
-  std::vector<int64_t> done = {0, 0};
-  auto step = [&](const std::vector<int64_t>& n, bool all_logits) {
-    std::vector<SequenceStep> steps;
-    for (int s = 0; s < 2; ++s) {
-      SequenceStep st{std::span<const int32_t>(tokens[s].data() + done[s], n[s]), done[s], &tables[s], all_logits};
-      st.state_slot = s;
-      steps.push_back(st);
-    }
-    const Status status = m.model->step(steps, {}, cache.views(), options, o);
-    EXPECT_TRUE(status.ok()) << status.to_string();
-    for (int s = 0; s < 2; ++s) done[s] += n[s];
-    return status.ok();
-  };
-  for (int c = 0; c < 3; ++c) {
-    if (!step({chunks[0][c], chunks[1][c]}, true)) return run;
-    run.logits.insert(run.logits.end(), o.logits.begin(), o.logits.end());
-  }
-  for (int i = 0; i < 8; ++i) {
-    for (int s = 0; s < 2; ++s) {  // the last row of sequence s
-      const int64_t end = s + 1 < static_cast<int>(o.first_row.size()) ? o.first_row[s + 1]
-                                                                        : static_cast<int64_t>(o.logits.size()) / vocab;
-      const float* row = o.logits.data() + (end - 1) * vocab;
-      tokens[s].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
-      if (s == 0) run.tokens.push_back(tokens[s].back());
-    }
-    if (!step({1, 1}, false)) return run;
-    run.logits.insert(run.logits.end(), o.logits.begin(), o.logits.end());
-  }
-  const auto* arch = dynamic_cast<const arch::Glm5NextArchitecture*>(m.arch.get());
-  EXPECT_NE(arch, nullptr);
-  if (!arch) return run;
-  const glm5_next::Glm5NextConfig& c = arch->config();
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!c.is_kda(l)) continue;
-    const char* slots = static_cast<const char*>(cache.views().entry(l, 0));
-    for (int s = 0; s < 2; ++s)
-      run.kda_state.emplace_back(slots + s * c.kda_state_bytes(), slots + (s + 1) * c.kda_state_bytes());
-  }
-  return run;
 }
 
 struct Case {
@@ -108,7 +47,7 @@ TEST_P(Glm5NextTensorParallel, LogitsAndKdaStateAreBitIdenticalToOneRank) {
   const Case& c = GetParam();
   auto one = load(sets(c.model, c.precision, 1));
   ASSERT_TRUE(one.ok()) << one.status().to_string();
-  const ModelRun reference = run_model(*one);
+  const Glm5NextRun reference = testing::run_two_sequences(*one);
   ASSERT_FALSE(reference.logits.empty());
   ASSERT_EQ(reference.tokens.size(), 8u);
   for (int tp : c.worlds) {
@@ -118,7 +57,7 @@ TEST_P(Glm5NextTensorParallel, LogitsAndKdaStateAreBitIdenticalToOneRank) {
     auto* group = dynamic_cast<TensorParallelInstance*>(m->model.get());
     ASSERT_NE(group, nullptr) << "parallel.tensor > 1 did not build CPU ranks";
     EXPECT_EQ(group->world(), tp);
-    const ModelRun run = run_model(*m);
+    const Glm5NextRun run = testing::run_two_sequences(*m);
     EXPECT_EQ(run.tokens, reference.tokens);
     ASSERT_EQ(run.logits.size(), reference.logits.size());
     int64_t differ = 0;
@@ -128,7 +67,8 @@ TEST_P(Glm5NextTensorParallel, LogitsAndKdaStateAreBitIdenticalToOneRank) {
     ASSERT_EQ(run.kda_state.size(), reference.kda_state.size());
     for (size_t i = 0; i < run.kda_state.size(); ++i)
       EXPECT_TRUE(run.kda_state[i] == reference.kda_state[i]) << "KDA slot " << i << " differs from one rank's";
-    // Every rank computed rank 0's values (the outputs of the last step).
+    // Every rank computed rank 0's values (every step's, and the last step's against one rank's).
+    EXPECT_EQ(run.rank_mismatches, 0);
     for (int r = 1; r < tp; ++r) {
       const StepOutput& other = group->rank_output(r);
       EXPECT_TRUE(std::equal(other.logits.begin(), other.logits.end(),
@@ -143,7 +83,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Glm5NextTensorParallel,
                                            Case{"glm5_next-shared", "fp32", {2}},
                                            Case{"glm5_next-shared", "bf16", {2}},
                                            Case{"glm5_next-flat", "fp32", {2}}, Case{"glm5_next-h3", "fp32", {2, 3}},
-                                           Case{"glm5_next-h3", "bf16", {2, 3}}),
+                                           Case{"glm5_next-h3", "bf16", {2, 3}}, Case{"glm5_next-h4", "fp32", {4}}),
                          [](const auto& info) {
                            std::string n = info.param.model + "_" + info.param.precision;
                            std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
@@ -200,23 +140,6 @@ TEST(Glm5NextTensorParallelLoad, TheUnitsCheckNamesEachSplitDimension) {
   std::fill(all_dsa.attention.begin(), all_dsa.attention.end(), glm5_next::AttentionKind::kDsa);
   all_dsa.linear_num_heads = 1;
   EXPECT_TRUE(glm5_next::check_glm5_next_tensor_parallel_units(all_dsa, 2).ok());
-}
-
-TEST(Glm5NextTensorParallelLoad, DecodeContextParallelismStaysRefused) {
-  std::vector<std::string> s = sets("glm5_next-tiny", "fp32", 2);
-  s.push_back("parallel.decode_context=2");
-  auto m = load(s);
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("parallel.decode_context = 2"), std::string::npos) << m.status().to_string();
-  auto recipe = load_recipe("", s, global_registry());
-  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
-  RecipeCheck check;
-  check_recipe(*recipe, global_registry(), check);
-  ASSERT_FALSE(check.problems.empty());
-  bool named = false;
-  for (const Status& p : check.problems)
-    named |= p.message().find("do not split their caches by token") != std::string::npos;
-  EXPECT_TRUE(named) << check.problems[0].to_string();
 }
 
 // A rank's view: its heads' rows of the split projections (views, no copies) and its experts renumbered from 0 — out

@@ -38,9 +38,7 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_process_rank(co
                             std::to_string(ctx.tensor_parallel) + " (× parallel.decode_context within it): one "
                             "process per tensor-parallel rank, so WORLD_SIZE must equal parallel.tensor");
   KILN_RETURN_IF_ERROR(check_tensor_parallel_units(config, world));
-  if (world % context != 0)
-    return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
-                            std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");
+  KILN_RETURN_IF_ERROR(check_decode_context_groups(world, context));
   if (context > 1 && (!ctx.context_collective || ctx.context_collective->world_size() != context))
     return internal_error("rank " + std::to_string(rank) + " has no decode-context group of " + std::to_string(context));
   const TensorShard shard{rank, world};
@@ -57,14 +55,9 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_tensor_parallel
                                                                                const BuildContext& ctx) {
   const int world = ctx.tensor_parallel, context = std::max(ctx.decode_context, 1);
   KILN_RETURN_IF_ERROR(check_tensor_parallel_units(config, world));
-  if (world % context != 0)
-    return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
-                            std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");
-  auto group = std::make_unique<builtin::InprocGroup>(world);
   // Decode-context groups: ranks g·D .. g·D + D − 1 (none when D = 1).
-  std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups;
-  if (context > 1)
-    for (int g = 0; g < world / context; ++g) context_groups.push_back(std::make_unique<builtin::InprocGroup>(context));
+  KILN_ASSIGN_OR_RETURN(auto context_groups, TensorParallelInstance::make_context_groups(world, context));
+  auto group = std::make_unique<builtin::InprocGroup>(world);
   // The machine's threads shared among the ranks, which run at once.
   const int threads = std::max(1, (ctx.threads > 0 ? ctx.threads : omp_get_max_threads()) / world);
   std::vector<TensorParallelInstance::Rank> ranks(world);

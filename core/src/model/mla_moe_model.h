@@ -37,6 +37,8 @@
 
 namespace kiln {
 
+struct SplitContext;
+
 // A sequence bringing at least this many tokens in a step attends in expanded form on the CUDA runner (its prefill
 // kernel; DSA models excepted), fewer in absorbed form; the CPU model in bf16 precision follows the same rule.
 inline constexpr int64_t kExpandedPrefillMinTokens = 16;
@@ -142,6 +144,7 @@ class MlaMoeModel {
   bool use_expanded(int64_t new_tokens) const;
   // Decode-context parallelism (mla_decode_context.cpp). Each call is a meeting of the decode-context group.
   bool context_split() const { return context_group_ && context_shard_.split(); }
+  SplitContext split_context() const;  // the group, this rank's place in it and its heads (split_context_attention.h)
   // The first `ctx` positions' cached rows [ctx, latent + rope] in position order, each rank's own from its pages.
   Status context_rows(const SequenceStep& st, int64_t ctx, const void* pages, const KvLayout& layout,
                       float* rows) const;

@@ -1,7 +1,24 @@
 #include "model/tensor_parallel_instance.h"
 
+#include <string>
 
 namespace kiln {
+
+Status check_decode_context_groups(int world, int context) {
+  if (context > 1 && world % context != 0)
+    return invalid_argument("parallel.decode_context = " + std::to_string(context) + " does not divide parallel.tensor = " +
+                            std::to_string(world) + " (decode-context groups are consecutive tensor-parallel ranks)");
+  return ok_status();
+}
+
+Result<std::vector<std::unique_ptr<builtin::InprocGroup>>> TensorParallelInstance::make_context_groups(int world,
+                                                                                                       int context) {
+  KILN_RETURN_IF_ERROR(check_decode_context_groups(world, context));
+  std::vector<std::unique_ptr<builtin::InprocGroup>> groups;
+  if (context > 1)
+    for (int g = 0; g < world / context; ++g) groups.push_back(std::make_unique<builtin::InprocGroup>(context));
+  return groups;
+}
 
 TensorParallelInstance::TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group,
                                                std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups,

@@ -24,6 +24,10 @@
 
 namespace kiln {
 
+// parallel.decode_context = `context` over `world` tensor-parallel ranks: groups of consecutive ranks, so `context`
+// must divide `world` (refused naming both keys otherwise).
+Status check_decode_context_groups(int world, int context);
+
 class TensorParallelInstance final : public ModelInstance {
  public:
   // The ranks' pieces: the group, each rank's endpoint and weight source (which its weights may view) and instance.
@@ -37,6 +41,9 @@ class TensorParallelInstance final : public ModelInstance {
   TensorParallelInstance(std::unique_ptr<builtin::InprocGroup> group,
                          std::vector<std::unique_ptr<builtin::InprocGroup>> context_groups, std::vector<Rank> ranks);
   ~TensorParallelInstance() override;
+  // The in-process decode-context groups of `context` consecutive ranks each (none when context ≤ 1); rank r's
+  // endpoint is groups[r / context]->endpoint(r % context).
+  static Result<std::vector<std::unique_ptr<builtin::InprocGroup>>> make_context_groups(int world, int context);
 
   int world() const { return static_cast<int>(ranks_.size()); }
   ModelInstance& rank(int r) { return *ranks_[r].instance; }

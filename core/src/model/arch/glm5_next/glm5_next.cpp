@@ -70,9 +70,12 @@ Status Glm5NextArchitecture::supports(DeviceType device) const {
 }
 
 Status Glm5NextArchitecture::supports_parallel(int tensor, int decode_context, DeviceType device) const {
-  if (decode_context > 1)
+  if (decode_context > 1 && device == DeviceType::kCuda)
     return unimplemented("parallel.decode_context = " + std::to_string(decode_context) +
-                         ": glm5_next's pooled DSA and KDA layers do not split their caches by token (set it to 1)");
+                         " on CUDA: glm5_next's CUDA runner keeps its caches whole on one GPU (decode-context "
+                         "parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
+                         "parallel.decode_context = 1)");
+  // On CPU ranks the DSA layers' latents and indexer rows split by token; KDA state is per sequence and stays whole.
   if (tensor <= 1) return ok_status();
   if (device == DeviceType::kCuda)
     return unimplemented("parallel.tensor = " + std::to_string(tensor) +

@@ -9,6 +9,7 @@
 #include "kernels/cpu/pooled_indexer.h"
 #include "model/arch/glm5_next/glm5_next_model.h"
 #include "model/mla_moe_model.h"
+#include "model/split_context_attention.h"
 
 namespace kiln::glm5_next {
 namespace {
@@ -43,6 +44,7 @@ Status Glm5NextModel::indexer_select(const PooledIndexerWeights& w, int64_t l, c
   for (float& x : wts) x *= head_scale;
   if (writes_kv())
     for (int64_t t = 0; t < n; ++t) {
+      if (tl.slots[t] < 0) continue;  // another rank of the decode-context group owns this position
       std::copy_n(k.data() + t * dim, dim, cache + tl.slots[t] * row);
       std::copy_n(gate.data() + t * dim, dim, cache + tl.slots[t] * row + dim);
     }
@@ -51,16 +53,18 @@ Status Glm5NextModel::indexer_select(const PooledIndexerWeights& w, int64_t l, c
 
   selected.assign(n * width, -1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  const int64_t bs = caches.block_size;
-  std::vector<float> members_k(pool * dim), members_gate(pool * dim);
+  const int64_t page = context_split() ? caches.layout->geometry().block_size : caches.block_size;
+  std::vector<float> members_k(pool * dim), members_gate(pool * dim), rows;
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
     const int64_t num_pools = (st.start_position + len) / pool;  // complete pools among the cached tokens
     std::vector<float> pool_keys(num_pools * dim), scores(len * num_pools);
+    rows.resize(num_pools * pool * row);
+    KILN_RETURN_IF_ERROR(indexer_rows(st, num_pools * pool, cache, page, rows.data()));  // meets the group when split
     for (int64_t p = 0; p < num_pools; ++p) {
       for (int64_t j = 0; j < pool; ++j) {
-        const float* src = cache + kv_slot(*st.block_table, bs, p * pool + j) * row;
+        const float* src = rows.data() + (p * pool + j) * row;
         std::copy_n(src, dim, members_k.data() + j * dim);
         std::copy_n(src + dim, dim, members_gate.data() + j * dim);
       }
@@ -74,6 +78,26 @@ Status Glm5NextModel::indexer_select(const PooledIndexerWeights& w, int64_t l, c
                                  c.index_kpool_always_select_tail, selected.data() + (b + t) * width, width);
   }
   return ok_status();
+}
+
+SplitContext Glm5NextModel::split_context() const { return {context_group_, context_shard_, weights_.shard}; }
+
+Status Glm5NextModel::indexer_rows(const SequenceStep& st, int64_t ctx, const float* cache, int64_t page,
+                                   float* rows) const {
+  const int64_t row = 2 * config_.index_head_dim;
+  if (!context_split()) {
+    for (int64_t t = 0; t < ctx; ++t) std::copy_n(cache + kv_slot(*st.block_table, page, t) * row, row, rows + t * row);
+    return ok_status();
+  }
+  const std::vector<int32_t> table = context_shard_.local_table(*st.block_table);
+  return gather_split_rows(split_context(), ctx, row,
+                           [&](int64_t local, float* own) {
+                             for (int64_t k = 0; k < local; ++k)
+                               std::copy_n(cache + (static_cast<int64_t>(table[k / page]) * page + k % page) * row,
+                                           row, own + k * row);
+                             return ok_status();
+                           },
+                           rows);
 }
 
 Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches,
@@ -126,6 +150,13 @@ Status Glm5NextModel::dsa(const DsaWeights& w, int64_t l, const TokenLayout& tl,
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
+    if (context_split()) {  // each rank's own tokens, merged across the group
+      KILN_RETURN_IF_ERROR(attend_split_context(split_context(), c.num_attention_heads, latent, 0, st, len,
+                                                q_lat.data() + b * heads * latent,
+                                                w.dense ? nullptr : selected.data() + b * width, w.dense ? 0 : width,
+                                                scale, pages, layout, o_lat.data() + b * heads * latent));
+      continue;
+    }
     std::vector<int32_t> query_seq(len, 0), kv_len(len);
     for (int64_t t = 0; t < len; ++t) kv_len[t] = static_cast<int32_t>(st.start_position + t + 1);
     MlaAttendArgs args;

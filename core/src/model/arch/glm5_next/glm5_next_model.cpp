@@ -73,6 +73,12 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
   const int64_t bs = caches.block_size;
   if (bs <= 0 || !caches.layout)
     return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
+  const int64_t page = caches.layout->geometry().block_size;
+  if (context_split() && bs != page * context_shard_.world)
+    return failed_precondition("parallel.decode_context = " + std::to_string(context_shard_.world) +
+                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
+                               std::to_string(page * context_shard_.world) + " tokens (one page per rank), got " +
+                               std::to_string(bs));
   tl = TokenLayout{};
   tl.seq_begin.push_back(0);
   for (size_t s = 0; s < steps.size(); ++s) {
@@ -88,7 +94,9 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
     for (int64_t i = 0; i < static_cast<int64_t>(st.tokens.size()); ++i) {
       const int64_t pos = st.start_position + i;
       tl.positions.push_back(pos);
-      tl.slots.push_back(kv_slot(*st.block_table, bs, pos));
+      // With the context split, this rank's slot for the positions it owns and −1 (nothing stored) for the rest.
+      tl.slots.push_back(context_split() ? context_shard_.slot(*st.block_table, page, pos)
+                                         : kv_slot(*st.block_table, bs, pos));
     }
     tl.seq_begin.push_back(static_cast<int64_t>(tl.positions.size()));
     tl.steps.push_back(&st);

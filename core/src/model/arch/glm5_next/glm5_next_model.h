@@ -19,7 +19,12 @@
 #include "kiln/collective.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
 #include "model/arch/glm5_next/glm5_next_weights.h"
+#include "model/decode_context_shard.h"
 #include "model/model_step.h"
+
+namespace kiln {
+struct SplitContext;
+}
 
 namespace kiln::glm5_next {
 
@@ -49,6 +54,17 @@ class Glm5NextModel {
   void set_collective(Collective* collective) { collective_ = collective; }
   // One process per rank: this rank's KV pages and state slots are its own, so it writes every row it reads.
   void set_private_cache(bool on) { private_cache_ = on; }
+  // Decode-context parallelism, the family's way (MlaMoeModel::set_decode_context): this rank's group of D
+  // consecutive tensor-parallel ranks splits the DSA layers' paged caches by token (decode_context_shard.h) — the
+  // latents and the indexer's rows; a rank writes only its own tokens'. A DSA layer's absorbed attention gathers
+  // the group's queries, attends over each rank's own (selected) tokens and merges by log-sum-exp in rank order
+  // (logits agree with one rank to fp32 rounding, not bit for bit); the pooled indexer gathers the rows its complete
+  // pools are made of, so every rank computes one rank's pool keys, scores and selection exactly. KDA state is per
+  // sequence, not per token: it stays whole in each sequence's slot, each rank advancing its own heads' part.
+  void set_decode_context(Collective* group, DecodeContextShard shard) {
+    context_group_ = group;
+    context_shard_ = shard;
+  }
 
   // Runs all steps as one batch: updates their caches and state slots, and returns the logits rows they ask for
   // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden or a
@@ -101,8 +117,18 @@ class Glm5NextModel {
                         float* out) const;
 
   bool sharded() const { return collective_ && weights_.shard.sharded(); }
-  // Only one rank writes each KV / indexer row the ranks share: rank 0 (every rank unsharded or with its own pages).
-  bool writes_kv() const { return !sharded() || private_cache_ || weights_.shard.rank == 0; }
+  // Only one rank writes each KV / indexer row the ranks share: rank 0 (every rank unsharded or with its own pages);
+  // with decode-context parallelism the first group's ranks, each its own tokens' (the later groups' ranks own the
+  // same tokens and read the same pages).
+  bool writes_kv() const {
+    if (!sharded() || private_cache_) return true;
+    return context_split() ? weights_.shard.rank < context_shard_.world : weights_.shard.rank == 0;
+  }
+  bool context_split() const { return context_group_ && context_shard_.split(); }
+  SplitContext split_context() const;
+  // Rows [ctx, 2 · index_head_dim] of a sequence's first ctx positions from the indexer's row cache `rows` (pages of
+  // `page` rows): read in place, or with the cache split by token each rank's own, gathered.
+  Status indexer_rows(const SequenceStep& st, int64_t ctx, const float* cache, int64_t page, float* rows) const;
   // The group meets: rank 0's cache writes are done before any rank reads them (nothing unsharded or private).
   Status sync_ranks() const;
   // full [n, units · width] from every rank's local [n, (its units) · width] in unit order (a copy unsharded).
@@ -116,6 +142,8 @@ class Glm5NextModel {
   Precision precision_ = Precision::kFp32;
   Collective* collective_ = nullptr;
   bool private_cache_ = false;
+  Collective* context_group_ = nullptr;
+  DecodeContextShard context_shard_;
 };
 
 }  // namespace kiln::glm5_next
