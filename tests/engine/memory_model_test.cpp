@@ -92,6 +92,42 @@ TEST(MemoryModel, CpuRankThreadsEachPriceTheirOwnActivations) {
   EXPECT_NE(t->basis.find("3 rank threads"), std::string::npos) << t->basis;
 }
 
+// scheduler.batch_invariant on CUDA: the engine runs steps of at most kCudaBatchInvariantMaxRows rows whose prompt
+// chunks stay on the decode kernels, so the screen prices those (a note says so), not the recipe's
+// max_num_batched_tokens with a prompt chunk expanding max_model_len keys for the prefill kernel.
+TEST(MemoryModel, BatchInvariantCudaStepsArePricedAtTheRunnersBound) {
+  auto activations = [](bool invariant, std::vector<std::string>& notes) {
+    const Recipe recipe = tiny_recipe({"model.device=cuda", "scheduler.max_num_batched_tokens=4096",
+                                       "scheduler.max_num_seqs=8", "scheduler.max_model_len=2048",
+                                       std::string("scheduler.batch_invariant=") + (invariant ? "true" : "false")});
+    ScreenOptions o;
+    o.memory_bytes = 80ull << 30;
+    auto in = memory_inputs(recipe, global_registry(), o);
+    EXPECT_TRUE(in.ok()) << in.status().to_string();
+    if (!in.ok()) return MemoryTerm{};
+    notes = in->notes;
+    for (const MemoryTerm& t : in->terms)
+      if (t.name == "activations") return t;
+    ADD_FAILURE() << "no activations term";
+    return MemoryTerm{};
+  };
+  std::vector<std::string> plain_notes, invariant_notes;
+  const MemoryTerm plain = activations(false, plain_notes), invariant = activations(true, invariant_notes);
+  ASSERT_GT(plain.high, 0u);
+  ASSERT_GT(invariant.high, 0u);
+  // 32 rows instead of 4,096 and no expanded keys: far below, yet not nothing.
+  EXPECT_LT(invariant.high * 8, plain.high) << invariant.high << " vs " << plain.high;
+  EXPECT_LE(invariant.low, plain.low);
+  EXPECT_NE(invariant.basis.find("batch-invariant step of 32 tokens"), std::string::npos) << invariant.basis;
+  auto says = [](const std::vector<std::string>& notes) {
+    for (const std::string& n : notes)
+      if (n.find("scheduler.batch_invariant: steps of at most 32 tokens") != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(says(invariant_notes));
+  EXPECT_FALSE(says(plain_notes));
+}
+
 TEST(MemoryModel, ImpossibleRecipeIsNoGoNamingTheKey) {
   // 40 MiB of memory: 36 usable at 0.9, less 19 MiB of weights and the step's workspace, leaves no KV window.
   ScreenOptions tight;

@@ -82,7 +82,16 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   budget.memory_bytes = memory.memory_bytes != 0 ? memory.memory_bytes : physical_memory_bytes();
   budget.utilization = scheduler.get_float("gpu_memory_utilization", 0.9);
   budget.weight_bytes = memory.weight_bytes != 0 ? memory.weight_bytes : checkpoint_bytes(m);
-  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, config);
+  // With scheduler.batch_invariant the steps BatchEngine will run (it applies the runner's bound the same way), not
+  // the recipe's max_num_batched_tokens: the pool gets what those small steps leave.
+  EngineConfig steps = config;
+  if (config.batch_invariant) {
+    const BatchInvariance bound = m.model->batch_invariance();
+    if (bound.bounded())
+      steps.max_num_batched_tokens = std::max<int64_t>(
+          1, std::min({config.max_num_batched_tokens, bound.rows, bound.logit_rows}));
+  }
+  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps);
   // State slots (and their snapshots) for every sequence that may run come off the top.
   budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
   budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());

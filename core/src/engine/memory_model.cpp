@@ -18,6 +18,7 @@
 #include "model/arch/architecture.h"
 #include "model/arch/glm5_next/glm5_next.h"
 #include "model/arch/glm5_next/glm5_next_tensor_names.h"
+#include "model/batch_invariance.h"
 #include "model/checkpoint.h"
 #include "model/mla_moe_architecture.h"
 #include "model/model_loader.h"
@@ -642,10 +643,22 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   if (!resolved.ok() && !cuda_elsewhere) return resolved.status();
   const DeviceType device = resolved.ok() ? *resolved : DeviceType::kCuda;
   const RecipeSection& scheduler = recipe.section("scheduler");
-  KILN_ASSIGN_OR_RETURN(const EngineConfig config, engine_config_from_recipe(scheduler, info.max_position_embeddings));
+  KILN_ASSIGN_OR_RETURN(EngineConfig config, engine_config_from_recipe(scheduler, info.max_position_embeddings));
 
   MemoryInputs in;
   in.cuda = device == DeviceType::kCuda;
+  // scheduler.batch_invariant on CUDA: the engine keeps every step within the runner's bound (at most
+  // kCudaBatchInvariantMaxRows rows, prompt chunks below the prefill kernel's threshold), so one step's activations
+  // are priced at those rows and no prompt chunk expands its keys for the prefill kernel. (The CPU runner is
+  // invariant at any size: nothing changes there.)
+  const bool invariant_steps = in.cuda && config.batch_invariant;
+  if (invariant_steps && config.max_num_batched_tokens > kCudaBatchInvariantMaxRows) {
+    in.notes.push_back("scheduler.batch_invariant: steps of at most " + std::to_string(kCudaBatchInvariantMaxRows) +
+                       " tokens (the CUDA runner's bound; a format may promise fewer) priced instead of "
+                       "max_num_batched_tokens = " + std::to_string(config.max_num_batched_tokens) +
+                       ", and no prompt chunk reaches the prefill kernel");
+    config.max_num_batched_tokens = kCudaBatchInvariantMaxRows;
+  }
   in.host_memory_bytes = options.host_memory_bytes ? options.host_memory_bytes : physical_memory_bytes();
   if (in.cuda) {
     in.memory_bytes = options.memory_bytes ? options.memory_bytes
@@ -819,15 +832,19 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     if (mla) {
       // Low: a full step of N tokens from short contexts. High: one sequence prefilling its last chunk at
       // max_model_len keys (the prefill kernel expands every key per head), with StepScratch's headroom.
-      const int64_t keys_high = config.max_model_len;
-      const uint64_t lo =
-          step_scratch_bytes(*mla, N, std::min(R, N), S, 1, std::min<int64_t>(N, kPrefillMinTokens * 4), taps);
+      const int64_t keys_high = invariant_steps ? 0 : config.max_model_len;
+      const int64_t keys_low = invariant_steps ? 0 : std::min<int64_t>(N, kPrefillMinTokens * 4);
+      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps);
       const uint64_t hi =
           scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps), kScratchHeadroom);
       in.terms.push_back(term("activations", lo, hi, MemoryWhere::kDevice, MemoryWhen::kRun,
                               "scheduler.max_num_batched_tokens",
-                              "one step of max_num_batched_tokens = " + std::to_string(N) +
-                                  " tokens; high: a prompt chunk at max_model_len keys through the prefill kernel"));
+                              invariant_steps
+                                  ? "one batch-invariant step of " + std::to_string(N) +
+                                        " tokens (scheduler.batch_invariant: decode kernels only)"
+                                  : "one step of max_num_batched_tokens = " + std::to_string(N) +
+                                        " tokens; high: a prompt chunk at max_model_len keys through the prefill "
+                                        "kernel"));
     } else {
       const uint64_t ws = workspace_estimate(info, config);
       in.terms.push_back(term("activations", ws / 2, ws * 4, MemoryWhere::kDevice, MemoryWhen::kRun,
