@@ -406,13 +406,17 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   const ModelConfig& c = config_;
   const int64_t Hd = c.hidden_size;
   // gate / up hold this rank's intermediate columns, down all of them: the activations are gathered first.
-  auto dense = [&](const MlpWeights& m, float* y) -> Status {
+  // `expert_form` (bf16: a shared expert the GPU folds into the routed experts' launches): gate / up stay fp32, as a
+  // routed expert's do; run apart, the GPU's gate_up Linear stores them in bf16.
+  auto dense = [&](const MlpWeights& m, float* y, bool expert_form = false) -> Status {
     const int64_t I = m.gate->out_features(), full = m.down->in_features();
     std::vector<float> g(n * I), u(n * I), a(n * I);
     KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
     KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
-    round_bf16(g.data(), n * I);
-    round_bf16(u.data(), n * I);
+    if (!expert_form) {
+      round_bf16(g.data(), n * I);
+      round_bf16(u.data(), n * I);
+    }
     cpu::swiglu(g.data(), u.data(), n, I, I, a.data());
     round_bf16(a.data(), n * I);
     if (sharded()) {
@@ -492,7 +496,10 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
   }
   if (w.moe.shared.gate) {
     std::vector<float> shared(n * Hd);
-    KILN_RETURN_IF_ERROR(dense(w.moe.shared, shared.data()));
+    // bf16: up to 32 rows the GPU folds a shared expert of the routed shape into the routed launches; its output is
+    // rounded to bf16 either way (dense's last rounding, the combine's when folded).
+    const bool folded = bf16() && gpu_folds_shared_expert(n, w.moe.shared, c.moe_intermediate_size);
+    KILN_RETURN_IF_ERROR(dense(w.moe.shared, shared.data(), folded));
     for (int64_t i = 0; i < n * Hd; ++i) out[i] += shared[i];
   }
   round_bf16(out, n * Hd);

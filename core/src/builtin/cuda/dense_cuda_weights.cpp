@@ -12,6 +12,7 @@
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "kernels/cuda/skinny_gemm.h"
+#include "model/host_experts_bf16.h"
 #include "runtime/cuda/cuda_device_context.h"
 #include "runtime/cuda/model_glue_kernels.h"
 #include "runtime/cuda/weight_upload.h"
@@ -144,7 +145,9 @@ class DenseCudaExpertSet final : public ExpertSet {
                                                        a.pair_out, st));
       return false;
     }
-    // A shared expert of the routed experts' shape in a batch-invariant step rides in the same launches.
+    // A shared expert of the routed experts' shape in a batch-invariant step rides in the same launches (the CPU
+    // models' bf16 precision follows: model/host_experts_bf16.h).
+    static_assert(kGpuFoldedSharedExpertRows == cuda::kSkinnyGemmMaxRows, "the CPU mirrors when the GPU folds");
     cuda::MoeSharedExpert folded;
     const cuda::MoeSharedExpert* shared = nullptr;
     if (a.shared_gate_up && a.shared_down && a.shared_out && n <= cuda::kSkinnyGemmMaxRows) {

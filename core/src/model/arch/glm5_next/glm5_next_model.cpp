@@ -20,10 +20,6 @@
 namespace kiln::glm5_next {
 namespace {
 
-// cuda::kSkinnyGemmMaxRows: up to this many rows the CUDA expert set folds the shared expert into the routed
-// experts' launches (bf16 precision mirrors it).
-constexpr int64_t kGpuFoldedSharedExpertRows = 32;
-
 const Stream kHostStream{Device::cpu(), nullptr};
 
 cpu::MhcParams mhc_params(const Glm5NextConfig& c, const MhcWeights& w) {
@@ -127,15 +123,20 @@ Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, 
 }
 
 Status Glm5NextModel::folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const {
-  if (!sharded()) return expert_mlp_bf16(m, h, n, out, static_cast<float>(config_.swiglu_limit));
-  const int64_t inter = m.gate->out_features(), full = m.down->in_features();
-  std::vector<float> g(n * inter), u(n * inter), a(n * inter), all(n * full);
-  KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
-  KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
-  cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
-  cpu::round_to_bf16(a.data(), n * inter);
-  KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
-  return run_linear(*m.down, all.data(), n, out);
+  if (!sharded()) {
+    KILN_RETURN_IF_ERROR(expert_mlp_bf16(m, h, n, out, static_cast<float>(config_.swiglu_limit)));
+  } else {
+    const int64_t inter = m.gate->out_features(), full = m.down->in_features();
+    std::vector<float> g(n * inter), u(n * inter), a(n * inter), all(n * full);
+    KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
+    KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
+    cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
+    cpu::round_to_bf16(a.data(), n * inter);
+    KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
+    KILN_RETURN_IF_ERROR(run_linear(*m.down, all.data(), n, out));
+  }
+  cpu::round_to_bf16(out, n * config_.hidden_size);  // the combine rounds the folded rows as dense_mlp stores them
+  return ok_status();
 }
 
 // out [n, hidden]: each token's (token, slot) pairs' weighted expert outputs summed in slot order.
@@ -213,9 +214,8 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
   if (w.moe.shared.gate) {
     std::vector<float> shared(n * hd);
     // bf16: the GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
-    // (up to 32 rows: its output stays fp32), else runs it as a dense MLP (bf16 output).
-    const bool folded = bf16() && n <= kGpuFoldedSharedExpertRows &&
-                        w.moe.shared.down->in_features() == c.moe_intermediate_size;
+    // (up to 32 rows: gate / up stay fp32), else runs it as a dense MLP (gate_up stored in bf16); bf16 output both.
+    const bool folded = bf16() && gpu_folds_shared_expert(n, w.moe.shared, c.moe_intermediate_size);
     KILN_RETURN_IF_ERROR(folded ? folded_shared_expert_bf16(w.moe.shared, h, n, shared.data())
                                 : dense_mlp(w.moe.shared, h, n, shared.data()));
     for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];

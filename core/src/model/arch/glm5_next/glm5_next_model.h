@@ -111,7 +111,8 @@ class Glm5NextModel {
   Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
   void round_bf16(float* x, int64_t n) const;
   // The shared expert folded into the routed experts' launches (bf16 precision, few rows): gate / up in fp32, the
-  // clamped SwiGLU output in bf16, down in fp32 (expert_mlp_bf16, with this rank's columns gathered before down).
+  // clamped SwiGLU output in bf16, down in fp32 (expert_mlp_bf16, with this rank's columns gathered before down),
+  // its output rounded to bf16 as the GPU's combine rounds it.
   Status folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const;
   Status routed_experts(const MoeWeights& moe, const float* h, int64_t n, const int32_t* ids, const float* route,
                         float* out) const;
