@@ -12,6 +12,7 @@
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
 #include "kernels/cpu/half_float.h"
+#include "model/host_experts_bf16.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -207,6 +208,48 @@ TEST_P(Bf16VsFp32, LogitsStayWithinBf16ToleranceOfTheFp32Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16VsFp32,
                          ::testing::Values("glm4_moe_lite-tiny", "deepseek_v3-tiny", "glm_moe_dsa-tiny"));
+
+// Where the bf16 precision models the GPU folding a shared expert into the routed experts' launches (gate / up kept
+// fp32): a dense shared expert of the routed shape, in steps of up to 32 rows. glm4_moe_lite-tiny's one shared expert
+// folds; h3-qproj's two (twice the routed width) run apart; so do any format's non-dense modules (EXL3), whose
+// expert set folds nothing. And the choice shows: a 32-row step's shared expert differs from the apart form's.
+TEST(Bf16Precision, TheSharedExpertFoldsWhereTheGpuFoldsIt) {
+  LoadedModel tiny = load("glm4_moe_lite-tiny", "bf16");
+  LoadedModel two = load("glm4_moe_lite-h3-qproj", "bf16");
+  auto moe_layer = [](LoadedModel& m) -> const LayerWeights& {
+    for (const LayerWeights& l : cpu_model(m).weights().layers)
+      if (l.is_moe) return l;
+    ADD_FAILURE() << "no MoE layer";
+    return cpu_model(m).weights().layers[0];
+  };
+  const LayerWeights& t = moe_layer(tiny);
+  const int64_t inter = tiny.info.moe_intermediate_size;
+  ASSERT_FALSE(t.moe.expert_mlps.empty());
+  EXPECT_TRUE(gpu_folds_shared_expert(1, t.moe.shared, &t.moe.expert_mlps[0], inter));
+  EXPECT_TRUE(gpu_folds_shared_expert(kGpuFoldedSharedExpertRows, t.moe.shared, &t.moe.expert_mlps[0], inter));
+  EXPECT_FALSE(gpu_folds_shared_expert(kGpuFoldedSharedExpertRows + 1, t.moe.shared, &t.moe.expert_mlps[0], inter));
+  EXPECT_FALSE(gpu_folds_shared_expert(1, t.moe.shared, nullptr, inter));
+  const LayerWeights& w = moe_layer(two);
+  ASSERT_FALSE(w.moe.expert_mlps.empty());
+  EXPECT_FALSE(gpu_folds_shared_expert(1, w.moe.shared, &w.moe.expert_mlps[0], two.info.moe_intermediate_size));
+
+  // The folded form keeps gate / up in fp32: on the same 32 rows its output differs from the apart form's (gate / up
+  // rounded to bf16 first), by bf16 steps, not more.
+  const int64_t hidden = tiny.info.hidden_size, rows = kGpuFoldedSharedExpertRows;
+  std::vector<float> x(rows * hidden), folded(rows * hidden), apart(rows * hidden);
+  for (int64_t i = 0; i < rows * hidden; ++i) x[i] = cpu::round_to_bf16(std::sin(0.37f * static_cast<float>(i)));
+  ASSERT_TRUE(expert_mlp_bf16(t.moe.shared, x.data(), rows, folded.data()).ok());
+  std::vector<float> g(rows * inter), u(rows * inter), a(rows * inter);
+  ASSERT_TRUE(run_linear(*t.moe.shared.gate, x.data(), rows, g.data()).ok());
+  ASSERT_TRUE(run_linear(*t.moe.shared.up, x.data(), rows, u.data()).ok());
+  cpu::round_to_bf16(g.data(), rows * inter);
+  cpu::round_to_bf16(u.data(), rows * inter);
+  for (int64_t i = 0; i < rows * inter; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  cpu::round_to_bf16(a.data(), rows * inter);
+  ASSERT_TRUE(run_linear(*t.moe.shared.down, a.data(), rows, apart.data()).ok());
+  EXPECT_NE(folded, apart);
+  EXPECT_LT(relative_error(folded.data(), apart.data(), rows * hidden), 2e-2);
+}
 
 TEST(Bf16Precision, RecipeKeyDefaultsToFp32AndRejectsOtherValuesByName) {
   auto plain = load_recipe("", {"model.path=" + model_dir("deepseek_v3-tiny").string()}, global_registry());

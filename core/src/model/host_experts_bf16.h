@@ -13,15 +13,20 @@
 
 namespace kiln {
 
-// Up to this many rows in a step the CUDA expert set (builtin/cuda/dense_cuda_weights.cpp) folds a shared expert of
-// the routed experts' shape into their launches: its gate / up in fp32 and only its SwiGLU output rounded, like a
-// routed expert's, where run apart (dense_mlp) its gate_up is stored in bf16 first. The combine rounds the folded
-// output to bf16 as dense_mlp stores it. = cuda::kSkinnyGemmMaxRows (static_assert there).
+// Up to this many rows in a step the dense CUDA expert set (builtin/cuda/dense_cuda_weights.cpp) folds a dense
+// shared expert of the routed experts' shape into their launches: its gate / up in fp32 and only its SwiGLU output
+// rounded, like a routed expert's, where run apart (dense_mlp) its gate_up is stored in bf16 first. The combine
+// rounds the folded output to bf16 as dense_mlp stores it. = cuda::kSkinnyGemmMaxRows (static_assert there). A
+// quantized format's expert set (EXL3) folds nothing.
 inline constexpr int64_t kGpuFoldedSharedExpertRows = 32;
-// Whether a step of `rows` rows runs the shared expert `shared` folded (`routed_inter`: the routed experts'
-// intermediate size): the CPU models' bf16 precision follows the GPU's choice.
-inline bool gpu_folds_shared_expert(int64_t rows, const MlpWeights& shared, int64_t routed_inter) {
-  return rows <= kGpuFoldedSharedExpertRows && shared.down && shared.down->in_features() == routed_inter;
+// Whether a step of `rows` rows runs the shared expert `shared` folded, given one of the routed experts (`routed`,
+// null if this rank holds none) and their intermediate size: the CPU models' bf16 precision follows the GPU.
+inline bool gpu_folds_shared_expert(int64_t rows, const MlpWeights& shared, const MlpWeights* routed,
+                                    int64_t routed_inter) {
+  auto dense = [](const std::unique_ptr<Linear>& l) { return l && l->dense_weight().data != nullptr; };
+  return rows <= kGpuFoldedSharedExpertRows && routed && dense(routed->gate) && dense(routed->up) &&
+         dense(routed->down) && dense(shared.gate) && dense(shared.up) && dense(shared.down) &&
+         shared.down->in_features() == routed_inter;
 }
 
 // One expert-shaped SwiGLU MLP as the expert kernels compute it (only the SwiGLU output rounded): y [rows, hidden].

@@ -498,7 +498,8 @@ Status MlaMoeModel::mlp(const LayerWeights& w, const float* h, int64_t n, float*
     std::vector<float> shared(n * Hd);
     // bf16: up to 32 rows the GPU folds a shared expert of the routed shape into the routed launches; its output is
     // rounded to bf16 either way (dense's last rounding, the combine's when folded).
-    const bool folded = bf16() && gpu_folds_shared_expert(n, w.moe.shared, c.moe_intermediate_size);
+    const bool folded = bf16() && gpu_folds_shared_expert(
+        n, w.moe.shared, w.moe.expert_mlps.empty() ? nullptr : &w.moe.expert_mlps[0], c.moe_intermediate_size);
     KILN_RETURN_IF_ERROR(dense(w.moe.shared, shared.data(), folded));
     for (int64_t i = 0; i < n * Hd; ++i) out[i] += shared[i];
   }

@@ -215,7 +215,8 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
     std::vector<float> shared(n * hd);
     // bf16: the GPU folds a shared expert of the routed experts' shape into their launches in batch-invariant steps
     // (up to 32 rows: gate / up stay fp32), else runs it as a dense MLP (gate_up stored in bf16); bf16 output both.
-    const bool folded = bf16() && gpu_folds_shared_expert(n, w.moe.shared, c.moe_intermediate_size);
+    const bool folded = bf16() && gpu_folds_shared_expert(
+        n, w.moe.shared, w.moe.expert_mlps.empty() ? nullptr : &w.moe.expert_mlps[0], c.moe_intermediate_size);
     KILN_RETURN_IF_ERROR(folded ? folded_shared_expert_bf16(w.moe.shared, h, n, shared.data())
                                 : dense_mlp(w.moe.shared, h, n, shared.data()));
     for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
