@@ -52,6 +52,14 @@ inline double relative_error(const float* a, const float* b, int64_t n) {
   return diff / ref;
 }
 
+// max|a − b| over two equal-length runs of values (the caller checks the lengths).
+inline double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
 inline Reference load_reference(const std::string& name) {
   auto f = SafetensorsFile::open(model_dir(name) / "reference.safetensors");
   EXPECT_TRUE(f.ok()) << f.status().to_string();

@@ -113,9 +113,7 @@ TEST_P(DecodeContextParallelCpu, GreedyTokensEqualOneRankAndLogitsAgreeWithinTol
     EXPECT_EQ(run.tokens, reference.tokens);
     EXPECT_EQ(run.rank_mismatches, 0) << "every rank must end each step with the same logits";
     ASSERT_EQ(run.logits.size(), reference.logits.size());
-    double worst = 0.0;
-    for (size_t i = 0; i < run.logits.size(); ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(run.logits[i]) - reference.logits[i]));
+    const double worst = testing::max_abs_difference(run.logits, reference.logits);
     const double relative = worst / scale;
     EXPECT_LE(relative, tolerance) << "largest logit difference " << worst << " at logit scale " << scale;
     std::printf("[ measured ] %s %s tensor=%d decode_context=%d: max |Δlogit| / scale = %.3g\n", c.model.c_str(),

@@ -16,7 +16,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "kiln/status.h"
 
 namespace kiln {
 
@@ -25,6 +28,14 @@ struct DecodeContextShard {
   int world = 1;  // D
 
   bool split() const { return world > 1; }
+  // The scheduler's blocks must hold one page (`page` tokens, the layout's) per rank: page · world tokens.
+  Status check_block_size(int64_t block_size, int64_t page) const {
+    if (!split() || block_size == page * world) return ok_status();
+    return failed_precondition("parallel.decode_context = " + std::to_string(world) +
+                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
+                               std::to_string(page * world) + " tokens (one page per rank), got " +
+                               std::to_string(block_size));
+  }
   bool owns(int64_t pos) const { return pos % world == rank; }
   // The global position of local token k of rank r.
   int64_t position(int64_t local, int r) const { return local * world + r; }

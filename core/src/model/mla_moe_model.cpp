@@ -137,11 +137,7 @@ Status MlaMoeModel::make_layout(std::span<const SequenceStep> steps, const Cache
   const int64_t bs = caches.block_size;
   if (bs <= 0 || !caches.layout) return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
   const int64_t page = caches.layout->geometry().block_size;
-  if (context_split() && bs != page * context_shard_.world)
-    return failed_precondition("parallel.decode_context = " + std::to_string(context_shard_.world) +
-                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
-                               std::to_string(page * context_shard_.world) + " tokens (one page per rank), got " +
-                               std::to_string(bs));
+  if (context_split()) KILN_RETURN_IF_ERROR(context_shard_.check_block_size(bs, page));
   for (size_t s = 0; s < steps.size(); ++s) {
     const SequenceStep& st = steps[s];
     KILN_RETURN_IF_ERROR(check_sequence_step(st, s, bs, config_));

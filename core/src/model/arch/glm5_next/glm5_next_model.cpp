@@ -70,11 +70,7 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
   if (bs <= 0 || !caches.layout)
     return invalid_argument("the CPU model got no cache memory (block size 0 or no layout)");
   const int64_t page = caches.layout->geometry().block_size;
-  if (context_split() && bs != page * context_shard_.world)
-    return failed_precondition("parallel.decode_context = " + std::to_string(context_shard_.world) +
-                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
-                               std::to_string(page * context_shard_.world) + " tokens (one page per rank), got " +
-                               std::to_string(bs));
+  if (context_split()) KILN_RETURN_IF_ERROR(context_shard_.check_block_size(bs, page));
   tl = TokenLayout{};
   tl.seq_begin.push_back(0);
   for (size_t s = 0; s < steps.size(); ++s) {
