@@ -14,6 +14,7 @@ const Stream kHost{Device::cpu(), nullptr};
 
 Status gather_split_rows(const SplitContext& split, int64_t ctx, int64_t row, const OwnContextRows& own, float* rows) {
   const DecodeContextShard& shard = split.shard;
+  if (ctx <= 0) return ok_status();  // every rank of the group skips the meeting alike (ctx is the group's)
   // Rank 0 owns the most positions; every rank sends that many rows (all_gather takes blocks of one size).
   const int64_t most = shard.local_count(ctx, 0);
   std::vector<float> mine(most * row, 0.0f), all(shard.world * most * row);
