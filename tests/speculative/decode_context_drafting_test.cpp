@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/single_request.h"
 #include "speculative/speculative_test_support.h"
 
 namespace kiln {
@@ -74,6 +75,47 @@ INSTANTIATE_TEST_SUITE_P(Models, DecodeContextDrafting,
                            std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
                            return n;
                          });
+
+// One engine on split ranks serving a prompt in chunks of 8 tokens (max_num_batched_tokens; the scheduler's blocks
+// are kv.block_size × decode_context = 8 tokens), then the same prompt again over its cached prefix: both give one
+// rank's unchunked tokens, and the second is served from the prefix cache (a block is one page on each rank, so a
+// cached block holds every rank's share). glm5_next keeps no prefix cache (its KDA state is not in the blocks): it
+// is chunked only.
+TEST(DecodeContextEngine, ChunkedPrefillAndThePrefixCacheGiveOneRanksTokens) {
+  testing::load_mtp_plugin();
+  const std::vector<int32_t> prompt = {5, 17, 301, 42, 7, 99, 250, 3, 64, 128, 11, 400, 19, 23, 88, 2, 77, 301, 9, 45};
+  for (const std::string model : {"glm4_moe_lite-tiny", "glm_moe_dsa-tiny", "glm5_next-tiny"}) {
+    SCOPED_TRACE(model);
+    auto one_recipe = load_recipe("", dcp_sets(model, 1, 1, "none", 0), global_registry());
+    ASSERT_TRUE(one_recipe.ok()) << one_recipe.status().to_string();
+    LoadedModel one = testing::load_with_mtp(*one_recipe);
+    auto want = testing::engine_generate(one, dcp_sets(model, 1, 1, "none", 0), prompt, 16);
+    ASSERT_TRUE(want.ok()) << want.status().to_string();
+    std::vector<std::string> sets = dcp_sets(model, 2, 2, "none", 0);
+    sets.push_back("scheduler.max_num_batched_tokens=8");
+    sets.push_back("scheduler.max_num_seqs=4");
+    auto recipe = load_recipe("", sets, global_registry());
+    ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+    LoadedModel m = testing::load_with_mtp(*recipe);
+    auto started = start_engine(m, *recipe);
+    ASSERT_TRUE(started.ok()) << started.status().to_string();
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      RequestParams p;
+      p.prompt = prompt;
+      p.max_tokens = 16;
+      auto got = run_single_request(*started->engine, std::move(p));
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      EXPECT_EQ(*got, *want);
+    }
+    const EngineMetrics metrics = started->engine->metrics();
+    if (model == "glm5_next-tiny")
+      EXPECT_EQ(metrics.prefix_cache_hits, 0);
+    else
+      EXPECT_EQ(metrics.prefix_cache_hits, 16) << "the second round reuses the prompt's two full blocks of 8";
+    started->engine->drain();
+  }
+}
 
 }  // namespace
 }  // namespace kiln
