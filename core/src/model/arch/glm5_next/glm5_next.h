@@ -26,8 +26,9 @@ class Glm5NextArchitecture final : public Architecture {
   // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
   CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const override;
   Status supports(DeviceType device) const override;
-  // Tensor parallelism on CPU ranks needs at least one head, column, expert and vocabulary row per rank; no
-  // decode-context parallelism (its pooled DSA and KDA layers do not split their caches by token).
+  // Tensor parallelism on CPU ranks needs at least one head, column, expert and vocabulary row per rank;
+  // decode-context parallelism splits the DSA layers' latents and indexer rows by token (CPU ranks only; the CUDA
+  // runner neither shards nor splits).
   Status supports_parallel(int tensor, int decode_context, DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
