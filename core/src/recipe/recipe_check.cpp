@@ -278,13 +278,17 @@ class Checker {
     // architecture could not be read) is judged as the CPU, whose ranks split every architecture.
     const int groups_of = static_cast<int>(parallel.get_int("decode_context", 1));
     const DeviceType on = device_known_ ? device_ : DeviceType::kCpu;
+    bool context_refused = false;  // the architecture's own answer names the setting once
     if (arch_ && groups_of > 1)
-      if (Status s = arch_->supports_parallel(1, groups_of, on); !s.ok()) problem(about(parallel, "decode_context", s));
+      if (Status s = arch_->supports_parallel(1, groups_of, on); !s.ok()) {
+        problem(about(parallel, "decode_context", s));
+        context_refused = true;
+      }
     if (arch_ && ranks > 1)
       if (Status s = arch_->supports_parallel(static_cast<int>(ranks), 1, on); !s.ok())
         problem(about(parallel, "tensor", s));
     if (ranks <= 1 || !device_known_) return;
-    if (device_ == DeviceType::kCuda && parallel.get_int("decode_context", 1) > 1)
+    if (device_ == DeviceType::kCuda && parallel.get_int("decode_context", 1) > 1 && !context_refused)
       problem(about(parallel, "decode_context",
                     unimplemented("splits the KV cache over CPU ranks; the CUDA runners keep it whole on their device "
                                   "(model.device = \"cpu\", or decode_context = 1)")));
