@@ -97,15 +97,18 @@ Status Glm5NextModel::make_layout(std::span<const SequenceStep> steps, const Cac
 }
 
 // bf16: the fused gate_up Linear rounds each half to bf16 before the SwiGLU, whose output is stored in bf16, and down
-// stores bf16. Sharded, gate / up hold this rank's intermediate columns and down all of them: the activations are
-// gathered first.
-Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const {
+// stores bf16. `folded` (bf16 precision, few rows): the shared expert folded into the routed experts' launches keeps
+// gate / up in fp32 as a routed expert does, and the combine rounds its output as dense_mlp stores it. Sharded, gate /
+// up hold this rank's intermediate columns and down all of them: the activations are gathered first.
+Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out, bool folded) const {
   const int64_t inter = m.gate->out_features(), full = m.down->in_features();
   std::vector<float> g(n * inter), u(n * inter), a(n * inter);
   KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
   KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
-  round_bf16(g.data(), n * inter);
-  round_bf16(u.data(), n * inter);
+  if (!folded) {
+    round_bf16(g.data(), n * inter);
+    round_bf16(u.data(), n * inter);
+  }
   cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
   round_bf16(a.data(), n * inter);
   if (sharded()) {
@@ -115,23 +118,6 @@ Status Glm5NextModel::dense_mlp(const MlpWeights& m, const float* h, int64_t n, 
   }
   KILN_RETURN_IF_ERROR(run_linear(*m.down, a.data(), n, out));
   round_bf16(out, n * config_.hidden_size);
-  return ok_status();
-}
-
-Status Glm5NextModel::folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const {
-  if (!sharded()) {
-    KILN_RETURN_IF_ERROR(expert_mlp_bf16(m, h, n, out, static_cast<float>(config_.swiglu_limit)));
-  } else {
-    const int64_t inter = m.gate->out_features(), full = m.down->in_features();
-    std::vector<float> g(n * inter), u(n * inter), a(n * inter), all(n * full);
-    KILN_RETURN_IF_ERROR(run_linear(*m.gate, h, n, g.data()));
-    KILN_RETURN_IF_ERROR(run_linear(*m.up, h, n, u.data()));
-    cpu::swiglu(g.data(), u.data(), n, inter, inter, a.data(), static_cast<float>(config_.swiglu_limit));
-    cpu::round_to_bf16(a.data(), n * inter);
-    KILN_RETURN_IF_ERROR(gather_units(a.data(), n, full, 1, all.data()));
-    KILN_RETURN_IF_ERROR(run_linear(*m.down, all.data(), n, out));
-  }
-  cpu::round_to_bf16(out, n * config_.hidden_size);  // the combine rounds the folded rows as dense_mlp stores them
   return ok_status();
 }
 
@@ -213,8 +199,7 @@ Status Glm5NextModel::mlp(const LayerWeights& w, const float* h, int64_t n, floa
     // (up to 32 rows: gate / up stay fp32), else runs it as a dense MLP (gate_up stored in bf16); bf16 output both.
     const bool folded = bf16() && gpu_folds_shared_expert(
         n, w.moe.shared, w.moe.expert_mlps.empty() ? nullptr : &w.moe.expert_mlps[0], c.moe_intermediate_size);
-    KILN_RETURN_IF_ERROR(folded ? folded_shared_expert_bf16(w.moe.shared, h, n, shared.data())
-                                : dense_mlp(w.moe.shared, h, n, shared.data()));
+    KILN_RETURN_IF_ERROR(dense_mlp(w.moe.shared, h, n, shared.data(), folded));
     for (int64_t i = 0; i < n * hd; ++i) out[i] += shared[i];
   }
   round_bf16(out, n * hd);

@@ -108,12 +108,9 @@ class Glm5NextModel {
   Status indexer_select(const PooledIndexerWeights& w, int64_t l, const TokenLayout& tl, const CacheViews& caches,
                         const float* h, const float* q_resid, std::vector<int32_t>& selected) const;
   Status mlp(const LayerWeights& w, const float* h, int64_t n, float* out, float* router_margin) const;
-  Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out) const;
+  // folded: the shared expert as the GPU folds it into the routed launches (gpu_folds_shared_expert).
+  Status dense_mlp(const MlpWeights& m, const float* h, int64_t n, float* out, bool folded = false) const;
   void round_bf16(float* x, int64_t n) const;
-  // The shared expert folded into the routed experts' launches (bf16 precision, few rows): gate / up in fp32, the
-  // clamped SwiGLU output in bf16, down in fp32 (expert_mlp_bf16, with this rank's columns gathered before down),
-  // its output rounded to bf16 as the GPU's combine rounds it.
-  Status folded_shared_expert_bf16(const MlpWeights& m, const float* h, int64_t n, float* out) const;
   Status routed_experts(const MoeWeights& moe, const float* h, int64_t n, const int32_t* ids, const float* route,
                         float* out) const;
 
