@@ -6,31 +6,32 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/norm_scale.cuh"
 
 namespace kiln::cuda {
 
 // For a block of kThreads threads: v[i] = value(i) (already rounded as the block's input is stored); with
 // kResidual, v[i] += residual[i] and is stored back (the fp32 residual stream); then
-// out[i] = bf16(weight[i] · v[i] · rsqrt(mean(v²) + eps)). The row is re-read from L1/L2 for the scale pass
+// out[i] = bf16(weight[i] · (v[i] · inverse_rms(Σ v², dim, eps))) — the scale as the CPU computes it (norm_scale.cuh). The row is re-read from L1/L2 for the scale pass
 // (hidden sizes are a few thousand values). Rows longer than rmsnorm_row_regs takes (kMaxRowValues) use this.
 template <int kThreads, bool kResidual, typename Value>
 __device__ __forceinline__ void rmsnorm_row(Value value, float* __restrict__ residual,
                                             const uint16_t* __restrict__ weight, int64_t dim, float eps,
                                             uint16_t* __restrict__ out) {
-  using Reduce = cub::BlockReduce<float, kThreads>;
+  using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float inv_rms;
-  float sum_sq = 0.f;
+  double sum_sq = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     float v = value(i);
     if constexpr (kResidual) {
       v += residual[i];
       residual[i] = v;
     }
-    sum_sq += v * v;
+    sum_sq += square_f64(v);
   }
-  const float total = Reduce(temp).Sum(sum_sq);
-  if (threadIdx.x == 0) inv_rms = rsqrtf(total / static_cast<float>(dim) + eps);
+  const double total = Reduce(temp).Sum(sum_sq);
+  if (threadIdx.x == 0) inv_rms = inverse_rms(total, dim, eps);
   __syncthreads();
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = kResidual ? residual[i] : value(i);
@@ -59,7 +60,7 @@ template <int kThreads, int kPer, bool kResidual, typename Load>
 __device__ __forceinline__ void rmsnorm_row_regs(Load load, float* __restrict__ residual,
                                                  const uint16_t* __restrict__ weight, int64_t dim, float eps,
                                                  uint16_t* __restrict__ out) {
-  using Reduce = cub::BlockReduce<float, kThreads>;
+  using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float inv_rms;
   float v[kPer], r[kPer];
@@ -77,17 +78,17 @@ __device__ __forceinline__ void rmsnorm_row_regs(Load load, float* __restrict__ 
 #pragma unroll
     for (int j = 0; j < kPer; ++j) v[j] += r[j];
   }
-  float sum_sq = 0.f;
+  double sum_sq = 0.0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (i < dim) {
       if constexpr (kResidual) residual[i] = v[j];
-      sum_sq += v[j] * v[j];
+      sum_sq += square_f64(v[j]);
     }
   }
-  const float total = Reduce(temp).Sum(sum_sq);
-  if (threadIdx.x == 0) inv_rms = rsqrtf(total / static_cast<float>(dim) + eps);
+  const double total = Reduce(temp).Sum(sum_sq);
+  if (threadIdx.x == 0) inv_rms = inverse_rms(total, dim, eps);
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/norm_scale.cuh"
 #include "runtime/cuda/block_reduce.cuh"
 
 namespace kiln::cuda {
@@ -18,11 +19,10 @@ __device__ __forceinline__ void mla_write_cache_row(const float* row, int64_t L,
     for (int64_t i = threadIdx.x; i < L + R; i += blockDim.x) dst[i] = float_to_bf16_bits(row[i]);
     return;
   }
-  __shared__ float red[32];
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += row[i] * row[i];
-  ss = block_reduce<false>(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(L) + eps);
+  __shared__ double red[32];
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += square_f64(row[i]);
+  const float inv = inverse_rms(block_sum_f64(ss, red), L, eps);
   for (int64_t i = threadIdx.x; i < L; i += blockDim.x) dst[i] = float_to_bf16_bits(row[i] * inv * bf16_bits_to_float(w[i]));
   for (int64_t i = threadIdx.x; i < R; i += blockDim.x) dst[L + i] = float_to_bf16_bits(row[L + i]);
 }
@@ -30,11 +30,10 @@ __device__ __forceinline__ void mla_write_cache_row(const float* row, int64_t L,
 // row[0:L] = rmsnorm(row[0:L]) · w in fp32, in place (what mla_write_cache_row stores before its rounding), for
 // layouts that take final rows. Called by every thread of the block.
 __device__ __forceinline__ void mla_normalize_row(float* row, int64_t L, const uint16_t* w, float eps) {
-  __shared__ float red[32];
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += row[i] * row[i];
-  ss = block_reduce<false>(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(L) + eps);
+  __shared__ double red[32];
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) ss += square_f64(row[i]);
+  const float inv = inverse_rms(block_sum_f64(ss, red), L, eps);
   for (int64_t i = threadIdx.x; i < L; i += blockDim.x) row[i] = row[i] * inv * bf16_bits_to_float(w[i]);
 }
 

@@ -101,13 +101,12 @@ __device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t
   if (a.cache != nullptr && !store) return;  // padding (the whole block)
   float inv = 1.f;
   if (a.norm_weight) {
-    __shared__ float red[32];
-    float ss = 0.0f;
+    __shared__ double red[32];
+    double ss = 0.0;
 #pragma unroll
     for (int j = 0; j < kLatentPerThread; ++j)
-      if (tid + static_cast<int64_t>(j) * kMlaCacheRowThreads < a.latent) ss += x[j] * x[j];
-    ss = block_reduce<false>(ss, red);
-    inv = rsqrtf(ss / static_cast<float>(a.latent) + a.eps);
+      if (tid + static_cast<int64_t>(j) * kMlaCacheRowThreads < a.latent) ss += square_f64(x[j]);
+    inv = inverse_rms(block_sum_f64(ss, red), a.latent, a.eps);
   }
   if (!store) {  // a layout that stores final rows: the normalised latent in place, in fp32
     if (!a.norm_weight) return;

@@ -131,17 +131,20 @@ __global__ void mla_reference_kernel(MlaReferenceParams p) {
   }
 }
 
+// As cpu::layernorm: mean and variance in fp64, the normalised value rounded to fp32 once, then · w + b as two
+// roundings (no fused multiply-add, which the CPU build does not emit), so the indexer's keys get the CPU's bits.
 __global__ void layernorm_f32_kernel(const float* x, const float* w, const float* b, int64_t dim, float eps, float* out) {
-  __shared__ float red[32];
+  __shared__ double red[32];
   const float* row = x + blockIdx.x * dim;
   float* o = out + blockIdx.x * dim;
-  float sum = 0.0f;
+  double sum = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += row[i];
-  const float mean = block_reduce<false>(sum, red) / static_cast<float>(dim);
-  float sq = 0.0f;
+  const double mean = block_sum_f64(sum, red) / static_cast<double>(dim);
+  double sq = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sq += (row[i] - mean) * (row[i] - mean);
-  const float inv = rsqrtf(block_reduce<false>(sq, red) / static_cast<float>(dim) + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (row[i] - mean) * inv * w[i] + b[i];
+  const double inv = 1.0 / sqrt(block_sum_f64(sq, red) / static_cast<double>(dim) + static_cast<double>(eps));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    o[i] = __fadd_rn(__fmul_rn(static_cast<float>((row[i] - mean) * inv), w[i]), b[i]);
 }
 
 __global__ void scatter_rows_f32_kernel(const float* x, int64_t dim, const int64_t* slots, float* cache) {
