@@ -31,7 +31,7 @@ EngineConfig invariant_config(int64_t max_num_seqs, int64_t batched) {
 }
 
 TEST(ApplyBatchInvariance, LowersTheStepAndChunkLimitsToTheBound) {
-  // The CUDA runner's bound on GLM-4.7-Flash: 32 rows, 32 logit rows, chunks of 15 through the decode kernels.
+  // A runner's bound of 32 rows, 32 logit rows, chunks of 15 through its decode kernels.
   auto c = apply_batch_invariance(invariant_config(16, 2048), bound_of(32, 32, 15));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->max_num_batched_tokens, 32);

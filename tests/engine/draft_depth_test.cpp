@@ -47,8 +47,8 @@ TEST(FairDraftDepth, SharesTheRowsLeftEquallyAndStopsBelowOneDraft) {
   EXPECT_EQ(fair_draft_depth(7, 1, 1, {}, bound_of(4, 8)), 3);
 }
 
-// A verification pass of 1 + K rows must stay decode-shaped: on the GPU a sequence bringing 16 tokens attends through
-// the prefill kernel, so speculative.depth 16 verifies 14 at most however many rows the step has left.
+// A verification pass of 1 + K rows must stay decode-shaped: on a runner whose prompt chunks of 16 tokens attend
+// through a prefill kernel (chunk_rows 15), speculative.depth 16 verifies 14 at most however many rows the step has left.
 TEST(FairDraftDepth, KeepsAVerificationPassWithinTheChunkRows) {
   BatchInvariance gpu = bound_of(32, 32);
   gpu.chunk_rows = 15;

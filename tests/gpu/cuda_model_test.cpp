@@ -19,6 +19,7 @@
 #include "common/reference_fixture.h"
 #include "engine/engine_factory.h"
 #include "common/test_model.h"
+#include "model/batch_invariance.h"
 #include "model/model_loader.h"
 #include "plugin/registry.h"
 #include "recipe/recipe.h"
@@ -194,26 +195,23 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
 
 // Free-running greedy decoding, the GPU against the CPU model in bf16 precision: the same tokens at every step. The
 // rows' largest logits difference relative to max|cpu| is reported beside the smallest top-1 / top-2 gap met: with
-// the rounding points matched it is fp32 summation noise (~1e-5), not bf16 error (~1e-2).
-TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
-  // Not on the DSA variants: they keep 5-8 keys per query, so one index-score near-tie decided differently by the
-  // GPU's indexer and the CPU's (the projections feeding it round differently; not pinned down further) changes a
-  // large share of what a query attends to, and free-running output parts within 32 tokens (first H200 run: steps
-  // 0, 12 and 21; step 0 at a top-1/top-2 gap of 0.005). The teacher-forced test above covers them step by step.
-  if (GetParam().find("glm_moe_dsa-h") == 0) GTEST_SKIP() << "free-running identity is not a contract for top-k <= 8";
-  constexpr int64_t kNew = 32;
-  LoadedModel cpu = load_path(model_dir(GetParam()), "cpu", "mmap", "bf16");
-  LoadedModel gpu = load(GetParam(), "cuda");
+// the rounding points matched it is fp32 summation noise (~1e-7), not bf16 error (~1e-2).
+// near_ties_may_part: the tokens may part at a step whose CPU top-1 / top-2 gap is below twice that row's largest
+// logits difference (the rule CudaModelTinyGlm uses): summation order differs between the CPU's and the GPU's
+// products, so now and then a bf16 rounding falls the other way, and every later row of the prompt inherits it.
+void expect_free_running_greedy_identical_in_bf16(const std::string& name, const std::vector<int32_t>& prompt,
+                                                  int64_t new_tokens, const char* what, bool near_ties_may_part = false) {
+  LoadedModel cpu = load_path(model_dir(name), "cpu", "mmap", "bf16");
+  LoadedModel gpu = load(name, "cuda");
   ASSERT_TRUE(gpu.on_gpu());
   const int64_t vocab = cpu.info.vocab_size;
-  const std::vector<int32_t> prompt = prompt_of(GetParam());
-  const int64_t tokens = static_cast<int64_t>(prompt.size()) + kNew + 1;
+  const int64_t tokens = static_cast<int64_t>(prompt.size()) + new_tokens + 1;
   auto kv = make_kv_cache(cpu, tokens);
   std::vector<int32_t> cpu_table, cpu_tokens, gpu_tokens;
   ASSERT_TRUE(kv->reserve(cpu_table, tokens).ok());
   auto cpu_rows = decode_rows([&](const SequenceStep& s, StepOutput& o) { return cpu_model(cpu).forward({&s, 1}, kv->views(), {}, o); },
-                              prompt, cpu_table, kNew, cpu_tokens, true, vocab);
-  auto gpu_rows = gpu_decode_rows(gpu, prompt, kNew, gpu_tokens, true, vocab);
+                              prompt, cpu_table, new_tokens, cpu_tokens, true, vocab);
+  auto gpu_rows = gpu_decode_rows(gpu, prompt, new_tokens, gpu_tokens, true, vocab);
   ASSERT_EQ(cpu_rows.size(), gpu_rows.size());
   double worst_prefill = 0, worst_decode = 0, smallest_gap = INFINITY;
   std::vector<double> errors;
@@ -224,17 +222,51 @@ TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
     worst = std::max(worst, errors.back());
     if (r + 1 >= P) smallest_gap = std::min(smallest_gap, top_gap(cpu_rows[r].data(), vocab));
   }
-  EXPECT_EQ(gpu_tokens, cpu_tokens) << GetParam();
+  if (!near_ties_may_part) EXPECT_EQ(gpu_tokens, cpu_tokens) << name;
   for (size_t d = 0; d < cpu_tokens.size() && d < gpu_tokens.size(); ++d)
     if (gpu_tokens[d] != cpu_tokens[d]) {
-      ADD_FAILURE() << GetParam() << ": first difference at step " << d << " (CPU " << cpu_tokens[d] << ", GPU "
-                    << gpu_tokens[d] << "), CPU top-1/top-2 gap " << top_gap(cpu_rows[P - 1 + d].data(), vocab);
+      const std::vector<float>& c = cpu_rows[P - 1 + d];
+      const std::vector<float>& g = gpu_rows[P - 1 + d];
+      double diff = 0;
+      for (int64_t v = 0; v < vocab; ++v) diff = std::max(diff, static_cast<double>(std::fabs(g[v] - c[v])));
+      const double gap = top_gap(c.data(), vocab);
+      std::printf("%s: %s parts at step %zu (CPU %d, GPU %d): CPU top-1/top-2 gap %.4g, logits |Δ| %.4g\n",
+                  name.c_str(), what, d, cpu_tokens[d], gpu_tokens[d], gap, diff);
+      if (near_ties_may_part)
+        EXPECT_LT(gap, 2 * diff) << name << ": greedy tokens part at step " << d << " without a near-tie";
+      else
+        ADD_FAILURE() << name << ": first difference at step " << d << " (CPU " << cpu_tokens[d] << ", GPU "
+                      << gpu_tokens[d] << "), CPU top-1/top-2 gap " << gap;
       break;
     }
-  std::printf("%s: bf16 CPU vs GPU, %lld free-running greedy tokens %s; logits difference of max|cpu|: median %.3g, "
-              "worst %.3g on the prompt's rows, %.3g on decode rows; smallest CPU top-1/top-2 gap %.3g\n",
-              GetParam().c_str(), static_cast<long long>(kNew), gpu_tokens == cpu_tokens ? "identical" : "DIFFER",
-              median(errors), worst_prefill, worst_decode, smallest_gap);
+  std::printf("%s: bf16 CPU vs GPU, %s of %zu: %lld free-running greedy tokens %s; logits difference of max|cpu|: "
+              "median %.3g, worst %.3g on the prompt's rows, %.3g on decode rows; smallest CPU top-1/top-2 gap %.3g\n",
+              name.c_str(), what, P, static_cast<long long>(new_tokens),
+              gpu_tokens == cpu_tokens ? "identical" : "DIFFER", median(errors), worst_prefill, worst_decode,
+              smallest_gap);
+}
+
+// Not on the DSA variants: they keep 5-8 keys per query, so one index-score near-tie decided differently by the
+// GPU's indexer and the CPU's (the projections feeding it round differently; not pinned down further) changes a
+// large share of what a query attends to, and free-running output parts within 32 tokens (first H200 run: steps
+// 0, 12 and 21; step 0 at a top-1/top-2 gap of 0.005). The teacher-forced test above covers them step by step.
+bool free_running_is_a_contract(const std::string& name) { return name.find("glm_moe_dsa-h") != 0; }
+
+// The fixture's prompt (24 tokens: under kExpandedPrefillMinTokens, so the absorbed form through the decode kernels).
+TEST_P(CudaModel, FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision) {
+  if (!free_running_is_a_contract(GetParam())) GTEST_SKIP() << "free-running identity is not a contract for top-k <= 8";
+  expect_free_running_greedy_identical_in_bf16(GetParam(), prompt_of(GetParam()), 32, "prompt");
+}
+
+// A prompt of 2 · kExpandedPrefillMinTokens tokens (the fixture's, repeated): the MLA prefill kernel in expanded form
+// (DSA models excepted), which the CPU's bf16 precision follows. Tokens may part at a near-tie (first H200 run:
+// deepseek_v3-tiny at step 1 of 16, CPU top-1/top-2 gap 0.0098 against a row difference of 0.034).
+TEST_P(CudaModel, LongPromptThroughThePrefillKernelIsIdenticalToTheCpuInBf16Precision) {
+  if (!free_running_is_a_contract(GetParam())) GTEST_SKIP() << "free-running identity is not a contract for top-k <= 8";
+  const std::vector<int32_t> base = prompt_of(GetParam());
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < 2 * kExpandedPrefillMinTokens; ++i) prompt.push_back(base[i % base.size()]);
+  expect_free_running_greedy_identical_in_bf16(GetParam(), prompt, 16, "expanded-form prompt", true);
 }
 
 // The modality path on the GPU: media rows replace their placeholders' embeddings after the gather. Rows equal to

@@ -29,8 +29,8 @@ fs::path model_path(const std::string& name) {
 
 // Drafting is exactly lossless where every row a sequence brings to a step is computed as plain decoding computes
 // it. The runner guarantees that for decode-path rows (decode, verification, prompt chunks under
-// kPrefillMinTokens = 16 tokens) in steps of at most kBatchInvariantMaxRows = 32 rows, whatever shares the step;
-// not for steps beyond 32 rows (cuBLAS picks its summation order by the row count) nor for prompt chunks of 16
+// kPrefillMinTokens = 33 tokens) in steps of at most kBatchInvariantMaxRows = 32 rows, whatever shares the step;
+// not for steps beyond 32 rows (cuBLAS picks its summation order by the row count) nor for prompt chunks of 33
 // or more, whose prefill kernel expands the keys of all of the step's prefilling sequences in one cuBLAS GEMM.
 // With drafting, steps carry other rows than without (and which requests a step admits depends on thread timing),
 // so the engine settings keep every step inside the guarantee: `max_num_seqs` sequences, `batched` scheduled

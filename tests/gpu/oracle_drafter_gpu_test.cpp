@@ -2,7 +2,7 @@
 // CUDA runner, on the trained tiny model: drafted greedy output equals plain greedy output on the same GPU token
 // for token, the engine's rows never leave the plain run's recording, and each pass accepts exactly the drafts the
 // oracle made correct. The engine settings keep every step inside the runner's batch-invariant regime (as
-// cuda_speculative_test.cpp explains: ≤ 32 rows a step, prompt chunks under 16 tokens).
+// cuda_speculative_test.cpp explains: ≤ 32 rows a step, prompt chunks under 33 tokens).
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -320,7 +320,7 @@ TEST(RecipeCheck, BatchInvariantOnCudaNeedsMaxNumSeqsWithinTheBound) {
   };
   EXPECT_EQ(mentions(fits, "max_num_seqs"), 0) << messages(fits);
   bool noted = false;
-  for (const std::string& n : fits.notes) noted = noted || has(n, "prompt chunks of 15");
+  for (const std::string& n : fits.notes) noted = noted || has(n, "prompt chunks of 32");
   EXPECT_TRUE(noted) << messages(fits);
   RecipeCheck cpu = check("check_ok.toml", {"model.device=cpu", "scheduler.batch_invariant=true",
                                             "scheduler.max_num_seqs=64"});

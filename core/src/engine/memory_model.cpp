@@ -10,6 +10,7 @@
 
 #include "engine/engine_config.h"
 #include "engine/engine_factory.h"
+#include "model/batch_invariance.h"
 #include "engine/glm5_next_memory.h"
 #include "engine/kv_capacity.h"
 #include "engine/rank_weights.h"
@@ -40,9 +41,9 @@ constexpr uint64_t kArenaChunk = kGiB;
 constexpr uint64_t kMaxGraphs = 64;
 // StepScratch::ensure keeps a quarter more than asked.
 constexpr double kScratchHeadroom = 1.25;
-// kExpandedPrefillMinTokens: a sequence bringing this many tokens attends through the prefill kernel, whose
-// workspace holds every key of the sequence expanded per head.
-constexpr int64_t kPrefillMinTokens = 16;
+// A sequence bringing kExpandedPrefillMinTokens tokens attends through the prefill kernel, whose workspace holds every
+// key of the sequence expanded per head.
+constexpr int64_t kPrefillMinTokens = kExpandedPrefillMinTokens;
 constexpr char kStateTerm[] = "state slots";
 constexpr char kPoolTerm[] = "KV pool";
 constexpr char kCacheSlackTerm[] = "cache allocation slack";

@@ -30,4 +30,15 @@ struct BatchInvariance {
 // kBatchInvariantMaxRows; a weight format may promise fewer): what `kiln recipe check` can know before loading.
 inline constexpr int64_t kCudaBatchInvariantMaxRows = 32;
 
+// A sequence bringing at least this many tokens in a step attends in expanded form on the CUDA runner (its MLA
+// prefill kernel; DSA models excepted), fewer in absorbed form through the decode kernels; the CPU model in bf16
+// precision follows the same rule. 33: a step's whole 32-row bound can be one prompt chunk of the decode path, and
+// by FLOPs the absorbed form is the cheaper one below ~350 new tokens anyway (expanding a cached key through kv_b
+// costs about what ~350 queries attending to it in latent space do).
+inline constexpr int64_t kExpandedPrefillMinTokens = 33;
+
+// The longest prompt chunk the CUDA runner computes on the decode path: chunk_rows of its bound.
+inline constexpr int64_t kCudaBatchInvariantChunkRows =
+    kExpandedPrefillMinTokens - 1 < kCudaBatchInvariantMaxRows ? kExpandedPrefillMinTokens - 1 : kCudaBatchInvariantMaxRows;
+
 }  // namespace kiln

@@ -30,6 +30,7 @@
 #include "kernels/cpu/rope.h"
 #include "kiln/collective.h"
 #include "kiln/indexer_key_format.h"
+#include "model/batch_invariance.h"
 #include "model/decode_context_shard.h"
 #include "model/model_config.h"
 #include "model/model_step.h"
@@ -38,10 +39,6 @@
 namespace kiln {
 
 struct SplitContext;
-
-// A sequence bringing at least this many tokens in a step attends in expanded form on the CUDA runner (its prefill
-// kernel; DSA models excepted), fewer in absorbed form; the CPU model in bf16 precision follows the same rule.
-inline constexpr int64_t kExpandedPrefillMinTokens = 16;
 
 // Which MLA form attention runs in. kAuto: in fp32 precision always the absorbed form (attention in latent space
 // over the paged cache), so every query row reads the same cached values by the same arithmetic whether its tokens

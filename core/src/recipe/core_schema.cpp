@@ -127,7 +127,7 @@ std::vector<CoreSection> build() {
                  integer("max_waiting", 1024, "requests queued beyond the running ones before new ones get 429", 1),
                  boolean("batch_invariant", false,
                          "every step, prompt chunks included, inside the model's batch-invariance bound (on the GPU "
-                         "32 rows, prompt chunks of 15 tokens through the decode kernels): output independent of "
+                         "32 rows, prompt chunks of 32 tokens through the decode kernels): output independent of "
                          "batching, chunking and the prefix cache, prefill much slower; needs max_num_seqs within "
                          "the bound"),
                  real("gpu_memory_utilization", 0.9, "share of device memory kiln may use", 0.05, 1.0),

@@ -190,7 +190,8 @@ class Checker {
     else
       out_.notes.push_back(setting(sched, "batch_invariant") + ": steps of at most " +
                            std::to_string(kCudaBatchInvariantMaxRows) +
-                           " tokens, prompt chunks of 15 (fewer if the weight format promises fewer, known at load)");
+                           " tokens, prompt chunks of " + std::to_string(kCudaBatchInvariantChunkRows) +
+                           " (fewer if the weight format promises fewer, known at load)");
   }
 
   // The device the model would run on. An explicit "cuda" stays the target of the capability checks even where no
