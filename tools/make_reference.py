@@ -278,6 +278,19 @@ kFixtures = [
         rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 64,
                          "mscale": 1.0}),
         torch.bfloat16, published_rope_scaling=True, edit_config=as_first_k_dense_only),
+    # Linear position interpolation written as published (`"rope_scaling": {"type": "linear", "factor": 4}`): every
+    # frequency divided by 4, cos/sin and the softmax scale unscaled. 2 heads, dense then MoE ×2.
+    Fixture("deepseek_v3-linear-rope", 8607, config_variant(
+        DeepseekV3Config, num_attention_heads=2, first_k_dense_replace=1, n_group=1, topk_group=1,
+        rms_norm_eps=1e-6, num_mtp_layers=0, max_position_embeddings=512,
+        rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}),
+        torch.float32, published_rope_scaling=True, edit_config=as_first_k_dense_only),
+    # Llama 3's frequency-band rope (factor 8, low 1 / high 4 over an original context of 64): with θ 1e4 and 4 pairs
+    # the wavelengths are 6.3 (kept), 62.8 (blended), 628 and 6283 (divided by 8), so all three bands run.
+    Fixture("glm4_moe_lite-llama3-rope", 8708, config_variant(
+        Glm4MoeLiteConfig, num_attention_heads=4, mlp_layer_types=["dense", "sparse", "sparse"],
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), torch.bfloat16),
 ]
 
 
@@ -684,7 +697,7 @@ def verify_checkpoint_forms(fixture: Fixture, path: Path) -> None:
         assert "rope_scaling" in cfg and "rope_parameters" not in cfg, "config.json should use rope_scaling"
         rope = model.config.rope_parameters
         want = fixture.make_config().rope_parameters
-        assert rope["rope_type"] == "yarn" and rope["factor"] == want["factor"], f"rope_scaling not honoured: {rope}"
+        assert rope["rope_type"] == want["rope_type"] and rope["factor"] == want["factor"], f"rope_scaling not honoured: {rope}"
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)  # 5.17 writes rope_parameters back
             assert "rope_parameters" in json.loads((Path(tmp) / "config.json").read_text())

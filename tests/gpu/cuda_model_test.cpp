@@ -330,10 +330,12 @@ INSTANTIATE_TEST_SUITE_P(DsaVariants, CudaModel,
                          ::testing::Values("glm_moe_dsa-h5d32", "glm_moe_dsa-h3d16-shared", "glm_moe_dsa-h4d24-freq"));
 // The config variants (tools/README.md) the CUDA runner takes: 3/4/5 heads, qk_nope != v_head, qk_rope 4, the direct
 // q_proj path, 0/2 shared experts, top-1 and grouped routing, unnormalised weights, all-MoE and all-dense stacks, a
-// tied lm_head, YaRN variants. glm4_moe_lite-dense-halves (rotate-half rope) is refused: see below.
+// tied lm_head, YaRN variants, linear and llama3 rope (tables built on the host, as for the CPU).
+// glm4_moe_lite-dense-halves (rotate-half rope) is refused: see below.
 INSTANTIATE_TEST_SUITE_P(ConfigVariants, CudaModel,
                          ::testing::Values("glm4_moe_lite-h3-qproj", "glm4_moe_lite-h5-yarn-groups", "deepseek_v3-qproj",
-                                           "deepseek_v3-v2lite-yarn", "deepseek_v3-dense-tied"));
+                                           "deepseek_v3-v2lite-yarn", "deepseek_v3-dense-tied",
+                                           "deepseek_v3-linear-rope", "glm4_moe_lite-llama3-rope"));
 
 // rope_interleave = false (rotate-half on the natural layout) runs on the CPU only: loading it for CUDA stops at
 // CudaMlaMoeModel::supports with a message naming config.json and the option, before any device memory is touched.

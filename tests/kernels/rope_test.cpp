@@ -98,11 +98,62 @@ const HfRopeReference kDefaultTheta1e6 = {
      {202751, 20, -0x1.2cdf24p-4f, -0x1.fe9deap-1f},
      {202751, 31, 0x1.e73f20p-1f, 0x1.3a8bbap-2f}}};
 
+// kLinearFactor4: rope_parameters = {'rope_type': 'linear', 'rope_theta': 10000.0, 'factor': 4.0}, qk_rope_head_dim 64, qk_head_dim 96
+const HfRopeReference kLinearFactor4 = {
+    1.0,  // attention_scaling
+    0.10206207261596575,  // DeepseekV3Attention.scaling
+    {0x1.000000p-2f, 0x1.7ff222p-3f, 0x1.1feb34p-3f, 0x1.afd136p-4f, 0x1.43d136p-4f, 0x1.e5a846p-5f, 0x1.6c310ep-5f, 0x1.111aeep-5f, 0x1.99999ap-6f, 0x1.33281ap-6f, 0x1.ccab84p-7f, 0x1.59742ap-7f, 0x1.030dc6p-7f, 0x1.84869ep-8f, 0x1.235a72p-8f, 0x1.b4f7e4p-9f, 0x1.47ae14p-9f, 0x1.eb7360p-10f, 0x1.708938p-10f, 0x1.145ceep-10f, 0x1.9e7c70p-11f, 0x1.36d21ap-11f, 0x1.d22a50p-12f, 0x1.5d931cp-12f, 0x1.0624dep-12f, 0x1.892918p-13f, 0x1.26d42cp-13f, 0x1.ba2e4ap-14f, 0x1.4b96c0p-14f, 0x1.f1502ap-15f, 0x1.74eea6p-15f, 0x1.17a8e4p-15f},
+    {{1, 0, 0x1.f0154ap-1f, 0x1.faaeeep-3f},
+     {1, 1, 0x1.f70764p-1f, 0x1.7db364p-3f},
+     {1, 7, 0x1.ffb72cp-1f, 0x1.110dfap-5f},
+     {1, 15, 0x1.ffff46p-1f, 0x1.b4f7aep-9f},
+     {1, 16, 0x1.ffff98p-1f, 0x1.47adfep-9f},
+     {1, 20, 0x1.fffff6p-1f, 0x1.9e7c6ep-11f},
+     {1, 31, 0x1.000000p+0f, 0x1.17a8e4p-15f},
+     {5000, 0, 0x1.e04654p-1f, -0x1.62da6ep-2f},
+     {5000, 1, 0x1.8c90e4p-2f, 0x1.d80be4p-1f},
+     {5000, 7, -0x1.f730b2p-1f, -0x1.7a4846p-3f},
+     {5000, 15, -0x1.253324p-1f, -0x1.a3bc4ap-1f},
+     {5000, 16, 0x1.fedf6ap-1f, -0x1.0fa78cp-4f},
+     {5000, 20, -0x1.608ec4p-1f, -0x1.734714p-1f},
+     {5000, 31, 0x1.f8e742p-1f, 0x1.53cd82p-3f}}};
+// kLlama3: rope_parameters = {'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192}, qk_rope_head_dim 64, qk_head_dim 96
+const HfRopeReference kLlama3 = {
+    1.0,  // attention_scaling
+    0.10206207261596575,  // DeepseekV3Attention.scaling
+    {0x1.000000p+0f, 0x1.53c38cp-1f, 0x1.c2ef78p-2f, 0x1.2b3dc6p-2f, 0x1.8d2760p-3f, 0x1.078d40p-3f, 0x1.5dc95ap-4f, 0x1.d03ccep-5f, 0x1.341190p-5f, 0x1.98de92p-6f, 0x1.0f5386p-6f, 0x1.681adap-7f, 0x1.ddee9ep-8f, 0x1.3d2804p-8f, 0x1.a4ee40p-9f, 0x1.67a23ap-10f, 0x1.132ba4p-11f, 0x1.765ba4p-13f, 0x1.46831ap-14f, 0x1.b15902p-15f, 0x1.1f91f0p-15f, 0x1.7da9e8p-16f, 0x1.fa8b86p-17f, 0x1.5024d6p-17f, 0x1.be2188p-18f, 0x1.280d96p-18f, 0x1.88ec20p-19f, 0x1.04be68p-19f, 0x1.5a0f4ep-20f, 0x1.cb4a9ap-21f, 0x1.30c94ep-21f, 0x1.948360p-22f},
+    {{1, 0, 0x1.14a282p-1f, 0x1.aed548p-1f},
+     {1, 1, 0x1.9357c8p-1f, 0x1.3b5ed4p-1f},
+     {1, 7, 0x1.ff2d98p-1f, 0x1.cffd34p-5f},
+     {1, 15, 0x1.ffffe0p-1f, 0x1.67a232p-10f},
+     {1, 16, 0x1.fffffcp-1f, 0x1.132ba4p-11f},
+     {1, 20, 0x1.000000p+0f, 0x1.1f91f0p-15f},
+     {1, 31, 0x1.000000p+0f, 0x1.948360p-22f},
+     {100000, 0, -0x1.ffac38p-1f, 0x1.24daaap-5f},
+     {100000, 1, -0x1.ee581cp-1f, -0x1.0a978ep-2f},
+     {100000, 7, 0x1.c8325cp-1f, -0x1.d0e184p-2f},
+     {100000, 15, 0x1.02de72p-1f, -0x1.b9bc78p-1f},
+     {100000, 16, -0x1.352c1ep-1f, 0x1.981d02p-1f},
+     {100000, 20, -0x1.eb2100p-1f, -0x1.21636cp-2f},
+     {100000, 31, 0x1.ffa300p-1f, 0x1.348bccp-5f}}};
+// kLinearMscaleAllDim: rope_parameters = {'rope_type': 'linear', 'rope_theta': 10000.0, 'factor': 2.5, 'mscale_all_dim': 0.707}, qk_rope_head_dim 64, qk_head_dim 96
+const HfRopeReference kLinearMscaleAllDim = {
+    1.0,  // attention_scaling
+    0.11571391435450994,  // DeepseekV3Attention.scaling
+    {0x1.99999ap-2f, 0x1.33281cp-2f, 0x1.ccab86p-3f, 0x1.59742cp-3f, 0x1.030dc4p-3f, 0x1.84869ep-4f, 0x1.235a72p-4f, 0x1.b4f7e4p-5f, 0x1.47ae14p-5f, 0x1.eb735cp-6f, 0x1.708936p-6f, 0x1.145ceep-6f, 0x1.9e7c70p-7f, 0x1.36d218p-7f, 0x1.d22a50p-8f, 0x1.5d931cp-8f, 0x1.0624dcp-8f, 0x1.89291ap-9f, 0x1.26d42cp-9f, 0x1.ba2e4ap-10f, 0x1.4b96c0p-10f, 0x1.f1502ap-11f, 0x1.74eea6p-11f, 0x1.17a8e4p-11f, 0x1.a36e30p-12f, 0x1.3a8746p-12f, 0x1.d7b9e0p-13f, 0x1.61bea2p-13f, 0x1.094566p-13f, 0x1.8dd9bcp-14f, 0x1.2a5884p-14f, 0x1.bf74a0p-15f},
+    {{77, 0, 0x1.a1ea1ap-1f, -0x1.27ca24p-1f},
+     {77, 1, -0x1.cb5ebep-2f, -0x1.c99716p-1f},
+     {77, 7, -0x1.234428p-1f, -0x1.a5145ep-1f},
+     {77, 15, 0x1.d56af8p-1f, 0x1.98db3ap-2f},
+     {77, 16, 0x1.e7e7fcp-1f, 0x1.366dd4p-2f},
+     {77, 20, 0x1.fd92cap-1f, 0x1.8e4ffap-4f},
+     {77, 31, 0x1.fffee6p-1f, 0x1.0d2bf6p-8f}}};
+
 RopeConfig deepseek_v3_yarn() {
   RopeConfig c;
   c.theta = 10000.0;
   c.rotary_dim = 64;
-  c.yarn = true;
+  c.scaling = RopeConfig::Scaling::kYarn;
   c.factor = 40.0;
   c.original_max_position_embeddings = 4096;
   c.max_position_embeddings = 163840;
@@ -117,7 +168,7 @@ RopeConfig mscale_no_truncate() {
   RopeConfig c;
   c.theta = 10000.0;
   c.rotary_dim = 64;
-  c.yarn = true;
+  c.scaling = RopeConfig::Scaling::kYarn;
   c.factor = 8.0;
   c.original_max_position_embeddings = 2048;
   c.max_position_embeddings = 163840;
@@ -126,6 +177,27 @@ RopeConfig mscale_no_truncate() {
   c.mscale = 0.707;
   c.mscale_all_dim = 0.5;
   c.truncate = false;
+  return c;
+}
+
+RopeConfig linear(double factor) {
+  RopeConfig c;
+  c.theta = 10000.0;
+  c.rotary_dim = 64;
+  c.scaling = RopeConfig::Scaling::kLinear;
+  c.factor = factor;
+  return c;
+}
+
+RopeConfig llama3() {
+  RopeConfig c;
+  c.theta = 500000.0;
+  c.rotary_dim = 64;
+  c.scaling = RopeConfig::Scaling::kLlama3;
+  c.factor = 8.0;
+  c.low_freq_factor = 1.0;
+  c.high_freq_factor = 4.0;
+  c.original_max_position_embeddings = 8192;
   return c;
 }
 
@@ -158,6 +230,16 @@ TEST(Rope, YarnWithMscaleRatioAndNoTruncationMatchesTransformers) {
   expect_matches_hf(mscale_no_truncate(), kMscaleNoTruncate);
 }
 TEST(Rope, DefaultMatchesTransformers) { expect_matches_hf(default_theta_1e6(), kDefaultTheta1e6); }
+TEST(Rope, LinearMatchesTransformers) { expect_matches_hf(linear(4.0), kLinearFactor4); }
+// transformers' yarn_apply_mscale scales the softmax by mscale_all_dim for every rope type but default.
+TEST(Rope, LinearWithMscaleAllDimScalesTheSoftmaxAsTransformers) {
+  RopeConfig c = linear(2.5);
+  c.mscale_all_dim = 0.707;
+  expect_matches_hf(c, kLinearMscaleAllDim);
+}
+// theta 5e5 over 64 dims against an 8192-token original context: pairs 0-14 keep their frequency (wavelength below
+// 2048), 15-16 fall in the blended band, 17-31 divide by 8.
+TEST(Rope, Llama3MatchesTransformersInEachBand) { expect_matches_hf(llama3(), kLlama3); }
 
 TEST(Rope, YarnFactorDefaultsToContextRatio) {
   RopeConfig explicit_factor = deepseek_v3_yarn();

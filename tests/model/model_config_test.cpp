@@ -222,6 +222,65 @@ TEST(ModelConfig, RopeScalingAndRopeParametersAgree) {
   EXPECT_DOUBLE_EQ(parse(glm_saved).rope.theta, 1e6);
 }
 
+// linear, llama3 and dynamic as transformers 5.17 reads them (tests/kernels/rope_test.cpp checks the tables bit for bit).
+TEST(ModelConfig, LinearLlama3AndDynamicRope) {
+  const ModelConfig linear = parse({{"model_type", "glm4_moe_lite"},
+                                    {"rope_scaling", {{"type", "linear"}, {"factor", 4}, {"mscale_all_dim", 0.5}}}});
+  EXPECT_EQ(linear.rope.type, RopeType::kLinear);
+  EXPECT_DOUBLE_EQ(linear.rope.factor, 4);
+  EXPECT_DOUBLE_EQ(linear.rope.attention_factor, 1.0);  // cos/sin unscaled: only YaRN scales them
+  // yarn_apply_mscale: every rope type but default scales the softmax by m².
+  const double m = 0.1 * 0.5 * std::log(4.0) + 1.0;
+  EXPECT_NEAR(linear.attention_scale(), m * m / std::sqrt(static_cast<double>(linear.qk_head_dim())), 1e-15);
+  const ModelConfig plain = parse({{"model_type", "glm4_moe_lite"}});
+  const std::vector<float> base = kernel_inv_freq(plain), scaled = kernel_inv_freq(linear);
+  ASSERT_EQ(base.size(), scaled.size());
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_EQ(scaled[i], base[i] / 4.0f) << i;
+
+  const ModelConfig llama3 = parse({{"model_type", "deepseek_v3"},
+                                    {"max_position_embeddings", 65536},
+                                    {"rope_parameters",
+                                     {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
+                                      {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                                      {"original_max_position_embeddings", 8192}}}});
+  EXPECT_EQ(llama3.rope.type, RopeType::kLlama3);
+  EXPECT_EQ(llama3.rope.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(llama3.rope.high_freq_factor, 4.0);
+  EXPECT_DOUBLE_EQ(llama3.attention_scale(), 1.0 / std::sqrt(static_cast<double>(llama3.qk_head_dim())));
+  // original_max_position_embeddings falls back to max_position_embeddings, as for yarn.
+  const ModelConfig llama3_implied =
+      parse({{"model_type", "deepseek_v3"}, {"max_position_embeddings", 4096},
+             {"rope_scaling", {{"type", "llama3"}, {"factor", 8}, {"low_freq_factor", 1}, {"high_freq_factor", 4}}}});
+  EXPECT_EQ(llama3_implied.rope.original_max_position_embeddings, 4096);
+
+  // Dynamic NTK only rescales past max_position_embeddings, where kiln refuses positions: the default table.
+  const ModelConfig dynamic =
+      parse({{"model_type", "glm_moe_dsa"}, {"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}});
+  EXPECT_EQ(dynamic.rope.type, RopeType::kDynamic);
+  EXPECT_EQ(kernel_inv_freq(dynamic), kernel_inv_freq(parse({{"model_type", "glm_moe_dsa"}})));
+
+  // What transformers cannot build is refused naming the field.
+  for (const char* type : {"linear", "llama3", "dynamic"}) {
+    EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", type}}}}),
+                HasSubstr(std::string(type) + " rope needs field 'rope_scaling.factor'"));
+    EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", type}, {"factor", nullptr}}}}),
+                HasSubstr("field 'rope_scaling.factor' must be a number"));
+    EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", type}, {"factor", 0}}}}),
+                HasSubstr("field 'rope_scaling.factor' must be positive"));
+  }
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"},
+                            {"rope_scaling", {{"type", "llama3"}, {"factor", 8}, {"low_freq_factor", 1}}}}),
+              HasSubstr("llama3 rope needs field 'rope_scaling.high_freq_factor'"));
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"},
+                            {"rope_scaling",
+                             {{"type", "llama3"}, {"factor", 8}, {"low_freq_factor", 2}, {"high_freq_factor", 2}}}}),
+              HasSubstr("field 'rope_scaling.high_freq_factor' must exceed low_freq_factor (2.0)"));
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"},
+                            {"rope_scaling", {{"type", "linear"}, {"factor", 2}, {"partial_rotary_factor", 0.5}}}},
+                           StatusCode::kUnimplemented),
+              HasSubstr("'rope_scaling.partial_rotary_factor' is 0.5; deepseek_v3's linear rope reads it"));
+}
+
 TEST(ModelConfig, RopePrecedenceFollowsTransformers) {
   // A non-empty rope_scaling wins over rope_parameters; a theta inside the dict wins over the top level;
   // rope_type wins over the legacy "type".
@@ -340,9 +399,13 @@ TEST(ModelConfig, WrongTypesNameFileAndField) {
 }
 
 TEST(ModelConfig, RejectsValuesTheRuntimeCannotServe) {
-  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", "linear"}, {"factor", 2}}}},
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"},
+                            {"rope_scaling", {{"type", "longrope"}, {"short_factor", {1}}, {"long_factor", {2}}}}},
                            StatusCode::kUnimplemented),
-              HasSubstr("'rope_scaling.rope_type' is 'linear'"));
+              HasSubstr("'rope_scaling.rope_type' is 'longrope'; kiln supports \"default\", \"yarn\", \"linear\""));
+  EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", "ntk"}, {"factor", 2}}}},
+                           StatusCode::kUnimplemented),
+              HasSubstr("'rope_scaling.rope_type' is 'ntk'"));
   EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"rope_scaling", {{"type", "yarn"}}}}),
               HasSubstr("'rope_scaling.factor'"));
   EXPECT_THAT(config_error({{"model_type", "deepseek_v3"}, {"scoring_func", "softmax"}}, StatusCode::kUnimplemented),

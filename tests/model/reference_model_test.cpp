@@ -129,11 +129,12 @@ INSTANTIATE_TEST_SUITE_P(DsaVariants, ReferenceModel,
 // Config variants (tools/README.md, "Config variants"): 2/3/5 heads, qk_nope != v_head, qk_rope 4/6, the direct
 // q_proj path (q_lora_rank null), 0/2 shared experts, top-1 and grouped routing, unnormalised routing weights, all-MoE
 // and all-dense stacks, tied lm_head, YaRN with mscale != mscale_all_dim and DeepSeek-V2-Lite's rope_scaling,
-// rotate-half rope, Moonlight's `"rope_scaling": null`.
+// rotate-half rope, Moonlight's `"rope_scaling": null`, linear and llama3 rope.
 INSTANTIATE_TEST_SUITE_P(ConfigVariants, ReferenceModel,
                          ::testing::Values("glm4_moe_lite-h3-qproj", "glm4_moe_lite-h5-yarn-groups",
                                            "glm4_moe_lite-dense-halves", "deepseek_v3-qproj", "deepseek_v3-v2lite-yarn",
-                                           "deepseek_v3-dense-tied"));
+                                           "deepseek_v3-dense-tied", "deepseek_v3-linear-rope",
+                                           "glm4_moe_lite-llama3-rope"));
 
 // What each config variant is meant to exercise, read back through kiln's parser (as ConfigsParseToTheIntendedSchedules
 // below for the DSA variants): a regenerated fixture that quietly stopped varying an option fails here.
@@ -156,6 +157,10 @@ TEST(ConfigVariants, ConfigsParseToTheIntendedOptions) {
            {"deepseek_v3-qproj", 3, 0, 16, 8, 12, 2, 2, 1, 1, true, false, true, kDefault, 0, 0, {false, true, true}},
            {"deepseek_v3-v2lite-yarn", 5, 32, 16, 4, 20, 1, 3, 4, 2, false, false, true, kYarn, 0.707, 0.707,
             {true, true, true}},
+           {"deepseek_v3-linear-rope", 2, 32, 16, 8, 16, 1, 2, 1, 1, true, false, true, kLinear, 0, 0,
+            {false, true, true}},
+           {"glm4_moe_lite-llama3-rope", 4, 32, 16, 8, 16, 1, 2, 1, 1, true, false, true, kLlama3, 0, 0,
+            {false, true, true}},
            {"deepseek_v3-dense-tied", 4, 32, 16, 8, 16, 1, 2, 8, 4, true, true, true, kYarn, 1.0, 0,
             {false, false, false}}}) {
     SCOPED_TRACE(e.name);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <tuple>
@@ -41,7 +42,7 @@ Status read_rope(const json& root, const FieldReader& top, const MlaMoeVariant& 
   auto refuse_partial = [&]() -> Status {
     if (rope.partial_rotary_factor == 1.0) return ok_status();
     return unimplemented(c.source + ": field '" + partial_key + "' is " + json(rope.partial_rotary_factor).dump() +
-                         "; " + c.model_type + "'s " + (rope.type == RopeType::kYarn ? "yarn" : "default") +
+                         "; " + c.model_type + "'s " + rope_type_name(rope.type) +
                          " rope reads it, and its attention rotates all qk_rope_head_dim values, so only 1 describes "
                          "a model that runs (kiln does not support partial rotary MLA)");
   };
@@ -57,22 +58,36 @@ Status read_rope(const json& root, const FieldReader& top, const MlaMoeVariant& 
   std::string type = "default";
   KILN_RETURN_IF_ERROR(r.read_aliased({"type", "rope_type"}, type));
   if (type == "default") return v.default_rope_reads_partial_rotary ? refuse_partial() : ok_status();
-  if (type != "yarn") {
+  static constexpr RopeType kScaled[] = {RopeType::kYarn, RopeType::kLinear, RopeType::kLlama3, RopeType::kDynamic};
+  const auto known = std::ranges::find(kScaled, type, rope_type_name);
+  if (known == std::end(kScaled)) {
+    const std::string why =
+        type == "longrope"
+            ? " (longrope switches every position's frequencies once a sequence passes "
+              "original_max_position_embeddings, so cached keys would disagree with new queries)"
+            : "";
     return unimplemented(source + ": field '" + source_prefix + "rope_type' is '" + type +
-                         "'; kiln supports \"default\" and \"yarn\"");
+                         "'; kiln supports \"default\", \"yarn\", \"linear\", \"llama3\" and \"dynamic\"" + why);
   }
-  rope.type = RopeType::kYarn;
+  rope.type = *known;
+  // Every scaled type builds its table from int(qk_rope_head_dim · partial_rotary_factor).
   KILN_RETURN_IF_ERROR(refuse_partial());
 
-  if (!r.present("factor")) return invalid_argument(source + ": yarn rope needs field '" + source_prefix + "factor'");
-  rope.original_max_position_embeddings = c.max_position_embeddings;
-  KILN_RETURN_IF_ERROR(r.read("original_max_position_embeddings", rope.original_max_position_embeddings));
-  // A top-level original_max_position_embeddings takes precedence when transformers builds the rotary table.
-  KILN_RETURN_IF_ERROR(top.read("original_max_position_embeddings", rope.original_max_position_embeddings));
-  if (rope.original_max_position_embeddings <= 0) {
-    return r.value_error("original_max_position_embeddings", "must be positive");
+  // transformers indexes rope_parameters["factor"] for every scaled type: a missing one fails there.
+  if (!r.present("factor")) {
+    return invalid_argument(source + ": " + type + " rope needs field '" + source_prefix + "factor'");
   }
-  if (r.is_null("factor")) {
+  const bool yarn = rope.type == RopeType::kYarn;
+  if (yarn || rope.type == RopeType::kLlama3) {
+    rope.original_max_position_embeddings = c.max_position_embeddings;
+    KILN_RETURN_IF_ERROR(r.read("original_max_position_embeddings", rope.original_max_position_embeddings));
+    // A top-level original_max_position_embeddings takes precedence when transformers builds the rotary table.
+    KILN_RETURN_IF_ERROR(top.read("original_max_position_embeddings", rope.original_max_position_embeddings));
+    if (rope.original_max_position_embeddings <= 0) {
+      return r.value_error("original_max_position_embeddings", "must be positive");
+    }
+  }
+  if (yarn && r.is_null("factor")) {
     rope.factor = static_cast<double>(c.max_position_embeddings) / rope.original_max_position_embeddings;
   } else {
     KILN_RETURN_IF_ERROR(r.read("factor", rope.factor));
@@ -87,10 +102,26 @@ Status read_rope(const json& root, const FieldReader& top, const MlaMoeVariant& 
     if (v != 0) out = v;
     return ok_status();
   };
+  // yarn_apply_mscale scales the softmax by mscale_all_dim for every rope type but default.
+  KILN_RETURN_IF_ERROR(read_or_default("mscale_all_dim", rope.mscale_all_dim));
+
+  if (rope.type == RopeType::kLlama3) {
+    for (const char* key : {"low_freq_factor", "high_freq_factor"}) {
+      if (!r.present(key)) return invalid_argument(source + ": llama3 rope needs field '" + source_prefix + key + "'");
+    }
+    KILN_RETURN_IF_ERROR(r.read("low_freq_factor", rope.low_freq_factor));
+    KILN_RETURN_IF_ERROR(r.read("high_freq_factor", rope.high_freq_factor));
+    if (!(rope.low_freq_factor > 0)) return r.value_error("low_freq_factor", "must be positive");
+    // Equal factors leave the blend's denominator 0 (transformers computes NaN frequencies there).
+    if (!(rope.high_freq_factor > rope.low_freq_factor)) {
+      return r.value_error("high_freq_factor", "must exceed low_freq_factor (" + json(rope.low_freq_factor).dump() + ")");
+    }
+  }
+  if (!yarn) return ok_status();
+
   KILN_RETURN_IF_ERROR(read_or_default("beta_fast", rope.beta_fast));
   KILN_RETURN_IF_ERROR(read_or_default("beta_slow", rope.beta_slow));
   KILN_RETURN_IF_ERROR(read_or_default("mscale", rope.mscale));
-  KILN_RETURN_IF_ERROR(read_or_default("mscale_all_dim", rope.mscale_all_dim));
   KILN_RETURN_IF_ERROR(r.read("truncate", rope.truncate));
 
   if (r.present("attention_factor") && !r.is_null("attention_factor")) {
@@ -280,6 +311,17 @@ Status validate_router(const FieldReader& r, const ModelConfig& c) {
 
 }  // namespace
 
+const char* rope_type_name(RopeType type) {
+  switch (type) {
+    case RopeType::kDefault: return "default";
+    case RopeType::kYarn: return "yarn";
+    case RopeType::kLinear: return "linear";
+    case RopeType::kLlama3: return "llama3";
+    case RopeType::kDynamic: return "dynamic";
+  }
+  return "?";
+}
+
 Result<ModelConfig> ModelConfig::from_json(const json& root, const std::string& source_name, const MlaMoeVariant& v) {
   if (!root.is_object()) return invalid_argument(source_name + ": config must be a JSON object");
   FieldReader r(root, source_name);
@@ -379,7 +421,7 @@ bool ModelConfig::indexer_is_shared(int64_t layer) const {
 
 double ModelConfig::attention_scale() const {
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
-  if (rope.type == RopeType::kYarn && rope.mscale_all_dim != 0) {
+  if (rope.type != RopeType::kDefault && rope.mscale_all_dim != 0) {
     const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
     scale *= m * m;
   }

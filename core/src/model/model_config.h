@@ -18,20 +18,28 @@
 
 namespace kiln {
 
-enum class RopeType { kDefault, kYarn };
+// transformers' rope_type values kiln runs. kDynamic (dynamic NTK) rescales only for sequences longer than
+// max_position_embeddings, which kiln refuses, so within kiln's range it is the default table.
+enum class RopeType { kDefault, kYarn, kLinear, kLlama3, kDynamic };
+
+// The config.json spelling of a rope type ("default", "yarn", ...).
+const char* rope_type_name(RopeType type);
 
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;  // fraction of qk_rope_head_dim that rotates
   bool interleave = true;              // pairs (x[2i], x[2i+1]) rather than halves (x[i], x[i + d/2])
+  // Every type but default: factor (YaRN: null in the JSON → max_position / original_max_position).
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // YaRN and llama3; missing → max_position_embeddings
+  double low_freq_factor = 1.0;                  // llama3 only
+  double high_freq_factor = 4.0;                 // llama3 only
+  double mscale_all_dim = 0.0;  // every type but default (yarn_apply_mscale reads it for all): 0 = not given
   // YaRN only (defaults as transformers' _compute_yarn_parameters applies them).
-  double factor = 1.0;                           // null in the JSON → max_position / original_max_position
-  int64_t original_max_position_embeddings = 0;  // missing → max_position_embeddings
   double beta_fast = 32.0;                       // missing or 0 → 32
   double beta_slow = 1.0;                        // missing or 0 → 1
   double mscale = 0.0;                           // 0 = not given
-  double mscale_all_dim = 0.0;                   // 0 = not given
   bool truncate = true;
   // cos/sin multiplier: the JSON's attention_factor, else derived from factor, mscale and mscale_all_dim.
   double attention_factor = 1.0;

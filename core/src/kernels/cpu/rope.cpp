@@ -28,6 +28,28 @@ double correction_dim(double rotations, double dim, double base, double original
   return (dim * std::log(original_max / (rotations * 2.0 * std::numbers::pi))) / (2.0 * std::log(base));
 }
 
+// _compute_llama3_parameters: wavelengths shorter than original/high_freq_factor keep their frequency, longer than
+// original/low_freq_factor divide it by factor, and the band between blends the two. Each step mirrors torch's fp32
+// tensor-with-Python-scalar arithmetic (the scalar rounded to fp32 first) so the table matches bit for bit.
+void llama3_rescale(const RopeConfig& c, std::vector<float>& inv_freq) {
+  const auto factor = static_cast<float>(*c.factor);
+  const auto original = static_cast<double>(c.original_max_position_embeddings);
+  const auto low_freq_wavelen = static_cast<float>(original / c.low_freq_factor);
+  const auto high_freq_wavelen = static_cast<float>(original / c.high_freq_factor);
+  const auto two_pi = static_cast<float>(2.0 * std::numbers::pi);
+  const auto original_f = static_cast<float>(original);
+  const auto low_f = static_cast<float>(c.low_freq_factor);
+  const auto band = static_cast<float>(c.high_freq_factor - c.low_freq_factor);
+  for (float& f : inv_freq) {
+    const float wavelen = two_pi / f;
+    const float kept_or_divided = wavelen > low_freq_wavelen ? f / factor : f;
+    const float smooth = (original_f / wavelen - low_f) / band;
+    const float smoothed = (1.0f - smooth) * kept_or_divided / factor + smooth * kept_or_divided;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    f = medium ? smoothed : kept_or_divided;
+  }
+}
+
 }  // namespace
 
 std::vector<float> rope_inv_freq(const RopeConfig& c) {
@@ -39,8 +61,13 @@ std::vector<float> rope_inv_freq(const RopeConfig& c) {
   for (int64_t i = 0; i < half; ++i) pos_freqs[i] = pow_f32(base, static_cast<float>(2 * i) / dim_f);
 
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  if (!c.yarn) {
+  if (c.scaling != RopeConfig::Scaling::kYarn) {
     for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0f / pos_freqs[i];
+    // _compute_linear_scaling_rope_parameters: inv_freq /= factor, in fp32.
+    if (c.scaling == RopeConfig::Scaling::kLinear) {
+      for (float& f : inv_freq) f /= static_cast<float>(*c.factor);
+    }
+    if (c.scaling == RopeConfig::Scaling::kLlama3) llama3_rescale(c, inv_freq);
     return inv_freq;
   }
 
@@ -76,7 +103,7 @@ std::vector<float> rope_inv_freq(const RopeConfig& c) {
 }
 
 double rope_attention_factor(const RopeConfig& c) {
-  if (!c.yarn) return 1.0;
+  if (c.scaling != RopeConfig::Scaling::kYarn) return 1.0;
   if (c.attention_factor) return *c.attention_factor;
   const double factor = yarn_factor(c);
   const double mscale = c.mscale.value_or(0.0);
@@ -87,7 +114,7 @@ double rope_attention_factor(const RopeConfig& c) {
 }
 
 double yarn_attention_scale(const RopeConfig& c, double base_scale) {
-  if (!c.yarn) return base_scale;
+  if (c.scaling == RopeConfig::Scaling::kNone) return base_scale;
   const double mscale_all_dim = c.mscale_all_dim.value_or(0.0);
   if (mscale_all_dim == 0.0) return base_scale;
   // HF reads rope_parameters["factor"] here directly.

@@ -1,5 +1,5 @@
-// Rotary position embeddings: frequency tables (default and YaRN, as transformers 5.17 computes them in
-// modeling_rope_utils.py) and the two ways of applying them.
+// Rotary position embeddings: frequency tables (default, YaRN, linear and llama3, as transformers 5.17 computes them
+// in modeling_rope_utils.py) and the two ways of applying them.
 //
 // Layout facts (transformers 5.17):
 //  - Tables: HF's rotary module returns cos/sin = cat(freqs, freqs) · attention_factor with
@@ -26,10 +26,15 @@ namespace kiln::cpu {
 struct RopeConfig {
   double theta = 10000.0;     // rope_theta
   int64_t rotary_dim = 0;     // head_dim · partial_rotary_factor (MLA: qk_rope_head_dim)
-  bool yarn = false;          // rope_type == "yarn"
+  // How the default frequencies theta^(-2i/d) are rescaled. (transformers' "dynamic" NTK rope is kNone within
+  // max_position_embeddings: it only rescales beyond, where kiln refuses positions.)
+  enum class Scaling { kNone, kYarn, kLinear, kLlama3 } scaling = Scaling::kNone;
+  // YaRN (absent: max_position_embeddings / original_max_position_embeddings); linear and llama3 (required).
+  std::optional<double> factor;
+  int64_t original_max_position_embeddings = 0;  // YaRN and llama3
+  double low_freq_factor = 1.0;                  // llama3 only
+  double high_freq_factor = 4.0;                 // llama3 only
   // YaRN only.
-  std::optional<double> factor;                 // absent: max_position_embeddings / original_max_position_embeddings
-  int64_t original_max_position_embeddings = 0;
   int64_t max_position_embeddings = 0;
   std::optional<double> beta_fast;              // absent or 0: 32
   std::optional<double> beta_slow;              // absent or 0: 1
@@ -42,11 +47,12 @@ struct RopeConfig {
 // The rotary_dim/2 inverse frequencies, fp32, computed with the same fp32 operation order as HF.
 std::vector<float> rope_inv_freq(const RopeConfig& config);
 
-// The factor HF multiplies cos and sin by (1 for default rope).
+// The factor HF multiplies cos and sin by (1 unless YaRN).
 double rope_attention_factor(const RopeConfig& config);
 
-// The attention softmax scale after HF's yarn_apply_mscale: for YaRN with a non-zero mscale_all_dim,
-// base_scale · m² with m = 0.1·mscale_all_dim·ln(factor) + 1 (factor > 1); base_scale otherwise.
+// The attention softmax scale after HF's yarn_apply_mscale: for any scaled rope with a non-zero mscale_all_dim
+// (transformers applies it whatever the rope type but "default"), base_scale · m² with
+// m = 0.1·mscale_all_dim·ln(factor) + 1 (factor > 1); base_scale otherwise.
 double yarn_attention_scale(const RopeConfig& config, double base_scale);
 
 // cos/sin [n, half] for the given positions: angle = float(position) · inv_freq[i] in fp32, then
