@@ -1,22 +1,33 @@
 #!/usr/bin/env python3
-"""Differential sweep: random transformers checkpoints of the MLA + MoE family against `kiln generate` on the CPU.
+"""Differential sweep: random transformers checkpoints against `kiln generate` on the CPU.
 
-Each seed draws an architecture (deepseek_v3, glm4_moe_lite, glm_moe_dsa) and a config from the options those classes
-take (heads, LoRA ranks, nope / rope / v head dims, experts, groups, top-k, norm_topk_prob, shared experts, dense /
-sparse layer patterns, tied heads, rope type default / yarn / linear / llama3 / dynamic, interleaved or rotate-half
-rope, DSA indexer heads / dims / top-k / shared layers, fp32 or bf16 weights, vocabularies that are not powers of
-two), builds the model with random weights (norms and router biases made non-trivial, as tools/make_reference.py
-does), and compares 8 greedy tokens from transformers (fp32, eager) with kiln's (fp32 compute, fp32 KV: a bf16
+Each seed draws an architecture (deepseek_v3, glm4_moe_lite, glm_moe_dsa; glm5_next with --glm5-next) and a config
+from the options those classes take (heads, LoRA ranks, nope / rope / v head dims, experts, groups, top-k,
+norm_topk_prob, shared experts, dense / sparse layer patterns, tied heads, rope type default / yarn / linear / llama3 /
+dynamic, interleaved or rotate-half rope, DSA indexer heads / dims / top-k / shared layers; for glm5_next the KDA /
+DSA layer schedule, KDA heads / head dim / conv kernel / gate lower bound, hyper-connection width and Sinkhorn
+iterations, the k-pool indexer's pool size, top-k and tail rule, swiglu_limit), fp32 or bf16 weights, vocabularies
+that are not powers of two, prompts of 9 to 80 tokens (glm5_next: past one 64-token KDA chunk). It builds the model
+with random weights (every parameter transformers initialises to a constant made random, as the fixture generators
+do), and compares 8 greedy tokens from transformers (fp32, eager) with kiln's (fp32 compute, fp32 KV: a bf16
 checkpoint's default KV layout is bf16, which rounds what transformers keeps in fp32).
 
+glm5_next with `index_kpool_always_select_tail: false` and pools of 2 or more: a sequence's first index_kpool − 1
+tokens complete no pool, so a DSA layer selects no key for them. transformers' eager path then masks every key with
+the same finite minimum and averages all of the step's keys, later tokens included (its SDPA path gives NaN); kiln
+gives such a query a zero attention output. Divergences of those configs are reported as `empty-selection`.
+
 A divergence is reported as MISMATCH unless transformers' own top-two logits at that step lie within 2e-3 (near-tie:
-both answers are correct fp32 implementations). Configs transformers cannot build or run are skipped (hf-refuses);
-configs kiln refuses print kiln's message (kiln-error), which should name config.json's field.
+both answers are correct fp32 implementations) or transformers run in fp64 gives kiln's tokens (fp64-agrees: an
+expert or indexer choice inside fp32 rounding of a tie upstream). Configs transformers cannot build or run are
+skipped (hf-refuses); configs kiln refuses print kiln's message (kiln-error), which should name config.json's field.
 
     python3 tools/config_sweep.py --kiln build/bin/kiln --seeds 0:100
     python3 tools/config_sweep.py --kiln build/bin/kiln --seeds 7 --keep   # keep the checkpoint to debug
 
-Needs torch and transformers 5.17 (tools/requirements.txt); single-threaded, about 2 s per seed.
+    python3 tools/config_sweep.py --kiln build/bin/kiln --seeds 0:100 --glm5-next
+
+Needs torch and transformers 5.17 (tools/requirements.txt); single-threaded, about 2 s per seed (glm5_next 4 s).
 """
 
 from __future__ import annotations
@@ -33,9 +44,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.models.deepseek_v3 import DeepseekV3Config
 from transformers.models.glm4_moe_lite import Glm4MoeLiteConfig
+from transformers.models.glm5_next import Glm5NextConfig, Glm5NextForConditionalGeneration
 from transformers.models.glm_moe_dsa import GlmMoeDsaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_reference_glm5_next as glm5_next_fixtures  # noqa: E402
 from make_reference import randomize_beyond_init  # noqa: E402
 
 kNewTokens = 8
@@ -96,23 +109,73 @@ def draw_config(arch: str, r: random.Random):
                            indexer_types=indexers)
 
 
-def run_seed(seed: int, kiln: str, work: Path, keep: bool) -> tuple[str, str, str]:
-    r = random.Random(seed)
-    arch = r.choice(["deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"])
+K, D = "linear_attention", "deepseek_sparse_attention"
+
+
+def draw_glm5_next_text(r: random.Random) -> dict:
+    layers = r.randint(1, 6)
+    types = [r.choice([K, K, D]) for _ in range(layers)]
+    if D not in types:  # transformers' cache needs one attention layer to report a length
+        types[r.randrange(layers)] = D
+    heads = r.choice([1, 2, 3, 4])
+    kpool = r.choice([1, 2, 4, 16])
+    text = dict(
+        vocab_size=r.choice([200, 256, 512]), hidden_size=r.choice([32, 48, 64]), intermediate_size=r.choice([24, 48]),
+        moe_intermediate_size=r.choice([8, 16]), num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, q_lora_rank=r.choice([16, 32]), kv_lora_rank=r.choice([16, 32]),
+        qk_nope_head_dim=r.choice([8, 16, 32]), v_head_dim=r.choice([8, 16]), n_routed_experts=r.choice([4, 8, 16]),
+        n_shared_experts=r.choice([0, 1, 2]), num_experts_per_tok=r.choice([1, 2, 3]),
+        norm_topk_prob=r.random() < 0.7, routed_scaling_factor=r.choice([1.0, 2.5]), initializer_range=0.1,
+        max_position_embeddings=4096, pad_token_id=0, tie_word_embeddings=False, rms_norm_eps=r.choice([1e-5, 1e-6]),
+        layer_types=types, mlp_layer_types=[r.choice(["dense", "sparse"]) for _ in range(layers)],
+        linear_num_heads=r.choice([1, 2, 3, 4]), linear_head_dim=r.choice([8, 16]),
+        linear_conv_kernel_dim=r.choice([2, 3, 4]), linear_lower_bound=r.choice([-5.0, None]),
+        hc_mult=r.choice([1, 2, 3, 4]), hc_sinkhorn_iters=r.choice([20, 3]), index_n_heads=r.choice([1, 2, 4, 8]),
+        index_head_dim=r.choice([8, 16, 32]), index_kpool=kpool,
+        index_topk=kpool * r.choice([1, 2, 4, 8]),  # transformers requires a multiple of the pool
+        index_kpool_always_select_tail=r.random() < 0.7, swiglu_limit=r.choice([10.0, 0.5, 100.0]))
+    indexers, full_seen = [], False
+    for t in types:  # a shared indexer reuses the last full DSA layer's selection
+        shared = t == D and full_seen and r.random() < 0.4
+        indexers.append("shared" if shared else "full")
+        full_seen = full_seen or t == D
+    text["indexer_types"] = indexers
+    return text
+
+
+def build(arch: str, r: random.Random, seed: int):
+    """The config's model with random weights (or the error transformers raises for the config)."""
+    if arch == "glm5_next":
+        text = draw_glm5_next_text(r)
+        config = Glm5NextConfig(text_config=text, vision_config=dict(glm5_next_fixtures.kTinyVision),
+                                tie_word_embeddings=False)
+        model = Glm5NextForConditionalGeneration._from_config(config, attn_implementation="eager", dtype=torch.float32)
+        glm5_next_fixtures.randomize_beyond_init(model, torch.Generator().manual_seed(seed + 1))
+        return model.eval(), text
     config = draw_config(arch, r)
-    dtype = r.choice([torch.float32, torch.bfloat16])
-    prompt_len = r.choice([9, 24, 40])
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    randomize_beyond_init(model, torch.Generator().manual_seed(seed))
+    return model, config.to_dict()
+
+
+def run_seed(seed: int, kiln: str, work: Path, keep: bool, glm5_next: bool) -> tuple[str, str, str]:
+    r = random.Random(seed)
+    arch = "glm5_next" if glm5_next else r.choice(["deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"])
     out_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}_", dir=work))
     try:
         torch.manual_seed(seed)
         try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+            model, text = build(arch, r, seed)
         except Exception as e:  # noqa: BLE001 - transformers refuses the config: nothing to compare
             return arch, "hf-refuses", str(e)[:200]
-        randomize_beyond_init(model, torch.Generator().manual_seed(seed))
+        dtype = r.choice([torch.float32, torch.bfloat16])
+        prompt_len = r.choice([9, 40, 80] if glm5_next else [9, 24, 40])
         model.to(dtype).save_pretrained(out_dir)
-        model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
-        prompt = torch.randint(0, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+        model = (glm5_next_fixtures.load_eager_fp32(out_dir) if glm5_next else
+                 AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval())
+        # Token 0 is glm5_next's pad token; the others' prompts may hold it.
+        low = 1 if glm5_next else 0
+        prompt = torch.randint(low, text["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(seed))
         try:
             with torch.no_grad():
                 # An explicit mask: generate() would otherwise mask every prompt token equal to pad_token_id.
@@ -137,12 +200,31 @@ def run_seed(seed: int, kiln: str, work: Path, keep: bool) -> tuple[str, str, st
         scores = hf.scores[step][0]
         behind = float(scores.max() - scores[got[step]])
         kind = "near-tie" if behind < kNearTie * max(1.0, float(scores.abs().max())) else "MISMATCH"
-        return arch, kind, f"step {step}: kiln {got[step]}, transformers {want[step]} (kiln's token {behind:.3g} behind)"
+        if kind == "MISMATCH" and glm5_next and not text["index_kpool_always_select_tail"] and text["index_kpool"] > 1:
+            kind = "empty-selection"
+        if kind == "MISMATCH" and float64_tokens(out_dir, prompt, glm5_next) == got:
+            # An intermediate decision (a router or indexer top-k) within fp32 rounding of a tie: transformers in
+            # fp64 takes kiln's branch.
+            kind = "fp64-agrees"
+        detail = f"step {step}: kiln {got[step]}, transformers {want[step]} (kiln's token {behind:.3g} behind)"
+        return arch, kind, detail
     finally:
         if not keep:
             shutil.rmtree(out_dir, ignore_errors=True)
         else:
             print(f"  kept {out_dir}", file=sys.stderr)
+
+
+def float64_tokens(out_dir: Path, prompt: torch.Tensor, glm5_next: bool) -> list[int]:
+    """transformers' greedy tokens with every weight and activation in fp64 (its grouped expert GEMM has no fp64
+    kernel: experts run eagerly)."""
+    cls = Glm5NextForConditionalGeneration if glm5_next else AutoModelForCausalLM
+    model = cls.from_pretrained(out_dir, dtype=torch.float64, attn_implementation="eager",
+                                experts_implementation="eager").eval()
+    with torch.no_grad():
+        ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=kNewTokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return ids[0, prompt.shape[1]:].tolist()
 
 
 def parse_seeds(text: str) -> range:
@@ -157,6 +239,7 @@ def main() -> int:
     parser.add_argument("--kiln", default="build/bin/kiln", help="the kiln binary")
     parser.add_argument("--seeds", default="0:50", help="A:B (half-open) or one seed")
     parser.add_argument("--keep", action="store_true", help="keep each checkpoint (its path goes to stderr)")
+    parser.add_argument("--glm5-next", action="store_true", help="draw glm5_next (GLM-5.3-Flash) configs instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers
@@ -164,13 +247,13 @@ def main() -> int:
     counts: dict[str, int] = {}
     work = Path(tempfile.mkdtemp(prefix="kiln_sweep_"))
     for seed in parse_seeds(args.seeds):
-        arch, kind, detail = run_seed(seed, args.kiln, work, args.keep)
+        arch, kind, detail = run_seed(seed, args.kiln, work, args.keep, args.glm5_next)
         counts[kind] = counts.get(kind, 0) + 1
         print(f"{seed} | {arch} | {kind} | {detail}", flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return 1 if counts.get("MISMATCH") else 0
+    return 1 if counts.get("MISMATCH") else 0  # the classes above are reported, not failures
 
 
 if __name__ == "__main__":
