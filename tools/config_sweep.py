@@ -10,7 +10,8 @@ iterations, the k-pool indexer's pool size, top-k and tail rule, swiglu_limit), 
 that are not powers of two, prompts of 9 to 80 tokens (glm5_next: past one 64-token KDA chunk). It builds the model
 with random weights (every parameter transformers initialises to a constant made random, as the fixture generators
 do), and compares 8 greedy tokens from transformers (fp32, eager) with kiln's (fp32 compute, fp32 KV: a bf16
-checkpoint's default KV layout is bf16, which rounds what transformers keeps in fp32).
+checkpoint's default KV layout is bf16, which rounds what transformers keeps in fp32). With --chunked, a seed that
+matches runs again with its prompt 7 tokens a step over 16-token KV blocks and must give the same tokens.
 
 glm5_next with `index_kpool_always_select_tail: false` and pools of 2 or more: a sequence's first index_kpool − 1
 tokens complete no pool, so a DSA layer selects no key for them. transformers' eager path then masks every key with
@@ -158,7 +159,8 @@ def build(arch: str, r: random.Random, seed: int):
     return model, config.to_dict()
 
 
-def run_seed(seed: int, kiln: str, work: Path, keep: bool, glm5_next: bool) -> tuple[str, str, str]:
+def run_seed(seed: int, kiln: str, work: Path, keep: bool, glm5_next: bool,
+             chunked: bool) -> tuple[str, str, str]:
     r = random.Random(seed)
     arch = "glm5_next" if glm5_next else r.choice(["deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"])
     out_dir = Path(tempfile.mkdtemp(prefix=f"seed{seed}_", dir=work))
@@ -185,14 +187,22 @@ def run_seed(seed: int, kiln: str, work: Path, keep: bool, glm5_next: bool) -> t
         except Exception as e:  # noqa: BLE001
             return arch, "hf-refuses", str(e)[:200]
         want = hf.sequences[0, prompt_len:].tolist()
-        proc = subprocess.run(
-            [kiln, "generate", "-m", str(out_dir), "--prompt-ids", ",".join(map(str, prompt[0].tolist())),
-             "-n", str(kNewTokens), "--no-stats", "--log-level", "error", "--set", "kv.layout=fp32"],
-            capture_output=True, text=True, timeout=300)
+        def kiln_tokens(*settings: str) -> subprocess.CompletedProcess:
+            command = [kiln, "generate", "-m", str(out_dir), "--prompt-ids", ",".join(map(str, prompt[0].tolist())),
+                       "-n", str(kNewTokens), "--no-stats", "--log-level", "error", "--set", "kv.layout=fp32"]
+            for setting in settings:
+                command += ["--set", setting]
+            return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+        proc = kiln_tokens()
         if proc.returncode != 0:
             return arch, "kiln-error", (proc.stderr.strip().splitlines() or ["(no message)"])[-1][:300]
         got = [int(t) for t in proc.stdout.split()]
         if got == want:
+            if chunked:  # the prompt 7 tokens a step over 16-token blocks: the same tokens
+                again = kiln_tokens("scheduler.max_num_batched_tokens=7", "kv.block_size=16")
+                if again.returncode != 0 or [int(t) for t in again.stdout.split()] != got:
+                    return arch, "CHUNKING-DIFFERS", (again.stdout.strip() or again.stderr.strip())[-300:]
             return arch, "match", ""
         if len(got) != len(want):
             return arch, "MISMATCH", f"kiln {got} transformers {want}"
@@ -240,6 +250,8 @@ def main() -> int:
     parser.add_argument("--seeds", default="0:50", help="A:B (half-open) or one seed")
     parser.add_argument("--keep", action="store_true", help="keep each checkpoint (its path goes to stderr)")
     parser.add_argument("--glm5-next", action="store_true", help="draw glm5_next (GLM-5.3-Flash) configs instead")
+    parser.add_argument("--chunked", action="store_true",
+                        help="also run each identical seed's prompt in 7-token chunks over 16-token blocks")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers
@@ -247,13 +259,14 @@ def main() -> int:
     counts: dict[str, int] = {}
     work = Path(tempfile.mkdtemp(prefix="kiln_sweep_"))
     for seed in parse_seeds(args.seeds):
-        arch, kind, detail = run_seed(seed, args.kiln, work, args.keep, args.glm5_next)
+        arch, kind, detail = run_seed(seed, args.kiln, work, args.keep, args.glm5_next, args.chunked)
         counts[kind] = counts.get(kind, 0) + 1
         print(f"{seed} | {arch} | {kind} | {detail}", flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    return 1 if counts.get("MISMATCH") else 0  # the classes above are reported, not failures
+    failed = counts.get("MISMATCH", 0) + counts.get("CHUNKING-DIFFERS", 0)
+    return 1 if failed else 0  # the other classes are reported, not failures
 
 
 if __name__ == "__main__":
