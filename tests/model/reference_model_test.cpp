@@ -266,6 +266,55 @@ TEST(DsaTies, GreedyContinuationMatchesTransformersThroughExactTies) {
   }
 }
 
+// The same fixture through the engine with its prompt in chunks (7 and 5 tokens, and token by token): each query
+// ranks its keys over transformers' one-shot row (SequenceStep::prompt_length), so the selections through the ties,
+// and the greedy tokens, are transformers' whatever the chunking. (Ranking over each chunk's own keys parted.)
+TEST(DsaTies, ChunkedPromptsKeepTransformersTokens) {
+  const std::string name = "glm_moe_dsa-h3d16-ties";
+  Reference ref = load_reference(name);
+  LoadedModel m = load(name, "fp32");
+  const auto prompt = ref.ids("prompt_ids");
+  const auto greedy = ref.ids("greedy_ids");
+  for (const char* chunk : {"1", "5", "7", "2048"}) {
+    auto ids = engine_generate(m,
+                               {"model.path=" + model_dir(name).string(), "kv.layout=fp32", "kv.block_size=4",
+                                "scheduler.max_num_seqs=1", std::string("scheduler.max_num_batched_tokens=") + chunk},
+                               prompt, static_cast<int64_t>(greedy.size()));
+    ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+    EXPECT_EQ(*ids, greedy) << "prompt chunks of " << chunk;
+  }
+}
+
+// A verification pass (the last token and 4 drafts in one step) ranks each query's keys over the row its own decode
+// step would have: its rows' logits are the one-token steps' (transformers' decode_logits).
+TEST(DsaTies, AMultiTokenDecodeStepRanksAsTokenByToken) {
+  const std::string name = "glm_moe_dsa-h3d16-ties";
+  Reference ref = load_reference(name);
+  LoadedModel m = load(name, "fp32");
+  const auto prompt = ref.ids("prompt_ids");
+  const auto greedy = ref.ids("greedy_ids");
+  const auto decode_logits = ref.floats("decode_logits");
+  const int64_t vocab = cpu_model(m).config().vocab_size, P = static_cast<int64_t>(prompt.size());
+  auto kv = make_kv_cache(m, 64);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv->reserve(table, P + static_cast<int64_t>(greedy.size())).ok());
+  StepOutput out;
+  SequenceStep prefill{prompt, 0, &table, false};
+  prefill.prompt_length = P;
+  ASSERT_TRUE(cpu_model(m).forward({&prefill, 1}, kv->views(), {}, out).ok());
+  const int64_t k = 5;
+  ASSERT_GE(static_cast<int64_t>(greedy.size()), k + 1);
+  SequenceStep pass{std::span<const int32_t>(greedy.data(), k), P, &table, true};
+  pass.prompt_length = P;
+  ASSERT_TRUE(cpu_model(m).forward({&pass, 1}, kv->views(), {}, out).ok());
+  ASSERT_EQ(out.logits.size(), static_cast<size_t>(k * vocab));
+  for (int64_t i = 0; i < k; ++i) {
+    const float* row = out.logits.data() + i * vocab;
+    EXPECT_LT(relative_error(row, decode_logits.data() + (i + 1) * vocab, vocab), 1e-4) << "row " << i;
+    EXPECT_EQ(std::max_element(row, row + vocab) - row, greedy[i + 1]) << "row " << i;
+  }
+}
+
 TEST(ModelLoad, ErrorsNameTheProblem) {
   auto recipe = load_recipe("", {"model.path=/nonexistent/model"}, global_registry());
   ASSERT_TRUE(recipe.ok());

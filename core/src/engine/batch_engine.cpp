@@ -287,12 +287,14 @@ void BatchEngine::build_step(const ScheduledStep& plan) {
       pass.assign(1, seq->tokens.back());
       pass.insert(pass.end(), seq->drafts.begin(), seq->drafts.begin() + k);
       steps_.push_back(SequenceStep{pass, from, &seq->kv.blocks, /*all_logits=*/true, seq->state_slot, {}});
+      steps_.back().prompt_length = seq->prompt_len;
       sel.num_drafts = static_cast<int32_t>(k);
       sel.drafts = std::span<const int32_t>(pass.data() + 1, k);
       sel.q_ids = seq->q_ids, sel.q_probs = seq->q_probs, sel.q_width = seq->q_width;
     } else {
       steps_.push_back(SequenceStep{std::span<const int32_t>(seq->tokens.data() + from, count), from, &seq->kv.blocks,
                                     false, seq->state_slot, {}});
+      steps_.back().prompt_length = seq->prompt_len;
     }
     seq->drafts.clear();
     // Media placeholders inside this chunk take their embedding rows.
@@ -502,6 +504,7 @@ void BatchEngine::step() {
       }
       replay_steps_.push_back(SequenceStep{std::span<const int32_t>(verify_tokens_[i].data(), a + 1),
                                            computed_from[i], &seq->kv.blocks, false, seq->state_slot, {}});
+      replay_steps_.back().prompt_length = seq->prompt_len;
       replay_seqs_.push_back(seq);
     }
   }

@@ -233,13 +233,18 @@ Status MlaMoeModel::indexer_select(const IndexerWeights& w, int64_t kv_layer, co
         cpu::dsa_indexer_scores(q.data() + b * Hi * D, reinterpret_cast<const float*>(keys.data()),
                                 wts.data() + b * Hi, n, kv_len, Hi, D, scale, scores.data());
     }
-    tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width);
+    // transformers' rows: its one-shot prompt's keys, then each decoded token's own (SequenceStep::prompt_length).
+    std::vector<int64_t> row_lengths;
+    if (st.prompt_length >= 0)
+      for (int64_t t = 0; t < n; ++t) row_lengths.push_back(std::max(st.prompt_length, st.start_position + t + 1));
+    tied += cpu::dsa_select_topk(scores.data(), n, kv_len, c.index_topk, selected.data() + b * selected_width,
+                                 row_lengths.empty() ? nullptr : row_lengths.data());
   }
   if (tied > 0 && indexer_tied_rows_->fetch_add(tied, std::memory_order_relaxed) == 0) {
     log::warn("DSA indexer (layer {}): in {} of {} rows the top-{} cut fell inside an exact tie of index scores. The "
-              "CPU picks among tied keys exactly as torch.topk does on the CPU (so it matches transformers run there), "
-              "which depends on the length of the query's row, so outputs may differ between one-shot and chunked "
-              "prefill; the CUDA runner keeps the lowest positions. Exact ties are common with few indexer heads (a "
+              "CPU picks among tied keys exactly as torch.topk does on the CPU over transformers' row (its one-shot "
+              "prompt, then each token), so it matches transformers run there however the prompt is chunked or "
+              "cached; the CUDA runner keeps the lowest positions. Exact ties are common with few indexer heads (a "
               "key whose logits are <= 0 for every head scores exactly 0). Reported once per model.",
               kv_layer, tied, N, c.index_topk);
   }

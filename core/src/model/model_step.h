@@ -31,6 +31,12 @@ struct SequenceStep {
   // On the model's device, tokens.size() ids that replace the values of `tokens` (which then only counts them): a
   // drafter's chained step feeds the draft it just sampled without waiting for it on the host. CUDA models only.
   const int32_t* device_tokens = nullptr;
+  // The sequence's whole prompt, in tokens (−1: not known). The CPU's DSA indexers rank a query's keys as
+  // transformers does on its one-shot prompt and then token by token: over a row of max(prompt_length, position + 1)
+  // keys, those after the query masked. torch's top-k picks among exactly tied scores by the row's length, so a row
+  // of this length keeps the same keys whether the prompt came in one step, in chunks, over a cached prefix, or the
+  // tokens in a verification pass. −1: the step's own keys (start_position + tokens.size()).
+  int64_t prompt_length = -1;
 };
 
 // What a step picks from one sequence's logits after the forward (on the model's device: only ids come back).

@@ -103,6 +103,7 @@ Status write_steps(Writer& w, ModelInstance& model, std::span<const SequenceStep
     if (has_table) w.array(s.block_table->data(), s.block_table->size());
     w.pod(s.all_logits);
     w.pod(s.state_slot);
+    w.pod(s.prompt_length);
     w.pod(static_cast<uint64_t>(s.media.size()));
     for (const MediaRows& m : s.media) {
       w.pod(m.first_row);
@@ -172,6 +173,7 @@ Status read_steps(Reader& r, DecodedSteps& d) {
     }
     KILN_RETURN_IF_ERROR(r.pod(s.all_logits));
     KILN_RETURN_IF_ERROR(r.pod(s.state_slot));
+    KILN_RETURN_IF_ERROR(r.pod(s.prompt_length));
     uint64_t media = 0;
     KILN_RETURN_IF_ERROR(r.pod(media));
     for (uint64_t k = 0; k < media; ++k) {

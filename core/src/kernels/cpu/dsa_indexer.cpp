@@ -98,7 +98,8 @@ void dsa_indexer_scores_fp8_at(const float* q, const uint8_t* k_rows, const int6
   }
 }
 
-int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out) {
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out,
+                        const int64_t* row_lengths) {
   const int64_t offset = t_kv - t_q;
   int64_t tied_rows = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : tied_rows) if (t_q * t_kv >= (1 << 16))
@@ -106,11 +107,19 @@ int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t 
     const float* row = scores + s * t_kv;
     const int64_t visible = std::min(t_kv, offset + s + 1);
     int32_t* o = out + s * index_topk;
-    // As transformers: top min(index_topk, t_kv) of the whole row, the keys after the query masked (−inf here,
+    // As transformers: top min(index_topk, R) of the whole row, the keys after the query masked (−inf here,
     // −FLT_MAX or −inf there: the same order), then only the visible ones kept.
-    const int64_t k = std::min(index_topk, t_kv);
+    const int64_t length = row_lengths ? std::max(row_lengths[s], visible) : t_kv;
+    std::vector<float> resized;
+    const float* ranked = row;
+    if (length != t_kv) {  // the same masked tail, shorter or longer
+      resized.assign(static_cast<size_t>(length), -std::numeric_limits<float>::infinity());
+      std::copy_n(row, std::min(length, t_kv), resized.begin());
+      ranked = resized.data();
+    }
+    const int64_t k = std::min(index_topk, length);
     std::vector<int32_t> picked(static_cast<size_t>(k));
-    torch_cpu_topk_indices(row, t_kv, k, picked.data());
+    torch_cpu_topk_indices(ranked, length, k, picked.data());
     int64_t kept = 0;
     for (int32_t t : picked)
       if (t < visible) o[kept++] = t;

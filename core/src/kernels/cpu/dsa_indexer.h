@@ -31,13 +31,16 @@ void dsa_indexer_scores_fp8_at(const float* q, const uint8_t* k_rows, const int6
                                int64_t t_q, int64_t first_query_position, int64_t n_keys, int64_t num_heads,
                                int64_t head_dim, float scale, float* scores);
 
-// Per query s: the keys transformers keeps — torch.topk(min(index_topk, t_kv)) over the query's whole row with the
+// Per query s: the keys transformers keeps — torch.topk(min(index_topk, R)) over the query's row of R keys with the
 // keys after it masked, as torch does it on the CPU (torch_cpu_topk_indices, topk.h: ties picked the same way),
 // then only the visible ones (positions ≤ t_kv − t_q + s), −1 padded to index_topk. out [t_q, index_topk].
+// R = row_lengths[s] (≥ the query's position + 1; keys past t_kv are masked ones), or t_kv without row_lengths:
+// transformers' row is as long as its forward's keys (SequenceStep::prompt_length says which that would be).
 // Returns the number of rows whose cut fell inside an exact tie (a key left out scores exactly what the last key
 // kept scores): there the selection follows torch's CPU procedure, which depends on the row's length, and the CUDA
 // runner (lowest positions first) may pick differently. Few indexer heads make such ties common: a key whose
 // logits are ≤ 0 for every head scores exactly 0.
-int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out);
+int64_t dsa_select_topk(const float* scores, int64_t t_q, int64_t t_kv, int64_t index_topk, int32_t* out,
+                        const int64_t* row_lengths = nullptr);
 
 }  // namespace kiln::cpu

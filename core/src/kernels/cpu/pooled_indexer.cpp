@@ -40,7 +40,7 @@ void pooled_indexer_scores(const float* q, const float* w, const float* pool_key
 }
 
 void pooled_indexer_select(const float* scores, int64_t num_pools, int64_t q_pos, int64_t pool, int64_t index_topk,
-                           bool select_tail, int32_t* out, int64_t width, PoolTies ties) {
+                           bool select_tail, int32_t* out, int64_t width, PoolTies ties, int64_t row_pools) {
   std::fill(out, out + width, -1);
   const int64_t visible = q_pos + 1;
   const int64_t candidates = std::min(num_pools, visible / pool);  // pools ending at or before q_pos
@@ -49,11 +49,12 @@ void pooled_indexer_select(const float* scores, int64_t num_pools, int64_t q_pos
   // (topk.h), so the same pools are kept when scores tie exactly at the cut.
   std::vector<int32_t> top;
   if (ties == PoolTies::kTorchCpu) {
-    const int64_t k = std::min(index_topk / pool, num_pools);
-    std::vector<float> row(scores, scores + num_pools);
-    std::fill(row.begin() + candidates, row.end(), std::numeric_limits<float>::lowest());
+    const int64_t length = row_pools >= 0 ? std::max(row_pools, candidates) : num_pools;
+    const int64_t k = std::min(index_topk / pool, length);
+    std::vector<float> row(static_cast<size_t>(length), std::numeric_limits<float>::lowest());
+    std::copy_n(scores, std::min(candidates, length), row.begin());  // the rest: not visible to the query
     top.resize(k);
-    torch_cpu_topk_indices(row.data(), num_pools, k, top.data());
+    torch_cpu_topk_indices(row.data(), length, k, top.data());
   } else {
     top.resize(std::min(index_topk / pool, candidates));
     topk_indices(scores, candidates, static_cast<int64_t>(top.size()), top.data());

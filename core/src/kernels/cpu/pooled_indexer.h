@@ -26,8 +26,11 @@ void pooled_indexer_scores(const float* q, const float* w, const float* pool_key
 // q_pos where tc = (q_pos + 1) mod pool. out [width] (width ≥ index_topk, + pool − 1 with select_tail): the
 // selected pools' positions, then the tail's, then −1. Attention reads it as a set.
 // kLowestPool instead ranks the candidates alone, ties to the lower pool: the CUDA kernel's rule (its tests).
+// row_pools ≥ 0: torch's row holds that many pools (those past num_pools masked), as transformers' would over its
+// forward's keys (SequenceStep::prompt_length); −1: num_pools.
 enum class PoolTies { kTorchCpu, kLowestPool };
 void pooled_indexer_select(const float* scores, int64_t num_pools, int64_t q_pos, int64_t pool, int64_t index_topk,
-                           bool select_tail, int32_t* out, int64_t width, PoolTies ties = PoolTies::kTorchCpu);
+                           bool select_tail, int32_t* out, int64_t width, PoolTies ties = PoolTies::kTorchCpu,
+                           int64_t row_pools = -1);
 
 }  // namespace kiln::cpu

@@ -19,7 +19,8 @@ void topk_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 // cut their top-k through exact ties often (few indexer heads: every head's ReLU at 0 scores a key exactly 0), and
 // which tied keys a query attends to then decides its output: the CPU reference follows torch to match it. The
 // selection depends on the row's length (a query's row in a one-shot prefill is longer than in a decode step), as
-// torch's does. min(k, n) indices; their order among equal values is torch's too.
+// torch's does: the model passes transformers' row (SequenceStep::prompt_length), whatever its own step holds.
+// min(k, n) indices; their order among equal values is torch's too.
 void torch_cpu_topk_indices(const float* values, int64_t n, int64_t k, int32_t* out);
 
 }  // namespace kiln::cpu

@@ -73,9 +73,14 @@ Status Glm5NextModel::indexer_select(const PooledIndexerWeights& w, int64_t l, c
     }
     cpu::pooled_indexer_scores(q.data() + b * heads * dim, wts.data() + b * heads, pool_keys.data(), len, num_pools,
                                heads, dim, scale, scores.data());
-    for (int64_t t = 0; t < len; ++t)
-      cpu::pooled_indexer_select(scores.data() + t * num_pools, num_pools, st.start_position + t, pool, c.index_topk,
-                                 c.index_kpool_always_select_tail, selected.data() + (b + t) * width, width);
+    for (int64_t t = 0; t < len; ++t) {
+      // transformers' row: the pools of its one-shot prompt, then of each decoded token's keys.
+      const int64_t q_pos = st.start_position + t;
+      const int64_t row_pools = st.prompt_length >= 0 ? std::max(st.prompt_length, q_pos + 1) / pool : -1;
+      cpu::pooled_indexer_select(scores.data() + t * num_pools, num_pools, q_pos, pool, c.index_topk,
+                                 c.index_kpool_always_select_tail, selected.data() + (b + t) * width, width,
+                                 cpu::PoolTies::kTorchCpu, row_pools);
+    }
   }
   return ok_status();
 }
