@@ -120,6 +120,31 @@ TEST(DsaIndexer, AllReluZeroScoresSelectAsTorchDoes) {
   EXPECT_EQ(std::vector<int32_t>(top.begin(), top.begin() + topk), (std::vector<int32_t>{7, 5, 6, 1}));
 }
 
+// With row_lengths each query ranks over the row transformers would have (its one-shot prompt's keys, the ones after
+// the query masked), not the step's: through exact ties torch's procedure keeps other keys for another row length.
+TEST(DsaIndexer, RowLengthsRankOverTransformersRow) {
+  const int64_t t_kv = 10, topk = 4;
+  const std::vector<float> zeros(t_kv, 0.0f);  // one query at position 9, every key tied
+  std::vector<int32_t> own(topk), prompt_row(topk);
+  dsa_select_topk(zeros.data(), 1, t_kv, topk, own.data());
+  const int64_t length = 300;  // a 300-token prompt's first chunk
+  dsa_select_topk(zeros.data(), 1, t_kv, topk, prompt_row.data(), &length);
+  std::vector<float> padded(length, -INFINITY);
+  std::copy(zeros.begin(), zeros.end(), padded.begin());
+  std::vector<int32_t> want(topk);
+  torch_cpu_topk_indices(padded.data(), length, topk, want.data());
+  EXPECT_EQ(prompt_row, want);
+  EXPECT_NE(prompt_row, own) << "the row's length no longer decides the tied keys: pick another case";
+  // A row shorter than the step's keys (the first token of a verification pass): the keys past it are masked ones.
+  std::vector<float> two(2 * t_kv, 0.0f);
+  two[9] = -INFINITY;  // the first query (position 8) cannot see key 9
+  const int64_t rows[] = {9, 10};
+  std::vector<int32_t> both(2 * topk), first(topk);
+  dsa_select_topk(two.data(), 2, t_kv, topk, both.data(), rows);
+  dsa_select_topk(zeros.data(), 1, 9, topk, first.data());  // that query's own decode step: 9 keys
+  EXPECT_EQ(std::vector<int32_t>(both.begin(), both.begin() + topk), first);
+}
+
 TEST(DsaIndexer, CountsOnlyTiesAtTheCut) {
   // One query over 6 keys, top-3. Ties above the cut, below it, or a row that keeps every key are unambiguous.
   int32_t top[3];

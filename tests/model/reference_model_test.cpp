@@ -266,9 +266,10 @@ TEST(DsaTies, GreedyContinuationMatchesTransformersThroughExactTies) {
   }
 }
 
-// The same fixture through the engine with its prompt in chunks (7 and 5 tokens, and token by token): each query
-// ranks its keys over transformers' one-shot row (SequenceStep::prompt_length), so the selections through the ties,
-// and the greedy tokens, are transformers' whatever the chunking. (Ranking over each chunk's own keys parted.)
+// The same fixture through the engine with its prompt in chunks (7 and 5 tokens, and token by token): the greedy
+// tokens are transformers' whatever the chunking. This fixture's tied cuts happen to pick the same keys for either
+// row length, so the test also passes with the engine leaving SequenceStep::prompt_length unset; what the length
+// decides is tested in DsaIndexer.RowLengthsRankOverTransformersRow and the multi-token step below.
 TEST(DsaTies, ChunkedPromptsKeepTransformersTokens) {
   const std::string name = "glm_moe_dsa-h3d16-ties";
   Reference ref = load_reference(name);
