@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
   for (const Shape& s : products ? shapes : std::span<const Shape>{}) {
     for (int bits = 2; bits <= 6; ++bits) {
       if (!wanted(bits_list, bits)) continue;
-      auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, bits);
+      auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, nullptr, {bits, false});
       const size_t bytes = weight_bytes(s.in, s.out, bits);
       const int count = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes + 1, 8, 512));
       std::vector<std::unique_ptr<kiln::Linear>> linears;
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
   for (const Moe& m : experts ? moes : std::span<const Moe>{}) {
     for (int bits : {3, 4, 6}) {
       if (!wanted(bits_list, bits)) continue;
-      auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, bits);
+      auto format = kiln::exl3::cuda::make_cuda_weight_format(dev, nullptr, {bits, false});
       auto set = format->load_experts(source, kiln::ExpertSpec{std::string(m.model) + ".experts" + std::to_string(bits),
                                                                m.experts, m.hidden, m.inter});
       CHECK_OK(set.status());

@@ -94,6 +94,19 @@ bool has_exl3_tensors(const WeightSource& source, const std::string& name) {
   return false;
 }
 
+bool all_stored_dense(const WeightSource& source, const std::vector<std::string>& names) {
+  for (const std::string& name : names)
+    if (has_exl3_tensors(source, name)) return false;
+  return true;
+}
+
+bool experts_stored_dense(const WeightSource& source, const std::string& prefix, int64_t num_experts) {
+  for (int64_t e = 0; e < num_experts; ++e)
+    for (const char* proj : {".gate_proj", ".up_proj", ".down_proj"})
+      if (has_exl3_tensors(source, prefix + "." + std::to_string(e) + proj)) return false;
+  return true;
+}
+
 Result<Module> read_module(const WeightSource& source, const std::string& name, int64_t in, int64_t out) {
   Module m;
   m.name = name;

@@ -30,6 +30,11 @@ struct Module {
 bool is_exl3_module(const WeightSource& source, const std::string& name);
 // Whether any EXL3 tensor of the module is present: a half-stored module is an error, not a dense one.
 bool has_exl3_tensors(const WeightSource& source, const std::string& name);
+// Whether no module of `names` has an EXL3 tensor (false for a synthetic source, which has every name): such a
+// stack is what the quantizer left dense, served by the built-in `dense` format where the core offers it.
+bool all_stored_dense(const WeightSource& source, const std::vector<std::string>& names);
+// The same over the routed experts' gate, up and down projections ("<prefix>.<e>.<proj>_proj").
+bool experts_stored_dense(const WeightSource& source, const std::string& prefix, int64_t num_experts);
 
 Result<Module> read_module(const WeightSource& source, const std::string& name, int64_t in, int64_t out);
 

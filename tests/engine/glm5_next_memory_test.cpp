@@ -119,7 +119,7 @@ TEST(Glm5NextMemory, CudaWeightsEqualTheCheckpointInTheDtypesTheyLoadAs) {
           2;
 
       const glm5_next::Glm5NextTensorNames names(*f.ckpt);
-      const WeightBytes w = glm5_next_cuda_weight_bytes(c, &names, names.trunk_prefix(), "dense", 4, with_mtp);
+      const WeightBytes w = glm5_next_cuda_weight_bytes(c, &names, names.trunk_prefix(), "dense", 4, false, with_mtp);
       EXPECT_EQ(w.low, expected) << w.basis;
       // The interval: at most 256-byte alignment per tensor the loaders ask for (each expert its own; stacked
       // projections and expert sets are fewer allocations, not more) and per W_UK.
@@ -131,7 +131,7 @@ TEST(Glm5NextMemory, CudaWeightsEqualTheCheckpointInTheDtypesTheyLoadAs) {
 
       // From config.json alone (model.load = "dummy", which loads no next-n layers): the same trunk.
       if (!with_mtp) {
-        const WeightBytes dummy = glm5_next_cuda_weight_bytes(c, nullptr, names.trunk_prefix(), "dense", 4, false);
+        const WeightBytes dummy = glm5_next_cuda_weight_bytes(c, nullptr, names.trunk_prefix(), "dense", 4, false, false);
         EXPECT_EQ(dummy.low, expected);
       }
     }
@@ -156,10 +156,38 @@ TEST(Glm5NextMemory, Exl3DummyPricesProjectionsAtTheBitsAndKeepsDenseCopiesWhere
   const uint64_t dsa = static_cast<uint64_t>(dsa_layers(c, false));
   low += dsa * static_cast<uint64_t>(inv.w_uk_numel + inv.kv_b_numel) * 2;  // W_UK, kv_b dequantized
   low += static_cast<uint64_t>(c.vocab_size * c.hidden_size) * 2;           // the embedding dequantized
-  const WeightBytes w = glm5_next_cuda_weight_bytes(c, nullptr, "model.language_model.", "exl3", 3, false);
+  const WeightBytes w = glm5_next_cuda_weight_bytes(c, nullptr, "model.language_model.", "exl3", 3, false, false);
   EXPECT_EQ(w.low, low) << w.basis;
   EXPECT_GT(w.high, w.low);  // each dimension padded to 128 at most
   EXPECT_NE(w.basis.find("3 bits per weight"), std::string::npos) << w.basis;
+}
+
+TEST(Glm5NextMemory, Exl3DummyExpertsOnlyPricesTheRoutedExpertsAtTheBitsAndTheRestBf16) {
+  // weights.experts_only: the routed experts K bits per weight plus sign vectors; every other projection bf16 through
+  // the built-in format, so no dense copy of kv_b or the embedding is derived.
+  const Fixture f = open_fixture("glm5_next-tiny");
+  const glm5_next::Glm5NextConfig& c = f.config();
+  const auto inv = glm5_next::glm5_next_weight_inventory(c, "model.language_model.", false);
+  uint64_t low = 0;
+  int routed = 0;
+  for (const auto& it : inv.items) {
+    const uint64_t n = static_cast<uint64_t>(it.count);
+    const bool expert = it.name_of(0).find(".mlp.experts.") != std::string::npos;
+    if (it.held == glm5_next::WeightHeld::kFp32)
+      low += 4 * static_cast<uint64_t>(it.numel());
+    else if (it.held == glm5_next::WeightHeld::kNorm || !expert)
+      low += 2 * static_cast<uint64_t>(it.numel());
+    else
+      low += n * (static_cast<uint64_t>(it.out * it.in * 3 + 7) / 8 + 2 * static_cast<uint64_t>(it.in + it.out)),
+          ++routed;
+  }
+  ASSERT_GT(routed, 0);
+  low += static_cast<uint64_t>(dsa_layers(c, false)) * static_cast<uint64_t>(inv.w_uk_numel) * 2;  // W_UK only
+  const WeightBytes w = glm5_next_cuda_weight_bytes(c, nullptr, "model.language_model.", "exl3", 3, true, false);
+  EXPECT_EQ(w.low, low) << w.basis;
+  EXPECT_NE(w.basis.find("routed experts at 3 bits per weight"), std::string::npos) << w.basis;
+  const WeightBytes all = glm5_next_cuda_weight_bytes(c, nullptr, "model.language_model.", "exl3", 3, false, false);
+  EXPECT_GT(w.low, all.low);  // the non-expert projections now bf16
 }
 
 TEST(Glm5NextMemory, CpuWeightsAreTheMappedFilesAndTheCopiesTheModelMakes) {
@@ -274,7 +302,7 @@ TEST(Glm5NextMemory, CudaRecipeScreenedWithoutAGpuPricesTheItemisedWeights) {
   if (!m->inputs.cuda) GTEST_SKIP() << "screened for the CPU";
   const Fixture f = open_fixture("glm5_next-tiny");
   const glm5_next::Glm5NextTensorNames names(*f.ckpt);
-  const WeightBytes w = glm5_next_cuda_weight_bytes(f.config(), &names, names.trunk_prefix(), "dense", 4, false);
+  const WeightBytes w = glm5_next_cuda_weight_bytes(f.config(), &names, names.trunk_prefix(), "dense", 4, false, false);
   const MemoryTerm* weights = find_term(*m, "weights");
   ASSERT_NE(weights, nullptr);
   EXPECT_EQ(weights->low, w.low);

@@ -26,8 +26,11 @@
 //      model.load = "dummy" as the core does the model's weights.
 // 2.4: KvLayout::indexer_key_format (appended virtual), so a layout stores the DSA indexer's keys in its precision
 //      (fp8_ds_mla: e4m3 + an fp32 scale); kv_layout plugins built before 2.4 are refused (the host calls it).
+// 2.5: CreateContext::dense_weights (appended): a quantized weight format serves the modules a checkpoint stores
+//      dense through the built-in `dense` format (its kernels, fused epilogues, folded shared expert) instead of a
+//      path of its own. Plugins built before 2.5 never read it; a 2.5 plugin is refused by an older kiln.
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 4
+#define KILN_ABI_MINOR 5
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)
@@ -69,6 +72,7 @@ inline const char* plugin_kind_name(PluginKind k) {
 
 class DeviceContext;  // kiln/device_context.h
 class DraftServices;  // kiln/draft_services.h
+class WeightFormat;   // kiln/weight_format.h
 
 // What a factory is given: its own recipe section (already validated against the schema it registered),
 // the device to create on with the core's services for it, and the model's dimensions (null where no model is
@@ -82,6 +86,9 @@ struct CreateContext {
   // For drafters: the target's embedding, lm_head, next-n layers, device sampling, checkpoint loading (null
   // where the engine offers none).
   DraftServices* draft_services = nullptr;
+  // For weight formats other than `dense`: the built-in `dense` format on the same device, for the modules a
+  // checkpoint stores unquantized (null where none is offered, e.g. `kiln recipe check`).
+  WeightFormat* dense_weights = nullptr;
 };
 
 template <class Interface>

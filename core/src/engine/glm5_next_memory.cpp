@@ -56,7 +56,7 @@ uint64_t stored_exl3_module(const WeightSource& stored, const std::string& modul
 
 WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, const WeightSource* stored,
                                         const std::string& prefix, const std::string& format, int64_t bits,
-                                        bool with_mtp) {
+                                        bool experts_only, bool with_mtp) {
   const WeightInventory inv = glm5_next::glm5_next_weight_inventory(c, prefix, with_mtp);
   bool quantized_store = false;  // some projection stored as an EXL3 module (`kiln quantize` output)
   const bool exl3_dummy = !stored && format == "exl3";
@@ -78,7 +78,7 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
       if (stored && stored->has(module + ".trellis")) {
         lo = hi = static_cast<uint64_t>(it.count) * stored_exl3_module(*stored, module);
         quantized = quantized_store = true;
-      } else if (exl3_dummy) {
+      } else if (exl3_dummy && (!experts_only || module.find(".experts.") != std::string::npos)) {
         // Dummy EXL3 modules: K bits per weight and fp16 sign vectors, each dimension padded to 128 at most.
         const double k = static_cast<double>(bits) / 8.0;
         lo = static_cast<uint64_t>(it.count) *
@@ -111,7 +111,8 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
             std::to_string(c.num_hidden_layers) + " layers" +
             (with_mtp && !c.mtp.empty() ? " + " + std::to_string(c.mtp.size()) + " next-n" : "") + "), " +
             (quantized_store ? "projections as stored (EXL3 modules' trellis and signs, others bf16)"
-             : exl3_dummy    ? "projections at " + std::to_string(bits) + " bits per weight (weights.bits)"
+             : exl3_dummy    ? (experts_only ? "routed experts" : "projections") + std::string(" at ") +
+                                   std::to_string(bits) + " bits per weight (weights.bits)"
                              : "projections bf16") +
             ", mHC / conv / gates / router fp32, norms bf16, W_UK transposed on " + std::to_string(inv.dsa_layers) +
             " DSA layers" + (stored ? "" : " (model.load = \"dummy\": no next-n layers)");

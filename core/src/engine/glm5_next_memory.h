@@ -21,11 +21,11 @@ struct WeightBytes {
 // The CUDA runner's weights (cuda/glm5_next_cuda_weights.cpp). `stored`: the checkpoint seen through
 // Glm5NextTensorNames — each projection is priced as stored (dense → bf16, an EXL3 module's trellis and sign
 // vectors as they are); null for model.load = "dummy", where every projection is priced at the format's bytes
-// per weight (`format`, `bits`). Either way the fp32 tensors, the bf16 norms and what the runner derives (W_UK
+// per weight (`format`, `bits`; with `experts_only` only the routed experts, the rest bf16). Either way the fp32 tensors, the bf16 norms and what the runner derives (W_UK
 // transposed per DSA layer; dense copies of a quantized kv_b or embedding) come from the config.
 WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource* stored,
                                         const std::string& prefix, const std::string& format, int64_t bits,
-                                        bool with_mtp);
+                                        bool experts_only, bool with_mtp);
 
 // Tensor-parallel CPU ranks (parallel.tensor = world) of which `here` run in the process priced: all of them as
 // threads (transport.backend = "local"), one per process ("socket").

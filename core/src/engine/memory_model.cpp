@@ -216,15 +216,17 @@ WeightEstimate cpu_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& i
 // weight (dense: bf16; exl3: bits / 8 plus its sign vectors, 128-padded).
 // With a sharded `shard`: what that tensor-parallel rank loads (rank_weights.h: its heads, dense-MLP columns, routed
 // experts and vocabulary rows; the shared expert on shared_expert_rank; the rest whole).
-WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, int64_t bits, int64_t mtp_layers,
-                             TensorShard shard = {}) {
-  const bool exl3 = format == "exl3";
-  const double per_weight = exl3 ? static_cast<double>(bits) / 8.0 : 2.0;
+// weights.experts_only (exl3): the routed experts at K bits, every other linear bf16 through the built-in format.
+WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, int64_t bits, bool experts_only,
+                             int64_t mtp_layers, TensorShard shard = {}) {
+  const bool exl3_experts = format == "exl3";
+  const bool exl3 = exl3_experts && !experts_only;  // every other linear quantized too
   double total = 0, experts = 0;
-  auto linear = [&](double in, double out) {
-    total += in * out * per_weight;
-    if (exl3) total += 2.0 * (in + out);  // suh, svh
+  auto linear_as = [&](double in, double out, bool quantized) {
+    total += in * out * (quantized ? static_cast<double>(bits) / 8.0 : 2.0);
+    if (quantized) total += 2.0 * (in + out);  // suh, svh
   };
+  auto linear = [&](double in, double out) { linear_as(in, out, exl3); };
   const double Hd = static_cast<double>(c.hidden_size), H_all = static_cast<double>(c.num_attention_heads);
   // This rank's heads and vocabulary rows (all of them on one rank).
   const double H = static_cast<double>(shard.count(c.num_attention_heads));
@@ -262,8 +264,8 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
     total += (E * Hd + E) * 4;  // router, bias
     const double before = total;
     for (int64_t e = 0; e < shard.count(c.n_routed_experts); ++e) {
-      linear(Hd, 2 * I);
-      linear(I, Hd);
+      linear_as(Hd, 2 * I, exl3_experts);
+      linear_as(I, Hd, exl3_experts);
     }
     experts += total - before;
     if (c.n_shared_experts > 0 && shard.rank == shared_expert_rank(shard)) {
@@ -284,9 +286,12 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
   WeightEstimate w;
   w.low = static_cast<uint64_t>(total);
   w.routed_experts = static_cast<uint64_t>(experts);
-  w.high = scale(w.low, exl3 ? 1.08 : 1.02);  // exl3 pads each dimension to 128
+  w.high = scale(w.low, exl3_experts ? 1.08 : 1.02);  // exl3 pads each dimension to 128
   w.basis = "config shapes (model.load = \"dummy\") at " +
-            (exl3 ? std::to_string(bits) + " bits per weight (weights.bits)" : std::string("bf16"));
+            (exl3 ? std::to_string(bits) + " bits per weight (weights.bits)"
+             : exl3_experts ? "bf16, routed experts at " + std::to_string(bits) + " bits per weight (weights.bits, "
+                              "weights.experts_only)"
+                            : std::string("bf16"));
   return w;
 }
 
@@ -740,6 +745,8 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
 
   // Weights.
   const std::string format = recipe.section("weights").get_string("format", "dense");
+  const int64_t bits = recipe.section("weights").get_int("bits", 4);
+  const bool experts_only = recipe.section("weights").get_bool("experts_only", false);
   const bool dummy = model.get_string("load", "mmap") == "dummy";
   const ModelConfig* mla = mla_moe_config(*arch);
   const auto* g5 = dynamic_cast<const arch::Glm5NextArchitecture*>(arch.get());
@@ -752,7 +759,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       w = in.cuda ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded, mla)
                   : cpu_checkpoint_weights(*ckpt, info, model.get_string("precision", "fp32") == "bf16");
   } else if (mla) {
-    w = dummy_weights(*mla, format, recipe.section("weights").get_int("bits", 4), mtp_loaded);
+    w = dummy_weights(*mla, format, bits, experts_only, mtp_loaded);
   } else if (!g5) {
     w = approximate_weights(info, mtp_loaded);
   }
@@ -766,7 +773,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     // (The CPU takes no dummy weights — loading says so —: such a recipe is priced as the CUDA runner holds them.)
     const WeightBytes b =
         in.cuda || !names
-            ? glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, recipe.section("weights").get_int("bits", 4),
+            ? glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
                                           mtp_loaded > 0 && names != nullptr)
             : glm5_next_cpu_weight_bytes(c, *names, prefix, in.rule_weight_bytes,
                                          model.get_string("precision", "fp32") == "bf16", mtp_loaded > 0,
@@ -783,7 +790,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       const TensorShard shard{r, static_cast<int>(tensor)};
       const WeightEstimate rw =
           ckpt ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded, mla, shard)
-               : dummy_weights(*mla, format, recipe.section("weights").get_int("bits", 4), mtp_loaded, shard);
+               : dummy_weights(*mla, format, bits, experts_only, mtp_loaded, shard);
       in.rank_weights.push_back({rw.low, rw.high, rw.routed_experts});
       if (rw.high > in.rank_weights[largest].high) largest = r;
     }

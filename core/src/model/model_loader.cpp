@@ -121,7 +121,15 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
   ctx.device_context = m.device.get();
   ctx.model = &m.info;
   ctx.section = &recipe.section("weights");
-  KILN_ASSIGN_OR_RETURN(m.format, registry.create<WeightFormat>(recipe.section("weights").get_string("format"), ctx));
+  const std::string format = recipe.section("weights").get_string("format");
+  if (format != "dense") {
+    // What a quantized checkpoint stores dense runs the built-in format's kernels (CreateContext::dense_weights).
+    // It is made with the weights section too, which its schema adds no keys to.
+    KILN_ASSIGN_OR_RETURN(m.dense_format, registry.create<WeightFormat>("dense", ctx));
+    ctx.dense_weights = m.dense_format.get();
+  }
+  KILN_ASSIGN_OR_RETURN(m.format, registry.create<WeightFormat>(format, ctx));
+  ctx.dense_weights = nullptr;
   ctx.section = &recipe.section("kv");
   KILN_ASSIGN_OR_RETURN(m.layout, registry.create<KvLayout>(recipe.section("kv").get_string("layout"), ctx));
   ctx.section = &recipe.section("transport");

@@ -24,6 +24,7 @@ struct LoadedModel {
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<WeightSource> synthetic;  // model.load = "dummy"
   std::unique_ptr<DeviceContext> device;
+  std::shared_ptr<WeightFormat> dense_format;  // offered to a non-dense `format` for what it stores dense
   std::shared_ptr<WeightFormat> format;
   std::shared_ptr<KvLayout> layout;
   std::shared_ptr<Collective> collective;  // this rank's (transport.backend)

@@ -34,14 +34,18 @@ float widen(const TensorView& t, int64_t i) {
 
 class CudaWeightFormat final : public WeightFormat {
  public:
-  CudaWeightFormat(DeviceContext& dev, int synthetic_bits)
-      : dev_(dev), synthetic_bits_(synthetic_bits) {}
+  CudaWeightFormat(DeviceContext& dev, WeightFormat* dense, SyntheticModules synthetic)
+      : dev_(dev), dense_(dense), synthetic_(synthetic) {}
 
   Result<std::unique_ptr<Linear>> load_linear(const WeightSource& source, const LinearSpec& spec) override {
     if (spec.names.empty() || spec.names.size() != spec.out_features.size() || spec.in_features <= 0)
       return invalid_argument("`exl3`: malformed linear request (" + std::to_string(spec.names.size()) + " names, " +
                               std::to_string(spec.out_features.size()) + " output sizes, in_features " +
                               std::to_string(spec.in_features) + ")");
+    // A stack stored dense runs the core's dense kernels (skinny GEMM, cuBLAS, fused epilogues); a stack mixing
+    // EXL3 and dense modules stays here, in one Linear.
+    if (dense_ && (source.synthetic() ? synthetic_.experts_only : all_stored_dense(source, spec.names)))
+      return dense_->load_linear(source, spec);
     std::vector<DevicePart> parts;
     for (size_t i = 0; i < spec.names.size(); ++i) {
       if (spec.out_features[i] <= 0) return invalid_argument("`" + spec.names[i] + "`: out_features must be positive");
@@ -55,6 +59,8 @@ class CudaWeightFormat final : public WeightFormat {
     const int64_t E = spec.num_experts, H = spec.hidden, I = spec.intermediate;
     if (E <= 0 || H <= 0 || I <= 0)
       return invalid_argument("`" + spec.prefix + "`: experts, hidden and intermediate sizes must be positive");
+    if (dense_ && !source.synthetic() && experts_stored_dense(source, spec.prefix, E))
+      return dense_->load_experts(source, spec);
     DeviceExperts experts;
     for (int64_t e = 0; e < E; ++e) {
       const std::string base = spec.prefix + "." + std::to_string(e) + ".";
@@ -63,8 +69,8 @@ class CudaWeightFormat final : public WeightFormat {
             std::tuple{"down_proj", &experts.down, I, H}}) {
         KILN_ASSIGN_OR_RETURN(DevicePart p, load_part(source, base + proj, in, out));
         if (!p.quantized)
-          return unimplemented("`" + base + proj + "` is dense: the CUDA `exl3` expert kernels serve EXL3 experts only "
-                               "(a layer's experts all quantized)");
+          return unimplemented("`" + base + proj + "` is dense: the CUDA `exl3` expert kernels serve a layer's experts "
+                               "all quantized or (through the built-in format) all dense, not a mix");
         list->push_back(*p.quantized);
       }
     }
@@ -123,7 +129,7 @@ class CudaWeightFormat final : public WeightFormat {
     p.name = name;
     p.out = out;
     DeviceModule d;
-    d.in = in, d.out = out, d.k_pad = padded(in), d.n_pad = padded(out), d.bits = synthetic_bits_;
+    d.in = in, d.out = out, d.k_pad = padded(in), d.n_pad = padded(out), d.bits = synthetic_.bits;
     d.codebook = static_cast<int>(Codebook::kMcg);
     const int64_t words = d.k_pad / 16 * d.n_pad / 16 * 8 * d.bits;
     const uint64_t seed = synthetic_seed(source.seed(), name);  // as the CPU's make_synthetic_module
@@ -142,13 +148,15 @@ class CudaWeightFormat final : public WeightFormat {
   }
 
   DeviceContext& dev_;
-  int synthetic_bits_;
+  WeightFormat* dense_;
+  SyntheticModules synthetic_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightFormat> make_cuda_weight_format(DeviceContext& dev, int synthetic_bits) {
-  return std::unique_ptr<WeightFormat>(new CudaWeightFormat(dev, synthetic_bits));
+std::unique_ptr<WeightFormat> make_cuda_weight_format(DeviceContext& dev, WeightFormat* dense,
+                                                      SyntheticModules synthetic) {
+  return std::unique_ptr<WeightFormat>(new CudaWeightFormat(dev, dense, synthetic));
 }
 
 }  // namespace kiln::exl3::cuda

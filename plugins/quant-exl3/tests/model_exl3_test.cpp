@@ -12,6 +12,7 @@
 #include "common/test_model.h"
 #include "exl3_module.h"
 #include "exl3_test_source.h"
+#include "model/model_loader.h"
 #include "model/safetensors_file.h"
 #include "model/safetensors_writer.h"
 #include "plugin/plugin_loader.h"
@@ -24,6 +25,8 @@ namespace fs = std::filesystem;
 
 void load_exl3_plugin() {
   static const Status loaded = [] {
+    // Once per process: another test of this binary may have loaded it already.
+    if (global_registry().find(PluginKind::kWeightFormat, "exl3")) return ok_status();
     PluginLoader loader(global_registry());
     return loader.load_file(fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins/kiln-quant-exl3.so");
   }();
@@ -101,6 +104,27 @@ TEST(Exl3Plugin, RegistersTheFormatAndRecipesSelectingItValidate) {
   EXPECT_NE(global_registry().find(PluginKind::kWeightFormat, "exl3"), nullptr);
   auto recipe = load_recipe("", sets(kiln::testing::model_dir("glm4_moe_lite-tiny"), "exl3"), global_registry());
   EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
+}
+
+// weights.bits and weights.experts_only shape the modules the CUDA format generates for model.load = "dummy"; with a
+// checkpoint they would do nothing, so loading refuses them, naming the key (a build without CUDA has no such keys:
+// the recipe itself refuses them).
+TEST(Exl3Plugin, GeneratorKeysWithACheckpointAreRefusedNamingTheKey) {
+  load_exl3_plugin();
+  for (const char* key : {"weights.experts_only=true", "weights.bits=3"}) {
+    auto s = sets(kiln::testing::model_dir("glm4_moe_lite-tiny"), "exl3");
+    s.push_back(key);
+    auto recipe = load_recipe("", s, global_registry());
+    if (!recipe.ok()) {
+      EXPECT_NE(recipe.status().message().find("unknown key"), std::string::npos) << recipe.status().to_string();
+      continue;
+    }
+    auto m = load_model(*recipe, global_registry(), ModelLoadOptions{});
+    ASSERT_FALSE(m.ok()) << key;
+    const std::string name = std::string(key).substr(0, std::string(key).find('='));
+    EXPECT_NE(m.status().message().find("`" + name + "`"), std::string::npos) << m.status().to_string();
+    EXPECT_NE(m.status().message().find("model.load = \"dummy\" only"), std::string::npos) << m.status().to_string();
+  }
 }
 
 TEST(Exl3Model, MixedCheckpointMatchesItsDequantizedDenseTwin) {

@@ -152,5 +152,19 @@ TEST_F(Exl3CudaModel, QuantizedTinyModelGreedyTokensMatchOnCpuAndCuda) {
   expect_same_greedy_on_cpu_and_cuda(dir_, "exl3 tiny model (kiln quantize K4, head K6)", "bf16");
 }
 
+// `kiln quantize --experts-only`: the routed experts EXL3, every other projection dense, which the format hands to
+// the built-in `dense` format (CreateContext::dense_weights) on both devices: the same greedy tokens.
+TEST_F(Exl3CudaModel, ExpertsOnlyQuantizedTinyModelGreedyTokensMatchOnCpuAndCuda) {
+  const fs::path log = dir_.string() + ".log";
+  const std::string cmd = std::string(KILN_EXECUTABLE) + " quantize --bits 3 --experts-only --threads " +
+                          std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " " +
+                          kiln::testing::model_dir("glm4_moe_lite-tiny").string() + " " + dir_.string() + " > " +
+                          log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << cmd;
+  fs::remove(log);
+  expect_same_greedy_on_cpu_and_cuda(dir_, "exl3 tiny model (kiln quantize K3, experts only)", "bf16");
+}
+
 }  // namespace
 }  // namespace kiln::exl3

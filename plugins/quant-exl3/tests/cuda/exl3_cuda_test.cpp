@@ -42,7 +42,7 @@ class Exl3Cuda : public ::testing::Test {
     auto dev = kiln::cuda::CudaDeviceContext::create();
     ASSERT_TRUE(dev.ok()) << dev.status().to_string();
     dev_ = std::move(*dev);
-    format_ = cuda::make_cuda_weight_format(*dev_, 4);
+    format_ = cuda::make_cuda_weight_format(*dev_, nullptr, cuda::SyntheticModules{});
   }
   Stream stream() const { return dev_->stream(); }
 
