@@ -11,8 +11,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <random>
@@ -716,6 +719,49 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Glm5NextCudaMtp, ::testing::Values(Mtp::kDsaHy
                          [](const ::testing::TestParamInfo<Mtp>& i) {
                            return i.param == Mtp::kDsaHyperConnected ? std::string("dsa_hc") : std::string("kda_plain");
                          });
+
+// Tensor parallelism on CUDA, one process per rank on one GPU (transport.backend = "socket": the ranks meet through
+// host memory, which NCCL refuses for two ranks of one device): `kiln generate` of the random checkpoint at
+// parallel.tensor = 2 — each rank one of the 2 KDA and 2 DSA heads, 4 of the 8 experts, half the dense MLP's columns
+// and of the vocabulary, the shared expert on rank 1 — gives TP = 1's greedy ids, and so does MTP drafting (the
+// next-n layer split alike, its own head vocabulary-parallel) at depth 3. Every gather copies and every sum has one
+// non-zero contributor, so the ids must be identical, not close.
+std::string run_kiln(const std::string& args, const fs::path& log) {
+  const std::string cmd = std::string(KILN_BINARY_DIR) + "/bin/kiln " + args + " 2>> " + log.string();
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    if (::pclose(p) != 0) return "FAILED: " + cmd;
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+// The end of the ranks' log, for a failure message.
+std::string log_tail(const fs::path& log) {
+  std::ifstream f(log);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return all.size() > 6000 ? all.substr(all.size() - 6000) : all;
+}
+
+TEST(Glm5NextCuda, TensorParallelRankProcessesGiveTheSingleRankTokens) {
+  ::setenv("KILN_RENDEZVOUS_TIMEOUT_S", "120", 1);
+  const fs::path ckpt = write_checkpoint(kSparseTopK, Mtp::kDsaHyperConnected);
+  const fs::path recipe = ckpt / "tp.toml", log = ckpt / "tp.log";
+  std::ofstream(recipe) << "[model]\npath = \"" << ckpt.string() << "\"\ndevice = \"cuda\"\n[kv]\nlayout = \"bf16\"\n"
+                        << "block_size = " << kBlock << "\n[scheduler]\nmax_model_len = 1024\n";
+  std::string ids;
+  for (int32_t t : random_prompt(90, 57)) ids += (ids.empty() ? "" : ",") + std::to_string(t);  // past a KDA chunk
+  const std::string gen = "generate --recipe " + recipe.string() + " --prompt-ids " + ids + " --max-tokens 24 --no-stats";
+  const std::string tp2 = " --set parallel.tensor=2 --set 'transport.backend=\"socket\"'";
+  const std::string mtp = " --set speculative.method=mtp --set speculative.depth=3";
+  const std::string one = run_kiln(gen, log);
+  ASSERT_FALSE(one.empty());
+  ASSERT_EQ(one.find("FAILED"), std::string::npos) << one << "\n" << log_tail(log);
+  std::printf("TP=1: %s\n", one.c_str());
+  EXPECT_EQ(run_kiln(gen + tp2, log), one) << log_tail(log);
+  EXPECT_EQ(run_kiln(gen + tp2 + mtp, log), one) << log_tail(log);
+}
 
 }  // namespace
 }  // namespace kiln

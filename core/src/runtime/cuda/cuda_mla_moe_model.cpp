@@ -360,16 +360,11 @@ Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
   const int64_t Hd = config_.hidden_size;
   if (!I.sharded())
     return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, Hd, ids, n, out.as<uint16_t>(), I.s());
-  // As a step's embedding (run_step's embed_rows): this rank's vocabulary rows, zero rows for the others' ids, and
-  // the group's sum, in which each row has its one owner. Every rank runs it (RankLeaderInstance forwards the call).
-  if (n == 0) return ok_status();
-  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch(static_cast<size_t>(n) * sizeof(int32_t)));
-  auto* local = reinterpret_cast<int32_t*>(scratch);
-  KILN_RETURN_IF_ERROR(offset_ids_i32(ids, n, static_cast<int32_t>(I.shard.begin(config_.vocab_size)), local, I.s()));
-  KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, I.shard.count(config_.vocab_size), Hd, local, n,
-                                             out.as<uint16_t>(), I.s()));
-  return I.collective->all_reduce(out.data, n * Hd, DType::kBF16, ReduceOp::kSum, I.sdk_stream())
-      .with_context("tensor-parallel embedding (drafter)");
+  // As a step's embedding (run_step's embed_rows). Every rank runs it (RankLeaderInstance forwards the call).
+  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch_.get(I.dev, static_cast<size_t>(n) * sizeof(int32_t),
+                                                            "tensor-parallel drafter scratch"));
+  return rank_embedding_rows(I, config_, weights_.embed_tokens, ids, n, reinterpret_cast<int32_t*>(scratch),
+                             out.as<uint16_t>());
 }
 
 Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
@@ -383,36 +378,10 @@ Status CudaMlaMoeModel::lm_head(const TensorView& hidden, float* logits) {
     r.y = TensorView::contiguous(logits, DType::kF32, {n, V}, I.dev.device());
     return weights_.lm_head->run(r, I.dev.stream());
   }
-  // As a step's logits: this rank's vocabulary columns, then every rank's gathered in vocabulary order (copies only,
-  // so each value is its owner's). Scratch apart from the step's buffers, whose logits a drafter may still read.
-  if (n == 0) return ok_status();
-  const int64_t mine = I.shard.count(V);
-  const size_t local_bytes = static_cast<size_t>(n * mine) * sizeof(float);
-  const size_t send_bytes = gather_staging_bytes(I.shard, n, V, 1, DType::kF32);
-  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
-  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch(align(local_bytes) + align(send_bytes) +
-                                                       send_bytes * static_cast<size_t>(I.shard.world)));
-  auto* local = reinterpret_cast<float*>(scratch);
-  r.y = TensorView::contiguous(local, DType::kF32, {n, mine}, I.dev.device());
-  KILN_RETURN_IF_ERROR(weights_.lm_head->run(r, I.dev.stream()));
-  StepShape shape;
-  shape.shard = I.shard;
-  StepBuffers b;
-  b.gather_send = scratch + align(local_bytes);
-  b.gather_recv = b.gather_send + align(send_bytes);
-  const StepContext x{config_, I, shape, b, 0, {}, nullptr};
-  return gather_units(x, local, n, V, 1, DType::kF32, logits).with_context("tensor-parallel lm_head (drafter)");
-}
-
-Result<char*> CudaMlaMoeModel::drafter_scratch(size_t bytes) {
-  if (bytes > drafter_scratch_bytes_) {
-    // Grown, never freed (device memory lives as long as the model): a drafter's batches grow to a bound.
-    const size_t want = std::max(bytes, 2 * drafter_scratch_bytes_);
-    KILN_ASSIGN_OR_RETURN(void* p, impl_->dev.allocate(want, "tensor-parallel drafter scratch"));
-    drafter_scratch_ = static_cast<char*>(p);
-    drafter_scratch_bytes_ = want;
-  }
-  return drafter_scratch_;
+  // As a step's logits (copies only, so each value is its owner's), in scratch apart from the step's buffers.
+  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch_.get(I.dev, rank_head_scratch_bytes(I.shard, n, V),
+                                                            "tensor-parallel drafter scratch"));
+  return rank_head_logits(I, config_, *weights_.lm_head, hidden, scratch, logits);
 }
 
 Status CudaMlaMoeModel::sample_drafts(const DraftSampleRequest& r) {

@@ -17,6 +17,7 @@
 #include "model/model_instance.h"
 #include "runtime/cuda/cuda_device_context.h"
 #include "runtime/cuda/cuda_token_selection.h"
+#include "runtime/cuda/device_arena.h"
 #include "runtime/cuda/gpu_weights.h"
 
 namespace kiln::cuda {
@@ -85,9 +86,7 @@ class CudaMlaMoeModel final : public ModelInstance {
   std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
   std::unique_ptr<WeightSource> rank_source_;  // a tensor-parallel rank's view of the checkpoint (create_rank)
   // A rank's device scratch for embed() and lm_head() outside a step (vocabulary ids, local logits, gather staging).
-  Result<char*> drafter_scratch(size_t bytes);
-  char* drafter_scratch_ = nullptr;
-  size_t drafter_scratch_bytes_ = 0;
+  GrowingDeviceBuffer drafter_scratch_;
 };
 
 }  // namespace kiln::cuda

@@ -90,6 +90,7 @@ struct StepShape {
   int64_t taps = 0;              // tapped layers (fp32 [N, hidden] each)
   bool want_hidden = false;      // the final-normed hidden states in fp32 (a tap of kTapFinalNormed, or tests)
   TensorShard shard;             // this rank's part of a tensor-parallel group's work (one rank: all of it)
+  size_t extra_gather_staging = 0;  // an architecture's own gathers' staging bytes (glm5_next's KDA heads)
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -230,6 +231,16 @@ size_t gather_staging_bytes(const TensorShard& shard, int64_t n, int64_t units, 
 // Sums `count` elements over the tensor-parallel group in place, on the step's stream. Only where at most one rank
 // holds a non-zero value per element (masked embedding rows, routed pairs of one owner): the sum is then exact.
 Status sum_exclusive(const StepContext& x, void* y, int64_t count, DType dtype);
+// A drafter's embedding rows on a tensor-parallel rank, as a step's: this rank's vocabulary rows of `table` (zero
+// rows for the others' ids), then the group's exclusive sum. `local_ids`: n int32 of device scratch.
+Status rank_embedding_rows(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const uint16_t* table, const int32_t* ids,
+                           int64_t n, int32_t* local_ids, uint16_t* out);
+// A drafter's logits on a tensor-parallel rank, as a step's: this rank's vocabulary columns of `head` over the bf16
+// rows `hidden`, then every rank's gathered in vocabulary order into logits [n, vocab]. `scratch`:
+// rank_head_scratch_bytes of device memory apart from the step's buffers (a drafter may still read those).
+size_t rank_head_scratch_bytes(const TensorShard& shard, int64_t n, int64_t vocab);
+Status rank_head_logits(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const Linear& head, const TensorView& hidden,
+                        char* scratch, float* logits);
 
 // The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
 // for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).

@@ -118,7 +118,7 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
     const size_t staging =
         std::max({gather_staging_bytes(shard, N, c.num_attention_heads, vd, DType::kBF16),
                   gather_staging_bytes(shard, N, c.intermediate_size, 1, DType::kBF16),
-                  gather_staging_bytes(shard, R, V, 1, DType::kF32)});
+                  gather_staging_bytes(shard, R, V, 1, DType::kF32), sh.extra_gather_staging});
     b.gather_send = sc.carve<char>(staging), b.gather_recv = sc.carve<char>(staging * shard.world);
   }
 }

@@ -14,6 +14,27 @@
 
 namespace kiln::cuda {
 
+// Device memory that a model's calls outside its steps reuse (a drafter's tensor-parallel embedding and logits):
+// grown to the largest request, never freed piecemeal (the device context holds it as long as the model).
+class GrowingDeviceBuffer {
+ public:
+  template <class Context>
+  Result<char*> get(Context& dev, size_t bytes, const char* what) {
+    if (bytes > bytes_) {
+      const size_t want = bytes > 2 * bytes_ ? bytes : 2 * bytes_;
+      auto p = dev.allocate(want, what);
+      if (!p.ok()) return p.status();
+      data_ = static_cast<char*>(*p);
+      bytes_ = want;
+    }
+    return data_;
+  }
+
+ private:
+  char* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class DeviceArena {
  public:
   explicit DeviceArena(size_t chunk_bytes = size_t{1} << 30) : chunk_bytes_(chunk_bytes) {}

@@ -76,12 +76,8 @@ Status Glm5NextArchitecture::supports_parallel(int tensor, int decode_context, D
                          "parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
                          "parallel.decode_context = 1)");
   // On CPU ranks the DSA layers' latents and indexer rows split by token; KDA state is per sequence and stays whole.
+  // On CUDA one process per GPU holds its heads, columns, experts and vocabulary rows (Glm5NextCudaModel).
   if (tensor <= 1) return ok_status();
-  if (device == DeviceType::kCuda)
-    return unimplemented("parallel.tensor = " + std::to_string(tensor) +
-                         " on CUDA: glm5_next's CUDA runner holds every weight on one GPU and does not shard yet "
-                         "(tensor parallelism of glm5_next runs on CPU ranks: set model.device = \"cpu\", or "
-                         "parallel.tensor = 1)");
   return glm5_next::check_glm5_next_tensor_parallel_units(config_, tensor);
 }
 
@@ -99,6 +95,16 @@ Result<std::unique_ptr<ModelInstance>> Glm5NextArchitecture::build(const BuildCo
   if (ctx.device->device().is_cuda()) {
 #ifdef KILN_WITH_CUDA
     KILN_RETURN_IF_ERROR(supports(DeviceType::kCuda));
+    // One process per rank: this process's rank of the group, on its device.
+    if (collective_ranks > 1) {
+      KILN_ASSIGN_OR_RETURN(auto m, glm5_next::cuda::Glm5NextCudaModel::create_rank(config_, ctx));
+      return std::unique_ptr<ModelInstance>(std::move(m));
+    }
+    if (ctx.tensor_parallel > 1)
+      return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA with "
+                           "transport.backend = \"local\" (ranks as threads): glm5_next's CUDA runner runs one rank per "
+                           "process; set transport.backend = \"nccl\" (one GPU per rank) or \"socket\" (ranks meeting "
+                           "through host memory, e.g. two ranks on one GPU)");
     KILN_ASSIGN_OR_RETURN(auto m, glm5_next::cuda::Glm5NextCudaModel::create(config_, ctx));
     return std::unique_ptr<ModelInstance>(std::move(m));
 #else

@@ -18,6 +18,8 @@
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
 #include "model/arch/glm5_next/cuda/glm5_next_glue_kernels.h"
+#include "model/arch/glm5_next/glm5_next_sharded_source.h"
+#include "parallel/collective_capture.h"
 #include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
@@ -60,24 +62,26 @@ struct Glm5NextCudaModel::Plan {
 
 namespace {
 
-// The glm5_next buffers of one step, carved after runtime/cuda's StepBuffers.
+// The glm5_next buffers of one step, carved after runtime/cuda's StepBuffers. KDA buffers hold this rank's heads
+// (all of them on one rank); o_bf every head's output, gathered under tensor parallelism from o_local.
 struct Glm5Buffers {
   float* x = nullptr;  // the streams [N, hc, hidden]
   float *pre = nullptr, *post = nullptr, *comb = nullptr;
-  uint16_t *qkv = nullptr, *low = nullptr, *conv = nullptr, *o_bf = nullptr;
+  uint16_t *qkv = nullptr, *low = nullptr, *conv = nullptr, *o_bf = nullptr, *o_local = nullptr;
   float *g = nullptr, *beta = nullptr, *gate = nullptr, *o = nullptr;
   float *idx_gate = nullptr, *idx_rows = nullptr, *pool_keys = nullptr, *new_keys = nullptr;
   int32_t *select_ws = nullptr, *ints = nullptr;
 };
 
-void carve_glm5(const Glm5NextConfig& c, const Glm5NextCudaModel::Plan& P, int64_t N, kc::StepScratch& sc,
-                Glm5Buffers& g) {
-  const int64_t Hd = c.hidden_size, hc = c.hc_mult, C = c.kda_channels(), H = c.linear_num_heads;
+void carve_glm5(const Glm5NextConfig& c, const Glm5NextCudaModel::Plan& P, int64_t N, const TensorShard& shard,
+                kc::StepScratch& sc, Glm5Buffers& g) {
+  const int64_t Hd = c.hidden_size, hc = c.hc_mult, H = shard.count(c.linear_num_heads), C = H * c.linear_head_dim;
   const int64_t dim = c.index_head_dim;
   g.x = sc.carve<float>(N * hc * Hd);
   g.pre = sc.carve<float>(N * hc), g.post = sc.carve<float>(N * hc), g.comb = sc.carve<float>(N * hc * hc);
   g.qkv = sc.carve<uint16_t>(N * 3 * C), g.conv = sc.carve<uint16_t>(N * 3 * C);
-  g.low = sc.carve<uint16_t>(N * c.linear_head_dim), g.o_bf = sc.carve<uint16_t>(N * C);
+  g.low = sc.carve<uint16_t>(N * c.linear_head_dim), g.o_bf = sc.carve<uint16_t>(N * c.kda_channels());
+  g.o_local = shard.sharded() ? sc.carve<uint16_t>(N * C) : g.o_bf;
   g.g = sc.carve<float>(N * C), g.beta = sc.carve<float>(N * H), g.gate = sc.carve<float>(N * C);
   g.o = sc.carve<float>(N * C);
   g.idx_gate = sc.carve<float>(N * dim), g.idx_rows = sc.carve<float>(N * 2 * dim);
@@ -124,7 +128,23 @@ Status Glm5NextCudaModel::supports(const Glm5NextConfig& c) {
   return ok_status();
 }
 
-Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5NextConfig& c, const BuildContext& ctx) {
+Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create_rank(const Glm5NextConfig& c,
+                                                                         const BuildContext& ctx) {
+  const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
+  if (world != ctx.tensor_parallel)
+    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
+                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
+                            "WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(c, world));
+  auto m = create(c, ctx, TensorShard{rank, world});
+  if (!m.ok())
+    return m.status().with_context("tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                                   " on CUDA");
+  return m;
+}
+
+Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5NextConfig& c, const BuildContext& ctx,
+                                                                    TensorShard shard) {
   KILN_RETURN_IF_ERROR(supports(c));
   auto* dev = dynamic_cast<kc::CudaDeviceContext*>(ctx.device);
   if (!dev) return failed_precondition("the CUDA model needs the core's CUDA device context");
@@ -156,12 +176,13 @@ Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create(const Glm5N
   kc::CudaMlaMoeModel::Impl& I = *m->impl_;
   I.layout = ctx.layout;
   I.collective = ctx.collective;
+  I.shard = shard;
   I.sm_count = dev->multiprocessor_count();
   KILN_ASSIGN_OR_RETURN(void* done, dev->allocate(sizeof(unsigned), "MoE gate + route counter"));
   I.route_done = static_cast<unsigned*>(done);
   KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(I.route_done, 0, sizeof(unsigned), I.stream), "MoE gate + route counter"));
   if (ctx.load_mtp && !c.mtp_refusal.empty()) return failed_precondition(c.mtp_refusal);
-  KILN_ASSIGN_OR_RETURN(m->weights_, load_glm5_next_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp));
+  KILN_ASSIGN_OR_RETURN(m->weights_, load_glm5_next_gpu_weights(c, *ctx.source, *ctx.format, *dev, ctx.load_mtp, shard));
   return m;
 }
 
@@ -295,17 +316,21 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
           std::max(sh.expert_workspace, w->block.experts->workspace_bytes(N, static_cast<int>(c.num_experts_per_tok)));
   sh.want_hidden = !mtp && (options.want_hidden || !options.tap_layers.empty());
   sh.mtp = mtp != nullptr;
+  sh.shard = I.shard;
+  // The KDA heads' gather goes through the same staging as the MLA + MoE blocks' gathers.
+  if (I.sharded())
+    sh.extra_gather_staging = kc::gather_staging_bytes(I.shard, N, c.linear_num_heads, c.linear_head_dim, DType::kBF16);
 
   kc::StepBuffers& b = I.buffers;
   b = kc::StepBuffers{};
   Glm5Buffers G;
   I.scratch.begin(true);
   kc::carve_step_buffers(mla_, sh, I.scratch, b);
-  carve_glm5(c, P, N, I.scratch, G);
+  carve_glm5(c, P, N, I.shard, I.scratch, G);
   KILN_RETURN_IF_ERROR(I.scratch.ensure(I.scratch.offset()));
   I.scratch.begin(false);
   kc::carve_step_buffers(mla_, sh, I.scratch, b);
-  carve_glm5(c, P, N, I.scratch, G);
+  carve_glm5(c, P, N, I.shard, I.scratch, G);
   I.shape = sh;
   KILN_RETURN_IF_ERROR(kc::upload_step_layout(lay, b, I.uploads, I.stream));
   KILN_RETURN_IF_ERROR(kc::copy_device_tokens(steps, b.ids, I.stream));
@@ -339,7 +364,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
 
   // KDA: b.h → b.y through the layer's state slots.
   auto kda_block = [&](const kc::StepContext& x, const KdaGpu& k, int64_t l) -> Status {
-    const int64_t H = c.linear_num_heads, C = c.kda_channels();
+    const int64_t H = I.shard.count(c.linear_num_heads), C = H * c.linear_head_dim;  // this rank's heads
     KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.qkv, b.h, N, G.qkv, DType::kBF16));
     KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.f_a, b.h, N, G.low, DType::kBF16));
     KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.f_b, G.low, N, G.g, DType::kF32));
@@ -361,7 +386,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
         kc::KdaDecodeParams p;
         p.qkv = G.qkv + t0 * 3 * C, p.conv_weight = k.conv, p.g = G.g + t0 * C, p.beta_logits = G.beta + t0 * H;
         p.gate = G.gate + t0 * C, p.norm_weight = k.o_norm, p.norm_eps = eps, p.forget = forget, p.slots = slots;
-        p.num_seqs = grp.seqs, p.tokens = grp.tokens, p.heads = H, p.out_bf16 = G.o_bf + t0 * C;
+        p.num_seqs = grp.seqs, p.tokens = grp.tokens, p.heads = H, p.out_bf16 = G.o_local + t0 * C;
         KILN_RETURN_IF_ERROR(kc::kda_decode(p, st).with_context("KDA decode"));
       } else {
         const int32_t* cu = G.ints + grp.cu_offset;
@@ -374,10 +399,12 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
         p.out = G.o + t0 * C;
         KILN_RETURN_IF_ERROR(kc::kda_prefill(p, st).with_context("KDA chunked prefill"));
         KILN_RETURN_IF_ERROR(kc::kda_gated_rmsnorm(G.o + t0 * C, G.gate + t0 * C, k.o_norm, grp.tokens, H, eps, nullptr,
-                                                   G.o_bf + t0 * C, st));
+                                                   G.o_local + t0 * C, st));
       }
     }
     timer.mark("KDA: kernel");
+    if (I.sharded())
+      KILN_RETURN_IF_ERROR(kc::gather_units(x, G.o_local, N, c.linear_num_heads, c.linear_head_dim, DType::kBF16, G.o_bf));
     KILN_RETURN_IF_ERROR(kc::run_linear(x, *k.o_proj, G.o_bf, N, b.y, DType::kBF16));
     timer.mark("KDA: o_proj");
     return ok_status();
@@ -468,8 +495,18 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     return ok_status();
   };
 
+  // Embedding rows of the step's ids into `out`: under tensor parallelism each rank gathers its vocabulary rows
+  // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
+  auto embed_rows = [&](uint16_t* out) -> Status {
+    if (!I.sharded()) return kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, out, st);
+    KILN_RETURN_IF_ERROR(kc::offset_ids_i32(b.ids, N, static_cast<int32_t>(I.shard.begin(c.vocab_size)), b.ids_local, st));
+    KILN_RETURN_IF_ERROR(
+        kc::embedding_gather_bf16(weights_.embed_tokens, I.shard.count(c.vocab_size), Hd, b.ids_local, N, out, st));
+    const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
+    return kc::sum_exclusive(x, out, N * Hd, DType::kBF16);
+  };
   auto enqueue_trunk = [&]() -> Status {
-    KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    KILN_RETURN_IF_ERROR(embed_rows(b.y));
     // Media rows over their placeholders' embeddings, rounded to bf16 as the table's rows are. From pageable memory:
     // the copy has taken the rows when it returns (steps with media are never graphed).
     for (const auto& [row, m] : media) {
@@ -490,7 +527,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   // x = eh_proj(cat(enorm(embed(t)), hnorm(h))) into the fp32 residual (or copied into the streams), the layer,
   // its output (the next draft's hidden: b.resid) and shared_head.norm of it into b.normed.
   auto enqueue_mtp = [&]() -> Status {
-    KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, b.y, st));
+    KILN_RETURN_IF_ERROR(embed_rows(b.y));
     KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, mtp->enorm, N, Hd, eps, b.normed, st));
     KILN_RETURN_IF_ERROR(kc::rmsnorm_rounded_f32_bf16(b.prev, Hd, mtp->hnorm, N, Hd, eps, b.h, st));
     const size_t row = Hd * sizeof(uint16_t);
@@ -519,12 +556,20 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     KILN_RETURN_IF_ERROR(kc::embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
     const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
     const Linear& head = mtp && mtp->head ? *mtp->head : *weights_.lm_head;
-    KILN_RETURN_IF_ERROR(kc::run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
+    if (I.sharded()) {  // this rank's vocabulary rows, then every rank's gathered
+      KILN_RETURN_IF_ERROR(kc::run_linear(x, head, b.row_states, R, b.logits_local, DType::kF32));
+      KILN_RETURN_IF_ERROR(kc::gather_units(x, b.logits_local, R, c.vocab_size, 1, DType::kF32, b.logits));
+    } else {
+      KILN_RETURN_IF_ERROR(kc::run_linear(x, head, b.row_states, R, b.logits, DType::kF32));
+    }
     timer.mark("final norm + lm_head");
     return ok_status();
   };
 
-  if (graphs_ && N == S && media.empty()) {
+  // A collective that meets through the host (collective_capture.h) cannot be captured: such ranks run every step
+  // directly.
+  const bool capturable = !I.sharded() || collective_capturable(*I.collective);
+  if (graphs_ && capturable && N == S && media.empty()) {
     kc::GraphKey key{mtp_index, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
                      caches.entry(0, 0), static_cast<int64_t>(P.hash)};
     return I.graphs.run(key, I.stream, enqueue);
@@ -621,15 +666,28 @@ Status Glm5NextCudaModel::mtp_step(int64_t layer, std::span<const SequenceStep> 
 Status Glm5NextCudaModel::embed(const int32_t* ids, int64_t n, TensorView out) {
   if (!out.device.is_cuda() || out.dtype != DType::kBF16 || out.numel() != n * config_.hidden_size)
     return invalid_argument("CUDA embedding rows go to device bf16 [n, hidden]");
-  return kc::embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
-                                   out.as<uint16_t>(), impl_->s());
+  kc::CudaMlaMoeModel::Impl& I = *impl_;
+  if (!I.sharded())
+    return kc::embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, config_.hidden_size, ids, n,
+                                     out.as<uint16_t>(), I.s());
+  // As a step's embed_rows; every rank runs it (RankLeaderInstance forwards the call).
+  KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch_.get(I.dev, static_cast<size_t>(n) * sizeof(int32_t),
+                                                            "tensor-parallel drafter scratch"));
+  return kc::rank_embedding_rows(I, mla_, weights_.embed_tokens, ids, n, reinterpret_cast<int32_t*>(scratch),
+                                 out.as<uint16_t>());
 }
 
 Status Glm5NextCudaModel::lm_head(const TensorView& hidden, float* logits) {
   if (!hidden.device.is_cuda() || hidden.dtype != DType::kBF16 || hidden.dim(-1) != config_.hidden_size)
     return invalid_argument("the CUDA lm_head takes device bf16 [n, hidden]");
-  LinearRun r;
+  kc::CudaMlaMoeModel::Impl& I = *impl_;
   const int64_t n = hidden.numel() / config_.hidden_size;
+  if (I.sharded()) {  // as a step's logits: this rank's vocabulary columns, every rank's gathered
+    const size_t bytes = kc::rank_head_scratch_bytes(I.shard, n, config_.vocab_size);
+    KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch_.get(I.dev, bytes, "tensor-parallel drafter scratch"));
+    return kc::rank_head_logits(I, mla_, *weights_.lm_head, hidden, scratch, logits);
+  }
+  LinearRun r;
   r.x = hidden;
   r.y = TensorView::contiguous(logits, DType::kF32, {n, config_.vocab_size}, impl_->dev.device());
   return weights_.lm_head->run(r, impl_->dev.stream());

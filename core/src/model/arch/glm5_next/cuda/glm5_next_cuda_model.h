@@ -9,6 +9,13 @@
 //        layer's third cache entry), shared-indexer layers reusing the previous selection;
 // mixed back into the streams; the ffn_hc maps, post_attention_layernorm, runtime/cuda's MLP / MoE block with the
 // SwiGLU clamp, mixed back. The mean of the streams, norm, lm_head. Decode-shaped steps replay CUDA graphs.
+//
+// Tensor parallelism (one process per GPU, create_rank): each rank holds its KDA and DSA heads, dense-MLP columns,
+// routed experts and vocabulary rows (load_glm5_next_gpu_weights) and runs the MLA + MoE blocks sharded as the
+// MLA + MoE runner does; the KDA heads' outputs are gathered before the whole o_proj. The mHC maps, norms, pooled
+// indexer and router are replicated, every gather copies values and every sum has one non-zero contributor per
+// element, so a rank computes what one GPU computes. Each rank's KDA state slots keep the whole model's size and use
+// the part its heads need.
 #pragma once
 
 #include <memory>
@@ -33,7 +40,10 @@ inline constexpr int64_t kKdaDecodeMaxTokens = 16;
 
 class Glm5NextCudaModel final : public ModelInstance {
  public:
-  static Result<std::unique_ptr<Glm5NextCudaModel>> create(const Glm5NextConfig& config, const BuildContext& ctx);
+  static Result<std::unique_ptr<Glm5NextCudaModel>> create(const Glm5NextConfig& config, const BuildContext& ctx,
+                                                           TensorShard shard = {});
+  // This process's rank of a tensor-parallel group (ctx.collective spans parallel.tensor processes).
+  static Result<std::unique_ptr<Glm5NextCudaModel>> create_rank(const Glm5NextConfig& config, const BuildContext& ctx);
   ~Glm5NextCudaModel() override;
   // Why this config cannot run on the CUDA kernels (head widths they are built for), or ok.
   static Status supports(const Glm5NextConfig& config);
@@ -78,6 +88,7 @@ class Glm5NextCudaModel final : public ModelInstance {
   kiln::cuda::PinnedUploadRing plan_upload_;
   kiln::cuda::DeviceTokenSelection selection_;
   bool graphs_ = true;
+  kiln::cuda::GrowingDeviceBuffer drafter_scratch_;  // a rank's embed() / lm_head() scratch outside a step
   float* mtp_hidden_ = nullptr;  // the last next-n step's output rows (device memory of its own)
   int64_t mtp_hidden_rows_ = 0;  // its capacity in floats
 };

@@ -12,6 +12,7 @@
 #include "kiln/weight_format.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
 #include "runtime/cuda/cuda_device_context.h"
+#include "model/tensor_shard.h"
 #include "runtime/cuda/gpu_weights.h"
 
 namespace kiln::glm5_next::cuda {
@@ -62,13 +63,16 @@ struct Glm5NextGpuWeights {
   const uint16_t* final_norm = nullptr;
   std::unique_ptr<Linear> lm_head;
   std::vector<MtpGpu> mtp;  // config.mtp's layers, when asked for
-  std::shared_ptr<const WeightSource> names;  // the checkpoint seen through Glm5NextTensorNames
+  std::shared_ptr<const WeightSource> names;    // the checkpoint seen through Glm5NextTensorNames
+  std::shared_ptr<const WeightSource> sharded;  // tensor parallelism: this rank's view of `names`
   size_t bytes = 0;
 };
 
-// With `load_mtp`, also the next-n layers config.mtp lists (none from a synthetic source).
+// With `load_mtp`, also the next-n layers config.mtp lists (none from a synthetic source). With a `shard` of more
+// than one rank, that rank's part (Glm5NextShardedSource's split; the shared expert whole on shared_expert_rank):
+// its DSA and KDA heads, dense-MLP columns, routed experts and vocabulary rows, the rest whole.
 Result<Glm5NextGpuWeights> load_glm5_next_gpu_weights(const Glm5NextConfig& config, const WeightSource& source,
                                                       WeightFormat& format, kiln::cuda::CudaDeviceContext& device,
-                                                      bool load_mtp);
+                                                      bool load_mtp, TensorShard shard = {});
 
 }  // namespace kiln::glm5_next::cuda
