@@ -190,6 +190,35 @@ TEST(Glm5NextMemory, Exl3DummyExpertsOnlyPricesTheRoutedExpertsAtTheBitsAndTheRe
   EXPECT_GT(w.low, all.low);  // the non-expert projections now bf16
 }
 
+// Tensor parallelism on CUDA (load_glm5_next_gpu_weights with a shard): each rank is priced with its part — half the
+// routed experts each, the shared expert on the last rank alone, and the split projections' rows. On glm5_next-tiny
+// every split unit (2 DSA heads, 2 KDA heads, vocabulary 512, intermediate 48, 8 experts) divides by 2, so the two
+// ranks differ by exactly the shared experts' bytes.
+TEST(Glm5NextMemory, CudaRanksArePricedWithTheirShards) {
+  const Fixture f = open_fixture("glm5_next-tiny");
+  const glm5_next::Glm5NextConfig& c = f.config();
+  const glm5_next::Glm5NextTensorNames names(*f.ckpt);
+  const std::string prefix = names.trunk_prefix();
+  const WeightBytes whole = glm5_next_cuda_weight_bytes(c, &names, prefix, "dense", 4, false, false);
+  const WeightBytes r0 = glm5_next_cuda_weight_bytes(c, &names, prefix, "dense", 4, false, false, TensorShard{0, 2});
+  const WeightBytes r1 = glm5_next_cuda_weight_bytes(c, &names, prefix, "dense", 4, false, false, TensorShard{1, 2});
+  ASSERT_GT(whole.routed_experts, 0u);
+  EXPECT_EQ(r0.routed_experts * 2, whole.routed_experts);
+  EXPECT_EQ(r1.routed_experts * 2, whole.routed_experts);
+  EXPECT_LT(r1.low, whole.low);
+  uint64_t shared = 0;
+  for (const std::string& n : loaded_names(f, false))
+    if (contains(n, ".shared_experts.")) shared += 2 * numel(f, n);
+  ASSERT_GT(shared, 0u);
+  EXPECT_EQ(r1.low - r0.low, shared);
+  // What is split is held once over the ranks, the rest by each: the ranks together hold more than one GPU.
+  EXPECT_GT(r0.low + r1.low, whole.low);
+  // From config.json alone (dummy EXL3 experts): the experts split alike.
+  const WeightBytes d = glm5_next_cuda_weight_bytes(c, nullptr, prefix, "exl3", 3, true, false);
+  const WeightBytes d0 = glm5_next_cuda_weight_bytes(c, nullptr, prefix, "exl3", 3, true, false, TensorShard{0, 2});
+  EXPECT_EQ(d0.routed_experts * 2, d.routed_experts);
+}
+
 TEST(Glm5NextMemory, CpuWeightsAreTheMappedFilesAndTheCopiesTheModelMakes) {
   for (const std::string& name : kFixtures)
     for (bool bf16 : {false, true}) {

@@ -52,12 +52,31 @@ uint64_t stored_exl3_module(const WeightSource& stored, const std::string& modul
   return b;
 }
 
+// A checkpoint without tensors: what the split rule is asked through when pricing dummy weights.
+class NoTensors final : public WeightSource {
+ public:
+  bool has(const std::string&) const override { return false; }
+  Result<TensorView> get(const std::string& name) const override { return not_found("no tensor " + name); }
+};
+
 }  // namespace
 
 WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, const WeightSource* stored,
                                         const std::string& prefix, const std::string& format, int64_t bits,
-                                        bool experts_only, bool with_mtp) {
+                                        bool experts_only, bool with_mtp, TensorShard shard) {
   const WeightInventory inv = glm5_next::glm5_next_weight_inventory(c, prefix, with_mtp);
+  const NoTensors none;
+  const glm5_next::Glm5NextShardedSource split_by(stored ? *stored : none, c, shard);
+  // The fraction of a projection's rows this rank holds (1 unsharded).
+  auto rank_part = [&](const std::string& module) -> double {
+    if (!shard.sharded()) return 1.0;
+    if (module.find(".mlp.experts.") != std::string::npos)
+      return static_cast<double>(shard.count(c.n_routed_experts)) / static_cast<double>(c.n_routed_experts);
+    if (module.find(".mlp.shared_experts.") != std::string::npos) return shard.rank == shared_expert_rank(shard);
+    const auto split = split_by.row_split(module);
+    return split.units > 0 ? static_cast<double>(shard.count(split.units)) / static_cast<double>(split.units) : 1.0;
+  };
+  uint64_t routed = 0;
   bool quantized_store = false;  // some projection stored as an EXL3 module (`kiln quantize` output)
   const bool exl3_dummy = !stored && format == "exl3";
   uint64_t low = 0, high = 0, allocations = 0;
@@ -95,18 +114,28 @@ WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& c, cons
       if (quantized && module.size() >= 10 && module.compare(module.size() - 10, 10, ".kv_b_proj") == 0)
         ++quantized_kv_b;
     }
+    if (it.held != WeightHeld::kFp32 && it.held != WeightHeld::kNorm) {
+      const std::string module = module_of(it.name_of(0));
+      const double part = rank_part(module);
+      lo = static_cast<uint64_t>(std::llround(static_cast<double>(lo) * part));
+      hi = static_cast<uint64_t>(std::ceil(static_cast<double>(hi) * part));
+      if (module.find(".mlp.experts.") != std::string::npos) routed += lo;
+    }
     low += lo;
     high += hi;
   }
   // What the runner derives: W_UK transposed per DSA layer; the dense bf16 copy the MLA block and the embedding
   // gather read where the format quantized kv_b or the embedding.
-  uint64_t derived = static_cast<uint64_t>(inv.dsa_layers * inv.w_uk_numel) * 2 +
-                     static_cast<uint64_t>(quantized_kv_b * inv.kv_b_numel) * 2;
-  if (quantized_embedding) derived += static_cast<uint64_t>(c.vocab_size * c.hidden_size) * 2;
+  // A rank derives them for its heads and vocabulary rows.
+  const int64_t H = c.num_attention_heads, heads = shard.count(H);
+  uint64_t derived = static_cast<uint64_t>(inv.dsa_layers * inv.w_uk_numel / H * heads) * 2 +
+                     static_cast<uint64_t>(quantized_kv_b * inv.kv_b_numel / H * heads) * 2;
+  if (quantized_embedding) derived += static_cast<uint64_t>(shard.count(c.vocab_size) * c.hidden_size) * 2;
   allocations += static_cast<uint64_t>(inv.dsa_layers + quantized_kv_b) + (quantized_embedding ? 1 : 0);
   WeightBytes w;
   w.low = low + derived;
   w.high = high + derived + allocations * kDeviceAlignment;
+  w.routed_experts = routed;
   w.basis = std::string("glm5_next itemised from config.json: ") + std::to_string(inv.items.size()) + " tensors (" +
             std::to_string(c.num_hidden_layers) + " layers" +
             (with_mtp && !c.mtp.empty() ? " + " + std::to_string(c.mtp.size()) + " next-n" : "") + "), " +

@@ -8,6 +8,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "model/tensor_shard.h"
+
 #include "kiln/weight_format.h"
 #include "model/arch/glm5_next/glm5_next_config.h"
 
@@ -16,16 +18,20 @@ namespace kiln {
 struct WeightBytes {
   uint64_t low = 0, high = 0;
   std::string basis;
+  uint64_t routed_experts = 0;  // of low: the routed experts' bytes (CUDA)
 };
 
 // The CUDA runner's weights (cuda/glm5_next_cuda_weights.cpp). `stored`: the checkpoint seen through
 // Glm5NextTensorNames — each projection is priced as stored (dense → bf16, an EXL3 module's trellis and sign
 // vectors as they are); null for model.load = "dummy", where every projection is priced at the format's bytes
-// per weight (`format`, `bits`; with `experts_only` only the routed experts, the rest bf16). Either way the fp32 tensors, the bf16 norms and what the runner derives (W_UK
-// transposed per DSA layer; dense copies of a quantized kv_b or embedding) come from the config.
+// per weight (`format`, `bits`; with `experts_only` only the routed experts, the rest bf16). Either way the fp32
+// tensors, the bf16 norms and what the runner derives (W_UK transposed per DSA layer; dense copies of a quantized
+// kv_b or embedding) come from the config. With a sharded `shard`: what that tensor-parallel rank loads
+// (load_glm5_next_gpu_weights: Glm5NextShardedSource's row parts, its routed experts, the shared expert on
+// shared_expert_rank only; the per-head fp32 vectors are priced whole).
 WeightBytes glm5_next_cuda_weight_bytes(const glm5_next::Glm5NextConfig& config, const WeightSource* stored,
                                         const std::string& prefix, const std::string& format, int64_t bits,
-                                        bool experts_only, bool with_mtp);
+                                        bool experts_only, bool with_mtp, TensorShard shard = {});
 
 // Tensor-parallel CPU ranks (parallel.tensor = world) of which `here` run in the process priced: all of them as
 // threads (transport.backend = "local"), one per process ("socket").

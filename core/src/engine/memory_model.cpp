@@ -805,8 +805,31 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
                        "experts, vocabulary rows; the shared expert whole on the last rank; the rest whole on every "
                        "rank) and a KV pool of rank 0's geometry; the terms are the largest rank's");
   } else if (tensor > 1 && in.cuda && g5) {
-    in.notes.push_back("parallel.tensor = " + std::to_string(tensor) + ": glm5_next is not sharded, so every rank is "
-                       "priced with all of its weights");
+    // As above, from glm5_next's inventory: each rank's heads, columns, experts and vocabulary rows.
+    const glm5_next::Glm5NextConfig& c = g5->config();
+    std::unique_ptr<glm5_next::Glm5NextTensorNames> names;
+    if (ckpt) names = std::make_unique<glm5_next::Glm5NextTensorNames>(*ckpt);
+    const std::string prefix = names ? names->trunk_prefix() : "model.language_model.";
+    int largest = 0;
+    for (int r = 0; r < tensor; ++r) {
+      const WeightBytes rb = glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
+                                                         mtp_loaded > 0 && names != nullptr,
+                                                         TensorShard{r, static_cast<int>(tensor)});
+      in.rank_weights.push_back({rb.low, rb.high, rb.routed_experts});
+      if (rb.high > in.rank_weights[largest].high) largest = r;
+    }
+    const WeightBytes whole = glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
+                                                          mtp_loaded > 0 && names != nullptr);
+    in.full_routed_experts = whole.routed_experts;
+    const MemoryInputs::RankWeights& big = in.rank_weights[largest];
+    w.basis += "; rank " + std::to_string(largest) + "'s shard of parallel.tensor = " + std::to_string(tensor) +
+               " (the largest)";
+    w.low = big.low;
+    w.high = big.high;
+    in.notes.push_back("parallel.tensor = " + std::to_string(tensor) +
+                       ": one GPU per rank, each holding its KDA and DSA heads, dense-MLP columns, routed experts and "
+                       "vocabulary rows (the shared expert whole on the last rank; the rest whole on every rank) and "
+                       "KV and state pools of rank 0's geometry; the terms are the largest rank's");
   } else if (tensor > 1) {
     in.notes.push_back("parallel.tensor = " + std::to_string(tensor) + " on the CPU: the ranks view the one mapping of "
                        "the checkpoint (threads of this process, or processes sharing the page cache), so the weights "
