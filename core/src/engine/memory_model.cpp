@@ -782,24 +782,28 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   }
   // Tensor parallelism on CUDA: one GPU per rank, each holding its shard; the term is the largest rank's.
   const int64_t tensor = recipe.section("parallel").get_int("tensor", 1);
+  // One GPU per rank: the weights term is the largest rank's (in.rank_weights, filled below).
+  auto adopt_largest_rank = [&](const std::string& rule) {
+    size_t largest = 0;
+    for (size_t r = 1; r < in.rank_weights.size(); ++r)
+      if (in.rank_weights[r].high > in.rank_weights[largest].high) largest = r;
+    const MemoryInputs::RankWeights& big = in.rank_weights[largest];
+    w.basis += "; rank " + std::to_string(largest) + "'s shard of parallel.tensor = " + std::to_string(tensor) +
+               " (the largest; " + rule + ")";
+    w.low = big.low;
+    w.high = big.high;
+    w.routed_experts = big.routed_experts;
+  };
   if (tensor > 1 && in.cuda && mla && !g5) {
     in.full_routed_experts = w.routed_experts;
-    int largest = 0;
-    std::string per_rank;
     for (int r = 0; r < tensor; ++r) {
       const TensorShard shard{r, static_cast<int>(tensor)};
       const WeightEstimate rw =
           ckpt ? cuda_checkpoint_weights(*ckpt, info, mtp_loaded, mla, shard)
                : dummy_weights(*mla, format, bits, experts_only, mtp_loaded, shard);
       in.rank_weights.push_back({rw.low, rw.high, rw.routed_experts});
-      if (rw.high > in.rank_weights[largest].high) largest = r;
     }
-    const MemoryInputs::RankWeights& big = in.rank_weights[largest];
-    w.basis += "; rank " + std::to_string(largest) + "'s shard of parallel.tensor = " + std::to_string(tensor) +
-               " (the largest; rank_weights.h)";
-    w.low = big.low;
-    w.high = big.high;
-    w.routed_experts = big.routed_experts;
+    adopt_largest_rank("rank_weights.h");
     in.notes.push_back("parallel.tensor = " + std::to_string(tensor) +
                        ": one GPU per rank, each holding its shard of the weights (heads, dense-MLP columns, routed "
                        "experts, vocabulary rows; the shared expert whole on the last rank; the rest whole on every "
@@ -810,22 +814,16 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     std::unique_ptr<glm5_next::Glm5NextTensorNames> names;
     if (ckpt) names = std::make_unique<glm5_next::Glm5NextTensorNames>(*ckpt);
     const std::string prefix = names ? names->trunk_prefix() : "model.language_model.";
-    int largest = 0;
     for (int r = 0; r < tensor; ++r) {
       const WeightBytes rb = glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
                                                          mtp_loaded > 0 && names != nullptr,
                                                          TensorShard{r, static_cast<int>(tensor)});
       in.rank_weights.push_back({rb.low, rb.high, rb.routed_experts});
-      if (rb.high > in.rank_weights[largest].high) largest = r;
     }
-    const WeightBytes whole = glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
-                                                          mtp_loaded > 0 && names != nullptr);
-    in.full_routed_experts = whole.routed_experts;
-    const MemoryInputs::RankWeights& big = in.rank_weights[largest];
-    w.basis += "; rank " + std::to_string(largest) + "'s shard of parallel.tensor = " + std::to_string(tensor) +
-               " (the largest)";
-    w.low = big.low;
-    w.high = big.high;
+    in.full_routed_experts = glm5_next_cuda_weight_bytes(c, names.get(), prefix, format, bits, experts_only,
+                                                         mtp_loaded > 0 && names != nullptr)
+                                 .routed_experts;
+    adopt_largest_rank("glm5_next_memory.h");
     in.notes.push_back("parallel.tensor = " + std::to_string(tensor) +
                        ": one GPU per rank, each holding its KDA and DSA heads, dense-MLP columns, routed experts and "
                        "vocabulary rows (the shared expert whole on the last rank; the rest whole on every rank) and "

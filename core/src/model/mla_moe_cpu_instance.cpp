@@ -33,10 +33,7 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeCpuInstance::create_process_rank(co
                                                                             const BuildContext& ctx) {
   const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
   const int context = std::max(ctx.decode_context, 1);
-  if (world != ctx.tensor_parallel)
-    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
-                            std::to_string(ctx.tensor_parallel) + " (× parallel.decode_context within it): one "
-                            "process per tensor-parallel rank, so WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_rank_process_group(ctx));
   KILN_RETURN_IF_ERROR(check_tensor_parallel_units(config, world));
   KILN_RETURN_IF_ERROR(check_decode_context_groups(world, context));
   if (context > 1 && (!ctx.context_collective || ctx.context_collective->world_size() != context))

@@ -11,6 +11,15 @@ Status check_decode_context_groups(int world, int context) {
   return ok_status();
 }
 
+Status check_rank_process_group(const BuildContext& ctx) {
+  const int world = ctx.collective ? ctx.collective->world_size() : 1;
+  if (world != ctx.tensor_parallel)
+    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
+                            std::to_string(ctx.tensor_parallel) + " (× parallel.decode_context within it): one "
+                            "process per tensor-parallel rank, so WORLD_SIZE must equal parallel.tensor");
+  return ok_status();
+}
+
 Result<std::vector<std::unique_ptr<builtin::InprocGroup>>> TensorParallelInstance::make_context_groups(int world,
                                                                                                        int context) {
   KILN_RETURN_IF_ERROR(check_decode_context_groups(world, context));

@@ -27,6 +27,8 @@ namespace kiln {
 // parallel.decode_context = `context` over `world` tensor-parallel ranks: groups of consecutive ranks, so `context`
 // must divide `world` (refused naming both keys otherwise).
 Status check_decode_context_groups(int world, int context);
+// One process per tensor-parallel rank: ctx.collective must span parallel.tensor processes (WORLD_SIZE).
+Status check_rank_process_group(const BuildContext& ctx);
 
 class TensorParallelInstance final : public ModelInstance {
  public:

@@ -11,6 +11,7 @@
 #include "kiln/drafter.h"
 #include "model/rope_setup.h"
 #include "model/sharded_weight_source.h"
+#include "model/tensor_parallel_instance.h"
 #include "parallel/collective_capture.h"
 #include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
@@ -55,10 +56,7 @@ Status CudaMlaMoeModel::supports(const ModelConfig& c) {
 Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create_rank(const ModelConfig& c, const BuildContext& ctx) {
   const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
   const std::string where = "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world) + " on CUDA";
-  if (world != ctx.tensor_parallel)
-    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
-                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
-                            "WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_rank_process_group(ctx));
   if (ctx.decode_context > 1)
     return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner "
                          "of " + c.model_type + " keeps the whole KV cache on each rank's device (decode-context "

@@ -34,10 +34,7 @@ Result<std::unique_ptr<Glm5NextCpuInstance>> Glm5NextCpuInstance::create(const G
 Result<std::unique_ptr<ModelInstance>> Glm5NextCpuInstance::create_process_rank(const Glm5NextConfig& config,
                                                                               const BuildContext& ctx) {
   const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
-  if (world != ctx.tensor_parallel)
-    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
-                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
-                            "WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_rank_process_group(ctx));
   KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(config, world));
   const int context = std::max(ctx.decode_context, 1);
   KILN_RETURN_IF_ERROR(check_decode_context_groups(world, context));

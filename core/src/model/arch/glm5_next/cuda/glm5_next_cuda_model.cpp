@@ -19,6 +19,7 @@
 #include "kiln/drafter.h"
 #include "model/arch/glm5_next/cuda/glm5_next_glue_kernels.h"
 #include "model/arch/glm5_next/glm5_next_sharded_source.h"
+#include "model/tensor_parallel_instance.h"
 #include "parallel/collective_capture.h"
 #include "runtime/cuda/batch_invariant_bound.h"
 #include "runtime/cuda/cuda_model_step.h"
@@ -131,10 +132,7 @@ Status Glm5NextCudaModel::supports(const Glm5NextConfig& c) {
 Result<std::unique_ptr<Glm5NextCudaModel>> Glm5NextCudaModel::create_rank(const Glm5NextConfig& c,
                                                                          const BuildContext& ctx) {
   const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
-  if (world != ctx.tensor_parallel)
-    return invalid_argument("the collective spans " + std::to_string(world) + " processes and parallel.tensor = " +
-                            std::to_string(ctx.tensor_parallel) + ": one process per tensor-parallel rank, so "
-                            "WORLD_SIZE must equal parallel.tensor");
+  KILN_RETURN_IF_ERROR(check_rank_process_group(ctx));
   KILN_RETURN_IF_ERROR(check_glm5_next_tensor_parallel_units(c, world));
   auto m = create(c, ctx, TensorShard{rank, world});
   if (!m.ok())
