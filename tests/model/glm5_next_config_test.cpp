@@ -143,6 +143,13 @@ TEST(Glm5NextConfig, CacheSpecHoldsStateForKdaAndPagesForDsa) {
   EXPECT_EQ(spec.layers[2].entries.size(), 1u);
   EXPECT_EQ((*arch)->info().qk_rope_head_dim, 0);
   EXPECT_FALSE((*arch)->supports(DeviceType::kCuda).ok());
+  // Ranks with pools of their own keep their heads' part: 4 heads over 2 ranks 2 each, over 3 ranks at most 2
+  // (2 + 1 + 1), over 4 ranks 1; the pages are unchanged.
+  for (const auto& [shares, heads] : {std::pair{2, 2}, std::pair{3, 2}, std::pair{4, 1}}) {
+    const CacheSpec part = (*arch)->cache_spec(0, IndexerKeyFormat::kFp32, shares);
+    EXPECT_EQ(part.bytes_per_sequence(), 3u * (heads * 8 * 8 + 3 * 3 * heads * 8) * 4) << shares << " shares";
+    EXPECT_EQ(part.bytes_per_token(64), spec.bytes_per_token(64));
+  }
 }
 
 // A copy of a fixture in `dir` whose checkpoint lacks one tensor.

@@ -75,7 +75,10 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   EnginePlan plan;
   const DrafterCapabilities caps = drafter ? drafter->capabilities() : DrafterCapabilities{};
   const int64_t mtp_layers = caps.needs_target_mtp ? m.model->num_mtp_layers() : 0;
-  plan.spec = m.arch->cache_spec(mtp_layers, m.layout->indexer_key_format());
+  // One process per rank (a collective spanning processes): each rank's pool is its own, so its state slots hold
+  // its heads' part only (every rank mirrors this spec from rank 0).
+  const int own_pool_ranks = m.collective ? m.collective->world_size() : 1;
+  plan.spec = m.arch->cache_spec(mtp_layers, m.layout->indexer_key_format(), own_pool_ranks);
   for (const LayerCacheSpec& l : caps.cache_layers) plan.spec.layers.push_back(l);
 
   KvPoolBudget budget;

@@ -704,7 +704,11 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   const int64_t mtp_cached = drafting && method == "mtp" ? info.num_mtp_layers : 0;
   IndexerKeyFormat index_keys = IndexerKeyFormat::kFp32;
   const uint64_t layout_bpt = layout_bytes_per_token(recipe, registry, info, in.notes, index_keys);
-  CacheSpec cache = arch->cache_spec(mtp_cached, index_keys);
+  // Ranks with pools of their own (one process per rank: every CUDA rank, `socket` CPU ranks) keep their heads'
+  // part of a sequence's state; ranks as threads share one pool of whole slots.
+  const int tensor_ranks = cpu_ranks(recipe).world;
+  const bool own_pools = tensor_ranks > 1 && (in.cuda || cpu_ranks(recipe).here == 1);
+  CacheSpec cache = arch->cache_spec(mtp_cached, index_keys, own_pools ? tensor_ranks : 1);
   const std::string draft_model = drafting ? spec.get_string("draft_model", "") : "";
   const int64_t depth = drafting ? spec.get_int("depth", 0) : 0;
   uint64_t draft_row_low = 0, draft_row_high = 0;

@@ -9,7 +9,7 @@
 
 namespace kiln {
 
-CacheSpec MlaMoeArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const {
+CacheSpec MlaMoeArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int) const {
   const ModelConfig& c = config_;
   CacheSpec spec;
   for (int64_t l = 0; l < c.num_hidden_layers + mtp_layers; ++l) {

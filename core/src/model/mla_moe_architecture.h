@@ -22,7 +22,7 @@ class MlaMoeArchitecture final : public Architecture {
   const std::string& source() const override { return config_.source; }
   ModelInfo info() const override { return config_.to_model_info(); }
   std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
-  CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const override;
+  CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int state_shares = 1) const override;
   Status supports(DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 

@@ -36,7 +36,9 @@ class Architecture {
   // What each target layer caches, then each of the first `mtp_layers` next-n layers (indexed after them). `keys`
   // is the recipe's KV layout's choice for a DSA indexer's key cache (KvLayout::indexer_key_format); an
   // architecture without such a cache ignores it, one whose indexer caches something else says why it does.
-  virtual CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const = 0;
+  // `state_shares`: ranks of a tensor-parallel group that each hold a pool of their own (one process per rank) and
+  // keep only their heads' part of a sequence's state, so a state slot needs the largest share (1: every head).
+  virtual CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int state_shares = 1) const = 0;
   // Why this model cannot run on `device` (shapes its kernels do not take), or ok.
   virtual Status supports(DeviceType device) const = 0;
   // Why its CPU path cannot run in `precision` (model.precision), or ok; asked at load and by `kiln recipe check`.

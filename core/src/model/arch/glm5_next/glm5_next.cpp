@@ -17,12 +17,13 @@ namespace kiln::arch {
 
 namespace {
 
-LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool indexer) {
+LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool indexer, int state_shares) {
   LayerCacheSpec layer;
   if (kda) {
     // One slot holds both: the recurrent state, then the conv state (the CUDA kernels' slot format), so a
-    // snapshot or restore is one copy.
-    layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes()});
+    // snapshot or restore is one copy. A rank with a pool of its own keeps its heads' part only.
+    const int64_t heads = TensorShard{0, std::max(state_shares, 1)}.max_count(c.linear_num_heads);
+    layer.entries.push_back({CacheKind::kState, "kda_state", 0, c.kda_state_bytes(heads)});
   } else {
     layer.entries.push_back({CacheKind::kMlaLatent, "mla", 0, 0});
     if (indexer) {  // [k | compress-gate score] fp32 per token, whatever the layout (see cache_spec)
@@ -37,7 +38,7 @@ LayerCacheSpec layer_cache(const glm5_next::Glm5NextConfig& c, bool kda, bool in
 
 }  // namespace
 
-CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const {
+CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int state_shares) const {
   // The layout's indexer key format is not applied here, on purpose: GLM-5.3-Flash's k-pool indexer never scores a
   // token's key. Its rows are the inputs of the pool compression (key and gate logits, softmaxed over 16 tokens per
   // channel, where an e4m3 gate error becomes a multiplicative weight error), and its scored keys are the pool keys,
@@ -46,7 +47,8 @@ CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat 
   static_cast<void>(keys);
   const glm5_next::Glm5NextConfig& c = config_;
   CacheSpec spec;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) spec.layers.push_back(layer_cache(c, c.is_kda(l), c.runs_indexer(l)));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    spec.layers.push_back(layer_cache(c, c.is_kda(l), c.runs_indexer(l), state_shares));
   // A next-n layer caches what a trunk layer of its kind does, in the same pages and state slots (layer index
   // num_hidden_layers + i). Layers the checkpoint does not hold are never run and cache nothing.
   for (int64_t i = 0; i < mtp_layers; ++i) {
@@ -55,7 +57,7 @@ CacheSpec Glm5NextArchitecture::cache_spec(int64_t mtp_layers, IndexerKeyFormat 
       continue;
     }
     const glm5_next::MtpLayerLayout& m = c.mtp[i];
-    spec.layers.push_back(layer_cache(c, m.attention == glm5_next::AttentionKind::kKda, m.indexer));
+    spec.layers.push_back(layer_cache(c, m.attention == glm5_next::AttentionKind::kKda, m.indexer, state_shares));
   }
   return spec;
 }

@@ -24,7 +24,7 @@ class Glm5NextArchitecture final : public Architecture {
   // KDA layers: their state slot (recurrent, then conv state); DSA layers: the latent pages, plus the indexer's rows
   // (and pool keys) on layers with an indexer of their own. Next-n (MTP) layers likewise by the kind their checkpoint
   // names show (config().mtp, read at parse time beside the checkpoint); one not stored caches nothing.
-  CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys) const override;
+  CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int state_shares = 1) const override;
   Status supports(DeviceType device) const override;
   // Tensor parallelism on CPU ranks needs at least one head, column, expert and vocabulary row per rank;
   // decode-context parallelism splits the DSA layers' latents and indexer rows by token (CPU ranks only; the CUDA

@@ -210,12 +210,12 @@ Status validate(const FieldReader& r, const Glm5NextConfig& c) {
 
 }  // namespace
 
-size_t Glm5NextConfig::kda_recurrent_bytes() const {
-  return sizeof(float) * static_cast<size_t>(linear_num_heads * linear_head_dim * linear_head_dim);
+size_t Glm5NextConfig::kda_recurrent_bytes(int64_t heads) const {
+  return sizeof(float) * static_cast<size_t>(heads * linear_head_dim * linear_head_dim);
 }
 
-size_t Glm5NextConfig::kda_conv_bytes() const {
-  return sizeof(float) * static_cast<size_t>((linear_conv_kernel_dim - 1) * 3 * kda_channels());
+size_t Glm5NextConfig::kda_conv_bytes(int64_t heads) const {
+  return sizeof(float) * static_cast<size_t>((linear_conv_kernel_dim - 1) * 3 * heads * linear_head_dim);
 }
 
 ModelInfo Glm5NextConfig::to_model_info() const {

@@ -88,10 +88,15 @@ struct Glm5NextConfig {
   int64_t selection_width() const { return index_topk + (index_kpool_always_select_tail ? index_kpool - 1 : 0); }
   // Bytes of one sequence's KDA state in one layer: the recurrent [H, dk, dv] and the conv inputs
   // [kernel − 1, 3·H·dk], fp32.
-  size_t kda_recurrent_bytes() const;
-  size_t kda_conv_bytes() const;
+  size_t kda_recurrent_bytes() const { return kda_recurrent_bytes(linear_num_heads); }
+  size_t kda_conv_bytes() const { return kda_conv_bytes(linear_num_heads); }
   // A KDA layer's state slot: the recurrent state at byte 0, the conv state right after it.
-  size_t kda_state_bytes() const { return kda_recurrent_bytes() + kda_conv_bytes(); }
+  size_t kda_state_bytes() const { return kda_state_bytes(linear_num_heads); }
+  // The same for `heads` of them: the slot of a rank that holds only its heads' state (the largest share of the
+  // ranks' heads, TensorShard::max_count, so every rank's part fits), laid out as the whole one.
+  size_t kda_recurrent_bytes(int64_t heads) const;
+  size_t kda_conv_bytes(int64_t heads) const;
+  size_t kda_state_bytes(int64_t heads) const { return kda_recurrent_bytes(heads) + kda_conv_bytes(heads); }
   // The pool keys' cache entry per token: one fp32 key of index_head_dim per index_kpool tokens, rounded up.
   size_t pool_key_bytes_per_token() const {
     return static_cast<size_t>((4 * index_head_dim + index_kpool - 1) / index_kpool);

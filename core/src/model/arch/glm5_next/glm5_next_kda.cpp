@@ -19,13 +19,17 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
   const Glm5NextConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tl.positions.size());
   const int64_t d = c.linear_head_dim, ch = c.kda_channels(), width = c.linear_conv_kernel_dim;
-  // This rank's heads [h0, h0 + heads) (all of them unsharded): channels [c0, c0 + lc) of each of q, k, v.
+  // This rank's heads [h0, h0 + heads) (all of them unsharded): lc channels of each of q, k, v.
   const int64_t heads = weights_.shard.count(c.linear_num_heads), h0 = weights_.shard.begin(c.linear_num_heads);
-  const int64_t lc = heads * d, c0 = h0 * d;
-  // Slot layout (Glm5NextArchitecture::cache_spec): recurrent state [H, dk, dv], then conv state [kernel − 1, 3·ch].
-  // A rank reads and writes only its heads' parts of both.
+  const int64_t lc = heads * d;
+  // Slot layout (Glm5NextArchitecture::cache_spec): recurrent state [slot heads, dk, dv], then conv state
+  // [kernel − 1, 3 · slot heads · d]. Ranks sharing one pool (threads) hold slots of every head and each reads and
+  // writes only its heads' parts; a rank with a pool of its own (private_cache_) holds slots of the largest share
+  // of the heads (cache_spec's state_shares) and its heads from the start.
   auto* slots = static_cast<char*>(caches.entry(l, 0));
-  const size_t slot_bytes = c.kda_state_bytes(), state_bytes = c.kda_recurrent_bytes();
+  const int64_t slot_heads = private_cache_ ? weights_.shard.max_count(c.linear_num_heads) : c.linear_num_heads;
+  const int64_t sh0 = private_cache_ ? 0 : h0, sc0 = sh0 * d, sch = slot_heads * d;
+  const size_t slot_bytes = c.kda_state_bytes(slot_heads), state_bytes = c.kda_recurrent_bytes(slot_heads);
   const size_t head_state = static_cast<size_t>(d * d);  // floats of one head's recurrent state
   if (!slots) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
 
@@ -42,7 +46,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
         if (st.start_position == 0) {
           std::fill(mine, mine + lc, 0.0f);  // a new sequence
         } else {
-          std::copy_n(conv + r * 3 * ch + part * ch + c0, lc, mine);
+          std::copy_n(conv + r * 3 * sch + part * sch + sc0, lc, mine);
         }
       }
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
@@ -50,7 +54,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
                              mixed.data() + b * 3 * lc);
     for (int64_t r = 0; r < width - 1; ++r)
       for (int64_t part = 0; part < 3; ++part)
-        std::copy_n(conv_local.data() + (r * 3 + part) * lc, lc, conv + r * 3 * ch + part * ch + c0);
+        std::copy_n(conv_local.data() + (r * 3 + part) * lc, lc, conv + r * 3 * sch + part * sch + sc0);
   }
   round_bf16(mixed.data(), n * 3 * lc);  // the GPU's conv kernels store the SiLU output in bf16
   std::vector<float> q(n * lc), k(n * lc), v(n * lc);
@@ -76,7 +80,7 @@ Status Glm5NextModel::kda(const KdaWeights& w, int64_t l, const TokenLayout& tl,
   std::vector<float> o(n * lc);
   for (size_t s = 0; s + 1 < tl.seq_begin.size(); ++s) {
     const SequenceStep& st = *tl.steps[s];
-    float* state = reinterpret_cast<float*>(slots + static_cast<size_t>(st.state_slot) * slot_bytes) + h0 * head_state;
+    float* state = reinterpret_cast<float*>(slots + static_cast<size_t>(st.state_slot) * slot_bytes) + sh0 * head_state;
     if (st.start_position == 0) std::fill(state, state + heads * head_state, 0.0f);
     const int64_t b = tl.seq_begin[s], len = tl.seq_begin[s + 1] - b;
     cpu::kda_recurrent(q.data() + b * lc, k.data() + b * lc, v.data() + b * lc, g.data() + b * lc,

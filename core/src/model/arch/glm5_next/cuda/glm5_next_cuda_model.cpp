@@ -340,14 +340,17 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   if (mtp)
     KILN_RETURN_IF_ERROR(kc::cuda_ok(
         cudaMemcpyAsync(b.prev, prev_hidden, N * Hd * sizeof(float), cudaMemcpyDefault, I.stream), "MTP hidden rows"));
+  // A rank's KDA state slots hold the largest share of the heads (its pool is its own: cache_spec's state_shares),
+  // its heads from the start; one GPU's hold every head.
+  const size_t kda_slot_bytes = c.kda_state_bytes(I.shard.max_count(c.linear_num_heads));
   // A new sequence's KDA state starts at zero.
   for (int32_t slot : P.fresh_slots)
     for (const auto& [w, l] : layers)
       if (w->kda) {
         auto* base = static_cast<char*>(caches.entry(l, 0));
         if (!base) return failed_precondition("layer " + std::to_string(l) + " has no KDA state slots");
-        KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(base + static_cast<size_t>(slot) * c.kda_state_bytes(), 0,
-                                                         c.kda_state_bytes(), I.stream),
+        KILN_RETURN_IF_ERROR(kc::cuda_ok(cudaMemsetAsync(base + static_cast<size_t>(slot) * kda_slot_bytes, 0,
+                                                         kda_slot_bytes, I.stream),
                                          "KDA state reset"));
       }
 
@@ -378,7 +381,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     for (const KdaGroup& grp : P.kda) {
       const int64_t t0 = grp.first_token;
       kc::KdaStateSlots slots;
-      slots.state = state, slots.slot_bytes = static_cast<int64_t>(c.kda_state_bytes());
+      slots.state = state, slots.slot_bytes = static_cast<int64_t>(kda_slot_bytes);
       slots.slot_ids = G.ints + P.slot_off + grp.first_seq;
       if (grp.decode) {
         kc::KdaDecodeParams p;

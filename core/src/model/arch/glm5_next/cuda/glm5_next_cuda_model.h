@@ -14,8 +14,8 @@
 // routed experts and vocabulary rows (load_glm5_next_gpu_weights) and runs the MLA + MoE blocks sharded as the
 // MLA + MoE runner does; the KDA heads' outputs are gathered before the whole o_proj. The mHC maps, norms, pooled
 // indexer and router are replicated, every gather copies values and every sum has one non-zero contributor per
-// element, so a rank computes what one GPU computes. Each rank's KDA state slots keep the whole model's size and use
-// the part its heads need.
+// element, so a rank computes what one GPU computes. Each rank's pool is its own: its KDA state slots hold the
+// largest share of the heads (cache_spec's state_shares), its heads from the start.
 #pragma once
 
 #include <memory>
