@@ -31,6 +31,13 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kBlockSize = 4;
 constexpr double kLogitsTolerance = 5e-2;
+// glm4_moe_lite-llama3-rope's rows sit further from fp32 under bf16 activations (0.063 of max|cpu| at worst, rows 5
+// and 7, on an H100 in session 26) while its bf16-precision CPU rows agree with the GPU's within 1.5e-7 on the prompt
+// (FreeRunningGreedyIsIdenticalToTheCpuInBf16Precision): the GPU computes the CPU's arithmetic, and the fixture's
+// random weights amplify bf16 rounding more than the others'.
+double logits_tolerance(const std::string& fixture) {
+  return fixture == "glm4_moe_lite-llama3-rope" ? 8e-2 : kLogitsTolerance;
+}
 // A routing margin (cpu::moe_route) below this is within reach of bf16 activations' error in the sigmoid scores.
 constexpr float kRouterNearTie = 1e-2f;
 
@@ -171,7 +178,7 @@ TEST_P(CudaModel, TeacherForcedArgmaxMatchesTheCpuPathAtEveryStep) {
     } else {
       worst = std::max(worst, e);
       worst_abs = std::max(worst_abs, diff);
-      EXPECT_LE(e, kLogitsTolerance) << "row " << r;
+      EXPECT_LE(e, logits_tolerance(GetParam())) << "row " << r;
     }
     if (r + 1 < P) continue;  // greedy choices start at the prompt's last row
     const double gap = top_gap(cpu_rows[r].data(), vocab);

