@@ -166,5 +166,49 @@ TEST(Exl3Model, MixedCheckpointMatchesItsDequantizedDenseTwin) {
   fs::remove_all(dir);
 }
 
+// The seeds' shape: routed experts EXL3 (random codes, every K and codebook), everything else dense. Under tensor
+// parallelism the ranks split the dense modules by rows (served by the built-in format from the sharded view) and
+// take their experts whole: two ranks as threads give one rank's greedy tokens.
+TEST(Exl3Model, ExpertsOnlyCheckpointSplitsAcrossRanks) {
+  load_exl3_plugin();
+  const fs::path dir = fs::temp_directory_path() / ("kiln-exl3-experts-tp-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path fixture = kiln::testing::model_dir("glm4_moe_lite-tiny");
+  auto file = SafetensorsFile::open(fixture / "model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  std::vector<kiln::testing::TensorSpec> specs;
+  int index = 0;
+  for (const std::string& name : file->names()) {
+    const TensorView t = *file->get(name);
+    if (name.find(".mlp.experts.") == std::string::npos || !name.ends_with("_proj.weight")) {
+      specs.push_back(spec_of(name, t));
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - 7);
+    test::MemorySource source;
+    test::ModuleOptions o;
+    // One K and codebook per projection kind across a layer's experts, as the CUDA expert kernels take them.
+    const bool gate = module.ends_with("gate_proj"), up = module.ends_with("up_proj");
+    o.bits = gate ? 3 : up ? 4 : 2;
+    o.codebook = gate ? Codebook::kMcg : up ? Codebook::kMul1 : Codebook::k3Inst;
+    test::add_random_module(source, module, t.shape[1], t.shape[0], o, 3000 + index++);
+    for (const char* suffix : {".trellis", ".suh", ".svh", ".mcg", ".mul1"})
+      if (source.has(module + suffix)) specs.push_back(spec_of(module + suffix, *source.get(module + suffix)));
+  }
+  ASSERT_GT(index, 20);
+  fs::copy_file(fixture / "config.json", dir / "config.json");
+  fs::copy_file(fixture / "tokenizer.json", dir / "tokenizer.json");
+  kiln::testing::write_file(dir / "model.safetensors", kiln::testing::build_safetensors(specs));
+  LoadedModel one = kiln::testing::load_recipe_model(sets(dir, "exl3"));
+  auto two_sets = sets(dir, "exl3");
+  two_sets.push_back("parallel.tensor=2");
+  LoadedModel two = kiln::testing::load_recipe_model(two_sets);
+  ASSERT_TRUE(one.model && two.model);
+  const std::vector<int32_t> prompt = {1, 17, 400, 23, 9, 3000, 77};
+  EXPECT_EQ(kiln::testing::greedy_reference(two, prompt, 12), kiln::testing::greedy_reference(one, prompt, 12));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln::exl3
