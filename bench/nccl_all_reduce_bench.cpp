@@ -1,7 +1,8 @@
 // All-reduce latency between two processes, 8 KB .. 8 MB of bf16, each call inside a captured CUDA graph: the
 // custom CUDA-IPC kernels of transport-nccl (one-shot and two-shot) and NCCL's all-reduce where NCCL can run (it
 // refuses two ranks on one GPU, so on a one-GPU machine its column says so; with two GPUs each rank takes its own).
-// Every size is first checked against the host's rank-order sum. Ranks share one GPU without MPS by time-slicing,
+// Every size is first checked against the host's rank-order sum. Then the MoE block's fused sum + combine + RMSNorm
+// against the sum followed by the core's kernel, at decode-sized steps. Ranks share one GPU without MPS by time-slicing,
 // which the figures then include; run under MPS (nvidia-cuda-mps-control -d) to see the kernels themselves.
 // Usage: kiln_bench_nccl_all_reduce_bench [--ranks N] [--graph-calls K] [--launches L]
 //   It starts N copies of itself (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; rank r on GPU r % GPUs) and
@@ -22,6 +23,7 @@
 
 #include "bench_check.h"
 #include "ipc_all_reduce.h"
+#include "kernels/cuda/moe_experts.h"
 #include "kiln/launch_env.h"
 #include "probe_pattern.h"
 #include "kiln/tcp_bootstrap.h"
@@ -196,6 +198,63 @@ int run_rank(const Options& o) {
       std::printf("%10zu %12.2f %12.2f %12s %10s\n", bytes, one, two, nccl_text, ok ? "ok" : "WRONG");
     }
     if (!ok) std::fprintf(stderr, "rank %d: wrong all-reduce result at %zu bytes\n", env.rank, bytes);
+  }
+  // The MoE block's sum under tensor parallelism at GLM-4.7-Flash's shape (top-4 + the shared expert, hidden 2048,
+  // fp32 pair rows) for decode-sized steps: the sum then the core's combine + residual add + RMSNorm kernel (two
+  // launches, the runner's path without the fusion) against the fused launch. Both on zeros (finite when repeated);
+  // the bits are checked by TwoProcessesOneGpu.FusedMoeSumAndNormGiveTheUnfusedBits.
+  {
+    constexpr int64_t kTopK = 4, kHidden = 2048;
+    float* resid = nullptr;
+    uint16_t *weight = nullptr, *normed = nullptr;
+    constexpr int64_t kMaxTokens = 32;  // the most the fused path takes
+    CHECK_CUDA(cudaMalloc(&resid, kMaxTokens * kHidden * 4));
+    CHECK_CUDA(cudaMalloc(&weight, kHidden * 2));
+    CHECK_CUDA(cudaMalloc(&normed, kMaxTokens * kHidden * 2));
+    CHECK_CUDA(cudaMemsetAsync(resid, 0, kMaxTokens * kHidden * 4, s));
+    CHECK_CUDA(cudaMemsetAsync(weight, 0, kHidden * 2, s));
+    CHECK_CUDA(cudaMemsetAsync(buf, 0, ar->capacity(), s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    if (env.rank == 0) {
+      std::printf("\nMoE sum + combine + residual add + RMSNorm (top-%ld + shared, hidden %ld, fp32 rows); µs per call\n",
+                  long(kTopK), long(kHidden));
+      std::printf("%10s %10s %16s %16s %12s %16s\n", "tokens", "KB", "custom + kernel", "fused (custom)", "saved",
+                  "NCCL + kernel");
+    }
+    for (int64_t n : {int64_t{1}, int64_t{4}, int64_t{16}, kMaxTokens}) {
+      const int64_t count = n * (kTopK + 1) * kHidden;
+      float* y = reinterpret_cast<float*>(buf);
+      auto core_kernel = [&] {
+        CHECK_OK(kiln::cuda::moe_combine_add_rmsnorm_bf16(y, n, kTopK, kHidden, nullptr, y + n * kTopK * kHidden, resid,
+                                                          weight, 1e-5f, normed, s));
+      };
+      const double unfused = time_graph(boot, s, o, [&] {
+        CHECK_OK(ar->all_reduce(y, count, DType::kF32, s));
+        core_kernel();
+      });
+      kiln::MoeCombineNorm run;
+      run.y = y, run.n = n, run.top_k = kTopK, run.hidden = kHidden, run.shared = true;
+      run.residual = resid, run.norm_weight = weight, run.eps = 1e-5f, run.normed = normed;
+      const double fused = time_graph(boot, s, o, [&] { CHECK_OK(ar->moe_combine_norm(run, s)); });
+      double nccl = -1;
+      if (comm)
+        nccl = time_graph(boot, s, o, [&] {
+          CHECK_NCCL(ncclAllReduce(y, y, static_cast<size_t>(count), ncclFloat32, ncclSum, comm, s));
+          core_kernel();
+        });
+      if (env.rank == 0) {
+        char nccl_text[32];
+        if (nccl < 0)
+          std::snprintf(nccl_text, sizeof nccl_text, "%s", "n/a (1 GPU)");
+        else
+          std::snprintf(nccl_text, sizeof nccl_text, "%.2f", nccl);
+        std::printf("%10ld %10.1f %16.2f %16.2f %11.0f%% %16s\n", long(n), count * 4 / 1024.0, unfused, fused,
+                    100.0 * (1.0 - fused / unfused), nccl_text);
+      }
+    }
+    CHECK_CUDA(cudaFree(resid));
+    CHECK_CUDA(cudaFree(weight));
+    CHECK_CUDA(cudaFree(normed));
   }
   CHECK_CUDA(cudaFree(buf));
   if (comm) ncclCommDestroy(comm);

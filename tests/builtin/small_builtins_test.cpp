@@ -33,6 +33,20 @@ TEST(LocalCollective, WorldOfOne) {
             StatusCode::kFailedPrecondition);
 }
 
+// A collective without a fused MoE sum says so and touches nothing: the runner then sums and combines itself.
+TEST(LocalCollective, HasNoFusedMoeSum) {
+  auto c = std::move(create_local_collective(CreateContext{})).value();
+  float y[4] = {1, 2, 3, 4}, resid[2] = {5, 6};
+  uint16_t w[2] = {0x3f80, 0x3f80}, normed[2] = {11, 12};
+  MoeCombineNorm run;
+  run.y = y, run.n = 1, run.top_k = 2, run.hidden = 2, run.residual = resid, run.norm_weight = w, run.normed = normed;
+  auto fused = c->all_reduce_moe_combine_norm(run, Stream{});
+  ASSERT_TRUE(fused.ok()) << fused.status().to_string();
+  EXPECT_FALSE(*fused);
+  EXPECT_EQ(resid[0], 5);
+  EXPECT_EQ(normed[1], 12);
+}
+
 TEST(NoneDrafter, DoesNotDraft) {
   auto d = std::move(create_none_drafter(CreateContext{})).value();
   EXPECT_EQ(d->capabilities().max_depth, 0);

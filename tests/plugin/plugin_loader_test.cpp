@@ -63,6 +63,17 @@ TEST(PluginLoader, RefusesKvLayoutBuiltBeforeAbi24) {
   EXPECT_TRUE(loader.loaded().empty());
 }
 
+// Collective grew a virtual in ABI 2.6 (all_reduce_moe_combine_norm): a collective built against 2.5 is refused.
+TEST(PluginLoader, RefusesCollectiveBuiltBeforeAbi26) {
+  Registry registry;
+  PluginLoader loader(registry);
+  Status s = loader.load_file(fixture("test-old-collective"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("collective `old_collective` was built for ABI 2.5"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("changed in ABI 2.6"), std::string::npos) << s.message();
+  EXPECT_TRUE(loader.loaded().empty());
+}
+
 TEST(PluginLoader, RefusesLibraryWithoutEntryPoint) {
   Registry registry;
   PluginLoader loader(registry);
@@ -139,8 +150,8 @@ TEST(PluginLoader, DirectoryLoadsGoodFilesAndRecordsEveryRefusal) {
   loader.load_directory(KILN_TEST_PLUGIN_DIR);
   // test-good and test-duplicate clash: whichever sorts first wins, the other is refused.
   EXPECT_EQ(loader.loaded().size(), 1u);
-  // corrupt, no-entry, wrong-abi, abi1, old-kv-layout, throws, the loser of the clash
-  EXPECT_EQ(loader.refused().size(), 7u);
+  // corrupt, no-entry, wrong-abi, abi1, old-kv-layout, old-collective, throws, the loser of the clash
+  EXPECT_EQ(loader.refused().size(), 8u);
   EXPECT_NE(registry.find(PluginKind::kCollective, "loopback"), nullptr);
 }
 

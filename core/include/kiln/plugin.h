@@ -29,8 +29,11 @@
 // 2.5: CreateContext::dense_weights (appended): a quantized weight format serves the modules a checkpoint stores
 //      dense through the built-in `dense` format (its kernels, fused epilogues, folded shared expert) instead of a
 //      path of its own. Plugins built before 2.5 never read it; a 2.5 plugin is refused by an older kiln.
+// 2.6: Collective::all_reduce_moe_combine_norm (appended virtual, MoeCombineNorm), so a collective fuses the MoE
+//      block's tensor-parallel sum with the combine, residual add and next RMSNorm (kiln/cuda/moe_combine_norm_row.cuh
+//      is the row body both sides share); collective plugins built before 2.6 are refused (the host calls it).
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 5
+#define KILN_ABI_MINOR 6
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

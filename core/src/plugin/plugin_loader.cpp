@@ -30,7 +30,7 @@ constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // weight_format
     4,  // kv_layout: KvLayout::indexer_key_format appended in ABI 2.4 (an older vtable lacks the slot the host calls)
     0,  // drafter
-    0,  // collective
+    6,  // collective: ABI 2.6 appended Collective::all_reduce_moe_combine_norm, which the host calls
     4,  // modality: ABI 2.4 appended Modality::encode_all, which the host calls (an older vtable has no slot)
     1,  // quantizer: the kind exists from ABI 2.1 (appended to the enum; no struct of an older kind changed)
 };

@@ -107,4 +107,37 @@ Status IpcAllReduce::all_reduce(void* buffer, int64_t count, DType dtype, cudaSt
       "custom all-reduce: launch");
 }
 
+namespace {
+size_t moe_rows_bytes(const MoeCombineNorm& run) {
+  return static_cast<size_t>((run.n * run.top_k + (run.shared ? run.n : 0)) * run.hidden) * sizeof(float);
+}
+}  // namespace
+
+bool IpcAllReduce::takes(const MoeCombineNorm& run) const {
+  if (!peers_open_ || run.n <= 0 || run.top_k <= 0 || run.hidden <= 0 || !run.y || !run.residual ||
+      !run.norm_weight || !run.normed)
+    return false;
+  // One block per token (decode-sized steps; a prefill chunk's sum is a bandwidth job the all-reduce kernel does
+  // better), each factor bounded before the product.
+  if (run.n > kMaxBlocks || run.hidden > int64_t{1} << 24 || run.top_k > 1024 || run.hidden % 4 != 0) return false;
+  return moe_combine_norm_shared_bytes(run.top_k, run.hidden, run.shared) <= kMoeCombineNormMaxSharedBytes &&
+         moe_rows_bytes(run) <= capacity_;
+}
+
+Status IpcAllReduce::moe_combine_norm(const MoeCombineNorm& run, cudaStream_t stream) {
+  if (!takes(run))
+    return invalid_argument("custom all-reduce: the fused MoE sum takes " + std::to_string(run.n) + " tokens of " +
+                            std::to_string(run.top_k) + " slots × " + std::to_string(run.hidden) +
+                            " only with peers opened, up to " + std::to_string(kMaxBlocks) +
+                            " tokens, a token's rows within " + std::to_string(kMoeCombineNormMaxSharedBytes) +
+                            " bytes of shared memory and the step's within " + std::to_string(capacity_));
+  KILN_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(table_.data[rank_], run.y, moe_rows_bytes(run), cudaMemcpyDeviceToDevice, stream),
+      "custom all-reduce: copy in (fused MoE sum)"));
+  const MoeCombineNormArgs c{run.n, run.top_k, run.hidden, run.shared, run.residual, run.norm_weight, run.eps,
+                             run.normed};
+  return cuda_status(launch_ipc_moe_combine_norm(table_, rank_, world_, c, stream),
+                     "custom all-reduce: launch (fused MoE sum + combine + RMSNorm)");
+}
+
 }  // namespace kiln::nccl::cuda

@@ -48,6 +48,12 @@ class IpcAllReduce {
   bool takes(const void* buffer, int64_t count, DType dtype, ReduceOp op) const;
   static Algorithm choose(size_t bytes, int world_size);
 
+  // Whether moe_combine_norm takes this call: peers opened, at least one token, the rows fit the staging buffer.
+  bool takes(const MoeCombineNorm& run) const;
+  // The ranks' sum of run.y with the combine, residual add and RMSNorm after it, in one launch (see
+  // kiln::Collective::all_reduce_moe_combine_norm): the rows are copied into staging, then the fused kernel runs.
+  Status moe_combine_norm(const MoeCombineNorm& run, cudaStream_t stream);
+
   // In place over `count` elements of `buffer`. timeout_ns / timed_out: see launch_ipc_all_reduce (the probe).
   Status all_reduce(void* buffer, int64_t count, DType dtype, cudaStream_t stream,
                     Algorithm algorithm = Algorithm::kAuto, uint64_t timeout_ns = 0, uint32_t* timed_out = nullptr);

@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 
 #include "ipc_all_reduce_kernels.h"
+#include "kiln/cuda/moe_combine_norm_row.cuh"
 
 namespace kiln::nccl::cuda {
 namespace {
@@ -139,6 +140,55 @@ __global__ void __launch_bounds__(kThreadsPerBlock) ipc_all_reduce_kernel(Args a
   if (threadIdx.x == 0) *counter = epoch;
 }
 
+// The MoE sum fused with the combine, residual add and next RMSNorm (kiln::MoeCombineNorm). After the start barrier
+// block b takes token b (IpcAllReduce takes up to kMaxBlocks tokens): it first pulls the token's rows — its top_k
+// routed slots and its shared-expert row — from every rank's staging buffer in 16-byte packs, summed in rank order
+// as the one-shot kernel sums them (sum_ranks), into shared memory: one round of remote loads, kPullBatch packs a
+// thread in flight, rather than one per slot from inside the norm's loop (on two GPUs each is an NVLink round trip).
+// Then the SDK's row body over the shared rows, which the core's combine kernel runs over the all-reduced rows: the
+// same values in the same order, so the same bits.
+constexpr int kPullBatch = 4;
+
+template <int kPer>
+__global__ void __launch_bounds__(kNormThreads) moe_combine_norm_kernel(Args a, MoeCombineNormArgs c) {
+  extern __shared__ uint4 staged4[];  // [(top_k + shared) · hidden] fp32: routed slots, then the shared row
+  const float* staged = reinterpret_cast<const float*>(staged4);
+  uint32_t* counter = a.peers.signal[a.rank] + kCounterWord + blockIdx.x;
+  const uint32_t epoch = *counter + 1;
+  if (!block_barrier(a, kStart, epoch, 0)) return;
+  const int64_t row_packs = c.hidden / 4, routed_packs = c.top_k * row_packs;
+  const int64_t total = routed_packs + (c.shared ? row_packs : 0);
+  for (int64_t t = blockIdx.x; t < c.n; t += gridDim.x) {
+    auto source = [&](int64_t p) {  // pack p of the token's rows → its pack in the staging buffers
+      return p < routed_packs ? t * routed_packs + p : (c.n * c.top_k + t) * row_packs + (p - routed_packs);
+    };
+    for (int64_t first = threadIdx.x; first < total; first += kPullBatch * kNormThreads) {
+      uint4 v[kPullBatch];
+#pragma unroll
+      for (int u = 0; u < kPullBatch; ++u) {
+        const int64_t p = first + static_cast<int64_t>(u) * kNormThreads;
+        if (p < total) v[u] = sum_ranks<float>(a, source(p));
+      }
+#pragma unroll
+      for (int u = 0; u < kPullBatch; ++u) {
+        const int64_t p = first + static_cast<int64_t>(u) * kNormThreads;
+        if (p < total) staged4[p] = v[u];
+      }
+    }
+    __syncthreads();
+    ::kiln::cuda::moe_combine_add_rmsnorm_row<kNormThreads, kPer>(
+        [&](int64_t k, int64_t i) { return staged[k * c.hidden + i]; }, c.top_k,
+        [&](float s, int64_t i) {
+          if (c.shared) s += ::kiln::cuda::moe_shared_term(staged[c.top_k * c.hidden + i]);
+          return s;
+        },
+        c.hidden, c.residual + t * c.hidden, c.norm_weight, c.eps, c.normed + t * c.hidden);
+    __syncthreads();  // the shared rows, the row body's scale and reduction storage serve the next token
+  }
+  if (!block_barrier(a, kEnd, epoch, 0)) return;
+  if (threadIdx.x == 0) *counter = epoch;
+}
+
 template <class T>
 cudaError_t launch_typed(const Args& a, bool two_shot, int blocks, cudaStream_t stream) {
   if (two_shot)
@@ -146,6 +196,16 @@ cudaError_t launch_typed(const Args& a, bool two_shot, int blocks, cudaStream_t 
   else
     ipc_all_reduce_kernel<T, false><<<blocks, kThreadsPerBlock, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+auto moe_combine_norm_kernel_for(int64_t hidden) {
+  switch (::kiln::cuda::rmsnorm_row_values(hidden, kNormThreads)) {
+    case 4: return moe_combine_norm_kernel<4>;
+    case 8: return moe_combine_norm_kernel<8>;
+    case 16: return moe_combine_norm_kernel<16>;
+    case 32: return moe_combine_norm_kernel<32>;
+    default: return moe_combine_norm_kernel<0>;
+  }
 }
 
 }  // namespace
@@ -164,6 +224,32 @@ cudaError_t launch_ipc_all_reduce(const PeerTable& peers, int rank, int world, E
   const int blocks = ipc_all_reduce_blocks(packs);
   return type == ElementType::kF32 ? launch_typed<float>(a, two_shot, blocks, stream)
                                    : launch_typed<__nv_bfloat16>(a, two_shot, blocks, stream);
+}
+
+}  // namespace kiln::nccl::cuda
+
+namespace kiln::nccl::cuda {
+
+cudaError_t launch_ipc_moe_combine_norm(const PeerTable& peers, int rank, int world, const MoeCombineNormArgs& c,
+                                        cudaStream_t stream) {
+  if (world < 1 || world > kMaxRanks || rank < 0 || rank >= world || c.n < 0 || c.top_k < 1 || c.hidden < 1)
+    return cudaErrorInvalidValue;
+  if (c.n == 0) return cudaSuccess;
+  if (c.hidden % 4 != 0 || moe_combine_norm_shared_bytes(c.top_k, c.hidden, c.shared) > kMoeCombineNormMaxSharedBytes)
+    return cudaErrorInvalidValue;
+  const Args a{peers, rank, world, 0, nullptr, 0, nullptr};
+  const int blocks = static_cast<int>(c.n < kMaxBlocks ? c.n : kMaxBlocks);
+  const auto kernel = moe_combine_norm_kernel_for(c.hidden);
+  const size_t smem = moe_combine_norm_shared_bytes(c.top_k, c.hidden, c.shared);
+  // Above 48 KiB a kernel must opt in; the attribute is a property of the function, not a stream operation, so
+  // setting it is allowed while a graph is being captured.
+  if (smem > (size_t{48} << 10)) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kMoeCombineNormMaxSharedBytes));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<blocks, kNormThreads, smem, stream>>>(a, c);
+  return cudaGetLastError();
 }
 
 }  // namespace kiln::nccl::cuda

@@ -44,4 +44,26 @@ cudaError_t launch_ipc_all_reduce(const PeerTable& peers, int rank, int world, E
                                   int64_t packs, void* out, uint64_t timeout_ns, uint32_t* timed_out,
                                   cudaStream_t stream);
 
+// The fused MoE sum + combine + residual add + RMSNorm (kiln::MoeCombineNorm): the caller has copied its fp32 rows
+// ((n·top_k + (shared ? n : 0)) · hidden values) into its own staging buffer earlier on `stream`. One block of
+// kNormThreads per token, at most kMaxBlocks blocks (each then takes every kMaxBlocks-th token; IpcAllReduce takes
+// steps of up to kMaxBlocks tokens).
+constexpr int kNormThreads = 256;
+struct MoeCombineNormArgs {
+  int64_t n, top_k, hidden;
+  bool shared;
+  float* residual;
+  const uint16_t* norm_weight;
+  float eps;
+  uint16_t* normed;
+};
+// The block's shared memory: the token's rows summed over the ranks. Calls needing more than the cap (e.g. 8 slots +
+// a shared expert of 7168 values: 258 KB) are not fused; hidden must be a multiple of 4 (16-byte packs).
+constexpr size_t kMoeCombineNormMaxSharedBytes = size_t{160} << 10;
+inline size_t moe_combine_norm_shared_bytes(int64_t top_k, int64_t hidden, bool shared) {
+  return static_cast<size_t>((top_k + (shared ? 1 : 0)) * hidden) * sizeof(float);
+}
+cudaError_t launch_ipc_moe_combine_norm(const PeerTable& peers, int rank, int world, const MoeCombineNormArgs& c,
+                                        cudaStream_t stream);
+
 }  // namespace kiln::nccl::cuda

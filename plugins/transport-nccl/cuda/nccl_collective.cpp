@@ -137,6 +137,14 @@ class NcclCollective final : public Collective {
     });
   }
 
+  // Only the custom all-reduce fuses; NCCL's sum leaves the combine to the caller's kernel.
+  Result<bool> all_reduce_moe_combine_norm(const MoeCombineNorm& run, Stream stream) override {
+    KILN_ASSIGN_OR_RETURN(cudaStream_t s, check(run.n, stream, "all_reduce_moe_combine_norm"));
+    if (!custom_ || !custom_->takes(run)) return false;
+    KILN_RETURN_IF_ERROR(watchdog_->status());
+    KILN_RETURN_IF_ERROR(custom_->moe_combine_norm(run, s));
+    return true;
+  }
   // Data movement is typeless: bytes, so every dtype (int16 included) moves.
   Status all_gather(const void* in, void* out, int64_t count, DType dtype, Stream stream) override {
     KILN_ASSIGN_OR_RETURN(cudaStream_t s, check(count, stream, "all_gather"));

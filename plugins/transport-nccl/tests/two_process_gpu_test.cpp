@@ -34,6 +34,18 @@ TEST(TwoProcessesOneGpu, CustomAllReduceGivesTheRankOrderSumWithIdenticalBits) {
   EXPECT_TRUE(r0 == r1) << "the two ranks' results differ";
 }
 
+// The fused MoE sum + combine + residual add + RMSNorm gives what the custom all-reduce followed by the core's
+// combine kernel gives, bit for bit, on both ranks alike (the rank helper compares; here both ranks' bytes).
+TEST(TwoProcessesOneGpu, FusedMoeSumAndNormGiveTheUnfusedBits) {
+  const fs::path dir = scratch("moe");
+  auto run = testing::run_ranks(KILN_NCCL_RANK_HELPER, 2, {"moe"}, dir, std::chrono::seconds(300));
+  ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << both(run);
+  EXPECT_NE(run.logs[0].find("moe: 18 cases, 0 mismatches"), std::string::npos) << both(run);
+  const std::string r0 = testing::read_text(dir / "result0.bin"), r1 = testing::read_text(dir / "result1.bin");
+  EXPECT_FALSE(r0.empty());
+  EXPECT_TRUE(r0 == r1) << "the two ranks' results differ";
+}
+
 testing::RankRun probe(const std::string& mode, const std::string& force) {
   return testing::run_ranks(KILN_NCCL_RANK_HELPER, 2, {"probe", mode, force}, scratch("probe_" + mode + "_" + force));
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kiln/cuda/bf16_bits.cuh"
 #include "kiln/status.h"
 
 namespace kiln::cuda {
@@ -21,13 +22,6 @@ inline Status check_launch(const char* kernel) {
 inline Status check_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return ok_status();
   return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-__device__ __forceinline__ float bf16_bits_to_float(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
-
-// Round to nearest even, NaN kept NaN (as kiln::cpu::float_to_bf16).
-__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
 // Eight bf16 values in one 16-byte word.

@@ -6,7 +6,7 @@
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/rmsnorm_row.cuh"
+#include "kiln/cuda/moe_combine_norm_row.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -278,20 +278,13 @@ Status launch_tiles(const TileArgs& a, int64_t pairs, int64_t num_experts, Strea
   return go(std::integral_constant<int, kMaxTokenTiles>{});
 }
 
-// A folded shared expert's fp32 output, rounded to bf16 as the shared expert run apart stores it (dense_mlp's bf16
-// output, the CPU model's bf16 precision): a row's sum then does not depend on whether its step folded the shared
-// expert (steps of up to kSkinnyGemmMaxRows rows do, larger ones run it apart).
-__device__ __forceinline__ float shared_term(const float* __restrict__ shared_y, int64_t at) {
-  return bf16_bits_to_float(float_to_bf16_bits(shared_y[at]));
-}
-
 // Token t's routed sum in slot order, then the folded shared expert's row, then a bf16 addend.
 __device__ __forceinline__ float combined(const float* __restrict__ y, int64_t t, int64_t top_k, int64_t hidden,
                                           int64_t i, const float* __restrict__ shared_y,
                                           const uint16_t* __restrict__ add) {
   float s = 0.f;
   for (int64_t j = 0; j < top_k; ++j) s += y[(t * top_k + j) * hidden + i];
-  if (shared_y) s += shared_term(shared_y, t * hidden + i);
+  if (shared_y) s += moe_shared_term(shared_y[t * hidden + i]);
   if (add) s += bf16_bits_to_float(add[t * hidden + i]);
   return s;
 }
@@ -306,8 +299,9 @@ __global__ void combine_kernel(const float* __restrict__ y, int64_t n, int64_t t
   out[idx] = float_to_bf16_bits(combined(y, idx / hidden, top_k, hidden, idx % hidden, shared_y, add));
 }
 
-// One block per token through rmsnorm_row, as norm.cu's add_rmsnorm kernel, so the residual sum, the sum of
-// squares and the normed row are bit for bit what combine + add_rmsnorm_bf16 give.
+// One block per token through the SDK's combine + norm row (kiln/cuda/moe_combine_norm_row.cuh, which
+// transport-nccl's fused all-reduce shares), so the residual sum, the sum of squares and the normed row are bit for
+// bit what combine + add_rmsnorm_bf16 give.
 constexpr int kNormThreads = 256;
 
 template <int kPer>
@@ -318,36 +312,15 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(
   const int64_t row = blockIdx.x;
   pdl_wait();
   pdl_launch_dependents();
-  if constexpr (kPer > 0) {
-    // combined()'s sums in its order (experts, then the shared expert, then `add`), with the expert loop outside
-    // the element loop so each expert's loads of the whole row are in flight together.
-    rmsnorm_row_regs<kNormThreads, kPer, true>(
-        [&](float (&v)[kPer]) {
-          for (int64_t k = 0; k < top_k; ++k) {
-            const float* yk = y + (row * top_k + k) * hidden;
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-              const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-              if (i < hidden) v[j] += yk[i];
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) {
-            const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-            if (i >= hidden) continue;
-            if (shared_y) v[j] += shared_term(shared_y, row * hidden + i);
-            if (add) v[j] += bf16_bits_to_float(add[row * hidden + i]);
-            v[j] = bf16_bits_to_float(float_to_bf16_bits(v[j]));
-          }
-        },
-        residual + row * hidden, weight, hidden, eps, normed + row * hidden);
-  } else {
-    rmsnorm_row<kNormThreads, true>(
-        [&](int64_t i) {
-          return bf16_bits_to_float(float_to_bf16_bits(combined(y, row, top_k, hidden, i, shared_y, add)));
-        },
-        residual + row * hidden, weight, hidden, eps, normed + row * hidden);
-  }
+  // combined()'s sums in its order (experts, then the shared expert, then `add`).
+  moe_combine_add_rmsnorm_row<kNormThreads, kPer>(
+      [&](int64_t k, int64_t i) { return y[(row * top_k + k) * hidden + i]; }, top_k,
+      [&](float s, int64_t i) {
+        if (shared_y) s += moe_shared_term(shared_y[row * hidden + i]);
+        if (add) s += bf16_bits_to_float(add[row * hidden + i]);
+        return s;
+      },
+      hidden, residual + row * hidden, weight, eps, normed + row * hidden);
 }
 
 auto combine_add_rmsnorm_kernel_for(int64_t hidden) {

@@ -1,7 +1,7 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/pdl.cuh"
-#include "kernels/cuda/rmsnorm_row.cuh"
+#include "kiln/cuda/rmsnorm_row.cuh"
 
 namespace kiln::cuda {
 namespace {

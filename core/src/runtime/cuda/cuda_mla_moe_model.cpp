@@ -198,11 +198,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
   auto embed_rows = [&](uint16_t* out) -> Status {
     if (!I.sharded()) return embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, out, st);
-    const TensorShard& shard = I.shard;
-    KILN_RETURN_IF_ERROR(offset_ids_i32(b.ids, N, static_cast<int32_t>(shard.begin(c.vocab_size)), b.ids_local, st));
-    KILN_RETURN_IF_ERROR(embedding_gather_bf16(weights_.embed_tokens, shard.count(c.vocab_size), Hd, b.ids_local, N,
-                                               out, st));
-    return sum_exclusive(x, out, N * Hd, DType::kBF16);
+    return rank_embedding_rows(I, c, weights_.embed_tokens, b.ids, N, b.ids_local, out);
   };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
@@ -358,7 +354,8 @@ Status CudaMlaMoeModel::embed(const int32_t* ids, int64_t n, TensorView out) {
   const int64_t Hd = config_.hidden_size;
   if (!I.sharded())
     return embedding_gather_bf16(weights_.embed_tokens, config_.vocab_size, Hd, ids, n, out.as<uint16_t>(), I.s());
-  // As a step's embedding (run_step's embed_rows). Every rank runs it (RankLeaderInstance forwards the call).
+  // As a step's embedding (run_step's embed_rows), into scratch apart from the step's buffers (a drafter may still
+  // read those). Every rank runs it (RankLeaderInstance forwards the call).
   KILN_ASSIGN_OR_RETURN(char* scratch, drafter_scratch_.get(I.dev, static_cast<size_t>(n) * sizeof(int32_t),
                                                             "tensor-parallel drafter scratch"));
   return rank_embedding_rows(I, config_, weights_.embed_tokens, ids, n, reinterpret_cast<int32_t*>(scratch),

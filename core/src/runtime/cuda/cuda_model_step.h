@@ -231,7 +231,7 @@ size_t gather_staging_bytes(const TensorShard& shard, int64_t n, int64_t units, 
 // Sums `count` elements over the tensor-parallel group in place, on the step's stream. Only where at most one rank
 // holds a non-zero value per element (masked embedding rows, routed pairs of one owner): the sum is then exact.
 Status sum_exclusive(const StepContext& x, void* y, int64_t count, DType dtype);
-// A drafter's embedding rows on a tensor-parallel rank, as a step's: this rank's vocabulary rows of `table` (zero
+// Embedding rows on a tensor-parallel rank (a step's, a drafter's): this rank's vocabulary rows of `table` (zero
 // rows for the others' ids), then the group's exclusive sum. `local_ids`: n int32 of device scratch.
 Status rank_embedding_rows(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const uint16_t* table, const int32_t* ids,
                            int64_t n, int32_t* local_ids, uint16_t* out);

@@ -123,6 +123,18 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
     // goes into those rows widened, which the combine adds exactly as it adds `add` (in fp32, after the pairs).
     float* const shared_rows = b.moe_y + N * topk * Hd;
     if (add) KILN_RETURN_IF_ERROR(bf16_to_f32(add, N * Hd, shared_rows, st));
+    if (next) {
+      // The collective may sum and combine in one launch (transport-nccl's custom all-reduce, decode-sized steps):
+      // the same row body as moe_combine_add_rmsnorm_bf16 over the same sums, so the same bits.
+      MoeCombineNorm fused;
+      fused.y = b.moe_y, fused.n = N, fused.top_k = topk, fused.hidden = Hd, fused.shared = model_has_shared;
+      fused.residual = b.resid, fused.norm_weight = next->weight, fused.eps = next->eps, fused.normed = next->out;
+      KILN_ASSIGN_OR_RETURN(const bool done, x.I.collective->all_reduce_moe_combine_norm(fused, x.I.sdk_stream()));
+      if (done) {
+        timer.mark("MoE: tensor-parallel sum + combine + next RMSNorm (one launch)");
+        return ok_status();
+      }
+    }
     KILN_RETURN_IF_ERROR(sum_exclusive(x, b.moe_y, (N * topk + (model_has_shared ? N : 0)) * Hd, DType::kF32));
     add = nullptr;
     shared_y = model_has_shared ? shared_rows : nullptr;

@@ -51,7 +51,7 @@ Status rank_embedding_rows(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const
   KILN_RETURN_IF_ERROR(offset_ids_i32(ids, n, static_cast<int32_t>(I.shard.begin(c.vocab_size)), local_ids, I.s()));
   KILN_RETURN_IF_ERROR(embedding_gather_bf16(table, I.shard.count(c.vocab_size), Hd, local_ids, n, out, I.s()));
   return I.collective->all_reduce(out, n * Hd, DType::kBF16, ReduceOp::kSum, I.sdk_stream())
-      .with_context("tensor-parallel embedding (drafter)");
+      .with_context("tensor-parallel embedding");
 }
 
 namespace {

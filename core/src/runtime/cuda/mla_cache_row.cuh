@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/launch_check.cuh"
-#include "kernels/cuda/norm_scale.cuh"
+#include "kiln/cuda/norm_scale.cuh"
 #include "runtime/cuda/block_reduce.cuh"
 
 namespace kiln::cuda {

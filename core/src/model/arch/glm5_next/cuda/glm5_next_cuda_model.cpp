@@ -500,11 +500,7 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
   auto embed_rows = [&](uint16_t* out) -> Status {
     if (!I.sharded()) return kc::embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, out, st);
-    KILN_RETURN_IF_ERROR(kc::offset_ids_i32(b.ids, N, static_cast<int32_t>(I.shard.begin(c.vocab_size)), b.ids_local, st));
-    KILN_RETURN_IF_ERROR(
-        kc::embedding_gather_bf16(weights_.embed_tokens, I.shard.count(c.vocab_size), Hd, b.ids_local, N, out, st));
-    const kc::StepContext x{mla_, I, sh, b, bs, {}, nullptr};
-    return kc::sum_exclusive(x, out, N * Hd, DType::kBF16);
+    return kc::rank_embedding_rows(I, mla_, weights_.embed_tokens, b.ids, N, b.ids_local, out);
   };
   auto enqueue_trunk = [&]() -> Status {
     KILN_RETURN_IF_ERROR(embed_rows(b.y));

@@ -1,12 +1,13 @@
-// The body of one RMSNorm row, shared by norm.cu's kernels and the kernels that end in the next block's norm
-// (moe_experts.cu's combine + residual add + RMSNorm), so a fused kernel gives bitwise what the separate launches
-// give: the same thread ↔ element map, the same block reduction, the same rounding.
+// The body of one RMSNorm row, shared by the core's norm kernels and the kernels that end in the next block's norm
+// (the MoE combine + residual add + RMSNorm, in the core and in transport-nccl's fused all-reduce), so a fused kernel
+// gives bitwise what the separate launches give: the same thread ↔ element map, the same block reduction, the same
+// rounding. In the SDK because a plugin's kernel that ends in the norm must round as the core's does.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
 
-#include "kernels/cuda/launch_check.cuh"
-#include "kernels/cuda/norm_scale.cuh"
+#include "kiln/cuda/bf16_bits.cuh"
+#include "kiln/cuda/norm_scale.cuh"
 
 namespace kiln::cuda {
 
