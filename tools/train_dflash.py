@@ -27,6 +27,8 @@ per-position acceptance).
   python3 tools/train_dflash.py --out models/tiny-glm-dflash2                 # one H200: well under 10 minutes
   nice -n 10 python3 tools/train_dflash.py --out /tmp/d --device cpu --max-minutes 12   # CPU, what ships
   python3 tools/train_dflash.py --out /tmp/d --quick                           # CPU smoke test (a minute or two)
+  python3 tools/train_dflash.py --out /tmp/d --init models/tiny-glm-dflash2 --self-distill 8192
+      # on the target's own greedy continuations (what a greedy run drafts against), from the shipped drafter
 """
 
 from __future__ import annotations
@@ -280,6 +282,21 @@ class Target:
         return (taps, out.logits.argmax(-1)) if want_greedy else taps
 
 
+@torch.no_grad()
+def self_distilled_windows(target: Target, stream: torch.Tensor, gen: torch.Generator, count: int, width: int,
+                           prompt_len: int, batch: int = 512) -> torch.Tensor:
+    """`count` windows of `width` tokens: a random text prompt of prompt_len tokens and the target's greedy
+    continuation of it — the sequences a greedy kiln run drafts against, so every label is the target's own next
+    token given a context the target wrote (what acceptance measures), not the text's."""
+    out = []
+    for first in range(0, count, batch):
+        n = min(batch, count - first)
+        prompts = train_tiny.random_windows(stream, gen, n, prompt_len)
+        new = width - prompt_len
+        out.append(target.model.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False))
+    return torch.cat(out)[:, :width]
+
+
 def losses(drafter: Drafter, target: Target, ids: torch.Tensor, n_anchors: int, gen: torch.Generator,
            greedy_labels: bool = False):
     dc = drafter.c["dflash_config"]
@@ -403,6 +420,9 @@ def main() -> int:
     ap.add_argument("--init", type=Path, metavar="DIR", help="start from this exported drafter (same shapes)")
     ap.add_argument("--greedy-labels", action="store_true",
                     help="label drafts with the target's greedy next tokens instead of the text")
+    ap.add_argument("--self-distill", type=int, default=0, metavar="N",
+                    help="train on N windows of the target's greedy continuations of text prompts instead of the text")
+    ap.add_argument("--distill-prompt", type=int, default=32, help="prompt tokens of each self-distilled window")
     ap.add_argument("--reference", type=Path, metavar="JSON",
                     help="instead of training: write the greedy drafts of the drafter in --out (exported) to JSON")
     args = ap.parse_args()
@@ -445,6 +465,11 @@ def main() -> int:
                             lr=args.lr, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(args.seed)
     train_dev = train_ids.to(device)
+    distilled = None
+    if args.self_distill:
+        distilled = self_distilled_windows(target, train_dev, gen, args.self_distill, args.seq_len, args.distill_prompt)
+        print(f"self-distilled {distilled.shape[0]} windows of {distilled.shape[1]} tokens "
+              f"({time.time() - t0:.0f} s)", flush=True)
     start, step = time.time(), 0
     budget = args.max_minutes * 60
     while step < args.steps:
@@ -453,7 +478,10 @@ def main() -> int:
         lr = args.lr * min(1.0, progress / 0.04) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
         for g in opt.param_groups:
             g["lr"] = lr
-        windows = train_tiny.random_windows(train_dev, gen, args.batch, args.seq_len)
+        if distilled is not None:
+            windows = distilled[torch.randint(0, distilled.shape[0], (args.batch,), generator=gen).to(device)]
+        else:
+            windows = train_tiny.random_windows(train_dev, gen, args.batch, args.seq_len)
         loss, sel, acc = losses(drafter, target, windows, args.anchors, gen, args.greedy_labels)
         opt.zero_grad(set_to_none=True)
         (loss + sel).backward()
@@ -471,7 +499,8 @@ def main() -> int:
     print(f"trained {step} steps in {train_seconds:.0f} s; simulated greedy acceptance at K = {args.block - 1} "
           f"(target's greedy continuations of {prompts} validation prompts): mean accepted {mean_len:.2f}, "
           "per position " + " ".join(f"{a:.2f}" for a in per_pos), flush=True)
-    info = {"init": str(args.init) if args.init else None, "greedy_labels": args.greedy_labels, "lr": args.lr,
+    info = {"init": str(args.init) if args.init else None, "greedy_labels": args.greedy_labels,
+            "self_distill": args.self_distill, "distill_prompt": args.distill_prompt, "lr": args.lr,
             "steps": step, "train_seconds": round(train_seconds, 1), "device": str(device), "batch": args.batch,
             "seq_len": args.seq_len, "anchors": args.anchors, "seed": args.seed, "torch": torch.__version__,
             "simulated_greedy_acceptance": {"K": args.block - 1, "mean_accepted": round(mean_len, 3),
