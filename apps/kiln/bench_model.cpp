@@ -119,6 +119,7 @@ Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std:
   t.model.model->set_graphs(cuda_graphs);
   t.weight_gib = static_cast<double>(t.model.model->weight_bytes()) / (1 << 30);
   t.recipe = sized_recipe;
+  t.pricing = recipe_weight_pricing(sized_recipe, t.pricing_basis);
   log::info("{}", t.capacity.report());
   KILN_ASSIGN_OR_RETURN(t.caches, make_cache_manager(t.model, plan));
   t.plan = plan;
@@ -193,7 +194,7 @@ Result<std::vector<DecodePoint>> run_decode_bench(BenchTarget& t, const DecodeBe
       p.tok_s = static_cast<double>(batch * rows * o.steps) / p.seconds;  // rows run (= tokens when rows = 1)
       // A step at position q attends over q + 1 keys; the mean over the timed steps.
       const double keys = static_cast<double>(context + o.warmup) + (o.steps - 1) / 2.0 + 1;
-      p.weight_bytes = decode_weight_bytes(c, batch * rows);
+      p.weight_bytes = decode_weight_bytes(c, batch * rows, t.pricing);
       // The pool's bytes per token (the recipe's KV layout, fp8 rows included), not bf16's.
       p.kv_bytes = decode_kv_bytes(c, batch, keys, static_cast<double>(t.capacity.bytes) /
                                                        static_cast<double>(std::max<int64_t>(t.capacity.tokens(), 1)));

@@ -17,6 +17,7 @@
 #include "engine/kv_capacity.h"
 #include "engine/model_runner.h"
 #include "model/model_config.h"
+#include "model/model_cost.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
 
@@ -41,7 +42,10 @@ struct BenchTarget {
   KvCapacity capacity;
   std::string device;  // "NVIDIA H200 (139.8 GiB)", "CPU (1 thread)"
   double weight_gib = 0;
+  WeightPricing pricing;      // bytes per weight of the decode roofline (recipe_weight_pricing)
+  std::string pricing_basis;  // what they are, in words
 };
+
 
 // Loads `recipe_file` with `sets` (section.key=value overrides), refuses shapes past the model's
 // max_position_embeddings, and builds the runner. `cuda_graphs`: replay decode steps from CUDA graphs (CUDA only).

@@ -87,7 +87,7 @@ void print_header(const std::string& title, const BenchTarget& t, const std::str
               build_commit(), t.device.c_str(),
               c.source.c_str(), static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.n_routed_experts),
               static_cast<long long>(c.num_experts_per_tok));
-  if (t.weight_gib > 0) std::printf(", %.2f GiB of bf16 weights", t.weight_gib);
+  if (t.weight_gib > 0) std::printf(", %.2f GiB of weights on the device", t.weight_gib);
   std::printf("\ncommand: %s\n", command.c_str());
 }
 
@@ -170,11 +170,12 @@ int bench_decode(int argc, char** argv) {
   const std::string command = command_line(argc, argv);
   print_header("kiln bench decode", *target, command);
   const ModelConfig& mc = *target->config;
-  std::printf("roofline = batch x %.3g B/s / (weight + KV bytes read per step). Weights: bf16, router fp32; routed "
+  std::printf("roofline = batch x %.3g B/s / (weight + KV bytes read per step). Weights: %s, router fp32; routed "
               "experts read per MoE layer at batch B: the expected distinct ones under uniform routing, "
               "E(1-(1-k/E)^B) with E = %lld, k = %lld. KV: B x mean keys attended x %.0f B a token (the pool's: %lld "
               "layers of the recipe's KV layout%s).\n\n",
-              o.bandwidth, static_cast<long long>(mc.n_routed_experts), static_cast<long long>(mc.num_experts_per_tok),
+              o.bandwidth, target->pricing_basis.c_str(), static_cast<long long>(mc.n_routed_experts),
+              static_cast<long long>(mc.num_experts_per_tok),
               static_cast<double>(target->capacity.bytes) / static_cast<double>(std::max<int64_t>(target->capacity.tokens(), 1)),
               static_cast<long long>(mc.num_hidden_layers), mc.index_topk > 0 ? " and the indexer's keys" : "");
   std::fflush(stdout);

@@ -67,9 +67,47 @@ TEST(ModelCost, Glm47FlashActiveParamsAndDecodeBytesByHand) {
   // Batch 16: the same plus (distinct experts − 4) more experts per MoE layer and 15 more embedding rows.
   const double extra = (expected_distinct_experts(64, 4, 16) - 4) * 46 * 3.0 * 2048 * 1536 * 2 + 15 * 2048 * 2;
   EXPECT_NEAR(decode_weight_bytes(c, 16), one + extra, 1.0);
+  // EXL3 K4 routed experts, the rest bf16 (weights.experts_only): the routed experts at half a byte a weight.
+  const double routed = 46.0 * 4 * 3 * 2048 * 1536;
+  EXPECT_DOUBLE_EQ(decode_weight_bytes(c, 1, WeightPricing{0.5, 2}), one - routed * 1.5);
+  EXPECT_NEAR(decode_weight_bytes(c, 1, WeightPricing{0.5, 2}), 4.57e9, 0.01e9);  // RESULTS.md's figure
+  // Every linear K4: kv_b is still read as its bf16 copy, the embedding row in bf16, the router in fp32.
+  const double kv_b = 47.0 * 512 * 20 * 448, router = 46.0 * 2048 * 64;
+  const double all_k4 = (params - kv_b - router) / 2 + 2 * kv_b + 4 * router + 2048 * 2 + 154880.0 * 2048 / 2;
+  EXPECT_NEAR(decode_weight_bytes(c, 1, WeightPricing{0.5, 0.5}), all_k4, 1.0);
   EXPECT_DOUBLE_EQ(decode_kv_bytes(c, 3, 4096), 3.0 * 4096 * 47 * 576 * 2);
   // A layout's own bytes per token (fp8_ds_mla: 656 B a token and layer) replace bf16's 1,152.
   EXPECT_DOUBLE_EQ(decode_kv_bytes(c, 3, 4096, 47.0 * 656), 3.0 * 4096 * 47 * 656);
+}
+
+// What `kiln bench decode` prices a recipe's weights at: bf16; EXL3 dummies at weights.bits (the routed experts only
+// with weights.experts_only); an EXL3 checkpoint as bf16, saying why.
+TEST(ModelCost, RecipeWeightPricing) {
+  auto recipe = [](const std::string& format, const std::string& load, int64_t bits, bool experts_only) {
+    Recipe r;
+    r.sections.emplace("weights", RecipeSection("weights"));
+    r.sections.emplace("model", RecipeSection("model"));
+    r.sections.at("weights").set("format", format);
+    r.sections.at("weights").set("bits", bits);
+    r.sections.at("weights").set("experts_only", experts_only);
+    r.sections.at("model").set("load", load);
+    return r;
+  };
+  std::string basis;
+  WeightPricing p = recipe_weight_pricing(recipe("dense", "dummy", 4, false), basis);
+  EXPECT_EQ(p.expert_bytes_per_weight, 2);
+  EXPECT_EQ(p.other_bytes_per_weight, 2);
+  EXPECT_EQ(basis, "bf16");
+  p = recipe_weight_pricing(recipe("exl3", "dummy", 3, true), basis);
+  EXPECT_EQ(p.expert_bytes_per_weight, 0.375);
+  EXPECT_EQ(p.other_bytes_per_weight, 2);
+  EXPECT_EQ(basis, "EXL3 3 bits per weight for the routed experts, bf16 for every other linear");
+  p = recipe_weight_pricing(recipe("exl3", "dummy", 4, false), basis);
+  EXPECT_EQ(p.expert_bytes_per_weight, 0.5);
+  EXPECT_EQ(p.other_bytes_per_weight, 0.5);
+  p = recipe_weight_pricing(recipe("exl3", "mmap", 4, false), basis);
+  EXPECT_EQ(p.expert_bytes_per_weight, 2);
+  EXPECT_NE(basis.find("not known before loading"), std::string::npos) << basis;
 }
 
 TEST(ModelCost, PrefillFlopsCountChunksAndCausalAttention) {

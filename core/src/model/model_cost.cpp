@@ -7,13 +7,17 @@ namespace {
 
 constexpr double kBf16 = 2, kF32 = 4;
 
-// Attention projections of one layer: q (direct, or q_a → q_b), kv_a (latent + rope key), kv_b (latent →
-// per-head nope key and value), o_proj.
+// kv_b (latent → per-head nope key and value): what the absorbed decode reads as a bf16 copy in every format.
+double kv_b_params(const ModelConfig& c) {
+  return static_cast<double>(c.kv_lora_rank) * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+}
+
+// Attention projections of one layer: q (direct, or q_a → q_b), kv_a (latent + rope key), kv_b, o_proj.
 double attention_params(const ModelConfig& c) {
   const double Hd = c.hidden_size, H = c.num_attention_heads, L = c.kv_lora_rank, R = c.qk_rope_head_dim;
   const double qk = static_cast<double>(c.qk_head_dim()), vd = c.v_head_dim;
   const double q = c.q_lora_rank > 0 ? Hd * c.q_lora_rank + c.q_lora_rank * H * qk : Hd * H * qk;
-  return q + Hd * (L + R) + L * H * (c.qk_nope_head_dim + vd) + H * vd * Hd;
+  return q + Hd * (L + R) + kv_b_params(c) + H * vd * Hd;
 }
 
 double expert_params(const ModelConfig& c) { return 3.0 * c.hidden_size * c.moe_intermediate_size; }
@@ -28,18 +32,38 @@ double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens)
   return E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(tokens)));
 }
 
-double decode_weight_bytes(const ModelConfig& c, int64_t batch) {
+WeightPricing recipe_weight_pricing(const Recipe& recipe, std::string& basis) {
+  const RecipeSection& weights = recipe.section("weights");
+  WeightPricing p;
+  basis = "bf16";
+  if (weights.get_string("format", "dense") != "exl3") return p;
+  if (recipe.section("model").get_string("load", "mmap") != "dummy") {
+    basis = "bf16 (an EXL3 checkpoint's bits per weight are not known before loading)";
+    return p;
+  }
+  const int64_t bits = weights.get_int("bits", 4);
+  p.expert_bytes_per_weight = static_cast<double>(bits) / 8.0;
+  const bool experts_only = weights.get_bool("experts_only", false);
+  if (!experts_only) p.other_bytes_per_weight = p.expert_bytes_per_weight;
+  basis = "EXL3 " + std::to_string(bits) + " bits per weight for the routed experts" +
+          (experts_only ? ", bf16 for every other linear" : " and every other linear (kv_b's bf16 copy aside)");
+  return p;
+}
+
+double decode_weight_bytes(const ModelConfig& c, int64_t batch, const WeightPricing& p) {
   const double experts = expected_distinct_experts(c.n_routed_experts, c.num_experts_per_tok, batch);
+  const double other = p.other_bytes_per_weight;
   double total = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    total += attention_params(c) * kBf16;
+    total += (attention_params(c) - kv_b_params(c)) * other + kv_b_params(c) * kBf16;
     if (!c.is_moe(l))
-      total += dense_mlp_params(c) * kBf16;
+      total += dense_mlp_params(c) * other;
     else
-      total += expert_params(c) * (experts + c.n_shared_experts) * kBf16 + router_params(c) * kF32;
+      total += expert_params(c) * (experts * p.expert_bytes_per_weight + c.n_shared_experts * other) +
+               router_params(c) * kF32;
   }
   const double Hd = c.hidden_size;
-  return total + static_cast<double>(batch) * Hd * kBf16 + static_cast<double>(c.vocab_size) * Hd * kBf16;
+  return total + static_cast<double>(batch) * Hd * kBf16 + static_cast<double>(c.vocab_size) * Hd * other;
 }
 
 double decode_kv_bytes(const ModelConfig& c, int64_t batch, double context, double bytes_per_token) {

@@ -1,12 +1,14 @@
 // What one forward pass of an MLA + MoE model must move and compute: the bytes a decode step reads (weights it
 // touches + the KV it attends over) and the FLOPs of a prefill. The denominators of the rooflines that `kiln bench
-// decode|prefill` print beside their figures. Weights are counted as the CUDA runner holds them: bf16, the router
-// in fp32.
+// decode|prefill` print beside their figures. Weights are counted as the CUDA runner holds them: bf16 (or a
+// quantized format's bytes per weight, WeightPricing), the router in fp32.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/model_config.h"
+#include "recipe/recipe.h"
 
 namespace kiln {
 
@@ -15,10 +17,23 @@ namespace kiln {
 // fewer distinct ones are touched); uniform routing is what dummy weights give, and the upper end for real ones.
 double expected_distinct_experts(int64_t experts, int64_t top_k, int64_t tokens);
 
+// Bytes per weight the decode step's linears are read at: the routed experts and every other linear (dense: bf16
+// both; EXL3 at K bits: K / 8, the sign vectors not counted — under 1 % of an expert's bytes). The absorbed attention
+// reads kv_b's bf16 copy and the embedding's rows in bf16 whatever the format; the router is fp32.
+struct WeightPricing {
+  double expert_bytes_per_weight = 2;
+  double other_bytes_per_weight = 2;
+};
+
+// A recipe's bytes per weight: bf16, or under weights.format = "exl3" with model.load = "dummy" weights.bits / 8 for
+// the routed experts and — unless weights.experts_only — every other linear. An EXL3 checkpoint's own bits are not
+// known before loading: counted as bf16, and `basis` (what the pricing is, in words) says so.
+WeightPricing recipe_weight_pricing(const Recipe& recipe, std::string& basis);
+
 // Weight bytes one decode step of `batch` tokens (one per sequence) reads: attention, the dense MLP layers, per MoE
 // layer the shared experts + the expected distinct routed experts (above) + the router, `batch` embedding rows and
 // the lm_head.
-double decode_weight_bytes(const ModelConfig& config, int64_t batch);
+double decode_weight_bytes(const ModelConfig& config, int64_t batch, const WeightPricing& pricing = {});
 
 // KV bytes one decode step reads when each of `batch` sequences attends over `context` positions:
 // batch × context × bytes_per_token, where bytes_per_token is the pool's per token over every caching layer (the KV
