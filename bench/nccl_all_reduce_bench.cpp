@@ -112,6 +112,14 @@ double time_graph(kiln::TcpBootstrap& boot, cudaStream_t s, const Options& o, En
   return 1000.0 * ms / (o.launches * o.graph_calls);
 }
 
+// NCCL's column: µs, or why there is none (NCCL refuses two ranks on one GPU).
+std::string nccl_cell(double us) {
+  if (us < 0) return "n/a (1 GPU)";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", us);
+  return text;
+}
+
 int run_rank(const Options& o) {
   auto launch_env = kiln::read_launch_env(kiln::process_env());
   CHECK_OK(launch_env.status());
@@ -190,12 +198,7 @@ int run_rank(const Options& o) {
         CHECK_NCCL(ncclAllReduce(buf, buf, static_cast<size_t>(count), ncclBfloat16, ncclSum, comm, s));
       });
     if (env.rank == 0) {
-      char nccl_text[32];
-      if (nccl < 0)
-        std::snprintf(nccl_text, sizeof nccl_text, "%s", "n/a (1 GPU)");
-      else
-        std::snprintf(nccl_text, sizeof nccl_text, "%.2f", nccl);
-      std::printf("%10zu %12.2f %12.2f %12s %10s\n", bytes, one, two, nccl_text, ok ? "ok" : "WRONG");
+      std::printf("%10zu %12.2f %12.2f %12s %10s\n", bytes, one, two, nccl_cell(nccl).c_str(), ok ? "ok" : "WRONG");
     }
     if (!ok) std::fprintf(stderr, "rank %d: wrong all-reduce result at %zu bytes\n", env.rank, bytes);
   }
@@ -243,13 +246,8 @@ int run_rank(const Options& o) {
           core_kernel();
         });
       if (env.rank == 0) {
-        char nccl_text[32];
-        if (nccl < 0)
-          std::snprintf(nccl_text, sizeof nccl_text, "%s", "n/a (1 GPU)");
-        else
-          std::snprintf(nccl_text, sizeof nccl_text, "%.2f", nccl);
         std::printf("%10ld %10.1f %16.2f %16.2f %11.0f%% %16s\n", long(n), count * 4 / 1024.0, unfused, fused,
-                    100.0 * (1.0 - fused / unfused), nccl_text);
+                    100.0 * (1.0 - fused / unfused), nccl_cell(nccl).c_str());
       }
     }
     CHECK_CUDA(cudaFree(resid));

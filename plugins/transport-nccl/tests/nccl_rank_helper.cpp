@@ -58,19 +58,36 @@ const char* algo_name(IpcAllReduce::Algorithm a) {
   return a == IpcAllReduce::Algorithm::kTwoShot ? "two-shot" : "one-shot";
 }
 
-int run_ipc(const fs::path& out_dir) {
+// This rank's bootstrap and its custom all-reduce with every peer's handle opened, on cuda:0; prints why not.
+struct IpcRank {
   LaunchEnv launch;
-  auto boot = connect_from_env(launch);
-  if (!boot.ok()) return std::printf("bootstrap: %s\n", boot.status().to_string().c_str()), 2;
-  HELPER_CHECK_CUDA(cudaSetDevice(0));
-  auto made = IpcAllReduce::create(launch.rank, launch.world_size);
-  if (!made.ok()) return std::printf("create: %s\n", made.status().to_string().c_str()), 2;
-  std::unique_ptr<IpcAllReduce> ar = std::move(*made);
-  auto handle = ar->export_handle();
-  if (!handle.ok()) return std::printf("export: %s\n", handle.status().to_string().c_str()), 2;
-  auto handles = (*boot)->all_gather(*handle);
-  if (!handles.ok()) return std::printf("exchange: %s\n", handles.status().to_string().c_str()), 2;
-  if (Status s = ar->open_peers(*handles); !s.ok()) return std::printf("open: %s\n", s.to_string().c_str()), 2;
+  std::unique_ptr<TcpBootstrap> boot;
+  std::unique_ptr<IpcAllReduce> ar;
+};
+
+bool open_ipc_rank(IpcRank& r) {
+  auto boot = connect_from_env(r.launch);
+  if (!boot.ok()) return std::printf("bootstrap: %s\n", boot.status().to_string().c_str()), false;
+  r.boot = std::move(*boot);
+  if (cudaError_t e = cudaSetDevice(0); e != cudaSuccess)
+    return std::printf("cudaSetDevice: %s\n", cudaGetErrorString(e)), false;
+  auto made = IpcAllReduce::create(r.launch.rank, r.launch.world_size);
+  if (!made.ok()) return std::printf("create: %s\n", made.status().to_string().c_str()), false;
+  r.ar = std::move(*made);
+  auto handle = r.ar->export_handle();
+  if (!handle.ok()) return std::printf("export: %s\n", handle.status().to_string().c_str()), false;
+  auto handles = r.boot->all_gather(*handle);
+  if (!handles.ok()) return std::printf("exchange: %s\n", handles.status().to_string().c_str()), false;
+  if (Status st = r.ar->open_peers(*handles); !st.ok())
+    return std::printf("open: %s\n", st.to_string().c_str()), false;
+  return true;
+}
+
+int run_ipc(const fs::path& out_dir) {
+  IpcRank rank;
+  if (!open_ipc_rank(rank)) return 2;
+  const LaunchEnv& launch = rank.launch;
+  std::unique_ptr<IpcAllReduce>& ar = rank.ar;
 
   cudaStream_t stream;
   HELPER_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -162,7 +179,7 @@ int run_ipc(const fs::path& out_dir) {
 
   cudaFree(buffer);
   cudaStreamDestroy(stream);
-  cuda::release_custom_all_reduce(ar, **boot);
+  cuda::release_custom_all_reduce(ar, *rank.boot);
   std::printf("ipc: %d cases, %d mismatches\n", cases, failures);
   return failures == 0 ? 0 : 1;
 }
@@ -183,18 +200,10 @@ std::vector<float> random_floats(size_t count, uint32_t seed, float scale) {
 }
 
 int run_moe(const fs::path& out_dir) {
-  LaunchEnv launch;
-  auto boot = connect_from_env(launch);
-  if (!boot.ok()) return std::printf("bootstrap: %s\n", boot.status().to_string().c_str()), 2;
-  HELPER_CHECK_CUDA(cudaSetDevice(0));
-  auto made = IpcAllReduce::create(launch.rank, launch.world_size);
-  if (!made.ok()) return std::printf("create: %s\n", made.status().to_string().c_str()), 2;
-  std::unique_ptr<IpcAllReduce> ar = std::move(*made);
-  auto handle = ar->export_handle();
-  if (!handle.ok()) return std::printf("export: %s\n", handle.status().to_string().c_str()), 2;
-  auto handles = (*boot)->all_gather(*handle);
-  if (!handles.ok()) return std::printf("exchange: %s\n", handles.status().to_string().c_str()), 2;
-  if (Status s = ar->open_peers(*handles); !s.ok()) return std::printf("open: %s\n", s.to_string().c_str()), 2;
+  IpcRank rank;
+  if (!open_ipc_rank(rank)) return 2;
+  const LaunchEnv& launch = rank.launch;
+  std::unique_ptr<IpcAllReduce>& ar = rank.ar;
   cudaStream_t stream;
   HELPER_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::ofstream results(out_dir / ("result" + std::to_string(launch.rank) + ".bin"), std::ios::binary);
@@ -302,7 +311,7 @@ int run_moe(const fs::path& out_dir) {
       cudaFree(p);
   }
   cudaStreamDestroy(stream);
-  cuda::release_custom_all_reduce(ar, **boot);
+  cuda::release_custom_all_reduce(ar, *rank.boot);
   std::printf("moe: %d cases, %d mismatches\n", cases, failures);
   return failures == 0 ? 0 : 1;
 }
