@@ -11,6 +11,7 @@
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
 #include "exl3_module.h"
+#include "exl3_fixture_checkpoint.h"
 #include "exl3_test_source.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
@@ -33,23 +34,7 @@ void load_exl3_plugin() {
   ASSERT_TRUE(loaded.ok()) << loaded.to_string();
 }
 
-const char* safetensors_dtype(DType d) {
-  switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI16: return "I16";
-    case DType::kI32: return "I32";
-    default: return "?";
-  }
-}
-
-kiln::testing::TensorSpec spec_of(const std::string& name, const TensorView& t) {
-  kiln::testing::TensorSpec s{name, safetensors_dtype(t.dtype), {}, {}};
-  for (int i = 0; i < t.rank; ++i) s.shape.push_back(t.shape[i]);
-  s.bytes.assign(static_cast<const char*>(t.data), t.nbytes());
-  return s;
-}
+using test::spec_of;
 
 // Writes `<dir>/exl3` (EXL3 where chosen) and `<dir>/dense` (the same model, every weight dense, the converted ones
 // as their dequantized fp32 matrices) from the glm4_moe_lite-tiny fixture.
@@ -173,33 +158,20 @@ TEST(Exl3Model, ExpertsOnlyCheckpointSplitsAcrossRanks) {
   load_exl3_plugin();
   const fs::path dir = fs::temp_directory_path() / ("kiln-exl3-experts-tp-" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  fs::create_directories(dir);
-  const fs::path fixture = kiln::testing::model_dir("glm4_moe_lite-tiny");
-  auto file = SafetensorsFile::open(fixture / "model.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status().to_string();
-  std::vector<kiln::testing::TensorSpec> specs;
-  int index = 0;
-  for (const std::string& name : file->names()) {
-    const TensorView t = *file->get(name);
-    if (name.find(".mlp.experts.") == std::string::npos || !name.ends_with("_proj.weight")) {
-      specs.push_back(spec_of(name, t));
-      continue;
-    }
-    const std::string module = name.substr(0, name.size() - 7);
-    test::MemorySource source;
-    test::ModuleOptions o;
-    // One K and codebook per projection kind across a layer's experts, as the CUDA expert kernels take them.
-    const bool gate = module.ends_with("gate_proj"), up = module.ends_with("up_proj");
-    o.bits = gate ? 3 : up ? 4 : 2;
-    o.codebook = gate ? Codebook::kMcg : up ? Codebook::kMul1 : Codebook::k3Inst;
-    test::add_random_module(source, module, t.shape[1], t.shape[0], o, 3000 + index++);
-    for (const char* suffix : {".trellis", ".suh", ".svh", ".mcg", ".mul1"})
-      if (source.has(module + suffix)) specs.push_back(spec_of(module + suffix, *source.get(module + suffix)));
-  }
-  ASSERT_GT(index, 20);
-  fs::copy_file(fixture / "config.json", dir / "config.json");
-  fs::copy_file(fixture / "tokenizer.json", dir / "tokenizer.json");
-  kiln::testing::write_file(dir / "model.safetensors", kiln::testing::build_safetensors(specs));
+  const int converted = test::write_exl3_fixture(
+      dir,
+      [](const std::string& name, const TensorView&, int) -> std::optional<test::ModuleOptions> {
+        if (name.find(".mlp.experts.") == std::string::npos || !name.ends_with("_proj.weight")) return std::nullopt;
+        // One K and codebook per projection kind across a layer's experts, as the CUDA expert kernels take them.
+        const std::string module = name.substr(0, name.size() - 7);
+        const bool gate = module.ends_with("gate_proj"), up = module.ends_with("up_proj");
+        test::ModuleOptions o;
+        o.bits = gate ? 3 : up ? 4 : 2;
+        o.codebook = gate ? Codebook::kMcg : up ? Codebook::kMul1 : Codebook::k3Inst;
+        return o;
+      },
+      3000);
+  ASSERT_GT(converted, 20);
   LoadedModel one = kiln::testing::load_recipe_model(sets(dir, "exl3"));
   auto two_sets = sets(dir, "exl3");
   two_sets.push_back("parallel.tensor=2");

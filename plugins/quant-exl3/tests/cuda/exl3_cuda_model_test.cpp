@@ -20,6 +20,7 @@
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
 #include "exl3_module.h"
+#include "exl3_fixture_checkpoint.h"
 #include "exl3_test_source.h"
 #include "model/safetensors_file.h"
 #include "model/safetensors_writer.h"
@@ -30,58 +31,27 @@ namespace kiln::exl3 {
 namespace {
 namespace fs = std::filesystem;
 
-const char* st_dtype(DType d) {
-  switch (d) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kI16: return "I16";
-    case DType::kI32: return "I32";
-    default: return "?";
-  }
-}
-
-kiln::testing::TensorSpec spec_of(const std::string& name, const TensorView& t) {
-  kiln::testing::TensorSpec s{name, st_dtype(t.dtype), {}, {}};
-  for (int i = 0; i < t.rank; ++i) s.shape.push_back(t.shape[i]);
-  s.bytes.assign(static_cast<const char*>(t.data), t.nbytes());
-  return s;
-}
-
+// Most projections EXL3: the experts with one K and codebook per projection kind across a layer's experts (as the
+// CUDA expert kernels need), the others of every K and codebook; one q_b_proj left dense.
 void write_checkpoint(const fs::path& dir) {
-  const fs::path fixture = kiln::testing::model_dir("glm4_moe_lite-tiny");
-  auto file = SafetensorsFile::open(fixture / "model.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status().to_string();
-  std::vector<kiln::testing::TensorSpec> specs;
-  int index = 0;
-  for (const std::string& name : file->names()) {
-    const TensorView t = *file->get(name);
-    const std::string module = name.substr(0, name.size() - 7);
-    const bool convert =
-        name.ends_with("_proj.weight") && t.rank == 2 && name != "model.layers.1.self_attn.q_b_proj.weight";
-    if (!convert) {
-      specs.push_back(spec_of(name, t));
-      continue;
-    }
-    test::ModuleOptions o;
-    const size_t experts = module.find(".experts.");
-    if (experts != std::string::npos) {  // K and codebook from the projection's name only
-      const bool gate = module.ends_with("gate_proj"), up = module.ends_with("up_proj");
-      o.bits = gate ? 3 : up ? 4 : 5;
-      o.codebook = gate ? Codebook::kMcg : up ? Codebook::kMul1 : Codebook::k3Inst;
-    } else {
-      o.bits = 2 + index % 5;
-      o.codebook = static_cast<Codebook>(index % 3);
-    }
-    test::MemorySource source;
-    test::add_random_module(source, module, t.shape[1], t.shape[0], o, 2000 + index++);
-    for (const char* suffix : {".trellis", ".suh", ".svh", ".mcg", ".mul1"})
-      if (source.has(module + suffix)) specs.push_back(spec_of(module + suffix, *source.get(module + suffix)));
-  }
-  fs::create_directories(dir);
-  fs::copy_file(fixture / "config.json", dir / "config.json");
-  fs::copy_file(fixture / "tokenizer.json", dir / "tokenizer.json");
-  kiln::testing::write_file(dir / "model.safetensors", kiln::testing::build_safetensors(specs));
+  test::write_exl3_fixture(
+      dir,
+      [](const std::string& name, const TensorView& t, int index) -> std::optional<test::ModuleOptions> {
+        if (!name.ends_with("_proj.weight") || t.rank != 2 || name == "model.layers.1.self_attn.q_b_proj.weight")
+          return std::nullopt;
+        const std::string module = name.substr(0, name.size() - 7);
+        test::ModuleOptions o;
+        if (module.find(".experts.") != std::string::npos) {  // K and codebook from the projection's name only
+          const bool gate = module.ends_with("gate_proj"), up = module.ends_with("up_proj");
+          o.bits = gate ? 3 : up ? 4 : 5;
+          o.codebook = gate ? Codebook::kMcg : up ? Codebook::kMul1 : Codebook::k3Inst;
+        } else {
+          o.bits = 2 + index % 5;
+          o.codebook = static_cast<Codebook>(index % 3);
+        }
+        return o;
+      },
+      2000);
 }
 
 // Skips without a CUDA device; loads the built plugin once; a scratch checkpoint folder removed afterwards.
