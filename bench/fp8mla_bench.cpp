@@ -2,8 +2,10 @@
 // measured in the same run: the bf16 layout's tensor-core kernel (1,152-byte rows) and fp8_ds_mla's (656-byte rows,
 // plugin kv-fp8mla: the SDK's kernel over tiles widened to bf16 in shared memory). GLM-4.7-Flash shapes:
 // 20 heads, latent 512 + rope 64, pages of 64 tokens shuffled; splits as the layouts plan them under batch
-// invariance (split_by_length). Each figure: one CUDA graph running the attention over enough distinct sequences'
-// caches (≥ 512 MiB, so the 50 MiB L2 serves none of them), replayed; time per call = graph time ÷ calls.
+// invariance (split_by_length), the bf16 kernel given the merge counters the layout gives it. Each figure: one CUDA
+// graph running the attention over enough distinct sequences' caches (≥ 512 MiB, so the 50 MiB L2 serves none of
+// them), replayed; time per call = graph time ÷ calls. On an sm_90 GPU the bf16 figure is the Hopper kernel's
+// (KILN_MLA_DECODE=tc measures the mma.sync one).
 // Effective bandwidth = the cache bytes of one row's context ÷ time per call.
 // Usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20]
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@
 #include "fp8_mla_row.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kiln/cuda/mla_decode_plan.h"
+#include "kiln/cuda/mla_decode_sync.h"
 
 namespace {
 
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
   }
   int32_t* d_len = nullptr;
   CHECK_CUDA(cudaMalloc(&d_len, 4));
+  kiln::cuda::MlaDecodeSync merge_counters(0);  // as the bf16 layout passes them: the merge may run in the grid
   for (int64_t ctx : contexts) {
     const int32_t len = static_cast<int32_t>(ctx);
     CHECK_CUDA(cudaMemcpy(d_len, &len, 4, cudaMemcpyHostToDevice));
@@ -186,7 +190,7 @@ int main(int argc, char** argv) {
         kiln::cuda::MlaDecodeParams p;
         p.q = q, p.num_queries = 1, p.num_heads = heads, p.cache = c.pages, p.block_size = kBlock;
         p.block_tables = c.tables, p.max_blocks = c.blocks, p.kv_len = d_len, p.scale = 1.0f / 24, p.out = out;
-        p.num_splits = splits, p.split_by_length = true, p.workspace = ws;
+        p.num_splits = splits, p.split_by_length = true, p.workspace = ws, p.sync = merge_counters.get();
         ms = per_call_ms(st, copies, [&](int i) {
           p.query_seq = c.seqs + i;
           CHECK_OK(kiln::cuda::mla_decode_bf16(p, st));

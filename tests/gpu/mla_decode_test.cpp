@@ -9,6 +9,7 @@
 #include "device_buffer.h"
 #include "kernels/cpu/mla_attention.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_decode_sm90.h"
 #include "kiln/cuda/mla_decode_sync.h"
 
 namespace kiln::test {
@@ -30,12 +31,14 @@ struct Case {
   bool split_by_length = false;  // num_splits is then taken from mla_decode_length_splits(longest row)
   bool bf16_only = false;        // out = null: only the bf16 output is written (checked against the reference)
   int64_t rope = 64;             // 0: rows of the latent alone (NoPE DSA)
+  bool nan_padding = false;      // every cache row no query may see holds NaN (stale or never-written slots)
 };
 
-// Runs one case against the CPU reference. The bf16 output, written alongside, must be the fp32 output rounded to
-// nearest even, bit for bit; with split_by_length, row 0 run alone (with the split count the runner would give
-// it) must give the same bits as beside the other rows (batch invariance).
-void run_case(const Case& c, uint64_t seed) {
+// Runs one case through one kernel against the CPU reference. The bf16 output, written alongside, must be the fp32
+// output rounded to nearest even, bit for bit; with split_by_length, row 0 run alone (with the split count the
+// runner would give it) must give the same bits as beside the other rows (batch invariance). The Hopper kernel is
+// skipped where it does not take the parameters (a DSA selection; another GPU).
+void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
   std::mt19937_64 rng(seed);
   const int64_t kRow = 512 + c.rope;
   const int64_t num_seqs = static_cast<int64_t>(c.kv_lens.size());
@@ -58,7 +61,15 @@ void run_case(const Case& c, uint64_t seed) {
   std::vector<int32_t> tables(num_seqs * max_blocks, -1);
   for (int64_t s = 0, next = 0; s < num_seqs; ++s)
     for (int64_t b = 0; b * c.block_size < c.kv_lens[s]; ++b) tables[s * max_blocks + b] = page_ids[next++];
-  const Bf16Data cache = random_bf16(size_t(pages * c.block_size) * kRow, rng, -2.f, 2.f);
+  Bf16Data cache = random_bf16(size_t(pages * c.block_size) * kRow, rng, -2.f, 2.f);
+  if (c.nan_padding) {
+    std::vector<bool> seen(size_t(pages * c.block_size), false);
+    for (int64_t s = 0; s < num_seqs; ++s)
+      for (int64_t pos = 0; pos < c.kv_lens[s]; ++pos)
+        seen[size_t(tables[s * max_blocks + pos / c.block_size]) * c.block_size + pos % c.block_size] = true;
+    for (size_t slot = 0; slot < seen.size(); ++slot)
+      if (!seen[slot]) std::fill_n(cache.bits.begin() + slot * kRow, kRow, uint16_t{0x7fc0});
+  }
   const Bf16Data q = random_bf16(size_t(nq * c.heads) * kRow, rng, -1.f, 1.f);  // bf16-exact q
   std::vector<int32_t> selected;
   if (c.selected_width > 0) {
@@ -126,7 +137,8 @@ void run_case(const Case& c, uint64_t seed) {
     for (size_t i = 0; i + 1 < groups.size(); ++i)
       p.max_group_rows = std::max<int64_t>(p.max_group_rows, groups[i + 1] - groups[i]);
   }
-  EXPECT_TRUE(cuda::mla_decode_bf16(p, nullptr).ok());
+  if (kernel == cuda::MlaDecodeKernel::sm90 && !cuda::mla_decode_sm90_takes(p)) return;
+  EXPECT_TRUE(cuda::mla_decode_bf16(p, nullptr, kernel).ok());
   KILN_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got_bf = dout_bf.download();
   std::vector<float> got(got_bf.size());
@@ -144,7 +156,8 @@ void run_case(const Case& c, uint64_t seed) {
   }
   EXPECT_LT(rel_error(got, want), kTolerance) << "heads " << c.heads << " block " << c.block_size << " splits "
                                               << c.num_splits << " sel " << c.selected_width << " rows "
-                                              << nq << (c.grouped ? " grouped" : "") << (c.bf16_only ? " bf16" : "");
+                                              << nq << (c.grouped ? " grouped" : "") << (c.bf16_only ? " bf16" : "")
+                                              << (kernel == cuda::MlaDecodeKernel::sm90 ? " sm90" : " mma.sync");
   if (c.num_splits >= cuda::kMlaKernelMergeMinSplits) {
     // With merge counters (and a grid that fits on the device at once) the decode kernel merges its splits itself:
     // the same bits as the separate merge, and the counters back at zero after every launch (two rounds).
@@ -159,7 +172,7 @@ void run_case(const Case& c, uint64_t seed) {
     for (int round = 0; round < 2; ++round) {
       mout_bf.poison();
       mout.poison();
-      EXPECT_TRUE(cuda::mla_decode_bf16(m, nullptr).ok());
+      EXPECT_TRUE(cuda::mla_decode_bf16(m, nullptr, kernel).ok());
       KILN_CUDA_OK(cudaDeviceSynchronize());
       EXPECT_TRUE(mout_bf.download() == got_bf) << "kernel-side merge, round " << round;
       if (!c.bf16_only) {
@@ -182,13 +195,61 @@ void run_case(const Case& c, uint64_t seed) {
     a.out = c.bf16_only ? nullptr : alone.get();
     a.out_bf16 = alone_bf.get();
     ASSERT_LE(cuda::mla_decode_workspace_bytes(1, c.heads, a.num_splits), workspace.size());
-    EXPECT_TRUE(cuda::mla_decode_bf16(a, nullptr).ok());
+    EXPECT_TRUE(cuda::mla_decode_bf16(a, nullptr, kernel).ok());
     const std::vector<uint16_t> one_bf = alone_bf.download();
     EXPECT_TRUE(std::equal(one_bf.begin(), one_bf.end(), got_bf.begin())) << "row 0 changed with the rows beside it";
     if (!c.bf16_only) {
       const std::vector<float> one = alone.download();
       EXPECT_EQ(0, std::memcmp(one.data(), got.data(), n * sizeof(float))) << "row 0 changed with the rows beside it";
     }
+  }
+}
+
+// Both kernels: the SDK's mma.sync kernel everywhere, the Hopper one (TMA + wgmma) on an sm_90 GPU.
+void run_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(seed);
+  run_case_with(c, seed, cuda::MlaDecodeKernel::mma_sync);
+  run_case_with(c, seed, cuda::MlaDecodeKernel::sm90);
+}
+
+bool on_sm90() {
+  int major = 0, minor = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess && major == 9 && minor == 0;
+}
+
+// What the Hopper kernel takes: dense rows of 512 + 64 or 512 + 0 on pages of 8, 16, 32 or a multiple of 64 tokens.
+TEST(GpuMlaDecode, HopperKernelTakesDenseRowsOnAnSm90) {
+  uint16_t pages[8] = {};
+  cuda::MlaDecodeParams p;
+  p.cache = pages;
+  p.block_size = 64;
+  EXPECT_EQ(cuda::mla_decode_sm90_takes(p), on_sm90());
+  p.rope_dim = 0;
+  EXPECT_EQ(cuda::mla_decode_sm90_takes(p), on_sm90());
+  for (int64_t bs : {8, 16, 32, 128, 192}) {
+    p.block_size = bs;
+    EXPECT_EQ(cuda::mla_decode_sm90_takes(p), on_sm90()) << bs;
+  }
+  for (int64_t bs : {4, 24, 48, 100}) {
+    p.block_size = bs;
+    EXPECT_FALSE(cuda::mla_decode_sm90_takes(p)) << bs;
+  }
+  p.block_size = 64;
+  const int32_t sel = 0;
+  p.selected = &sel;
+  EXPECT_FALSE(cuda::mla_decode_sm90_takes(p));
+}
+
+// Slots no query may see (the tail of a sequence's last page, pages no table names) hold NaN: a kernel that copies
+// whole pages must keep them out (a zero softmax weight times NaN is NaN). Page sizes 8 and 128, 1 and 128 heads.
+TEST(GpuMlaDecode, UnseenSlotsNeverReachTheOutput) {
+  for (auto [heads, bs, lens, splits, seed] :
+       {std::tuple{20, 64, std::vector<int32_t>{1, 63, 65, 130}, 1, 41}, {1, 8, {77, 9}, 3, 42}, {128, 128, {200, 129}, 2, 43},
+        {20, 128, {5000}, 64, 44}, {32, 16, {1000, 31}, 5, 45}}) {
+    Case c{heads, bs, lens, splits, 0};
+    c.nan_padding = true;
+    run_case(c, seed);
   }
 }
 

@@ -191,6 +191,80 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
+// The end of a decode CTA, shared by the kernels of this header and the Hopper one (kernels/cuda/mla_decode_sm90):
+// s_out [pair][kOutStride] holds this CTA's normalised outputs and s_l / s_m each pair's softmax sum and base-2 max.
+// Writes the output (one split) or this split's partial and log-sum-exp, and with kMerge merges the row group's
+// splits inside the grid. Called by threads tid = 0 .. kThreadsT − 1 (whole warps), which `bar` synchronises;
+// s_scratch is free shared memory for the merge weights ((splits + 1) floats per (query, head) of the share).
+template <bool kMerge, int kThreadsT, class Barrier>
+__device__ __forceinline__ void finish_splits(const MlaDecodeParams& p, const float* s_out, const float* s_l,
+                                              const float* s_m, int n_pairs, int64_t pair_base, int pairs, int ctas,
+                                              int64_t first_row, int split, float* part_out, float* part_lse,
+                                              unsigned* sync, float* s_scratch, int tid, Barrier bar) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int heads = static_cast<int>(p.num_heads);
+  const bool direct = p.num_splits == 1;
+  const int64_t rows = p.num_queries * p.num_heads;
+  constexpr int kQuads = static_cast<int>(kMlaLatentDim) / 4;
+  for (int i = tid; i < n_pairs * kQuads; i += kThreadsT) {
+    const int pair = i / kQuads, col = (i % kQuads) * 4;
+    const int64_t qh = pair_base + pair;
+    const float4 v = *reinterpret_cast<const float4*>(s_out + pair * kOutStride + col);
+    if (direct) {
+      if (p.out) *reinterpret_cast<float4*>(p.out + qh * kMlaLatentDim + col) = v;
+      if (p.out_bf16)
+        *reinterpret_cast<uint2*>(p.out_bf16 + qh * kMlaLatentDim + col) =
+            make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    } else if (s_l[pair] > 0.f) {  // an empty partial is never read by the combine
+      *reinterpret_cast<float4*>(part_out + (split * rows + qh) * kMlaLatentDim + col) = v;
+    }
+  }
+  if (!direct && tid < n_pairs) {
+    const float l = s_l[tid];
+    part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
+  }
+  if constexpr (!kMerge) return;
+  // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
+  // the launcher passes `sync` only when every CTA of the grid is resident at once, so waiting for the rest of the
+  // row group cannot deadlock. Each CTA announces its partials, waits for its group's, then merges an even share
+  // of the group's column pieces with the standalone kernel's sums. The two counters of the group end at zero (the
+  // last CTA past the wait resets them) for the next launch.
+  __threadfence();
+  bar();
+  const unsigned participants = static_cast<unsigned>(ctas) * static_cast<unsigned>(p.num_splits);
+  if (tid == 0) {
+    unsigned* arrived = sync + 2 * blockIdx.z;
+    unsigned* passed = arrived + 1;
+    atomicAdd(arrived, 1u);
+    while (load_acquire(arrived) < participants) __nanosleep(32);
+    if (atomicAdd(passed, 1u) == participants - 1) {
+      atomicExch(arrived, 0u);
+      atomicExch(passed, 0u);
+    }
+  }
+  bar();
+  const int64_t pieces = static_cast<int64_t>(pairs) * kPiecesPerRow;
+  const int64_t me = static_cast<int64_t>(split) * ctas + blockIdx.x;
+  const int64_t begin = pieces * me / participants, end = pieces * (me + 1) / participants;
+  if (begin >= end) return;
+  // The weights of the (query, head)s this share touches, one warp each, in the (now free) KV stages.
+  const int64_t qh0 = first_row * heads + begin / kPiecesPerRow;
+  const int n_qh = static_cast<int>((end - 1) / kPiecesPerRow - begin / kPiecesPerRow + 1);
+  float* s_w = s_scratch;
+  float* s_inv = s_w + static_cast<size_t>(n_qh) * p.num_splits;
+  for (int j = warp; j < n_qh; j += kThreadsT / 32)
+    mla_merge_weights(part_lse, rows, p.num_splits, qh0 + j, s_w + static_cast<size_t>(j) * p.num_splits, s_inv + j,
+                      lane);
+  bar();
+  for (int64_t base = begin; base < end; base += kThreadsT / kCombineLanes) {
+    const int64_t i = base + tid / kCombineLanes;
+    const bool active = i < end;
+    const int j = active ? static_cast<int>(i / kPiecesPerRow - begin / kPiecesPerRow) : 0;
+    mla_merge_piece(part_out, rows, p.num_splits, qh0 + j, static_cast<int>(i % kPiecesPerRow),
+                    s_w + static_cast<size_t>(j) * p.num_splits, s_inv[j], active, p.out, p.out_bf16);
+  }
+}
+
 // grid: (CTAs per row group, splits, row groups). A group's rows · heads (row, head) pairs, row-major, are spread
 // evenly over the fewest CTAs of 8·kN pairs (the rest of blockIdx.x exits); each CTA streams one split of the keys
 // its rows can see (up to the largest kv_len among them) once and masks every pair by its row's kv_len.
@@ -481,66 +555,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
     }
   }
   __syncthreads();
-  const bool direct = p.num_splits == 1;
-  const int64_t rows = p.num_queries * p.num_heads;
-  constexpr int kQuads = static_cast<int>(kMlaLatentDim) / 4;
-  for (int i = tid; i < n_pairs * kQuads; i += kThreads) {
-    const int pair = i / kQuads, col = (i % kQuads) * 4;
-    const int64_t qh = pair_base + pair;
-    const float4 v = *reinterpret_cast<const float4*>(s_out + pair * kOutStride + col);
-    if (direct) {
-      if (p.out) *reinterpret_cast<float4*>(p.out + qh * kMlaLatentDim + col) = v;
-      if (p.out_bf16)
-        *reinterpret_cast<uint2*>(p.out_bf16 + qh * kMlaLatentDim + col) =
-            make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
-    } else if (s_l[pair] > 0.f) {  // an empty partial is never read by the combine
-      *reinterpret_cast<float4*>(part_out + (split * rows + qh) * kMlaLatentDim + col) = v;
-    }
-  }
-  if (!direct && tid < n_pairs) {
-    const float l = s_l[tid];
-    part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
-  }
-  if constexpr (!kMerge) return;
-  // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
-  // the launcher passes `sync` only when every CTA of the grid is resident at once, so waiting for the rest of the
-  // row group cannot deadlock. Each CTA announces its partials, waits for its group's, then merges an even share
-  // of the group's column pieces with the standalone kernel's sums. The two counters of the group end at zero (the
-  // last CTA past the wait resets them) for the next launch.
-  __threadfence();
-  __syncthreads();
-  const unsigned participants = static_cast<unsigned>(ctas) * static_cast<unsigned>(p.num_splits);
-  if (tid == 0) {
-    unsigned* arrived = sync + 2 * blockIdx.z;
-    unsigned* passed = arrived + 1;
-    atomicAdd(arrived, 1u);
-    while (load_acquire(arrived) < participants) __nanosleep(32);
-    if (atomicAdd(passed, 1u) == participants - 1) {
-      atomicExch(arrived, 0u);
-      atomicExch(passed, 0u);
-    }
-  }
-  __syncthreads();
-  const int64_t pieces = static_cast<int64_t>(pairs) * kPiecesPerRow;
-  const int64_t me = static_cast<int64_t>(split) * ctas + blockIdx.x;
-  const int64_t begin = pieces * me / participants, end = pieces * (me + 1) / participants;
-  if (begin >= end) return;
-  // The weights of the (query, head)s this share touches, one warp each, in the (now free) KV stages.
-  const int64_t qh0 = first_row * heads + begin / kPiecesPerRow;
-  const int n_qh = static_cast<int>((end - 1) / kPiecesPerRow - begin / kPiecesPerRow + 1);
-  float* s_w = reinterpret_cast<float*>(smem + L::kKv);
-  float* s_inv = s_w + static_cast<size_t>(n_qh) * p.num_splits;
-  for (int j = warp; j < n_qh; j += kWarps)
-    mla_merge_weights(part_lse, rows, p.num_splits, qh0 + j, s_w + static_cast<size_t>(j) * p.num_splits, s_inv + j,
-                      lane);
-  __syncthreads();
-  for (int64_t base = begin; base < end; base += kThreads / kCombineLanes) {
-    const int64_t i = base + tid / kCombineLanes;
-    const bool active = i < end;
-    const int j = active ? static_cast<int>(i / kPiecesPerRow - begin / kPiecesPerRow) : 0;
-    mla_merge_piece(part_out, rows, p.num_splits, qh0 + j, static_cast<int>(i % kPiecesPerRow),
-                    s_w + static_cast<size_t>(j) * p.num_splits, s_inv[j], active, p.out, p.out_bf16);
-  }
+  finish_splits<kMerge, kThreads>(p, s_out, s_l, s_m, n_pairs, pair_base, pairs, ctas, first_row, split, part_out,
+                                  part_lse, sync, reinterpret_cast<float*>(smem + L::kKv), tid, [] { __syncthreads(); });
 }
 
 // n8 tiles per CTA for groups of up to `rows` rows: enough for the largest even share of a group's pairs (a

@@ -1,7 +1,10 @@
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_decode_sm90.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kiln/cuda/mla_decode_tc.cuh"
 
@@ -27,10 +30,20 @@ struct Bf16Rows {
   __device__ static void widen(const unsigned char*, uint16_t*, int, int, int) {}
 };
 
+bool mma_sync_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("KILN_MLA_DECODE");
+    return v != nullptr && std::strcmp(v, "tc") == 0;
+  }();
+  return forced;
+}
+
 }  // namespace
 
-Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream) {
+Status mla_decode_bf16(const MlaDecodeParams& p, StreamHandle stream, MlaDecodeKernel kernel) {
   if (const char* why = mla_decode_check(p)) return invalid_argument(std::string("cuda::mla_decode_bf16: ") + why);
+  if (kernel == MlaDecodeKernel::sm90 || (kernel == MlaDecodeKernel::automatic && !mma_sync_forced() && mla_decode_sm90_takes(p)))
+    return mla_decode_sm90(p, stream);
   return check_cuda(launch_mla_decode_tc<Bf16Rows>(p, stream, pdl_enabled()), "cuda::mla_decode_bf16");
 }
 
