@@ -4,8 +4,8 @@
 // 20 heads, latent 512 + rope 64, pages of 64 tokens shuffled; splits as the layouts plan them under batch
 // invariance (split_by_length), the bf16 kernel given the merge counters the layout gives it. Each figure: one CUDA
 // graph running the attention over enough distinct sequences' caches (≥ 512 MiB, so the 50 MiB L2 serves none of
-// them), replayed; time per call = graph time ÷ calls. On an sm_90 GPU the bf16 figure is the Hopper kernel's
-// (KILN_MLA_DECODE=tc measures the mma.sync one).
+// them), replayed; time per call = graph time ÷ calls. KILN_MLA_DECODE=sm90 measures the bf16 layout's Hopper
+// kernel (kernels/cuda/mla_decode_sm90) instead of the mma.sync one.
 // Effective bandwidth = the cache bytes of one row's context ÷ time per call.
 // Usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20]
 #include <cuda_runtime.h>
