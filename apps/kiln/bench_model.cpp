@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "engine/engine_factory.h"
 #include "engine/instance_runner.h"
@@ -54,6 +56,21 @@ std::string device_name(const LoadedModel& m, const Recipe& recipe) {
   return "CPU (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)");
 }
 
+// Seconds of `reps` copies of `bytes` on the CPU, split evenly over `threads` threads (each its own slice).
+double cpu_copy_seconds(char* dst, const char* src, size_t bytes, int threads, int reps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) {
+    std::vector<std::thread> pool;
+    const size_t slice = (bytes / threads + 63) / 64 * 64;
+    for (int t = 0; t < threads; ++t) {
+      const size_t begin = std::min(bytes, slice * t), end = std::min(bytes, begin + slice);
+      pool.emplace_back([=] { std::memcpy(dst + begin, src + begin, end - begin); });
+    }
+    for (std::thread& th : pool) th.join();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Blocks [first, first + count) as one sequence's block table.
 std::vector<int32_t> block_range(int64_t first, int64_t count) {
   std::vector<int32_t> table(count);
@@ -64,6 +81,53 @@ std::vector<int32_t> block_range(int64_t first, int64_t count) {
 int64_t blocks_for(int64_t positions, int64_t block_size) { return (positions + block_size - 1) / block_size; }
 
 }  // namespace
+
+double measure_copy_bandwidth(const BenchTarget& target, std::string& how) {
+  constexpr int kReps = 8;
+#ifdef KILN_WITH_CUDA
+  if (target.model.on_gpu()) {
+    // The pool has taken most of the device: the largest pair of buffers that still fits, from 128 MiB down.
+    for (size_t bytes = size_t{128} << 20; bytes >= (size_t{64} << 20); bytes /= 2) {
+      void* src = nullptr;
+      void* dst = nullptr;
+      if (cudaMalloc(&src, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        continue;
+      }
+      if (cudaMalloc(&dst, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(src);
+        continue;
+      }
+      cudaEvent_t start, stop;
+      float ms = 0;
+      bool ok = cudaMemset(src, 1, bytes) == cudaSuccess && cudaEventCreate(&start) == cudaSuccess &&
+                cudaEventCreate(&stop) == cudaSuccess && cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+                cudaEventRecord(start) == cudaSuccess;
+      for (int r = 0; ok && r < kReps; ++r) ok = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess;
+      ok = ok && cudaEventRecord(stop) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+           cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms > 0;
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      cudaFree(src);
+      cudaFree(dst);
+      if (!ok) return 0;
+      how = "measured here: a " + std::to_string(bytes >> 20) + " MiB device-to-device copy, read + write";
+      return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3);
+    }
+    return 0;
+  }
+#endif
+  int threads = static_cast<int>(target.recipe.section("model").get_int("threads", 0));
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t bytes = size_t{128} << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  cpu_copy_seconds(dst.data(), src.data(), bytes, threads, 1);  // pages touched, threads warm
+  const double s = cpu_copy_seconds(dst.data(), src.data(), bytes, threads, kReps);
+  how = "measured here: a 128 MiB memcpy over " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") +
+        ", read + write";
+  return s > 0 ? 2.0 * static_cast<double>(bytes) * kReps / s : 0;
+}
 
 Result<BenchTarget> open_bench_target(const std::string& recipe_file, const std::vector<std::string>& sets,
                                       const BenchShape& shape, bool cuda_graphs, bool ignore_screen,

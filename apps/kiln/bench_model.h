@@ -66,8 +66,14 @@ struct DecodeBenchOptions {
   bool profile = false;        // CUDA: per-stage GPU time of the timed steps (launched directly, no graphs)
   int64_t steps = 64;          // timed
   int64_t warmup = 4;          // untimed, before them (the first ones capture CUDA graphs and size buffers)
-  double bandwidth = 4.26e12;  // bytes/s: the H200's device-to-device copy rate measured here
+  // bytes/s of the roofline; 0: measure_copy_bandwidth on the target's device before the points run
+  double bandwidth = 0;
 };
+
+// The target's memory bandwidth as the roofline counts it: a copy's bytes read plus written, over a 64–128 MiB copy
+// repeated (past the GPU's L2; on the CPU split over the recipe's threads). Returns 0 when it cannot measure (no
+// memory for the buffers); `how` says what was measured.
+double measure_copy_bandwidth(const BenchTarget& target, std::string& how);
 
 // Positions one sequence of a decode point needs: the context, then warm-up and timed steps (and the verification
 // rows past the last one).

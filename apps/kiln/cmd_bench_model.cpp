@@ -114,7 +114,9 @@ int bench_decode(int argc, char** argv) {
        "query rows per sequence per step: 1 = decode, 1 + K = the verification pass of K drafts")
       ("steps", po::value(&o.steps)->default_value(o.steps), "timed steps per point")
       ("warmup", po::value(&o.warmup)->default_value(o.warmup), "untimed steps before them")
-      ("bandwidth", po::value(&o.bandwidth)->default_value(o.bandwidth, "4.26e12"), "memory bandwidth for the roofline, bytes/s")
+      ("bandwidth", po::value(&o.bandwidth)->default_value(o.bandwidth, "measured"),
+       "memory bandwidth for the roofline, bytes/s (default: a copy on the recipe's device, read + write, measured "
+       "before the points run)")
       ("no-graphs", po::bool_switch(&no_graphs), "CUDA: launch every kernel of a step instead of replaying a CUDA graph")
       ("profile", po::bool_switch(&o.profile),
        "CUDA: also print where each point's step time goes, by stage (implies --no-graphs)")
@@ -138,7 +140,8 @@ int bench_decode(int argc, char** argv) {
     if (std::string e = parse_positive_list(flag, *text, *list); !e.empty()) return fail(e);
   if (o.steps < 1) return fail("--steps must be at least 1");
   if (o.warmup < 0) return fail("--warmup must not be negative");
-  if (!(o.bandwidth > 0)) return fail("--bandwidth must be positive");
+  if (vm.count("bandwidth") && !vm["bandwidth"].defaulted() && !(o.bandwidth > 0))
+    return fail("--bandwidth must be positive");
   std::vector<double> profile;
   if (!draft_profile.empty()) {
     if (std::string e = parse_draft_profile(draft_profile, profile); !e.empty()) return fail(e);
@@ -168,13 +171,18 @@ int bench_decode(int argc, char** argv) {
                                   2 * static_cast<int64_t>(profile.size()));
   if (!target.ok()) return fail(target.status().message());
   const std::string command = command_line(argc, argv);
+  std::string bandwidth_source = "given with --bandwidth";
+  if (o.bandwidth == 0) {
+    o.bandwidth = measure_copy_bandwidth(*target, bandwidth_source);
+    if (!(o.bandwidth > 0)) return fail("could not measure the device's copy bandwidth (no memory for the buffers): give --bandwidth");
+  }
   print_header("kiln bench decode", *target, command);
   const ModelConfig& mc = *target->config;
-  std::printf("roofline = batch x %.3g B/s / (weight + KV bytes read per step). Weights: %s, router fp32; routed "
+  std::printf("roofline = batch x %.3g B/s (%s) / (weight + KV bytes read per step). Weights: %s, router fp32; routed "
               "experts read per MoE layer at batch B: the expected distinct ones under uniform routing, "
               "E(1-(1-k/E)^B) with E = %lld, k = %lld. KV: B x mean keys attended x %.0f B a token (the pool's: %lld "
               "layers of the recipe's KV layout%s).\n\n",
-              o.bandwidth, target->pricing_basis.c_str(), static_cast<long long>(mc.n_routed_experts),
+              o.bandwidth, bandwidth_source.c_str(), target->pricing_basis.c_str(), static_cast<long long>(mc.n_routed_experts),
               static_cast<long long>(mc.num_experts_per_tok),
               static_cast<double>(target->capacity.bytes) / static_cast<double>(std::max<int64_t>(target->capacity.tokens(), 1)),
               static_cast<long long>(mc.num_hidden_layers), mc.index_topk > 0 ? " and the indexer's keys" : "");
@@ -184,6 +192,7 @@ int bench_decode(int argc, char** argv) {
   std::cout << decode_table(*points) << stage_tables(*points) << std::flush;
   nlohmann::json report = report_header("decode", *target, command);
   report.update(decode_json(*points, o));
+  report["bandwidth_source"] = bandwidth_source;
   if (!profile.empty()) {
     auto drafted = run_drafted_bench(*target, o, profile, *points);
     if (!drafted.ok()) return fail(drafted.status().message());
