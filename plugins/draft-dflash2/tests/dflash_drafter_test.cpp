@@ -205,6 +205,32 @@ struct DraftPool {
   }
 };
 
+// The drafter's proposal at anchor position a of `tokens` (tokens[a] the anchor) with its context built in one
+// prefill of tokens[0, a) on a fresh pool, as the first proposal after a prompt is.
+std::vector<int32_t> fresh_proposal(Fixture& f, const std::vector<int32_t>& tokens, int64_t a, int depth) {
+  DraftPool pool(f, 64);
+  EXPECT_TRUE(pool.ok);
+  if (!pool.ok) return {};
+  SequenceStep step{std::span<const int32_t>(tokens.data(), a), 0, &pool.table, false};
+  StepOptions options;
+  options.tap_layers = (*f.drafter)->capabilities().tap_layers;
+  StepOutput o;
+  const Status stepped = f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o);
+  EXPECT_TRUE(stepped.ok()) << stepped.to_string();
+  if (!stepped.ok()) return {};
+  DraftStep ds;
+  ds.taps = o.taps;
+  DraftSequence s;
+  s.seq_id = 1, s.num_rows = a, s.next_tokens = tokens.data() + 1, s.depth = depth;
+  s.block_table = pool.table.data(), s.num_blocks = static_cast<int64_t>(pool.table.size());
+  ds.seqs = {s};
+  std::vector<DraftProposal> out;
+  const Status proposed = (*f.drafter)->propose(ds, out);
+  EXPECT_TRUE(proposed.ok()) << proposed.to_string();
+  (*f.drafter)->release(1);
+  return proposed.ok() && !out.empty() ? out[0].tokens : std::vector<int32_t>{};
+}
+
 // Greedy drafts equal those of the training script's forward (tools/train_dflash.py --reference, on the shipped
 // drafter's values): the conventions (taps, RoPE, convs, the selector walk) are the trainer's.
 TEST(Dflash2, GreedyDraftsMatchTheTrainersForward) {
@@ -215,33 +241,15 @@ TEST(Dflash2, GreedyDraftsMatchTheTrainersForward) {
   ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
   int matched = 0, total = 0;
   for (const json& c : ref["cases"]) {
-    DraftPool pool(f);
-    ASSERT_TRUE(pool.ok);
     const std::vector<int32_t> tokens = c["tokens"].get<std::vector<int32_t>>();
     const int64_t a = c["anchor_position"].get<int64_t>();
     ASSERT_EQ(static_cast<int64_t>(tokens.size()), a + 1);
-    SequenceStep step{std::span<const int32_t>(tokens.data(), a), 0, &pool.table, false};
-    StepOptions options;
-    options.tap_layers = (*f.drafter)->capabilities().tap_layers;
-    StepOutput o;
-    ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
-    DraftStep ds;
-    ds.taps = o.taps;
-    DraftSequence s;
-    s.seq_id = 1;
-    s.num_rows = a;
-    s.next_tokens = tokens.data() + 1;
-    s.depth = 7;
-    s.block_table = pool.table.data();
-    s.num_blocks = static_cast<int64_t>(pool.table.size());
-    ds.seqs = {s};
-    std::vector<DraftProposal> out;
-    ASSERT_TRUE((*f.drafter)->propose(ds, out).ok());
+    std::vector<int32_t> drafts;
+    ASSERT_NO_FATAL_FAILURE(drafts = fresh_proposal(f, tokens, a, 7));
     const std::vector<int32_t> want = c["drafts"].get<std::vector<int32_t>>();
-    EXPECT_EQ(out[0].tokens, want) << "anchor at " << a;
-    matched += out[0].tokens == want;
+    EXPECT_EQ(drafts, want) << "anchor at " << a;
+    matched += drafts == want;
     ++total;
-    (*f.drafter)->release(1);
   }
   std::printf("%d of %d reference blocks drafted identically\n", matched, total);
 }
@@ -406,24 +414,10 @@ TEST(Dflash2, EngineAcceptsWhatFreshProposalsPredict) {
   std::string walk;
   // Drafts past the generation budget are cut by the engine: replay only whole blocks inside it.
   while (a + kDepth < static_cast<int64_t>(full.size())) {
-    DraftPool pool(f, 64);
-    ASSERT_TRUE(pool.ok);
-    SequenceStep step{std::span<const int32_t>(full.data(), a), 0, &pool.table, false};
-    StepOptions options;
-    options.tap_layers = (*f.drafter)->capabilities().tap_layers;
-    StepOutput o;
-    ASSERT_TRUE(f.m.model->step({&step, 1}, {}, pool.caches->views(), options, o).ok());
-    DraftStep ds;
-    ds.taps = o.taps;
-    DraftSequence s;
-    s.seq_id = 1, s.num_rows = a, s.next_tokens = full.data() + 1, s.depth = kDepth;
-    s.block_table = pool.table.data(), s.num_blocks = static_cast<int64_t>(pool.table.size());
-    ds.seqs = {s};
-    std::vector<DraftProposal> out;
-    ASSERT_TRUE((*f.drafter)->propose(ds, out).ok());
-    (*f.drafter)->release(1);
+    const std::vector<int32_t> drafts = fresh_proposal(f, full, a, kDepth);
+    ASSERT_EQ(static_cast<int>(drafts.size()), kDepth);
     int n = 0;
-    while (n < kDepth && out[0].tokens[n] == full[a + 1 + n]) ++n;
+    while (n < kDepth && drafts[n] == full[a + 1 + n]) ++n;
     predicted += n, ++proposals;
     walk += std::to_string(n) + " ";
     a += n + 1;
