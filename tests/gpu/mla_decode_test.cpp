@@ -220,7 +220,7 @@ bool on_sm90() {
 
 // What the Hopper kernel takes: dense rows of 512 + 64 or 512 + 0 on pages of 8, 16, 32 or a multiple of 64 tokens.
 TEST(GpuMlaDecode, HopperKernelTakesDenseRowsOnAnSm90) {
-  uint16_t pages[8] = {};
+  alignas(16) uint16_t pages[8] = {};  // the kernel's copies need a 16-byte aligned cache
   cuda::MlaDecodeParams p;
   p.cache = pages;
   p.block_size = 64;
