@@ -62,6 +62,8 @@ class Fp8MlaCpuLayout final : public KvLayout {
         a.query_seq == nullptr || a.kv_len == nullptr)
       return invalid_argument(
           "kv layout `fp8_ds_mla` attend: cache, q, out, block_tables, query_seq and kv_len are required");
+    if (a.out_lse)
+      return unimplemented("kv layout `fp8_ds_mla` attend on the CPU writes no log-sum-exp (out_lse is CUDA's)");
     const auto* pages = static_cast<const uint8_t*>(a.cache);
     const int64_t L = g_.latent_dim;
     std::vector<int64_t> slots;

@@ -8,7 +8,7 @@
 #   - parallel.tensor = 2 and 3 (uneven splits: 4 heads as 1 + 1 + 2, 8 experts as 2 + 3 + 3, ...) give the same ids.
 # Then the trained tiny model (models/tiny-glm, bf16) at TP = 2 (twice) and 3 against its TP = 1 ids, and drafting on
 # its ranks: MTP at TP = 2 and 3 and dflash2 at TP = 2 give TP = 1's greedy ids without drafting.
-# Skips (77) without a GPU.
+# Then decode-context parallelism on CUDA ranks (the section at the end). Skips (77) without a GPU.
 set -u
 kiln=$1 source_dir=$2
 if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
@@ -119,3 +119,38 @@ got=$(tgen "$dflash" --set parallel.tensor=2 --set 'transport.backend="socket"')
 [ "$got" = "$plain" ] || die "tiny-glm: TP=2 with dflash2 drafting gave '$got', TP=1 '$plain'"
 echo "ok: tiny-glm: TP=2 (rank processes on one GPU) with dflash2 drafting = TP=1"
 echo "cuda tensor parallel: all passed"
+# Decode-context parallelism on CUDA ranks (parallel.decode_context = parallel.tensor = 2): each rank stores every
+# other position's KV, attends every head over its own tokens and merges the two ranks' partial results by log-sum-exp
+# (runtime/cuda/cuda_split_context.cpp). The merge rounds differently from one rank's attention (fp32 partials, then
+# bf16), so ids are compared where the trained model's margins are wide: greedy tiny-glm must give TP = 1's ids —
+# decode rows (the 17-token prompt), a prompt of 102 tokens through the expanded prefill kernel over context rows
+# gathered from both ranks, the same prompt in chunks of 40 (later chunks over earlier chunks' rows on both ranks,
+# the last one through the absorbed kernel), and MTP drafting (depth 3) on the split cache.
+dcp=(--set parallel.tensor=2 --set parallel.decode_context=2 --set 'transport.backend="socket"')
+got=$(tgen "$tiny" "${dcp[@]}") || die "tiny-glm: DCP=2 on CUDA failed"
+[ "$got" = "$plain" ] || die "tiny-glm: DCP=2 on CUDA gave '$got', TP=1 '$plain'"
+echo "ok: tiny-glm: TP=2 × DCP=2 (rank processes on one GPU) = TP=1"
+long_ids=$tiny_ids
+for _ in 1 2 3 4 5; do long_ids=$long_ids,$tiny_ids; done
+lgen() {
+  timeout 300 "$kiln" generate --recipe "$tiny" --prompt-ids "$long_ids" --max-tokens 24 --no-stats "${on_cuda[@]}" \
+    "$@" 2>> "$log"
+}
+long_plain=$(lgen) || die "tiny-glm: the 102-token prompt at TP=1 on CUDA failed"
+got=$(lgen "${dcp[@]}") || die "tiny-glm: the 102-token prompt at DCP=2 on CUDA failed"
+[ "$got" = "$long_plain" ] || die "tiny-glm: 102-token prompt: DCP=2 gave '$got', TP=1 '$long_plain'"
+echo "ok: tiny-glm: 102-token prompt (expanded prefill over both ranks' rows): DCP=2 = TP=1"
+got=$(lgen "${dcp[@]}" --set scheduler.max_num_batched_tokens=40) || die "tiny-glm: chunked prefill at DCP=2 failed"
+[ "$got" = "$long_plain" ] || die "tiny-glm: 102-token prompt in chunks of 40: DCP=2 gave '$got', TP=1 '$long_plain'"
+echo "ok: tiny-glm: 102-token prompt in chunks of 40: DCP=2 = TP=1"
+got=$(tgen "$tiny" "${mtp[@]}" "${dcp[@]}") || die "tiny-glm: DCP=2 with MTP drafting on CUDA failed"
+[ "$got" = "$plain" ] || die "tiny-glm: DCP=2 with MTP drafting gave '$got', TP=1 '$plain'"
+echo "ok: tiny-glm: TP=2 × DCP=2 with MTP drafting (depth 3) = TP=1"
+# A DSA model's indexer keys are not split on CUDA ranks: refused at load, naming the setting.
+if out=$(timeout 300 "$kiln" generate --recipe "$work/glm_moe_dsa-tiny.toml" --prompt-ids 1,2,3 --max-tokens 2 \
+    --no-stats "${dcp[@]}" 2>&1); then
+  die "glm_moe_dsa-tiny: DCP=2 on CUDA should be refused, gave '$out'"
+fi
+echo "$out" | grep -q "decode_context = 2 on CUDA.*DSA indexer" ||
+  die "glm_moe_dsa-tiny: DCP=2 refusal does not say why: $out"
+echo "ok: glm_moe_dsa-tiny: DCP=2 on CUDA refused with its reason"

@@ -31,7 +31,8 @@ CacheSpec mixed_spec() {
   return spec;
 }
 
-std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots, int64_t target_layers = -1) {
+std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots, int64_t target_layers = -1,
+                                int64_t stored_per_block = 0) {
   auto p = std::make_unique<Pool>();
   p->info.kv_lora_rank = 16, p->info.qk_rope_head_dim = 8;
   CreateContext ctx;
@@ -41,7 +42,7 @@ std::unique_ptr<Pool> make_pool(const CacheSpec& spec, int64_t state_slots, int6
   p->layout = std::move(layout).value();
   CacheManagerConfig cfg;
   cfg.num_blocks = 10, cfg.block_size = 4, cfg.state_slots = state_slots;
-  cfg.target_layers = target_layers;
+  cfg.target_layers = target_layers, cfg.stored_per_block = stored_per_block;
   auto made = CacheManager::create(spec, p->layout.get(), &p->device, cfg);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   p->caches = std::move(made).value();
@@ -64,6 +65,16 @@ TEST(CacheManager, EveryLayerKindGetsItsMemory) {
   EXPECT_GE(p->device.bytes_allocated(), p->caches->bytes());  // allocations are rounded up to alignment
   EXPECT_EQ(mixed_spec().bytes_per_token(latent), 2 * latent + 24);
   EXPECT_EQ(mixed_spec().bytes_per_sequence(), 96u);
+}
+
+// A GPU rank of a decode-context group stores its own page (here 2 of each 4-token block): paged entries get that
+// share of the memory, state slots all of theirs; the blocks handed out stay the scheduler's.
+TEST(CacheManager, ARankOfASplitContextStoresItsPageOfEachBlock) {
+  auto p = make_pool(mixed_spec(), 3, -1, 2);
+  const size_t tokens = 10 * 2, latent = p->layout->bytes_per_token();
+  EXPECT_EQ(p->caches->bytes(), 2 * tokens * latent + tokens * 24 + 3 * 96 * 2);
+  EXPECT_EQ(p->caches->views().block_size, 4);
+  EXPECT_EQ(p->caches->views().bytes[0][0], tokens * latent);
 }
 
 TEST(CacheManager, StateSlotsAreHandedOutUntilNoneAreLeft) {

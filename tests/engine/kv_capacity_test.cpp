@@ -38,6 +38,25 @@ TEST(KvCapacity, SizesThePoolFromWhatTheWeightsLeave) {
   EXPECT_GT(c->windows(), 1.0);
 }
 
+// Decode-context parallelism on GPUs: a rank's pool stores its own page of each scheduler block (block / D tokens),
+// so the same memory holds D times the blocks, and the pool's bytes are what it stores.
+TEST(KvCapacity, ARankStoringItsPageOfEachBlockHoldsMoreBlocks) {
+  KvPoolBudget b;
+  b.memory_bytes = 64 * kGiB;
+  b.utilization = 0.5;
+  b.bytes_per_token = 1152 * 47;
+  b.block_size = 128;  // kv.block_size 64 × decode_context 2
+  b.max_model_len = 4096;
+  auto whole = plan_kv_capacity(b);
+  b.stored_per_block = 64;
+  auto split = plan_kv_capacity(b);
+  ASSERT_TRUE(whole.ok() && split.ok());
+  EXPECT_EQ(split->num_blocks, static_cast<int64_t>(32 * kGiB / (b.bytes_per_token * 64)));
+  EXPECT_GE(split->num_blocks, 2 * whole->num_blocks);
+  EXPECT_EQ(split->tokens(), split->num_blocks * 128);
+  EXPECT_EQ(split->bytes, static_cast<uint64_t>(split->num_blocks) * b.bytes_per_token * 64);
+}
+
 TEST(KvCapacity, CapsAtTheGivenTokenCount) {
   KvPoolBudget b;
   b.memory_bytes = 64 * kGiB;

@@ -85,6 +85,7 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
   const float scale = 1.0f / 16.0f;
 
   std::vector<float> want(size_t(nq * c.heads) * 512);
+  std::vector<double> want_lse(size_t(nq * c.heads), -INFINITY);  // ln Σ e^{scale · q·k}, in double
   for (int64_t s = 0; s < nq; ++s) {
     std::vector<int64_t> slots;
     const int64_t seq = query_seq[s];
@@ -95,6 +96,19 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
     } else {
       for (int64_t p = 0; p < row_len[s]; ++p) slots.push_back(slot_of(p));
     }
+    for (int64_t h = 0; h < c.heads && !slots.empty(); ++h) {
+      std::vector<double> scores;
+      for (int64_t slot : slots) {
+        double dot = 0;
+        for (int64_t i = 0; i < kRow; ++i)
+          dot += double(q.values[(s * c.heads + h) * kRow + i]) * cpu::bf16_to_float(cache.bits[slot * kRow + i]);
+        scores.push_back(dot * scale);
+      }
+      const double m = *std::max_element(scores.begin(), scores.end());
+      double sum = 0;
+      for (double v : scores) sum += std::exp(v - m);
+      want_lse[s * c.heads + h] = m + std::log(sum);
+    }
     std::vector<float> scratch(c.heads * slots.size() + kRow);
     cpu::mla_attention_absorbed_bf16(q.values.data() + s * c.heads * kRow, c.heads, 512, c.rope, cache.bits.data(),
                                      slots.data(), slots.size(), scale, want.data() + s * c.heads * 512,
@@ -104,6 +118,8 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
   DeviceBuffer<float> dq(q.values), dout(want.size());
   DeviceBuffer<uint16_t> dout_bf(want.size());
   dout_bf.poison();
+  DeviceBuffer<float> dlse(want_lse.size());
+  dlse.poison();
   DeviceBuffer<uint16_t> dcache(cache.bits);
   DeviceBuffer<int32_t> dtables(tables), dseq(query_seq), dlen(row_len), dsel(selected.empty() ? std::vector<int32_t>{0} : selected);
   // Room for the split count row 0 alone gets below (up to 15 more, as the runner rounds it).
@@ -126,6 +142,7 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
   p.scale = scale;
   p.out = c.bf16_only ? nullptr : dout.get();
   p.out_bf16 = dout_bf.get();
+  p.out_lse = dlse.get();
   p.num_splits = c.num_splits;
   p.split_by_length = c.split_by_length;
   p.workspace = workspace.get();
@@ -154,6 +171,14 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
     EXPECT_TRUE(std::isfinite(v)) << "an output element was not written";
     if (!std::isfinite(v)) break;
   }
+ // Each pair's log-sum-exp (what decode-context parallelism merges ranks with): its scores are fp32 sums of exact
+  // bf16 products, so it stays within 1e-3 of the double reference; −inf exactly where no key is visible.
+  const std::vector<float> got_lse = dlse.download();
+  size_t lse_off = 0;
+  for (size_t i = 0; i < got_lse.size(); ++i)
+    lse_off += std::isinf(want_lse[i]) ? !(std::isinf(got_lse[i]) && got_lse[i] < 0)
+                                       : !(std::fabs(got_lse[i] - want_lse[i]) <= 1e-3 * std::max(1.0, std::fabs(want_lse[i])));
+  EXPECT_EQ(lse_off, 0u) << "log-sum-exp off the reference (e.g. pair 0: " << got_lse[0] << " vs " << want_lse[0] << ")";
   EXPECT_LT(rel_error(got, want), kTolerance) << "heads " << c.heads << " block " << c.block_size << " splits "
                                               << c.num_splits << " sel " << c.selected_width << " rows "
                                               << nq << (c.grouped ? " grouped" : "") << (c.bf16_only ? " bf16" : "")
@@ -167,14 +192,19 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
     m.sync = sync.get();
     DeviceBuffer<float> mout(want.size());
     DeviceBuffer<uint16_t> mout_bf(want.size());
+    DeviceBuffer<float> mlse(want_lse.size());
     m.out = c.bf16_only ? nullptr : mout.get();
     m.out_bf16 = mout_bf.get();
+    m.out_lse = mlse.get();
     for (int round = 0; round < 2; ++round) {
       mout_bf.poison();
       mout.poison();
+      mlse.poison();
       EXPECT_TRUE(cuda::mla_decode_bf16(m, nullptr, kernel).ok());
       KILN_CUDA_OK(cudaDeviceSynchronize());
       EXPECT_TRUE(mout_bf.download() == got_bf) << "kernel-side merge, round " << round;
+      const std::vector<float> ml = mlse.download();
+      EXPECT_EQ(0, std::memcmp(ml.data(), got_lse.data(), ml.size() * sizeof(float))) << "kernel-side merge lse";
       if (!c.bf16_only) {
         const std::vector<float> mf = mout.download();
         EXPECT_EQ(0, std::memcmp(mf.data(), got.data(), got.size() * sizeof(float))) << "kernel-side merge, round " << round;
@@ -194,6 +224,7 @@ void run_case_with(const Case& c, uint64_t seed, cuda::MlaDecodeKernel kernel) {
     a.num_splits = (cuda::mla_decode_length_splits(row_len[0]) + 15) / 16 * 16;
     a.out = c.bf16_only ? nullptr : alone.get();
     a.out_bf16 = alone_bf.get();
+    a.out_lse = nullptr;
     ASSERT_LE(cuda::mla_decode_workspace_bytes(1, c.heads, a.num_splits), workspace.size());
     EXPECT_TRUE(cuda::mla_decode_bf16(a, nullptr, kernel).ok());
     const std::vector<uint16_t> one_bf = alone_bf.download();
@@ -251,6 +282,18 @@ TEST(GpuMlaDecode, UnseenSlotsNeverReachTheOutput) {
     c.nan_padding = true;
     run_case(c, seed);
   }
+}
+
+// Decode-context parallelism hands a rank rows that see none of its tokens (kv_len 0: the first positions live on
+// other ranks, and prefilling rows are left to the prefill kernel): output 0 and log-sum-exp −inf, with one split,
+// with splits merged in a second launch or in the grid, and split by length.
+TEST(GpuMlaDecode, RowsWithoutKeysGiveZerosAndMinusInfinity) {
+  run_case({20, 64, {0, 300}, 1, 0}, 51);
+  run_case({20, 64, {0, 300, 0}, 4, 0}, 52);
+  run_case({20, 64, {0, 9000}, 64, 0}, 53);
+  Case c{20, 64, {0, 4096, 0}, cuda::mla_decode_length_splits(4096), 0};
+  c.split_by_length = true;
+  run_case(c, 54);
 }
 
 TEST(GpuMlaDecode, OneSplitMatchesCpu) {

@@ -52,14 +52,14 @@ TEST(PluginLoader, RefusesOtherAbiMajorNamingBothVersionsAndFile) {
   EXPECT_TRUE(loader.loaded().empty());
 }
 
-// KvLayout grew a virtual in ABI 2.4 (indexer_key_format): a kv_layout built against 2.3 is refused, naming the change.
-TEST(PluginLoader, RefusesKvLayoutBuiltBeforeAbi24) {
+// MlaAttendArgs grew out_lse in ABI 2.7: a kv_layout built against 2.6 is refused, naming the change.
+TEST(PluginLoader, RefusesKvLayoutBuiltBeforeAbi27) {
   Registry registry;
   PluginLoader loader(registry);
   Status s = loader.load_file(fixture("test-old-kv-layout"));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("kv_layout `old_layout` was built for ABI 2.3"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("changed in ABI 2.4"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("kv_layout `old_layout` was built for ABI 2.6"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("changed in ABI 2.7"), std::string::npos) << s.message();
   EXPECT_TRUE(loader.loaded().empty());
 }
 

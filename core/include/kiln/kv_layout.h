@@ -77,6 +77,11 @@ struct MlaAttendArgs {
   float scale = 1.0f;
   float* out = nullptr;                   // [num_queries, num_heads, latent_dim] fp32 (may be null with out_bf16)
   uint16_t* out_bf16 = nullptr;           // CUDA, optional: the same values rounded to bf16
+  // CUDA, optional (ABI 2.7): [num_queries, num_heads] each (query, head)'s log-sum-exp of its scaled scores,
+  // natural log, −inf where no key is visible (out is then 0). Decode-context parallelism merges the partial
+  // results of ranks that each attend over their own tokens with it. CPU layouts refuse it (CPU ranks merge
+  // through kernels/cpu/mla_partial_attention).
+  float* out_lse = nullptr;
   // CUDA: the shape plan_attend was asked for (max_kv_len ≥ every kv_len), what it returned, and its workspace on
   // the device.
   int64_t max_kv_len = 0;

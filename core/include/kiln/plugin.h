@@ -32,8 +32,10 @@
 // 2.6: Collective::all_reduce_moe_combine_norm (appended virtual, MoeCombineNorm), so a collective fuses the MoE
 //      block's tensor-parallel sum with the combine, residual add and next RMSNorm (kiln/cuda/moe_combine_norm_row.cuh
 //      is the row body both sides share); collective plugins built before 2.6 are refused (the host calls it).
+// 2.7: MlaAttendArgs::out_lse (appended), so decode-context parallelism on GPUs merges the attention of ranks that
+//      each hold part of a sequence's KV; kv_layout plugins built before 2.7 are refused (they would ignore it).
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 6
+#define KILN_ABI_MINOR 7
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

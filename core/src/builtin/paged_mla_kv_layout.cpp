@@ -85,6 +85,10 @@ class PagedMlaKvLayout final : public KvLayout {
         a.query_seq == nullptr || a.kv_len == nullptr)
       return invalid_argument(std::string("kv layout `") + Storage::kName +
                               "` attend: cache, q, out, block_tables, query_seq and kv_len are required");
+    if (a.out_lse)
+      return unimplemented(std::string("kv layout `") + Storage::kName +
+                           "` attend on the CPU writes no log-sum-exp (out_lse is CUDA's; CPU ranks merge through "
+                           "cpu::mla_attention_absorbed_partial)");
     // Resolve every query's visible positions to cache slots first, so errors surface before any work.
     std::vector<std::vector<int64_t>> slots(a.num_queries);
     for (int64_t i = 0; i < a.num_queries; ++i) KILN_RETURN_IF_ERROR(visible_slots(a, i, slots[i]));

@@ -25,7 +25,7 @@ Status CacheManager::allocate(const CacheSpec& spec) {
   CacheViews& views = views_;
   views.layers.assign(spec.layers.size(), {});
   views.bytes.assign(spec.layers.size(), {});
-  const size_t tokens = static_cast<size_t>(views.num_blocks * views.block_size);
+  const size_t tokens = static_cast<size_t>(views.num_blocks * stored_per_block_);
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     for (const CacheEntry& e : spec.layers[l].entries) {
       size_t bytes = 0;

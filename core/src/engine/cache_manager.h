@@ -32,6 +32,9 @@ struct CacheManagerConfig {
   // Layers [0, target_layers) are the target's, the rest its next-n layers and a drafter's (−1: all the target's).
   // snapshot_state / restore_state cover the target's; a next-n layer's state is kept by the draft services.
   int64_t target_layers = -1;
+  // Tokens of each block this pool stores (0: block_size). Decode-context parallelism on GPUs: a rank's own page of
+  // every block (its layout's block size), for every layer's paged entries — the target's and its next-n layers'.
+  int64_t stored_per_block = 0;
 };
 
 class CacheManager {
@@ -71,7 +74,8 @@ class CacheManager {
 
  private:
   CacheManager(const CacheManagerConfig& config)
-      : blocks_(config.num_blocks, config.block_size, config.prefix_caching, config.lookahead_slots) {}
+      : blocks_(config.num_blocks, config.block_size, config.prefix_caching, config.lookahead_slots),
+        stored_per_block_(config.stored_per_block > 0 ? config.stored_per_block : config.block_size) {}
   Status allocate(const CacheSpec& spec);
   // Copies the entries of layers [first, end) of `slot`.
   Status copy_state(int32_t slot, bool to_snapshot, int64_t first, int64_t end);
@@ -94,6 +98,7 @@ class CacheManager {
   std::vector<int32_t> state_free_;
   std::vector<const std::vector<int32_t>*> state_holder_;  // per slot: the holder's block table, if given
   int64_t target_layers_ = 0;
+  int64_t stored_per_block_ = 0;  // CacheManagerConfig::stored_per_block
   ModelInstance* mirror_ = nullptr;
 };
 

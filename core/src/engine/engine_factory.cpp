@@ -99,6 +99,11 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
   budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());
   budget.block_size = scheduler_block_size(m);
+  budget.stored_per_block = stored_block_size(m);
+  if (budget.stored_per_block != budget.block_size && !caps.cache_layers.empty())
+    return unimplemented("`speculative.method = \"" + recipe.section("speculative").get_string("method") +
+                         "\"` keeps a KV cache of its own, which is not split over the GPU ranks of "
+                         "parallel.decode_context yet; draft with mtp, or set parallel.decode_context = 1");
   budget.max_model_len = config.max_model_len;
   // Also on the GPU for now: a pool past what max_num_seqs full-length sequences can use only grows the
   // BlockManager's host tables (the prefix cache would use it, at the cost of host memory per block).
@@ -135,6 +140,7 @@ Result<std::shared_ptr<CacheManager>> make_cache_manager(const LoadedModel& m, c
   CacheManagerConfig cm;
   cm.num_blocks = plan.config.num_blocks;
   cm.block_size = plan.config.block_size;
+  cm.stored_per_block = stored_block_size(m);
   cm.prefix_caching = plan.config.prefix_caching;
   cm.lookahead_slots = plan.config.lookahead_slots;
   cm.state_slots = plan.config.max_num_seqs;

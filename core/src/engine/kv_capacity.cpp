@@ -46,7 +46,8 @@ Result<KvCapacity> plan_kv_capacity(const KvPoolBudget& b) {
     return invalid_argument("KV pool: bytes_per_token, block_size and max_model_len must be positive");
   const double usable = b.utilization * static_cast<double>(b.memory_bytes);
   const double taken = static_cast<double>(b.weight_bytes) + static_cast<double>(b.workspace_bytes);
-  const uint64_t block_bytes = b.bytes_per_token * static_cast<uint64_t>(b.block_size);
+  const int64_t stored = b.stored_per_block > 0 ? b.stored_per_block : b.block_size;
+  const uint64_t block_bytes = b.bytes_per_token * static_cast<uint64_t>(stored);
   int64_t blocks = usable > taken ? static_cast<int64_t>((usable - taken) / static_cast<double>(block_bytes)) : 0;
   if (b.max_tokens > 0) blocks = std::min(blocks, (b.max_tokens + b.block_size - 1) / b.block_size);
   const int64_t window_blocks = (b.max_model_len + b.block_size - 1) / b.block_size;

@@ -24,6 +24,7 @@ struct KvPoolBudget {
   int64_t block_size = 0;
   int64_t max_model_len = 0;
   int64_t max_tokens = 0;  // cap (the CPU rule above); 0 = none
+  int64_t stored_per_block = 0;  // tokens of a block this pool stores (stored_block_size); 0 = block_size
 };
 
 struct KvCapacity {

@@ -447,6 +447,7 @@ MemoryModel estimate_memory(const MemoryInputs& in) {
     b.workspace_bytes = in.rule_workspace_bytes;
     b.bytes_per_token = std::max<uint64_t>(in.kv_bytes_per_token, 1);
     b.block_size = std::max<int64_t>(in.block_size, 1);
+    b.stored_per_block = in.stored_per_block;
     b.max_model_len = std::max<int64_t>(in.max_model_len, 1);
     b.max_tokens = in.max_num_seqs * in.max_model_len;
     // plan_kv_capacity refuses a pool under one window; the screen wants the number either way.
@@ -458,7 +459,8 @@ MemoryModel estimate_memory(const MemoryInputs& in) {
   const int64_t blocks_low = pool_blocks(used_high), blocks_high = pool_blocks(used_low);
   m.pool_tokens_low = blocks_low * bs;
   m.pool_tokens_high = blocks_high * bs;
-  const uint64_t block_bytes = in.kv_bytes_per_token * static_cast<uint64_t>(bs);
+  const uint64_t block_bytes =
+      in.kv_bytes_per_token * static_cast<uint64_t>(in.stored_per_block > 0 ? in.stored_per_block : bs);
   const std::string pool_key = in.cuda ? "scheduler.gpu_memory_utilization" : "scheduler.max_model_len";
   m.used_low = used_low;
   m.used_high = used_high;
@@ -685,11 +687,16 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   // The scheduler's block: a page on each rank of a decode-context group (model/decode_context_shard.h).
   const int64_t context = recipe.section("parallel").get_int("decode_context", 1);
   in.block_size = recipe.section("kv").get_int("block_size", 64) * context;
+  // GPU ranks (a process and a pool each) store only their own page of every block.
+  in.stored_per_block = in.cuda && context > 1 ? recipe.section("kv").get_int("block_size", 64) : in.block_size;
   if (context > 1)
     in.notes.push_back("parallel.decode_context = " + std::to_string(context) + ": each rank's pages hold 1/" +
-                       std::to_string(context) + " of every sequence's KV (on one GPU per rank the same bytes per rank "
-                       "would hold " + std::to_string(context) + "× the tokens); CPU ranks share this process's one "
-                       "pool, so the capacity below is the group's");
+                       std::to_string(context) + " of every sequence's KV" +
+                       (in.cuda ? std::string(": a GPU rank's pool stores its own page of each block, so the same bytes "
+                                              "hold ") + std::to_string(context) + "× the tokens (the capacity below)"
+                                : std::string(" (on one GPU per rank the same bytes per rank would hold ") +
+                                      std::to_string(context) + "× the tokens); CPU ranks share this process's one "
+                                      "pool, so the capacity below is the group's"));
 
   in.max_model_len = config.max_model_len;
   in.max_num_seqs = config.max_num_seqs;

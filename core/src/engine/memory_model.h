@@ -51,6 +51,7 @@ struct MemoryInputs {
   uint64_t rule_workspace_bytes = 0;  // the engine's activation estimate + state slots with snapshots
   uint64_t kv_bytes_per_token = 0;    // every paged layer: target, next-n, drafter
   int64_t block_size = 0;
+  int64_t stored_per_block = 0;  // tokens of a block this process's pool stores (stored_block_size); 0 = block_size
   int64_t max_model_len = 0;
   int64_t max_num_seqs = 0;
   int64_t cache_allocations = 0;   // paged cache entries (each one allocation of the pool)

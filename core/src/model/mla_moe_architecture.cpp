@@ -33,6 +33,17 @@ Status MlaMoeArchitecture::supports(DeviceType device) const {
 #endif
 }
 
+Status MlaMoeArchitecture::supports_parallel(int tensor, int decode_context, DeviceType device) const {
+  // On CUDA the KV cache splits over a whole tensor-parallel group (decode_context = parallel.tensor, which `kiln
+  // recipe check` and create_rank hold the recipe to); what the model itself allows is judged here.
+  if (device != DeviceType::kCuda || decode_context <= 1) return ok_status();
+#ifdef KILN_WITH_CUDA
+  return cuda::CudaMlaMoeModel::supports_decode_context(config_, decode_context, decode_context);
+#else
+  return unimplemented("this kiln was built without CUDA (KILN_WITH_CUDA=OFF)");
+#endif
+}
+
 Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildContext& ctx) const {
   if (!ctx.source || !ctx.format || !ctx.layout || !ctx.device)
     return invalid_argument("building " + config_.model_type + " needs a weight source, format, KV layout and device");
@@ -54,9 +65,8 @@ Result<std::unique_ptr<ModelInstance>> MlaMoeArchitecture::build(const BuildCont
   }
   if (collective_ranks != 1) return MlaMoeCpuInstance::create_process_rank(config_, ctx);
   if (ctx.decode_context > 1 && ctx.device->device().is_cuda())
-    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner of " +
-                         config_.model_type + " keeps the whole KV cache on its device (decode-context parallelism "
-                         "runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
+    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA needs one process "
+                         "per rank: set transport.backend = \"nccl\" (one GPU per rank) or \"socket\"");
   // Ranks as threads of one process share its device; a CUDA runner is one rank per process.
   if (ctx.tensor_parallel > 1 && ctx.device->device().is_cuda())
     return unimplemented("parallel.tensor = " + std::to_string(ctx.tensor_parallel) + " on CUDA with transport.backend = "

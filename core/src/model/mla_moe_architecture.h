@@ -24,6 +24,7 @@ class MlaMoeArchitecture final : public Architecture {
   std::vector<int64_t> eos_token_ids() const override { return config_.eos_token_ids; }
   CacheSpec cache_spec(int64_t mtp_layers, IndexerKeyFormat keys, int state_shares = 1) const override;
   Status supports(DeviceType device) const override;
+  Status supports_parallel(int tensor, int decode_context, DeviceType device) const override;
   Result<std::unique_ptr<ModelInstance>> build(const BuildContext& ctx) const override;
 
  private:

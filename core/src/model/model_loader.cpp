@@ -139,14 +139,15 @@ Result<LoadedModel> load_model(const Recipe& recipe, const Registry& registry, c
                         registry.create<Collective>(recipe.section("transport").get_string("backend", "local"), ctx));
 
   // One process per rank: this rank's decode-context group (consecutive ranks g·D .. g·D + D − 1), led by its
-  // first rank at that rank's own address.
+  // first rank at that rank's own address. CUDA ranks split the KV over the whole group (D = parallel.tensor) and
+  // meet through the step's collective, which already spans it (CudaMlaMoeModel::create_rank).
   LaunchEnv launch;
   const int ranks = m.collective->world_size();
   const int decode_context = static_cast<int>(recipe.section("parallel").get_int("decode_context", 1));
   if (ranks > 1) {
     KILN_ASSIGN_OR_RETURN(launch, read_launch_env(process_env()));
     m.rank = m.collective->rank();
-    if (decode_context > 1 && ranks % decode_context == 0) {
+    if (decode_context > 1 && ranks % decode_context == 0 && !m.device->device().is_cuda()) {
       auto* socket = dynamic_cast<SocketCollective*>(host_side(m.collective.get()));
       if (!socket)
         return unimplemented("parallel.decode_context = " + std::to_string(decode_context) + " with one process per rank "

@@ -55,6 +55,12 @@ struct LoadedModel {
 inline int64_t scheduler_block_size(const LoadedModel& m) {
   return m.layout->geometry().block_size * m.decode_context;
 }
+// The tokens of each scheduler block this process's pool stores: all of them, but under decode-context parallelism
+// on GPUs (one process per rank, memory of its own) only its own page — 1/D of the block, so D times the tokens fit.
+// (CPU ranks share one pool of every rank's pages.)
+inline int64_t stored_block_size(const LoadedModel& m) {
+  return m.on_gpu() && m.decode_context > 1 ? m.layout->geometry().block_size : scheduler_block_size(m);
+}
 
 struct ModelLoadOptions {
   // Also load the checkpoint's next-n (MTP) layers, those it has (none is not an error here: a drafter that runs

@@ -28,7 +28,8 @@ std::string field(const char* s) { return s ? s : ""; }
 // Every kind took its current shape in 2.0 (device-aware interfaces).
 constexpr uint32_t kMinMinorForKind[kNumPluginKinds] = {
     0,  // weight_format
-    4,  // kv_layout: KvLayout::indexer_key_format appended in ABI 2.4 (an older vtable lacks the slot the host calls)
+    7,  // kv_layout: MlaAttendArgs::out_lse appended in ABI 2.7 (an older layout would leave it unwritten); 2.4
+        // appended KvLayout::indexer_key_format (an older vtable lacks the slot the host calls)
     0,  // drafter
     6,  // collective: ABI 2.6 appended Collective::all_reduce_moe_combine_norm, which the host calls
     4,  // modality: ABI 2.4 appended Modality::encode_all, which the host calls (an older vtable has no slot)

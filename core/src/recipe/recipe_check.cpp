@@ -289,10 +289,20 @@ class Checker {
       if (Status s = arch_->supports_parallel(static_cast<int>(ranks), 1, on); !s.ok())
         problem(about(parallel, "tensor", s));
     if (ranks <= 1 || !device_known_) return;
-    if (device_ == DeviceType::kCuda && parallel.get_int("decode_context", 1) > 1 && !context_refused)
-      problem(about(parallel, "decode_context",
-                    unimplemented("splits the KV cache over CPU ranks; the CUDA runners keep it whole on their device "
-                                  "(model.device = \"cpu\", or decode_context = 1)")));
+    if (device_ == DeviceType::kCuda && groups_of > 1 && !context_refused) {
+      if (groups_of != ranks)
+        problem(about(parallel, "decode_context",
+                      unimplemented("on CUDA the KV cache splits over the whole tensor-parallel group: set "
+                                    "decode_context = parallel.tensor = " + std::to_string(ranks) +
+                                    " (or model.device = \"cpu\" for groups within it)")));
+      else
+        out_.notes.push_back(setting(parallel, "decode_context") + ": the " + std::to_string(ranks) +
+                             " CUDA ranks split the KV cache by token (each stores 1/" + std::to_string(ranks) +
+                             " of every sequence's KV in pages of kv.block_size; scheduler blocks of " +
+                             std::to_string(recipe_.section("kv").get_int("block_size", 64) * ranks) +
+                             " tokens); every head is attended over each rank's tokens and merged by log-sum-exp, so "
+                             "logits agree with one rank to rounding rather than bit for bit");
+    }
     if (device_ == DeviceType::kCuda) return check_cuda_ranks(ranks);
     const RecipeSection& transport = recipe_.section("transport");
     const std::string backend = transport.get_string("backend", "local");

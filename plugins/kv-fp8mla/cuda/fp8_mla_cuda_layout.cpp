@@ -93,7 +93,7 @@ class Fp8MlaCudaLayout final : public KvLayout {
     p.q = a.q, p.num_queries = a.num_queries, p.num_heads = a.num_heads;
     p.block_tables = a.block_tables, p.max_blocks = a.max_blocks, p.query_seq = a.query_seq, p.kv_len = a.kv_len;
     p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
-    p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16, p.sync = sync_.get();
+    p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16, p.out_lse = a.out_lse, p.sync = sync_.get();
     if (tc_attend_supported(shape_, p.selected_width)) {
       // Without the plan's workspace the rows are not split (correct, slower).
       const bool planned = a.num_splits > 1 && a.workspace != nullptr &&

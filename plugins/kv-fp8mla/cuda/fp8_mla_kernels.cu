@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(kAttendThreads) attend_kernel(AttendParams p) 
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const int64_t o = (r * p.num_heads + h) * L;
+  if (p.out_lse && threadIdx.x == 0) p.out_lse[r * p.num_heads + h] = sum > 0.0f ? max_score + logf(sum) : -INFINITY;
   for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
     const float v = acc[i] * inv;
     if (p.out) p.out[o + i] = v;
@@ -397,6 +398,7 @@ __global__ void split_merge_kernel(AttendParams p, const float* part_acc, const 
   }
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   const int64_t o = (r * p.num_heads + h) * L;
+  if (p.out_lse && threadIdx.x == 0) p.out_lse[r * p.num_heads + h] = total > 0.0f ? M + logf(total) : -INFINITY;
   for (int64_t d = threadIdx.x; d < L; d += blockDim.x) {
     float v = 0.0f;
     for (int64_t sp = 0; sp < splits; ++sp) {

@@ -38,6 +38,7 @@ struct AttendParams {
   float scale = 1.0f;
   float* out = nullptr;          // [num_queries, num_heads, latent], optional
   uint16_t* out_bf16 = nullptr;  // the same rounded to bf16, optional
+  float* out_lse = nullptr;      // [num_queries, num_heads] log-sum-exp of the scaled scores (−inf: no key), optional
   int64_t split_slots = 0;       // launch_split_attend: splits a row may take (1..kSplitSlots)
   unsigned* sync = nullptr;      // launch_tc_attend: the layout's merge counters (kiln/cuda/mla_decode_sync.h), optional
 };

@@ -84,7 +84,7 @@ const char* launch_tc_attend(const AttendParams& a, int num_splits, bool split_b
   p.q = a.q, p.num_queries = a.num_queries, p.num_heads = a.num_heads, p.cache = a.pages;
   p.block_size = a.block_size, p.block_tables = a.block_tables, p.max_blocks = a.max_blocks;
   p.query_seq = a.query_seq, p.kv_len = a.kv_len, p.selected = a.selected, p.selected_width = a.selected_width;
-  p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
+  p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16, p.out_lse = a.out_lse;
   p.num_splits = num_splits, p.split_by_length = split_by_length, p.workspace = workspace, p.sync = a.sync;
   if (const char* why = cuda::mla_decode_check(p)) return why;
   static const bool pdl = cuda::mla_decode_pdl_default();

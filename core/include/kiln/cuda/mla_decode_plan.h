@@ -59,6 +59,8 @@ struct MlaDecodeParams {
   float* out = nullptr;                   // [num_queries, num_heads, 512] fp32; may be null when out_bf16 is set
   uint16_t* out_bf16 = nullptr;           // optional [num_queries, num_heads, 512] bf16 (round to nearest even) of
                                           //   the same values, written by the last kernel instead of a cast launch
+  float* out_lse = nullptr;               // optional [num_queries, num_heads]: each pair's log-sum-exp of its scaled
+                                          //   scores (natural log; −inf where no key is visible, out then 0)
   int num_splits = 1;                     // ≥ 1; > 1 needs workspace
   // false: a row's tiles are cut into num_splits equal parts. true: into parts of
   // mla_decode_tiles_per_split(its own tile count) tiles, so a row is split and merged the same way whatever

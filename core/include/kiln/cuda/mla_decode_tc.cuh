@@ -91,8 +91,10 @@ constexpr int kCombineLanes = 4;
 constexpr int kPiecesPerRow = static_cast<int>(kMlaLatentDim) / 4;  // float4 pieces of one (query, head) output
 constexpr int kCombineThreads = kCombineLanes * kPiecesPerRow;
 
+// With `lse_out`, lane 0 also writes the merged log-sum-exp, m + ln Σ w_s (−inf when every split was empty).
 __device__ __forceinline__ void mla_merge_weights(const float* __restrict__ part_lse, int64_t rows, int num_splits,
-                                                  int64_t qh, float* s_w, float* s_inv, int lane) {
+                                                  int64_t qh, float* s_w, float* s_inv, int lane,
+                                                  float* __restrict__ lse_out = nullptr) {
   // The lse values pass through s_w (each lane rereads only what it wrote): a second __ldcg pass would be another
   // L2 round trip on the merge's critical path.
   float m = -INFINITY;
@@ -113,6 +115,7 @@ __device__ __forceinline__ void mla_merge_weights(const float* __restrict__ part
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(~0u, total, off);
   if (lane == 0) *s_inv = total > 0.f ? 1.f / total : 0.f;
+  if (lane == 0 && lse_out) lse_out[qh] = total > 0.f ? m + logf(total) : -INFINITY;
 }
 
 // Every lane of the warp calls it (the shuffles); `active` false for lanes without a piece.
@@ -150,7 +153,8 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
                                                                           const float* __restrict__ part_lse,
                                                                           int64_t rows, int num_splits,
                                                                           float* __restrict__ out,
-                                                                          uint16_t* __restrict__ out_bf16) {
+                                                                          uint16_t* __restrict__ out_bf16,
+                                                                          float* __restrict__ out_lse) {
   __shared__ float s_w[kMlaMaxSplits];
   __shared__ float4 s_acc[kCombineLanes][kPiecesPerRow];
   __shared__ float s_inv;
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
   const int tid = threadIdx.x;
   pdl_wait();  // the partials of the decode kernel just before
   pdl_launch_dependents();
-  if (tid < 32) mla_merge_weights(part_lse, rows, num_splits, qh, s_w, &s_inv, tid);
+  if (tid < 32) mla_merge_weights(part_lse, rows, num_splits, qh, s_w, &s_inv, tid, out_lse);
   __syncthreads();
   const int g = tid / kPiecesPerRow, col4 = tid % kPiecesPerRow;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -219,9 +223,11 @@ __device__ __forceinline__ void finish_splits(const MlaDecodeParams& p, const fl
       *reinterpret_cast<float4*>(part_out + (split * rows + qh) * kMlaLatentDim + col) = v;
     }
   }
-  if (!direct && tid < n_pairs) {
+  if (tid < n_pairs && (!direct || p.out_lse)) {
     const float l = s_l[tid];
-    part_lse[split * rows + pair_base + tid] = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
+    const float lse = l > 0.f ? s_m[tid] / kLog2e + logf(l) : -INFINITY;
+    if (direct) p.out_lse[pair_base + tid] = lse;
+    else part_lse[split * rows + pair_base + tid] = lse;
   }
   if constexpr (!kMerge) return;
   // The merge inside this grid, instead of a second launch (its start, wait and drain cost more than the merge):
@@ -254,7 +260,7 @@ __device__ __forceinline__ void finish_splits(const MlaDecodeParams& p, const fl
   float* s_inv = s_w + static_cast<size_t>(n_qh) * p.num_splits;
   for (int j = warp; j < n_qh; j += kThreadsT / 32)
     mla_merge_weights(part_lse, rows, p.num_splits, qh0 + j, s_w + static_cast<size_t>(j) * p.num_splits, s_inv + j,
-                      lane);
+                      lane, p.out_lse);  // a pair split over two CTAs' shares: both write the same lse
   bar();
   for (int64_t base = begin; base < end; base += kThreadsT / kCombineLanes) {
     const int64_t i = base + tid / kCombineLanes;
@@ -648,7 +654,7 @@ cudaError_t launch_mla_decode_tc(const MlaDecodeParams& p, cudaStream_t stream, 
   if (e != cudaSuccess || p.num_splits == 1 || merged) return e;
   return launch(mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineThreads), 0, stream,
                 pdl, static_cast<const float*>(part_out), static_cast<const float*>(part_lse), rows, p.num_splits,
-                p.out, p.out_bf16);
+                p.out, p.out_bf16, p.out_lse);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ class Bf16KvLayoutCuda final : public KvLayout {
       p.q = a.q, p.num_queries = a.num_queries, p.num_heads = a.num_heads, p.cache = static_cast<const uint16_t*>(a.cache);
       p.block_size = g_.block_size, p.block_tables = a.block_tables, p.max_blocks = a.max_blocks;
       p.query_seq = a.query_seq, p.kv_len = a.kv_len, p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16;
-      p.rope_dim = g_.rope_dim;
+      p.out_lse = a.out_lse, p.rope_dim = g_.rope_dim;
       p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
       p.num_splits = a.num_splits, p.split_by_length = a.split_by_length, p.workspace = a.workspace;
       p.sync = sync_.get();
@@ -108,7 +108,7 @@ class Bf16KvLayoutCuda final : public KvLayout {
     p.cache = static_cast<const uint16_t*>(a.cache), p.block_size = g_.block_size, p.block_tables = a.block_tables;
     p.max_blocks = a.max_blocks, p.query_seq = a.query_seq, p.kv_len = a.kv_len, p.max_kv_len = width, p.scale = a.scale;
     p.selected = a.selected, p.selected_width = a.selected ? a.selected_width : 0;
-    p.scores = static_cast<float*>(a.workspace);
+    p.scores = static_cast<float*>(a.workspace), p.lse = a.out_lse;
     p.out = a.out ? a.out : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + score_bytes);
     KILN_RETURN_IF_ERROR(cuda::mla_attention_reference(p, st));
     if (a.out_bf16)

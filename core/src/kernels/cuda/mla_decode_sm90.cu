@@ -406,7 +406,8 @@ Status launch(const MlaDecodeParams& p, StreamHandle stream_handle) {
   if (p.num_splits == 1 || merged) return ok_status();
   return check_cuda(launch_with_pdl(mla_tc::mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)),
                                     dim3(mla_tc::kCombineThreads), 0, stream, pdl, static_cast<const float*>(part_out),
-                                    static_cast<const float*>(part_lse), rows, p.num_splits, p.out, p.out_bf16),
+                                    static_cast<const float*>(part_lse), rows, p.num_splits, p.out, p.out_bf16,
+                                    p.out_lse),
                     "cuda::mla_decode_sm90: merge");
 }
 

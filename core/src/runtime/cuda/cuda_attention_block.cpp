@@ -83,18 +83,23 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
       "MLA query absorption"));
   }
   I.timer.mark("attention: query absorption");
-  MlaAttendArgs a;
-  a.cache = pages, a.num_queries = N, a.num_heads = H, a.q = b.q_abs;
-  a.block_tables = b.tables, a.max_blocks = x.shape.max_blocks, a.query_seq = b.query_seq, a.kv_len = b.kv_len;
-  // A DSA model always attends through the selection, as the CPU model does (all visible keys while they number at
-  // most index_topk).
-  a.selected = b.selected, a.selected_width = b.selected ? c.index_topk : 0;
-  a.scale = static_cast<float>(c.attention_scale());
-  a.out_bf16 = b.o_lat_bf;  // what the un-absorption reads
-  a.max_kv_len = x.shape.attend_shape.max_kv_len;
-  a.num_splits = x.shape.attend.num_splits, a.split_by_length = x.shape.attend.split_by_length;
-  a.workspace = b.mla_workspace, a.workspace_bytes = x.shape.attend.workspace_bytes;
-  KILN_RETURN_IF_ERROR(layout.attend(a, I.sdk_stream()).with_context("MLA attention"));
+  const float scale = static_cast<float>(c.attention_scale());
+  if (I.context.split()) {
+    KILN_RETURN_IF_ERROR(split_context_attend(x, pages, scale).with_context("MLA attention (split context)"));
+  } else {
+    MlaAttendArgs a;
+    a.cache = pages, a.num_queries = N, a.num_heads = H, a.q = b.q_abs;
+    a.block_tables = b.tables, a.max_blocks = x.shape.max_blocks, a.query_seq = b.query_seq, a.kv_len = b.kv_len;
+    // A DSA model always attends through the selection, as the CPU model does (all visible keys while they number at
+    // most index_topk).
+    a.selected = b.selected, a.selected_width = b.selected ? c.index_topk : 0;
+    a.scale = scale;
+    a.out_bf16 = b.o_lat_bf;  // what the un-absorption reads
+    a.max_kv_len = x.shape.attend_shape.max_kv_len;
+    a.num_splits = x.shape.attend.num_splits, a.split_by_length = x.shape.attend.split_by_length;
+    a.workspace = b.mla_workspace, a.workspace_bytes = x.shape.attend.workspace_bytes;
+    KILN_RETURN_IF_ERROR(layout.attend(a, I.sdk_stream()).with_context("MLA attention"));
+  }
   I.timer.mark("attention: MLA decode kernel");
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
   if (skinny) {
@@ -117,8 +122,9 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     p.dims = {H, nope, Rr, vd, L};
     p.q = b.q, p.layout = &layout, p.pages = pages, p.stream = I.sdk_stream(), p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks;
-    p.kv_b = w.kv_b_dense, p.scale = a.scale, p.out = attn;
+    p.kv_b = w.kv_b_dense, p.scale = scale, p.out = attn;
     p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;
+    if (I.context.split()) p.gather_rows = [&](uint16_t* latent) { return split_context_rows(x, pages, latent); };
     KILN_RETURN_IF_ERROR(mla_prefill_attention(p, I.blas, st));
     I.timer.mark("attention: prefill kernel (expanded form)");
   }

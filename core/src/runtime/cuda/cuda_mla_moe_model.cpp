@@ -53,14 +53,23 @@ Status CudaMlaMoeModel::supports(const ModelConfig& c) {
   return ok_status();
 }
 
+Status CudaMlaMoeModel::supports_decode_context(const ModelConfig& c, int tensor, int decode_context) {
+  if (decode_context <= 1) return ok_status();
+  const std::string what = "parallel.decode_context = " + std::to_string(decode_context) + " on CUDA: ";
+  if (decode_context != tensor)
+    return unimplemented(what + "the CUDA runner splits the KV cache over the whole tensor-parallel group (set "
+                         "decode_context = parallel.tensor = " + std::to_string(tensor) + ", or run on CPU ranks)");
+  if (c.has_indexer())
+    return unimplemented(what + c.model_type + "'s DSA indexer keys and selection are not split over CUDA ranks yet "
+                         "(decode-context parallelism of DSA models runs on CPU ranks)");
+  return ok_status();
+}
+
 Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create_rank(const ModelConfig& c, const BuildContext& ctx) {
   const int world = ctx.collective->world_size(), rank = ctx.collective->rank();
   const std::string where = "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(world) + " on CUDA";
   KILN_RETURN_IF_ERROR(check_rank_process_group(ctx));
-  if (ctx.decode_context > 1)
-    return unimplemented("parallel.decode_context = " + std::to_string(ctx.decode_context) + " on CUDA: the CUDA runner "
-                         "of " + c.model_type + " keeps the whole KV cache on each rank's device (decode-context "
-                         "parallelism runs on CPU ranks; set model.device = \"cpu\" or parallel.decode_context = 1)");
+  KILN_RETURN_IF_ERROR(supports_decode_context(c, world, ctx.decode_context));
   // ctx.load_mtp: the next-n layers are sharded as the trunk's layers are (the sharded source splits their heads,
   // MLP columns, experts and shared_head.head's vocabulary rows; enorm, hnorm and eh_proj stay whole), and an MTP
   // step runs the trunk's building blocks, so it meets the other ranks in the same collectives in the same order:
@@ -74,6 +83,7 @@ Result<std::unique_ptr<CudaMlaMoeModel>> CudaMlaMoeModel::create_rank(const Mode
   auto m = create(c, rank_ctx, shard);
   if (!m.ok()) return m.status().with_context(where);
   (*m)->rank_source_ = std::move(source);
+  if (ctx.decode_context > 1) (*m)->impl_->context = DecodeContextShard{rank, ctx.decode_context};
   return m;
 }
 
@@ -121,16 +131,24 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
       return out_of_range("tap layer " + std::to_string(tap) + " does not exist (" + std::to_string(c.num_hidden_layers) +
                           " layers)");
   StepLayout& lay = I.layout_host;
-  KILN_RETURN_IF_ERROR(build_step_layout(steps, caches, c, lay, first_row));
+  if (I.context.split() && caches.block_size != I.layout->geometry().block_size * I.context.world)
+    return failed_precondition("parallel.decode_context = " + std::to_string(I.context.world) +
+                               ": the scheduler's blocks must hold kv.block_size × decode_context = " +
+                               std::to_string(I.layout->geometry().block_size * I.context.world) + " tokens, got " +
+                               std::to_string(caches.block_size));
+  KILN_RETURN_IF_ERROR(build_step_layout(steps, caches, c, lay, first_row, I.context));
   StepShape sh;
   sh.N = lay.tokens(), sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
   sh.max_kv = lay.max_kv;
   // Up to kBatchInvariantMaxRows rows each row's attention must not depend on the others (see that constant).
-  sh.attend_shape = {sh.N, H, lay.max_kv, c.has_indexer() ? c.index_topk : 0, sh.N <= kBatchInvariantMaxRows, I.sm_count};
+  // Split context: each rank attends every head over its own tokens (kv_len counts those).
+  sh.attend_shape = {sh.N, H, I.context.split() ? lay.max_local_kv : lay.max_kv, c.has_indexer() ? c.index_topk : 0,
+                     sh.N <= kBatchInvariantMaxRows, I.sm_count};
   sh.attend = I.layout->plan_attend(sh.attend_shape);
   sh.scores_kv = c.has_indexer() ? round_up_pow2(lay.max_kv, 16) : 0;
   sh.mtp = mtp != nullptr;
   sh.shard = I.shard;
+  sh.context = I.context, sh.context_rows = lay.context_rows;
   if (!lay.prefill.empty())
     sh.prefill_workspace = mla_prefill_workspace_bytes(
         static_cast<int64_t>(lay.prefill.size()), lay.prefill_keys,

@@ -34,7 +34,9 @@ class CudaMlaMoeModel final : public ModelInstance {
   // gathers of the heads' outputs, the dense MLP's SwiGLU columns and the logits, sums of the embedding rows and
   // the routed pairs, each with one non-zero contributor — so every rank computes every value with the arithmetic
   // of one rank wherever its kernels' launch shapes do not depend on the split widths (at the test fixtures' sizes
-  // they do not: tests/gpu). Refused with decode-context parallelism. MTP drafting works: the next-n layers are
+  // they do not: tests/gpu). With ctx.decode_context = D > 1 (D = parallel.tensor, supports_decode_context) the ranks
+  // also split the KV cache by token: each stores its own positions, attends every head over them and merges the
+  // group's partial results by log-sum-exp (cuda_split_context.cpp). MTP drafting works: the next-n layers are
   // split as the trunk's layers and mtp_step() meets the ranks as step() does. embed() and lm_head() outside a step
   // (drafters with a model of their own, e.g. dflash) are vocabulary-parallel as the step's: every rank runs them.
   static Result<std::unique_ptr<CudaMlaMoeModel>> create_rank(const ModelConfig& config, const BuildContext& ctx);
@@ -43,6 +45,8 @@ class CudaMlaMoeModel final : public ModelInstance {
   const ModelConfig& config() const { return config_; }
   // Why this model cannot run on the CUDA runner (half-split rope, odd MoE widths, indexer shapes), or ok.
   static Status supports(const ModelConfig& config);
+  // Why `decode_context` ranks of a `tensor`-rank group cannot split this model's KV cache on CUDA, or ok.
+  static Status supports_decode_context(const ModelConfig& config, int tensor, int decode_context);
 
   Device device() const override;
   DeviceContext& device_context() override;

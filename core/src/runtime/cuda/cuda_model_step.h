@@ -43,6 +43,10 @@ struct StepLayout {
   // get kv_len 1 in `kv_len`, so the absorbed decode kernel's pass over them is one key, overwritten after.
   std::vector<MlaPrefillSequence> prefill;
   int64_t prefill_keys = 0;  // Σ kv_len over `prefill`
+  // Decode-context parallelism: the longest kv_len of a row over this rank's own tokens (kv_len holds those), and
+  // the rows a rank sends for the prefilling sequences' context (Σ over them of rank 0's count, the largest).
+  int64_t max_local_kv = 1;
+  int64_t context_rows = 0;
   int64_t tokens() const { return static_cast<int64_t>(ids.size()); }
   int64_t logit_rows() const { return static_cast<int64_t>(rows.size()); }
 };
@@ -74,9 +78,10 @@ inline bool absorbs_with_skinny_gemm(const ModelConfig& c, int64_t rows) {
 
 
 // Fills `layout` (and first_row: per step its first logits row) from the steps, checking each against the pool's
-// block count.
+// block count. With the context split (decode-context parallelism, see CudaMlaMoeModel::Impl::context) the slots
+// and kv_len are this rank's: its own positions' slots (−1 for the others') and counts of its own visible tokens.
 Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& caches, const ModelConfig& c,
-                         StepLayout& layout, std::vector<int64_t>& first_row);
+                         StepLayout& layout, std::vector<int64_t>& first_row, const DecodeContextShard& context = {});
 
 // Launch shapes of one step, fixed before any buffer is carved.
 struct StepShape {
@@ -91,6 +96,8 @@ struct StepShape {
   bool want_hidden = false;      // the final-normed hidden states in fp32 (a tap of kTapFinalNormed, or tests)
   TensorShard shard;             // this rank's part of a tensor-parallel group's work (one rank: all of it)
   size_t extra_gather_staging = 0;  // an architecture's own gathers' staging bytes (glm5_next's KDA heads)
+  DecodeContextShard context;       // decode-context parallelism (Impl::context); world 1: none
+  int64_t context_rows = 0;         // StepLayout::context_rows
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -123,6 +130,12 @@ struct StepBuffers {
   float* logits_local;
   int32_t *ids_local, *pair_ids_local;
   char *gather_send, *gather_recv;
+  // Decode-context parallelism only (cuda_split_context.cpp): every head's absorbed queries [N, heads, latent +
+  // rope], this rank's partial attention [N, heads, latent] and log-sum-exp [N, heads], every rank's of both, and the
+  // prefilling sequences' context rows (this rank's bf16 rows, every rank's, their gather table).
+  float *q_group, *ctx_part, *ctx_lse, *ctx_parts, *ctx_lses;
+  uint16_t *ctx_rows_send, *ctx_rows_recv;
+  KvGatherSeq* ctx_gather_seqs;
 };
 
 // Lays the step's buffers out in `scratch` (see StepScratch: a measuring pass, then the real one).
@@ -186,6 +199,11 @@ struct CudaMlaMoeModel::Impl {
   const KvLayout* layout = nullptr;
   Collective* collective = nullptr;  // the tensor-parallel group (none: one rank)
   TensorShard shard;                 // this rank's part of the group's work (load_gpu_weights' split)
+  // Decode-context parallelism (parallel.decode_context = D, model/decode_context_shard.h): the KV cache split by
+  // token over the group's D ranks — position p on rank p mod D as its local token p div D. On CUDA the group is the
+  // whole tensor-parallel group (D = parallel.tensor) and each rank has a pool of its own, so a rank keeps its
+  // local tokens of engine block b in its page b (pages of kv.block_size = the scheduler's block / D tokens).
+  DecodeContextShard context;
   bool sharded() const { return collective && shard.sharded(); }
   StepScratch scratch;
   float* inv_freq = nullptr;
@@ -241,6 +259,13 @@ Status rank_embedding_rows(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const
 size_t rank_head_scratch_bytes(const TensorShard& shard, int64_t n, int64_t vocab);
 Status rank_head_logits(CudaMlaMoeModel::Impl& I, const ModelConfig& c, const Linear& head, const TensorView& hidden,
                         char* scratch, float* logits);
+
+// Decode-context parallelism (cuda_split_context.cpp), meetings of the whole tensor-parallel group:
+// the absorbed attention of the step's rows into b.o_lat_bf — every head's queries gathered, each rank attending
+// them over its own tokens (out_lse), the partial results gathered and merged by log-sum-exp in rank order, each rank
+// keeping its heads — and the prefilling sequences' context rows, every rank's own rows gathered into position order.
+Status split_context_attend(const StepContext& x, const void* pages, float scale);
+Status split_context_rows(const StepContext& x, const void* pages, uint16_t* latent);
 
 // The MLA block: b.h (the normed input) → b.y, appending to the layer's pages `pages` through the KV layout (and
 // for a DSA layer with its own indexer, its keys `index_keys`, refreshing b.selected).

@@ -23,10 +23,15 @@ int64_t round_up_pow2(int64_t v, int64_t at_least) {
 }
 
 Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& kv, const ModelConfig& c,
-                         StepLayout& L, std::vector<int64_t>& first_row) {
+                         StepLayout& L, std::vector<int64_t>& first_row, const DecodeContextShard& context) {
   const int64_t bs = kv.block_size;
   L.ids.clear(), L.positions.clear(), L.slots.clear(), L.query_seq.clear(), L.kv_len.clear(), L.rows.clear();
-  L.prefill.clear(), L.prefill_keys = 0;
+  L.prefill.clear(), L.prefill_keys = 0, L.max_local_kv = 1, L.context_rows = 0;
+  // Split context: engine block b holds page = bs / D tokens of this rank in its page b.
+  const int64_t page = bs / context.world;
+  if (context.split() && bs % context.world != 0)
+    return invalid_argument("decode-context parallelism: the scheduler's block of " + std::to_string(bs) +
+                            " tokens does not split over " + std::to_string(context.world) + " ranks");
   // DSA attends through its top-k selection, which the expanded prefill kernel does not take.
   const bool expanded_prefill = !c.has_indexer();
   first_row.clear();
@@ -54,15 +59,25 @@ Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& 
     if (prefills) {
       L.prefill.push_back({first, n, end, static_cast<int64_t>(si)});
       L.prefill_keys += end;
+      L.context_rows += context.local_count(end, 0);
     }
     first_row.push_back(L.logit_rows());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t pos = s.start_position + i;
       L.ids.push_back(s.tokens[i]);
       L.positions.push_back(pos);
-      L.slots.push_back(kv_slot(*s.block_table, bs, pos));
       L.query_seq.push_back(static_cast<int32_t>(si));
-      L.kv_len.push_back(prefills ? 1 : static_cast<int32_t>(pos + 1));
+      if (!context.split()) {
+        L.slots.push_back(kv_slot(*s.block_table, bs, pos));
+        L.kv_len.push_back(prefills ? 1 : static_cast<int32_t>(pos + 1));
+      } else {
+        // A prefilling row's absorbed pass is overwritten by the prefill kernel: no keys for it here.
+        const int64_t local = pos / context.world;
+        L.slots.push_back(context.owns(pos) ? static_cast<int64_t>((*s.block_table)[local / page]) * page + local % page
+                                            : -1);
+        L.kv_len.push_back(prefills ? 0 : static_cast<int32_t>(context.local_count(pos + 1)));
+        L.max_local_kv = std::max<int64_t>(L.max_local_kv, L.kv_len.back());
+      }
       if (s.all_logits || i == n - 1) L.rows.push_back(static_cast<int32_t>(first + i));
     }
     L.max_kv = std::max(L.max_kv, end);
@@ -109,6 +124,20 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   b.prev = sh.mtp ? sc.carve<float>(N * Hd) : nullptr, b.cat = sh.mtp ? sc.carve<uint16_t>(N * 2 * Hd) : nullptr;
   b.attn_local = nullptr, b.act_local = nullptr, b.logits_local = nullptr, b.ids_local = nullptr;
   b.pair_ids_local = nullptr, b.gather_send = nullptr, b.gather_recv = nullptr;
+  b.q_group = nullptr, b.ctx_part = nullptr, b.ctx_lse = nullptr, b.ctx_parts = nullptr, b.ctx_lses = nullptr;
+  b.ctx_rows_send = nullptr, b.ctx_rows_recv = nullptr, b.ctx_gather_seqs = nullptr;
+  const DecodeContextShard& context = sh.context;
+  if (context.split()) {
+    const int64_t Ht = c.num_attention_heads, W = context.world;
+    b.q_group = sc.carve<float>(N * Ht * D);
+    b.ctx_part = sc.carve<float>(N * Ht * L), b.ctx_lse = sc.carve<float>(N * Ht);
+    b.ctx_parts = sc.carve<float>(W * N * Ht * L), b.ctx_lses = sc.carve<float>(W * N * Ht);
+    if (sh.context_rows > 0) {
+      b.ctx_rows_send = sc.carve<uint16_t>(sh.context_rows * D);
+      b.ctx_rows_recv = sc.carve<uint16_t>(W * sh.context_rows * D);
+      b.ctx_gather_seqs = sc.carve<KvGatherSeq>(S);
+    }
+  }
   if (shard.sharded()) {
     const int64_t V = c.vocab_size;
     b.attn_local = sc.carve<uint16_t>(N * H * vd);
@@ -118,7 +147,8 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
     const size_t staging =
         std::max({gather_staging_bytes(shard, N, c.num_attention_heads, vd, DType::kBF16),
                   gather_staging_bytes(shard, N, c.intermediate_size, 1, DType::kBF16),
-                  gather_staging_bytes(shard, R, V, 1, DType::kF32), sh.extra_gather_staging});
+                  gather_staging_bytes(shard, R, V, 1, DType::kF32), sh.extra_gather_staging,
+                  context.split() ? gather_staging_bytes(shard, N, c.num_attention_heads, D, DType::kF32) : 0});
     b.gather_send = sc.carve<char>(staging), b.gather_recv = sc.carve<char>(staging * shard.world);
   }
 }

@@ -89,10 +89,14 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     return internal_error(std::string("mla_prefill_attention: sequence table upload: ") + cudaGetErrorString(e));
 
   const int64_t row_width = d.latent_dim + d.rope_dim;
-  KvGatherArgs g;
-  g.pages = a.pages, g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
-  g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
-  KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
+  if (a.gather_rows) {
+    KILN_RETURN_IF_ERROR(a.gather_rows(latent).with_context("mla_prefill_attention: gathering cached rows"));
+  } else {
+    KvGatherArgs g;
+    g.pages = a.pages, g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
+    g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
+    KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
+  }
 
   // Head-major K_nope | V: [H][keys][nope + v], head h = latent[:, :L] · kv_b[h]ᵀ, one product of the same shape
   // per head. A head's values must not depend on how many heads share the call: a tensor-parallel rank expands only

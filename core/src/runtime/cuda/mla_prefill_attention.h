@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "kernels/cuda/stream_handle.h"
@@ -53,6 +54,9 @@ struct MlaPrefillArgs {
   uint16_t* out = nullptr;         // device bf16 [rows, H, v]; only the sequences' rows are written
   void* workspace = nullptr;       // device, mla_prefill_workspace_bytes(...) bytes
   size_t workspace_bytes = 0;
+  // Optional: writes the sequences' rows [Σ kv_len, latent + rope] (bf16, sequence after sequence in `seqs` order)
+  // instead of the layout's gather over `pages` — decode-context parallelism, whose rows are spread over ranks.
+  std::function<Status(uint16_t* latent)> gather_rows;
 };
 
 // Device scratch for a batch of `num_seqs` sequences whose kv_len sum to `total_keys`: the sequence tables, the

@@ -120,6 +120,7 @@ __global__ void mla_reference_kernel(MlaReferenceParams p) {
   sum = block_reduce<false>(sum, red);
   __syncthreads();
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  if (p.lse && threadIdx.x == 0) p.lse[r * p.heads + h] = sum > 0.0f ? m + logf(sum) : -INFINITY;
   float* out = p.out + (r * p.heads + h) * p.latent_dim;
   for (int64_t l = threadIdx.x; l < p.latent_dim; l += blockDim.x) {
     float acc = 0.0f;

@@ -56,6 +56,7 @@ struct MlaReferenceParams {
   float scale = 1.0f;
   float* scores = nullptr;
   float* out = nullptr;
+  float* lse = nullptr;  // optional [rows, heads]: log-sum-exp of the scaled scores (−inf where no key is visible)
 };
 Status mla_attention_reference(const MlaReferenceParams& p, StreamHandle stream);
 
