@@ -118,7 +118,6 @@ got=$(tgen "$dflash" --set parallel.tensor=2 --set 'transport.backend="socket"')
   die "tiny-glm: TP=2 with dflash2 drafting on CUDA failed"
 [ "$got" = "$plain" ] || die "tiny-glm: TP=2 with dflash2 drafting gave '$got', TP=1 '$plain'"
 echo "ok: tiny-glm: TP=2 (rank processes on one GPU) with dflash2 drafting = TP=1"
-echo "cuda tensor parallel: all passed"
 # Decode-context parallelism on CUDA ranks (parallel.decode_context = parallel.tensor = 2): each rank stores every
 # other position's KV, attends every head over its own tokens and merges the two ranks' partial results by log-sum-exp
 # (runtime/cuda/cuda_split_context.cpp). The merge rounds differently from one rank's attention (fp32 partials, then
@@ -154,3 +153,4 @@ fi
 echo "$out" | grep -q "decode_context = 2 on CUDA.*DSA indexer" ||
   die "glm_moe_dsa-tiny: DCP=2 refusal does not say why: $out"
 echo "ok: glm_moe_dsa-tiny: DCP=2 on CUDA refused with its reason"
+echo "cuda tensor parallel: all passed"

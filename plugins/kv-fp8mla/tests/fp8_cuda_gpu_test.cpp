@@ -458,3 +458,95 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8MlaLongAttention,
 
 }  // namespace
 }  // namespace kiln::fp8mla
+
+namespace kiln::fp8mla {
+namespace {
+
+// MlaAttendArgs::out_lse through every attention form of the CUDA layout — the plain kernel (no workspace), the split
+// form (the plan's workspace) at a small latent, the tensor-core form at 512 + 64 — against the log-sum-exp of the
+// host's dequantized rows in double: within 1e-3 (q is rounded to bf16 on the tensor cores only), −inf for a row
+// that sees no key. Decode-context parallelism merges ranks with it.
+TEST(Fp8MlaLse, EveryAttentionFormWritesTheLogSumExp) {
+  load_plugins();
+  for (const auto [latent, rope, heads] : {std::tuple<int64_t, int64_t, int64_t>{128, 16, 8}, {512, 64, 20}}) {
+    SCOPED_TRACE("latent " + std::to_string(latent) + " + " + std::to_string(rope));
+    auto cpu = make_layout(Device::cpu(), latent, rope);
+    auto gpu = make_layout(Device::cuda(0), latent, rope);
+    ASSERT_TRUE(cpu && gpu);
+    const int64_t W = latent + rope, keys = 300, blocks = (keys + kBlock - 1) / kBlock;
+    const std::vector<int32_t> kv_len = {0, 1, 9, 17, 300};
+    const int64_t nq = static_cast<int64_t>(kv_len.size());
+    std::mt19937 rng(static_cast<uint32_t>(latent));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> rows(keys * W), q(nq * heads * W);
+    for (float& x : rows) x = normal(rng);
+    for (float& x : q) x = 0.1f * normal(rng);
+    std::vector<int32_t> table(blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    std::vector<int64_t> slots(keys);
+    for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / kBlock] * kBlock + t % kBlock;
+    const int64_t row_bytes = static_cast<int64_t>(cpu->bytes_per_token());
+    std::vector<uint8_t> pages(static_cast<size_t>(blocks * kBlock * row_bytes), 0);
+    KvAppendArgs a;
+    a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = pages.data();
+    ASSERT_TRUE(cpu->append(a, {}).ok());
+    // The host's dequantized rows, and each (row, head)'s log-sum-exp over them in double.
+    std::vector<float> stored(keys * W);
+    const KvGatherSeq seq{0, 0, static_cast<int32_t>(keys), 0};
+    KvGatherArgs g;
+    g.pages = pages.data(), g.block_tables = table.data(), g.max_blocks = blocks, g.seqs = &seq, g.num_seqs = 1;
+    g.max_kv_len = keys, g.out = stored.data();
+    ASSERT_TRUE(cpu->gather(g, {}).ok());
+    const float scale = 0.07f;
+    std::vector<double> want(nq * heads, -INFINITY);
+    for (int64_t r = 0; r < nq; ++r)
+      for (int64_t h = 0; h < heads && kv_len[r] > 0; ++h) {
+        std::vector<double> s(kv_len[r]);
+        for (int64_t t = 0; t < kv_len[r]; ++t) {
+          double dot = 0;
+          for (int64_t i = 0; i < W; ++i) dot += double(q[(r * heads + h) * W + i]) * stored[t * W + i];
+          s[t] = dot * scale;
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (double v : s) sum += std::exp(v - m);
+        want[r * heads + h] = m + std::log(sum);
+      }
+    Dev<uint8_t> d_pages(pages);
+    Dev<float> d_q(q);
+    const std::vector<int32_t> query_seq(nq, 0);
+    Dev<int32_t> d_table(table), d_qs(query_seq), d_kv(kv_len);
+    MlaAttendShape shape;
+    shape.num_queries = nq, shape.num_heads = heads, shape.max_kv_len = keys, shape.batch_invariant = true;
+    shape.multiprocessor_count = 132;
+    const MlaAttendPlan plan = gpu->plan_attend(shape);
+    Dev<char> workspace(std::max<size_t>(plan.workspace_bytes, 1));
+    for (const bool planned : {false, true}) {
+      Dev<float> out(nq * heads * latent), lse(nq * heads);
+      EXPECT_EQ(cudaMemset(lse.p, 0xff, nq * heads * sizeof(float)), cudaSuccess);
+      MlaAttendArgs m;
+      m.cache = d_pages.p, m.num_queries = nq, m.num_heads = heads, m.q = d_q.p, m.block_tables = d_table.p;
+      m.max_blocks = blocks, m.query_seq = d_qs.p, m.kv_len = d_kv.p, m.scale = scale, m.out = out.p;
+      m.out_lse = lse.p, m.max_kv_len = keys;
+      if (planned) {
+        m.num_splits = plan.num_splits, m.split_by_length = plan.split_by_length;
+        m.workspace = workspace.p, m.workspace_bytes = plan.workspace_bytes;
+      }
+      ASSERT_TRUE(gpu->attend(m, Stream{Device::cuda(0), nullptr}).ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = lse.get();
+      for (int64_t i = 0; i < nq * heads; ++i) {
+        if (std::isinf(want[i])) {
+          EXPECT_TRUE(std::isinf(got[i]) && got[i] < 0) << (planned ? "planned" : "plain") << " pair " << i << ": " << got[i];
+        } else {
+          EXPECT_NEAR(got[i], want[i], 1e-3 * std::max(1.0, std::fabs(want[i])))
+              << (planned ? "planned" : "plain") << " pair " << i;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::fp8mla
