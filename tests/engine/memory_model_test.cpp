@@ -128,6 +128,31 @@ TEST(MemoryModel, BatchInvariantCudaStepsArePricedAtTheRunnersBound) {
   EXPECT_FALSE(says(plain_notes));
 }
 
+// Decode-context parallelism on GPU ranks: each step also holds every head's q, the rank's partial attention and
+// every rank's gathered partials, and (prefill) the context rows each rank sends and receives: priced above the same
+// tensor-parallel recipe without the split.
+TEST(MemoryModel, GpuDecodeContextRanksPriceTheSplitAttentionsBuffers) {
+  auto activations = [](std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"model.device=cuda", "parallel.tensor=2", "transport.backend=\"socket\"",
+                             "scheduler.max_num_batched_tokens=512", "scheduler.max_model_len=2048"});
+    ScreenOptions o;
+    o.memory_bytes = 80ull << 30;
+    auto in = memory_inputs(tiny_recipe(sets), global_registry(), o);
+    EXPECT_TRUE(in.ok()) << in.status().to_string();
+    if (!in.ok()) return MemoryTerm{};
+    for (const MemoryTerm& t : in->terms)
+      if (t.name == "activations") return t;
+    ADD_FAILURE() << "no activations term";
+    return MemoryTerm{};
+  };
+  const MemoryTerm tp = activations({}), dcp = activations({"parallel.decode_context=2"});
+  ASSERT_GT(tp.high, 0u);
+  // At least the W + 1 copies of N · heads · (latent + 1) fp32 partials (tiny-glm: 8 heads, latent 128; N = 512).
+  const uint64_t partials = 4ull * 3 * 512 * 8 * 129;
+  EXPECT_GE(dcp.low, tp.low + partials) << dcp.low << " vs " << tp.low;
+  EXPECT_GE(dcp.high, tp.high + partials) << dcp.high << " vs " << tp.high;
+}
+
 TEST(MemoryModel, ImpossibleRecipeIsNoGoNamingTheKey) {
   // 40 MiB of memory: 36 usable at 0.9, less 19 MiB of weights and the step's workspace, leaves no KV window.
   ScreenOptions tight;

@@ -220,6 +220,14 @@ TEST(DecodeContextParallelLoad, TheSchedulerBlocksHoldOnePagePerRank) {
   EXPECT_EQ(rank1.local_count(10), 5);
   EXPECT_EQ(rank1.local_count(1), 0);
   EXPECT_EQ(rank1.local_table(table), (std::vector<int32_t>{11, 5}));
+  // A GPU rank's pool holds only its page of each block: engine block b is its page b.
+  EXPECT_EQ(rank1.own_pool_slot(table, 4, 0), -1);
+  EXPECT_EQ(rank1.own_pool_slot(table, 4, 1), 5 * 4 + 0);
+  EXPECT_EQ(rank1.own_pool_slot(table, 4, 7), 5 * 4 + 3);
+  EXPECT_EQ(rank1.own_pool_slot(table, 4, 9), 2 * 4 + 0);
+  const DecodeContextShard rank0of3{0, 3};
+  EXPECT_EQ(rank0of3.own_pool_slot(table, 4, 12), 2 * 4 + 0);  // local token 4: the table's second block, row 0
+  EXPECT_EQ(rank0of3.own_pool_slot(table, 4, 13), -1);
 }
 
 }  // namespace

@@ -322,9 +322,10 @@ WeightEstimate approximate_weights(const ModelInfo& i, int64_t mtp_layers) {
 
 // One step's device scratch at N tokens (runtime/cuda/cuda_step_setup.cpp carve_step_buffers), R logit rows,
 // S sequences: per-token buffers, the expert workspace, the logits, plus `prefill_keys` keys expanded for the
-// prefill kernel and the split-KV partials of the decode kernel.
+// prefill kernel and the split-KV partials of the decode kernel; with decode-context parallelism over `context`
+// GPU ranks, the split attention's buffers (runtime/cuda/cuda_split_context.cpp) too.
 uint64_t step_scratch_bytes(const ModelConfig& c, int64_t N, int64_t R, int64_t S, int64_t max_blocks,
-                            int64_t prefill_keys, int64_t taps) {
+                            int64_t prefill_keys, int64_t taps, int64_t context = 1) {
   const double Hd = static_cast<double>(c.hidden_size), H = static_cast<double>(c.num_attention_heads);
   const double L = static_cast<double>(c.kv_lora_rank), Rr = static_cast<double>(c.qk_rope_head_dim);
   const double qk = static_cast<double>(c.qk_head_dim()), D = L + Rr, vd = static_cast<double>(c.v_head_dim);
@@ -347,6 +348,14 @@ uint64_t step_scratch_bytes(const ModelConfig& c, int64_t N, int64_t R, int64_t 
   // Decode attention's split-KV partials: up to 64 splits for ≤ 32 rows (split by length), a few beyond.
   total += 4.0 * 64 * static_cast<double>(std::min<int64_t>(N, 32)) * H * (L + 1) + 4.0 * 2 * Nd * H * (L + 1);
   total += static_cast<double>(prefill_keys) * (2 * D + 2 * H * (static_cast<double>(c.qk_nope_head_dim) + vd));
+  if (context > 1) {
+    // Every head's absorbed q, this rank's partial output and log-sum-exp, every rank's gathered (W + 1 copies of
+    // N · heads · (latent + 1) fp32), its gather staging; and for expanded prefill the rank's own context rows
+    // (a 1/W share of the prompts' keys) sent and every rank's received, bf16.
+    const double W = static_cast<double>(context);
+    total += 4.0 * Nd * H * D + 4.0 * (W + 1) * Nd * H * (L + 1) + 4.0 * (W + 1) * Nd * H * D;
+    total += 2.0 * D * (W + 1) * std::ceil(static_cast<double>(prefill_keys) / W) + 16.0 * static_cast<double>(S);
+  }
   return static_cast<uint64_t>(total);
 }
 
@@ -874,9 +883,12 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       // max_model_len keys (the prefill kernel expands every key per head), with StepScratch's headroom.
       const int64_t keys_high = invariant_steps ? 0 : config.max_model_len;
       const int64_t keys_low = invariant_steps ? 0 : std::min<int64_t>(N, kPrefillMinTokens * 4);
-      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps);
-      const uint64_t hi =
-          scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps), kScratchHeadroom);
+      const int64_t split = in.stored_per_block > 0 && in.stored_per_block < in.block_size
+                                ? in.block_size / in.stored_per_block
+                                : 1;  // GPU ranks of a decode-context group
+      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps, split);
+      const uint64_t hi = scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps, split),
+                                kScratchHeadroom);
       in.terms.push_back(term("activations", lo, hi, MemoryWhere::kDevice, MemoryWhen::kRun,
                               "scheduler.max_num_batched_tokens",
                               invariant_steps

@@ -42,12 +42,20 @@ struct DecodeContextShard {
   // How many of positions [0, len) rank r owns.
   int64_t local_count(int64_t len, int r) const { return len > r ? (len - r + world - 1) / world : 0; }
   int64_t local_count(int64_t len) const { return local_count(len, rank); }
-  // The cache slot of a position this rank owns, from the sequence's (scheduler) block table; −1 for a position it
-  // does not own (nothing is stored for it here). `page` is the layout's page size P.
+  // The cache slot of a position this rank owns in the pool every rank shares (CPU ranks), from the sequence's
+  // (scheduler) block table; −1 for a position it does not own (nothing is stored for it here). `page` is the
+  // layout's page size P.
   int64_t slot(const std::vector<int32_t>& table, int64_t page, int64_t pos) const {
     if (!owns(pos)) return -1;
     const int64_t k = pos / world;
     return (static_cast<int64_t>(table[k / page]) * world + rank) * page + k % page;
+  }
+  // The slot of a position this rank owns in a pool of its own (a GPU rank: it allocates only its page of each
+  // scheduler block, so engine block b is its page b); −1 for a position it does not own.
+  int64_t own_pool_slot(const std::vector<int32_t>& table, int64_t page, int64_t pos) const {
+    if (!owns(pos)) return -1;
+    const int64_t k = pos / world;
+    return static_cast<int64_t>(table[k / page]) * page + k % page;
   }
   // This rank's pages as a block table over its local tokens (pages of P rows).
   std::vector<int32_t> local_table(const std::vector<int32_t>& table) const {

@@ -72,9 +72,7 @@ Status build_step_layout(std::span<const SequenceStep> steps, const CacheViews& 
         L.kv_len.push_back(prefills ? 1 : static_cast<int32_t>(pos + 1));
       } else {
         // A prefilling row's absorbed pass is overwritten by the prefill kernel: no keys for it here.
-        const int64_t local = pos / context.world;
-        L.slots.push_back(context.owns(pos) ? static_cast<int64_t>((*s.block_table)[local / page]) * page + local % page
-                                            : -1);
+        L.slots.push_back(context.own_pool_slot(*s.block_table, page, pos));
         L.kv_len.push_back(prefills ? 0 : static_cast<int32_t>(context.local_count(pos + 1)));
         L.max_local_kv = std::max<int64_t>(L.max_local_kv, L.kv_len.back());
       }
