@@ -1,11 +1,15 @@
 // The device half of `fp8_ds_mla`: checks what the core passes and launches the plugin's kernels on the core's
-// stream. It fuses nothing into append() (append_fusions() = 0): the core normalises and ropes the rows and
-// finishes the queries before it, so the layout sees final fp32 rows. Attention: for the published shapes (latent
+// stream. append() takes the MLA prologue (append_fusions(): the rows' norm and RoPE and the queries' finish, one
+// launch with the quantization — fp8_mla_fused_append.cu) for latent ≤ 1,024; rows the core hands final (no norm
+// weight, no positions, no queries) are quantized alone. KILN_FP8MLA_APPEND=separate declares no fusion (the core
+// then runs its prologue kernel first, the A/B switch; the bytes are the same). Attention: for the published shapes (latent
 // 512) the SDK's tensor-core MLA decode over fp8 tiles widened in shared memory, planned exactly as the bf16
 // layout's; for other shapes the split-KV CUDA-core kernel when the plan's workspace comes with the call (the runners
 // carve it from plan_attend), else the plain kernel (no workspace).
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "fp8_mla_kernels.h"
@@ -35,6 +39,8 @@ class Fp8MlaCudaLayout final : public KvLayout {
     const RowGeometry row{g.latent_dim, g.rope_dim};
     shape_.latent = row.latent, shape_.rope = row.rope, shape_.tiles = row.tiles();
     shape_.scales_offset = row.scales_offset(), shape_.rope_offset = row.rope_offset(), shape_.row_bytes = row.bytes();
+    const char* env = std::getenv("KILN_FP8MLA_APPEND");
+    fuses_ = fused_append_supported(shape_) && !(env && std::strcmp(env, "separate") == 0);
   }
 
   KvGeometry geometry() const override { return g_; }
@@ -42,15 +48,33 @@ class Fp8MlaCudaLayout final : public KvLayout {
   Device device() const override { return device_; }
   IndexerKeyFormat indexer_key_format() const override { return IndexerKeyFormat::kFp8E4m3Scaled; }
 
+  uint32_t append_fusions() const override { return fuses_ ? kKvFuseNormRope | kKvFuseQueries : 0u; }
+
   Status append(const KvAppendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_stream(stream));
-    if (a.norm_weight != nullptr || a.q != nullptr)
-      return invalid_argument("kv layout `fp8_ds_mla` stores final rows; it fuses no prologue");
     if (a.n > 0 && (a.pages == nullptr || a.slots == nullptr || a.rows == nullptr))
       return invalid_argument("kv layout `fp8_ds_mla` append: null pages, slots or rows");
-    return launched(launch_append(shape_, a.rows, a.row_stride > 0 ? a.row_stride : g_.latent_dim + g_.rope_dim,
-                                  a.slots, a.n, static_cast<uint8_t*>(a.pages), stream.handle),
-                    "append");
+    const int64_t stride = a.row_stride > 0 ? a.row_stride : g_.latent_dim + g_.rope_dim;
+    const bool prologue = a.norm_weight != nullptr || a.positions != nullptr || a.q != nullptr;
+    if (!prologue)
+      return launched(launch_append(shape_, a.rows, stride, a.slots, a.n, static_cast<uint8_t*>(a.pages),
+                                    stream.handle),
+                      "append");
+    if (!fuses_)
+      return invalid_argument("kv layout `fp8_ds_mla` declares no append fusion here (" +
+                              std::string(fused_append_supported(shape_) ? "KILN_FP8MLA_APPEND=separate"
+                                                                         : "latent above 1,024") +
+                              "): it stores final rows only");
+    if (a.positions != nullptr && a.inv_freq == nullptr)
+      return invalid_argument("kv layout `fp8_ds_mla` append: positions without inv_freq");
+    if (a.q != nullptr && (a.heads <= 0 || a.q_bf == nullptr || a.q_abs == nullptr))
+      return invalid_argument("kv layout `fp8_ds_mla` append: queries need heads > 0, q_bf and q_abs");
+    FusedAppend f;
+    f.rows = a.rows, f.row_stride = stride, f.n = a.n, f.slots = a.slots;
+    f.norm_weight = a.norm_weight, f.eps = a.eps;
+    f.positions = a.positions, f.inv_freq = a.inv_freq, f.rope_factor = a.rope_factor;
+    f.q = a.q, f.heads = a.q ? a.heads : 0, f.nope = a.nope, f.q_bf = a.q_bf, f.q_abs = a.q_abs;
+    return launched(launch_fused_append(shape_, f, static_cast<uint8_t*>(a.pages), stream.handle), "append");
   }
 
   // The split kernel's workspace depends on the shape only (rows, heads), never on lengths, so graphs stay valid.
@@ -133,6 +157,7 @@ class Fp8MlaCudaLayout final : public KvLayout {
   KvGeometry g_;
   Device device_;
   RowShape shape_;
+  bool fuses_ = false;        // append() takes the MLA prologue (fused_append_supported, not switched off)
   cuda::MlaDecodeSync sync_;  // the tensor-core attention's merge counters (one stream uses a layout at a time)
 };
 

@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "fp8_mla_bf16_round.cuh"
 #include "fp8_mla_kernels.h"
 #include "kiln/cuda/pdl_launch.cuh"
 #include "kiln/cuda/warp_mma.cuh"
@@ -26,12 +27,6 @@ constexpr size_t kAttendStaticShared =
 
 __device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
-__device__ __forceinline__ uint16_t float_to_bf16(float f) {
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN, as the host
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
 
 __device__ __forceinline__ float e4m3_to_float(uint8_t v) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);

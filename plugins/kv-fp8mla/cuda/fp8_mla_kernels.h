@@ -19,6 +19,28 @@ struct RowShape {
 const char* launch_append(const RowShape& s, const float* rows, int64_t row_stride, const int64_t* slots, int64_t n,
                           uint8_t* pages, void* stream);
 
+// The append with the MLA prologue fused (fp8_mla_fused_append.cu; the layout's append_fusions()): for n tokens,
+// RoPE on the queries' rope parts in place with q_bf = bf16(q) and the absorbed tail q_abs[t, h, latent:], RoPE on
+// each row's rope part in place, the latent's RMSNorm (norm_weight null: as given), then the row quantized as
+// launch_append does — the same bytes as the core's prologue kernel followed by launch_append. positions null: no
+// RoPE; heads 0: no queries. Takes latent ≤ 1,024 and rope even ≤ 256 (fused_append_supported).
+struct FusedAppend {
+  float* rows = nullptr;  // [n] rows of latent + rope fp32, row_stride floats apart (> 0)
+  int64_t row_stride = 0, n = 0;
+  const int64_t* slots = nullptr;
+  const uint16_t* norm_weight = nullptr;  // bf16 [latent] or null
+  float eps = 0.0f;
+  const int64_t* positions = nullptr;     // [n] or null
+  const float* inv_freq = nullptr;        // [rope / 2]
+  float rope_factor = 1.0f;
+  float* q = nullptr;                     // [n, heads, nope + rope] fp32
+  int64_t heads = 0, nope = 0;
+  uint16_t* q_bf = nullptr;               // [n, heads, nope + rope]
+  float* q_abs = nullptr;                 // [n, heads, latent + rope]
+};
+bool fused_append_supported(const RowShape& s);
+const char* launch_fused_append(const RowShape& s, const FusedAppend& a, uint8_t* pages, void* stream);
+
 // Absorbed MLA attention over the fp8 pages, one thread block per (query row, head), exact two-pass softmax in
 // fp32 on CUDA cores: out[r, h, :] = Σ_t softmax_t(scale · q[r, h, :] · row_t) · row_t[:latent] over query r's
 // visible positions — those below kv_len[r], or with `selected` the listed ones below kv_len[r] (each once; −1 =

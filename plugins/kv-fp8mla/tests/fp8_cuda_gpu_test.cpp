@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -546,6 +548,125 @@ TEST(Fp8MlaLse, EveryAttentionFormWritesTheLogSumExp) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace kiln::fp8mla
+
+#include "runtime/cuda/mla_rope_cache_write.h"
+
+namespace kiln::fp8mla {
+namespace {
+
+// The append with the MLA prologue fused (append_fusions() = norm + RoPE + queries) against the two launches it
+// replaces — the core's prologue kernel finishing the rows in place, then the layout storing final rows: the same
+// page bytes, the same finished queries (q roped in place, q_bf, the absorbed tail), the same roped rope part of
+// the rows. Shapes: the published 512 + 64 (20 heads), NoPE 512 + 0, a partial last tile (200 + 8), five tiles
+// (640 + 32); rows of ordinary, zero, tiny and huge values; a padding slot; without positions (no RoPE) and without
+// a norm weight. KILN_FP8MLA_APPEND=separate turns the fusion off (and a prologue is then refused).
+struct FusedShape {
+  int64_t latent, rope, heads, nope;
+  bool positions, norm;
+};
+class Fp8MlaFusedAppend : public ::testing::TestWithParam<FusedShape> {};
+
+TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
+  load_plugins();
+  const FusedShape sh = GetParam();
+  auto layout = make_layout(Device::cuda(0), sh.latent, sh.rope);
+  ASSERT_TRUE(layout);
+  ASSERT_EQ(layout->append_fusions(), uint32_t{kKvFuseNormRope | kKvFuseQueries});
+  const int64_t n = 37, D = sh.latent + sh.rope, stride = D + 24, qk = sh.nope + sh.rope, H = sh.heads;
+  const int64_t row_bytes = static_cast<int64_t>(layout->bytes_per_token()), blocks = (n + kBlock - 1) / kBlock + 1;
+  std::mt19937 rng(static_cast<uint32_t>(sh.latent * 3 + sh.rope + H));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rows(n * stride), q(n * H * qk), q_abs(n * H * D, -7.0f), inv_freq(std::max<int64_t>(sh.rope / 2, 1));
+  for (int64_t t = 0; t < n; ++t) {
+    const float spread = t % 9 == 3 ? 0.0f : t % 9 == 5 ? 1e-30f : t % 9 == 7 ? 1e30f : std::ldexp(1.0f, t % 7 - 3);
+    for (int64_t i = 0; i < stride; ++i) rows[t * stride + i] = spread * normal(rng);
+  }
+  for (float& v : q) v = normal(rng);
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = std::pow(10000.0f, -2.0f * static_cast<float>(i) / static_cast<float>(std::max<int64_t>(sh.rope, 1)));
+  std::vector<uint16_t> norm(sh.latent);
+  for (int64_t i = 0; i < sh.latent; ++i) norm[i] = static_cast<uint16_t>(0x3f80 + (i * 37) % 200 - 100);  // ≈ 0.6..1.4
+  std::vector<int64_t> positions(n), slots(n);
+  for (int64_t t = 0; t < n; ++t) positions[t] = 1000 + 13 * t, slots[t] = (blocks - 1 - t / kBlock) * kBlock + t % kBlock;
+  slots[11] = -1;  // padding stores nothing
+  const std::vector<uint8_t> zeros(static_cast<size_t>(blocks * kBlock * row_bytes), 0);
+  const std::vector<uint16_t> no_bf(n * H * qk, 0);
+  Dev<float> d_inv(inv_freq);
+  Dev<uint16_t> d_norm(norm);
+  Dev<int64_t> d_pos(positions), d_slots(slots);
+
+  struct Out {
+    std::vector<uint8_t> pages;
+    std::vector<float> rows, q, q_abs;
+    std::vector<uint16_t> q_bf;
+  };
+  const Stream stream{Device::cuda(0), nullptr};
+  auto run = [&](bool fused) {
+    Dev<float> d_rows(rows), d_q(q), d_q_abs(q_abs);
+    Dev<uint16_t> d_q_bf(no_bf);
+    Dev<uint8_t> d_pages(zeros);
+    KvAppendArgs a;
+    a.pages = d_pages.p, a.slots = d_slots.p, a.n = n, a.rows = d_rows.p, a.row_stride = stride;
+    if (fused) {
+      a.norm_weight = sh.norm ? d_norm.p : nullptr, a.eps = 1e-6f;
+      a.positions = sh.positions ? d_pos.p : nullptr, a.inv_freq = d_inv.p, a.rope_factor = 0.75f;
+      a.q = d_q.p, a.heads = H, a.nope = sh.nope, a.q_bf = d_q_bf.p, a.q_abs = d_q_abs.p;
+      EXPECT_TRUE(layout->append(a, stream).ok());
+    } else {
+      cuda::MlaRopeCacheWrite rw;
+      rw.q = d_q.p, rw.ckv = d_rows.p, rw.ckv_stride = stride, rw.n = n, rw.heads = H, rw.nope = sh.nope;
+      rw.rope = sh.rope, rw.latent = sh.latent, rw.positions = sh.positions ? d_pos.p : nullptr;
+      rw.inv_freq = d_inv.p, rw.attention_factor = 0.75f, rw.norm_weight = sh.norm ? d_norm.p : nullptr;
+      rw.eps = 1e-6f, rw.slots = d_slots.p, rw.cache = nullptr, rw.q_bf = d_q_bf.p, rw.q_abs = d_q_abs.p;
+      EXPECT_TRUE(cuda::mla_rope_cache_write(rw, nullptr).ok());
+      EXPECT_TRUE(layout->append(a, stream).ok());  // final rows
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return Out{d_pages.get(), d_rows.get(), d_q.get(), d_q_abs.get(), d_q_bf.get()};
+  };
+  const Out separate = run(false), fused = run(true);
+  EXPECT_EQ(fused.pages, separate.pages) << "the fused append stores other bytes";
+  EXPECT_NE(fused.pages, zeros);
+  EXPECT_EQ(fused.q_bf, separate.q_bf);
+  EXPECT_EQ(0, std::memcmp(fused.q.data(), separate.q.data(), q.size() * sizeof(float))) << "roped q differs";
+  EXPECT_EQ(0, std::memcmp(fused.q_abs.data(), separate.q_abs.data(), q_abs.size() * sizeof(float)));
+  for (int64_t t = 0; t < n; ++t)  // the roped rope part, in place (the fused form leaves the latent as given)
+    ASSERT_EQ(0, std::memcmp(&fused.rows[t * stride + sh.latent], &separate.rows[t * stride + sh.latent],
+                             sh.rope * sizeof(float)))
+        << "row " << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Fp8MlaFusedAppend,
+                         ::testing::Values(FusedShape{512, 64, 20, 192, true, true}, FusedShape{512, 0, 8, 128, false, true},
+                                           FusedShape{200, 8, 3, 16, true, true}, FusedShape{640, 32, 5, 64, true, false},
+                                           FusedShape{512, 64, 4, 128, false, true}),
+                         [](const auto& info) {
+                           const FusedShape& s = info.param;
+                           return std::to_string(s.latent) + "_" + std::to_string(s.rope) + "_heads" +
+                                  std::to_string(s.heads) + (s.positions ? "" : "_no_rope") + (s.norm ? "" : "_no_norm");
+                         });
+
+TEST(Fp8MlaFusedAppendSwitch, SeparateDeclaresNoFusionAndRefusesAPrologue) {
+  load_plugins();
+  ASSERT_EQ(setenv("KILN_FP8MLA_APPEND", "separate", 1), 0);
+  auto layout = make_layout(Device::cuda(0), 512, 64);
+  unsetenv("KILN_FP8MLA_APPEND");
+  ASSERT_TRUE(layout);
+  EXPECT_EQ(layout->append_fusions(), 0u);
+  Dev<float> rows(576);
+  Dev<int64_t> slots(std::vector<int64_t>{0});
+  Dev<uint16_t> norm(512);
+  Dev<uint8_t> pages(static_cast<size_t>(kBlock * 656));
+  KvAppendArgs a;
+  a.pages = pages.p, a.slots = slots.p, a.n = 1, a.rows = rows.p, a.norm_weight = norm.p;
+  const Status s = layout->append(a, Stream{Device::cuda(0), nullptr});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("KILN_FP8MLA_APPEND=separate"), std::string::npos) << s.to_string();
+  EXPECT_NE(make_layout(Device::cuda(0), 512, 64)->append_fusions(), 0u);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kiln/cuda/mla_append_row.cuh"  // rope_pair
 
 namespace kiln::cuda {
 
@@ -12,17 +13,6 @@ __device__ __forceinline__ float rope_load(const float* p) { return *p; }
 __device__ __forceinline__ float rope_load(const uint16_t* p) { return bf16_bits_to_float(*p); }
 __device__ __forceinline__ void rope_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void rope_store(uint16_t* p, float v) { *p = float_to_bf16_bits(v); }
-
-// Frequency i's pair (even, odd) rotated: lo is stored at v[i], hi at v[half + i]. Same rounding as the CPU: fp32
-// angle, fp64 cos/sin rounded once, then the fp32 attention factor.
-__device__ __forceinline__ void rope_pair(float even, float odd, float position, float inv_freq_i,
-                                          float attention_factor, float& lo, float& hi) {
-  const double angle = static_cast<double>(position * inv_freq_i);
-  const float c = static_cast<float>(cos(angle)) * attention_factor;
-  const float s = static_cast<float>(sin(angle)) * attention_factor;
-  lo = even * c - odd * s;
-  hi = odd * c + even * s;
-}
 
 // In place, called by all 32 lanes of a warp: pairs (v[2i], v[2i+1]) rotated by frequency i < half and written
 // de-interleaved (v[i], v[half + i]). Every lane reads its pairs before any lane writes, so the in-place

@@ -3,6 +3,8 @@
 
 #include <cfloat>
 
+#include "kiln/cuda/mla_append_row.cuh"  // block_sum_f64
+
 namespace kiln::cuda {
 
 // Block-wide reduction of one value per thread; every thread gets the result. `shared` holds ≥ 32 floats.
@@ -21,18 +23,6 @@ __device__ float block_reduce(float v, float* shared) {
     const float w = __shfl_xor_sync(0xffffffffu, v, o);
     v = kMax ? fmaxf(v, w) : v + w;
   }
-  return v;
-}
-
-// Block-wide fp64 sum (norm scales, norm_scale.cuh); every thread gets the result. `shared` holds ≥ 32 doubles.
-__device__ inline double block_sum_f64(double v, double* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

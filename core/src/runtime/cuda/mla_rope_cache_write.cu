@@ -11,7 +11,8 @@ namespace kiln::cuda {
 namespace {
 
 // Latent values a thread of the register form holds (latent ≤ kLatentPerThread · kMlaCacheRowThreads).
-constexpr int kLatentPerThread = 8;
+constexpr int kLatentPerThread = kMlaAppendLatentPerThread;
+static_assert(kMlaCacheRowThreads == kMlaAppendThreads, "the SDK's append pieces map elements to this block size");
 
 // Block (t, h < heads): query head h of token t; block (t, heads): token t's latent. The general form: warp 0
 // ropes the slice in place as the RoPE kernel does; after the barrier the block reads the roped values back (its
@@ -45,69 +46,27 @@ __device__ void rope_cache_write_general(const MlaRopeCacheWrite& a, int64_t t, 
 // The same values and bits with every load issued up front. Why: at decode this kernel is a chain of L2 round trips
 // on the critical path of every layer (load, rope, store, barrier, load back, reduce, load again, store). Thread
 // p < half takes rope pair p (the angle's fp64 cos/sin overlaps the other loads); each thread keeps its latent
-// values in registers, in the element order and summation order of mla_write_cache_row / mla_normalize_row.
+// values in registers, in the element order and summation order of mla_write_cache_row / mla_normalize_row. The
+// pieces are the SDK's (kiln/cuda/mla_append_row.cuh), which KV layouts that fuse this prologue call too.
 __device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t, int64_t h, float position,
                                            int half) {
   const int64_t qk = a.nope + a.rope, D = a.latent + a.rope;
   const int tid = static_cast<int>(threadIdx.x);
-  const bool pair = tid < half;
-  float lo = 0.f, hi = 0.f;
   if (h < a.heads) {
-    float* v = a.q + (t * a.heads + h) * qk;
-    uint16_t* vb = a.q_bf + (t * a.heads + h) * qk;
-    float* pe = a.q_abs + (t * a.heads + h) * D + a.latent;
-    if (pair) rope_pair(v[a.nope + 2 * tid], v[a.nope + 2 * tid + 1], position, a.inv_freq[tid], a.attention_factor,
-                        lo, hi);
-#pragma unroll 4
-    for (int64_t i = tid; i < a.nope; i += blockDim.x) vb[i] = float_to_bf16_bits(v[i]);
-    if (half == 0) {  // no RoPE: the rope part as given
-      for (int64_t i = tid; i < a.rope; i += blockDim.x) {
-        const float r = v[a.nope + i];
-        vb[a.nope + i] = float_to_bf16_bits(r);
-        pe[i] = r;
-      }
-      return;
-    }
-    __syncthreads();  // every pair read before any is overwritten in place
-    if (pair) {
-      v[a.nope + tid] = lo;
-      v[a.nope + half + tid] = hi;
-      vb[a.nope + tid] = float_to_bf16_bits(lo);
-      vb[a.nope + half + tid] = float_to_bf16_bits(hi);
-      pe[tid] = lo;
-      pe[half + tid] = hi;
-    }
+    mla_append_query_head(a.q + (t * a.heads + h) * qk, a.q_bf + (t * a.heads + h) * qk,
+                          a.q_abs + (t * a.heads + h) * D + a.latent, a.nope, a.rope, position, a.inv_freq,
+                          a.attention_factor, half);
     return;
   }
   float* row = a.ckv + t * (a.ckv_stride > 0 ? a.ckv_stride : D);
   float x[kLatentPerThread];
   float w[kLatentPerThread];
-#pragma unroll
-  for (int j = 0; j < kLatentPerThread; ++j) {
-    const int64_t i = tid + static_cast<int64_t>(j) * kMlaCacheRowThreads;
-    x[j] = i < a.latent ? row[i] : 0.f;
-    w[j] = a.norm_weight && i < a.latent ? bf16_bits_to_float(a.norm_weight[i]) : 0.f;
-  }
-  if (pair) rope_pair(row[a.latent + 2 * tid], row[a.latent + 2 * tid + 1], position, a.inv_freq[tid],
-                      a.attention_factor, lo, hi);
-  if (half > 0) {
-    __syncthreads();  // every pair read before any is overwritten in place
-    if (pair) {
-      row[a.latent + tid] = lo;
-      row[a.latent + half + tid] = hi;
-    }
-  }
+  float lo, hi;
+  mla_append_latent_load_rope(row, a.latent, a.norm_weight, position, a.inv_freq, a.attention_factor, half, x, w, lo,
+                              hi);
   const bool store = a.cache != nullptr && a.slots[t] >= 0;
   if (a.cache != nullptr && !store) return;  // padding (the whole block)
-  float inv = 1.f;
-  if (a.norm_weight) {
-    __shared__ double red[32];
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < kLatentPerThread; ++j)
-      if (tid + static_cast<int64_t>(j) * kMlaCacheRowThreads < a.latent) ss += square_f64(x[j]);
-    inv = inverse_rms(block_sum_f64(ss, red), a.latent, a.eps);
-  }
+  const float inv = mla_append_latent_scale(a.latent, a.norm_weight != nullptr, a.eps, x);
   if (!store) {  // a layout that stores final rows: the normalised latent in place, in fp32
     if (!a.norm_weight) return;
 #pragma unroll
@@ -124,7 +83,7 @@ __device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t
     if (i < a.latent) dst[i] = float_to_bf16_bits(a.norm_weight ? x[j] * inv * w[j] : x[j]);
   }
   if (half > 0) {
-    if (pair) {
+    if (tid < half) {
       dst[a.latent + tid] = float_to_bf16_bits(lo);
       dst[a.latent + half + tid] = float_to_bf16_bits(hi);
     }
