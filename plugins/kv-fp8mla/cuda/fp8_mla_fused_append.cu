@@ -10,7 +10,7 @@
 #include <cfloat>
 #include <cstring>
 
-#include "fp8_mla_bf16_round.cuh"
+#include "fp8_mla_row_store.cuh"
 #include "fp8_mla_kernels.h"
 #include "kiln/cuda/mla_append_row.cuh"
 #include "kiln/cuda/pdl_launch.cuh"
@@ -21,7 +21,6 @@ namespace {
 
 using kiln::cuda::kMlaAppendLatentPerThread;
 using kiln::cuda::kMlaAppendThreads;
-constexpr int kWarp = 32;
 
 // Block (t, h < heads): query head h of token t; block (t, heads): token t's row. Thread i holds latent elements
 // i + 128·j, so tile j's values are x[j] across the block: thread i takes value i of every tile, as append_kernel.
@@ -48,24 +47,14 @@ __global__ void __launch_bounds__(kMlaAppendThreads) fused_append_kernel(RowShap
   if (slot < 0) return;  // padding (the whole block)
   const float inv = kiln::cuda::mla_append_latent_scale(s.latent, a.norm_weight != nullptr, a.eps, x);
   uint8_t* dst = pages + slot * s.row_bytes;
-  __shared__ float warp_amax[kMlaAppendThreads / kWarp];
-  const int warp = tid / kWarp, lane = tid % kWarp;
+  __shared__ float warp_amax[kTileThreads / 32];
+  static_assert(kTileThreads == kMlaAppendThreads, "thread i holds value i of every tile");
 #pragma unroll
   for (int j = 0; j < kMlaAppendLatentPerThread; ++j) {
     if (j >= s.tiles) break;
     const int64_t i = j * int64_t{128} + tid;
     const float v = i < s.latent ? (a.norm_weight ? x[j] * inv * w[j] : x[j]) : 0.0f;
-    float amax = fabsf(v);
-    for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int k = 1; k < kMlaAppendThreads / kWarp; ++k) amax = fmaxf(amax, warp_amax[k]);
-    __syncthreads();  // warp_amax is read before the next tile writes it
-    const float scale = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
-    if (i < s.latent)
-      dst[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE, __NV_E4M3));
-    if (tid == 0) memcpy(dst + s.scales_offset + 4 * j, &scale, 4);
+    quantize_tile(v, i < s.latent, warp_amax, dst + i, dst + s.scales_offset + 4 * j);
   }
   auto store_rope = [&](int64_t i, float r) {
     const uint16_t b = float_to_bf16(r);

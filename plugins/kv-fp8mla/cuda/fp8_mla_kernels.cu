@@ -7,7 +7,7 @@
 #include <cfloat>
 #include <cmath>
 
-#include "fp8_mla_bf16_round.cuh"
+#include "fp8_mla_row_store.cuh"
 #include "fp8_mla_kernels.h"
 #include "kiln/cuda/pdl_launch.cuh"
 #include "kiln/cuda/warp_mma.cuh"
@@ -16,7 +16,7 @@ namespace kiln::fp8mla {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kAppendThreads = 128;  // one thread per value of a 128-value tile
+constexpr int kAppendThreads = kTileThreads;  // one thread per value of a 128-value tile
 constexpr int kAttendThreads = 256;
 constexpr int kAttendWarps = kAttendThreads / kWarp;
 constexpr int kAttendTile = 32;
@@ -42,7 +42,7 @@ __device__ __forceinline__ float tile_scale(const uint8_t* row, const RowShape& 
 // Block t quantizes row t, one 128-value tile at a time: thread i takes value i of the tile.
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(RowShape s, const float* rows, int64_t row_stride,
                                                                 const int64_t* slots, uint8_t* pages) {
-  __shared__ float warp_amax[kAppendThreads / kWarp];
+  __shared__ float warp_amax[kTileThreads / 32];
   // Launched with programmatic dependent launch: the rows come from the kernel just before (the core's norm / rope
   // pass); the kernels after start their prologues while this one runs.
   kiln::cuda::pdl_wait();
@@ -51,21 +51,9 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(RowShape s, cons
   if (slot < 0) return;
   const float* src = rows + t * row_stride;
   uint8_t* dst = pages + slot * s.row_bytes;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   for (int64_t tile = 0; tile < s.tiles; ++tile) {
     const int64_t i = tile * 128 + threadIdx.x;
-    const float x = i < s.latent ? src[i] : 0.0f;
-    float amax = fabsf(x);
-    for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kAppendThreads / kWarp; ++w) amax = fmaxf(amax, warp_amax[w]);
-    __syncthreads();  // warp_amax is read before the next tile writes it
-    const float scale = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
-    if (i < s.latent)
-      dst[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
-    if (threadIdx.x == 0) memcpy(dst + s.scales_offset + 4 * tile, &scale, 4);
+    quantize_tile(i < s.latent ? src[i] : 0.0f, i < s.latent, warp_amax, dst + i, dst + s.scales_offset + 4 * tile);
   }
   for (int64_t i = threadIdx.x; i < s.rope; i += blockDim.x) {
     const uint16_t b = float_to_bf16(src[s.latent + i]);
