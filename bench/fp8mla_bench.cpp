@@ -1,8 +1,9 @@
 // c1 decode attention over the KV cache, one query row, per layout and form, beside the device's copy bandwidth
-// measured in the same run: the bf16 layout's tensor-core kernel (1,152-byte rows) and fp8_ds_mla's (656-byte rows,
-// plugin kv-fp8mla: the SDK's kernel over tiles widened to bf16 in shared memory). GLM-4.7-Flash shapes:
+// measured in the same run: the bf16 layout's tensor-core kernel (1,152-byte rows) and fp8_ds_mla's two forms
+// (656-byte rows, plugin kv-fp8mla): `fp8_direct` (whole pages bulk-copied, e4m3 multiplied as fp16 — the default on
+// sm_90+) and `fp8_widened` (the SDK's kernel over tiles widened to bf16 in shared memory). GLM-4.7-Flash shapes:
 // 20 heads, latent 512 + rope 64, pages of 64 tokens shuffled; splits as the layouts plan them under batch
-// invariance (split_by_length), the bf16 kernel given the merge counters the layout gives it. Each figure: one CUDA
+// invariance (split_by_length), every kernel given the merge counters the layouts give it. Each figure: one CUDA
 // graph running the attention over enough distinct sequences' caches (≥ 512 MiB, so the 50 MiB L2 serves none of
 // them), replayed; time per call = graph time ÷ calls. KILN_MLA_DECODE=sm90 measures the bf16 layout's Hopper
 // kernel (kernels/cuda/mla_decode_sm90) instead of the mma.sync one.
@@ -179,8 +180,9 @@ int main(int argc, char** argv) {
     const int splits = static_cast<int>((kiln::cuda::mla_decode_length_splits(ctx) + 15) / 16 * 16);
     void* ws = nullptr;
     CHECK_CUDA(cudaMalloc(&ws, kiln::cuda::mla_decode_workspace_bytes(1, heads, splits)));
-    for (int form = 0; form < 2; ++form) {
+    for (int form = 0; form < 3; ++form) {
       const bool fp8 = form > 0;
+      const auto tc_form = form == 1 ? kiln::fp8mla::TcForm::kDirect : kiln::fp8mla::TcForm::kWidened;
       const int64_t row_bytes = fp8 ? fp8_row : bf16_row;
       const double bytes = double(ctx) * row_bytes;
       const int copies = static_cast<int>(std::max<double>(2, std::ceil((512.0 * (1 << 20)) / bytes)));
@@ -201,16 +203,21 @@ int main(int argc, char** argv) {
         p.shape.scales_offset = geom.scales_offset(), p.shape.rope_offset = geom.rope_offset(), p.shape.row_bytes = fp8_row;
         p.pages = static_cast<const uint8_t*>(c.pages), p.block_size = kBlock, p.q = q, p.num_queries = 1;
         p.num_heads = heads, p.block_tables = c.tables, p.max_blocks = c.blocks, p.kv_len = d_len, p.scale = 1.0f / 24;
-        p.out = out;
+        p.out = out, p.sync = merge_counters.get();
+        if (form == 1 && !kiln::fp8mla::direct_attend_takes(p.shape, kBlock, 0, c.pages)) {
+          std::printf("%8lld %-12s (not on this device)\n", (long long)ctx, "fp8_direct");
+          free_caches(c);
+          continue;
+        }
         ms = per_call_ms(st, copies, [&](int i) {
           p.query_seq = c.seqs + i;
-          if (const char* why = kiln::fp8mla::launch_tc_attend(p, splits, true, ws, st)) {
+          if (const char* why = kiln::fp8mla::launch_tc_attend(p, splits, true, ws, st, tc_form)) {
             std::fprintf(stderr, "fp8 attention: %s\n", why);
             std::exit(1);
           }
         });
       }
-      const char* name = form == 0 ? "bf16" : "fp8_ds_mla";
+      const char* name = form == 0 ? "bf16" : form == 1 ? "fp8_direct" : "fp8_widened";
       std::printf("%8lld %-12s %6d %9.2f %10.1f %8.2f %7.1f%%\n", (long long)ctx, name, splits, ms * 1e3, bytes / 1e6,
                   bytes / (ms * 1e-3) / 1e12, 100.0 * bytes / (ms * 1e-3) / bw);
       free_caches(c);

@@ -82,9 +82,16 @@ const char* launch_split_attend(const AttendParams& p, void* workspace, void* st
 // fp8 rows widened to bf16 in shared memory (q and the attention weights rounded to bf16 as well, fp32 sums), for
 // latent 512 with rope 64 (dense) or 0 (dense or selected). Splits, split_by_length and workspace as planned by
 // kiln/cuda/mla_decode_plan.h; num_splits > 1 needs mla_decode_workspace_bytes of workspace.
+// Two forms run it (same plan, splits and merge): on sm_90+ for dense pages of 8, 16, 32 or a multiple of 64 slots,
+// the direct form (fp8_mla_direct_attend.cu: whole pages bulk-copied, the e4m3 values multiplied as fp16 with q in
+// fp16 and the scales applied to the score partials and the weights, no widening pass); otherwise, or with
+// KILN_FP8MLA_ATTEND=widened, the widened one. kDirect where the direct form cannot run returns why.
+enum class TcForm { kAuto, kWidened, kDirect };
 bool tc_attend_supported(const RowShape& s, int64_t selected_width);
+// Whether the direct form takes these pages on the current device (before the switch).
+bool direct_attend_takes(const RowShape& s, int64_t block_size, int64_t selected_width, const void* pages);
 const char* launch_tc_attend(const AttendParams& p, int num_splits, bool split_by_length, void* workspace,
-                             void* stream);
+                             void* stream, TcForm form = TcForm::kAuto);
 
 // kiln::KvGatherSeq as the kernel reads it (the layout checks the two agree).
 struct GatherSeq {

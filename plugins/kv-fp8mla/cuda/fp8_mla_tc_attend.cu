@@ -1,3 +1,4 @@
+// The widened form of fp8_ds_mla's tensor-core attention (launch_tc_attend picks the direct one where it runs):
 // fp8_ds_mla rows through the SDK's tensor-core MLA decode attention (kiln/cuda/mla_decode_tc.cuh): a tile of 64
 // raw 656-byte (or NoPE 528-byte) rows is copied into shared memory with cp.async, two tiles in flight, and widened
 // there to bf16 — e4m3 · its 128-value tile's scale in fp32 (exactly the CPU's decode_row value), then rounded to
@@ -6,6 +7,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "fp8_mla_direct_attend.h"
 #include "fp8_mla_kernels.h"
 #include "kiln/cuda/mla_decode_tc.cuh"
 
@@ -77,7 +79,7 @@ bool tc_attend_supported(const RowShape& s, int64_t selected_width) {
 }
 
 const char* launch_tc_attend(const AttendParams& a, int num_splits, bool split_by_length, void* workspace,
-                             void* stream) {
+                             void* stream, TcForm form) {
   if (!tc_attend_supported(a.shape, a.selected ? a.selected_width : 0)) return "the tensor-core attention needs latent 512";
   cuda::MlaDecodeParams p;
   p.rope_dim = a.shape.rope;
@@ -87,6 +89,11 @@ const char* launch_tc_attend(const AttendParams& a, int num_splits, bool split_b
   p.scale = a.scale, p.out = a.out, p.out_bf16 = a.out_bf16, p.out_lse = a.out_lse;
   p.num_splits = num_splits, p.split_by_length = split_by_length, p.workspace = workspace, p.sync = a.sync;
   if (const char* why = cuda::mla_decode_check(p)) return why;
+  const bool direct = direct_attend_takes(a.shape, a.block_size, p.selected ? p.selected_width : 0, a.pages);
+  if (form == TcForm::kDirect && !direct)
+    return "the direct form needs sm_90+, dense pages of 8, 16, 32 or a multiple of 64 slots, 16-byte aligned";
+  if (direct && (form == TcForm::kDirect || (form == TcForm::kAuto && !direct_attend_forced_off())))
+    return launch_direct_attend(p, stream);
   static const bool pdl = cuda::mla_decode_pdl_default();
   const cudaError_t e = cuda::launch_mla_decode_tc<Fp8Rows>(p, static_cast<cudaStream_t>(stream), pdl);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);

@@ -20,6 +20,7 @@
 
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
+#include "fp8_gpu_test_support.h"
 #include "fp8_mla_kernels.h"
 #include "fp8_mla_row.h"
 #include "kiln/cuda/mla_decode_plan.h"
@@ -32,48 +33,7 @@ namespace kiln::fp8mla {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr int64_t kBlock = 16;
-
-void load_plugins() {
-  static const Status loaded = [] {
-    PluginLoader loader(global_registry());
-    const fs::path dir = fs::path(KILN_BINARY_DIR) / "lib/kiln/plugins";
-    KILN_RETURN_IF_ERROR(loader.load_file(dir / "kiln-kv-fp8mla.so"));
-    return loader.load_file(dir / "kiln-draft-mtp.so");
-  }();
-  ASSERT_TRUE(loaded.ok()) << loaded.to_string();
-}
-
-std::shared_ptr<KvLayout> make_layout(Device device, int64_t latent, int64_t rope) {
-  ModelInfo info;
-  info.kv_lora_rank = latent;
-  info.qk_rope_head_dim = rope;
-  RecipeSection kv("kv");
-  kv.set("block_size", kBlock);
-  CreateContext ctx;
-  ctx.section = &kv;
-  ctx.device = device;
-  ctx.model = &info;
-  auto made = global_registry().create<KvLayout>("fp8_ds_mla", ctx);
-  EXPECT_TRUE(made.ok()) << made.status().to_string();
-  return made.ok() ? *made : nullptr;
-}
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
+constexpr int64_t kBlock = kTestBlock;
 
 struct Shape {
   int64_t latent, rope;

@@ -587,42 +587,55 @@ inline bool separate_merge_forced() {
   return forced;
 }
 
-// `merged` says whether the decode kernel merges the splits itself: with p.sync, kMlaKernelMergeMinSplits or more splits, at most
-// kMlaSyncGroups row groups, and a grid that fits on the device at once (all its CTAs resident together).
-template <int kN, class Rows>
-cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out, float* part_lse,
-                          bool& merged) {
-  constexpr size_t kBytes = Smem<kN, Rows>::kBytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows, false>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+// Launches a decode kernel of this header's grid — (CTAs per row group, splits, row groups), kPairsPerCta (row,
+// head) pairs a CTA, kBytes of dynamic shared memory, arguments (p, part_out, part_lse, sync) — as kMerging (the
+// instantiation that merges its splits itself) when p.sync is set, there are kMlaKernelMergeMinSplits or more
+// splits, at most kMlaSyncGroups row groups and a grid that fits on the device at once (all its CTAs resident
+// together), else as kPlain. `merged` says which ran. The tensor-core template below and a layout's own kernel
+// (fp8_ds_mla's direct one) share it.
+template <auto kPlain, auto kMerging, size_t kBytes, int kPairsPerCta, int kThreadsT>
+cudaError_t launch_decode_grid(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out,
+                               float* part_lse, bool& merged) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kPlain, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   if (attr != cudaSuccess) return attr;
   const int64_t rows = p.row_groups ? p.max_group_rows : 1;
   const int64_t pairs = rows * p.num_heads;
-  const dim3 grid(static_cast<unsigned>((pairs + 8 * kN - 1) / (8 * kN)), static_cast<unsigned>(p.num_splits),
+  const dim3 grid(static_cast<unsigned>((pairs + kPairsPerCta - 1) / kPairsPerCta), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(p.row_groups ? p.num_groups : p.num_queries));
   merged = false;
   if (p.sync != nullptr && p.num_splits >= kMlaKernelMergeMinSplits && grid.z <= kMlaSyncGroups &&
       !separate_merge_forced()) {
     static const int per_sm = [] {
       int n = 0;
-      if (cudaFuncSetAttribute(mla_decode_tc_kernel<kN, Rows, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kBytes)) != cudaSuccess)
+      if (cudaFuncSetAttribute(kMerging, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes)) !=
+          cudaSuccess)
         return 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mla_decode_tc_kernel<kN, Rows, true>, kThreads,
-                                                           kBytes) == cudaSuccess
-                 ? n
-                 : 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kMerging, kThreadsT, kBytes) == cudaSuccess ? n : 0;
     }();
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
       merged = static_cast<int64_t>(grid.x) * grid.y * grid.z <= static_cast<int64_t>(per_sm) * sms;
   }
-  if (merged)
-    return launch(mla_decode_tc_kernel<kN, Rows, true>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out,
-                  part_lse, p.sync);
-  return launch(mla_decode_tc_kernel<kN, Rows, false>, grid, dim3(kThreads), kBytes, stream, pdl, p, part_out,
-                part_lse, static_cast<unsigned*>(nullptr));
+  if (merged) return launch(kMerging, grid, dim3(kThreadsT), kBytes, stream, pdl, p, part_out, part_lse, p.sync);
+  return launch(kPlain, grid, dim3(kThreadsT), kBytes, stream, pdl, p, part_out, part_lse,
+                static_cast<unsigned*>(nullptr));
+}
+
+// The merge of the splits in its own launch, when the decode kernel did not merge them (one split: nothing to do).
+inline cudaError_t launch_split_merge(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, const float* part_out,
+                                      const float* part_lse) {
+  const int64_t rows = p.num_queries * p.num_heads;
+  return launch(mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineThreads), 0, stream, pdl,
+                part_out, part_lse, rows, p.num_splits, p.out, p.out_bf16, p.out_lse);
+}
+
+template <int kN, class Rows>
+cudaError_t launch_decode(const MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out, float* part_lse,
+                          bool& merged) {
+  return launch_decode_grid<mla_decode_tc_kernel<kN, Rows, false>, mla_decode_tc_kernel<kN, Rows, true>,
+                            Smem<kN, Rows>::kBytes, 8 * kN, kThreads>(p, stream, pdl, part_out, part_lse, merged);
 }
 
 }  // namespace mla_tc
@@ -652,9 +665,7 @@ cudaError_t launch_mla_decode_tc(const MlaDecodeParams& p, cudaStream_t stream, 
                     : (nope ? launch_decode<4, RowsFor<0>>(p, stream, pdl, part_out, part_lse, merged)
                             : launch_decode<4, RowsFor<64>>(p, stream, pdl, part_out, part_lse, merged));
   if (e != cudaSuccess || p.num_splits == 1 || merged) return e;
-  return launch(mla_decode_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kCombineThreads), 0, stream,
-                pdl, static_cast<const float*>(part_out), static_cast<const float*>(part_lse), rows, p.num_splits,
-                p.out, p.out_bf16, p.out_lse);
+  return launch_split_merge(p, stream, pdl, part_out, part_lse);
 }
 
 }  // namespace

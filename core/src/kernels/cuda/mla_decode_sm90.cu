@@ -4,7 +4,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/launch_check.cuh"
-#include "kernels/cuda/mbarrier.cuh"
+#include "kiln/cuda/mbarrier.cuh"
 #include "kernels/cuda/mla_decode_sm90.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/tma.cuh"

@@ -2,7 +2,7 @@
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mla_prefill_sm90.h"
-#include "kernels/cuda/mbarrier.cuh"
+#include "kiln/cuda/mbarrier.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/tma.cuh"
 #include "kernels/cuda/wgmma.cuh"

@@ -1,5 +1,5 @@
 // Bulk tensor copies (TMA, sm_90): global → shared tiles described by a CUtensorMap, completion counted in bytes
-// on an mbarrier (mbarrier.cuh). A 128-byte-swizzled map whose box is 64 bf16 wide lands each box as rows of 128
+// on an mbarrier (kiln/cuda/mbarrier.cuh). A 128-byte-swizzled map whose box is 64 bf16 wide lands each box as rows of 128
 // bytes with 16-byte chunk c of row r at chunk c ^ (r % 8) — the layout wgmma.cuh's descriptors read — provided the
 // destination is 1024-byte aligned. Elements outside the tensor's extent arrive as zeros.
 #pragma once
@@ -8,14 +8,10 @@
 
 #include <cstdint>
 
+#include "kiln/cuda/mbarrier.cuh"
 #include "kiln/status.h"
 
 namespace kiln::cuda {
-
-// Arrives once on the barrier and adds `bytes` to the transaction count its current phase waits for.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
   asm volatile(

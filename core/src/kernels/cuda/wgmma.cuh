@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "kiln/cuda/mbarrier.cuh"  // fence_proxy_async_shared
+
 namespace kiln::cuda {
 
 // Byte offset of 16-byte chunk `chunk` (8 bf16 from column 8·chunk) of row `row` in a [rows][64·k] bf16 tile laid
@@ -39,10 +41,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-
-// Shared memory written through the generic proxy (st.shared, cp.async) before the tensor cores read it through the
-// async proxy: each writing thread fences, then the barrier.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Warpgroup register reallocation: every warp of the warpgroup executes it with the same count (a multiple of 8 in
 // 24 .. 256); the kernel needs a register cap at entry (__launch_bounds__(threads, 1)).
