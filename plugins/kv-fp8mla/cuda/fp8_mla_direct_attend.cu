@@ -5,12 +5,14 @@
 // - A tile of 64 keys arrives as one to eight bulk copies of whole page runs (the rows are contiguous in a page),
 //   three tiles in flight on mbarriers — no per-row copy instructions, no staging pass. Rows past the CTA's last
 //   key are zeroed in shared memory before use (stale slots may hold any bytes, NaN included).
-// - Scores: warp w takes keys 16·(w % 4) .. + 15 over the latent's scale tile T = w / 4 (dims 128T .. 128T + 127,
-//   plus rope dims 16T .. 16T + 15). e4m3 → f16 is exact (one cvt per two values), so the latent products are fp16
-//   mma with q in fp16 (its fragments in shared memory, shared by a tile's four warps), scaled per (pair, T) by a
-//   power of two into range (|q · 2^−e| < 2^15); each key's scale and 2^e multiply the fp32 partial, then the bf16
-//   rope part is added with a bf16 mma. The k order inside a tile is permuted (both operands alike) so that one
-//   8-byte load feeds two k16 steps without bank conflicts.
+// - Scores: warp w takes keys 32·(w % 2) .. + 31 over half of the latent's scale tile T = w / 4 (64 of dims
+//   128T .. 128T + 127, plus rope dims 16T .. 16T + 15 in the first half): eight partials a key, summed in a fixed
+//   order by the softmax. e4m3 → f16 is exact (one cvt per two values), so the latent products are fp16 mma with q
+//   in fp16 (in registers), scaled per (pair, warp) by a power of two into range (|q · 2^−e| < 2^15); each key's
+//   scale and 2^e multiply the fp32 partial, then the bf16 rope part is added with a bf16 mma. The k order inside a
+//   tile is permuted (both operands alike) so that one 8-byte load feeds two k16 steps without bank conflicts.
+//   (Four partials a key — 16 keys a warp over a whole scale tile, q's fragments shared through shared memory —
+//   issued 11 % fewer instructions and ran 2–11 % slower on an H100: bench/RESULTS.md.)
 // - Values: warp w owns latent dims 32w .. 32w + 31 (scale tile w / 4). Vᵀ's fragments are built from four 4-byte
 //   row loads per k16 step, byte-interleaved (prmt) into e4m3 pairs of adjacent keys and converted to f16; the
 //   output dims are permuted among the warp's lanes so those loads are contiguous (undone when the output is
@@ -43,7 +45,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kProducer = kThreads - 1;  // the thread that issues the copies (idle in the softmax up to 24 pairs)
 constexpr int kStages = 3;
 constexpr int kGroups = 4;               // the latent's 128-value scale tiles
-constexpr int kScoreGroups = kGroups;    // score partials: one per scale tile
+constexpr int kScoreGroups = 8;          // score partials: each scale tile's dims in two halves
 constexpr int kPartStride = kKeys + 4;   // fp32 partial scores [score group][pair][key]
 constexpr int kPStride = kKeys + 8;      // fp16 weights [group][pair][key]
 constexpr int kOutStride = static_cast<int>(cuda::kMlaLatentDim) + 4;
@@ -68,9 +70,7 @@ struct Smem {
   static constexpr size_t kPart = size_t{kStages} * Geo<kRope>::kStageBytes;
   static constexpr size_t kP = kPart + sizeof(float) * kScoreGroups * kPairs * kPartStride;
   static constexpr size_t kScales = kP + sizeof(uint16_t) * kGroups * kPairs * kPStride;  // fp32 [group][key]
-  // q as the score phase's fp16 B fragments: [scale tile][8-byte piece m][n8 tile][lane] × 16 bytes
-  static constexpr size_t kQ = kScales + sizeof(float) * kGroups * kKeys;
-  static constexpr size_t kStats = kQ + size_t{16} * kGroups * 4 * kN * 32;
+  static constexpr size_t kStats = kScales + sizeof(float) * kGroups * kKeys;
   // l, m per pair; the accumulator factor and the unit per (group, pair); the producer's next page ids
   static constexpr size_t kBars =
       (kStats + sizeof(float) * (2 * kPairs + 2 * kGroups * kPairs) + 4 * kMaxPieces + 7) / 8 * 8;
@@ -116,7 +116,6 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
   float* s_part = reinterpret_cast<float*>(smem + L::kPart);
   uint16_t* s_p = reinterpret_cast<uint16_t*>(smem + L::kP);
   float* s_scale = reinterpret_cast<float*>(smem + L::kScales);  // the tile's key scales, as the score phase read them
-  uint4* s_q = reinterpret_cast<uint4*>(smem + L::kQ);
   float* s_l = reinterpret_cast<float*>(smem + L::kStats);
   float* s_m = s_l + kPairs;
   float* s_fac = s_m + kPairs;            // [group][pair]: alpha · U_old / U_new of the last tile
@@ -198,11 +197,12 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     for (int64_t t = tile_begin; t < min(tile_end, tile_begin + kStages); ++t) issue(static_cast<int>(t));
   }
 
-  // Warp w scores keys 16·kq .. + 15 (kq = w % 4) over scale tile grp = w / 4: its 128 latent dims — lane c's
-  // 8-byte pieces o_c + 16m, m = 0 .. 3 — and rope dims 16·grp onward. q's fp16 fragments for a scale tile are
-  // shared by its four warps through shared memory (warp kq converts piece m = kq); each warp keeps its own 2^e.
-  const int kq = warp % 4, grp = warp / 4;
+  // This warp's share of q: key half kh, score group gq = half hf of scale tile grp — lane c's 8-byte pieces
+  // o_c + 16m of the tile for m = 2hf, 2hf + 1 (the other half's lanes take the other two) — and, for hf = 0,
+  // rope dims 16·grp onward.
+  const int kh = warp % 2, gq = warp / 2, grp = gq / 2, hf = gq % 2;
   const int o_c = (c & 1) * 8 + (c >> 1) * 64;  // byte offset of lane c's 8-byte pieces in a 128-value tile
+  uint32_t qf[4][kN][2];                        // latent k16 steps, fp16, 2^−e scaled
   uint32_t qr[kN][2];                           // the rope k16 step, bf16
   float pe[kN][2];                              // 2^e of accumulator columns 8nt + 2c, 8nt + 2c + 1
 #pragma unroll
@@ -210,12 +210,12 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     const int pair = nt * 8 + g;
     const bool valid = pair < n_pairs;
     const float* src = p.q + (pair_base + (valid ? pair : 0)) * G::kRow;
-    float v[4][8];
+    float v[2][8];
     float amax = 0.f;
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      const float4 lo = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * m);
-      const float4 hi = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * m + 4);
+    for (int m = 0; m < 2; ++m) {
+      const float4 lo = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * (2 * hf + m));
+      const float4 hi = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * (2 * hf + m) + 4);
       v[m][0] = lo.x, v[m][1] = lo.y, v[m][2] = lo.z, v[m][3] = lo.w;
       v[m][4] = hi.x, v[m][5] = hi.y, v[m][6] = hi.z, v[m][7] = hi.w;
 #pragma unroll
@@ -233,12 +233,13 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
       e = max(-100, min(100, ex - 15));
     }
     const float down = ldexpf(1.f, -e);
-    float mine[8];  // piece m = kq (a warp-uniform index into v, resolved without local memory)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) mine[j] = kq == 0 ? v[0][j] : kq == 1 ? v[1][j] : kq == 2 ? v[2][j] : v[3][j];
-    s_q[((grp * 4 + kq) * kN + nt) * 32 + lane] =
-        make_uint4(pack_f16x2(mine[0] * down, mine[1] * down), pack_f16x2(mine[2] * down, mine[3] * down),
-                   pack_f16x2(mine[4] * down, mine[5] * down), pack_f16x2(mine[6] * down, mine[7] * down));
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        qf[2 * m + h][nt][0] = pack_f16x2(v[m][4 * h] * down, v[m][4 * h + 1] * down);
+        qf[2 * m + h][nt][1] = pack_f16x2(v[m][4 * h + 2] * down, v[m][4 * h + 3] * down);
+      }
     const float up = ldexpf(1.f, e);
     pe[nt][0] = __shfl_sync(~0u, up, (2 * c) * 4);
     pe[nt][1] = __shfl_sync(~0u, up, (2 * c + 1) * 4);
@@ -248,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
       qr[nt][1] = valid ? cuda::pack_bf16x2(r[8], r[9]) : 0u;
     }
   }
-  __syncthreads();  // q's fragments are in shared memory
 
   // Softmax: threads 16i .. 16i+15 own pair i (keys 4j .. 4j+3 of each tile for thread 16i + j); the running max,
   // sum and units are the same in every thread of a pair.
@@ -283,65 +283,60 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
 
     // Partial scores S[key, pair] over this warp's keys and scale tile.
     {
-      float acc[kN][4];
+      float acc[2][kN][4];
 #pragma unroll
-      for (int nt = 0; nt < kN; ++nt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) acc[nt][k] = 0.f;
-      const unsigned char* r0 = st + (kq * 16 + g) * kRowBytes;
-      const unsigned char* r1 = r0 + 8 * kRowBytes;
-      const uint4* qs = s_q + grp * 4 * kN * 32 + lane;
+        for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const uint2 x = *reinterpret_cast<const uint2*>(r0 + grp * 128 + o_c + 16 * m);
-        const uint2 y = *reinterpret_cast<const uint2*>(r1 + grp * 128 + o_c + 16 * m);
-        uint32_t a0[4], a1[4];
-        e4m3x4_to_f16x2x2(x.x, a0[0], a0[2]);
-        e4m3x4_to_f16x2x2(y.x, a0[1], a0[3]);
-        e4m3x4_to_f16x2x2(x.y, a1[0], a1[2]);
-        e4m3x4_to_f16x2x2(y.y, a1[1], a1[3]);
+          for (int k = 0; k < 4; ++k) acc[mt][nt][k] = 0.f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const unsigned char* r0 = st + (kh * 32 + mt * 16 + g) * kRowBytes;
+        const unsigned char* r1 = r0 + 8 * kRowBytes;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const uint2 x = *reinterpret_cast<const uint2*>(r0 + grp * 128 + o_c + 16 * (2 * hf + m));
+          const uint2 y = *reinterpret_cast<const uint2*>(r1 + grp * 128 + o_c + 16 * (2 * hf + m));
+          uint32_t a0[4], a1[4];
+          e4m3x4_to_f16x2x2(x.x, a0[0], a0[2]);
+          e4m3x4_to_f16x2x2(y.x, a0[1], a0[3]);
+          e4m3x4_to_f16x2x2(x.y, a1[0], a1[2]);
+          e4m3x4_to_f16x2x2(y.y, a1[1], a1[3]);
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt) {
+            cuda::mma_f16_16816(acc[mt][nt], a0, qf[2 * m][nt][0], qf[2 * m][nt][1]);
+            cuda::mma_f16_16816(acc[mt][nt], a1, qf[2 * m + 1][nt][0], qf[2 * m + 1][nt][1]);
+          }
+        }
+        const float ks0 = *reinterpret_cast<const float*>(r0 + G::kScalesAt + 4 * grp);
+        const float ks1 = *reinterpret_cast<const float*>(r1 + G::kScalesAt + 4 * grp);
+        if (c == 0 && hf == 0) {  // for the softmax threads, whose row-strided reads of them would meet in one bank
+          s_scale[grp * kKeys + kh * 32 + mt * 16 + g] = ks0;
+          s_scale[grp * kKeys + kh * 32 + mt * 16 + g + 8] = ks1;
+        }
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
-          const uint4 qv = qs[(m * kN + nt) * 32];  // steps 2m (x, y) and 2m + 1 (z, w)
-          cuda::mma_f16_16816(acc[nt], a0, qv.x, qv.y);
-          cuda::mma_f16_16816(acc[nt], a1, qv.z, qv.w);
+          acc[mt][nt][0] *= ks0 * pe[nt][0];
+          acc[mt][nt][1] *= ks0 * pe[nt][1];
+          acc[mt][nt][2] *= ks1 * pe[nt][0];
+          acc[mt][nt][3] *= ks1 * pe[nt][1];
+        }
+        if (kRope > 0 && hf == 0) {
+          const unsigned char* q0 = r0 + G::kRopeAt + 32 * grp + 4 * c;
+          const unsigned char* q1 = r1 + G::kRopeAt + 32 * grp + 4 * c;
+          const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0), *reinterpret_cast<const uint32_t*>(q1),
+                                 *reinterpret_cast<const uint32_t*>(q0 + 16), *reinterpret_cast<const uint32_t*>(q1 + 16)};
+#pragma unroll
+          for (int nt = 0; nt < kN; ++nt) cuda::mma_bf16_16816(acc[mt][nt], a, qr[nt][0], qr[nt][1]);
         }
       }
-      const float ks0 = *reinterpret_cast<const float*>(r0 + G::kScalesAt + 4 * grp);
-      const float ks1 = *reinterpret_cast<const float*>(r1 + G::kScalesAt + 4 * grp);
-      if (c == 0) {  // for the softmax threads, whose row-strided reads of them would meet in one bank
-        s_scale[grp * kKeys + kq * 16 + g] = ks0;
-        s_scale[grp * kKeys + kq * 16 + g + 8] = ks1;
-      }
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt) {
-        acc[nt][0] *= ks0 * pe[nt][0];
-        acc[nt][1] *= ks0 * pe[nt][1];
-        acc[nt][2] *= ks1 * pe[nt][0];
-        acc[nt][3] *= ks1 * pe[nt][1];
-      }
-      if constexpr (kRope > 0) {
-        const unsigned char* q0 = r0 + G::kRopeAt + 32 * grp + 4 * c;
-        const unsigned char* q1 = r1 + G::kRopeAt + 32 * grp + 4 * c;
-        const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0), *reinterpret_cast<const uint32_t*>(q1),
-                               *reinterpret_cast<const uint32_t*>(q0 + 16), *reinterpret_cast<const uint32_t*>(q1 + 16)};
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt) cuda::mma_bf16_16816(acc[nt], a, qr[nt][0], qr[nt][1]);
-      }
-      float* dst = s_part + grp * kPairs * kPartStride;
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt) {
-        float* d = dst + (nt * 8 + 2 * c) * kPartStride + kq * 16 + g;
-        d[0] = acc[nt][0];
-        d[kPartStride] = acc[nt][1];
-        d[8] = acc[nt][2];
-        d[kPartStride + 8] = acc[nt][3];
-      }
+      cuda::mla_tc::store_score_partials<kN, kPartStride>(s_part + gq * kPairs * kPartStride, acc, kh * 32, g, c);
     }
     __syncthreads();  // partial scores complete; the previous tile's stage is read by every warp
     if (tid == kProducer && i >= 1 && tile - 1 + kStages < tile_end) issue(static_cast<int>(tile - 1 + kStages));
 
-    // Online softmax over the tile (the four scale tiles' partials summed in a fixed order), then the weights per
+    // Online softmax over the tile (the eight score groups' partials summed in a fixed order), then the weights per
     // scale tile: P_T = e · scale / U.
     if (sm_active) {
       float s[4];
@@ -357,27 +352,10 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
       }
       const int64_t limit64 = sm_keys - (tile * kKeys + sm_part * 4);  // keys j < limit are visible to the pair
       const int limit = limit64 < 0 ? 0 : limit64 > 4 ? 4 : static_cast<int>(limit64);
-      float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        s[j] = j < limit ? s[j] * score_scale : -INFINITY;
-        tile_max = fmaxf(tile_max, s[j]);
-      }
-#pragma unroll
-      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2)
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
-      const float m_new = fmaxf(sm_m, tile_max);
-      float e[4], sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        e[j] = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
-        sum += e[j];
-      }
-#pragma unroll
-      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
-      const float alpha = m_new == -INFINITY ? 1.f : exp2f(sm_m - m_new);
-      sm_l = sm_l * alpha + sum;
-      sm_m = m_new;
+      for (int j = 0; j < 4; ++j) s[j] = j < limit ? s[j] * score_scale : -INFINITY;
+      float e[4];
+      const float alpha = cuda::mla_tc::online_softmax_step<4, kSoftmaxThreads>(s, e, sm_m, sm_l);
 
 #pragma unroll
       for (int t = 0; t < kGroups; ++t) {

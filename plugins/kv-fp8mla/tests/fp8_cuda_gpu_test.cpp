@@ -333,15 +333,7 @@ TEST_P(Fp8MlaLongAttention, MatchesTheHost) {
     const float spread = kind == 11 ? 0.0f : kind == 29 ? 1e-30f : std::ldexp(1.0f, static_cast<int>(t % 9) - 4);
     for (int64_t i = 0; i < W; ++i) rows[t * W + i] = spread * normal(rng);
   }
-  std::vector<int32_t> table(blocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  std::vector<int64_t> slots(keys);
-  for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / block] * block + t % block;
-  std::vector<uint8_t> pages(static_cast<size_t>(blocks * block * row_bytes), 0);
-  KvAppendArgs a;
-  a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = pages.data();
-  ASSERT_TRUE(cpu->append(a, {}).ok());
+  auto [table, pages] = store_on_shuffled_pages(*cpu, rows, keys, blocks, block, 0, rng);
 
   std::vector<float> q(nq * heads * W);
   for (float& x : q) x = 0.05f * normal(rng);
@@ -443,16 +435,7 @@ TEST(Fp8MlaLse, EveryAttentionFormWritesTheLogSumExp) {
     std::vector<float> rows(keys * W), q(nq * heads * W);
     for (float& x : rows) x = normal(rng);
     for (float& x : q) x = 0.1f * normal(rng);
-    std::vector<int32_t> table(blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
-    std::vector<int64_t> slots(keys);
-    for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / kBlock] * kBlock + t % kBlock;
-    const int64_t row_bytes = static_cast<int64_t>(cpu->bytes_per_token());
-    std::vector<uint8_t> pages(static_cast<size_t>(blocks * kBlock * row_bytes), 0);
-    KvAppendArgs a;
-    a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = pages.data();
-    ASSERT_TRUE(cpu->append(a, {}).ok());
+    auto [table, pages] = store_on_shuffled_pages(*cpu, rows, keys, blocks, kBlock, 0, rng);
     // The host's dequantized rows, and each (row, head)'s log-sum-exp over them in double.
     std::vector<float> stored(keys * W);
     const KvGatherSeq seq{0, 0, static_cast<int32_t>(keys), 0};

@@ -49,7 +49,6 @@ TEST_P(Fp8MlaDirectAttention, MatchesTheHostAndTheWidenedForm) {
   const std::vector<int32_t> kv_len = {1, 63, 64, 65, 700, 4097, 8200};
   const int64_t nq = static_cast<int64_t>(kv_len.size()), keys = 8200;
   const int64_t blocks = (keys + block - 1) / block + 3;  // spare pages stay 0xff
-  const int64_t row_bytes = static_cast<int64_t>(cpu->bytes_per_token());
   std::mt19937 rng(static_cast<uint32_t>(sh.rope * 131 + heads * 7 + block));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> rows(keys * W);
@@ -62,15 +61,7 @@ TEST_P(Fp8MlaDirectAttention, MatchesTheHostAndTheWidenedForm) {
     for (int64_t i = 0; i < latent; ++i) rows[t * W + i] = spread * normal(rng);
     for (int64_t i = latent; i < W; ++i) rows[t * W + i] = normal(rng);
   }
-  std::vector<int32_t> table(blocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
-  std::vector<int64_t> slots(keys);
-  for (int64_t t = 0; t < keys; ++t) slots[t] = table[t / block] * block + t % block;
-  std::vector<uint8_t> pages(static_cast<size_t>(blocks * block * row_bytes), 0xff);
-  KvAppendArgs a;
-  a.slots = slots.data(), a.n = keys, a.rows = rows.data(), a.pages = pages.data();
-  ASSERT_TRUE(cpu->append(a, {}).ok());
+  auto [table, pages] = store_on_shuffled_pages(*cpu, rows, keys, blocks, block, 0xff, rng);
 
   std::vector<float> q(nq * heads * W);
   for (int64_t i = 0; i < nq * heads; ++i)

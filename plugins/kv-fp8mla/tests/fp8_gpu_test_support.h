@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "fp8_test_plugins.h"
@@ -51,5 +53,28 @@ struct Dev {
     return v;
   }
 };
+
+// `keys` rows (latent + rope fp32 each) stored by the host layout on `blocks` pages of `block` slots in shuffled order,
+// the other slots holding `fill` bytes: the block table and the page bytes.
+struct HostPages {
+  std::vector<int32_t> table;
+  std::vector<uint8_t> pages;
+};
+inline HostPages store_on_shuffled_pages(const KvLayout& cpu, const std::vector<float>& rows, int64_t keys,
+                                         int64_t blocks, int64_t block, uint8_t fill, std::mt19937& rng) {
+  HostPages h;
+  h.table.resize(static_cast<size_t>(blocks));
+  std::iota(h.table.begin(), h.table.end(), 0);
+  std::shuffle(h.table.begin(), h.table.end(), rng);
+  std::vector<int64_t> slots(static_cast<size_t>(keys));
+  for (int64_t t = 0; t < keys; ++t) slots[t] = h.table[t / block] * block + t % block;
+  h.pages.assign(static_cast<size_t>(blocks * block) * cpu.bytes_per_token(), fill);
+  std::vector<float> work = rows;  // append may finish rows in place
+  KvAppendArgs a;
+  a.slots = slots.data(), a.n = keys, a.rows = work.data(), a.pages = h.pages.data();
+  const Status st = cpu.append(a, {});
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  return h;
+}
 
 }  // namespace kiln::fp8mla

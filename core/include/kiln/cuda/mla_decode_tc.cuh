@@ -189,6 +189,48 @@ __global__ void __launch_bounds__(kCombineThreads) mla_decode_combine_kernel(con
     reinterpret_cast<uint2*>(out_bf16 + qh * kMlaLatentDim)[col4] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
 }
 
+// A warp's partial scores S[key, pair] (two m16 tiles of keys from key0, kN n8 tiles of pairs, mma accumulator
+// layout) into one [pair][key] fp32 slab of kPartStride keys a pair, where the softmax threads sum the slabs.
+template <int kN, int kStride>
+__device__ __forceinline__ void store_score_partials(float* slab, const float (&acc)[2][kN][4], int key0, int g, int c) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
+      float* d = slab + (nt * 8 + 2 * c) * kStride + key0 + mt * 16 + g;
+      d[0] = acc[mt][nt][0];
+      d[kStride] = acc[mt][nt][1];
+      d[8] = acc[mt][nt][2];
+      d[kStride + 8] = acc[mt][nt][3];
+    }
+}
+
+// One online-softmax step of a pair whose scores for a tile are spread over kThreadsPerPair consecutive threads (a
+// power of two ≤ 32), kK each, already scaled to base 2 and masked (−∞): the pair's running max m and sum l advance,
+// e = 2^(s − m_new) (0 while no key is visible), and the returned alpha = 2^(m_old − m_new) rescales what was
+// accumulated (1 while no key is visible). Every thread of the pair ends with the same m, l and alpha.
+template <int kK, int kThreadsPerPair>
+__device__ __forceinline__ float online_softmax_step(const float (&s)[kK], float (&e)[kK], float& m, float& l) {
+  float tile_max = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kK; ++j) tile_max = fmaxf(tile_max, s[j]);
+#pragma unroll
+  for (int off = kThreadsPerPair / 2; off > 0; off /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
+  const float m_new = fmaxf(m, tile_max);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kK; ++j) {
+    e[j] = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
+    sum += e[j];
+  }
+#pragma unroll
+  for (int off = kThreadsPerPair / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
+  const float alpha = m_new == -INFINITY ? 1.f : exp2f(m - m_new);
+  l = l * alpha + sum;
+  m = m_new;
+  return alpha;
+}
+
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -446,17 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
 #pragma unroll
           for (int nt = 0; nt < kN; ++nt) mma_bf16_16816(acc_s[mt][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
         }
-      float* dst = s_part + quarter * kPairs * kPartStride;
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kN; ++nt) {
-          float* d = dst + (nt * 8 + 2 * c) * kPartStride + key_half * 32 + mt * 16 + g;
-          d[0] = acc_s[mt][nt][0];
-          d[kPartStride] = acc_s[mt][nt][1];
-          d[8] = acc_s[mt][nt][2];
-          d[kPartStride + 8] = acc_s[mt][nt][3];
-        }
+      store_score_partials<kN, kPartStride>(s_part + quarter * kPairs * kPartStride, acc_s, key_half * 32, g, c);
     }
     __syncthreads();
 
@@ -476,27 +508,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
       }
       const unsigned visible = s_valid[valid_slot * kWarps + sm_part];
       const int64_t key0 = tile * kTile + sm_part * 8;  // key index of s[0] (its position when dense)
-      float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s[j] = (visible >> j & 1u) && key0 + j < sm_keys ? s[j] * score_scale : -INFINITY;
-        tile_max = fmaxf(tile_max, s[j]);
-      }
-#pragma unroll
-      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2)
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(~0u, tile_max, off));
-      const float m_new = fmaxf(sm_m, tile_max);
-      float e[8], sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        e[j] = m_new == -INFINITY ? 0.f : exp2f(s[j] - m_new);
-        sum += e[j];
-      }
-#pragma unroll
-      for (int off = kSoftmaxThreads / 2; off > 0; off /= 2) sum += __shfl_xor_sync(~0u, sum, off);
-      const float alpha = m_new == -INFINITY ? 1.f : exp2f(sm_m - m_new);
-      sm_l = sm_l * alpha + sum;
-      sm_m = m_new;
+      for (int j = 0; j < 8; ++j) s[j] = (visible >> j & 1u) && key0 + j < sm_keys ? s[j] * score_scale : -INFINITY;
+      float e[8];
+      const float alpha = online_softmax_step<8, kSoftmaxThreads>(s, e, sm_m, sm_l);
       *reinterpret_cast<uint4*>(s_p + sm_pair * kPStride + sm_part * 8) =
           make_uint4(pack_bf16x2(e[0], e[1]), pack_bf16x2(e[2], e[3]), pack_bf16x2(e[4], e[5]), pack_bf16x2(e[6], e[7]));
       if (sm_part == 0) s_alpha[sm_pair] = alpha;
