@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     const uint32_t bar = bar0 + 8 * stage;
     cuda::mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(live * piece_rows * kRowBytes));
     const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
-    const int first_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;
+    const int page_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;  // the tile's first slot in its page
     for (int i = 0; i < live; ++i) {
-      const int64_t slot = static_cast<int64_t>(next_ids[i]) * bs + first_row;
+      const int64_t slot = static_cast<int64_t>(next_ids[i]) * bs + page_row;
       cuda::bulk_copy_g2s(stage0 + stage * G::kStageBytes + i * piece_rows * kRowBytes, cache + slot * kRowBytes,
                           static_cast<uint32_t>(piece_rows * kRowBytes), bar);
     }
