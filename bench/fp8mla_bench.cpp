@@ -8,7 +8,7 @@
 // them), replayed; time per call = graph time ÷ calls. KILN_MLA_DECODE=sm90 measures the bf16 layout's Hopper
 // kernel (kernels/cuda/mla_decode_sm90) instead of the mma.sync one.
 // Effective bandwidth = the cache bytes of one row's context ÷ time per call.
-// Usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20]
+// Usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20] [--forms bf16,fp8_direct,...]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -139,12 +139,15 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::vector<int64_t> contexts = {4096, 32768, 131072};
   int64_t heads = 20;
+  std::string forms = "bf16,fp8_direct,fp8_widened";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--contexts" && i + 1 < argc) contexts = parse_list(argv[++i], "fp8mla_bench");
     else if (a == "--heads" && i + 1 < argc) heads = parse_list(argv[++i], "fp8mla_bench").at(0);
+    else if (a == "--forms" && i + 1 < argc) forms = argv[++i];
     else {
-      std::fprintf(stderr, "usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20]\n");
+      std::fprintf(stderr, "usage: kiln_bench_fp8mla_bench [--contexts 4096,32768,131072] [--heads 20] "
+                           "[--forms bf16,fp8_direct,fp8_widened]\n");
       return 2;
     }
   }
@@ -183,6 +186,8 @@ int main(int argc, char** argv) {
     for (int form = 0; form < 3; ++form) {
       const bool fp8 = form > 0;
       const auto tc_form = form == 1 ? kiln::fp8mla::TcForm::kDirect : kiln::fp8mla::TcForm::kWidened;
+      const char* name = form == 0 ? "bf16" : form == 1 ? "fp8_direct" : "fp8_widened";
+      if (("," + forms + ",").find("," + std::string(name) + ",") == std::string::npos) continue;
       const int64_t row_bytes = fp8 ? fp8_row : bf16_row;
       const double bytes = double(ctx) * row_bytes;
       const int copies = static_cast<int>(std::max<double>(2, std::ceil((512.0 * (1 << 20)) / bytes)));
@@ -205,7 +210,7 @@ int main(int argc, char** argv) {
         p.num_heads = heads, p.block_tables = c.tables, p.max_blocks = c.blocks, p.kv_len = d_len, p.scale = 1.0f / 24;
         p.out = out, p.sync = merge_counters.get();
         if (form == 1 && !kiln::fp8mla::direct_attend_takes(p.shape, kBlock, 0, c.pages)) {
-          std::printf("%8lld %-12s (not on this device)\n", (long long)ctx, "fp8_direct");
+          std::printf("%8lld %-12s (not on this device)\n", (long long)ctx, name);
           free_caches(c);
           continue;
         }
@@ -217,7 +222,6 @@ int main(int argc, char** argv) {
           }
         });
       }
-      const char* name = form == 0 ? "bf16" : form == 1 ? "fp8_direct" : "fp8_widened";
       std::printf("%8lld %-12s %6d %9.2f %10.1f %8.2f %7.1f%%\n", (long long)ctx, name, splits, ms * 1e3, bytes / 1e6,
                   bytes / (ms * 1e-3) / 1e12, 100.0 * bytes / (ms * 1e-3) / bw);
       free_caches(c);

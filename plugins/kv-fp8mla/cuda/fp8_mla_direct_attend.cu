@@ -1,32 +1,46 @@
 // fp8_ds_mla decode attention that multiplies the fp8 rows where they land (sm_90+), for dense pages (no DSA
 // selection) of 8, 16, 32 or a multiple of 64 slots. Same plan, splits, workspace, merge and output as the SDK's
-// tensor-core attention (kiln/cuda/mla_decode_tc.cuh, whose tail `finish_splits` it calls); what differs is the
-// tile loop, run by 16 warps (the c1 loop is latency-bound: 8 warps left 70 % of issue cycles without a ready warp):
+// tensor-core attention (kiln/cuda/mla_decode_tc.cuh: `cta_work` cuts the grid, `finish_splits` ends a CTA); what
+// differs is the tile loop.
+// Arithmetic. e4m3 → f16 is exact (one cvt per two values), so the latent products are fp16 mma with q in fp16 (in
+// registers), scaled per (pair, warp) by a power of two into range (|q · 2^−e| < 2^15); each key's per-128 scale
+// and 2^e multiply the fp32 score partial, then the bf16 rope part is added with a bf16 mma. The k order inside a
+// scale tile is permuted (both operands alike) so that one 8-byte load feeds two k16 steps without bank conflicts.
+// For the values the per-(key, T) scale goes into the attention weights: P_T = e · scale / U in fp16, one copy of P
+// per scale tile T, with U a power of two per (pair, T) ≥ the largest weight e · scale of the tile and ≥ the carried
+// unit (so P_T ≤ 1, and a key whose scale is huge but whose weight is ~0 does not push the others' weights below
+// fp16's range); the accumulators are rescaled by alpha · U_old / U_new (skipped when every factor is 1), and the
+// output multiplied by U at the end. Vᵀ's fragments are built from four 4-byte row loads per k16 step,
+// byte-interleaved (prmt) into e4m3 pairs of adjacent keys; the output dims are permuted among a warp's lanes so
+// those loads are contiguous (undone when the output is staged).
+// Accuracy: the rows are used exactly (e4m3 · scale, no bf16 rounding of widened values); q is rounded to fp16 (11
+// significant bits, against bf16's 8) and the weights to fp16 — 5–10× closer to the host's fp32 attention than the
+// widened form (Fp8MlaDirectAttention.*).
+// Schedule. The CTA's 16 warps work in two roles on different tiles at once: warps 0–7 compute tile t + 1's scores
+// and softmax while warps 8–15 turn tile t's exponentials into weights and multiply them into the output. (The
+// first direct kernel ran every warp through a tile's three phases in turn with CTA barriers between them: 3.1 µs a
+// 64-key tile on an H100 against 1.8 µs for its bytes, most scheduler cycles without a ready warp; this one is 8 %
+// faster at 128K alone and 3 % in the whole model — bench/RESULTS.md, bench/NOTES-cuda.md.)
+// - Score warps: warp w takes keys 32·(w % 2) .. + 31 over scale tile T = w / 2 (128 dims, plus rope dims
+//   16T .. 16T + 15): four partials a key, summed in a fixed order by the online softmax (8 threads a pair, 8 keys
+//   each), which writes the tile's exponentials e, each pair's alpha and the keys' scales into one of two buffers
+//   and signals the value warps on a named barrier (bar.arrive: no waiting).
+// - Value warps: warp v owns latent dims 64v .. 64v + 63 (scale tile T = v / 2). The two warps of a scale tile turn
+//   e into its weights P_T = e · scale / U (each for half of the pairs, keeping those pairs' units; then a barrier
+//   of the two), release the buffer to the score warps, multiply, and once all eight are done with the stage one of
+//   them copies the tile three ahead into it. (With the units on the score warps, the score warps were the whole
+//   critical path and the value warps waited half the time: no faster than the serial form.)
 // - A tile of 64 keys arrives as one to eight bulk copies of whole page runs (the rows are contiguous in a page),
-//   three tiles in flight on mbarriers — no per-row copy instructions, no staging pass. Rows past the CTA's last
-//   key are zeroed in shared memory before use (stale slots may hold any bytes, NaN included).
-// - Scores: warp w takes keys 32·(w % 2) .. + 31 over half of the latent's scale tile T = w / 4 (64 of dims
-//   128T .. 128T + 127, plus rope dims 16T .. 16T + 15 in the first half): eight partials a key, summed in a fixed
-//   order by the softmax. e4m3 → f16 is exact (one cvt per two values), so the latent products are fp16 mma with q
-//   in fp16 (in registers), scaled per (pair, warp) by a power of two into range (|q · 2^−e| < 2^15); each key's
-//   scale and 2^e multiply the fp32 partial, then the bf16 rope part is added with a bf16 mma. The k order inside a
-//   tile is permuted (both operands alike) so that one 8-byte load feeds two k16 steps without bank conflicts.
-//   (Four partials a key — 16 keys a warp over a whole scale tile, q's fragments shared through shared memory —
-//   issued 11 % fewer instructions and ran 2–11 % slower on an H100: bench/RESULTS.md.)
-// - Values: warp w owns latent dims 32w .. 32w + 31 (scale tile w / 4). Vᵀ's fragments are built from four 4-byte
-//   row loads per k16 step, byte-interleaved (prmt) into e4m3 pairs of adjacent keys and converted to f16; the
-//   output dims are permuted among the warp's lanes so those loads are contiguous (undone when the output is
-//   staged). The per-(key, T) scale goes into the attention weights instead: P_T = e · scale / U in fp16, one copy
-//   of P per T, with U a power of two per (pair, T) ≥ the largest weight e · scale of the tile and ≥ the carried
-//   unit (so P_T ≤ 1, and a key whose scale is huge but whose weight is ~0 does not push the others' weights below
-//   fp16's range); the accumulators are rescaled by alpha · U_old / U_new (skipped when every factor is 1), and the
-//   output multiplied by U at the end.
-// Accuracy: the rows are used exactly (e4m3 · scale, no bf16 rounding of the widened values); q is rounded to
-// fp16 (11 significant bits, against bf16's 8) and the weights to fp16 — 5–10× closer to the host's fp32
-// attention than the widened form (Fp8MlaDirectAttention.*).
+//   three stages on mbarriers — no per-row copy instructions. Rows past the CTA's last key are zeroed in shared
+//   memory before use (stale slots may hold any bytes, NaN included).
+// Shared memory is kept to ~180 KB: in the decode step the neighbouring kernels' CTAs must fit beside this one's
+// for programmatic dependent launch to overlap them (a 208 KB version that double-buffered the partial scores was
+// 3 % slower in the whole model at 32K and 128K, no slower alone).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -40,19 +54,9 @@ namespace kiln::fp8mla {
 namespace {
 
 constexpr int kKeys = static_cast<int>(cuda::kMlaDecodeTile);  // keys per tile
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kProducer = kThreads - 1;  // the thread that issues the copies (idle in the softmax up to 24 pairs)
-constexpr int kStages = 3;
-constexpr int kGroups = 4;               // the latent's 128-value scale tiles
-constexpr int kScoreGroups = 8;          // score partials: each scale tile's dims in two halves
-constexpr int kPartStride = kKeys + 4;   // fp32 partial scores [score group][pair][key]
-constexpr int kPStride = kKeys + 8;      // fp16 weights [group][pair][key]
-constexpr int kOutStride = static_cast<int>(cuda::kMlaLatentDim) + 4;
-constexpr int kSoftmaxThreads = 16;      // per pair, 4 keys each
-constexpr int kMaxPieces = 8;            // bulk copies a tile (pages of 8 slots)
 constexpr float kLog2e = 1.4426950408889634f;
 
+// A cached row as it lands in shared memory: 512 e4m3, 4 fp32 scales, kRope bf16 rope values, 16-byte padded.
 template <int kRope>
 struct Geo {
   static constexpr int kLatent = static_cast<int>(cuda::kMlaLatentDim);
@@ -62,20 +66,6 @@ struct Geo {
   static constexpr int kRow = kLatent + kRope;     // q's row
   static constexpr int kStageBytes = kKeys * kRowBytes;
   static_assert(kRowBytes % 16 == 0, "bulk copies move 16-byte multiples");
-};
-
-template <int kN, int kRope>
-struct Smem {
-  static constexpr int kPairs = 8 * kN;
-  static constexpr size_t kPart = size_t{kStages} * Geo<kRope>::kStageBytes;
-  static constexpr size_t kP = kPart + sizeof(float) * kScoreGroups * kPairs * kPartStride;
-  static constexpr size_t kScales = kP + sizeof(uint16_t) * kGroups * kPairs * kPStride;  // fp32 [group][key]
-  static constexpr size_t kStats = kScales + sizeof(float) * kGroups * kKeys;
-  // l, m per pair; the accumulator factor and the unit per (group, pair); the producer's next page ids
-  static constexpr size_t kBars =
-      (kStats + sizeof(float) * (2 * kPairs + 2 * kGroups * kPairs) + 4 * kMaxPieces + 7) / 8 * 8;
-  static constexpr size_t kBytes = kBars + sizeof(uint64_t) * kStages;
-  static_assert(sizeof(float) * kPairs * kOutStride <= kPart, "the output staging fits in the stages");
 };
 
 // The four e4m3 values of a 32-bit word as two f16x2 registers: bytes 0, 1 → lo; bytes 2, 3 → hi.
@@ -104,9 +94,48 @@ __device__ __forceinline__ float pow2_ceil(float x) {
 // 1 / u for u a power of two in [FLT_MIN, 2^126], exactly, without a division (its slow path is a call).
 __device__ __forceinline__ float pow2_inverse(float u) { return __uint_as_float(0x7f000000u - __float_as_uint(u)); }
 
+constexpr int kThreads = 512;
+constexpr int kRoleThreads = 256;         // eight warps a role
+constexpr int kProducer = kThreads - 1;   // a value warp's thread issues the copies
+constexpr int kStages = 3;
+constexpr int kScaleTiles = 4;            // the latent's 128-value scale tiles: one score partial each
+constexpr int kPartStride = kKeys + 4;    // fp32 partial scores [scale tile][pair][key]
+constexpr int kPStride = kKeys + 8;       // fp16 weights [scale tile][pair][key]
+constexpr int kEStride = kKeys + 4;       // fp32 exponentials [pair][key]
+constexpr int kOutStride = static_cast<int>(cuda::kMlaLatentDim) + 4;
+constexpr int kSoftmaxThreads = 8;        // per pair, 8 keys each: 8·kN pairs fill 64·kN ≤ 256 score threads
+constexpr int kMaxPieces = 8;             // bulk copies a tile (pages of 8 slots)
+// Hardware barriers (0 is __syncthreads').
+constexpr int kBarScores = 1;             // the score warps among themselves
+constexpr int kBarValues = 2;             // the value warps among themselves
+constexpr int kBarFull = 3;               // + weight buffer: its tile's weights are written (score → value warps)
+constexpr int kBarEmpty = 5;              // + weight buffer: the value warps are done with it (value → score warps)
+constexpr int kBarScaleTile = 7;          // + T: the two value warps of scale tile T
+
+template <int kN, int kRope>
+struct Smem {
+  static constexpr int kPairs = 8 * kN;
+  static constexpr size_t kPartBytes = sizeof(float) * kScaleTiles * kPairs * kPartStride;
+  static constexpr size_t kPBytes = sizeof(uint16_t) * kScaleTiles * kPairs * kPStride;
+  static constexpr size_t kEBytes = sizeof(float) * kPairs * kEStride;
+  static constexpr size_t kPart = size_t{kStages} * Geo<kRope>::kStageBytes;
+  static constexpr size_t kScales = kPart + kPartBytes;                                  // fp32 [2][T][key]
+  static constexpr size_t kE = kScales + 2 * sizeof(float) * kScaleTiles * kKeys;        // fp32 [2][pair][key]
+  static constexpr size_t kP = kE + 2 * kEBytes;                                         // fp16 [T][pair][key]
+  static constexpr size_t kFac = kP + kPBytes;                                           // fp32 [T][pair]
+  static constexpr size_t kAlpha = kFac + sizeof(float) * kScaleTiles * kPairs;          // fp32 [2][pair]
+  static constexpr size_t kStats = kAlpha + 2 * sizeof(float) * kPairs;                  // l, m, unit [T] per pair
+  static constexpr size_t kIds = kStats + sizeof(float) * (2 + kScaleTiles) * kPairs;   // the producer's page ids
+  static constexpr size_t kBars = (kIds + 4 * kMaxPieces + 7) / 8 * 8;
+  static constexpr size_t kBytes = kBars + sizeof(uint64_t) * kStages;
+  static_assert(kPart % 16 == 0 && kPartBytes % 16 == 0 && kE % 16 == 0 && kEBytes % 16 == 0 && kP % 16 == 0,
+                "16-byte loads, stores and ldmatrix rows");
+  static_assert(sizeof(float) * kPairs * kOutStride <= kPart, "the output staging fits in the stages");
+};
+
 template <int kN, int kRope, bool kMerge>
 __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDecodeParams p, float* part_out,
-                                                                     float* part_lse, unsigned* sync) {
+                                                                        float* part_lse, unsigned* sync) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using G = Geo<kRope>;
   using L = Smem<kN, kRope>;
@@ -114,13 +143,15 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
   constexpr int kRowBytes = G::kRowBytes;
   extern __shared__ __align__(128) unsigned char smem[];
   float* s_part = reinterpret_cast<float*>(smem + L::kPart);
+  float* s_scale = reinterpret_cast<float*>(smem + L::kScales);  // the tile's key scales, as the score warps read them
+  float* s_e = reinterpret_cast<float*>(smem + L::kE);      // [buffer][pair][key]: 2^(s − m), masked keys 0
   uint16_t* s_p = reinterpret_cast<uint16_t*>(smem + L::kP);
-  float* s_scale = reinterpret_cast<float*>(smem + L::kScales);  // the tile's key scales, as the score phase read them
+  float* s_fac = reinterpret_cast<float*>(smem + L::kFac);  // [T][pair]: alpha · U_old / U_new
+  float* s_alpha = reinterpret_cast<float*>(smem + L::kAlpha);  // [buffer][pair]: 2^(m_old − m_new)
   float* s_l = reinterpret_cast<float*>(smem + L::kStats);
   float* s_m = s_l + kPairs;
-  float* s_fac = s_m + kPairs;            // [group][pair]: alpha · U_old / U_new of the last tile
-  float* s_unit = s_fac + kGroups * kPairs;  // [group][pair]: U after the last tile
-  int32_t* next_ids = reinterpret_cast<int32_t*>(s_unit + kGroups * kPairs);  // the producer's alone
+  float* s_unit = s_m + kPairs;  // [T][pair]: U after the last tile
+  int32_t* next_ids = reinterpret_cast<int32_t*>(smem + L::kIds);
   const uint32_t stage0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t bar0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem + L::kBars));
 
@@ -137,32 +168,21 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
   // q, kv_len, the tables and the newest cache row come from the kernels just before this one.
   cuda::pdl_wait();
   cuda::pdl_launch_dependents();
-  const int64_t first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
+  const cuda::mla_tc::CtaWork work = cuda::mla_tc::cta_work(p, kPairs);
+  if (!work.active) return;  // whole CTA: before any barrier
+  const int64_t first_row = work.first_row;
   const int heads = static_cast<int>(p.num_heads);
-  const int pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(first_row) : 1) * heads;
-  const int ctas = (pairs + kPairs - 1) / kPairs;
-  if (static_cast<int>(blockIdx.x) >= ctas) return;  // whole CTA: before any barrier
-  const int chunk = (pairs + ctas - 1) / ctas;
-  const int m0 = blockIdx.x * chunk;
-  const int n_pairs = min(m0 + chunk, pairs) - m0;
-  const int64_t pair_base = first_row * heads + m0;
-  int kv_len = 0;  // the longest row among this CTA's
-  for (int r = m0 / heads; r <= (m0 + n_pairs - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
-  const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[first_row]) * p.max_blocks;
-  const int64_t n_keys = kv_len;
-  const int64_t tiles_total = (n_keys + kKeys - 1) / kKeys;
-  const int64_t tiles_per_split = p.split_by_length ? cuda::mla_decode_tiles_per_split(tiles_total)
-                                                    : (tiles_total + p.num_splits - 1) / p.num_splits;
-  const int64_t tile_begin = split * tiles_per_split;
-  const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
+  const int m0 = work.m0, n_pairs = work.n_pairs;
+  const int64_t pair_base = work.pair_base;
+  const int32_t* block_table = work.block_table;
+  const int64_t n_keys = work.n_keys;
+  const int64_t tile_begin = work.tile_begin, tile_end = work.tile_end;
+  const int n_tiles = static_cast<int>(max(int64_t{0}, tile_end - tile_begin));
 
-  // The producer is thread kProducer: a tile is `pieces` runs of `piece_rows` contiguous rows (one page, or a 64-slot
-  // piece of a larger page); runs wholly past the last key are not copied. The page ids of the next tile to copy
-  // are read one copy ahead (into shared memory, not registers: the other threads need every register), so a
-  // copy never waits for its block-table load.
-  // No 64-bit division here: it runs while the other warps wait at the next barrier. Page j of a tile is block
-  // tile · pieces + j (pages of ≤ 64 slots), or the tile is piece tile % tiles_per_page of block
-  // tile / tiles_per_page (pages of 64·k slots) — 32-bit, as positions are.
+  // The producer (a value warp's thread): a tile is `pieces` runs of `piece_rows` contiguous rows (one page, or a
+  // 64-slot piece of a larger page); runs wholly past the last key are not copied. The page ids of the next tile are
+  // read one copy ahead into shared memory, so a copy never waits for its block-table load; 32-bit page arithmetic
+  // (a 64-bit division here once stalled every warp at the next barrier).
   const int bs = static_cast<int>(p.block_size);
   const int pieces = bs >= kKeys ? 1 : kKeys / bs;
   const int piece_rows = kKeys / pieces;
@@ -183,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     const uint32_t bar = bar0 + 8 * stage;
     cuda::mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(live * piece_rows * kRowBytes));
     const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
-    const int page_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;  // the tile's first slot in its page
+    const int page_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;
     for (int i = 0; i < live; ++i) {
       const int64_t slot = static_cast<int64_t>(next_ids[i]) * bs + page_row;
       cuda::bulk_copy_g2s(stage0 + stage * G::kStageBytes + i * piece_rows * kRowBytes, cache + slot * kRowBytes,
@@ -197,93 +217,84 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     for (int64_t t = tile_begin; t < min(tile_end, tile_begin + kStages); ++t) issue(static_cast<int>(t));
   }
 
-  // This warp's share of q: key half kh, score group gq = half hf of scale tile grp — lane c's 8-byte pieces
-  // o_c + 16m of the tile for m = 2hf, 2hf + 1 (the other half's lanes take the other two) — and, for hf = 0,
-  // rope dims 16·grp onward.
-  const int kh = warp % 2, gq = warp / 2, grp = gq / 2, hf = gq % 2;
-  const int o_c = (c & 1) * 8 + (c >> 1) * 64;  // byte offset of lane c's 8-byte pieces in a 128-value tile
-  uint32_t qf[4][kN][2];                        // latent k16 steps, fp16, 2^−e scaled
-  uint32_t qr[kN][2];                           // the rope k16 step, bf16
-  float pe[kN][2];                              // 2^e of accumulator columns 8nt + 2c, 8nt + 2c + 1
+  if (warp < 8) {
+    // ---- Score warps. This warp's share of q: key half kh of scale tile grp, lane c's 8-byte pieces o_c + 16m
+    // (m = 0..3) of the tile, and rope dims 16·grp onward.
+    const int kh = warp % 2, grp = warp / 2;
+    const int o_c = (c & 1) * 8 + (c >> 1) * 64;  // byte offset of lane c's 8-byte pieces in a 128-value tile
+    uint32_t qf[8][kN][2];                        // latent k16 steps, fp16, 2^−e scaled
+    uint32_t qr[kN][2];                           // the rope k16 step, bf16
+    float pe[kN][2];                              // 2^e of accumulator columns 8nt + 2c, 8nt + 2c + 1
 #pragma unroll
-  for (int nt = 0; nt < kN; ++nt) {
-    const int pair = nt * 8 + g;
-    const bool valid = pair < n_pairs;
-    const float* src = p.q + (pair_base + (valid ? pair : 0)) * G::kRow;
-    float v[2][8];
-    float amax = 0.f;
+    for (int nt = 0; nt < kN; ++nt) {
+      const int pair = nt * 8 + g;
+      const bool valid = pair < n_pairs;
+      const float* src = p.q + (pair_base + (valid ? pair : 0)) * G::kRow;
+      float v[4][8];
+      float amax = 0.f;
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const float4 lo = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * (2 * hf + m));
-      const float4 hi = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * (2 * hf + m) + 4);
-      v[m][0] = lo.x, v[m][1] = lo.y, v[m][2] = lo.z, v[m][3] = lo.w;
-      v[m][4] = hi.x, v[m][5] = hi.y, v[m][6] = hi.z, v[m][7] = hi.w;
+      for (int m = 0; m < 4; ++m) {
+        const float4 lo = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * m);
+        const float4 hi = *reinterpret_cast<const float4*>(src + grp * 128 + o_c + 16 * m + 4);
+        v[m][0] = lo.x, v[m][1] = lo.y, v[m][2] = lo.z, v[m][3] = lo.w;
+        v[m][4] = hi.x, v[m][5] = hi.y, v[m][6] = hi.z, v[m][7] = hi.w;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (!valid) v[m][j] = 0.f;
-        amax = fmaxf(amax, fabsf(v[m][j]));
+        for (int j = 0; j < 8; ++j) {
+          if (!valid) v[m][j] = 0.f;
+          amax = fmaxf(amax, fabsf(v[m][j]));
+        }
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 2));
+      int e = 0;
+      if (amax > 0.f && amax <= 3.0e38f) {
+        int ex = 0;
+        frexpf(amax, &ex);  // amax < 2^ex
+        e = max(-100, min(100, ex - 15));
+      }
+      const float down = ldexpf(1.f, -e);
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          qf[2 * m + h][nt][0] = pack_f16x2(v[m][4 * h] * down, v[m][4 * h + 1] * down);
+          qf[2 * m + h][nt][1] = pack_f16x2(v[m][4 * h + 2] * down, v[m][4 * h + 3] * down);
+        }
+      const float up = ldexpf(1.f, e);
+      pe[nt][0] = __shfl_sync(~0u, up, (2 * c) * 4);
+      pe[nt][1] = __shfl_sync(~0u, up, (2 * c + 1) * 4);
+      if constexpr (kRope > 0) {
+        const float* r = src + G::kLatent + 16 * grp + 2 * c;
+        qr[nt][0] = valid ? cuda::pack_bf16x2(r[0], r[1]) : 0u;
+        qr[nt][1] = valid ? cuda::pack_bf16x2(r[8], r[9]) : 0u;
       }
     }
-    amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 2));
-    int e = 0;
-    if (amax > 0.f && amax <= 3.0e38f) {
-      int ex = 0;
-      frexpf(amax, &ex);  // amax < 2^ex
-      e = max(-100, min(100, ex - 15));
-    }
-    const float down = ldexpf(1.f, -e);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        qf[2 * m + h][nt][0] = pack_f16x2(v[m][4 * h] * down, v[m][4 * h + 1] * down);
-        qf[2 * m + h][nt][1] = pack_f16x2(v[m][4 * h + 2] * down, v[m][4 * h + 3] * down);
+
+    // Softmax: threads 8i .. 8i+7 own pair i (keys 8j .. 8j+7 of each tile for thread 8i + j); a warp's threads
+    // are all active or all not (8·kN pairs).
+    const int sm_pair = tid / kSoftmaxThreads, sm_part = tid % kSoftmaxThreads;
+    const bool sm_active = sm_pair < kPairs;
+    const int64_t sm_keys = sm_pair >= n_pairs ? 0 : p.kv_len[first_row + (m0 + sm_pair) / heads];
+    float sm_m = -INFINITY, sm_l = 0.f;
+    const float score_scale = p.scale * kLog2e;  // softmax in base 2
+
+    for (int i = 0; i < n_tiles; ++i) {
+      const int64_t tile = tile_begin + i;
+      const int stage = i % kStages, buf = i & 1;
+      const unsigned char* st = smem + static_cast<size_t>(stage) * G::kStageBytes;
+      cuda::mbarrier_wait(bar0 + 8 * stage, static_cast<uint32_t>((i / kStages) & 1));
+      const int valid_rows = static_cast<int>(min(static_cast<int64_t>(kKeys), n_keys - tile * kKeys));
+      if (valid_rows < kKeys) {  // the last tile: rows past the last key are zeros, whatever their slots held
+        uint4* z = reinterpret_cast<uint4*>(smem + static_cast<size_t>(stage) * G::kStageBytes + valid_rows * kRowBytes);
+        const int n16 = (kKeys - valid_rows) * kRowBytes / 16;
+        for (int k = tid; k < n16; k += kRoleThreads) z[k] = make_uint4(0u, 0u, 0u, 0u);
+        cuda::fence_proxy_async_shared();
+        cuda::named_barrier_sync(kBarScores, kRoleThreads);
       }
-    const float up = ldexpf(1.f, e);
-    pe[nt][0] = __shfl_sync(~0u, up, (2 * c) * 4);
-    pe[nt][1] = __shfl_sync(~0u, up, (2 * c + 1) * 4);
-    if constexpr (kRope > 0) {
-      const float* r = src + G::kLatent + 16 * grp + 2 * c;
-      qr[nt][0] = valid ? cuda::pack_bf16x2(r[0], r[1]) : 0u;
-      qr[nt][1] = valid ? cuda::pack_bf16x2(r[8], r[9]) : 0u;
-    }
-  }
 
-  // Softmax: threads 16i .. 16i+15 own pair i (keys 4j .. 4j+3 of each tile for thread 16i + j); the running max,
-  // sum and units are the same in every thread of a pair.
-  const int sm_pair = tid / kSoftmaxThreads, sm_part = tid % kSoftmaxThreads;
-  const bool sm_active = sm_pair < kPairs;
-  const int64_t sm_keys = sm_pair >= n_pairs ? 0 : p.kv_len[first_row + (m0 + sm_pair) / heads];
-  float sm_m = -INFINITY, sm_l = 0.f;
-  float unit[kGroups] = {0.f, 0.f, 0.f, 0.f};  // U per scale tile for this thread's pair
-
-  float acc_o[2][kN][4];  // dims 32·warp + 4g + 2mt (rows g) and + 1 (rows g + 8) × the pairs
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) acc_o[mt][nt][k] = 0.f;
-
-  const float score_scale = p.scale * kLog2e;  // softmax in base 2
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const int i = static_cast<int>(tile - tile_begin);
-    const int stage = i % kStages;
-    const unsigned char* st = smem + static_cast<size_t>(stage) * G::kStageBytes;
-    cuda::mbarrier_wait(bar0 + 8 * stage, static_cast<uint32_t>((i / kStages) & 1));
-    const int valid_rows = static_cast<int>(min(static_cast<int64_t>(kKeys), n_keys - tile * kKeys));
-    if (valid_rows < kKeys) {  // the last tile: rows past the last key are zeros, whatever their slots held
-      uint4* z = reinterpret_cast<uint4*>(smem + static_cast<size_t>(stage) * G::kStageBytes + valid_rows * kRowBytes);
-      const int n16 = (kKeys - valid_rows) * kRowBytes / 16;
-      for (int k = tid; k < n16; k += kThreads) z[k] = make_uint4(0u, 0u, 0u, 0u);
-      cuda::fence_proxy_async_shared();
-      __syncthreads();
-    }
-
-    // Partial scores S[key, pair] over this warp's keys and scale tile.
-    {
+      // Partial scores S[key, pair] over this warp's keys and scale tile.
       float acc[2][kN][4];
+      float ks[2][2];  // the scales of rows g, g + 8 of each m16 tile, for the value warps
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -295,9 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
         const unsigned char* r0 = st + (kh * 32 + mt * 16 + g) * kRowBytes;
         const unsigned char* r1 = r0 + 8 * kRowBytes;
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const uint2 x = *reinterpret_cast<const uint2*>(r0 + grp * 128 + o_c + 16 * (2 * hf + m));
-          const uint2 y = *reinterpret_cast<const uint2*>(r1 + grp * 128 + o_c + 16 * (2 * hf + m));
+        for (int m = 0; m < 4; ++m) {
+          const uint2 x = *reinterpret_cast<const uint2*>(r0 + grp * 128 + o_c + 16 * m);
+          const uint2 y = *reinterpret_cast<const uint2*>(r1 + grp * 128 + o_c + 16 * m);
           uint32_t a0[4], a1[4];
           e4m3x4_to_f16x2x2(x.x, a0[0], a0[2]);
           e4m3x4_to_f16x2x2(y.x, a0[1], a0[3]);
@@ -311,10 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
         }
         const float ks0 = *reinterpret_cast<const float*>(r0 + G::kScalesAt + 4 * grp);
         const float ks1 = *reinterpret_cast<const float*>(r1 + G::kScalesAt + 4 * grp);
-        if (c == 0 && hf == 0) {  // for the softmax threads, whose row-strided reads of them would meet in one bank
-          s_scale[grp * kKeys + kh * 32 + mt * 16 + g] = ks0;
-          s_scale[grp * kKeys + kh * 32 + mt * 16 + g + 8] = ks1;
-        }
+        ks[mt][0] = ks0, ks[mt][1] = ks1;
 #pragma unroll
         for (int nt = 0; nt < kN; ++nt) {
           acc[mt][nt][0] *= ks0 * pe[nt][0];
@@ -322,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
           acc[mt][nt][2] *= ks1 * pe[nt][0];
           acc[mt][nt][3] *= ks1 * pe[nt][1];
         }
-        if (kRope > 0 && hf == 0) {
+        if constexpr (kRope > 0) {
           const unsigned char* q0 = r0 + G::kRopeAt + 32 * grp + 4 * c;
           const unsigned char* q1 = r1 + G::kRopeAt + 32 * grp + 4 * c;
           const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0), *reinterpret_cast<const uint32_t*>(q1),
@@ -331,73 +339,131 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
           for (int nt = 0; nt < kN; ++nt) cuda::mma_bf16_16816(acc[mt][nt], a, qr[nt][0], qr[nt][1]);
         }
       }
-      cuda::mla_tc::store_score_partials<kN, kPartStride>(s_part + gq * kPairs * kPartStride, acc, kh * 32, g, c);
-    }
-    __syncthreads();  // partial scores complete; the previous tile's stage is read by every warp
-    if (tid == kProducer && i >= 1 && tile - 1 + kStages < tile_end) issue(static_cast<int>(tile - 1 + kStages));
+      // One partial buffer: every score thread has read the previous tile's partials before they are overwritten.
+      if (i > 0) cuda::named_barrier_sync(kBarScores, kRoleThreads);
+      cuda::mla_tc::store_score_partials<kN, kPartStride>(s_part + grp * kPairs * kPartStride, acc, kh * 32, g, c);
+      cuda::named_barrier_sync(kBarScores, kRoleThreads);  // the tile's partial scores are complete
 
-    // Online softmax over the tile (the eight score groups' partials summed in a fixed order), then the weights per
-    // scale tile: P_T = e · scale / U.
-    if (sm_active) {
-      float s[4];
-      {
-        const float* src = s_part + sm_pair * kPartStride + sm_part * 4;
-        const float4 a = *reinterpret_cast<const float4*>(src);
-        s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w;
+      // Online softmax over the tile (the four partials summed in a fixed order); e, alpha and the key scales go to
+      // buffer `buf` once the value warps are done with its tile i − 2.
+      float e[8];
+      float alpha = 1.f;
+      if (sm_active) {
+        float s[8];
+        {
+          const float* src = s_part + sm_pair * kPartStride + sm_part * 8;
+          const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+          s[0] = a.x, s[1] = a.y, s[2] = a.z, s[3] = a.w, s[4] = b.x, s[5] = b.y, s[6] = b.z, s[7] = b.w;
 #pragma unroll
-        for (int q = 1; q < kScoreGroups; ++q) {
-          const float4 x = *reinterpret_cast<const float4*>(src + q * kPairs * kPartStride);
-          s[0] += x.x, s[1] += x.y, s[2] += x.z, s[3] += x.w;
+          for (int q = 1; q < kScaleTiles; ++q) {
+            const float* qs = src + q * kPairs * kPartStride;
+            const float4 x = *reinterpret_cast<const float4*>(qs), y = *reinterpret_cast<const float4*>(qs + 4);
+            s[0] += x.x, s[1] += x.y, s[2] += x.z, s[3] += x.w, s[4] += y.x, s[5] += y.y, s[6] += y.z, s[7] += y.w;
+          }
+        }
+        const int64_t limit64 = sm_keys - (tile * kKeys + sm_part * 8);  // keys j < limit are visible to the pair
+        const int limit = limit64 < 0 ? 0 : limit64 > 8 ? 8 : static_cast<int>(limit64);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j] = j < limit ? s[j] * score_scale : -INFINITY;
+        alpha = cuda::mla_tc::online_softmax_step<8, kSoftmaxThreads>(s, e, sm_m, sm_l);
+      }
+      if (i >= 2) cuda::named_barrier_sync(kBarEmpty + buf, kThreads);
+      if (sm_active) {
+        float* e_dst = s_e + buf * (L::kEBytes / sizeof(float)) + sm_pair * kEStride + sm_part * 8;
+        *reinterpret_cast<float4*>(e_dst) = make_float4(e[0], e[1], e[2], e[3]);
+        *reinterpret_cast<float4*>(e_dst + 4) = make_float4(e[4], e[5], e[6], e[7]);
+        if (sm_part == 0) s_alpha[buf * kPairs + sm_pair] = alpha;
+      }
+      if (c == 0) {  // one writer a row: the value warps' row-strided reads would meet in one bank
+        float* sc = s_scale + buf * kScaleTiles * kKeys + grp * kKeys + kh * 32 + g;
+        sc[0] = ks[0][0], sc[8] = ks[0][1], sc[16] = ks[1][0], sc[24] = ks[1][1];
+      }
+      cuda::named_barrier_arrive(kBarFull + buf, kThreads);
+    }
+    if (sm_active && sm_part == 0) {
+      s_l[sm_pair] = sm_l;
+      s_m[sm_pair] = sm_m;
+    }
+  }
+
+  // ---- Value warps: O[dim, pair] += V[key, dim]ᵀ · P_T[pair, key]ᵀ over this warp's 64 dims (scale tile vw / 2),
+  // as two 32-dim blocks (byte j of a block's 4-byte row piece at lane group g is dim 4g + j).
+  const int vw = warp - 8, vt = vw / 2;
+  float acc_o[2][2][kN][4];  // [block][mt]: dims 64vw + 32·block + 4g + 2mt (rows g) and + 1 (rows g + 8) × pairs
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc_o[b][mt][nt][k] = 0.f;
+  float unit[kN];  // U of scale tile vt for pairs (vw % 2)·4kN + 4r + lane / 8, r = 0 .. kN − 1
+#pragma unroll
+  for (int r = 0; r < kN; ++r) unit[r] = 0.f;
+  if (warp >= 8) {
+    for (int i = 0; i < n_tiles; ++i) {
+      const int64_t tile = tile_begin + i;
+      const int stage = i % kStages, buf = i & 1;
+      const unsigned char* st = smem + static_cast<size_t>(stage) * G::kStageBytes;
+      cuda::named_barrier_sync(kBarFull + buf, kThreads);  // the tile's e, alpha and key scales are written
+      // The weights of scale tile vt for this warp's half of the pairs (lanes 8j .. 8j + 7: pair 4r + j of the
+      // half in round r, keys 8·(lane % 8) onward): P_T = e · scale / U with U a power of two ≥ the largest weight
+      // and ≥ the carried unit, so every weight is ≤ 1 and a key with a huge scale but ~0 weight cannot push the
+      // others below fp16's range; the factor alpha · U_old / U_new rescales the accumulators.
+      {
+        const float* e_buf = s_e + buf * (L::kEBytes / sizeof(float));
+        const float* sc = s_scale + buf * kScaleTiles * kKeys + vt * kKeys + (lane % 8) * 8;
+        const float4 sa = *reinterpret_cast<const float4*>(sc), sb = *reinterpret_cast<const float4*>(sc + 4);
+#pragma unroll
+        for (int r = 0; r < kN; ++r) {
+          const int pair = (vw % 2) * 4 * kN + 4 * r + lane / 8;
+          const float* ep = e_buf + pair * kEStride + (lane % 8) * 8;
+          const float4 ea = *reinterpret_cast<const float4*>(ep), eb = *reinterpret_cast<const float4*>(ep + 4);
+          const float alpha = s_alpha[buf * kPairs + pair];
+          const float w[8] = {ea.x * sa.x, ea.y * sa.y, ea.z * sa.z, ea.w * sa.w,
+                              eb.x * sb.x, eb.y * sb.y, eb.z * sb.z, eb.w * sb.w};
+          float wmax = fmaxf(fmaxf(fmaxf(w[0], w[1]), fmaxf(w[2], w[3])), fmaxf(fmaxf(w[4], w[5]), fmaxf(w[6], w[7])));
+#pragma unroll
+          for (int off = 4; off > 0; off /= 2) wmax = fmaxf(wmax, __shfl_xor_sync(~0u, wmax, off));
+          const float carried = unit[r] * alpha;
+          const float u = fmaxf(pow2_ceil(wmax), pow2_ceil(carried));
+          unit[r] = u;
+          const float inv_u = pow2_inverse(u);  // (2^127 for u = 0, when every w and carried are 0)
+          *reinterpret_cast<uint4*>(s_p + (vt * kPairs + pair) * kPStride + (lane % 8) * 8) =
+              make_uint4(pack_f16x2(w[0] * inv_u, w[1] * inv_u), pack_f16x2(w[2] * inv_u, w[3] * inv_u),
+                         pack_f16x2(w[4] * inv_u, w[5] * inv_u), pack_f16x2(w[6] * inv_u, w[7] * inv_u));
+          if (lane % 8 == 0) s_fac[vt * kPairs + pair] = u > 0.f ? carried * inv_u : 1.f;  // ≤ 1
         }
       }
-      const int64_t limit64 = sm_keys - (tile * kKeys + sm_part * 4);  // keys j < limit are visible to the pair
-      const int limit = limit64 < 0 ? 0 : limit64 > 4 ? 4 : static_cast<int>(limit64);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s[j] = j < limit ? s[j] * score_scale : -INFINITY;
-      float e[4];
-      const float alpha = cuda::mla_tc::online_softmax_step<4, kSoftmaxThreads>(s, e, sm_m, sm_l);
-
-#pragma unroll
-      for (int t = 0; t < kGroups; ++t) {
-        const float4 sc = *reinterpret_cast<const float4*>(s_scale + t * kKeys + sm_part * 4);
-        const float w[4] = {e[0] * sc.x, e[1] * sc.y, e[2] * sc.z, e[3] * sc.w};
-        float wmax = fmaxf(fmaxf(w[0], w[1]), fmaxf(w[2], w[3]));
-#pragma unroll
-        for (int off = kSoftmaxThreads / 2; off > 0; off /= 2) wmax = fmaxf(wmax, __shfl_xor_sync(~0u, wmax, off));
-        const float carried = unit[t] * alpha;
-        const float u = fmaxf(pow2_ceil(wmax), pow2_ceil(carried));
-        unit[t] = u;
-        const float inv_u = pow2_inverse(u);  // (2^127 for u = 0, when every w and carried are 0)
-        *reinterpret_cast<uint2*>(s_p + (t * kPairs + sm_pair) * kPStride + sm_part * 4) =
-            make_uint2(pack_f16x2(w[0] * inv_u, w[1] * inv_u), pack_f16x2(w[2] * inv_u, w[3] * inv_u));
-        if (sm_part == 0) s_fac[t * kPairs + sm_pair] = u > 0.f ? carried * inv_u : 1.f;  // ≤ 1
-      }
-    }
-    __syncthreads();
-
-    // Values: O[dim, pair] += V[key, dim]ᵀ · P_T[pair, key]ᵀ over this warp's 32 dims (scale tile warp / 4).
-    {
-      const int vt = warp / 4;
+      if (i + 2 < n_tiles) cuda::named_barrier_arrive(kBarEmpty + buf, kThreads);  // the score warps' tile i + 2
+      cuda::named_barrier_sync(kBarScaleTile + vt, 64);  // both halves of P_T and its factors are written
+      // The stage's bytes, acquired by this thread too (its phase is the tile's: the next copy into this stage is
+      // issued only after this tile).
+      cuda::mbarrier_wait(bar0 + 8 * stage, static_cast<uint32_t>((i / kStages) & 1));
+      const float* fac_src = s_fac + vt * kPairs;
       float fac[kN][2];
       bool unchanged = true;
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt) {
-        fac[nt][0] = s_fac[vt * kPairs + nt * 8 + 2 * c], fac[nt][1] = s_fac[vt * kPairs + nt * 8 + 2 * c + 1];
+        fac[nt][0] = fac_src[nt * 8 + 2 * c], fac[nt][1] = fac_src[nt * 8 + 2 * c + 1];
         unchanged = unchanged && fac[nt][0] == 1.f && fac[nt][1] == 1.f;
       }
       // Once a row's max and units settle, most tiles leave every factor at exactly 1.
       if (!__all_sync(~0u, unchanged)) {
 #pragma unroll
-        for (int nt = 0; nt < kN; ++nt)
+        for (int b = 0; b < 2; ++b)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            acc_o[mt][nt][0] *= fac[nt][0];
-            acc_o[mt][nt][1] *= fac[nt][1];
-            acc_o[mt][nt][2] *= fac[nt][0];
-            acc_o[mt][nt][3] *= fac[nt][1];
-          }
+          for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              acc_o[b][mt][nt][0] *= fac[nt][0];
+              acc_o[b][mt][nt][1] *= fac[nt][1];
+              acc_o[b][mt][nt][2] *= fac[nt][0];
+              acc_o[b][mt][nt][3] *= fac[nt][1];
+            }
       }
-      const unsigned char* vb = st + 32 * warp + 4 * g;
+      const unsigned char* vb = st + 64 * vw + 4 * g;
       const uint16_t* p_src = s_p + (vt * kPairs + lane % 8) * kPStride + (lane / 8) * 8;
 #pragma unroll
       for (int kb = 0; kb < kKeys / 32; ++kb) {
@@ -407,62 +473,71 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) {
           const int k0 = kb * 32 + kk * 16 + 2 * c;
-          const uint32_t u0 = *reinterpret_cast<const uint32_t*>(vb + k0 * kRowBytes);
-          const uint32_t u1 = *reinterpret_cast<const uint32_t*>(vb + (k0 + 1) * kRowBytes);
-          const uint32_t u2 = *reinterpret_cast<const uint32_t*>(vb + (k0 + 8) * kRowBytes);
-          const uint32_t u3 = *reinterpret_cast<const uint32_t*>(vb + (k0 + 9) * kRowBytes);
-          // Byte j of a row piece is dim 32·warp + 4g + j; (key, key + 1) byte pairs per dim, j = 2mt + (row g + 8).
-          const uint32_t lo[2] = {__byte_perm(u0, u1, 0x5140), __byte_perm(u0, u1, 0x7362)};
-          const uint32_t hi[2] = {__byte_perm(u2, u3, 0x5140), __byte_perm(u2, u3, 0x7362)};
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            uint32_t a[4];
-            e4m3x4_to_f16x2x2(lo[mt], a[0], a[1]);
-            e4m3x4_to_f16x2x2(hi[mt], a[2], a[3]);
+          for (int b = 0; b < 2; ++b) {
+            const unsigned char* col = vb + 32 * b;
+            const uint32_t u0 = *reinterpret_cast<const uint32_t*>(col + k0 * kRowBytes);
+            const uint32_t u1 = *reinterpret_cast<const uint32_t*>(col + (k0 + 1) * kRowBytes);
+            const uint32_t u2 = *reinterpret_cast<const uint32_t*>(col + (k0 + 8) * kRowBytes);
+            const uint32_t u3 = *reinterpret_cast<const uint32_t*>(col + (k0 + 9) * kRowBytes);
+            // Byte j of a row piece is dim 64vw + 32b + 4g + j; (key, key + 1) byte pairs per dim, j = 2mt + (row g + 8).
+            const uint32_t lo[2] = {__byte_perm(u0, u1, 0x5140), __byte_perm(u0, u1, 0x7362)};
+            const uint32_t hi[2] = {__byte_perm(u2, u3, 0x5140), __byte_perm(u2, u3, 0x7362)};
 #pragma unroll
-            for (int nt = 0; nt < kN; ++nt) cuda::mma_f16_16816(acc_o[mt][nt], a, pb[nt][2 * kk], pb[nt][2 * kk + 1]);
+            for (int mt = 0; mt < 2; ++mt) {
+              uint32_t a[4];
+              e4m3x4_to_f16x2x2(lo[mt], a[0], a[1]);
+              e4m3x4_to_f16x2x2(hi[mt], a[2], a[3]);
+#pragma unroll
+              for (int nt = 0; nt < kN; ++nt)
+                cuda::mma_f16_16816(acc_o[b][mt][nt], a, pb[nt][2 * kk], pb[nt][2 * kk + 1]);
+            }
           }
         }
       }
+      cuda::named_barrier_sync(kBarValues, kRoleThreads);  // every value warp is done with the stage and P
+      if (tid == kProducer && i + kStages < n_tiles) issue(static_cast<int>(tile + kStages));
     }
-  }
-  if (sm_active && sm_part == 0) {
-    s_l[sm_pair] = sm_l;
-    s_m[sm_pair] = sm_m;
+    if (lane % 8 == 0)
 #pragma unroll
-    for (int t = 0; t < kGroups; ++t) s_unit[t * kPairs + sm_pair] = unit[t];
+      for (int r = 0; r < kN; ++r) s_unit[vt * kPairs + (vw % 2) * 4 * kN + 4 * r + lane / 8] = unit[r];
   }
-  __syncthreads();  // every warp is done with the stages, which now stage the output
+  __syncthreads();  // every warp is done with the stages, which now stage the output; l, m and the units are out
 
   float* s_out = reinterpret_cast<float*>(smem);
-  const float* u_out = s_unit + (warp / 4) * kPairs;
+  if (warp >= 8) {
+    const float* u_out = s_unit + vt * kPairs;
 #pragma unroll
-  for (int nt = 0; nt < kN; ++nt) {
-    const int pair = nt * 8 + 2 * c;
-    const float l0 = s_l[pair], l1 = s_l[pair + 1];
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    const float u0 = u_out[pair], u1 = u_out[pair + 1];
+    for (int nt = 0; nt < kN; ++nt) {
+      const int pair = nt * 8 + 2 * c;
+      const float l0 = s_l[pair], l1 = s_l[pair + 1];
+      const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+      const float u0 = u_out[pair], u1 = u_out[pair + 1];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      float* d = s_out + pair * kOutStride + 32 * warp + 4 * g + 2 * mt;
-      d[0] = acc_o[mt][nt][0] * u0 * inv0;
-      d[kOutStride] = acc_o[mt][nt][1] * u1 * inv1;
-      d[1] = acc_o[mt][nt][2] * u0 * inv0;
-      d[kOutStride + 1] = acc_o[mt][nt][3] * u1 * inv1;
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          float* d = s_out + pair * kOutStride + 64 * vw + 32 * b + 4 * g + 2 * mt;
+          d[0] = acc_o[b][mt][nt][0] * u0 * inv0;
+          d[kOutStride] = acc_o[b][mt][nt][1] * u1 * inv1;
+          d[1] = acc_o[b][mt][nt][2] * u0 * inv0;
+          d[kOutStride + 1] = acc_o[b][mt][nt][3] * u1 * inv1;
+        }
     }
   }
   __syncthreads();
-  cuda::mla_tc::finish_splits<kMerge, kThreads>(p, s_out, s_l, s_m, n_pairs, pair_base, pairs, ctas, first_row, split,
-                                                part_out, part_lse, sync, s_out, tid, [] { __syncthreads(); });
+  cuda::mla_tc::finish_splits<kMerge, kThreads>(p, s_out, s_l, s_m, n_pairs, pair_base, work.pairs, work.ctas,
+                                                first_row, split, part_out, part_lse, sync, s_out, tid,
+                                                [] { __syncthreads(); });
 #endif
 }
 
 template <int kN, int kRope>
 cudaError_t launch_kernel(const cuda::MlaDecodeParams& p, cudaStream_t stream, bool pdl, float* part_out,
                           float* part_lse, bool& merged) {
-  return cuda::mla_tc::launch_decode_grid<fp8_mla_direct_kernel<kN, kRope, false>, fp8_mla_direct_kernel<kN, kRope, true>,
-                                          Smem<kN, kRope>::kBytes, 8 * kN, kThreads>(p, stream, pdl, part_out, part_lse,
-                                                                                     merged);
+  return cuda::mla_tc::launch_decode_grid<fp8_mla_direct_kernel<kN, kRope, false>,
+                                          fp8_mla_direct_kernel<kN, kRope, true>, Smem<kN, kRope>::kBytes, 8 * kN,
+                                          kThreads>(p, stream, pdl, part_out, part_lse, merged);
 }
 
 template <int kRope>
@@ -476,20 +551,24 @@ cudaError_t launch_rope(int ntiles, const cuda::MlaDecodeParams& p, cudaStream_t
   }
 }
 
+size_t largest_smem_bytes() {
+  return std::max({Smem<1, 64>::kBytes, Smem<2, 64>::kBytes, Smem<3, 64>::kBytes, Smem<4, 64>::kBytes});
+}
+
 // sm_90 or newer with room for the largest instance's shared memory, per device.
 bool device_takes_direct() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
-  static int known[64] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> known[64] = {};  // 0 unknown, 1 yes, 2 no (two threads' first calls store the same)
   if (device < 0 || device >= 64) return false;
-  if (known[device] == 0) {
+  if (known[device].load(std::memory_order_relaxed) == 0) {
     int major = 0, smem = 0;
     const bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
                      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-                     major >= 9 && static_cast<size_t>(smem) >= Smem<4, 64>::kBytes;
-    known[device] = yes ? 1 : 2;
+                     major >= 9 && static_cast<size_t>(smem) >= largest_smem_bytes();
+    known[device].store(yes ? 1 : 2, std::memory_order_relaxed);
   }
-  return known[device] == 1;
+  return known[device].load(std::memory_order_relaxed) == 1;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // The direct form of fp8_ds_mla's tensor-core attention (fp8_mla_direct_attend.cu) against the host's fp32
-// attention and against the widened form, where its own machinery can go wrong: pages of 8 / 16 / 32 / 64 / 128
+// attention and against the widened form, where its own machinery can go wrong (the score and value warps' two
+// buffers and their hand-offs wrap around only in splits of three or more tiles: the fixed 8-split and one-split
+// runs): pages of 8 / 16 / 32 / 64 / 128
 // slots (one to eight bulk copies a tile, or a piece of a larger page), contexts of 1 .. 8,200 keys (a partial last
 // tile whose stale slots hold 0xff bytes — NaN in e4m3 and in the scales — which must never reach the output), 1 / 5 /
 // 20 / 32 / 64 / 128 heads (one to four n8 tiles, several CTAs a row), rope 64 and NoPE, splits by length, a fixed

@@ -1,5 +1,5 @@
-// Shared-memory mbarriers and bulk copies (sm_90) for producer / consumer pipelines inside a CTA: the SDK's, so a
-// plugin's kernels stream their tiles the way the core's Hopper kernels do. nvcc only.
+// Shared-memory mbarriers, named CTA barriers and bulk copies (sm_90) for producer / consumer pipelines inside a
+// CTA: the SDK's, so a plugin's kernels stream their tiles the way the core's Hopper kernels do. nvcc only.
 //
 // A barrier completes a phase once `count` arrivals have been made (and, with expect_tx, the bytes it was told to
 // expect have landed); phases alternate parity 0, 1, 0, ... starting at 0. Waiting on parity p returns once the
@@ -51,6 +51,19 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Barrier among `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads'; 16 in all): waits
+// until `threads` threads have arrived or synced on it. Shared-memory writes before it are visible after it to the
+// threads that synced.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrives on hardware barrier `id` without waiting (the producer half of a producer / consumer hand-off whose
+// consumers named_barrier_sync with the same count): this warp's earlier shared-memory writes become visible to them.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace kiln::cuda

@@ -231,6 +231,48 @@ __device__ __forceinline__ float online_softmax_step(const float (&s)[kK], float
   return alpha;
 }
 
+// What one decode CTA of the grid below takes (blockIdx: x = CTA of the row group, y = split, z = row group): the
+// group's (row, head) pairs, row-major, spread evenly over the fewest CTAs of max_pairs pairs, and this split's
+// tiles of the keys its rows can see (up to the longest kv_len among them, or the selection's width). Shared by
+// this header's kernel and the layouts' own tile loops, so every form cuts a row the same way. Reads q-side state
+// (kv_len, the tables): call after the PDL wait.
+struct CtaWork {
+  bool active = false;     // false: this blockIdx.x has no pairs (the whole CTA returns before any barrier)
+  int64_t first_row = 0;   // the row group's first row
+  int pairs = 0;           // the group's (row, head) pairs
+  int ctas = 0;            // CTAs the group's pairs spread over
+  int m0 = 0;              // this CTA's pairs are m0 .. m0 + n_pairs − 1 of the group
+  int n_pairs = 0;
+  int64_t pair_base = 0;   // flat (row, head) index of this CTA's pair 0
+  int kv_len = 0;          // the longest row among this CTA's
+  const int32_t* block_table = nullptr;
+  int64_t n_keys = 0;      // kv_len, or selected_width with a selection
+  int64_t tile_begin = 0, tile_end = 0;  // this split's tiles of kMlaDecodeTile keys
+};
+
+__device__ __forceinline__ CtaWork cta_work(const MlaDecodeParams& p, int max_pairs) {
+  CtaWork w;
+  w.first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
+  const int heads = static_cast<int>(p.num_heads);
+  w.pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(w.first_row) : 1) * heads;
+  w.ctas = (w.pairs + max_pairs - 1) / max_pairs;
+  if (static_cast<int>(blockIdx.x) >= w.ctas) return w;
+  w.active = true;
+  const int chunk = (w.pairs + w.ctas - 1) / w.ctas;
+  w.m0 = blockIdx.x * chunk;
+  w.n_pairs = min(w.m0 + chunk, w.pairs) - w.m0;
+  w.pair_base = w.first_row * heads + w.m0;
+  for (int r = w.m0 / heads; r <= (w.m0 + w.n_pairs - 1) / heads; ++r) w.kv_len = max(w.kv_len, p.kv_len[w.first_row + r]);
+  w.block_table = p.block_tables + static_cast<int64_t>(p.query_seq[w.first_row]) * p.max_blocks;
+  w.n_keys = p.selected ? p.selected_width : w.kv_len;
+  const int64_t tiles_total = (w.n_keys + kMlaDecodeTile - 1) / kMlaDecodeTile;
+  const int64_t tiles_per_split =
+      p.split_by_length ? mla_decode_tiles_per_split(tiles_total) : (tiles_total + p.num_splits - 1) / p.num_splits;
+  w.tile_begin = blockIdx.y * tiles_per_split;
+  w.tile_end = min(tiles_total, w.tile_begin + tiles_per_split);
+  return w;
+}
+
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -347,25 +389,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodePar
   // q, kv_len and the cache row of the newest token come from the kernels just before this one.
   pdl_wait();
   pdl_launch_dependents();
-  const int64_t first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
+  const CtaWork work = cta_work(p, kPairs);
+  if (!work.active) return;  // whole CTA: before any barrier
+  const int64_t first_row = work.first_row;
   const int heads = static_cast<int>(p.num_heads);
-  const int pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(first_row) : 1) * heads;
-  const int ctas = (pairs + kPairs - 1) / kPairs;
-  if (static_cast<int>(blockIdx.x) >= ctas) return;  // whole CTA: before any barrier
-  const int chunk = (pairs + ctas - 1) / ctas;
-  const int m0 = blockIdx.x * chunk;  // this CTA's (row, head) pairs: m0 .. m0 + n_pairs − 1 of the group
-  const int n_pairs = min(m0 + chunk, pairs) - m0;
-  const int64_t pair_base = first_row * heads + m0;  // flat (row, head) index of this CTA's pair 0
-  int kv_len = 0;                                     // the longest row among this CTA's
-  for (int r = m0 / heads; r <= (m0 + n_pairs - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
-  const int32_t* block_table = p.block_tables + static_cast<int64_t>(p.query_seq[first_row]) * p.max_blocks;
+  const int pairs = work.pairs, ctas = work.ctas, m0 = work.m0, n_pairs = work.n_pairs;
+  const int64_t pair_base = work.pair_base;
+  const int kv_len = work.kv_len;
+  const int32_t* block_table = work.block_table;
   const int32_t* selected = p.selected ? p.selected + first_row * p.selected_width : nullptr;
-  const int64_t n_keys = selected ? p.selected_width : kv_len;
-  const int64_t tiles_total = (n_keys + kTile - 1) / kTile;
-  const int64_t tiles_per_split =
-      p.split_by_length ? mla_decode_tiles_per_split(tiles_total) : (tiles_total + p.num_splits - 1) / p.num_splits;
-  const int64_t tile_begin = split * tiles_per_split;
-  const int64_t tile_end = min(tiles_total, tile_begin + tiles_per_split);
+  const int64_t n_keys = work.n_keys;
+  const int64_t tile_begin = work.tile_begin, tile_end = work.tile_end;
 
   // Warp w copies rows 8w..8w+7 of each tile. Lane j < 8 looks up the slot of the warp's row j (one lookup per
   // row, −1 when not visible); the row source copies a row as 16-byte pieces over the warp's lanes, invisible rows

@@ -85,22 +85,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // This CTA's pairs, keys and split: exactly as mla_decode_tc_kernel (the plan is shared).
   const int split = blockIdx.y;
-  const int64_t first_row = p.row_groups ? p.row_groups[blockIdx.z] : blockIdx.z;
+  const mla_tc::CtaWork work = mla_tc::cta_work(p, kPairs);
+  if (!work.active) return;  // whole CTA, before any barrier
+  const int64_t first_row = work.first_row;
   const int heads = static_cast<int>(p.num_heads);
-  const int pairs = (p.row_groups ? p.row_groups[blockIdx.z + 1] - static_cast<int>(first_row) : 1) * heads;
-  const int ctas = (pairs + kPairs - 1) / kPairs;
-  if (static_cast<int>(blockIdx.x) >= ctas) return;  // whole CTA, before any barrier
-  const int chunk = (pairs + ctas - 1) / ctas;
-  const int m0 = blockIdx.x * chunk;
-  const int n_pairs = min(m0 + chunk, pairs) - m0;
-  const int64_t pair_base = first_row * heads + m0;
-  int kv_len = 0;
-  for (int r = m0 / heads; r <= (m0 + n_pairs - 1) / heads; ++r) kv_len = max(kv_len, p.kv_len[first_row + r]);
-  const int64_t tiles_total = (static_cast<int64_t>(kv_len) + kKeys - 1) / kKeys;
-  const int64_t tiles_per_split =
-      p.split_by_length ? mla_decode_tiles_per_split(tiles_total) : (tiles_total + p.num_splits - 1) / p.num_splits;
-  const int64_t tile_begin = split * tiles_per_split;
-  const int n_tiles = static_cast<int>(max(int64_t{0}, min(tiles_total, tile_begin + tiles_per_split) - tile_begin));
+  const int pairs = work.pairs, ctas = work.ctas, m0 = work.m0, n_pairs = work.n_pairs;
+  const int64_t pair_base = work.pair_base;
+  const int kv_len = work.kv_len;
+  const int64_t tile_begin = work.tile_begin;
+  const int n_tiles = static_cast<int>(max(int64_t{0}, work.tile_end - tile_begin));
   __syncthreads();  // the barriers are initialised
 
   if (tid < 128) {

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "kiln/cuda/mbarrier.cuh"  // fence_proxy_async_shared
+#include "kiln/cuda/mbarrier.cuh"  // fence_proxy_async_shared, named_barrier_sync
 
 namespace kiln::cuda {
 
@@ -51,11 +51,6 @@ __device__ __forceinline__ void warpgroup_reg_alloc() {
 template <int kRegs>
 __device__ __forceinline__ void warpgroup_reg_dealloc() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
-// Barrier among `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Pins registers at this point of the program, so the compiler moves no access of an in-flight wgmma's
