@@ -108,8 +108,8 @@ constexpr int kMaxPieces = 8;             // bulk copies a tile (pages of 8 slot
 // Hardware barriers (0 is __syncthreads').
 constexpr int kBarScores = 1;             // the score warps among themselves
 constexpr int kBarValues = 2;             // the value warps among themselves
-constexpr int kBarFull = 3;               // + weight buffer: its tile's weights are written (score → value warps)
-constexpr int kBarEmpty = 5;              // + weight buffer: the value warps are done with it (value → score warps)
+constexpr int kBarFull = 3;               // + buffer: its tile's e, alpha and key scales are written (score → value)
+constexpr int kBarEmpty = 5;              // + buffer: the value warps are done with it (value → score warps)
 constexpr int kBarScaleTile = 7;          // + T: the two value warps of scale tile T
 
 template <int kN, int kRope>
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
   constexpr int kRowBytes = G::kRowBytes;
   extern __shared__ __align__(128) unsigned char smem[];
   float* s_part = reinterpret_cast<float*>(smem + L::kPart);
-  float* s_scale = reinterpret_cast<float*>(smem + L::kScales);  // the tile's key scales, as the score warps read them
+  float* s_scale = reinterpret_cast<float*>(smem + L::kScales);  // [buffer][T][key]: scales, score → value warps
   float* s_e = reinterpret_cast<float*>(smem + L::kE);      // [buffer][pair][key]: 2^(s − m), masked keys 0
   uint16_t* s_p = reinterpret_cast<uint16_t*>(smem + L::kP);
   float* s_fac = reinterpret_cast<float*>(smem + L::kFac);  // [T][pair]: alpha · U_old / U_new
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
     const uint32_t bar = bar0 + 8 * stage;
     cuda::mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(live * piece_rows * kRowBytes));
     const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
-    const int page_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;
+    const int page_row = bs >= kKeys ? (tile % tiles_per_page) * kKeys : 0;  // the tile's first slot in its page
     for (int i = 0; i < live; ++i) {
       const int64_t slot = static_cast<int64_t>(next_ids[i]) * bs + page_row;
       cuda::bulk_copy_g2s(stage0 + stage * G::kStageBytes + i * piece_rows * kRowBytes, cache + slot * kRowBytes,
@@ -480,7 +480,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_mla_direct_kernel(cuda::MlaDe
             const uint32_t u1 = *reinterpret_cast<const uint32_t*>(col + (k0 + 1) * kRowBytes);
             const uint32_t u2 = *reinterpret_cast<const uint32_t*>(col + (k0 + 8) * kRowBytes);
             const uint32_t u3 = *reinterpret_cast<const uint32_t*>(col + (k0 + 9) * kRowBytes);
-            // Byte j of a row piece is dim 64vw + 32b + 4g + j; (key, key + 1) byte pairs per dim, j = 2mt + (row g + 8).
+            // Byte j of a row piece is dim 64vw + 32b + 4g + j; (key, key + 1) byte pairs per dim,
+            // j = 2mt + (row g + 8).
             const uint32_t lo[2] = {__byte_perm(u0, u1, 0x5140), __byte_perm(u0, u1, 0x7362)};
             const uint32_t hi[2] = {__byte_perm(u2, u3, 0x5140), __byte_perm(u2, u3, 0x7362)};
 #pragma unroll
