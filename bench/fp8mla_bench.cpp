@@ -151,6 +151,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  for (size_t at = 0; at <= forms.size();) {  // every name in --forms must be a form this program measures
+    const size_t end = std::min(forms.find(',', at), forms.size());
+    const std::string name = forms.substr(at, end - at);
+    if (name != "bf16" && name != "fp8_direct" && name != "fp8_widened") {
+      std::fprintf(stderr, "kiln_bench_fp8mla_bench: --forms: unknown form '%s' (bf16, fp8_direct, fp8_widened)\n",
+                   name.c_str());
+      return 2;
+    }
+    at = end + 1;
+  }
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t st;
