@@ -189,13 +189,15 @@ class CudaExpertSet final : public ExpertSet {
       KILN_RETURN_IF_ERROR(passes(gu, pairs, stream));
       ProductArgs u = with(common, up_, a.routing.ids, up_out, inter_);
       u.x_bf16 = gu.x_bf16, u.x_stride = hidden_, u.x_div = top_k, u.in = hidden_;
+      u.routing_before_wait = true;  // the gate launch just before read the routing after its own wait
       KILN_RETURN_IF_ERROR(passes(u, pairs, stream));
     }
     ProductArgs d = with(common, down_, a.routing.ids, a.pair_out, hidden_);
     d.gate = gate_out, d.up = up_out, d.swiglu_limit = a.swiglu_limit, d.in = inter_;
     d.row_weight = a.routing.weights;
+    d.routing_before_wait = true;  // the gate/up launch just before read the routing after its own wait
     KILN_RETURN_IF_ERROR(passes(d, pairs, stream));
-    return false;  // the shared expert is the caller's
+    return false;  // the shared expert is the caller's (run after these launches, its bf16 weight reads overlap them)
   }
 
  private:

@@ -26,9 +26,11 @@ const char* launched() {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// The routing ids are read through L2 (ld.global.cg): with ProductArgs::routing_before_wait they are read before the
+// launch's pdl_wait, and L2 is where a completed kernel's writes are.
 template <class T>
 __device__ __forceinline__ const T* pick(const PerRow<T>& p, int64_t row) {
-  return p.fixed ? p.fixed : p.table[p.ids[static_cast<int>(row) / p.ids_div]];  // 32-bit: rows < 2^31
+  return p.fixed ? p.fixed : p.table[__ldcg(p.ids + static_cast<int>(row) / p.ids_div)];  // 32-bit: rows < 2^31
 }
 
 // The 128-point Sylvester butterflies over one 128-vector held by a warp, lane L holding elements 4L .. 4L+3, then
@@ -101,6 +103,33 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
   }
 }
 
+// The lane's four B-fragment registers of one tile from its stream words (tw[first], tw[first + 1], ...): the states
+// 0..7 decoded in pairs. K = 4 (the seeds' most used K) has its own cut: there every lane's window starts 20 bits into
+// its first word, so the 8 states are the 16-bit fields of V = w0:w1 (w0 high) ending 28, 24, .., 0 bits above V's
+// bit 0 — two words, no window normalisation, and four of the fields are a byte permutation or a half-word shift
+// (one instruction each instead of a shift and a mask): 13 instructions a tile for the states instead of 19.
+template <int K, int CB>
+__device__ __forceinline__ void lane_fragments(const uint32_t* tw, int first, int first1, int first2, int off,
+                                               uint32_t (&b)[4]) {
+  if constexpr (K == 4) {
+    const uint32_t w0 = tw[first], w1 = tw[first1];
+    const uint32_t u = __funnelshift_r(w1, w0, 4);  // V >> 4
+    const uint32_t s0 = __funnelshift_r(w1, w0, 28) & 0xFFFFu, s1 = __funnelshift_r(w1, w0, 24) & 0xFFFFu;
+    const uint32_t s2 = u >> 16, s3 = w1 >> 16;
+    const uint32_t s4 = __byte_perm(u, 0u, 0x4421), s5 = __byte_perm(w1, 0u, 0x4421);
+    const uint32_t s6 = u & 0xFFFFu, s7 = w1 & 0xFFFFu;
+    b[0] = decode_pair<CB>(s0, s1), b[1] = decode_pair<CB>(s2, s3);
+    b[2] = decode_pair<CB>(s4, s5), b[3] = decode_pair<CB>(s6, s7);
+  } else {
+    const uint32_t w0 = tw[first], w1 = tw[first1], w2 = tw[first2];
+    const uint32_t s0 = __funnelshift_l(w1, w0, off), s1 = __funnelshift_l(w2, w1, off), s2 = w2 << off;
+    b[0] = decode_pair<CB>(normalized_state<K, 0>(s0, s1, s2), normalized_state<K, 1>(s0, s1, s2));
+    b[1] = decode_pair<CB>(normalized_state<K, 2>(s0, s1, s2), normalized_state<K, 3>(s0, s1, s2));
+    b[2] = decode_pair<CB>(normalized_state<K, 4>(s0, s1, s2), normalized_state<K, 5>(s0, s1, s2));
+    b[3] = decode_pair<CB>(normalized_state<K, 6>(s0, s1, s2), normalized_state<K, 7>(s0, s1, s2));
+  }
+}
+
 // The cluster barrier in halves (sm_90): arrive (relaxed, or releasing this thread's shared-memory writes to the
 // cluster) and wait (acquiring the others').
 __device__ __forceinline__ void cluster_arrive_relaxed() {
@@ -133,7 +162,10 @@ constexpr int kRing = 4;                            // chunks in flight per warp
 constexpr int kRowPad = 8;  // words after each row's input slice: the rows of an A-fragment load land 8 banks apart
 
 template <int K, int CB>
-__global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(ProductArgs a, int rows_per_block) {
+// 4 blocks an SM (≤ 64 registers, as the kernel took before ProductArgs::routing_before_wait): uncapped, the early
+// prologue grew it to 70–85 registers, and GLM-5.3-Flash's expert launches (several waves) ran 23–30 % slower at 2–3
+// blocks an SM (H100, 2026-12-06).
+__global__ void __launch_bounds__(kProductThreads, 4) trellis_product_kernel(ProductArgs a, int rows_per_block) {
   constexpr int kWords = 8 * K;
   // xs: per row of this block, the rotated input slice as interleaved (hi, lo) half2 words: word 2p holds the fp16
   // hi parts of inputs 2p, 2p + 1, word 2p + 1 their lo parts — so one 8-byte load is a lane's A-fragment pair.
@@ -213,6 +245,11 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
     set_tiles();
     issue_first_chunks();
     if (P.suh.fixed) load_suh_first(P.suh.fixed);
+  } else if (a.routing_before_wait) {  // the routing chain (ids → table → trellis) overlaps the previous kernel
+    trellis = pick(P.trellis, q0);
+    set_tiles();
+    issue_first_chunks();
+    if (warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + small_div(warp, vblocks)));  // rows past the last: no id
   }
   // Local row r's input values of its 128-block vb of this split, before ⊙ suh: bf16 x, or the SwiGLU of an expert's
   // gate and up outputs as the CPU computes it (0 past `in`).
@@ -246,7 +283,8 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
     set_tiles();
     issue_first_chunks();
   }
-  if (!P.suh.fixed && warp < rows * vblocks) load_suh_first(pick(P.suh, q0 + small_div(warp, vblocks)));
+  if (!P.suh.fixed && !a.routing_before_wait && warp < rows * vblocks)
+    load_suh_first(pick(P.suh, q0 + small_div(warp, vblocks)));
   // The epilogue's row (one per warp at most: rows ≤ 8) and its scales, loaded now so they arrive during the work.
   const int er = split == 0 ? warp : kMaxRowsPerBlock;  // rank 0's warp w finishes row w (rows ≤ 8 = warps)
   float svh_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bias_e[4] = {0.0f, 0.0f, 0.0f, 0.0f}, weight_e = 1.0f;
@@ -260,7 +298,7 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
         if (P.bias) bias_e[e] = __ldg(P.bias + col);
       }
     }
-    if (a.row_weight) weight_e = a.row_weight[q0 + er];
+    if (a.row_weight) weight_e = __ldcg(a.row_weight + q0 + er);
   }
 
   // Each warp rotates whole (row, 128-block) vectors of the slice: x ⊙ suh (or the SwiGLU of an expert's gate and
@@ -305,18 +343,13 @@ __global__ void __launch_bounds__(kProductThreads) trellis_product_kernel(Produc
     const uint32_t* slot = ring + (c % kRing) * (kChunk * kWords);
 #pragma unroll
     for (int u = 0; u < kChunk; ++u) {
-      const uint32_t* tw = slot + u * kWords;
-      const uint32_t w0 = tw[first], w1 = tw[first1], w2 = tw[first2];
-      const uint32_t s0 = __funnelshift_l(w1, w0, off), s1 = __funnelshift_l(w2, w1, off), s2 = w2 << off;
-      const uint32_t b00 = decode_pair<CB>(normalized_state<K, 0>(s0, s1, s2), normalized_state<K, 1>(s0, s1, s2));
-      const uint32_t b01 = decode_pair<CB>(normalized_state<K, 2>(s0, s1, s2), normalized_state<K, 3>(s0, s1, s2));
-      const uint32_t b10 = decode_pair<CB>(normalized_state<K, 4>(s0, s1, s2), normalized_state<K, 5>(s0, s1, s2));
-      const uint32_t b11 = decode_pair<CB>(normalized_state<K, 6>(s0, s1, s2), normalized_state<K, 7>(s0, s1, s2));
+      uint32_t b[4];
+      lane_fragments<K, CB>(slot + u * kWords, first, first1, first2, off, b);
       const uint32_t* xa = xrow + (i + u - i_begin) * 16;
       const uint2 p = *reinterpret_cast<const uint2*>(xa), r = *reinterpret_cast<const uint2*>(xa + 8);
       const uint32_t fa[4] = {p.x, p.y, r.x, r.y};
-      mma_f16_16816(acc[u & 1][0], fa, b00, b01);
-      mma_f16_16816(acc[u & 1][1], fa, b10, b11);
+      mma_f16_16816(acc[u & 1][0], fa, b[0], b[1]);
+      mma_f16_16816(acc[u & 1][1], fa, b[2], b[3]);
     }
     __syncwarp();  // every lane has read the slot before it is refilled
     issue_chunk(c + kRing);

@@ -78,6 +78,12 @@ struct ProductArgs {
   const float* row_weight = nullptr;  // [global rows] or null (routing weights)
   bool y_bf16 = false;
   bool accumulate = false;
+  // The routing (ids, row weights) was written at least two kernels back on the stream and the kernel just before
+  // this one read it after its own pdl_wait (an expert set's down launch after its gate/up launch): then this launch
+  // may follow the routing to its trellis, scales and row weights before its pdl_wait — by the time any of its blocks
+  // runs, the kernel before it has passed its wait, so the routing's writer has completed (pdl.cuh's order). The
+  // inputs (gate and up outputs) are still read after the wait.
+  bool routing_before_wait = false;
 };
 // rows_per_block (1, 4 or 8): how many rows one decode serves; a row's arithmetic is the same for every choice.
 const char* trellis_product(const ProductArgs& a, int rows_per_block, void* stream);
