@@ -10,8 +10,10 @@
 //      CPU reference's order (so the rotated input equals the CPU's bit for bit), then each value split into fp16
 //      hi + lo parts (hi + lo = x to about 2^-22);
 //   2. streams its tiles (one warp per 16-column tile, 16 tiles in flight through a shared-memory ring filled by
-//      cp.async, the first ones requested before the wait on the previous kernel), decodes Ŵ in registers straight into mma.m16n8k16 B fragments (each lane's 8 states are its
-//      fragment positions, cut from three stream words) and multiplies on the tensor cores with fp32 accumulators:
+//      cp.async, the first ones requested before the wait on the previous kernel: a Linear's always, an expert set's
+//      where ProductArgs::routing_before_wait allows), decodes Ŵ in registers straight into mma.m16n8k16 B fragments
+//      (each lane's 8 states are its fragment positions, cut from three stream words, two at K = 4) and multiplies on
+//      the tensor cores with fp32 accumulators:
 //      A rows 0..7 are the block's rows' hi parts, rows 8..15 their lo parts, so a row's sum is its two C rows
 //      added and the product keeps fp32 accuracy at no extra tensor-core work;
 //   3. after a cluster barrier, one warp per row sums the cluster's splits in split order, rotates the 128
