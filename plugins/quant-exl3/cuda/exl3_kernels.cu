@@ -161,10 +161,10 @@ constexpr int kChunk = 4;                           // tiles per cp.async commit
 constexpr int kRing = 4;                            // chunks in flight per warp (16 tiles: all of a small split)
 constexpr int kRowPad = 8;  // words after each row's input slice: the rows of an A-fragment load land 8 banks apart
 
-template <int K, int CB>
 // 4 blocks an SM (≤ 64 registers, as the kernel took before ProductArgs::routing_before_wait): uncapped, the early
 // prologue grew it to 70–85 registers, and GLM-5.3-Flash's expert launches (several waves) ran 23–30 % slower at 2–3
 // blocks an SM (H100, 2026-12-06).
+template <int K, int CB>
 __global__ void __launch_bounds__(kProductThreads, 4) trellis_product_kernel(ProductArgs a, int rows_per_block) {
   constexpr int kWords = 8 * K;
   // xs: per row of this block, the rotated input slice as interleaved (hi, lo) half2 words: word 2p holds the fp16
