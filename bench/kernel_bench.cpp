@@ -235,6 +235,10 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
       CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
     };
     report("grouped", median_ms([&](int) { grouped(); }, iters));
+    // The same GEMMs in the mma.sync form (what devices other than compute capability 9.0 run).
+    setenv("KILN_MOE_GROUPED_SM90", "0", 1);
+    report("mmasync", median_ms([&](int) { grouped(); }, iters));
+    unsetenv("KILN_MOE_GROUPED_SM90");
     report("path", median_ms(
                        [&](int) {
                          CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids, pairs, experts, d, nullptr));
@@ -937,7 +941,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFree(src));
   CHECK_CUDA(cudaFree(dst));
 
-  // One argument names the only section to run ("moe_batched", "mla_rows", "skinny", "mla_prefill"); none runs them all.
+  // One argument names the only section to run ("moe_batched", "mla_rows", "skinny", "mla_prefill", "moe_prefill");
+  // none runs them all.
   const std::string only = argc > 1 ? argv[1] : "";
   if (only == "moe_batched") {
     bench_moe_batched(prop, bw);
@@ -951,6 +956,13 @@ int main(int argc, char** argv) {
     cublasHandle_t blas = nullptr;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
     bench_mla_prefill(blas, cublas_reference_rate(blas));
+    cublasDestroy(blas);
+    return 0;
+  }
+  if (only == "moe_prefill") {
+    cublasHandle_t blas = nullptr;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::exit(1);
+    bench_moe_prefill(blas, cublas_reference_rate(blas));
     cublasDestroy(blas);
     return 0;
   }

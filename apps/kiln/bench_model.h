@@ -98,12 +98,14 @@ struct PrefillBenchOptions {
   std::vector<int64_t> lengths = {4096, 32768, 131072};
   int64_t chunk = 8192;      // tokens per forward, as the scheduler splits a long prompt
   double peak_tflops = 790;  // dense bf16 rate (cuBLAS) measured on the H200 here
+  bool profile = false;      // after each timed prompt, the same prompt again with the stage timer on
 };
 
 struct PrefillPoint {
   int64_t length = 0, chunks = 0;
   double seconds = 0, tok_s = 0;
   double flops = 0, tflops = 0;  // model FLOPs (model_cost.h) and their rate
+  std::vector<std::pair<std::string, double>> stages;  // with profile: ms per prompt by stage (all chunks)
 };
 
 // Each length: one prompt from position 0 in chunks of `chunk` tokens, one forward per chunk with start_position
@@ -116,6 +118,8 @@ std::string decode_table(const std::vector<DecodePoint>& points);
 // With profile: one table per point, the step's stages with ms per step and their share.
 std::string stage_tables(const std::vector<DecodePoint>& points);
 std::string prefill_table(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& options);
+// With profile: one table per prompt length, its stages with ms per prompt and their share.
+std::string stage_tables(const std::vector<PrefillPoint>& points);
 nlohmann::json decode_json(const std::vector<DecodePoint>& points, const DecodeBenchOptions& options);
 nlohmann::json prefill_json(const std::vector<PrefillPoint>& points, const PrefillBenchOptions& options);
 

@@ -217,12 +217,15 @@ int bench_prefill(int argc, char** argv) {
   desc.add_options()
       ("lengths", po::value(&lengths)->default_value(lengths), "prompt lengths (K = 1024)")
       ("chunk", po::value(&o.chunk)->default_value(o.chunk), "tokens per forward (a long prompt in chunks, as the scheduler runs it)")
-      ("peak-tflops", po::value(&o.peak_tflops)->default_value(o.peak_tflops), "dense bf16 TFLOP/s the device reaches, for % of peak");
+      ("peak-tflops", po::value(&o.peak_tflops)->default_value(o.peak_tflops), "dense bf16 TFLOP/s the device reaches, for % of peak")
+      ("profile", po::bool_switch(&o.profile),
+       "after each timed prompt run it again with CUDA events between the model's stages and print where its time "
+       "goes (untimed; the event waits add a little)");
   po::positional_options_description pos;
   pos.add("recipe", 1);
   po::variables_map vm;
   const std::string usage =
-      "usage: kiln bench prefill RECIPE [--lengths 4096,32768,131072] [--chunk 8192] [--peak-tflops 790] [--json FILE]\n"
+      "usage: kiln bench prefill RECIPE [--lengths 4096,32768,131072] [--chunk 8192] [--peak-tflops 790] [--profile] [--json FILE]\n"
       "Prefill tok/s of the recipe's model at each prompt length, and its model FLOP rate against a peak.";
   if (int rc = parse_or_exit(argc, argv, desc, pos, vm, usage); rc >= 0) return rc;
   if (c.recipe_file.empty()) return fail("give a recipe\n" + usage);
@@ -245,7 +248,7 @@ int bench_prefill(int argc, char** argv) {
   std::fflush(stdout);
   auto points = run_prefill_bench(*target, o);
   if (!points.ok()) return fail(points.status().message());
-  std::cout << prefill_table(*points, o) << std::flush;
+  std::cout << prefill_table(*points, o) << stage_tables(*points) << std::flush;
   nlohmann::json report = report_header("prefill", *target, command);
   report.update(prefill_json(*points, o));
   return write_json(c.json_file, report);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 
@@ -38,12 +39,31 @@ std::vector<int32_t> random_routing(const GroupedCase& c, std::mt19937_64& rng) 
   return ids;
 }
 
+// Runs a test body with the grouped GEMMs in one form: the device default (the Hopper wgmma form on compute
+// capability 9.0) or, with KILN_MOE_GROUPED_SM90=0, the mma.sync form.
+class GroupedForm {
+ public:
+  explicit GroupedForm(bool mma_sync) : set_(mma_sync) {
+    if (set_) setenv("KILN_MOE_GROUPED_SM90", "0", 1);
+  }
+  ~GroupedForm() {
+    if (set_) unsetenv("KILN_MOE_GROUPED_SM90");
+  }
+  GroupedForm(const GroupedForm&) = delete;
+  GroupedForm& operator=(const GroupedForm&) = delete;
+
+ private:
+  bool set_;
+};
+
 // Tolerance: norm-relative 1e-2 for h (bf16 output of fp32 accumulation) and for the bf16 token outputs, against the
 // CPU (fp32 with h rounded to bf16 as the GPU stores it) and against the GEMV path; any NaN / unwritten element
 // (buffers are poisoned with NaN) fails.
-TEST(GpuMoeGroupedGemm, MatchesCpuAndGemvPath) {
+void expect_matches_cpu_and_gemv_path() {
   std::mt19937_64 rng(71);
   const std::vector<GroupedCase> cases = {
+      {"two row blocks an expert, the second half full", 16, 4, 600, 512, 384, {}, INFINITY},
+      {"k 2560 (40 k tiles), top-8 of 16", 16, 8, 70, 2560, 256, {}, INFINITY},
       {"glm47-flash shapes, 37 tokens", 64, 4, 37, 2048, 1536, {}, INFINITY},
       {"multi-tile experts, inter 200, clamped", 8, 2, 301, 512, 200, {}, 0.5f},
       {"k tails: hidden 264, inter 104", 16, 4, 9, 264, 104, {}, INFINITY},
@@ -100,6 +120,53 @@ TEST(GpuMoeGroupedGemm, MatchesCpuAndGemvPath) {
                                        nullptr));
     KILN_STATUS_OK(cuda::moe_combine_bf16(dy.get(), n, top_k, hidden, dshared.get(), dout_gemv.get(), nullptr));
     EXPECT_LT(rel_error(out, widen(dout_gemv.download())), 1e-2);
+  }
+}
+
+TEST(GpuMoeGroupedGemm, MatchesCpuAndGemvPath) { expect_matches_cpu_and_gemv_path(); }
+
+TEST(GpuMoeGroupedGemm, MmaSyncFormMatchesCpuAndGemvPath) {
+  const GroupedForm form(true);
+  expect_matches_cpu_and_gemv_path();
+}
+
+// A token's output does not depend on the other tokens of the step: the first 150 of 700 tokens alone give the
+// bits they give inside the whole batch (same routing), though their rows sit at other places of other row blocks.
+TEST(GpuMoeGroupedGemm, TokensGiveTheSameBitsAloneAndInABatch) {
+  for (const bool mma_sync : {false, true}) {
+    SCOPED_TRACE(mma_sync ? "mma.sync form" : "default form");
+    const GroupedForm form(mma_sync);
+    std::mt19937_64 rng(73);
+    const int64_t experts = 8, top_k = 2, n = 700, part = 150, hidden = 320, inter = 192;
+    const GroupedCase c{"batch", experts, top_k, n, hidden, inter, {}, INFINITY};
+    const Bf16Data x = random_bf16(size_t(n) * hidden, rng);
+    const Bf16Data gate_up = random_bf16(size_t(experts) * 2 * inter * hidden, rng, -0.1f, 0.1f);
+    const Bf16Data down = random_bf16(size_t(experts) * hidden * inter, rng, -0.1f, 0.1f);
+    const std::vector<int32_t> ids = random_routing(c, rng);
+    const std::vector<float> route_w = random_f32(ids.size(), rng, 0.1f, 1.f);
+    DeviceBuffer<uint16_t> dx(x.bits), dgu(gate_up.bits), ddown(down.bits);
+    DeviceBuffer<int32_t> dids(ids);
+    DeviceBuffer<float> drw(route_w);
+    auto run = [&](int64_t tokens, std::vector<uint16_t>& result) {  // void: the KILN_*_OK asserts return
+      const int64_t pairs = tokens * top_k;
+      DeviceBuffer<uint16_t> dh(size_t(pairs) * inter), dout(size_t(tokens) * hidden);
+      DeviceBuffer<int32_t> offsets(experts + 1), active(experts), order(pairs);
+      DeviceBuffer<float> dy(size_t(pairs) * hidden);
+      const cuda::MoeDispatch d{offsets.get(), active.get(), order.get()};
+      KILN_STATUS_OK(cuda::moe_group_by_expert(dids.get(), pairs, experts, d, nullptr));
+      KILN_STATUS_OK(cuda::moe_gate_up_swiglu_grouped_bf16(dx.get(), tokens, top_k, hidden, inter, dgu.get(), experts,
+                                                           d, INFINITY, dh.get(), nullptr));
+      KILN_STATUS_OK(cuda::moe_down_grouped_bf16(dh.get(), pairs, inter, hidden, ddown.get(), experts, d, drw.get(),
+                                                 dy.get(), nullptr));
+      KILN_STATUS_OK(cuda::moe_combine_bf16(dy.get(), tokens, top_k, hidden, nullptr, dout.get(), nullptr));
+      KILN_CUDA_OK(cudaDeviceSynchronize());
+      result = dout.download();
+    };
+    std::vector<uint16_t> whole, alone;
+    run(n, whole);
+    run(part, alone);
+    ASSERT_EQ(alone.size(), size_t(part) * hidden);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), whole.begin()));
   }
 }
 

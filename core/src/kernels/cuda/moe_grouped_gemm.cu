@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "kernels/cuda/mma_sync.cuh"
+#include "kernels/cuda/moe_grouped_gemm_sm90.h"
+#include "kernels/cuda/moe_grouped_tiles.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -27,42 +29,6 @@ struct Shape {
   static constexpr size_t kSmemBytes = sizeof(uint16_t) * kStages * kStageElems;  // ≤ 80 KiB: two CTAs per SM
 };
 
-struct Tile {
-  int expert;  // −1: past the last tile
-  int m0;      // first row within the expert's group
-};
-
-// The tile-th (expert, row block) in expert order, by a warp scan over the per-expert block counts: every warp
-// finds its CTA's tile from expert_offsets alone, so the grid needs only an upper bound on the tile count.
-template <int kBlockM>
-__device__ Tile find_tile(const int32_t* __restrict__ offsets, int experts, int tile) {
-  const int lane = threadIdx.x % 32;
-  for (int base = 0; base < experts; base += 32) {
-    const int e = base + lane;
-    const int count = e < experts ? (offsets[e + 1] - offsets[e] + kBlockM - 1) / kBlockM : 0;
-    int incl = count;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int v = __shfl_up_sync(~0u, incl, off);
-      if (lane >= off) incl += v;
-    }
-    const unsigned hit = __ballot_sync(~0u, tile < incl);
-    if (hit) {
-      const int src = __ffs(hit) - 1;
-      const int before = __shfl_sync(~0u, incl - count, src);
-      return {base + src, (tile - before) * kBlockM};
-    }
-    tile -= __shfl_sync(~0u, incl, 31);
-  }
-  return {-1, 0};
-}
-
-__device__ __forceinline__ float swiglu(float gate, float up, float limit) {
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return g / (1.0f + expf(-g)) * u;
-}
-
 // grid: (output column blocks, row-block upper bound). C = A_e · W_eᵀ for the CTA's kBlockM rows of expert e.
 // kGateUp: A rows gathered from x through pair_order (the token permutation), W = gate_up_e, epilogue SwiGLU →
 // bf16 h in grouped order, n_dim = inter. Else: A = h in grouped order, W = down_e, epilogue route weight →
@@ -74,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                         void* __restrict__ out) {
   using S = Shape<kMi>;
   constexpr int kBlockM = S::kBlockM, kLoadsA = S::kLoadsA, kStageElems = S::kStageElems;
-  const Tile tile = find_tile<kBlockM>(d.expert_offsets, experts, static_cast<int>(blockIdx.y));
+  const GroupedTile tile = find_grouped_tile<kBlockM>(d.expert_offsets, experts, static_cast<int>(blockIdx.y));
   if (tile.expert < 0) return;
   const int begin = d.expert_offsets[tile.expert] + tile.m0;
   const int rows = min(kBlockM, d.expert_offsets[tile.expert + 1] - begin);
@@ -189,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           const int64_t col = n0 + 32 * wn + 8 * j + 2 * c;
           if (col >= n_dim) continue;  // n_dim % 8 == 0: col + 1 is in range with col
           *reinterpret_cast<uint32_t*>(dst + col) =
-              pack_bf16x2(swiglu(acc[mi][j][2 * half], acc[mi][j + 4][2 * half], limit),
-                          swiglu(acc[mi][j][2 * half + 1], acc[mi][j + 4][2 * half + 1], limit));
+              pack_bf16x2(grouped_swiglu(acc[mi][j][2 * half], acc[mi][j + 4][2 * half], limit),
+                          grouped_swiglu(acc[mi][j][2 * half + 1], acc[mi][j + 4][2 * half + 1], limit));
         }
       } else {
         const int p = d.pair_order[s];
@@ -210,11 +176,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Σ_e ⌈m_e / block_m⌉ ≤ ⌈pairs / block_m⌉ + (experts with pairs) − 1.
-int64_t row_block_bound(int64_t pairs, int64_t num_experts, int block_m) {
-  return (pairs + block_m - 1) / block_m + std::min(pairs, num_experts);
-}
-
 template <bool kGateUp, int kMi>
 Status launch_shape(const char* name, const uint16_t* a, int64_t pairs, int64_t top_k, int64_t k_dim,
                     const uint16_t* w, int64_t n_dim, int64_t num_experts, const MoeDispatch& d,
@@ -227,7 +188,7 @@ Status launch_shape(const char* name, const uint16_t* a, int64_t pairs, int64_t 
                                   name));
   const int64_t block_n = kGateUp ? kBlockN / 2 : kBlockN;
   const int64_t col_blocks = (n_dim + block_n - 1) / block_n;
-  const int64_t row_blocks = row_block_bound(pairs, num_experts, S::kBlockM);
+  const int64_t row_blocks = grouped_row_block_bound(pairs, num_experts, S::kBlockM);
   if (row_blocks > 65535 || col_blocks > 65535)
     return invalid_argument(std::string(name) + ": too many pairs or columns for one launch");
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
@@ -261,6 +222,9 @@ Status moe_gate_up_swiglu_grouped_bf16(const uint16_t* x, int64_t n, int64_t top
   if (!aligned16(x) || !aligned16(gate_up) || !aligned16(h_grouped))
     return invalid_argument(std::string(kName) + ": x, gate_up and h_grouped must be 16-byte aligned");
   if (n == 0) return ok_status();
+  if (moe_grouped_sm90_applies())
+    return moe_grouped_gemm_sm90(true, x, n * top_k, top_k, hidden, gate_up, inter, num_experts, dispatch, nullptr,
+                                 limit, h_grouped, stream);
   return launch<true>(kName, x, n * top_k, top_k, hidden, gate_up, inter, num_experts, dispatch, nullptr, limit,
                       h_grouped, stream);
 }
@@ -276,6 +240,9 @@ Status moe_down_grouped_bf16(const uint16_t* h_grouped, int64_t pairs, int64_t i
   if (!aligned16(h_grouped) || !aligned16(down) || reinterpret_cast<uintptr_t>(y) % 8 != 0)
     return invalid_argument(std::string(kName) + ": h_grouped and down must be 16-byte aligned, y 8-byte aligned");
   if (pairs == 0) return ok_status();
+  if (moe_grouped_sm90_applies())
+    return moe_grouped_gemm_sm90(false, h_grouped, pairs, 1, inter, down, hidden, num_experts, dispatch, route_weight,
+                                 0.f, y, stream);
   return launch<false>(kName, h_grouped, pairs, 1, inter, down, hidden, num_experts, dispatch, route_weight, 0.f, y,
                        stream);
 }

@@ -6,6 +6,10 @@
 // for pair = pair_order[offsets[e] + i]), and its output h stays in grouped order, so no [pairs, hidden] copy of
 // x is made. Tiles are found on the device from expert_offsets: no host sync, safe inside a CUDA graph.
 //
+// On compute capability 9.0 both run the Hopper form (moe_grouped_gemm_sm90.h: wgmma, TMA); elsewhere, or with
+// KILN_MOE_GROUPED_SM90=0, the mma.sync form of moe_grouped_gemm.cu. Both are deterministic and give each row a
+// result independent of the other rows; the two forms differ from each other by fp32 summation order only.
+//
 // Weights and layouts as moe_experts.h: gate_up [E, 2·inter, hidden] (gate rows first), down [E, hidden, inter],
 // bf16 row-major; fp32 accumulation.
 #pragma once
