@@ -50,11 +50,13 @@ struct GroupedSm90Args {
 // stage landed and a proxy fence made them visible to the tensor cores) and thread 0's expect_tx arrival's TMA bytes
 // have landed; empty[s] when the consumers' 8 warps have arrived, each after the products that read the stage.
 // A producer thread signals stage t once it has issued stage t + kLag, so kLag stages of its copies stay in flight
-// behind the one it waits for. No deadlock for kLag < kStages: issuing stage t + kLag needs the consumers done with
-// t + kLag − kStages < t, which needed only stages already signalled.
+// behind the one it waits for. Issuing t + kLag waits for the consumers to release stage t + kLag − kStages, which
+// they do only after their products of the stage after it, t + kLag − kStages + 1 — so that stage must already be
+// signalled: kLag ≤ kStages − 2 (kLag = 3 of 4 deadlocks: measured as a hang on an H100).
 template <bool kGateUp, int kLag>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const GroupedSm90Args p, const __grid_constant__ CUtensorMap w_map) {
+  static_assert(kLag >= 1 && kLag <= kStages - 2, "a stage is released only after the next one's products");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const GroupedTile tile = find_grouped_tile<kBlockM>(p.d.expert_offsets, p.experts, static_cast<int>(blockIdx.y));
   if (tile.expert < 0) return;
@@ -290,11 +292,9 @@ int env_int(const char* name, int fallback) {
 template <bool kGateUp>
 Status launch_lag(const char* name, const GroupedSm90Args& args, int64_t pairs, int64_t num_experts,
                   const uint16_t* w, StreamHandle stream) {
-  switch (env_int("KILN_MOE_SM90_LAG", 2)) {  // moe_grouped_gemm_sm90.h: the producer's signalling lag
-    case 1: return launch<kGateUp, 1>(name, args, pairs, num_experts, w, stream);
-    case 3: return launch<kGateUp, 3>(name, args, pairs, num_experts, w, stream);
-    default: return launch<kGateUp, 2>(name, args, pairs, num_experts, w, stream);
-  }
+  // moe_grouped_gemm_sm90.h: the producer's signalling lag, 2 unless the environment asks for 1.
+  if (env_int("KILN_MOE_SM90_LAG", 2) == 1) return launch<kGateUp, 1>(name, args, pairs, num_experts, w, stream);
+  return launch<kGateUp, 2>(name, args, pairs, num_experts, w, stream);
 }
 
 }  // namespace

@@ -11,8 +11,9 @@
 // on the stage's barrier — `lag` stages after issuing it, so that many stages of copies stay in flight behind the
 // one it waits for.
 //
-// Two environment switches, for A/B runs (read per call): KILN_MOE_SM90_LAG = 1 | 2 | 3 (default 2), the producer's
-// lag; KILN_MOE_SM90_TAIL=0 runs tiles of ≤ 64 rows on one warpgroup (the other idles) instead of splitting them.
+// Two environment switches, for A/B runs (read per call): KILN_MOE_SM90_LAG=1 (default 2; more would deadlock a
+// four-stage ring, see the kernel), the producer's lag; KILN_MOE_SM90_TAIL=0 runs tiles of ≤ 64 rows on one
+// warpgroup (the other idles) instead of splitting them.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,7 @@ Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t
 // Decode-shaped rows attend in absorbed form through the KV layout: queries move into latent space through W_UK,
 // attend there over the layout's pages, and come back out through W_UV. Rows of prefilling sequences (x.prefill) are
 // then overwritten by the expanded-form prefill kernel (over the layout's gathered rows), which is far cheaper per
-// (query, key) pair.
+// (query, key) pair; a step of prefilling rows only skips the absorbed pass.
 Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, void* index_keys) {
   const ModelConfig& c = x.c;
   CudaMlaMoeModel::Impl& I = x.I;
@@ -67,15 +67,21 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     KILN_RETURN_IF_ERROR((*x.select)());  // the architecture's own selection (b.q_res_n is ready)
     I.timer.mark("attention: DSA indexer");
   }
+  // A step whose every row prefills (a lone prompt's chunk) gets all its attention from the prefill kernel below:
+  // the absorbed pass would only be overwritten (at 4K tokens it was 16 % of the prompt's GPU time on an H100). With
+  // split context the ranks' absorbed passes meet in collectives, so those steps keep it.
+  int64_t prefill_rows = 0;
+  for (const MlaPrefillSequence& s : x.prefill) prefill_rows += s.q_len;
+  const bool absorbed = prefill_rows < N || I.context.split();
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
   const bool skinny = absorbs_with_skinny_gemm(c, N);
-  if (skinny) {
+  if (absorbed && skinny) {
     SkinnyStrides s;
     s.batches = H, s.x_row = H * qk, s.x_batch = qk, s.w_batch = L * nope, s.y_row = H * D, s.y_batch = D;
     KILN_RETURN_IF_ERROR(
         skinny_gemm_strided_batched_bf16(b.q_bf, N, nope, w.w_uk_t, L, b.q_abs, DType::kF32, s, false, I.sm_count, st)
             .with_context("MLA query absorption"));
-  } else {
+  } else if (absorbed) {
     KILN_RETURN_IF_ERROR(blas_ok(
       cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, L, N, nope, &one, w.kv_b_dense, CUDA_R_16BF, L,
                                  (nope + vd) * L, b.q_bf, CUDA_R_16BF, H * qk, qk, &zero, b.q_abs, CUDA_R_32F, H * D, D,
@@ -86,7 +92,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
   const float scale = static_cast<float>(c.attention_scale());
   if (I.context.split()) {
     KILN_RETURN_IF_ERROR(split_context_attend(x, pages, scale).with_context("MLA attention (split context)"));
-  } else {
+  } else if (absorbed) {
     MlaAttendArgs a;
     a.cache = pages, a.num_queries = N, a.num_heads = H, a.q = b.q_abs;
     a.block_tables = b.tables, a.max_blocks = x.shape.max_blocks, a.query_seq = b.query_seq, a.kv_len = b.kv_len;
@@ -102,13 +108,13 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
   }
   I.timer.mark("attention: MLA decode kernel");
   // Back out of latent space: attn[t, h] = W_UV[h] · o_lat[t, h].
-  if (skinny) {
+  if (absorbed && skinny) {
     SkinnyStrides s;
     s.batches = H, s.x_row = H * L, s.x_batch = L, s.w_batch = (nope + vd) * L, s.y_row = H * vd, s.y_batch = vd;
     KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(b.o_lat_bf, N, L, w.kv_b_dense + nope * L, vd, attn,
                                                           DType::kBF16, s, false, I.sm_count, st)
                              .with_context("MLA output un-absorption"));
-  } else {
+  } else if (absorbed) {
     KILN_RETURN_IF_ERROR(blas_ok(
       cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, vd, N, L, &one, w.kv_b_dense + nope * L, CUDA_R_16BF,
                                  L, (nope + vd) * L, b.o_lat_bf, CUDA_R_16BF, H * L, L, &zero, attn, CUDA_R_16BF,
