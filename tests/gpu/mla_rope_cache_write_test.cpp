@@ -31,7 +31,11 @@ TEST(GpuMlaRopeCacheWrite, MatchesCpuAndTheSeparateKernelsBitwise) {
   for (const Dims& d : {Dims{1, 20, 192, 64, 512}, Dims{5, 20, 192, 64, 512}, Dims{3, 7, 32, 16, 128},
                         Dims{4, 4, 16, 8, 33}, Dims{2, 3, 24, 0, 40},
                         // rope 128: the pairs span two warps; latent 1100: past the register form (the general one)
-                        Dims{2, 3, 64, 128, 256}, Dims{2, 2, 16, 64, 1100}}) {
+                        Dims{2, 3, 64, 128, 256}, Dims{2, 2, 16, 64, 1100},
+                        // ≥ 128 rows: the prefill form (several heads a block; DeepSeek's 128 heads in 7 groups;
+                        // latent 1100 with it), the same bits
+                        Dims{200, 20, 192, 64, 512}, Dims{130, 7, 32, 16, 128}, Dims{128, 128, 128, 64, 512},
+                        Dims{129, 2, 16, 64, 1100}, Dims{140, 3, 24, 0, 40}}) {
     const int64_t n = d.n, H = d.heads, qk = d.nope + d.rope, D = d.latent + d.rope, cache_rows = 3 * n + 1;
     const std::string what = "n " + std::to_string(n) + " heads " + std::to_string(H) + " rope " +
                              std::to_string(d.rope) + " latent " + std::to_string(d.latent);

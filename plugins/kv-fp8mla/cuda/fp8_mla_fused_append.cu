@@ -22,20 +22,30 @@ namespace {
 using kiln::cuda::kMlaAppendLatentPerThread;
 using kiln::cuda::kMlaAppendThreads;
 
-// Block (t, h < heads): query head h of token t; block (t, heads): token t's row. Thread i holds latent elements
-// i + 128·j, so tile j's values are x[j] across the block: thread i takes value i of every tile, as append_kernel.
-__global__ void __launch_bounds__(kMlaAppendThreads) fused_append_kernel(RowShape s, FusedAppend a, uint8_t* pages) {
+// Block (t, h < heads): query head h of token t; block (t, heads): token t's row. With hs > 0 (the SDK's prefill
+// form, mla_append_wide_heads) block (t, y < gridDim.y − 1) takes query heads y·hs .. of token t instead. Thread i
+// holds latent elements i + 128·j, so tile j's values are x[j] across the block: thread i takes value i of every
+// tile, as append_kernel.
+__global__ void __launch_bounds__(kMlaAppendThreads) fused_append_kernel(RowShape s, FusedAppend a, uint8_t* pages,
+                                                                         int64_t hs) {
   kiln::cuda::pdl_wait();
   kiln::cuda::pdl_launch_dependents();
-  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int64_t t = blockIdx.x, h = blockIdx.y, query_blocks = hs > 0 ? gridDim.y - 1 : a.heads;
   const float position = a.positions ? static_cast<float>(a.positions[t]) : 0.0f;
   const int half = a.positions ? static_cast<int>(s.rope / 2) : 0;
   const int tid = static_cast<int>(threadIdx.x);
-  if (h < a.heads) {
+  if (h < query_blocks) {
     const int64_t qk = a.nope + s.rope, D = s.latent + s.rope;
-    kiln::cuda::mla_append_query_head(a.q + (t * a.heads + h) * qk, a.q_bf + (t * a.heads + h) * qk,
-                                      a.q_abs + (t * a.heads + h) * D + s.latent, a.nope, s.rope, position,
-                                      a.inv_freq, a.rope_factor, half);
+    if (hs > 0) {
+      const int64_t h0 = h * hs;
+      kiln::cuda::mla_append_query_heads(a.q + (t * a.heads + h0) * qk, a.q_bf + (t * a.heads + h0) * qk,
+                                         a.q_abs + (t * a.heads + h0) * D, min(hs, a.heads - h0), a.nope, s.rope,
+                                         s.latent, position, a.inv_freq, a.rope_factor);
+    } else {
+      kiln::cuda::mla_append_query_head(a.q + (t * a.heads + h) * qk, a.q_bf + (t * a.heads + h) * qk,
+                                        a.q_abs + (t * a.heads + h) * D + s.latent, a.nope, s.rope, position,
+                                        a.inv_freq, a.rope_factor, half);
+    }
     return;
   }
   float* row = a.rows + t * a.row_stride;
@@ -80,9 +90,13 @@ const char* launch_fused_append(const RowShape& s, const FusedAppend& a, uint8_t
   if (a.n == 0) return nullptr;
   if (a.heads < 0 || a.heads > 65534) return "query heads must be in [0, 65535)";
   static const bool pdl = kiln::cuda::pdl_supported_on_current_device();
-  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
+  const int64_t hs = a.q ? kiln::cuda::mla_append_wide_heads(a.n, a.heads, a.nope, s.rope, s.latent,
+                                                               a.positions != nullptr, a.q, a.q_bf, a.q_abs)
+                         : 0;
+  const int64_t query_blocks = hs > 0 ? (a.heads + hs - 1) / hs : a.heads;
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(query_blocks + 1));
   const cudaError_t e = kiln::cuda::launch_with_pdl(fused_append_kernel, grid, dim3(kMlaAppendThreads), 0,
-                                                    static_cast<cudaStream_t>(stream), pdl, s, a, pages);
+                                                    static_cast<cudaStream_t>(stream), pdl, s, a, pages, hs);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

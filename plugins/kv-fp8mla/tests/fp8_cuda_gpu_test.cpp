@@ -505,11 +505,13 @@ namespace {
 // replaces — the core's prologue kernel finishing the rows in place, then the layout storing final rows: the same
 // page bytes, the same finished queries (q roped in place, q_bf, the absorbed tail), the same roped rope part of
 // the rows. Shapes: the published 512 + 64 (20 heads), NoPE 512 + 0, a partial last tile (200 + 8), five tiles
-// (640 + 32); rows of ordinary, zero, tiny and huge values; a padding slot; without positions (no RoPE) and without
-// a norm weight. KILN_FP8MLA_APPEND=separate turns the fusion off (and a prologue is then refused).
+// (640 + 32); 37 rows, and 130 / 160 (the queries' prefill form, which the core's prologue takes too at that size);
+// rows of ordinary, zero, tiny and huge values; a padding slot; without positions (no RoPE) and without a norm
+// weight. KILN_FP8MLA_APPEND=separate turns the fusion off (and a prologue is then refused).
 struct FusedShape {
   int64_t latent, rope, heads, nope;
   bool positions, norm;
+  int64_t rows = 37;  // ≥ 128: the queries' prefill form (several heads a block, the SDK's mla_append_query_heads)
 };
 class Fp8MlaFusedAppend : public ::testing::TestWithParam<FusedShape> {};
 
@@ -519,7 +521,7 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
   auto layout = make_layout(Device::cuda(0), sh.latent, sh.rope);
   ASSERT_TRUE(layout);
   ASSERT_EQ(layout->append_fusions(), uint32_t{kKvFuseNormRope | kKvFuseQueries});
-  const int64_t n = 37, D = sh.latent + sh.rope, stride = D + 24, qk = sh.nope + sh.rope, H = sh.heads;
+  const int64_t n = sh.rows, D = sh.latent + sh.rope, stride = D + 24, qk = sh.nope + sh.rope, H = sh.heads;
   const int64_t row_bytes = static_cast<int64_t>(layout->bytes_per_token()), blocks = (n + kBlock - 1) / kBlock + 1;
   std::mt19937 rng(static_cast<uint32_t>(sh.latent * 3 + sh.rope + H));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -586,11 +588,14 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8MlaFusedAppend,
                          ::testing::Values(FusedShape{512, 64, 20, 192, true, true}, FusedShape{512, 0, 8, 128, false, true},
                                            FusedShape{200, 8, 3, 16, true, true}, FusedShape{640, 32, 5, 64, true, false},
-                                           FusedShape{512, 64, 4, 128, false, true}),
+                                           FusedShape{512, 64, 4, 128, false, true},
+                                           FusedShape{512, 64, 20, 192, true, true, 160},
+                                           FusedShape{640, 32, 5, 64, true, false, 130}),
                          [](const auto& info) {
                            const FusedShape& s = info.param;
                            return std::to_string(s.latent) + "_" + std::to_string(s.rope) + "_heads" +
-                                  std::to_string(s.heads) + (s.positions ? "" : "_no_rope") + (s.norm ? "" : "_no_norm");
+                                  std::to_string(s.heads) + (s.positions ? "" : "_no_rope") + (s.norm ? "" : "_no_norm") +
+                                  (s.rows == 37 ? "" : "_rows" + std::to_string(s.rows));
                          });
 
 TEST(Fp8MlaFusedAppendSwitch, SeparateDeclaresNoFusionAndRefusesAPrologue) {

@@ -92,6 +92,27 @@ __device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t
   }
 }
 
+// grid (n, groups + 1): block (t, y < groups) takes query heads y·hs .. of token t, block (t, groups) its latent.
+template <bool kRegisters>
+__global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_wide_kernel(MlaRopeCacheWrite a,
+                                                                                         int64_t hs) {
+  const int64_t t = blockIdx.x, y = blockIdx.y, groups = gridDim.y - 1;
+  pdl_wait();
+  pdl_launch_dependents();
+  const float position = static_cast<float>(a.positions[t]);
+  const int half = static_cast<int>(a.rope / 2);
+  if (y < groups) {  // the prefill form of the queries (kiln/cuda/mla_append_row.cuh says why)
+    const int64_t h0 = y * hs, D = a.latent + a.rope;
+    mla_append_query_heads(a.q + (t * a.heads + h0) * (a.nope + a.rope), a.q_bf + (t * a.heads + h0) * (a.nope + a.rope),
+                           a.q_abs + (t * a.heads + h0) * D, min(hs, a.heads - h0), a.nope, a.rope, a.latent, position,
+                           a.inv_freq, a.attention_factor);
+  } else if constexpr (kRegisters) {
+    rope_cache_write_registers(a, t, a.heads, position, half);
+  } else {
+    rope_cache_write_general(a, t, a.heads, position, half);
+  }
+}
+
 template <bool kRegisters>
 __global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_kernel(MlaRopeCacheWrite a) {
   const int64_t t = blockIdx.x, h = blockIdx.y;
@@ -119,8 +140,16 @@ Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
   if (a.ckv_stride != 0 && a.ckv_stride < a.latent + a.rope)
     return invalid_argument("cuda::mla_rope_cache_write: ckv_stride must be 0 or ≥ latent + rope");
   if (a.n == 0) return ok_status();
-  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
   const bool registers = a.latent <= int64_t{kLatentPerThread} * kMlaCacheRowThreads;
+  if (const int64_t hs = mla_append_wide_heads(a.n, a.heads, a.nope, a.rope, a.latent, a.positions != nullptr, a.q,
+                                               a.q_bf, a.q_abs);
+      hs > 0) {
+    const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>((a.heads + hs - 1) / hs + 1));
+    return check_cuda(launch_pdl(registers ? mla_rope_cache_write_wide_kernel<true> : mla_rope_cache_write_wide_kernel<false>,
+                                 grid, dim3(kMlaCacheRowThreads), 0, stream, a, hs),
+                      "cuda::mla_rope_cache_write");
+  }
+  const dim3 grid(static_cast<unsigned>(a.n), static_cast<unsigned>(a.heads + 1));
   return check_cuda(launch_pdl(registers ? mla_rope_cache_write_kernel<true> : mla_rope_cache_write_kernel<false>,
                                grid, dim3(kMlaCacheRowThreads), 0, stream, a),
                     "cuda::mla_rope_cache_write");
