@@ -121,9 +121,7 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
   std::printf("\nMLA prefill (GLM-4.7-Flash: %lld heads, nope %lld + rope %lld, v %lld, latent %lld; %lld new rows)\n",
               (long long)heads, (long long)nope, (long long)rope, (long long)vd, (long long)latent, (long long)q_len);
   std::printf("%8s %7s %10s %9s %8s\n", "kv_len", "what", "us", "TFLOP/s", "%cublas");
-  float* q = nullptr;
-  CHECK_CUDA(cudaMalloc(&q, q_len * heads * (nope + rope) * 4));
-  CHECK_OK(kiln::cuda::fill_uniform_f32(q, q_len * heads * (nope + rope), 1.f, 31, nullptr));
+  uint16_t* q = device_bf16(size_t(q_len) * heads * (nope + rope), 1.f, 31);
   uint16_t* out = nullptr;
   CHECK_CUDA(cudaMalloc(&out, q_len * heads * vd * 2));
   for (int64_t kv_len : {4096, 32768, 131072}) {

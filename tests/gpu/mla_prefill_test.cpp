@@ -97,7 +97,7 @@ void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t 
     want.insert(want.end(), o.begin(), o.end());
   }
 
-  DeviceBuffer<float> dq(q.values);
+  DeviceBuffer<uint16_t> dq(q.bits);
   DeviceBuffer<uint16_t> dkv(kv.bits), drope(k_rope.bits), dout(size_t(rows * H * d.v));
   DeviceBuffer<cuda::MlaPrefillSeq> dseqs(table);
   cuda::MlaPrefillParams p;
@@ -185,7 +185,8 @@ void run_path_case(const PathCase& c, uint64_t seed) {
     for (int64_t blk = 0; blk * bs < c.seqs[b].kv_len; ++blk) tables[(n - 1 - b) * max_blocks + blk] = page_ids[next++];
   const Bf16Data cache = random_bf16(size_t(pages * bs * D), rng);
   const Bf16Data kv_b = random_bf16(size_t(H * (d.nope + d.v) * L), rng, -0.1f, 0.1f);
-  const std::vector<float> q = random_f32(size_t(rows * H * qk), rng);
+  const Bf16Data q_data = random_bf16(size_t(rows * H * qk), rng);  // the kernel takes bf16 queries
+  const std::vector<float>& q = q_data.values;
   const float scale = 0.3f;
 
   // Absorbed reference over the packed rows.
@@ -219,7 +220,7 @@ void run_path_case(const PathCase& c, uint64_t seed) {
   for (int64_t b = 0; b < n; ++b) seqs.push_back({q_row[b], c.seqs[b].q_len, c.seqs[b].kv_len, n - 1 - b});
   const cuda::MlaPrefillDims dims{H, d.nope, d.rope, d.v, L};
   const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(n, total_keys, dims);
-  DeviceBuffer<float> dq(q);
+  DeviceBuffer<uint16_t> dq(q_data.bits);
   DeviceBuffer<uint16_t> dkv_b(kv_b.bits), dout(size_t(rows * H * d.v));
   DeviceBuffer<unsigned char> ws(ws_bytes);
   dout.poison();
@@ -269,7 +270,7 @@ void run_head_shard_case(const PathCase& c, uint64_t seed) {
   std::iota(tables.begin(), tables.end(), 0);
   const Bf16Data cache = random_bf16(size_t(n * max_blocks * bs * D), rng);
   const Bf16Data kv_b = random_bf16(size_t(H * (d.nope + d.v) * L), rng, -0.1f, 0.1f);
-  const std::vector<float> q = random_f32(size_t(rows * H * qk), rng);
+  const Bf16Data q_data = random_bf16(size_t(rows * H * qk), rng);  // the kernel takes bf16 queries
   std::vector<cuda::MlaPrefillSequence> seqs;
   for (int64_t b = 0; b < n; ++b) seqs.push_back({q_row[b], c.seqs[b].q_len, c.seqs[b].kv_len, b});
   DeviceBuffer<uint16_t> dcache(cache.bits), dkv_b(kv_b.bits);
@@ -279,12 +280,12 @@ void run_head_shard_case(const PathCase& c, uint64_t seed) {
   ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
   // Heads [h0, h0 + hs): q's rows of those heads, kv_b's rows from head h0 on; returns bf16 [rows, hs, v].
   auto run = [&](int64_t h0, int64_t hs) {
-    std::vector<float> q_part;
+    std::vector<uint16_t> q_part;
     for (int64_t r = 0; r < rows; ++r)
-      q_part.insert(q_part.end(), q.begin() + (r * H + h0) * qk, q.begin() + (r * H + h0 + hs) * qk);
+      q_part.insert(q_part.end(), q_data.bits.begin() + (r * H + h0) * qk, q_data.bits.begin() + (r * H + h0 + hs) * qk);
     const cuda::MlaPrefillDims dims{hs, d.nope, d.rope, d.v, L};
     const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(n, total_keys, dims);
-    DeviceBuffer<float> dq(q_part);
+    DeviceBuffer<uint16_t> dq(q_part);
     DeviceBuffer<uint16_t> dout(size_t(rows * hs * d.v));
     DeviceBuffer<unsigned char> ws(ws_bytes);
     dout.poison();
@@ -329,7 +330,7 @@ TEST(GpuMlaPrefill, RejectsSmallWorkspace) {
   const std::vector<cuda::MlaPrefillSequence> seqs{{0, 4, 10, 0}};
   const cuda::MlaPrefillDims dims{4, 16, 8, 16, 32};
   DeviceBuffer<unsigned char> ws(64);
-  DeviceBuffer<float> q(4 * 4 * 24);
+  DeviceBuffer<uint16_t> q(4 * 4 * 24);
   DeviceBuffer<uint16_t> pages(64 * 40), kv_b(4 * 32 * 32), out(4 * 4 * 16);
   DeviceBuffer<int32_t> tables(std::vector<int32_t>{0, 1});
   auto layout = bf16_layout(32, 8, 8);

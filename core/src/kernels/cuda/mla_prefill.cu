@@ -28,7 +28,9 @@ struct Tile {
   static constexpr size_t kBytes = kVOff + sizeof(uint16_t) * kBlockN * kVPitch;
 };
 
-// grid: (query tiles, heads, sequences). Warp w owns query rows 16w..16w+15 of the CTA's 128; mma fragment
+// grid: (heads, query tiles, sequences): blocks dispatch x fastest, so every head's last (longest) query tile starts
+// first and the short ones fill the tail (longest first; with heads as the slower index a 4K prompt's 20 heads × 32
+// tiles finished a simulated 17 % later on 132 SMs: the last head's long tiles started near the end). Warp w owns query rows 16w..16w+15 of the CTA's 128; mma fragment
 // layout: thread (g = lane/4, c = lane%4) holds rows g and g+8, columns 2c and 2c+1 of each 8-wide n-tile.
 template <int kNope, int kRope, int kV>
 __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillParams p) {
@@ -43,26 +45,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
 
   const MlaPrefillSeq seq = p.seqs[blockIdx.z];
   const int num_m_tiles = (seq.q_len + kBlockM - 1) / kBlockM;
-  // Later query tiles see more keys: launch them first so the short ones fill the tail.
-  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  // Later query tiles see more keys: every head's longest tile launches first, the short ones fill the tail.
+  const int m_tile = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
   if (m_tile >= num_m_tiles) return;
   const int m0 = m_tile * kBlockM;
-  const int head = blockIdx.y;
+  const int head = blockIdx.x;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const int first_pos = seq.kv_len - seq.q_len + m0;  // position of the CTA's first row
   const int last_pos = seq.kv_len - seq.q_len + min(m0 + kBlockM, seq.q_len) - 1;
   const int n_tiles = (last_pos + 1 + kBlockN - 1) / kBlockN;  // keys 0 .. last_pos (≤ kv_len − 1)
 
-  // Q tile → bf16 in shared memory (rows past q_len are zero; they are never written out).
+  // Q tile → shared memory (rows past q_len are zero; they are never written out).
   {
-    constexpr int kQuads = kQk / 4;
-    const float* q_base = p.q + static_cast<int64_t>(seq.q_row + m0) * p.q_row_stride + static_cast<int64_t>(head) * kQk;
-    for (int i = tid; i < kBlockM * kQuads; i += kThreads) {
-      const int r = i / kQuads, col = (i % kQuads) * 4;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (m0 + r < seq.q_len) v = *reinterpret_cast<const float4*>(q_base + static_cast<int64_t>(r) * p.q_row_stride + col);
-      *reinterpret_cast<uint2*>(s_q + r * T::kQkPitch + col) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    constexpr int kOcts = kQk / 8;
+    const uint16_t* q_base =
+        p.q + static_cast<int64_t>(seq.q_row + m0) * p.q_row_stride + static_cast<int64_t>(head) * kQk;
+    for (int i = tid; i < kBlockM * kOcts; i += kThreads) {
+      const int r = i / kOcts, col = (i % kOcts) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (m0 + r < seq.q_len) v = *reinterpret_cast<const uint4*>(q_base + static_cast<int64_t>(r) * p.q_row_stride + col);
+      *reinterpret_cast<uint4*>(s_q + r * T::kQkPitch + col) = v;
     }
   }
 
@@ -243,8 +246,8 @@ __global__ void __launch_bounds__(kGenericThreads) mla_prefill_generic_kernel(Ml
   const int i = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
   if (i >= seq.q_len) return;
   const int n_keys = seq.kv_len - seq.q_len + i + 1;
-  const float* q = p.q + static_cast<int64_t>(seq.q_row + i) * p.q_row_stride + head * qk;
-  for (int64_t d = tid; d < qk; d += kGenericThreads) s_q[d] = q[d];
+  const uint16_t* q = p.q + static_cast<int64_t>(seq.q_row + i) * p.q_row_stride + head * qk;
+  for (int64_t d = tid; d < qk; d += kGenericThreads) s_q[d] = bf16_bits_to_float(q[d]);
   for (int64_t d = tid; d < p.v_dim; d += kGenericThreads) s_acc[d] = 0.f;
   __syncthreads();
   float m = -INFINITY, l = 0.f;
@@ -285,7 +288,7 @@ Status launch_fast(const MlaPrefillParams& p, StreamHandle stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_kernel<kNope, kRope, kV>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_prefill_bf16: shared memory limit"));
-  const dim3 grid(static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.num_heads),
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(p.num_seqs));
   mla_prefill_kernel<kNope, kRope, kV><<<grid, kThreads, kBytes, stream>>>(p);
   return check_launch("cuda::mla_prefill_bf16");
@@ -293,9 +296,9 @@ Status launch_fast(const MlaPrefillParams& p, StreamHandle stream) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// cp.async moves 16-byte chunks and q is read as float4: every row / head start must be 16-byte aligned.
+// cp.async moves 16-byte chunks and q is read 8 values at a time: every row / head start must be 16-byte aligned.
 bool fast_layout_ok(const MlaPrefillParams& p) {
-  return aligned16(p.q) && p.q_row_stride % 4 == 0 && aligned16(p.k_nope) && aligned16(p.k_rope) && aligned16(p.v) &&
+  return aligned16(p.q) && p.q_row_stride % 8 == 0 && aligned16(p.k_nope) && aligned16(p.k_rope) && aligned16(p.v) &&
          p.k_nope_key_stride % 8 == 0 && p.k_nope_head_stride % 8 == 0 && p.k_rope_key_stride % 8 == 0 &&
          p.v_key_stride % 8 == 0 && p.v_head_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 4 == 0 &&
          p.out_row_stride % 2 == 0;
@@ -315,6 +318,8 @@ Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
   if (p.num_seqs > 65535 || p.num_heads > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 sequences and heads");
   if (p.num_seqs == 0 || p.max_q_len <= 0) return ok_status();
+  if ((p.max_q_len + kBlockM - 1) / kBlockM > 65535)
+    return invalid_argument("cuda::mla_prefill_bf16: at most 65535 query tiles of 128 rows a sequence");
   if (!p.q || !p.k_nope || (p.rope_dim > 0 && !p.k_rope) || !p.v || !p.out || !p.seqs)
     return invalid_argument("cuda::mla_prefill_bf16: q, k_nope, k_rope, v, out and seqs must be set");
   if (fast_layout_ok(p)) {

@@ -2,9 +2,10 @@
 //
 // Per head h, query row i of sequence b sits at position kv_len − q_len + i and attends to keys 0 .. that position
 // of the same sequence: score = scale · (q_nope·k_nope[key, h] + q_rope·k_rope[key]), out = softmax · v[key, h].
-// k_rope is MLA's decoupled rope key, one row per key shared by every head. Scores and the softmax are fp32; q is
-// rounded to bf16 on load and the softmax weights to bf16 before the value product (both on the tensor cores,
-// fp32 accumulation).
+// k_rope is MLA's decoupled rope key, one row per key shared by every head. q comes in bf16 (the roped query as the
+// absorbed path rounds it too: half the bytes of fp32, read once per CTA before its first product); scores and the
+// softmax are fp32, the softmax weights rounded to bf16 before the value product (both on the tensor cores, fp32
+// accumulation).
 //
 // (nope, rope, v) = (192, 64, 256) (GLM-4.7-Flash) and (128, 64, 128) (DeepSeek-V3) run a tensor-core kernel:
 // 128 query rows × one head per CTA, 64-key tiles streamed once through shared memory, online softmax in
@@ -31,7 +32,7 @@ struct MlaPrefillSeq {
 
 // All strides in elements. Heads are the second index of q / k_nope / v / out.
 struct MlaPrefillParams {
-  const float* q = nullptr;  // [rows, H, nope + rope] fp32 (head stride nope + rope)
+  const uint16_t* q = nullptr;  // [rows, H, nope + rope] bf16 (head stride nope + rope)
   int64_t q_row_stride = 0;
   const uint16_t* k_nope = nullptr;  // bf16, key `k`, head h at k_nope[k·k_nope_key_stride + h·k_nope_head_stride]
   int64_t k_nope_key_stride = 0, k_nope_head_stride = 0;

@@ -47,7 +47,7 @@ struct Sm90TensorMaps {
   CUtensorMap k_nope, k_rope, v;
 };
 
-// grid: (query tiles, heads, sequences). One thread of warpgroup 0 streams K(t) / V(t) through two-deep rings with
+// grid: (heads, query tiles, sequences), longest tiles first as mla_prefill.cu says. One thread of warpgroup 0 streams K(t) / V(t) through two-deep rings with
 // TMA, in the order the consumers use them (K0, K1, V0, K2, V1, ...). Consumer warpgroup wg owns query rows
 // 64·wg .. 64·wg + 63 of the CTA's 128 (in it warp w owns 16 rows, thread (g, c) rows g and g + 8: wgmma.cuh's
 // layout) and per tile t issues S(t) = Q·K(t)ᵀ and O += P(t − 1)·V(t − 1), waits for S(t), runs the online softmax of
@@ -75,11 +75,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const MlaPrefillSeq seq = p.seqs[blockIdx.z];
   const int num_m_tiles = (seq.q_len + kBlockM - 1) / kBlockM;
-  // Later query tiles see more keys: launch them first so the short ones fill the tail.
-  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  // Later query tiles see more keys: every head's longest tile launches first, the short ones fill the tail.
+  const int m_tile = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
   if (m_tile >= num_m_tiles) return;
   const int m0 = m_tile * kBlockM;
-  const int head = blockIdx.y;
+  const int head = blockIdx.x;
   const int tid = threadIdx.x;
   const int last_pos = seq.kv_len - seq.q_len + min(m0 + kBlockM, seq.q_len) - 1;
   const int n_tiles = (last_pos + 1 + kBlockN - 1) / kBlockN;  // keys 0 .. last_pos (≤ kv_len − 1)
@@ -130,18 +130,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_pos = seq.kv_len - seq.q_len + m0;
     const int wg_first_pos = first_pos + 64 * wg;
 
-    // This warpgroup's 64 query rows → bf16 (rows past q_len are zero; they are never written out).
+    // This warpgroup's 64 query rows (rows past q_len are zero; they are never written out).
     {
       const int wtid = ctid % 128;
-      const float* q_base = p.q + static_cast<int64_t>(seq.q_row + m0) * p.q_row_stride + static_cast<int64_t>(head) * kQk;
+      const uint16_t* q_base =
+          p.q + static_cast<int64_t>(seq.q_row + m0) * p.q_row_stride + static_cast<int64_t>(head) * kQk;
       for (int i = wtid; i < 64 * kQkChunks; i += 128) {
         const int r = 64 * wg + i / kQkChunks, ch = i % kQkChunks;
         uint4 packed = make_uint4(0, 0, 0, 0);
-        if (m0 + r < seq.q_len) {
-          const float* src = q_base + static_cast<int64_t>(r) * p.q_row_stride + ch * 8;
-          const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-          packed = make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
-        }
+        if (m0 + r < seq.q_len)
+          packed = *reinterpret_cast<const uint4*>(q_base + static_cast<int64_t>(r) * p.q_row_stride + ch * 8);
         *reinterpret_cast<uint4*>(smem + L::kQ + smem_swizzle_128b_offset(r, ch, kBlockM)) = packed;
       }
       fence_proxy_async_shared();
@@ -308,7 +306,7 @@ Status launch(const MlaPrefillParams& p, StreamHandle stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_sm90_kernel<kNope, kRope, kV>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_prefill_sm90: shared memory limit"));
-  const dim3 grid(static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.num_heads),
+  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(p.num_seqs));
   mla_prefill_sm90_kernel<kNope, kRope, kV><<<grid, kThreads, kBytes, stream>>>(p, maps);
   return check_launch("cuda::mla_prefill_sm90");

@@ -126,7 +126,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     MlaPrefillArgs p;
     p.seqs = x.prefill;
     p.dims = {H, nope, Rr, vd, L};
-    p.q = b.q, p.layout = &layout, p.pages = pages, p.stream = I.sdk_stream(), p.block_size = x.block_size;
+    p.q = b.q_bf, p.layout = &layout, p.pages = pages, p.stream = I.sdk_stream(), p.block_size = x.block_size;
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks;
     p.kv_b = w.kv_b_dense, p.scale = scale, p.out = attn;
     p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;

@@ -42,7 +42,7 @@ struct MlaPrefillDims {
 struct MlaPrefillArgs {
   std::span<const MlaPrefillSequence> seqs;
   MlaPrefillDims dims;
-  const float* q = nullptr;  // device fp32 [rows, H, nope + rope], q_pe already roped (rounded to bf16 inside)
+  const uint16_t* q = nullptr;  // device bf16 [rows, H, nope + rope], q_pe already roped
   const KvLayout* layout = nullptr;  // gathers this layer's rows
   const void* pages = nullptr;       // this layer's pages
   Stream stream;                     // the layout's stream (the same CUDA stream as the call's)
