@@ -1,4 +1,4 @@
-// RMSNorm, RoPE, SwiGLU and the embedding gather against the CPU reference kernels.
+// RMSNorm, RoPE, SwiGLU, the bf16 → fp32 copy and the embedding gather against the CPU reference kernels.
 #include <gtest/gtest.h>
 
 #include "device_buffer.h"
@@ -9,6 +9,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/rope.h"
+#include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::test {
 namespace {
@@ -118,6 +119,38 @@ TEST(GpuActivation, SwigluFusedAndClampedMatchesCpu) {
     KILN_STATUS_OK(cuda::swiglu_bf16(dgu.get(), dgu.get() + inter, n, inter, 2 * inter, dout.get(), nullptr, limit));
     EXPECT_LT(rel_error(widen(dout.download()), want), kBf16Tolerance);
   }
+}
+
+// Rows of multiples of 8 run eight values a thread; the same rows one element off alignment run one a thread: the
+// same bits.
+TEST(GpuActivation, SwigluVectorFormIsBitwiseTheScalarForm) {
+  std::mt19937_64 rng(32);
+  const int64_t n = 37, inter = 1536;
+  const Bf16Data gu = random_bf16(size_t(n) * 2 * inter + 1, rng, -12.f, 12.f);
+  DeviceBuffer<uint16_t> dgu(gu.bits), vec(size_t(n) * inter), scalar(size_t(n) * inter);
+  std::vector<uint16_t> shifted(gu.bits.size());
+  std::copy(gu.bits.begin(), gu.bits.end() - 1, shifted.begin() + 1);
+  DeviceBuffer<uint16_t> dshifted(shifted);
+  vec.poison(), scalar.poison();
+  KILN_STATUS_OK(cuda::swiglu_bf16(dgu.get(), dgu.get() + inter, n, inter, 2 * inter, vec.get(), nullptr, 7.f));
+  KILN_STATUS_OK(
+      cuda::swiglu_bf16(dshifted.get() + 1, dshifted.get() + 1 + inter, n, inter, 2 * inter, scalar.get(), nullptr, 7.f));
+  EXPECT_EQ(vec.download(), scalar.download());
+}
+
+// The MoE gate's fp32 copy: eight values a thread where aligned, one a thread elsewhere; exact either way.
+TEST(GpuConvert, Bf16ToF32IsExactInBothForms) {
+  std::mt19937_64 rng(33);
+  const Bf16Data x = random_bf16(4096 * 8 + 9, rng, -100.f, 100.f);
+  DeviceBuffer<uint16_t> dx(x.bits);
+  for (const size_t offset : {size_t{0}, size_t{1}})
+    for (const size_t n : {size_t{4096 * 8}, size_t{4096 * 8 + 5}}) {
+      DeviceBuffer<float> out(n);
+      out.poison();
+      KILN_STATUS_OK(cuda::bf16_to_f32(dx.get() + offset, n, out.get(), nullptr));
+      const std::vector<float> want(x.values.begin() + offset, x.values.begin() + offset + n);
+      EXPECT_EQ(out.download(), want) << "offset " << offset << " n " << n;
+    }
 }
 
 TEST(GpuEmbedding, GatherCopiesRowsExactly) {

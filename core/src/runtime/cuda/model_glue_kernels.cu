@@ -57,6 +57,18 @@ __global__ void bf16_to_f32_kernel(const uint16_t* in, size_t n, float* out) {
     out[i] = bf16_bits_to_float(in[i]);
 }
 
+// Eight values a thread in 16-byte loads and stores (the MoE gate's fp32 copy of a prefill chunk's rows: scalar
+// 2-byte loads ran it at a third of the bytes' rate). n8 = n / 8; the caller checked the alignment.
+__global__ void bf16_to_f32_x8_kernel(const uint4* in, size_t n8, float4* out) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n8; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = in[i];
+    out[2 * i] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                             __uint_as_float(v.y & 0xffff0000u));
+    out[2 * i + 1] = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+                                 __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
+  }
+}
+
 __global__ void offset_ids_kernel(const int32_t* ids, int64_t n, int32_t offset, int32_t* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = ids[i] - offset;
@@ -208,7 +220,11 @@ Status f32_to_bf16(const float* in, size_t n, uint16_t* out, StreamHandle stream
 }
 
 Status bf16_to_f32(const uint16_t* in, size_t n, float* out, StreamHandle stream) {
-  bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
+  if (n % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
+    bf16_to_f32_x8_kernel<<<grid_for(n / 8), kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(in), n / 8,
+                                                                     reinterpret_cast<float4*>(out));
+  else
+    bf16_to_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, n, out);
   return check_launch("bf16_to_f32");
 }
 
