@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "builtin/paged_mla_kv_layout.h"
 #include "kernels/cuda/mla_decode.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
@@ -124,7 +125,7 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
   uint16_t* q = device_bf16(size_t(q_len) * heads * (nope + rope), 1.f, 31);
   uint16_t* out = nullptr;
   CHECK_CUDA(cudaMalloc(&out, q_len * heads * vd * 2));
-  for (int64_t kv_len : {4096, 32768, 131072}) {
+  for (int64_t kv_len : {4096, 8192, 16384, 32768, 131072}) {
     double pairs = 0;
     for (int64_t i = 0; i < q_len; ++i) pairs += double(kv_len - q_len + i + 1);
     const double flops = 2.0 * heads * (nope + rope + vd) * pairs;
@@ -151,6 +152,9 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       p.seqs = d_seq, p.num_seqs = 1, p.max_q_len = q_len, p.total_keys = kv_len;
       p.num_heads = heads, p.nope_dim = nope, p.rope_dim = rope, p.v_dim = vd, p.scale = 0.0625f;
       report("wgmma", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      p.heads_fastest = false;  // the other block order (head-major)
+      report("wgmma-h", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      p.heads_fastest = true;
       p.use_wgmma = false;
       report("mmasync", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       for (void* ptr : {(void*)kv, (void*)lat, (void*)d_seq}) CHECK_CUDA(cudaFree(ptr));
@@ -172,7 +176,18 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       const size_t ws_bytes = kiln::cuda::mla_prefill_workspace_bytes(1, kv_len, dims);
       void* ws = nullptr;
       CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+      // The built-in bf16 layout gathers the cached rows, as in a model's step.
+      kiln::ModelInfo info;
+      info.kv_lora_rank = latent;
+      info.qk_rope_head_dim = rope;
+      kiln::RecipeSection kv_section("kv");
+      kv_section.set("block_size", block);
+      kiln::CreateContext ctx;
+      ctx.section = &kv_section, ctx.device = kiln::Device::cuda(0), ctx.model = &info;
+      auto layout = kiln::builtin::create_bf16_kv_layout_cuda(ctx);
+      CHECK_OK(layout.status());
       kiln::cuda::MlaPrefillArgs a;
+      a.layout = layout.value().get(), a.stream = kiln::Stream{kiln::Device::cuda(0), nullptr};
       a.seqs = seqs, a.dims = dims, a.q = q, a.pages = pages, a.block_size = block, a.block_tables = d_tables;
       a.max_blocks = blocks, a.kv_b = kv_b, a.scale = 0.0625f, a.out = out, a.workspace = ws, a.workspace_bytes = ws_bytes;
       report("path", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));

@@ -108,17 +108,28 @@ void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t 
   p.out = dout.get(), p.out_row_stride = H * d.v;
   p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q, p.total_keys = keys;
   p.num_heads = H, p.nope_dim = d.nope, p.rope_dim = d.rope, p.v_dim = d.v, p.scale = scale;
-  // The kernel the device dispatches (the wgmma form on compute capability 9.0), then the mma.sync form forced.
+  // The kernel the device dispatches (the wgmma form on compute capability 9.0), then the mma.sync form forced;
+  // each in both block orders, which must give the same bits.
   for (const bool use_wgmma : {true, false}) {
-    dout.poison();
-    p.use_wgmma = use_wgmma;
-    KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
-    KILN_CUDA_OK(cudaDeviceSynchronize());
-    const double err = compare_rows(dout.download(), want, seqs, q_row, rows, H * d.v);
-    std::printf("  kernel%s H=%lld nope=%lld rope=%lld v=%lld: rel err %.3g\n", use_wgmma ? "" : " (mma.sync)",
-                (long long)H, (long long)d.nope, (long long)d.rope, (long long)d.v, err);
-    EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " rope " << d.rope << " v " << d.v
-                               << (use_wgmma ? "" : " mma.sync");
+    std::vector<uint16_t> first;
+    for (const bool heads_fastest : {true, false}) {
+      dout.poison();
+      p.use_wgmma = use_wgmma, p.heads_fastest = heads_fastest;
+      KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
+      KILN_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got = dout.download();
+      if (heads_fastest) {
+        first = got;
+      } else {
+        EXPECT_EQ(got, first) << "the head-major block order gives other bits";
+        continue;
+      }
+      const double err = compare_rows(got, want, seqs, q_row, rows, H * d.v);
+      std::printf("  kernel%s H=%lld nope=%lld rope=%lld v=%lld: rel err %.3g\n", use_wgmma ? "" : " (mma.sync)",
+                  (long long)H, (long long)d.nope, (long long)d.rope, (long long)d.v, err);
+      EXPECT_LT(err, kTolerance) << "H " << H << " nope " << d.nope << " rope " << d.rope << " v " << d.v
+                                 << (use_wgmma ? "" : " mma.sync");
+    }
   }
 }
 

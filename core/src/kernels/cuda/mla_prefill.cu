@@ -28,9 +28,8 @@ struct Tile {
   static constexpr size_t kBytes = kVOff + sizeof(uint16_t) * kBlockN * kVPitch;
 };
 
-// grid: (heads, query tiles, sequences): blocks dispatch x fastest, so every head's last (longest) query tile starts
-// first and the short ones fill the tail (longest first; with heads as the slower index a 4K prompt's 20 heads × 32
-// tiles finished a simulated 17 % later on 132 SMs: the last head's long tiles started near the end). Warp w owns query rows 16w..16w+15 of the CTA's 128; mma fragment
+// grid: (heads, query tiles, sequences) or (query tiles, heads, sequences) as MlaPrefillParams::heads_fastest says,
+// each head's query tiles longest first. Warp w owns query rows 16w..16w+15 of the CTA's 128; mma fragment
 // layout: thread (g = lane/4, c = lane%4) holds rows g and g+8, columns 2c and 2c+1 of each 8-wide n-tile.
 template <int kNope, int kRope, int kV>
 __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillParams p) {
@@ -45,11 +44,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
 
   const MlaPrefillSeq seq = p.seqs[blockIdx.z];
   const int num_m_tiles = (seq.q_len + kBlockM - 1) / kBlockM;
-  // Later query tiles see more keys: every head's longest tile launches first, the short ones fill the tail.
-  const int m_tile = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
+  // Later query tiles see more keys: launch them first (MlaPrefillParams::heads_fastest picks the grid's order).
+  const int m_tile = p.heads_fastest ? static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)
+                                     : static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   if (m_tile >= num_m_tiles) return;
   const int m0 = m_tile * kBlockM;
-  const int head = blockIdx.x;
+  const int head = p.heads_fastest ? blockIdx.x : blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const int first_pos = seq.kv_len - seq.q_len + m0;  // position of the CTA's first row
@@ -288,8 +288,8 @@ Status launch_fast(const MlaPrefillParams& p, StreamHandle stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_kernel<kNope, kRope, kV>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_prefill_bf16: shared memory limit"));
-  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.num_seqs));
+  const unsigned heads = static_cast<unsigned>(p.num_heads), tiles = static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM);
+  const dim3 grid(p.heads_fastest ? heads : tiles, p.heads_fastest ? tiles : heads, static_cast<unsigned>(p.num_seqs));
   mla_prefill_kernel<kNope, kRope, kV><<<grid, kThreads, kBytes, stream>>>(p);
   return check_launch("cuda::mla_prefill_bf16");
 }
@@ -318,7 +318,7 @@ Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
   if (p.num_seqs > 65535 || p.num_heads > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 sequences and heads");
   if (p.num_seqs == 0 || p.max_q_len <= 0) return ok_status();
-  if ((p.max_q_len + kBlockM - 1) / kBlockM > 65535)
+  if (p.heads_fastest && (p.max_q_len + kBlockM - 1) / kBlockM > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 query tiles of 128 rows a sequence");
   if (!p.q || !p.k_nope || (p.rope_dim > 0 && !p.k_rope) || !p.v || !p.out || !p.seqs)
     return invalid_argument("cuda::mla_prefill_bf16: q, k_nope, k_rope, v, out and seqs must be set");

@@ -47,7 +47,7 @@ struct Sm90TensorMaps {
   CUtensorMap k_nope, k_rope, v;
 };
 
-// grid: (heads, query tiles, sequences), longest tiles first as mla_prefill.cu says. One thread of warpgroup 0 streams K(t) / V(t) through two-deep rings with
+// grid: as mla_prefill.cu's (heads_fastest picks its order). One thread of warpgroup 0 streams K(t) / V(t) through two-deep rings with
 // TMA, in the order the consumers use them (K0, K1, V0, K2, V1, ...). Consumer warpgroup wg owns query rows
 // 64·wg .. 64·wg + 63 of the CTA's 128 (in it warp w owns 16 rows, thread (g, c) rows g and g + 8: wgmma.cuh's
 // layout) and per tile t issues S(t) = Q·K(t)ᵀ and O += P(t − 1)·V(t − 1), waits for S(t), runs the online softmax of
@@ -75,11 +75,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const MlaPrefillSeq seq = p.seqs[blockIdx.z];
   const int num_m_tiles = (seq.q_len + kBlockM - 1) / kBlockM;
-  // Later query tiles see more keys: every head's longest tile launches first, the short ones fill the tail.
-  const int m_tile = static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y);
+  // Later query tiles see more keys: launch them first (MlaPrefillParams::heads_fastest picks the grid's order).
+  const int m_tile = p.heads_fastest ? static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)
+                                     : static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   if (m_tile >= num_m_tiles) return;
   const int m0 = m_tile * kBlockM;
-  const int head = blockIdx.x;
+  const int head = p.heads_fastest ? blockIdx.x : blockIdx.y;
   const int tid = threadIdx.x;
   const int last_pos = seq.kv_len - seq.q_len + min(m0 + kBlockM, seq.q_len) - 1;
   const int n_tiles = (last_pos + 1 + kBlockN - 1) / kBlockN;  // keys 0 .. last_pos (≤ kv_len − 1)
@@ -306,8 +307,8 @@ Status launch(const MlaPrefillParams& p, StreamHandle stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_sm90_kernel<kNope, kRope, kV>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_prefill_sm90: shared memory limit"));
-  const dim3 grid(static_cast<unsigned>(p.num_heads), static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM),
-                  static_cast<unsigned>(p.num_seqs));
+  const unsigned h_dim = static_cast<unsigned>(p.num_heads), tiles = static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM);
+  const dim3 grid(p.heads_fastest ? h_dim : tiles, p.heads_fastest ? tiles : h_dim, static_cast<unsigned>(p.num_seqs));
   mla_prefill_sm90_kernel<kNope, kRope, kV><<<grid, kThreads, kBytes, stream>>>(p, maps);
   return check_launch("cuda::mla_prefill_sm90");
 }
