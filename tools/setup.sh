@@ -27,5 +27,10 @@ if command -v nvcc > /dev/null; then
     fi
   fi
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
+echo "setup: packages ready ($(date -u +%H:%M:%S)); configuring and building ./build"
+# -O2 without debug info: the code of a RelWithDebInfo build, in three quarters of its compile time (-g costs a third on
+# top of -O2 here). KILN_BUILD_TYPE=RelWithDebInfo gives the debug info back.
+build_type=${KILN_BUILD_TYPE:-Release}
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" \
+  -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CUDA_FLAGS_RELEASE="-O2 -DNDEBUG" > build.configure.log 2>&1 || { cat build.configure.log; exit 1; }
 cmake --build build -j"$(nproc)"
