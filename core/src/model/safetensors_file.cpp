@@ -1,6 +1,7 @@
 #include "model/safetensors_file.h"
 
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -149,6 +150,9 @@ Status SafetensorsFile::parse_header() {
       return data_loss(tensor + ": data_offsets " + range + " extend past the data region (" +
                        std::to_string(data_size) + " bytes); the file is truncated or the header is wrong");
     }
+    // The mapping starts on a page, so a tensor's address is aligned exactly when its file offset is.
+    entry.misaligned = (data_start_ + entry.begin) % dtype_size(entry.dtype) != 0 && entry.end > entry.begin;
+    misaligned_ += entry.misaligned ? 1 : 0;
     tensors_.emplace(name, entry);
   }
 
@@ -178,7 +182,18 @@ Result<TensorView> SafetensorsFile::get(const std::string& name) const {
   TensorView view;
   // The mapping is PROT_READ; TensorView's pointer is non-const only because the SDK type is shared with
   // writable storage.
-  view.data = const_cast<uint8_t*>(file_.data() + data_start_ + entry.begin);
+  const uint8_t* bytes = file_.data() + data_start_ + entry.begin;
+  if (entry.misaligned) {
+    const std::lock_guard<std::mutex> lock(*copies_mutex_);
+    auto [copy, inserted] = aligned_copies_.try_emplace(name);
+    if (inserted) {
+      const uint64_t size = entry.end - entry.begin;
+      copy->second.resize((size + 7) / 8);
+      std::memcpy(copy->second.data(), bytes, size);
+    }
+    bytes = reinterpret_cast<const uint8_t*>(copy->second.data());
+  }
+  view.data = const_cast<uint8_t*>(bytes);
   view.dtype = entry.dtype;
   view.device = Device::cpu();
   view.rank = entry.rank;

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,8 +35,14 @@ class SafetensorsFile {
 
   const std::filesystem::path& path() const { return file_.path(); }
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
-  // A contiguous CPU view into the read-only mapping, valid while this object lives. Not found → error.
+  // A contiguous CPU view, valid while this object lives. Not found → error. The view points into the read-only
+  // mapping, except for a tensor whose bytes do not start at a multiple of its element size (the format does not
+  // require it; a writer that does not sort tensors by element size leaves them so): reading such a tensor through
+  // a typed pointer is undefined, so its bytes are copied once, on its first get(), into aligned memory this object
+  // owns, and the view points there. (An empty tensor's view may stay unaligned: nothing is read through it.)
   Result<TensorView> get(const std::string& name) const;
+  // How many tensors get() serves from an aligned copy (misaligned in the file).
+  size_t misaligned_count() const { return misaligned_; }
   // Tensor names in lexicographic order.
   std::vector<std::string> names() const;
   size_t size() const { return tensors_.size(); }
@@ -48,6 +56,7 @@ class SafetensorsFile {
     std::array<int64_t, kMaxTensorRank> shape{};
     uint64_t begin = 0;  // byte offsets relative to the data region
     uint64_t end = 0;
+    bool misaligned = false;  // its bytes in the mapping are not aligned to dtype_size(dtype)
   };
 
   explicit SafetensorsFile(MappedFile file) : file_(std::move(file)) {}
@@ -57,6 +66,11 @@ class SafetensorsFile {
   uint64_t data_start_ = 0;  // 8 + header length
   std::map<std::string, Entry> tensors_;
   std::map<std::string, std::string> metadata_;
+  size_t misaligned_ = 0;
+  // Aligned copies of misaligned tensors, made on first get(); vectors of uint64_t so their storage is 8-byte
+  // aligned (the largest element size) and does not move when this object does. Guarded for concurrent loaders.
+  mutable std::map<std::string, std::vector<uint64_t>> aligned_copies_;
+  mutable std::unique_ptr<std::mutex> copies_mutex_ = std::make_unique<std::mutex>();
 };
 
 }  // namespace kiln
