@@ -23,6 +23,7 @@
 
 #include "builtin/paged_mla_kv_layout.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/mla_kv_expand_sm90.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_gate_gemv.h"
@@ -191,6 +192,34 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       a.seqs = seqs, a.dims = dims, a.q = q, a.pages = pages, a.block_size = block, a.block_tables = d_tables;
       a.max_blocks = blocks, a.kv_b = kv_b, a.scale = 0.0625f, a.out = out, a.workspace = ws, a.workspace_bytes = ws_bytes;
       report("path", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
+      setenv("KILN_MLA_KV_EXPAND", "sm90", 1);  // the one-launch Hopper expansion (opt-in), for the A/B
+      report("path-x90", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
+      unsetenv("KILN_MLA_KV_EXPAND");
+
+      // The kv_b expansion alone (the pages as latent rows): one Hopper launch vs one cuBLAS call per head.
+      // FLOPs 2 · keys · latent · H · (nope + v); bytes: the K_nope | V it writes.
+      uint16_t* kv = nullptr;
+      CHECK_CUDA(cudaMalloc(&kv, size_t(kv_len) * kvw * 2));
+      const double x_flops = 2.0 * kv_len * latent * kvw, x_bytes = 2.0 * kv_len * kvw;
+      auto x_report = [&](const char* what, float ms) {
+        std::printf("%8lld %7s %10.1f %9.1f %7.1f%%   %.0f GB/s written\n", (long long)kv_len, what, ms * 1e3,
+                    x_flops / (ms * 1e-3) / 1e12, 100.0 * x_flops / (ms * 1e-3) / peak, x_bytes / (ms * 1e-3) / 1e9);
+      };
+      if (kiln::cuda::mla_kv_expand_sm90_supported(latent, row, nope + vd, pages, kv_b, kv))
+        x_report("expand", median_ms([&](int) {
+                   CHECK_OK(kiln::cuda::mla_kv_expand_sm90(pages, kv_len, row, latent, kv_b, heads, nope + vd, kv,
+                                                           nullptr));
+                 }, iters));
+      x_report("xpand-cb", median_ms([&](int) {
+                 const float one = 1.f, zero = 0.f;
+                 for (int64_t h = 0; h < heads; ++h)
+                   if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(nope + vd), int(kv_len), int(latent), &one,
+                                    kv_b + h * (nope + vd) * latent, CUDA_R_16BF, int(latent), pages, CUDA_R_16BF,
+                                    int(row), &zero, kv + h * kv_len * (nope + vd), CUDA_R_16BF, int(nope + vd),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                     std::exit(1);
+               }, iters));
+      CHECK_CUDA(cudaFree(kv));
       for (void* ptr : {(void*)pages, (void*)kv_b, (void*)d_tables, ws}) CHECK_CUDA(cudaFree(ptr));
     }
   }

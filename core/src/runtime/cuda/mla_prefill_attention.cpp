@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/mla_kv_expand_sm90.h"
 #include "kernels/cuda/skinny_gemm.h"
 
 namespace kiln::cuda {
@@ -114,12 +115,13 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
   }
 
-  // Head-major K_nope | V: [H][keys][nope + v], head h = latent[:, :L] · kv_b[h]ᵀ, one product of the same shape
-  // per head. A head's values must not depend on how many heads share the call: a tensor-parallel rank expands only
-  // its heads and must get the one-rank bits (greedy TP = TP=1). One GEMM over all heads is as wide as the rank's
-  // heads, and cuBLAS picks its kernel (split-K / stream-K, so the summation order) by that width. Up to
-  // kSkinnyGemmLimit keys the skinny GEMM does every head in one launch (its k split depends on L alone); past that,
-  // one cuBLAS call per head, each the same problem (m, n, k and leading dimensions) on every rank.
+  // Head-major K_nope | V: [H][keys][nope + v], head h = latent[:, :L] · kv_b[h]ᵀ. A head's values must not depend
+  // on how many heads share the call: a tensor-parallel rank expands only its heads and must get the one-rank bits
+  // (greedy TP = TP=1). One cuBLAS GEMM over all heads is as wide as the rank's heads, and cuBLAS picks its kernel
+  // (split-K / stream-K, so the summation order) by that width. Up to kSkinnyGemmLimit keys the skinny GEMM does
+  // every head in one launch (its k split depends on L alone); past that, one cuBLAS call per head, each the same
+  // problem (m, n, k and leading dimensions) on every rank — or, opt-in (KILN_MLA_KV_EXPAND=sm90, measured slower),
+  // mla_kv_expand_sm90's one launch.
   const int64_t hw = d.nope_dim + d.v_dim, L = d.latent_dim;
   if (hw > INT32_MAX || row_width > INT32_MAX || total_keys * hw > INT64_MAX / d.num_heads)
     return out_of_range("mla_prefill_attention: kv_b too large");
@@ -132,6 +134,9 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.stream.device.index) != cudaSuccess) sms = 1;
     KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(latent, total_keys, L, a.kv_b, hw, kv, DType::kBF16, sk,
                                                           false, sms, stream)
+                             .with_context("mla_prefill_attention: kv_b expansion"));
+  } else if (mla_kv_expand_sm90_applies(L, row_width, hw, latent, a.kv_b, kv)) {
+    KILN_RETURN_IF_ERROR(mla_kv_expand_sm90(latent, total_keys, row_width, L, a.kv_b, d.num_heads, hw, kv, stream)
                              .with_context("mla_prefill_attention: kv_b expansion"));
   } else {
     const float one = 1.0f, zero = 0.0f;
