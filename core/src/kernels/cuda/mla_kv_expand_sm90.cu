@@ -101,13 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kt = 0; kt < k_tiles; ++kt, ++u) {
       const int s = u % kStages;
       mbarrier_wait(full(s), (u / kStages) & 1);
-      wgmma_fence();
-      const uint32_t a_addr = a_tile(s) + cw * 64 * 128, b_addr = b_tile(s);
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk)
-        wgmma_m64n256k16_ss(acc, wgmma_desc_128b(a_addr + kk * 32, 16, 1024),
-                            wgmma_desc_128b(b_addr + kk * 32, 16, 1024), 1);
-      wgmma_commit();
+      wgmma_k_tile_m64n256(acc, a_tile(s) + cw * 64 * 128, b_tile(s));
       wgmma_wait<1>();  // the previous k tile's products are done: its slot can be refilled
       if (kt > 0) {
         __syncwarp();

@@ -102,6 +102,17 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t de
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// One 64-wide k tile of a warpgroup's 64 × 256 product from 128-byte-swizzled shared memory, K-major both: D += A ·
+// Bᵀ with A's 64 rows at a_addr and B's 256 rows at b_addr (each a column block of 64, 1024-byte row groups) — four
+// k16 steps, fenced before and committed as one group (the caller waits for it).
+__device__ __forceinline__ void wgmma_k_tile_m64n256(float (&d)[128], uint32_t a_addr, uint32_t b_addr) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss(d, wgmma_desc_128b(a_addr + kk * 32, 16, 1024), wgmma_desc_128b(b_addr + kk * 32, 16, 1024), 1);
+  wgmma_commit();
+}
+
 // D (64 × 32, fp32) (+)= A (64 × 16, smem) · B (16 × 32, smem, K-major); scale_d = 0 overwrites D. kTransA = 0: A
 // K-major; 1: A MN-major (its 64 rows contiguous in 128-byte rows of the swizzled tile, 16 k-rows of them).
 template <int kTransA>
