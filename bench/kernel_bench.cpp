@@ -231,14 +231,18 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
 // routing: the tensor-core grouped path (moe_grouped_gemm.h) beside the GEMV path of moe_experts.h. FLOPs:
 // 2 · pairs · 3 · inter · hidden. "grouped" is the two grouped GEMMs alone; "path" / "gemv" add the grouping and the
 // combine, as the runner's MoE block runs them; "dense" is cuBLAS on the same FLOPs as two plain GEMMs over all pairs
-// (no routing), the ceiling a grouped GEMM can hope for. `peak` is cublas_reference_rate's.
+// (no routing), the ceiling a grouped GEMM can hope for; "gate_up" / "down" are the two grouped GEMMs apart (rated on
+// their own 2 / 3 and 1 / 3 of the FLOPs); "*-1cta" rows run the Hopper form
+// without clusters (KILN_MOE_SM90_CLUSTER=1). `peak` is cublas_reference_rate's.
 void bench_moe_prefill(cublasHandle_t blas, double peak) {
   const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
   std::printf("\nMoE prefill experts (64 experts, top-4, hidden 2048, inter 1536)\n");
   std::printf("%7s %8s %10s %9s %8s\n", "tokens", "what", "us", "TFLOP/s", "%cublas");
   uint16_t* gate_up = device_bf16(size_t(experts) * 2 * inter * hidden, 0.05f, 41);
   uint16_t* down = device_bf16(size_t(experts) * hidden * inter, 0.05f, 42);
-  for (int64_t tokens : {32, 128, 512, 4096, 16384}) {
+  std::vector<int64_t> token_counts = {32, 128, 512, 4096, 16384};
+  if (const char* only = std::getenv("KILN_BENCH_MOE_TOKENS")) token_counts = {std::atoll(only)};  // e.g. under ncu
+  for (int64_t tokens : token_counts) {
     const int64_t pairs = tokens * top_k;
     const double flops = 2.0 * pairs * 3 * inter * hidden;
     std::vector<int32_t> ids(pairs);
@@ -263,9 +267,9 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
     CHECK_CUDA(cudaMalloc(&y, size_t(pairs) * hidden * 4));
     CHECK_CUDA(cudaMalloc(&out, size_t(tokens) * hidden * 2));
     const kiln::cuda::MoeDispatch d{offsets, active, order};
-    auto report = [&](const char* what, float ms) {
-      std::printf("%7lld %8s %10.1f %9.1f %7.1f%%\n", (long long)tokens, what, ms * 1e3, flops / (ms * 1e-3) / 1e12,
-                  100.0 * flops / (ms * 1e-3) / peak);
+    auto report = [&](const char* what, float ms, double share = 1.0) {  // share: of the three products' FLOPs
+      std::printf("%7lld %8s %10.1f %9.1f %7.1f%%\n", (long long)tokens, what, ms * 1e3,
+                  share * flops / (ms * 1e-3) / 1e12, 100.0 * share * flops / (ms * 1e-3) / peak);
     };
     const int iters = tokens >= 4096 ? 10 : 30;
     const float group_ms =
@@ -276,7 +280,31 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
                                                            INFINITY, h, nullptr));
       CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
     };
-    report("grouped", median_ms([&](int) { grouped(); }, iters));
+    auto gate_up_only = [&]() {
+      CHECK_OK(kiln::cuda::moe_gate_up_swiglu_grouped_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d,
+                                                           INFINITY, h, nullptr));
+    };
+    auto down_only = [&]() {
+      CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
+    };
+    // Two passes over the forms (clusters of two CTAs multicasting the weight tiles, the default on Hopper; one CTA
+    // a tile), so that a clock or neighbour drift shows as a difference between the passes.
+    for (int pass = 0; pass < 2; ++pass) {
+      report("grouped", median_ms([&](int) { grouped(); }, iters));
+      report("gate_up", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
+      report("down", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
+      setenv("KILN_MOE_SM90_CLUSTER", "1", 1);
+      report("grp-1cta", median_ms([&](int) { grouped(); }, iters));
+      report("gu-1cta", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
+      report("dn-1cta", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
+      unsetenv("KILN_MOE_SM90_CLUSTER");
+      setenv("KILN_MOE_SM90_MULTICAST", "0", 1);
+      report("gu-nomc", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
+      unsetenv("KILN_MOE_SM90_MULTICAST");
+      setenv("KILN_MOE_SM90_LAG", "1", 1);
+      report("gu-lag1", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
+      unsetenv("KILN_MOE_SM90_LAG");
+    }
     // The same GEMMs in the mma.sync form (what devices other than compute capability 9.0 run).
     setenv("KILN_MOE_GROUPED_SM90", "0", 1);
     report("mmasync", median_ms([&](int) { grouped(); }, iters));
