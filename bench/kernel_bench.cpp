@@ -232,8 +232,8 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
 // 2 · pairs · 3 · inter · hidden. "grouped" is the two grouped GEMMs alone; "path" / "gemv" add the grouping and the
 // combine, as the runner's MoE block runs them; "dense" is cuBLAS on the same FLOPs as two plain GEMMs over all pairs
 // (no routing), the ceiling a grouped GEMM can hope for; "gate_up" / "down" are the two grouped GEMMs apart (rated on
-// their own 2 / 3 and 1 / 3 of the FLOPs); "*-1cta" rows run the Hopper form
-// without clusters (KILN_MOE_SM90_CLUSTER=1). `peak` is cublas_reference_rate's.
+// their own 2 / 3 and 1 / 3 of the FLOPs). `peak` is cublas_reference_rate's. KILN_BENCH_MOE_TOKENS=N runs only N
+// tokens (e.g. under ncu).
 void bench_moe_prefill(cublasHandle_t blas, double peak) {
   const int64_t experts = 64, top_k = 4, hidden = 2048, inter = 1536;
   std::printf("\nMoE prefill experts (64 experts, top-4, hidden 2048, inter 1536)\n");
@@ -275,11 +275,6 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
     const float group_ms =
         median_ms([&](int) { CHECK_OK(kiln::cuda::moe_group_by_expert(d_ids, pairs, experts, d, nullptr)); }, iters);
     std::printf("%7lld %8s %10.1f\n", (long long)tokens, "group", group_ms * 1e3);
-    auto grouped = [&]() {
-      CHECK_OK(kiln::cuda::moe_gate_up_swiglu_grouped_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d,
-                                                           INFINITY, h, nullptr));
-      CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
-    };
     auto gate_up_only = [&]() {
       CHECK_OK(kiln::cuda::moe_gate_up_swiglu_grouped_bf16(x, tokens, top_k, hidden, inter, gate_up, experts, d,
                                                            INFINITY, h, nullptr));
@@ -287,24 +282,13 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
     auto down_only = [&]() {
       CHECK_OK(kiln::cuda::moe_down_grouped_bf16(h, pairs, inter, hidden, down, experts, d, rw, y, nullptr));
     };
-    // Two passes over the forms (clusters of two CTAs multicasting the weight tiles, the default on Hopper; one CTA
-    // a tile), so that a clock or neighbour drift shows as a difference between the passes.
-    for (int pass = 0; pass < 2; ++pass) {
-      report("grouped", median_ms([&](int) { grouped(); }, iters));
-      report("gate_up", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
-      report("down", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
-      setenv("KILN_MOE_SM90_CLUSTER", "1", 1);
-      report("grp-1cta", median_ms([&](int) { grouped(); }, iters));
-      report("gu-1cta", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
-      report("dn-1cta", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
-      unsetenv("KILN_MOE_SM90_CLUSTER");
-      setenv("KILN_MOE_SM90_MULTICAST", "0", 1);
-      report("gu-nomc", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
-      unsetenv("KILN_MOE_SM90_MULTICAST");
-      setenv("KILN_MOE_SM90_LAG", "1", 1);
-      report("gu-lag1", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
-      unsetenv("KILN_MOE_SM90_LAG");
-    }
+    auto grouped = [&]() {
+      gate_up_only();
+      down_only();
+    };
+    report("grouped", median_ms([&](int) { grouped(); }, iters));
+    report("gate_up", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
+    report("down", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
     // The same GEMMs in the mma.sync form (what devices other than compute capability 9.0 run).
     setenv("KILN_MOE_GROUPED_SM90", "0", 1);
     report("mmasync", median_ms([&](int) { grouped(); }, iters));

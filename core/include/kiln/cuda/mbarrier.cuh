@@ -1,5 +1,5 @@
 // Shared-memory mbarriers, named CTA barriers and bulk copies (sm_90) for producer / consumer pipelines inside a
-// CTA or across the CTAs of a cluster: the SDK's, so a plugin's kernels stream their tiles the way the core's Hopper kernels do. nvcc only.
+// CTA: the SDK's, so a plugin's kernels stream their tiles the way the core's Hopper kernels do. nvcc only.
 //
 // A barrier completes a phase once `count` arrivals have been made (and, with expect_tx, the bytes it was told to
 // expect have landed); phases alternate parity 0, 1, 0, ... starting at 0. Waiting on parity p returns once the
@@ -39,22 +39,6 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t addr, uint32_t parity) {
       "}\n" ::"r"(addr),
       "r"(parity)
       : "memory");
-}
-
-// Arrives once on the barrier at the same shared-memory offset in CTA `cta` of this thread's cluster (a peer's, or
-// this CTA's own), with release semantics at cluster scope: this thread's earlier reads of memory the peer will
-// overwrite (e.g. a multicast stage the peer refills) are ordered before the peer's wait returns.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t addr, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-
-// Every non-exited thread of the cluster arrives, then waits for the others (release / acquire at cluster scope):
-// after it, barriers initialised before it may be used by the peers, and a CTA leaving after it leaves no peer
-// arriving on its barriers or copying into its shared memory.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // Shared memory written through the generic proxy (st.shared, cp.async) before the async proxy (a bulk copy into

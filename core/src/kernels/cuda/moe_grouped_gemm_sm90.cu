@@ -40,12 +40,11 @@ struct GroupedSm90Args {
   float limit;
   void* out;
   bool tail_split;
-  bool multicast;  // clusters: pairs share their weight tiles (else every CTA loads its own: A/B runs)
 };
 
-// grid: (output column blocks, row blocks: an upper bound on the tiles, even with clusters). kGateUp: the CTA's 128
-// h columns n0 .. n0 + 127 take gate rows n0.. and up rows n_dim + n0.. of expert e (rows past n_dim read other rows
-// or zeros and are never stored); else its 256 output columns take down rows n0 .. n0 + 255.
+// grid: (output column blocks, row-block upper bound). kGateUp: the CTA's 128 h columns n0 .. n0 + 127 take gate
+// rows n0.. and up rows n_dim + n0.. of expert e (rows past n_dim read other rows or zeros and are never stored);
+// else its 256 output columns take down rows n0 .. n0 + 255.
 //
 // The ring: full[s] completes when the 128 producer threads have arrived (each after its own cp.async copies of the
 // stage landed and a proxy fence made them visible to the tensor cores) and thread 0's expect_tx arrival's TMA bytes
@@ -54,29 +53,36 @@ struct GroupedSm90Args {
 // behind the one it waits for. Issuing t + kLag waits for the consumers to release stage t + kLag − kStages, which
 // they do only after their products of the stage after it, t + kLag − kStages + 1 — so that stage must already be
 // signalled: kLag ≤ kStages − 2 (kLag = 3 of 4 deadlocks: measured as a hang on an H100).
-//
-// kCluster = 2 (clusters of two CTAs along y, tiles from find_paired_tile): a multicast pair — two row blocks of
-// one expert — needs each weight tile once for both, so rank r loads box r of every stage into both CTAs (TMA
-// multicast) and each CTA's full[s] still expects the whole 32 KB. A box lands in the peer too, so a stage may be
-// refilled only when both CTAs' consumers are done with it: empty[s] then counts 16 warps, every consumer warp
-// arriving on its own CTA's and on the peer's. The peer's bytes for a stage's next round can reach full[s] before
-// this CTA's expect_tx for it (its transaction count goes below zero meanwhile, which the barrier allows) but never
-// before the round they follow has completed: the peer refills only after this CTA's consumers released the stage.
-// The weight tiles from L2 halve; ncu put the one-CTA form at 85–88 % of L2 throughput on a 4K prompt.
 template <bool kGateUp, int kLag>
-__device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p, const CUtensorMap& w_map,
-                                                       const GroupedTile tile, const bool mc, const int rank,
-                                                       const uint32_t base, unsigned char* smem) {
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_sm90_kernel(const GroupedSm90Args p, const __grid_constant__ CUtensorMap w_map) {
   static_assert(kLag >= 1 && kLag <= kStages - 2, "a stage is released only after the next one's products");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const GroupedTile tile = find_grouped_tile<kBlockM>(p.d.expert_offsets, p.experts, static_cast<int>(blockIdx.y));
+  if (tile.expert < 0) return;
   const int begin = p.d.expert_offsets[tile.expert] + tile.m0;
   const int rows = min(kBlockM, p.d.expert_offsets[tile.expert + 1] - begin);
   const int n0 = static_cast<int>(blockIdx.x) * (kGateUp ? kBoxRows : kBlockN);
   const int k_tiles = (p.k_dim + kBlockK - 1) / kBlockK;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw_addr);
   auto a_tile = [&](int s) { return static_cast<uint32_t>(s) * kStage; };
   auto b_tile = [&](int s) { return static_cast<uint32_t>(s) * kStage + kATile; };
   auto full = [&](int s) { return base + kBarriers + 8 * s; };
   auto empty = [&](int s) { return base + kBarriers + 8 * (kStages + s); };
+
   const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(full(s), 128 + 1);
+      mbarrier_init(empty(s), 8);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
 
   if (tid < 128) {
     warpgroup_reg_dealloc<kProducerRegs>();
@@ -101,13 +107,8 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
       mbarrier_wait(empty(s), ((kt / kStages) & 1) ^ 1);
       if (tid == 0) {
         mbarrier_arrive_expect_tx(full(s), kBTile);
-        if (mc) {
-          tma_load_2d_multicast(base + b_tile(s) + rank * (kBTile / 2), &w_map, kt * kBlockK, rank ? wrow1 : wrow0,
-                                full(s), 0x3);
-        } else {
-          tma_load_2d(base + b_tile(s), &w_map, kt * kBlockK, wrow0, full(s));
-          tma_load_2d(base + b_tile(s) + kBTile / 2, &w_map, kt * kBlockK, wrow1, full(s));
-        }
+        tma_load_2d(base + b_tile(s), &w_map, kt * kBlockK, wrow0, full(s));
+        tma_load_2d(base + b_tile(s) + kBTile / 2, &w_map, kt * kBlockK, wrow1, full(s));
       }
       const int k = kt * kBlockK + chunk * 8;
       const bool k_ok = k < p.k_dim;
@@ -133,14 +134,6 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
   warpgroup_reg_alloc<kConsumerRegs>();
   const int cw = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  // This warp is done reading stage s: it may be refilled (by both CTAs' producers, for a multicast pair).
-  auto release = [&](int s) {
-    __syncwarp();
-    if (lane == 0) {
-      mbarrier_arrive(empty(s));
-      if (mc) mbarrier_arrive_cluster(empty(s), static_cast<uint32_t>(rank ^ 1));
-    }
-  };
   if (rows <= 64 && p.tail_split) {
     // An expert's last rows (≤ 64, or a small expert's all): both warpgroups take A's rows 0..63 and split the
     // weight rows instead, two m64n64 products each — gate_up: gate rows 64·cw.. and the matching up rows 128 + 64·cw..
@@ -163,7 +156,10 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
       }
       wgmma_commit();
       wgmma_wait<1>();
-      if (kt > 0) release((kt - 1) % kStages);
+      if (kt > 0) {
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty((kt - 1) % kStages));
+      }
     }
     wgmma_wait<0>();
     wgmma_pin(t0);
@@ -207,7 +203,8 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
   if (!active) {
     for (int kt = 0; kt + 1 < k_tiles; ++kt) {
       mbarrier_wait(full(kt % kStages), (kt / kStages) & 1);
-      release(kt % kStages);
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(empty(kt % kStages));
     }
     return;
   }
@@ -216,7 +213,10 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
     mbarrier_wait(full(s), (kt / kStages) & 1);
     wgmma_k_tile_m64n256(acc, base + a_tile(s) + cw * 64 * 128, base + b_tile(s));
     wgmma_wait<1>();  // the previous k tile's products are done: its slot can be refilled
-    if (kt > 0) release((kt - 1) % kStages);
+    if (kt > 0) {
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(empty((kt - 1) % kStages));
+    }
   }
   wgmma_wait<0>();
   wgmma_pin(acc);
@@ -249,50 +249,12 @@ __device__ __forceinline__ void grouped_gemm_sm90_tile(const GroupedSm90Args& p,
       }
     }
   }
-}
-
-template <bool kGateUp, int kLag, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_sm90_kernel(const GroupedSm90Args p, const __grid_constant__ CUtensorMap w_map) {
-  static_assert(kCluster == 1 || kCluster == 2, "one CTA, or clusters of two along y");
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  GroupedTile tile;
-  bool mc = false;  // a multicast pair: both CTAs of the cluster, the same expert and weight tiles
-  int rank = 0;
-  if constexpr (kCluster == 2) {
-    rank = static_cast<int>(blockIdx.y % 2);  // cluster (1, 2, 1): its rank is the y offset inside it
-    const PairedTile t =
-        find_paired_tile<kBlockM>(p.d.expert_offsets, p.experts, static_cast<int>(blockIdx.y / 2), rank);
-    tile = {t.expert, t.m0};
-    mc = t.multicast && p.multicast;
-  } else {
-    tile = find_grouped_tile<kBlockM>(p.d.expert_offsets, p.experts, static_cast<int>(blockIdx.y));
-  }
-  if (tile.expert < 0) return;  // never a rank of a multicast pair: both of its ranks have rows
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t base = (raw_addr + 1023u) & ~1023u;  // the same offset in every CTA: multicast targets it
-  unsigned char* smem = smem_raw + (base - raw_addr);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(base + kBarriers + 8 * s, 128 + 1);
-      mbarrier_init(base + kBarriers + 8 * (kStages + s), mc ? 16 : 8);
-    }
-    mbarrier_init_fence();
-  }
-  if (mc)
-    cluster_sync();  // the peer's barriers are initialised before either CTA copies into or arrives on them
-  else
-    __syncthreads();
-  grouped_gemm_sm90_tile<kGateUp, kLag>(p, w_map, tile, mc, rank, base, smem);
-  if (mc) cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 #else
   __trap();  // sm_90a only; moe_grouped_sm90_applies keeps other devices off this kernel
 #endif
 }
 
-template <bool kGateUp, int kLag, int kCluster>
+template <bool kGateUp, int kLag>
 Status launch(const char* name, const GroupedSm90Args& args, int64_t pairs, int64_t num_experts, const uint16_t* w,
               StreamHandle stream) {
   const int64_t w_rows = (kGateUp ? 2 : 1) * static_cast<int64_t>(args.n_dim) * num_experts;
@@ -301,29 +263,18 @@ Status launch(const char* name, const GroupedSm90Args& args, int64_t pairs, int6
   const uint64_t strides[1] = {static_cast<uint64_t>(args.k_dim)};
   const uint32_t box[2] = {kBlockK, kBoxRows};
   KILN_RETURN_IF_ERROR(make_bf16_tensor_map_128b(&map, w, 2, dims, strides, box, name));
-  auto* kernel = grouped_gemm_sm90_kernel<kGateUp, kLag, kCluster>;
   // Per call, not once: the attribute is per device.
-  KILN_RETURN_IF_ERROR(check_cuda(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kAlloc)), name));
+  KILN_RETURN_IF_ERROR(check_cuda(cudaFuncSetAttribute(grouped_gemm_sm90_kernel<kGateUp, kLag>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(kAlloc)),
+                                  name));
   const int64_t block_n = kGateUp ? kBoxRows : kBlockN;
   const int64_t col_blocks = (args.n_dim + block_n - 1) / block_n;
-  int64_t row_blocks = grouped_row_block_bound(pairs, num_experts, kBlockM);
-  row_blocks += row_blocks % kCluster;  // clusters: ⌈tiles / 2⌉ of them bound the pairs and the odd blocks' clusters
+  const int64_t row_blocks = grouped_row_block_bound(pairs, num_experts, kBlockM);
   if (row_blocks > 65535 || col_blocks > 65535)
     return invalid_argument(std::string(name) + ": too many pairs or columns for one launch");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kAlloc;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = kCluster;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  KILN_RETURN_IF_ERROR(check_cuda(cudaLaunchKernelEx(&cfg, kernel, args, map), name));
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
+  grouped_gemm_sm90_kernel<kGateUp, kLag><<<grid, kThreads, kAlloc, stream>>>(args, map);
   return check_launch(name);
 }
 
@@ -332,22 +283,12 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-template <bool kGateUp, int kCluster>
+template <bool kGateUp>
 Status launch_lag(const char* name, const GroupedSm90Args& args, int64_t pairs, int64_t num_experts,
                   const uint16_t* w, StreamHandle stream) {
   // moe_grouped_gemm_sm90.h: the producer's signalling lag, 2 unless the environment asks for 1.
-  if (env_int("KILN_MOE_SM90_LAG", 2) == 1)
-    return launch<kGateUp, 1, kCluster>(name, args, pairs, num_experts, w, stream);
-  return launch<kGateUp, 2, kCluster>(name, args, pairs, num_experts, w, stream);
-}
-
-template <bool kGateUp>
-Status launch_form(const char* name, const GroupedSm90Args& args, int64_t pairs, int64_t num_experts,
-                   const uint16_t* w, StreamHandle stream) {
-  // moe_grouped_gemm_sm90.h: clusters of two unless the environment asks for one CTA.
-  if (env_int("KILN_MOE_SM90_CLUSTER", 2) == 1)
-    return launch_lag<kGateUp, 1>(name, args, pairs, num_experts, w, stream);
-  return launch_lag<kGateUp, 2>(name, args, pairs, num_experts, w, stream);
+  if (env_int("KILN_MOE_SM90_LAG", 2) == 1) return launch<kGateUp, 1>(name, args, pairs, num_experts, w, stream);
+  return launch<kGateUp, 2>(name, args, pairs, num_experts, w, stream);
 }
 
 }  // namespace
@@ -370,9 +311,9 @@ Status moe_grouped_gemm_sm90(bool gate_up, const uint16_t* a, int64_t pairs, int
     return invalid_argument(std::string(name) + ": shapes past 32-bit row and column indices");
   const GroupedSm90Args args{a, static_cast<int>(top_k), static_cast<int>(k_dim), static_cast<int>(n_dim),
                              static_cast<int>(num_experts), d, route_weight, limit, out,
-                             env_int("KILN_MOE_SM90_TAIL", 1) != 0, env_int("KILN_MOE_SM90_MULTICAST", 1) != 0};
-  return gate_up ? launch_form<true>(name, args, pairs, num_experts, w, stream)
-                 : launch_form<false>(name, args, pairs, num_experts, w, stream);
+                             env_int("KILN_MOE_SM90_TAIL", 1) != 0};
+  return gate_up ? launch_lag<true>(name, args, pairs, num_experts, w, stream)
+                 : launch_lag<false>(name, args, pairs, num_experts, w, stream);
 }
 
 }  // namespace kiln::cuda

@@ -5,19 +5,15 @@
 // ring; two consumer warpgroups of 64 rows each run m64n256k16 products, each k tile's slot handed back as soon as
 // its products have finished. A tile of at most 64 rows (an expert's last, or a small expert's only one) is split by
 // weight rows instead: both warpgroups multiply A's 64 rows by half of the weight rows each (two m64n64 products).
-// CTAs run in clusters of two: an expert's row blocks two by two share every weight tile, each CTA loading half of
-// it into both (TMA multicast), so the weights cross L2 once per two row blocks; an expert's odd last block is
-// paired with another expert's and loads its own (moe_grouped_tiles.cuh, find_paired_tile).
 //
 // A producer thread's row copies are cp.async (a gather: no tensor map can follow pair_order); the tensor cores read
 // shared memory through the async proxy, so the thread waits for its copies of a stage, fences and only then arrives
 // on the stage's barrier — `lag` stages after issuing it, so that many stages of copies stay in flight behind the
 // one it waits for.
 //
-// Three environment switches, for A/B runs (read per call): KILN_MOE_SM90_LAG=1 (default 2; more would deadlock a
+// Two environment switches, for A/B runs (read per call): KILN_MOE_SM90_LAG=1 (default 2; more would deadlock a
 // four-stage ring, see the kernel), the producer's lag; KILN_MOE_SM90_TAIL=0 runs tiles of ≤ 64 rows on one
-// warpgroup (the other idles) instead of splitting them; KILN_MOE_SM90_CLUSTER=1 runs one CTA a tile, no clusters
-// (same bits).
+// warpgroup (the other idles) instead of splitting them.
 #pragma once
 
 #include <cstdint>

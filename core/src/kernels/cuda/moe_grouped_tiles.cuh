@@ -13,57 +13,29 @@ struct GroupedTile {
   int m0;      // first row within the expert's group
 };
 
-// Expert e holds units(m_e) units (m_e: its rows); the unit-th of them in expert order, by a warp scan over the
-// experts: {expert, the unit's index within it}, or {−1, unit − total units} past the last. Every lane of the calling
-// warp gets the same answer.
-template <class Units>
-__device__ int2 find_expert_unit(const int32_t* __restrict__ offsets, int experts, int unit, Units units) {
+// The tile-th (expert, row block) in expert order, by a warp scan over the per-expert block counts. Every lane of
+// the calling warp gets the same answer.
+template <int kBlockM>
+__device__ GroupedTile find_grouped_tile(const int32_t* __restrict__ offsets, int experts, int tile) {
   const int lane = threadIdx.x % 32;
   for (int base = 0; base < experts; base += 32) {
     const int e = base + lane;
-    const int count = e < experts ? units(offsets[e + 1] - offsets[e]) : 0;
+    const int count = e < experts ? (offsets[e + 1] - offsets[e] + kBlockM - 1) / kBlockM : 0;
     int incl = count;
 #pragma unroll
     for (int off = 1; off < 32; off *= 2) {
       const int v = __shfl_up_sync(~0u, incl, off);
       if (lane >= off) incl += v;
     }
-    const unsigned hit = __ballot_sync(~0u, unit < incl);
+    const unsigned hit = __ballot_sync(~0u, tile < incl);
     if (hit) {
       const int src = __ffs(hit) - 1;
       const int before = __shfl_sync(~0u, incl - count, src);
-      return make_int2(base + src, unit - before);
+      return {base + src, (tile - before) * kBlockM};
     }
-    unit -= __shfl_sync(~0u, incl, 31);
+    tile -= __shfl_sync(~0u, incl, 31);
   }
-  return make_int2(-1, unit);
-}
-
-// The tile-th (expert, row block) in expert order.
-template <int kBlockM>
-__device__ GroupedTile find_grouped_tile(const int32_t* __restrict__ offsets, int experts, int tile) {
-  const int2 u = find_expert_unit(offsets, experts, tile, [](int m) { return (m + kBlockM - 1) / kBlockM; });
-  return {u.x, u.x < 0 ? 0 : u.y * kBlockM};
-}
-
-// Tiles for clusters of two CTAs. First every expert's row blocks two by two — (0, 1), (2, 3), ... — one pair a
-// cluster, rank r taking the pair's block r: both multiply by the same weight tiles (`multicast`). Then the odd
-// blocks left (an expert's last when its count is odd), two a cluster, each CTA its own expert's; past those,
-// expert −1. Both ranks of a cluster agree on `multicast`, and a multicast pair never has an empty rank.
-struct PairedTile {
-  int expert;
-  int m0;
-  bool multicast;
-};
-
-template <int kBlockM>
-__device__ PairedTile find_paired_tile(const int32_t* __restrict__ offsets, int experts, int cluster, int rank) {
-  const auto blocks = [](int m) { return (m + kBlockM - 1) / kBlockM; };
-  const int2 pair = find_expert_unit(offsets, experts, cluster, [&](int m) { return blocks(m) / 2; });
-  if (pair.x >= 0) return {pair.x, (2 * pair.y + rank) * kBlockM, true};
-  const int2 odd = find_expert_unit(offsets, experts, 2 * pair.y + rank, [&](int m) { return blocks(m) % 2; });
-  if (odd.x < 0) return {-1, 0, false};
-  return {odd.x, (blocks(offsets[odd.x + 1] - offsets[odd.x]) - 1) * kBlockM, false};
+  return {-1, 0};
 }
 
 // As cpu::swiglu: silu(min(gate, limit)) · clamp(up, ±limit).
