@@ -23,6 +23,7 @@
 
 #include "builtin/paged_mla_kv_layout.h"
 #include "kernels/cuda/mla_decode.h"
+#include "kernels/cuda/head_batched_gemm.h"
 #include "kernels/cuda/mla_kv_expand_sm90.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
@@ -194,9 +195,12 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       report("path", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
       setenv("KILN_MLA_KV_EXPAND", "sm90", 1);  // the one-launch Hopper expansion (opt-in), for the A/B
       report("path-x90", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
+      setenv("KILN_MLA_KV_EXPAND", "heads", 1);  // one cuBLAS call per head (the form before the batched one)
+      report("path-hd", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_attention(a, blas, nullptr)); }, iters));
       unsetenv("KILN_MLA_KV_EXPAND");
 
-      // The kv_b expansion alone (the pages as latent rows): one Hopper launch vs one cuBLAS call per head.
+      // The kv_b expansion alone (the pages as latent rows): one Hopper launch, one cuBLASLt launch over the heads
+      // (the default), one cuBLAS call per head.
       // FLOPs 2 · keys · latent · H · (nope + v); bytes: the K_nope | V it writes.
       uint16_t* kv = nullptr;
       CHECK_CUDA(cudaMalloc(&kv, size_t(kv_len) * kvw * 2));
@@ -210,6 +214,15 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
                    CHECK_OK(kiln::cuda::mla_kv_expand_sm90(pages, kv_len, row, latent, kv_b, heads, nope + vd, kv,
                                                            nullptr));
                  }, iters));
+      void* lt_ws = nullptr;
+      CHECK_CUDA(cudaMalloc(&lt_ws, kiln::cuda::kHeadBatchedGemmWorkspaceBytes));
+      if (kiln::cuda::head_batched_gemm_bf16(pages, kv_len, latent, row, kv_b, nope + vd, heads, kv, lt_ws, nullptr).ok())
+        x_report("xpand-lt", median_ms([&](int) {
+                   CHECK_OK(kiln::cuda::head_batched_gemm_bf16(pages, kv_len, latent, row, kv_b, nope + vd, heads, kv,
+                                                               lt_ws, nullptr));
+                 }, iters));
+      else
+        std::printf("%8lld xpand-lt  declined by cuBLASLt (the path runs one cuBLAS call per head)\n", (long long)kv_len);
       x_report("xpand-cb", median_ms([&](int) {
                  const float one = 1.f, zero = 0.f;
                  for (int64_t h = 0; h < heads; ++h)
@@ -220,6 +233,7 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
                      std::exit(1);
                }, iters));
       CHECK_CUDA(cudaFree(kv));
+      CHECK_CUDA(cudaFree(lt_ws));
       for (void* ptr : {(void*)pages, (void*)kv_b, (void*)d_tables, ws}) CHECK_CUDA(cudaFree(ptr));
     }
   }

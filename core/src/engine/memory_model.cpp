@@ -348,6 +348,8 @@ uint64_t step_scratch_bytes(const ModelConfig& c, int64_t N, int64_t R, int64_t 
   // Decode attention's split-KV partials: up to 64 splits for ≤ 32 rows (split by length), a few beyond.
   total += 4.0 * 64 * static_cast<double>(std::min<int64_t>(N, 32)) * H * (L + 1) + 4.0 * 2 * Nd * H * (L + 1);
   total += static_cast<double>(prefill_keys) * (2 * D + 2 * H * (static_cast<double>(c.qk_nope_head_dim) + vd));
+  // The expansion's cuBLASLt workspace (kernels/cuda/head_batched_gemm.h, kHeadBatchedGemmWorkspaceBytes: 32 MiB).
+  if (prefill_keys > 0) total += 32.0 * kMiB;
   if (context > 1) {
     // Every head's absorbed q, this rank's partial output and log-sum-exp, every rank's gathered (W + 1 copies of
     // N · heads · (latent + 1) fp32), its gather staging; and for expanded prefill the rank's own context rows

@@ -6,7 +6,8 @@
 // expands only its heads and must get the one-rank bits) nor on how many keys it covers (chunked prefill expands a
 // cached key again with every chunk, and would get the same bits each time). cuBLAS gives neither over all heads: it
 // picks its kernel, and with it the summation order, by the problem's width and height — which is why the path's
-// default issues one cuBLAS call per head (20 launches of ≈ 5.6 µs for a 4K prompt of GLM-4.7-Flash on an H100).
+// default is head_batched_gemm.h's cuBLASLt launch (its algorithm chosen per one-head problem: bits independent of the
+// head count, not of the key count), 2.2× faster than this kernel at 4K keys on an H100 (61 vs 134 µs).
 //
 // Tiles of 128 keys × 256 kv_b rows on persistent CTAs (one per SM): one producer thread streams both operands by TMA
 // into a four-deep ring of 128-byte-swizzled tiles (the latent rows through a strided tensor map, so the rope tail is
@@ -28,7 +29,7 @@ bool mla_kv_expand_sm90_supported(int64_t latent_dim, int64_t row_width, int64_t
                                   const void* kv_b, const void* out);
 
 // Whether mla_prefill_attention uses it: supported, and the environment sets KILN_MLA_KV_EXPAND=sm90. Opt-in because
-// it measured slower than the per-head cuBLAS calls (H100, GLM-4.7-Flash's 20 heads: 151 µs for 4,096 keys against
+// it measured slower than the head-batched cuBLASLt launch (above) and than the per-head cuBLAS calls before it (H100, GLM-4.7-Flash's 20 heads: 151 µs for 4,096 keys against
 // ≈ 112 µs for the 20 calls inside the model; 1,073 vs 598 µs for 32,768 keys; whole-model prefill equal at 4K, −2 % at
 // 32K). It holds ≈ 35 % of the tensor rate at every key count, in a first form with one CTA per tile as in this
 // persistent one, so the ring's fill is not what limits it (bench/RESULTS.md, 2026-12-07).

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/head_batched_gemm.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/mla_kv_expand_sm90.h"
 #include "kernels/cuda/skinny_gemm.h"
@@ -22,7 +24,7 @@ size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 // Workspace layout, in this order, each part 256-byte aligned.
 struct Layout {
-  size_t seqs, table_rows, latent, kv, total;
+  size_t seqs, table_rows, latent, kv, blas, total;
 };
 
 Layout layout(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& d) {
@@ -31,7 +33,8 @@ Layout layout(int64_t num_seqs, int64_t total_keys, const MlaPrefillDims& d) {
   l.table_rows = align_up(sizeof(MlaPrefillSeq) * num_seqs);  // the gather's KvGatherSeq table
   l.latent = l.table_rows + align_up(sizeof(KvGatherSeq) * num_seqs);
   l.kv = l.latent + align_up(sizeof(uint16_t) * total_keys * (d.latent_dim + d.rope_dim));
-  l.total = l.kv + align_up(sizeof(uint16_t) * total_keys * d.num_heads * (d.nope_dim + d.v_dim));
+  l.blas = l.kv + align_up(sizeof(uint16_t) * total_keys * d.num_heads * (d.nope_dim + d.v_dim));
+  l.total = l.blas + kHeadBatchedGemmWorkspaceBytes;  // the kv_b expansion's cuBLASLt workspace
   return l;
 }
 
@@ -119,9 +122,10 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   // on how many heads share the call: a tensor-parallel rank expands only its heads and must get the one-rank bits
   // (greedy TP = TP=1). One cuBLAS GEMM over all heads is as wide as the rank's heads, and cuBLAS picks its kernel
   // (split-K / stream-K, so the summation order) by that width. Up to kSkinnyGemmLimit keys the skinny GEMM does
-  // every head in one launch (its k split depends on L alone); past that, one cuBLAS call per head, each the same
-  // problem (m, n, k and leading dimensions) on every rank — or, opt-in (KILN_MLA_KV_EXPAND=sm90, measured slower),
-  // mla_kv_expand_sm90's one launch.
+  // every head in one launch (its k split depends on L alone); past that, head_batched_gemm_bf16: one cuBLASLt
+  // launch over the heads with the algorithm chosen for one head's problem, the same on every rank. Opt-in for A/B
+  // runs (KILN_MLA_KV_EXPAND): `heads`, one cuBLAS call per head (the form before it, and the fallback where
+  // cuBLASLt has no such algorithm); `sm90`, mla_kv_expand_sm90's one launch (measured slower).
   const int64_t hw = d.nope_dim + d.v_dim, L = d.latent_dim;
   if (hw > INT32_MAX || row_width > INT32_MAX || total_keys * hw > INT64_MAX / d.num_heads)
     return out_of_range("mla_prefill_attention: kv_b too large");
@@ -139,9 +143,18 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     KILN_RETURN_IF_ERROR(mla_kv_expand_sm90(latent, total_keys, row_width, L, a.kv_b, d.num_heads, hw, kv, stream)
                              .with_context("mla_prefill_attention: kv_b expansion"));
   } else {
+    const char* form = std::getenv("KILN_MLA_KV_EXPAND");
+    bool expanded = false;
+    if (!(form && std::strcmp(form, "heads") == 0)) {
+      const Status batched =
+          head_batched_gemm_bf16(latent, total_keys, L, row_width, a.kv_b, hw, d.num_heads, kv, ws + l.blas, stream);
+      if (!batched.ok() && batched.code() != StatusCode::kUnimplemented)
+        return batched.with_context("mla_prefill_attention: kv_b expansion");
+      expanded = batched.ok();
+    }
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t bs = cublasSetStream(blas, stream);
-    for (int64_t h = 0; h < d.num_heads && bs == CUBLAS_STATUS_SUCCESS; ++h)
+    cublasStatus_t bs = expanded ? CUBLAS_STATUS_SUCCESS : cublasSetStream(blas, stream);
+    for (int64_t h = 0; h < d.num_heads && !expanded && bs == CUBLAS_STATUS_SUCCESS; ++h)
       bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(hw), static_cast<int>(total_keys),
                         static_cast<int>(L), &one, a.kv_b + h * hw * L, CUDA_R_16BF, static_cast<int>(L), latent,
                         CUDA_R_16BF, static_cast<int>(row_width), &zero, kv + h * total_keys * hw, CUDA_R_16BF,
