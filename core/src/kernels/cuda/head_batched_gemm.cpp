@@ -63,8 +63,10 @@ struct Desc {
   }
 };
 
-// One cuBLASLt handle per device, and the algorithm chosen per one-head problem: both live for the process (a
-// handful of problems per model: one per distinct key count that a prompt's chunks reach).
+// One cuBLASLt handle per device, and the algorithm chosen per one-head problem: both live for the process. A step's
+// key count is a problem of its own, so a server sees many; past kMaxAlgos the choices are forgotten and made again
+// (the same heuristic on the same problem gives the same algorithm, so the bits do not change).
+constexpr size_t kMaxAlgos = 4096;
 struct Problem {
   int device;
   int64_t n, k, x_ld, m;
@@ -108,6 +110,7 @@ Result<cublasLtMatmulAlgo_t> algo_for(cublasLtHandle_t h, const Desc& desc, cons
   cublasLtMatmulPreferenceDestroy(pref);
   KILN_RETURN_IF_ERROR(lt_status(s, "algorithm heuristic"));
   if (found < 1) return unimplemented(std::string(kName) + ": cuBLASLt has no algorithm for the problem");
+  if (g_algos->size() >= kMaxAlgos) g_algos->clear();
   (*g_algos)[p] = result.algo;
   return result.algo;
 }
