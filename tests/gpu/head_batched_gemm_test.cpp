@@ -8,14 +8,13 @@
 #include <cstdio>
 
 #include "device_buffer.h"
+#include "kv_expansion_reference.h"
 #include "kernels/cuda/head_batched_gemm.h"
 
 namespace kiln::test {
 namespace {
 
-struct BatchedCase {
-  int64_t heads, head_width, latent, row_width, keys;
-};
+using BatchedCase = KvExpansionShape;
 
 // Heads [h0, h0 + hs) of the case over all its keys: bf16 [hs][keys][head_width], or {} with `status` set when
 // cuBLASLt declines the problem.
@@ -46,26 +45,9 @@ void run_case(const BatchedCase& c, uint64_t seed, bool must_run) {
     return;
   }
 
-  // Against the exact product: fp32 sums rounded to bf16, so within half a bf16 step (2^-8 relative) plus the fp32
-  // sum's own error (loosely 2e-5 · Σ|terms|). Every 7th key of long cases (the CPU's double sums dominate the time).
-  int64_t bad = 0;
-  double worst = 0;
-  const int64_t key_step = c.keys > 1000 ? 7 : 1;
-  for (int64_t h = 0; h < c.heads; ++h)
-    for (int64_t k = 0; k < c.keys; k += key_step)
-      for (int64_t j = 0; j < c.head_width; ++j) {
-        double exact = 0, magnitude = 0;
-        const float* x = latent.values.data() + k * c.row_width;
-        const float* w = kv_b.values.data() + (h * c.head_width + j) * c.latent;
-        for (int64_t l = 0; l < c.latent; ++l) exact += double(x[l]) * w[l], magnitude += std::fabs(double(x[l]) * w[l]);
-        const double got = cpu::bf16_to_float(whole[(h * c.keys + k) * c.head_width + j]);
-        const double err = std::fabs(got - exact), bound = std::ldexp(std::fabs(exact), -8) + 2e-5 * magnitude;
-        worst = std::max(worst, err / (bound > 0 ? bound : 1));
-        bad += !(err <= bound);
-      }
-  std::printf("  H=%lld width=%lld L=%lld row=%lld keys=%lld: worst error %.3g of its bound\n", (long long)c.heads,
-              (long long)c.head_width, (long long)c.latent, (long long)c.row_width, (long long)c.keys, worst);
-  EXPECT_EQ(bad, 0) << bad << " values beyond half a bf16 step of the exact product";
+  // Every 7th key of long cases (the CPU's double sums dominate the time).
+  expect_exact_kv_expansion(c, latent, kv_b, whole,
+                            c.keys > 1000 ? 7 : 1);
 
   // 2- and 3-rank splits of the heads, and every head alone: the bits of the all-heads launch.
   for (int parts : {2, 3, static_cast<int>(c.heads)}) {

@@ -8,14 +8,13 @@
 #include <cstdio>
 
 #include "device_buffer.h"
+#include "kv_expansion_reference.h"
 #include "kernels/cuda/mla_kv_expand_sm90.h"
 
 namespace kiln::test {
 namespace {
 
-struct ExpandCase {
-  int64_t heads, head_width, latent, row_width, keys;
-};
+using ExpandCase = KvExpansionShape;
 
 // Runs the expansion of keys [k0, k0 + keys) and heads [h0, h0 + hs) of the case's operands; returns bf16
 // [hs][keys][head_width], or an empty vector when the kernel does not apply.
@@ -42,26 +41,7 @@ void run_case(const ExpandCase& c, uint64_t seed) {
   const std::vector<uint16_t> whole = expand(c, latent, kv_b, 0, c.keys, 0, c.heads);
   if (whole.empty()) GTEST_SKIP() << "mla_kv_expand_sm90 needs a compute capability 9.0 device";
 
-  // Against the exact product: the kernel's value is the fp32 sum rounded to bf16, so within half a bf16 step of
-  // the exact value (2^-8 relative) plus the fp32 sum's own error (bounded loosely by 2e-5 · Σ|terms|: the tensor
-  // cores' fp32 accumulation over up to 512 terms).
-  int64_t bad = 0;
-  double worst = 0;
-  for (int64_t h = 0; h < c.heads; ++h)
-    for (int64_t k = 0; k < c.keys; ++k)
-      for (int64_t j = 0; j < c.head_width; ++j) {
-        double exact = 0, magnitude = 0;
-        const float* x = latent.values.data() + k * c.row_width;
-        const float* w = kv_b.values.data() + (h * c.head_width + j) * c.latent;
-        for (int64_t l = 0; l < c.latent; ++l) exact += double(x[l]) * w[l], magnitude += std::fabs(double(x[l]) * w[l]);
-        const double got = cpu::bf16_to_float(whole[(h * c.keys + k) * c.head_width + j]);
-        const double err = std::fabs(got - exact), bound = std::ldexp(std::fabs(exact), -8) + 2e-5 * magnitude;
-        worst = std::max(worst, err / (bound > 0 ? bound : 1));
-        bad += !(err <= bound);
-      }
-  std::printf("  H=%lld width=%lld L=%lld row=%lld keys=%lld: worst error %.3g of its bound\n", (long long)c.heads,
-              (long long)c.head_width, (long long)c.latent, (long long)c.row_width, (long long)c.keys, worst);
-  EXPECT_EQ(bad, 0) << bad << " values beyond half a bf16 step of the exact product";
+  expect_exact_kv_expansion(c, latent, kv_b, whole);
 
   // A rank's heads: the same bits as in the one-rank launch.
   for (int parts : {2, 3}) {
