@@ -93,5 +93,39 @@ TEST(HalfFloat, ArrayConversionsMatchScalar) {
   }
 }
 
+// The MoE router's fp32 weights as bf16 terms (the CUDA prefill gate's tensor-core GEMM): their sum is the value, bit
+// for bit, and the count says how many planes are needed.
+TEST(HalfFloat, Bf16TermsSumExactlyToTheValue) {
+  auto sum = [](const std::vector<uint16_t>& t, size_t n, size_t i) {
+    return static_cast<double>(bf16_to_float(t[i])) + bf16_to_float(t[n + i]) + bf16_to_float(t[2 * n + i]);
+  };
+  for (auto [lo, hi] : {std::pair{-1.f, 1.f}, std::pair{-1e-30f, 1e-30f}, std::pair{-3e35f, 3e35f}}) {
+    auto x = test::random_floats(4096, 11, lo, hi);
+    x[5] = 0.f, x[6] = -0.f, x[7] = std::numeric_limits<float>::min();  // zeros and the smallest normal
+    std::vector<uint16_t> t(3 * x.size(), 0xffff);
+    ASSERT_EQ(bf16_terms(x.data(), static_cast<int64_t>(x.size()), t.data()), 3);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(sum(t, x.size(), i), static_cast<double>(x[i])) << x[i];
+  }
+  // bf16 values: one plane (the others zero); 16 significant bits: two.
+  std::vector<float> b(256);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = bf16_to_float(static_cast<uint16_t>(0x3c00 + 37 * i));
+  std::vector<uint16_t> t(3 * b.size());
+  ASSERT_EQ(bf16_terms(b.data(), static_cast<int64_t>(b.size()), t.data()), 1);
+  for (size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(bf16_to_float(t[i]), b[i]);
+    EXPECT_EQ(t[b.size() + i] & 0x7fff, 0);
+    EXPECT_EQ(t[2 * b.size() + i] & 0x7fff, 0);
+  }
+  b[3] = std::bit_cast<float>(0x3f80ff00u);  // 1 + 255·2⁻¹⁶: 16 significant bits
+  ASSERT_EQ(bf16_terms(b.data(), static_cast<int64_t>(b.size()), t.data()), 2);
+  EXPECT_EQ(sum(t, b.size(), 3), static_cast<double>(b[3]));
+  // No exact sum: not finite, or an fp32 subnormal below bf16's grid.
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                    std::bit_cast<float>(0x00000001u), std::numeric_limits<float>::max()}) {
+    b[9] = bad;
+    EXPECT_EQ(bf16_terms(b.data(), static_cast<int64_t>(b.size()), t.data()), 0) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cpu

@@ -148,7 +148,7 @@ struct WeightEstimate {
 WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& info, int64_t mtp_layers,
                                        const ModelConfig* config = nullptr, TensorShard shard = {}) {
   if (!config) shard = {};
-  uint64_t bytes = 0, experts = 0;
+  uint64_t bytes = 0, experts = 0, router_terms_high = 0;
   int64_t quantized_kv_b = 0;
   bool quantized_embed = false;
   for (const std::string& name : ckpt.names()) {
@@ -162,7 +162,12 @@ WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& 
       held = n * static_cast<uint64_t>(dtype_size(t->dtype));
       if (ends_with(name, "kv_b_proj.trellis")) ++quantized_kv_b;
       if (name == "model.embed_tokens.trellis") quantized_embed = true;
-    } else if (ends_with(name, ".mlp.gate.weight") || ends_with(name, "e_score_correction_bias") ||
+    } else if (ends_with(name, ".mlp.gate.weight")) {
+      // fp32, and its exact bf16 terms for the prefill gate (gpu_weights.h): one from a bf16 checkpoint, one to
+      // three from fp32 values.
+      held = 4 * n + 2 * n;
+      if (t->dtype != DType::kBF16) router_terms_high += 4 * n;
+    } else if (ends_with(name, "e_score_correction_bias") ||
                ends_with(name, "k_norm.weight") || ends_with(name, "k_norm.bias")) {
       held = 4 * n;
     } else {
@@ -185,7 +190,7 @@ WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& 
   WeightEstimate w;
   w.low = bytes;
   w.routed_experts = experts;
-  w.high = scale(bytes, 1.02);  // a format's own tables and 256-byte alignment
+  w.high = scale(bytes, 1.02) + router_terms_high;  // a format's own tables and 256-byte alignment
   w.basis = "checkpoint headers (" + std::to_string(ckpt.names().size()) + " tensors) as the CUDA runner holds them";
   return w;
 }
@@ -261,7 +266,7 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
       return;
     }
     const double E = static_cast<double>(c.n_routed_experts), I = static_cast<double>(c.moe_intermediate_size);
-    total += (E * Hd + E) * 4;  // router, bias
+    total += (E * Hd + E) * 4 + E * Hd * 6;  // router, bias; the router's three bf16 terms (dummy fp32 values)
     const double before = total;
     for (int64_t e = 0; e < shard.count(c.n_routed_experts); ++e) {
       linear_as(Hd, 2 * I, exl3_experts);

@@ -1,5 +1,6 @@
 #include "kernels/cpu/half_float.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace kiln::cpu {
@@ -53,6 +54,24 @@ void fp16_to_float(const uint16_t* in, float* out, int64_t n) {
 
 void float_to_fp16(const float* in, uint16_t* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_fp16(in[i]);
+}
+
+int bf16_terms(const float* x, int64_t n, uint16_t* terms) {
+  int used = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t hi = float_to_bf16(x[i]);
+    const float r = x[i] - bf16_to_float(hi);  // exact: within half a bf16 step of x, on x's fp32 grid
+    const uint16_t lo = float_to_bf16(r);
+    const float r2 = r - bf16_to_float(lo);  // exact likewise
+    const uint16_t lo2 = float_to_bf16(r2);
+    if (!std::isfinite(x[i]) || bf16_to_float(lo2) != r2) return 0;
+    if (r2 != 0.f)
+      used = 3;
+    else if (r != 0.f)
+      used = std::max(used, 2);
+    terms[i] = hi, terms[n + i] = lo, terms[2 * n + i] = lo2;
+  }
+  return used;
 }
 
 }  // namespace kiln::cpu

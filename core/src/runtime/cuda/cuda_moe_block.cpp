@@ -1,8 +1,11 @@
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_gate_gemv.h"
+#include "kernels/cuda/moe_gate_terms.h"
 #include "kernels/cuda/moe_gate_route_group.h"
 #include "kernels/cuda/moe_experts.h"
 #include "kernels/cuda/moe_route_group.h"
@@ -40,6 +43,14 @@ Status dense_mlp(const StepContext& x, const Linear& gate_up, const Linear& down
   return run_linear(x, down, x.b.act, N, y, DType::kBF16);
 }
 
+bool gate_forced_f32() {
+  static const bool forced = [] {
+    const char* e = std::getenv("KILN_MOE_GATE");
+    return e && std::string_view(e) == "f32";
+  }();
+  return forced;
+}
+
 }  // namespace
 
 Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) {
@@ -63,7 +74,8 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
   const cpu::MoeRouterConfig rc = moe_router_config(c);
   const MoeDispatch d{b.offsets, b.active, b.order};
   // The gate in fp32, as the CPU model runs it: batch-invariant steps through the gate GEMV (up to 16 tokens
-  // fused with routing and grouping: one launch, the same logits), larger ones cuBLAS.
+  // fused with routing and grouping: one launch, the same logits), larger ones on the tensor cores from the router's
+  // exact bf16 terms, or (no terms, or KILN_MOE_GATE=f32 for an A/B) widened to fp32 for cuBLAS's fp32 GEMM.
   if (moe_gate_route_and_group_supported(b.h, N, Hd, w.router, rc)) {
     KILN_RETURN_IF_ERROR(moe_gate_route_and_group(b.h, N, Hd, w.router, b.router_logits, w.router_bias, rc,
                                                   b.route_ids, b.route_w, d, x.I.route_done, st)
@@ -72,6 +84,11 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
     if (N <= kBatchInvariantMaxRows) {
       KILN_RETURN_IF_ERROR(
           moe_gate_logits_bf16(b.h, N, Hd, w.router, E, b.router_logits, st).with_context("MoE router"));
+    } else if (w.router_terms > 0 && w.router_terms * E <= Hd && !gate_forced_f32()) {
+      // On the tensor cores from the router's exact bf16 terms (moe_gate_terms.h); h32 holds the terms' logits.
+      KILN_RETURN_IF_ERROR(moe_gate_logits_bf16_terms(x.I.blas, b.h, N, Hd, w.router_bf16_terms, w.router_terms, E,
+                                                      b.h32, b.router_logits, st)
+                               .with_context("MoE router"));
     } else {
       KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
       KILN_RETURN_IF_ERROR(blas_ok(cublasSgemm(x.I.blas, CUBLAS_OP_T, CUBLAS_OP_N, E, N, Hd, &one, w.router, Hd,

@@ -3,7 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
+#include "kernels/cpu/half_float.h"
+
+#include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/model_glue_kernels.h"
 #include "runtime/cuda/weight_upload.h"
 
@@ -57,6 +61,27 @@ struct Loader {
     KILN_RETURN_IF_ERROR(up.f32(name, rows, cols, w, init));
     bytes += static_cast<size_t>(rows * cols) * 4;
     return w;
+  }
+  // w.router as exact bf16 terms (GpuLayer::router_bf16_terms, cpu::bf16_terms). A value the three cannot hold
+  // (not finite, an fp32 subnormal) leaves the layer without terms: its prefill gate stays an fp32 GEMM.
+  Status router_terms(const std::string& name, int64_t E, int64_t hd, GpuLayer& w) {
+    const size_t n = static_cast<size_t>(E * hd);
+    std::vector<float> host(n);
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(host.data(), w.router, n * 4, cudaMemcpyDeviceToHost, dev.cuda_stream()),
+                                 "router terms: read back"));
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(dev.cuda_stream()), "router terms: read back"));
+    std::vector<uint16_t> terms(3 * n);
+    const int used = cpu::bf16_terms(host.data(), static_cast<int64_t>(n), terms.data());
+    if (used == 0) return ok_status();
+    const size_t bytes = static_cast<size_t>(used) * n * 2;
+    KILN_ASSIGN_OR_RETURN(void* p, dev.allocate(bytes, (name + " (bf16 terms)").c_str()));
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(p, terms.data(), bytes, cudaMemcpyHostToDevice, dev.cuda_stream()),
+                                 "router terms: upload"));
+    KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(dev.cuda_stream()), "router terms: upload"));
+    w.router_bf16_terms = static_cast<const uint16_t*>(p);
+    w.router_terms = used;
+    this->bytes += bytes;
+    return ok_status();
   }
   Result<const uint16_t*> norm(const std::string& name, int64_t dim) {
     KILN_ASSIGN_OR_RETURN(uint16_t * w, bf16(name, 1, dim, DummyInit::kOne));
@@ -129,6 +154,7 @@ struct Loader {
     const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
     KILN_ASSIGN_OR_RETURN(w.router, f32(p + ".mlp.gate.weight", E, hd, DummyInit::kRandom));
     KILN_ASSIGN_OR_RETURN(w.router_bias, f32(p + ".mlp.gate.e_score_correction_bias", 1, E, DummyInit::kZero));
+    KILN_RETURN_IF_ERROR(router_terms(p + ".mlp.gate.weight", E, hd, w));
     ExpertSpec spec;
     spec.prefix = p + ".mlp.experts";
     spec.num_experts = shard.count(E);  // this rank's, numbered from 0 by the sharded source

@@ -53,6 +53,11 @@ struct GpuLayer {
   bool has_shared = false;
   const float* router = nullptr;       // fp32 [E, hidden]
   const float* router_bias = nullptr;  // fp32 [E]
+  // The router as a sum of `router_terms` bf16 matrices ([terms·E, hidden], term-major), exactly: one term for a
+  // bf16 checkpoint, at most three for any finite fp32 value (8 + 8 + 8 significand bits). The prefill gate runs
+  // them as one bf16 tensor-core GEMM over the bf16 input instead of widening it for an fp32 GEMM. 0: not built.
+  const uint16_t* router_bf16_terms = nullptr;
+  int router_terms = 0;
   std::unique_ptr<ExpertSet> experts;
 };
 
