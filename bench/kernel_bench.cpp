@@ -157,6 +157,26 @@ void bench_mla_prefill(cublasHandle_t blas, double peak) {
       p.heads_fastest = false;  // the other block order (head-major)
       report("wgmma-h", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       p.heads_fastest = true;
+      for (int group : {2, 4, 7, 10}) {  // heads in groups (MlaPrefillParams::head_group)
+        p.head_group = group;
+        const std::string what = "wgmma-g" + std::to_string(group);
+        report(what.c_str(), median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
+      }
+      p.head_group = 0;
+      // The model's layout (mla_prefill_attention: the head-batched expansion writes [heads][keys][nope + v]), every
+      // block order ("hm-h": heads first, "hm-t": head-major, "hm-gN": heads in groups of N).
+      {
+        uint16_t* kv_hm = device_bf16(size_t(kv_len) * kvw, 1.f, 36);
+        kiln::cuda::MlaPrefillParams m = p;
+        m.k_nope = kv_hm, m.k_nope_key_stride = nope + vd, m.k_nope_head_stride = kv_len * (nope + vd);
+        m.v = kv_hm + nope, m.v_key_stride = nope + vd, m.v_head_stride = kv_len * (nope + vd);
+        for (int order : {-1, 0, 2, 4, 7, 10}) {
+          m.heads_fastest = order != 0, m.head_group = std::max(order, 0);
+          const std::string what = order < 0 ? "hm-h" : order == 0 ? "hm-t" : "hm-g" + std::to_string(order);
+          report(what.c_str(), median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(m, nullptr)); }, iters));
+        }
+        CHECK_CUDA(cudaFree(kv_hm));
+      }
       p.use_wgmma = false;
       report("mmasync", median_ms([&](int) { CHECK_OK(kiln::cuda::mla_prefill_bf16(p, nullptr)); }, iters));
       for (void* ptr : {(void*)kv, (void*)lat, (void*)d_seq}) CHECK_CUDA(cudaFree(ptr));

@@ -109,19 +109,25 @@ void run_kernel_case(const Dims& d, const std::vector<SeqShape>& seqs, uint64_t 
   p.seqs = dseqs.get(), p.num_seqs = static_cast<int64_t>(seqs.size()), p.max_q_len = max_q, p.total_keys = keys;
   p.num_heads = H, p.nope_dim = d.nope, p.rope_dim = d.rope, p.v_dim = d.v, p.scale = scale;
   // The kernel the device dispatches (the wgmma form on compute capability 9.0), then the mma.sync form forced;
-  // each in both block orders, which must give the same bits.
+  // each in every block order (heads first, head-major, heads in groups of 1, 3 and 7 — the last group smaller
+  // where 3 or 7 does not divide H), which must give the same bits.
+  struct Order {
+    bool heads_fastest;
+    int64_t head_group;
+  };
   for (const bool use_wgmma : {true, false}) {
     std::vector<uint16_t> first;
-    for (const bool heads_fastest : {true, false}) {
+    for (const Order order : {Order{true, 0}, Order{false, 0}, Order{true, 1}, Order{true, 3}, Order{false, 7}}) {
       dout.poison();
-      p.use_wgmma = use_wgmma, p.heads_fastest = heads_fastest;
+      p.use_wgmma = use_wgmma, p.heads_fastest = order.heads_fastest, p.head_group = order.head_group;
       KILN_STATUS_OK(cuda::mla_prefill_bf16(p, nullptr));
       KILN_CUDA_OK(cudaDeviceSynchronize());
       const std::vector<uint16_t> got = dout.download();
-      if (heads_fastest) {
+      if (order.heads_fastest && order.head_group == 0) {
         first = got;
       } else {
-        EXPECT_EQ(got, first) << "the head-major block order gives other bits";
+        EXPECT_EQ(got, first) << "block order (heads first " << order.heads_fastest << ", head group "
+                              << order.head_group << ") gives other bits";
         continue;
       }
       const double err = compare_rows(got, want, seqs, q_row, rows, H * d.v);

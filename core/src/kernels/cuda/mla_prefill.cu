@@ -4,6 +4,7 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mma_sync.cuh"
 #include "kernels/cuda/mla_prefill.h"
+#include "kernels/cuda/mla_prefill_order.cuh"
 #include "kernels/cuda/mla_prefill_sm90.h"
 
 namespace kiln::cuda {
@@ -44,12 +45,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_prefill_kernel(MlaPrefillPara
 
   const MlaPrefillSeq seq = p.seqs[blockIdx.z];
   const int num_m_tiles = (seq.q_len + kBlockM - 1) / kBlockM;
-  // Later query tiles see more keys: launch them first (MlaPrefillParams::heads_fastest picks the grid's order).
-  const int m_tile = p.heads_fastest ? static_cast<int>(gridDim.y) - 1 - static_cast<int>(blockIdx.y)
-                                     : static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  // Later query tiles see more keys: launched first (mla_prefill_order.cuh).
+  const MlaPrefillBlock blk = mla_prefill_block(p);
+  const int m_tile = blk.m_tile, head = blk.head;
   if (m_tile >= num_m_tiles) return;
   const int m0 = m_tile * kBlockM;
-  const int head = p.heads_fastest ? blockIdx.x : blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
   const int first_pos = seq.kv_len - seq.q_len + m0;  // position of the CTA's first row
@@ -288,8 +288,7 @@ Status launch_fast(const MlaPrefillParams& p, StreamHandle stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_kernel<kNope, kRope, kV>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
   KILN_RETURN_IF_ERROR(check_cuda(attr, "cuda::mla_prefill_bf16: shared memory limit"));
-  const unsigned heads = static_cast<unsigned>(p.num_heads), tiles = static_cast<unsigned>((p.max_q_len + kBlockM - 1) / kBlockM);
-  const dim3 grid(p.heads_fastest ? heads : tiles, p.heads_fastest ? tiles : heads, static_cast<unsigned>(p.num_seqs));
+  const dim3 grid = mla_prefill_grid(p, kBlockM);
   mla_prefill_kernel<kNope, kRope, kV><<<grid, kThreads, kBytes, stream>>>(p);
   return check_launch("cuda::mla_prefill_bf16");
 }
@@ -318,7 +317,10 @@ Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
   if (p.num_seqs > 65535 || p.num_heads > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 sequences and heads");
   if (p.num_seqs == 0 || p.max_q_len <= 0) return ok_status();
-  if (p.heads_fastest && (p.max_q_len + kBlockM - 1) / kBlockM > 65535)
+  if (p.head_group < 0) return invalid_argument("cuda::mla_prefill_bf16: head_group must be ≥ 0");
+  if (p.head_group > 0 && p.num_heads * ((p.max_q_len + kBlockM - 1) / kBlockM) > INT32_MAX)
+    return invalid_argument("cuda::mla_prefill_bf16: too many query tiles for the grouped block order");
+  if (p.head_group == 0 && p.heads_fastest && (p.max_q_len + kBlockM - 1) / kBlockM > 65535)
     return invalid_argument("cuda::mla_prefill_bf16: at most 65535 query tiles of 128 rows a sequence");
   if (!p.q || !p.k_nope || (p.rope_dim > 0 && !p.k_rope) || !p.v || !p.out || !p.seqs)
     return invalid_argument("cuda::mla_prefill_bf16: q, k_nope, k_rope, v, out and seqs must be set");

@@ -56,6 +56,10 @@ struct MlaPrefillParams {
   // on an H100). false: head-major — a head's tiles run side by side and share its K / V in L2 (at 8K-32K keys 3 %
   // faster than heads first). The results do not depend on it.
   bool heads_fastest = true;
+  // > 0: heads in groups of this many, one group after another, each group's blocks longest query tile first and
+  // its heads fastest (overrides heads_fastest): the blocks on the GPU at once read a few heads' K / V (sharing it
+  // in L2, as head-major) while each group's short tiles still fill in behind its long ones (as heads first).
+  int64_t head_group = 0;
 };
 
 // Whether (nope, rope, v) has a tensor-core kernel (otherwise the generic one runs).

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,18 +45,28 @@ size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const M
   return layout(num_seqs, total_keys, dims).total;
 }
 
-// The kernel's block order (MlaPrefillParams::heads_fastest): heads first while the longest query tile's keys are
-// few enough that the tail decides (H100: 12 % at 4K keys), head-major past that, where a head's tiles sharing its
-// K / V in L2 wins (3 % at 8K-32K). KILN_MLA_PREFILL_ORDER=heads|tiles forces one (A/B measurements).
+// The kernel's block order (MlaPrefillParams::heads_fastest / head_group): heads first while the longest query
+// tile's keys are few enough that the tail decides (H100: 12 % at 4K keys), head-major past that, where a head's
+// tiles sharing its K / V in L2 wins (3 % at 8K-32K). KILN_MLA_PREFILL_ORDER=heads|tiles|groupN forces one (A/B
+// measurements; groupN: heads in groups of N).
 namespace {
-bool prefill_heads_fastest(int64_t max_kv_len) {
-  static const int forced = [] {
+struct PrefillOrder {
+  bool heads_fastest = true;
+  int64_t head_group = 0;
+};
+PrefillOrder prefill_order(int64_t max_kv_len) {
+  static const std::optional<PrefillOrder> forced = []() -> std::optional<PrefillOrder> {
     const char* v = std::getenv("KILN_MLA_PREFILL_ORDER");
-    return !v ? 0 : std::string(v) == "heads" ? 1 : std::string(v) == "tiles" ? 2 : 0;
+    if (!v) return std::nullopt;
+    const std::string s(v);
+    if (s == "heads") return PrefillOrder{true, 0};
+    if (s == "tiles") return PrefillOrder{false, 0};
+    if (s.rfind("group", 0) == 0 && s.size() > 5) return PrefillOrder{true, std::max(1, std::atoi(s.c_str() + 5))};
+    return std::nullopt;
   }();
-  if (forced != 0) return forced == 1;
+  if (forced) return *forced;
   constexpr int64_t kHeadsFastestMaxKeys = 8192;
-  return max_kv_len <= kHeadsFastestMaxKeys;
+  return PrefillOrder{max_kv_len <= kHeadsFastestMaxKeys, 0};
 }
 }  // namespace
 
@@ -173,7 +184,8 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len, p.total_keys = total_keys;
   p.num_heads = d.num_heads, p.nope_dim = d.nope_dim, p.rope_dim = d.rope_dim, p.v_dim = d.v_dim;
   p.scale = a.scale;
-  p.heads_fastest = prefill_heads_fastest(max_kv_len);
+  const PrefillOrder order = prefill_order(max_kv_len);
+  p.heads_fastest = order.heads_fastest, p.head_group = order.head_group;
   return mla_prefill_bf16(p, stream);
 }
 
