@@ -14,16 +14,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "bench_check.h"
 
-#define CHECK_CUDA(x)                                                                  \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+namespace {
 
 template <class Fn>
 float median_ms(Fn&& fn, int iters) {

@@ -46,9 +46,10 @@ size_t mla_prefill_workspace_bytes(int64_t num_seqs, int64_t total_keys, const M
 }
 
 // The kernel's block order (MlaPrefillParams::heads_fastest / head_group): heads first while the longest query
-// tile's keys are few enough that the tail decides (H100: 12 % at 4K keys), head-major past that, where a head's
-// tiles sharing its K / V in L2 wins (3 % at 8K-32K). KILN_MLA_PREFILL_ORDER=heads|tiles|groupN forces one (A/B
-// measurements; groupN: heads in groups of N).
+// tile's keys are few enough that the tail decides (H100: 12 % at 4K keys against head-major), past that heads in
+// pairs — two heads' tiles side by side share their K / V in L2 and still fill each other's tail (H100, whole model,
+// same lease: a 32K prompt +0.7 % against head-major, which was 3 % ahead of heads first at 8K-32K; 128K the same).
+// KILN_MLA_PREFILL_ORDER=heads|tiles|groupN forces one (A/B measurements; groupN: heads in groups of N).
 namespace {
 struct PrefillOrder {
   bool heads_fastest = true;
@@ -66,7 +67,8 @@ PrefillOrder prefill_order(int64_t max_kv_len) {
   }();
   if (forced) return *forced;
   constexpr int64_t kHeadsFastestMaxKeys = 8192;
-  return PrefillOrder{max_kv_len <= kHeadsFastestMaxKeys, 0};
+  if (max_kv_len <= kHeadsFastestMaxKeys) return PrefillOrder{true, 0};
+  return PrefillOrder{true, 2};
 }
 }  // namespace
 
