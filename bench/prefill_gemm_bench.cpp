@@ -1,5 +1,5 @@
 // The dense GEMMs of a GLM-4.7-Flash prefill chunk, one by one: what cuBLAS's default (cublasGemmEx, as the model
-// runs them) takes, and every algorithm cuBLASLt's heuristic offers for the same problem (up to 16), with its tile,
+// runs them, with the model's output types) takes, and every algorithm cuBLASLt's heuristic offers for the same problem (up to 16), with its tile,
 // stages, split-k and the heuristic's wave count — to see where the default leaves SMs idle (a narrow output: few
 // tiles, a second wave mostly empty) and what another algorithm would give. Timing only; nothing here changes a
 // model's choice. Usage: kiln_bench_prefill_gemm_bench [tokens ...]   (default 4096 8192)
@@ -69,7 +69,7 @@ void run(cublasHandle_t blas, cublasLtHandle_t lt, const Problem& p, int64_t tok
   const double flops = 2.0 * tokens * p.out * p.in;
   const int iters = 20;
   auto line = [&](const std::string& what, float ms) {
-    std::printf("%-22s %6lld %-44s %9.1f %7.1f%%\n", p.name, (long long)tokens, what.c_str(), ms * 1e3,
+    std::printf("%-24s %6lld %-44s %9.1f %7.1f%%\n", p.name, (long long)tokens, what.c_str(), ms * 1e3,
                 100.0 * flops / (ms * 1e-3) / peak);
   };
   const float def = median_ms(
@@ -149,9 +149,11 @@ int main(int argc, char** argv) {
   for (void* ptr : {a, b, c}) CHECK_CUDA(cudaFree(ptr));
   std::printf("device: %s, %d SMs; cuBLAS bf16 8192^3: %.1f TFLOP/s (the %% column's reference)\n", prop.name,
               prop.multiProcessorCount, peak / 1e12);
-  std::printf("%-22s %6s %-44s %9s %8s\n", "GEMM", "tokens", "how", "us", "%cublas");
+  std::printf("%-24s %6s %-44s %9s %8s\n", "GEMM", "tokens", "how", "us", "%cublas");
   // GLM-4.7-Flash (hidden 2048, q_lora 768, kv 512 + 64, 20 heads × (192 + 64) q / 256 v, experts 64, inter 1536).
   const Problem problems[] = {
+      // q_a + kv_a and q_b as the model runs them: fp32 output (cuda_attention_block.cpp); and in bf16, for scale.
+      {"q_a + kv_a, fp32 out", 768 + 576, 2048, true}, {"q_b, fp32 out", 20 * 256, 768, true},
       {"q_a + kv_a", 768 + 576, 2048, false},   {"q_b", 20 * 256, 768, false},
       {"o_proj", 2048, 20 * 256, false},        {"shared gate_up", 2 * 1536, 2048, false},
       {"shared down", 2048, 1536, false},       {"gate, 3 bf16 terms", 3 * 64, 2048, true},
