@@ -67,6 +67,35 @@ TEST(GpuMoeGateTerms, MatchesTheFp32ProductForOneTwoAndThreeTerms) {
   }
 }
 
+// One-hot inputs pick single router weights: each logit is then the fp32 weight itself, bit for bit (one exact
+// product a term, the two small terms' sum exact, and their sum with the large one the value) — a dropped or
+// misplaced term shows here, below the summation bound above.
+TEST(GpuMoeGateTerms, OneHotInputsGiveTheWeightsExactly) {
+  Blas blas;
+  std::mt19937_64 rng(43);
+  const int64_t n = 96, hidden = 2048, experts = 64;
+  std::vector<float> w = random_f32(size_t(experts) * hidden, rng, -0.1f, 0.1f);
+  std::vector<uint16_t> terms(3 * w.size());
+  const int used = cpu::bf16_terms(w.data(), static_cast<int64_t>(w.size()), terms.data());
+  ASSERT_EQ(used, 3);
+  std::vector<uint16_t> x(size_t(n) * hidden, 0);
+  std::vector<int64_t> hot(n);
+  for (int64_t t = 0; t < n; ++t) {
+    hot[t] = static_cast<int64_t>(rng() % hidden);
+    x[t * hidden + hot[t]] = 0x3f80;  // 1.0
+  }
+  DeviceBuffer<uint16_t> dx(x), dterms(terms);
+  DeviceBuffer<float> scratch(size_t(n) * 3 * experts), dy(size_t(n) * experts);
+  dy.poison();
+  KILN_STATUS_OK(cuda::moe_gate_logits_bf16_terms(blas.h, dx.get(), n, hidden, dterms.get(), 3, experts,
+                                                  scratch.get(), dy.get(), nullptr));
+  const auto got = dy.download();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < experts; ++e)
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[t * experts + e]), std::bit_cast<uint32_t>(w[e * hidden + hot[t]]))
+          << "token " << t << " expert " << e;
+}
+
 TEST(GpuMoeGateTerms, RejectsWhatItCannotRun) {
   Blas blas;
   DeviceBuffer<uint16_t> x(64), w(192);

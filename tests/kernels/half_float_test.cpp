@@ -119,7 +119,7 @@ TEST(HalfFloat, Bf16TermsSumExactlyToTheValue) {
   b[3] = std::bit_cast<float>(0x3f80ff00u);  // 1 + 255·2⁻¹⁶: 16 significant bits
   ASSERT_EQ(bf16_terms(b.data(), static_cast<int64_t>(b.size()), t.data()), 2);
   EXPECT_EQ(sum(t, b.size(), 3), static_cast<double>(b[3]));
-  // No exact sum: not finite, or an fp32 subnormal below bf16's grid.
+  // No sum of nearest-bf16 terms: not finite, an fp32 subnormal below bf16's grid, a value whose nearest bf16 is inf.
   for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
                     std::bit_cast<float>(0x00000001u), std::numeric_limits<float>::max()}) {
     b[9] = bad;

@@ -163,10 +163,15 @@ WeightEstimate cuda_checkpoint_weights(const Checkpoint& ckpt, const ModelInfo& 
       if (ends_with(name, "kv_b_proj.trellis")) ++quantized_kv_b;
       if (name == "model.embed_tokens.trellis") quantized_embed = true;
     } else if (ends_with(name, ".mlp.gate.weight")) {
-      // fp32, and its exact bf16 terms for the prefill gate (gpu_weights.h): one from a bf16 checkpoint, one to
-      // three from fp32 values.
-      held = 4 * n + 2 * n;
-      if (t->dtype != DType::kBF16) router_terms_high += 4 * n;
+      // fp32, and its exact bf16 terms for the prefill gate (gpu_weights.h): one from a bf16 checkpoint, none to
+      // three from fp32 values — as many as terms · experts ≤ hidden allows.
+      const int64_t E = std::max<int64_t>(info.num_experts, 1);
+      const uint64_t usable = static_cast<uint64_t>(std::min<int64_t>(3, info.hidden_size / E));
+      held = 4 * n;
+      if (t->dtype == DType::kBF16)
+        held += usable > 0 ? 2 * n : 0;
+      else
+        router_terms_high += 2 * n * usable;
     } else if (ends_with(name, "e_score_correction_bias") ||
                ends_with(name, "k_norm.weight") || ends_with(name, "k_norm.bias")) {
       held = 4 * n;
@@ -266,7 +271,8 @@ WeightEstimate dummy_weights(const ModelConfig& c, const std::string& format, in
       return;
     }
     const double E = static_cast<double>(c.n_routed_experts), I = static_cast<double>(c.moe_intermediate_size);
-    total += (E * Hd + E) * 4 + E * Hd * 6;  // router, bias; the router's three bf16 terms (dummy fp32 values)
+    total += (E * Hd + E) * 4;  // router, bias
+    if (3 * E <= Hd) total += E * Hd * 6;  // the router's three bf16 terms (dummy fp32 values), where they fit
     const double before = total;
     for (int64_t e = 0; e < shard.count(c.n_routed_experts); ++e) {
       linear_as(Hd, 2 * I, exl3_experts);

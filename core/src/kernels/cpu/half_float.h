@@ -20,9 +20,11 @@ inline uint16_t float_to_bf16(float f) {
 inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
 // x[i] as the sum of up to three bf16 terms, exactly: terms[i] = the bf16 nearest x[i], terms[n + i] the bf16
-// nearest what is left, terms[2n + i] the rest (8 + 8 + 8 significand bits hold any fp32 normal). Returns how many
-// term planes carry a nonzero value (1 for bf16 values; planes past it are zero), or 0 where some x[i] has no such
-// sum (inf, NaN, fp32 subnormals finer than bf16's): then `terms` is unspecified.
+// nearest what is left, terms[2n + i] the rest (8 + 8 + 8 significand bits). That holds every fp32 value from about
+// 2⁻¹⁰⁹ in magnitude (below it the rest falls under bf16's smallest subnormal, 2⁻¹³³) up to 0x7f7f8000 (from there
+// the nearest bf16 is inf), and zero. Returns how many term planes carry a nonzero value (1 for bf16 values; planes
+// past it are zero), or 0 where some x[i] has no such sum (outside that range, inf, NaN): then `terms` is
+// unspecified.
 int bf16_terms(const float* x, int64_t n, uint16_t* terms);
 
 float fp16_to_float(uint16_t h);

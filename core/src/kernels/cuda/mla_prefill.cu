@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -309,7 +310,11 @@ bool mla_prefill_has_fast_path(int64_t nope_dim, int64_t rope_dim, int64_t v_dim
   return (nope_dim == 192 && rope_dim == 64 && v_dim == 256) || (nope_dim == 128 && rope_dim == 64 && v_dim == 128);
 }
 
-Status mla_prefill_bf16(const MlaPrefillParams& p, StreamHandle stream) {
+Status mla_prefill_bf16(const MlaPrefillParams& params, StreamHandle stream) {
+  // Groups wider than the head count are one group of all heads (and keep the kernels' index products within
+  // heads · tiles, checked below).
+  MlaPrefillParams p = params;
+  p.head_group = std::min(p.head_group, p.num_heads);
   if (p.num_seqs < 0 || p.num_heads <= 0 || p.nope_dim < 0 || p.rope_dim < 0 || p.v_dim <= 0 ||
       p.nope_dim + p.rope_dim <= 0)
     return invalid_argument("cuda::mla_prefill_bf16: need num_heads > 0, v_dim > 0 and nope_dim + rope_dim > 0");

@@ -23,6 +23,8 @@ Status moe_gate_logits_bf16_terms(cublasHandle_t blas, const uint16_t* x, int64_
                                   StreamHandle stream) {
   if (n_terms < 1 || n_terms > 3) return invalid_argument("cuda::moe_gate_logits_bf16_terms: 1 to 3 terms");
   if (hidden <= 0 || experts <= 0 || n < 0) return invalid_argument("cuda::moe_gate_logits_bf16_terms: bad shape");
+  if (!blas || (n > 0 && (!x || !terms || !logits)))
+    return invalid_argument("cuda::moe_gate_logits_bf16_terms: blas, x, terms and logits must be set");
   if (n_terms > 1 && !scratch) return invalid_argument("cuda::moe_gate_logits_bf16_terms: scratch needed");
   const int64_t cols = n_terms * experts;
   if (n > INT32_MAX || hidden > INT32_MAX || cols > INT32_MAX)

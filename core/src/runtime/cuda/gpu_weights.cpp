@@ -62,8 +62,8 @@ struct Loader {
     bytes += static_cast<size_t>(rows * cols) * 4;
     return w;
   }
-  // w.router as exact bf16 terms (GpuLayer::router_bf16_terms, cpu::bf16_terms). A value the three cannot hold
-  // (not finite, an fp32 subnormal) leaves the layer without terms: its prefill gate stays an fp32 GEMM.
+  // w.router as exact bf16 terms (GpuLayer::router_bf16_terms, cpu::bf16_terms). A value the three cannot hold, or
+  // more terms · E than hidden, leaves the layer without terms: its prefill gate stays an fp32 GEMM.
   Status router_terms(const std::string& name, int64_t E, int64_t hd, GpuLayer& w) {
     const size_t n = static_cast<size_t>(E * hd);
     std::vector<float> host(n);
@@ -72,7 +72,7 @@ struct Loader {
     KILN_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(dev.cuda_stream()), "router terms: read back"));
     std::vector<uint16_t> terms(3 * n);
     const int used = cpu::bf16_terms(host.data(), static_cast<int64_t>(n), terms.data());
-    if (used == 0) return ok_status();
+    if (used == 0 || used * E > hd) return ok_status();  // the gate's scratch holds hidden columns a row
     const size_t bytes = static_cast<size_t>(used) * n * 2;
     KILN_ASSIGN_OR_RETURN(void* p, dev.allocate(bytes, (name + " (bf16 terms)").c_str()));
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(p, terms.data(), bytes, cudaMemcpyHostToDevice, dev.cuda_stream()),

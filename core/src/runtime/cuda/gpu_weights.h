@@ -54,8 +54,9 @@ struct GpuLayer {
   const float* router = nullptr;       // fp32 [E, hidden]
   const float* router_bias = nullptr;  // fp32 [E]
   // The router as a sum of `router_terms` bf16 matrices ([terms·E, hidden], term-major), exactly: one term for a
-  // bf16 checkpoint, at most three for any finite fp32 value (8 + 8 + 8 significand bits). The prefill gate runs
-  // them as one bf16 tensor-core GEMM over the bf16 input instead of widening it for an fp32 GEMM. 0: not built.
+  // bf16 checkpoint, at most three for fp32 values (cpu::bf16_terms says which). The prefill gate runs them as one
+  // bf16 tensor-core GEMM over the bf16 input instead of widening it for an fp32 GEMM. 0: not built (no exact terms,
+  // or terms · E > hidden: their logits would not fit the gate's scratch rows).
   const uint16_t* router_bf16_terms = nullptr;
   int router_terms = 0;
   std::unique_ptr<ExpertSet> experts;
