@@ -114,7 +114,9 @@ __host__ __device__ inline int64_t mla_append_wide_heads(int64_t n, int64_t head
 
 // Query heads h0 .. h0 + hs − 1 of one token in one block of kMlaAppendThreads: q / q_bf point at head h0's row of
 // the token (rows nope + rope apart), q_abs at head h0's absorbed row (rows latent + rope apart); per head as
-// mla_append_query_head with RoPE on (half = rope / 2 pairs). Called by every thread of the block.
+// mla_append_query_head with RoPE on (half = rope / 2 pairs). Called by every thread of the block. q_abs null: only
+// q_bf is written (q is left as it was, unroped) — a step that attends in the expanded prefill form alone reads
+// nothing else, and the fp32 forms were a third of the kernel's bytes.
 __device__ inline void mla_append_query_heads(float* q, uint16_t* q_bf, float* q_abs, int64_t hs, int64_t nope,
                                               int64_t rope, int64_t latent, float position, const float* inv_freq,
                                               float attention_factor) {
@@ -148,11 +150,12 @@ __device__ inline void mla_append_query_heads(float* q, uint16_t* q_bf, float* q
     float lo0, hi0, lo1, hi1;
     rope_rotate(v[j].x, v[j].y, cs[i], sn[i], lo0, hi0);
     rope_rotate(v[j].z, v[j].w, cs[i + 1], sn[i + 1], lo1, hi1);
+    *reinterpret_cast<uint32_t*>(vb + nope + i) = bf2(lo0, lo1);
+    *reinterpret_cast<uint32_t*>(vb + nope + half + i) = bf2(hi0, hi1);
+    if (q_abs == nullptr) continue;  // bf16 queries only: no fp32 forms
     float* const r = q + hh * qk + nope;
     *reinterpret_cast<float2*>(r + i) = make_float2(lo0, lo1);
     *reinterpret_cast<float2*>(r + half + i) = make_float2(hi0, hi1);
-    *reinterpret_cast<uint32_t*>(vb + nope + i) = bf2(lo0, lo1);
-    *reinterpret_cast<uint32_t*>(vb + nope + half + i) = bf2(hi0, hi1);
     float* const pe = q_abs + hh * D + latent;
     *reinterpret_cast<float2*>(pe + i) = make_float2(lo0, lo1);
     *reinterpret_cast<float2*>(pe + half + i) = make_float2(hi0, hi1);

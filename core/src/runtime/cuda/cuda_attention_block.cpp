@@ -1,9 +1,22 @@
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/norm.h"
 #include "runtime/cuda/cuda_model_step.h"
 #include "runtime/cuda/mla_rope_cache_write.h"
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
+namespace {
+bool queries_forced_f32() {
+  static const bool forced = [] {
+    const char* e = std::getenv("KILN_MLA_QUERIES");
+    return e && std::string_view(e) == "f32";
+  }();
+  return forced;
+}
+}  // namespace
+
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype) {
   LinearRun r;
   r.x = TensorView::contiguous(const_cast<void*>(in), DType::kBF16, {n, l.in_features()}, x.I.dev.device());
@@ -39,6 +52,12 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     KILN_RETURN_IF_ERROR(run_linear(x, *w.q_proj, b.h, N, b.q, DType::kF32));
     KILN_RETURN_IF_ERROR(run_linear(x, *w.kv_a, b.h, N, b.qkv_a, DType::kF32));
   }
+  // A step whose every row prefills (a lone prompt's chunk) gets all its attention from the prefill kernel below:
+  // the absorbed pass would only be overwritten (at 4K tokens it was 16 % of the prompt's GPU time on an H100). With
+  // split context the ranks' absorbed passes meet in collectives, so those steps keep it.
+  int64_t prefill_rows = 0;
+  for (const MlaPrefillSequence& s : x.prefill) prefill_rows += s.q_len;
+  const bool absorbed = prefill_rows < N || I.context.split();
   // RoPE, the KV append, q in bf16 for the absorption and q_pe into the absorbed queries: one launch where the layout
   // fuses it all; else the core finishes the rows and queries first and the layout stores final rows.
   KvAppendArgs append;
@@ -55,6 +74,9 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     rw.positions = append.positions, rw.inv_freq = I.inv_freq, rw.attention_factor = I.rope_factor;
     rw.norm_weight = w.kv_a_norm, rw.eps = w.latent_norm_eps, rw.slots = b.slots, rw.cache = nullptr;
     rw.q_bf = b.q_bf, rw.q_abs = b.q_abs;
+    // A step that attends in the expanded prefill form alone reads the queries in bf16 only.
+    // (KILN_MLA_QUERIES=f32 keeps the fp32 forms: an A/B switch.)
+    if (!absorbed && !queries_forced_f32() && mla_rope_cache_write_bf16_queries_only(rw)) rw.q_abs = nullptr;
     KILN_RETURN_IF_ERROR(mla_rope_cache_write(rw, st));
     append.norm_weight = nullptr, append.positions = nullptr, append.q = nullptr;
     KILN_RETURN_IF_ERROR(layout.append(append, I.sdk_stream()).with_context("KV append"));
@@ -67,12 +89,6 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     KILN_RETURN_IF_ERROR((*x.select)());  // the architecture's own selection (b.q_res_n is ready)
     I.timer.mark("attention: DSA indexer");
   }
-  // A step whose every row prefills (a lone prompt's chunk) gets all its attention from the prefill kernel below:
-  // the absorbed pass would only be overwritten (at 4K tokens it was 16 % of the prompt's GPU time on an H100). With
-  // split context the ranks' absorbed passes meet in collectives, so those steps keep it.
-  int64_t prefill_rows = 0;
-  for (const MlaPrefillSequence& s : x.prefill) prefill_rows += s.q_len;
-  const bool absorbed = prefill_rows < N || I.context.split();
   // Absorption: q_lat[t, h] = W_UK[h]ᵀ · q_nope[t, h], one GEMM per head (strided batch over kv_b's heads).
   const bool skinny = absorbs_with_skinny_gemm(c, N);
   if (absorbed && skinny) {

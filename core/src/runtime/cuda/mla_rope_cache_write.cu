@@ -129,14 +129,22 @@ __global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_kern
 
 }  // namespace
 
+bool mla_rope_cache_write_bf16_queries_only(const MlaRopeCacheWrite& a) {
+  return a.rope >= 0 && a.rope % 2 == 0 && a.rope <= 64 * kRopeMaxPairsPerLane &&
+         mla_append_wide_heads(a.n, a.heads, a.nope, a.rope, a.latent, a.positions != nullptr, a.q, a.q_bf,
+                               nullptr) > 0;
+}
+
 Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
   if (a.rope < 0 || a.rope % 2 != 0 || a.rope > 64 * kRopeMaxPairsPerLane)
     return invalid_argument("cuda::mla_rope_cache_write: rope width must be even and in [0, 128], got " +
                             std::to_string(a.rope));
   if (a.heads < 0 || a.heads > 65534 || a.latent <= 0 || a.nope < 0)
     return invalid_argument("cuda::mla_rope_cache_write: need 0 ≤ heads < 65535, latent > 0, nope ≥ 0");
-  if (a.heads > 0 && (!a.q || !a.q_bf || !a.q_abs))
-    return invalid_argument("cuda::mla_rope_cache_write: query heads need q, q_bf and q_abs");
+  if (a.heads > 0 && (!a.q || !a.q_bf))
+    return invalid_argument("cuda::mla_rope_cache_write: query heads need q and q_bf");
+  if (a.heads > 0 && !a.q_abs && !mla_rope_cache_write_bf16_queries_only(a))
+    return invalid_argument("cuda::mla_rope_cache_write: q_abs may be null only where the wide form runs");
   if (a.ckv_stride != 0 && a.ckv_stride < a.latent + a.rope)
     return invalid_argument("cuda::mla_rope_cache_write: ckv_stride must be 0 or ≥ latent + rope");
   if (a.n == 0) return ok_status();
