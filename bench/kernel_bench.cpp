@@ -323,11 +323,6 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
     report("grouped", median_ms([&](int) { grouped(); }, iters));
     report("gate_up", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
     report("down", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
-    setenv("KILN_MOE_SM90_PERSISTENT", "1", 1);  // one CTA an SM over the tiles (A/B)
-    report("grp-pst", median_ms([&](int) { grouped(); }, iters));
-    report("gu-pst", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
-    report("dn-pst", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
-    unsetenv("KILN_MOE_SM90_PERSISTENT");
     // The same GEMMs in the mma.sync form (what devices other than compute capability 9.0 run).
     setenv("KILN_MOE_GROUPED_SM90", "0", 1);
     report("mmasync", median_ms([&](int) { grouped(); }, iters));

@@ -1,7 +1,5 @@
 #include "kernels/cuda/moe_grouped_gemm_sm90.h"
 
-#include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -57,30 +55,15 @@ struct GroupedSm90Args {
 // signalled: kLag ≤ kStages − 2 (kLag = 3 of 4 deadlocks: measured as a hang on an H100).
 template <bool kGateUp, int kLag>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_sm90_kernel(const GroupedSm90Args p, const __grid_constant__ CUtensorMap w_map, int col_blocks,
-                             int tiles_bound, int persistent) {
+    grouped_gemm_sm90_kernel(const GroupedSm90Args p, const __grid_constant__ CUtensorMap w_map) {
   static_assert(kLag >= 1 && kLag <= kStages - 2, "a stage is released only after the next one's products");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const GroupedTile tile = find_grouped_tile<kBlockM>(p.d.expert_offsets, p.experts, static_cast<int>(blockIdx.y));
+  if (tile.expert < 0) return;
+  const int begin = p.d.expert_offsets[tile.expert] + tile.m0;
+  const int rows = min(kBlockM, p.d.expert_offsets[tile.expert + 1] - begin);
+  const int n0 = static_cast<int>(blockIdx.x) * (kGateUp ? kBoxRows : kBlockN);
   const int k_tiles = (p.k_dim + kBlockK - 1) / kBlockK;
-  // Tiles (row block, column block), columns fastest. One a CTA (grid: col_blocks × row-block bound), or with
-  // `persistent` the grid's CTAs take tiles blockIdx.x, + gridDim.x, ... — the producer then loads the next tile's
-  // stages while the consumers store the last one's output. The ring's stage and phase run on over the tiles (g: the
-  // CTA's k tiles so far), and every k tile's stage is released, the last included.
-  const int first = persistent ? static_cast<int>(blockIdx.x) : static_cast<int>(blockIdx.y) * col_blocks + static_cast<int>(blockIdx.x);
-  const int stride = persistent ? static_cast<int>(gridDim.x) : tiles_bound;
-  struct Tile {
-    int expert, begin, rows, n0;
-  };
-  auto tile_at = [&](int t) {
-    const GroupedTile gt = find_grouped_tile<kBlockM>(p.d.expert_offsets, p.experts, t / col_blocks);
-    Tile tile{gt.expert, 0, 0, (t % col_blocks) * (kGateUp ? kBoxRows : kBlockN)};
-    if (gt.expert >= 0) {
-      tile.begin = p.d.expert_offsets[gt.expert] + gt.m0;
-      tile.rows = min(kBlockM, p.d.expert_offsets[gt.expert + 1] - tile.begin);
-    }
-    return tile;
-  };
-  if (first >= tiles_bound || tile_at(first).expert < 0) return;
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -103,64 +86,54 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid < 128) {
     warpgroup_reg_dealloc<kProducerRegs>();
+    // This thread's 16-byte column of the k tile and its 8 rows (tid / 8 + 16·i): their source rows once.
     const int chunk = tid % 8;
-    int g = 0;
-    for (int t = first; t < tiles_bound; t += stride) {
-      const Tile tile = tile_at(t);
-      if (tile.expert < 0) break;  // tiles run in order: none after this one has rows either
-      // This thread's 16-byte column of the k tile and its 8 rows (tid / 8 + 16·i): their source rows once.
-      int src[kLoadsA];
-      uint32_t valid = 0;
+    int src[kLoadsA];
+    uint32_t valid = 0;
+#pragma unroll
+    for (int i = 0; i < kLoadsA; ++i) {
+      const int r = tid / 8 + kRowsPerPass * i;
+      src[i] = 0;
+      if (r < rows) {
+        valid |= 1u << i;
+        src[i] = kGateUp ? p.d.pair_order[begin + r] / p.top_k : begin + r;
+      }
+    }
+    const int w_rows = kGateUp ? 2 * p.n_dim : p.n_dim;
+    const int wrow0 = tile.expert * w_rows + n0;
+    const int wrow1 = kGateUp ? wrow0 + p.n_dim : wrow0 + kBoxRows;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      mbarrier_wait(empty(s), ((kt / kStages) & 1) ^ 1);
+      if (tid == 0) {
+        mbarrier_arrive_expect_tx(full(s), kBTile);
+        tma_load_2d(base + b_tile(s), &w_map, kt * kBlockK, wrow0, full(s));
+        tma_load_2d(base + b_tile(s) + kBTile / 2, &w_map, kt * kBlockK, wrow1, full(s));
+      }
+      const int k = kt * kBlockK + chunk * 8;
+      const bool k_ok = k < p.k_dim;
 #pragma unroll
       for (int i = 0; i < kLoadsA; ++i) {
         const int r = tid / 8 + kRowsPerPass * i;
-        src[i] = 0;
-        if (r < tile.rows) {
-          valid |= 1u << i;
-          src[i] = kGateUp ? p.d.pair_order[tile.begin + r] / p.top_k : tile.begin + r;
-        }
+        cp_async_16(smem + a_tile(s) + smem_swizzle_128b_offset(r, chunk, kBlockM),
+                    p.a + static_cast<int64_t>(src[i]) * p.k_dim + (k_ok ? k : 0), ((valid >> i) & 1u) && k_ok);
       }
-      const int w_rows = kGateUp ? 2 * p.n_dim : p.n_dim;
-      const int wrow0 = tile.expert * w_rows + tile.n0;
-      const int wrow1 = kGateUp ? wrow0 + p.n_dim : wrow0 + kBoxRows;
-      for (int kt = 0; kt < k_tiles; ++kt, ++g) {
-        const int s = g % kStages;
-        mbarrier_wait(empty(s), ((g / kStages) & 1) ^ 1);
-        if (tid == 0) {
-          mbarrier_arrive_expect_tx(full(s), kBTile);
-          tma_load_2d(base + b_tile(s), &w_map, kt * kBlockK, wrow0, full(s));
-          tma_load_2d(base + b_tile(s) + kBTile / 2, &w_map, kt * kBlockK, wrow1, full(s));
-        }
-        const int k = kt * kBlockK + chunk * 8;
-        const bool k_ok = k < p.k_dim;
-#pragma unroll
-        for (int i = 0; i < kLoadsA; ++i) {
-          const int r = tid / 8 + kRowsPerPass * i;
-          cp_async_16(smem + a_tile(s) + smem_swizzle_128b_offset(r, chunk, kBlockM),
-                      p.a + static_cast<int64_t>(src[i]) * p.k_dim + (k_ok ? k : 0), ((valid >> i) & 1u) && k_ok);
-        }
-        cp_async_commit();
-        if (g >= kLag) {
-          cp_async_wait<kLag>();
-          fence_proxy_async_shared();
-          mbarrier_arrive(full((g - kLag) % kStages));
-        }
+      cp_async_commit();
+      if (kt >= kLag) {
+        cp_async_wait<kLag>();
+        fence_proxy_async_shared();
+        mbarrier_arrive(full((kt - kLag) % kStages));
       }
     }
     cp_async_wait<0>();
     fence_proxy_async_shared();
-    for (int q = max(g - kLag, 0); q < g; ++q) mbarrier_arrive(full(q % kStages));
+    for (int kt = max(k_tiles - kLag, 0); kt < k_tiles; ++kt) mbarrier_arrive(full(kt % kStages));
     return;
   }
 
   warpgroup_reg_alloc<kConsumerRegs>();
   const int cw = tid / 128 - 1, warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, c = lane % 4;
-  int gk = 0;  // the CTA's k tiles so far (the producer's g)
-  for (int t = first; t < tiles_bound; t += stride) {
-  const Tile tile = tile_at(t);
-  if (tile.expert < 0) break;
-  const int begin = tile.begin, rows = tile.rows, n0 = tile.n0;
   if (rows <= 64 && p.tail_split) {
     // An expert's last rows (≤ 64, or a small expert's all): both warpgroups take A's rows 0..63 and split the
     // weight rows instead, two m64n64 products each — gate_up: gate rows 64·cw.. and the matching up rows 128 + 64·cw..
@@ -170,9 +143,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float t0[32], t1[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) t0[i] = 0.f, t1[i] = 0.f;
-    for (int kt = 0; kt < k_tiles; ++kt, ++gk) {
-      const int s = gk % kStages;
-      mbarrier_wait(full(s), (gk / kStages) & 1);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kStages;
+      mbarrier_wait(full(s), (kt / kStages) & 1);
       wgmma_fence();
       const uint32_t a_addr = base + a_tile(s), b_addr = base + b_tile(s);
 #pragma unroll
@@ -185,14 +158,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();
       if (kt > 0) {
         __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty((gk - 1) % kStages));
+        if (lane == 0) mbarrier_arrive(empty((kt - 1) % kStages));
       }
     }
     wgmma_wait<0>();
     wgmma_pin(t0);
     wgmma_pin(t1);
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty((gk - 1) % kStages));  // the tile's last stage
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 16 * warp + g + 8 * half;
@@ -223,34 +194,32 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
     }
-    continue;
+    return;
   }
   const bool active = 64 * cw < rows;  // a warpgroup with no rows only hands the slots back
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   if (!active) {
-    for (int kt = 0; kt < k_tiles; ++kt, ++gk) {
-      mbarrier_wait(full(gk % kStages), (gk / kStages) & 1);
+    for (int kt = 0; kt + 1 < k_tiles; ++kt) {
+      mbarrier_wait(full(kt % kStages), (kt / kStages) & 1);
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(empty(gk % kStages));
+      if (lane == 0) mbarrier_arrive(empty(kt % kStages));
     }
-    continue;
+    return;
   }
-  for (int kt = 0; kt < k_tiles; ++kt, ++gk) {
-    const int s = gk % kStages;
-    mbarrier_wait(full(s), (gk / kStages) & 1);
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % kStages;
+    mbarrier_wait(full(s), (kt / kStages) & 1);
     wgmma_k_tile_m64n256(acc, base + a_tile(s) + cw * 64 * 128, base + b_tile(s));
     wgmma_wait<1>();  // the previous k tile's products are done: its slot can be refilled
     if (kt > 0) {
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(empty((gk - 1) % kStages));
+      if (lane == 0) mbarrier_arrive(empty((kt - 1) % kStages));
     }
   }
   wgmma_wait<0>();
   wgmma_pin(acc);
-  __syncwarp();
-  if (lane == 0) mbarrier_arrive(empty((gk - 1) % kStages));  // the tile's last stage
 
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -280,15 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  }  // tiles
 #else
   __trap();  // sm_90a only; moe_grouped_sm90_applies keeps other devices off this kernel
 #endif
-}
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
 }
 
 template <bool kGateUp, int kLag>
@@ -308,21 +271,16 @@ Status launch(const char* name, const GroupedSm90Args& args, int64_t pairs, int6
   const int64_t block_n = kGateUp ? kBoxRows : kBlockN;
   const int64_t col_blocks = (args.n_dim + block_n - 1) / block_n;
   const int64_t row_blocks = grouped_row_block_bound(pairs, num_experts, kBlockM);
-  if (row_blocks > 65535 || col_blocks > 65535 || row_blocks * col_blocks > INT32_MAX)
+  if (row_blocks > 65535 || col_blocks > 65535)
     return invalid_argument(std::string(name) + ": too many pairs or columns for one launch");
-  const int tiles = static_cast<int>(row_blocks * col_blocks);
-  // KILN_MOE_SM90_PERSISTENT=1: one CTA an SM looping over the tiles (not yet measured: off by default).
-  const bool persistent = env_int("KILN_MOE_SM90_PERSISTENT", 0) != 0;
-  dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
-  if (persistent) {
-    int dev = 0, sms = 0;
-    KILN_RETURN_IF_ERROR(check_cuda(cudaGetDevice(&dev), name));
-    KILN_RETURN_IF_ERROR(check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), name));
-    grid = dim3(static_cast<unsigned>(std::min(sms, tiles)), 1);
-  }
-  grouped_gemm_sm90_kernel<kGateUp, kLag><<<grid, kThreads, kAlloc, stream>>>(args, map, static_cast<int>(col_blocks),
-                                                                              tiles, persistent ? 1 : 0);
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
+  grouped_gemm_sm90_kernel<kGateUp, kLag><<<grid, kThreads, kAlloc, stream>>>(args, map);
   return check_launch(name);
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
 }
 
 template <bool kGateUp>
