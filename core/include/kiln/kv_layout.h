@@ -34,6 +34,10 @@ enum KvAppendFusion : uint32_t {
   kKvFuseNormRope = 1u << 0,
   // The queries of the same tokens finished in the same launch (requires kKvFuseNormRope): see KvAppendArgs::q.
   kKvFuseQueries = 1u << 1,
+  // (ABI 2.8) With kKvFuseQueries: the layout takes q_abs null — the caller then reads the queries in bf16 only (a
+  // step attending in the expanded prefill form alone) and the layout writes q_bf alone, not the fp32 forms (a third
+  // of a 4K prefill chunk's append bytes). Layouts built before 2.8 never return it, so they never see q_abs null.
+  kKvFuseQueriesBf16Only = 1u << 2,
 };
 
 struct KvAppendArgs {
@@ -55,6 +59,7 @@ struct KvAppendArgs {
   // Queries (only with kKvFuseQueries; null q: none). q fp32 [n, heads, nope + rope_dim] gets RoPE on its rope part
   // in place, q_bf = bf16(q) (what the absorption reads), and q_abs[t, h, latent_dim:] = the roped rope part
   // (the tail of the absorbed query; its head is the absorption's output). q_abs rows are heads · (latent + rope).
+  // q_abs null (only to a layout with kKvFuseQueriesBf16Only): q_bf alone; q's contents are unspecified after.
   float* q = nullptr;
   int64_t heads = 0, nope = 0;
   uint16_t* q_bf = nullptr;

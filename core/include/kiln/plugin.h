@@ -34,8 +34,10 @@
 //      is the row body both sides share); collective plugins built before 2.6 are refused (the host calls it).
 // 2.7: MlaAttendArgs::out_lse (appended), so decode-context parallelism on GPUs merges the attention of ranks that
 //      each hold part of a sequence's KV; kv_layout plugins built before 2.7 are refused (they would ignore it).
+// 2.8: kKvFuseQueriesBf16Only (a new KvAppendFusion bit; older layouts never return it) and KvAppendArgs::q_abs
+//      null under it: prefill-only steps ask for the queries in bf16 alone.
 #define KILN_ABI_MAJOR 2
-#define KILN_ABI_MINOR 7
+#define KILN_ABI_MINOR 8
 
 #define KILN_STRINGIFY_INNER_(x) #x
 #define KILN_STRINGIFY_(x) KILN_STRINGIFY_INNER_(x)

@@ -48,7 +48,9 @@ class Fp8MlaCudaLayout final : public KvLayout {
   Device device() const override { return device_; }
   IndexerKeyFormat indexer_key_format() const override { return IndexerKeyFormat::kFp8E4m3Scaled; }
 
-  uint32_t append_fusions() const override { return fuses_ ? kKvFuseNormRope | kKvFuseQueries : 0u; }
+  uint32_t append_fusions() const override {
+    return fuses_ ? kKvFuseNormRope | kKvFuseQueries | kKvFuseQueriesBf16Only : 0u;
+  }
 
   Status append(const KvAppendArgs& a, Stream stream) const override {
     KILN_RETURN_IF_ERROR(check_stream(stream));
@@ -67,8 +69,9 @@ class Fp8MlaCudaLayout final : public KvLayout {
                               "): it stores final rows only");
     if (a.positions != nullptr && a.inv_freq == nullptr)
       return invalid_argument("kv layout `fp8_ds_mla` append: positions without inv_freq");
-    if (a.q != nullptr && (a.heads <= 0 || a.q_bf == nullptr || a.q_abs == nullptr))
-      return invalid_argument("kv layout `fp8_ds_mla` append: queries need heads > 0, q_bf and q_abs");
+    // q_abs null: the queries in bf16 only (kKvFuseQueriesBf16Only).
+    if (a.q != nullptr && (a.heads <= 0 || a.q_bf == nullptr))
+      return invalid_argument("kv layout `fp8_ds_mla` append: queries need heads > 0 and q_bf");
     FusedAppend f;
     f.rows = a.rows, f.row_stride = stride, f.n = a.n, f.slots = a.slots;
     f.norm_weight = a.norm_weight, f.eps = a.eps;

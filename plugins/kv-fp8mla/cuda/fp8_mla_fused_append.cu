@@ -39,12 +39,12 @@ __global__ void __launch_bounds__(kMlaAppendThreads) fused_append_kernel(RowShap
     if (hs > 0) {
       const int64_t h0 = h * hs;
       kiln::cuda::mla_append_query_heads(a.q + (t * a.heads + h0) * qk, a.q_bf + (t * a.heads + h0) * qk,
-                                         a.q_abs + (t * a.heads + h0) * D, min(hs, a.heads - h0), a.nope, s.rope,
-                                         s.latent, position, a.inv_freq, a.rope_factor);
+                                         a.q_abs ? a.q_abs + (t * a.heads + h0) * D : nullptr, min(hs, a.heads - h0),
+                                         a.nope, s.rope, s.latent, position, a.inv_freq, a.rope_factor);
     } else {
       kiln::cuda::mla_append_query_head(a.q + (t * a.heads + h) * qk, a.q_bf + (t * a.heads + h) * qk,
-                                        a.q_abs + (t * a.heads + h) * D + s.latent, a.nope, s.rope, position,
-                                        a.inv_freq, a.rope_factor, half);
+                                        a.q_abs ? a.q_abs + (t * a.heads + h) * D + s.latent : nullptr, a.nope,
+                                        s.rope, position, a.inv_freq, a.rope_factor, half);
     }
     return;
   }

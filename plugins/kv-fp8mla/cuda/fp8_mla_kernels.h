@@ -36,7 +36,7 @@ struct FusedAppend {
   float* q = nullptr;                     // [n, heads, nope + rope] fp32
   int64_t heads = 0, nope = 0;
   uint16_t* q_bf = nullptr;               // [n, heads, nope + rope]
-  float* q_abs = nullptr;                 // [n, heads, latent + rope]
+  float* q_abs = nullptr;                 // [n, heads, latent + rope]; null: q_bf alone (q left unroped)
 };
 bool fused_append_supported(const RowShape& s);
 const char* launch_fused_append(const RowShape& s, const FusedAppend& a, uint8_t* pages, void* stream);

@@ -507,7 +507,8 @@ namespace {
 // the rows. Shapes: the published 512 + 64 (20 heads), NoPE 512 + 0, a partial last tile (200 + 8), five tiles
 // (640 + 32); 37 rows, and 130 / 160 (the queries' prefill form, which the core's prologue takes too at that size);
 // rows of ordinary, zero, tiny and huge values; a padding slot; without positions (no RoPE) and without a norm
-// weight. KILN_FP8MLA_APPEND=separate turns the fusion off (and a prologue is then refused).
+// weight; and with q_abs null (bf16 queries only). KILN_FP8MLA_APPEND=separate turns the fusion off (and a prologue
+// is then refused).
 struct FusedShape {
   int64_t latent, rope, heads, nope;
   bool positions, norm;
@@ -520,7 +521,7 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
   const FusedShape sh = GetParam();
   auto layout = make_layout(Device::cuda(0), sh.latent, sh.rope);
   ASSERT_TRUE(layout);
-  ASSERT_EQ(layout->append_fusions(), uint32_t{kKvFuseNormRope | kKvFuseQueries});
+  ASSERT_EQ(layout->append_fusions(), uint32_t{kKvFuseNormRope | kKvFuseQueries | kKvFuseQueriesBf16Only});
   const int64_t n = sh.rows, D = sh.latent + sh.rope, stride = D + 24, qk = sh.nope + sh.rope, H = sh.heads;
   const int64_t row_bytes = static_cast<int64_t>(layout->bytes_per_token()), blocks = (n + kBlock - 1) / kBlock + 1;
   std::mt19937 rng(static_cast<uint32_t>(sh.latent * 3 + sh.rope + H));
@@ -550,7 +551,7 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
     std::vector<uint16_t> q_bf;
   };
   const Stream stream{Device::cuda(0), nullptr};
-  auto run = [&](bool fused) {
+  auto run = [&](bool fused, bool bf16_only = false) {
     Dev<float> d_rows(rows), d_q(q), d_q_abs(q_abs);
     Dev<uint16_t> d_q_bf(no_bf);
     Dev<uint8_t> d_pages(zeros);
@@ -559,7 +560,7 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
     if (fused) {
       a.norm_weight = sh.norm ? d_norm.p : nullptr, a.eps = 1e-6f;
       a.positions = sh.positions ? d_pos.p : nullptr, a.inv_freq = d_inv.p, a.rope_factor = 0.75f;
-      a.q = d_q.p, a.heads = H, a.nope = sh.nope, a.q_bf = d_q_bf.p, a.q_abs = d_q_abs.p;
+      a.q = d_q.p, a.heads = H, a.nope = sh.nope, a.q_bf = d_q_bf.p, a.q_abs = bf16_only ? nullptr : d_q_abs.p;
       EXPECT_TRUE(layout->append(a, stream).ok());
     } else {
       cuda::MlaRopeCacheWrite rw;
@@ -573,7 +574,11 @@ TEST_P(Fp8MlaFusedAppend, StoresWhatTheCoresPrologueThenTheAppendStore) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return Out{d_pages.get(), d_rows.get(), d_q.get(), d_q_abs.get(), d_q_bf.get()};
   };
-  const Out separate = run(false), fused = run(true);
+  const Out separate = run(false), fused = run(true), bf16_only = run(true, true);
+  // Queries in bf16 alone (kKvFuseQueriesBf16Only, a prefill-only step): the same pages and q_bf, q_abs untouched.
+  EXPECT_EQ(bf16_only.pages, separate.pages);
+  EXPECT_EQ(bf16_only.q_bf, separate.q_bf);
+  EXPECT_EQ(bf16_only.q_abs, q_abs);
   EXPECT_EQ(fused.pages, separate.pages) << "the fused append stores other bytes";
   EXPECT_NE(fused.pages, zeros);
   EXPECT_EQ(fused.q_bf, separate.q_bf);

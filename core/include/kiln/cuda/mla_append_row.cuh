@@ -58,7 +58,7 @@ __device__ inline double block_sum_f64(double v, double* shared) {
 
 // Query head of one token: v = q[t, h] (fp32, nope then rope values) gets RoPE on its rope part in place (half
 // pairs; half = 0: none), vb = bf16(v) (what the absorption reads), pe = the rope part (the absorbed query's tail).
-// Called by every thread of the block.
+// pe null: vb alone (v is left unroped). Called by every thread of the block.
 __device__ __forceinline__ void mla_append_query_head(float* v, uint16_t* vb, float* pe, int64_t nope, int64_t rope,
                                                       float position, const float* inv_freq, float attention_factor,
                                                       int half) {
@@ -72,18 +72,20 @@ __device__ __forceinline__ void mla_append_query_head(float* v, uint16_t* vb, fl
     for (int64_t i = tid; i < rope; i += blockDim.x) {
       const float r = v[nope + i];
       vb[nope + i] = float_to_bf16_bits(r);
-      pe[i] = r;
+      if (pe) pe[i] = r;
     }
     return;
   }
   __syncthreads();  // every pair read before any is overwritten in place
   if (pair) {
-    v[nope + tid] = lo;
-    v[nope + half + tid] = hi;
     vb[nope + tid] = float_to_bf16_bits(lo);
     vb[nope + half + tid] = float_to_bf16_bits(hi);
-    pe[tid] = lo;
-    pe[half + tid] = hi;
+    if (pe) {  // null: bf16 only (kKvFuseQueriesBf16Only), no fp32 forms
+      v[nope + tid] = lo;
+      v[nope + half + tid] = hi;
+      pe[tid] = lo;
+      pe[half + tid] = hi;
+    }
   }
 }
 
@@ -115,8 +117,8 @@ __host__ __device__ inline int64_t mla_append_wide_heads(int64_t n, int64_t head
 // Query heads h0 .. h0 + hs − 1 of one token in one block of kMlaAppendThreads: q / q_bf point at head h0's row of
 // the token (rows nope + rope apart), q_abs at head h0's absorbed row (rows latent + rope apart); per head as
 // mla_append_query_head with RoPE on (half = rope / 2 pairs). Called by every thread of the block. q_abs null: only
-// q_bf is written (q is left as it was, unroped) — a step that attends in the expanded prefill form alone reads
-// nothing else, and the fp32 forms were a third of the kernel's bytes.
+// q_bf is written (q is left unroped) — a step that attends in the expanded prefill form alone reads nothing else
+// (kKvFuseQueriesBf16Only), and the fp32 forms were a third of the kernel's bytes.
 __device__ inline void mla_append_query_heads(float* q, uint16_t* q_bf, float* q_abs, int64_t hs, int64_t nope,
                                               int64_t rope, int64_t latent, float position, const float* inv_freq,
                                               float attention_factor) {

@@ -32,7 +32,7 @@ class Bf16KvLayoutCuda final : public KvLayout {
   KvGeometry geometry() const override { return g_; }
   size_t bytes_per_token() const override { return static_cast<size_t>(row_) * 2; }
   Device device() const override { return device_; }
-  uint32_t append_fusions() const override { return kKvFuseNormRope | kKvFuseQueries; }
+  uint32_t append_fusions() const override { return kKvFuseNormRope | kKvFuseQueries | kKvFuseQueriesBf16Only; }
 
   Status append(const KvAppendArgs& a, Stream stream) const override {
     cuda::MlaRopeCacheWrite w;

@@ -66,7 +66,11 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
   append.positions = Rr > 0 ? b.positions : nullptr, append.inv_freq = I.inv_freq, append.rope_factor = I.rope_factor;
   append.q = b.q, append.heads = H, append.nope = nope, append.q_bf = b.q_bf, append.q_abs = b.q_abs;
   const uint32_t fused = layout.append_fusions();
+  // A step that attends in the expanded prefill form alone reads the queries in bf16 only: where the layout takes
+  // it, no fp32 roped q and no absorbed q_pe are written (KILN_MLA_QUERIES=f32 keeps them: an A/B switch).
+  const bool bf16_queries_only = !absorbed && !queries_forced_f32();
   if ((fused & kKvFuseNormRope) && (fused & kKvFuseQueries)) {
+    if (bf16_queries_only && (fused & kKvFuseQueriesBf16Only)) append.q_abs = nullptr;
     KILN_RETURN_IF_ERROR(layout.append(append, I.sdk_stream()).with_context("KV append"));
   } else {
     MlaRopeCacheWrite rw;
@@ -74,9 +78,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     rw.positions = append.positions, rw.inv_freq = I.inv_freq, rw.attention_factor = I.rope_factor;
     rw.norm_weight = w.kv_a_norm, rw.eps = w.latent_norm_eps, rw.slots = b.slots, rw.cache = nullptr;
     rw.q_bf = b.q_bf, rw.q_abs = b.q_abs;
-    // A step that attends in the expanded prefill form alone reads the queries in bf16 only.
-    // (KILN_MLA_QUERIES=f32 keeps the fp32 forms: an A/B switch.)
-    if (!absorbed && !queries_forced_f32() && mla_rope_cache_write_bf16_queries_only(rw)) rw.q_abs = nullptr;
+    if (bf16_queries_only) rw.q_abs = nullptr;
     KILN_RETURN_IF_ERROR(mla_rope_cache_write(rw, st));
     append.norm_weight = nullptr, append.positions = nullptr, append.q = nullptr;
     KILN_RETURN_IF_ERROR(layout.append(append, I.sdk_stream()).with_context("KV append"));

@@ -27,6 +27,7 @@ __device__ void rope_cache_write_general(const MlaRopeCacheWrite& a, int64_t t, 
     __syncthreads();
     uint16_t* vb = a.q_bf + (t * a.heads + h) * qk;
     for (int64_t i = threadIdx.x; i < qk; i += blockDim.x) vb[i] = float_to_bf16_bits(v[i]);
+    if (!a.q_abs) return;  // bf16 queries only (q stays roped in place here: unspecified to the caller)
     float* pe = a.q_abs + (t * a.heads + h) * D + a.latent;
     for (int64_t i = threadIdx.x; i < a.rope; i += blockDim.x) pe[i] = v[a.nope + i];
     return;
@@ -54,8 +55,8 @@ __device__ void rope_cache_write_registers(const MlaRopeCacheWrite& a, int64_t t
   const int tid = static_cast<int>(threadIdx.x);
   if (h < a.heads) {
     mla_append_query_head(a.q + (t * a.heads + h) * qk, a.q_bf + (t * a.heads + h) * qk,
-                          a.q_abs + (t * a.heads + h) * D + a.latent, a.nope, a.rope, position, a.inv_freq,
-                          a.attention_factor, half);
+                          a.q_abs ? a.q_abs + (t * a.heads + h) * D + a.latent : nullptr, a.nope, a.rope, position,
+                          a.inv_freq, a.attention_factor, half);
     return;
   }
   float* row = a.ckv + t * (a.ckv_stride > 0 ? a.ckv_stride : D);
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_wide
   if (y < groups) {  // the prefill form of the queries (kiln/cuda/mla_append_row.cuh says why)
     const int64_t h0 = y * hs, D = a.latent + a.rope;
     mla_append_query_heads(a.q + (t * a.heads + h0) * (a.nope + a.rope), a.q_bf + (t * a.heads + h0) * (a.nope + a.rope),
-                           a.q_abs + (t * a.heads + h0) * D, min(hs, a.heads - h0), a.nope, a.rope, a.latent, position,
-                           a.inv_freq, a.attention_factor);
+                           a.q_abs ? a.q_abs + (t * a.heads + h0) * D : nullptr, min(hs, a.heads - h0), a.nope,
+                           a.rope, a.latent, position, a.inv_freq, a.attention_factor);
   } else if constexpr (kRegisters) {
     rope_cache_write_registers(a, t, a.heads, position, half);
   } else {
@@ -129,12 +130,6 @@ __global__ void __launch_bounds__(kMlaCacheRowThreads) mla_rope_cache_write_kern
 
 }  // namespace
 
-bool mla_rope_cache_write_bf16_queries_only(const MlaRopeCacheWrite& a) {
-  return a.rope >= 0 && a.rope % 2 == 0 && a.rope <= 64 * kRopeMaxPairsPerLane &&
-         mla_append_wide_heads(a.n, a.heads, a.nope, a.rope, a.latent, a.positions != nullptr, a.q, a.q_bf,
-                               nullptr) > 0;
-}
-
 Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
   if (a.rope < 0 || a.rope % 2 != 0 || a.rope > 64 * kRopeMaxPairsPerLane)
     return invalid_argument("cuda::mla_rope_cache_write: rope width must be even and in [0, 128], got " +
@@ -143,8 +138,6 @@ Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream) {
     return invalid_argument("cuda::mla_rope_cache_write: need 0 ≤ heads < 65535, latent > 0, nope ≥ 0");
   if (a.heads > 0 && (!a.q || !a.q_bf))
     return invalid_argument("cuda::mla_rope_cache_write: query heads need q and q_bf");
-  if (a.heads > 0 && !a.q_abs && !mla_rope_cache_write_bf16_queries_only(a))
-    return invalid_argument("cuda::mla_rope_cache_write: q_abs may be null only where the wide form runs");
   if (a.ckv_stride != 0 && a.ckv_stride < a.latent + a.rope)
     return invalid_argument("cuda::mla_rope_cache_write: ckv_stride must be 0 or ≥ latent + rope");
   if (a.n == 0) return ok_status();

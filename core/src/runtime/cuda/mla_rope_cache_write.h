@@ -34,12 +34,10 @@ struct MlaRopeCacheWrite {
   const int64_t* slots = nullptr;
   uint16_t* cache = nullptr;  // bf16 [slots, D]
   uint16_t* q_bf = nullptr;   // bf16 [n, heads, nope + rope]
-  // fp32 [n, heads, D]. Null: the queries are wanted in bf16 only (q_bf); q is then left unroped (the rows need at
-  // least kMlaAppendWideMinRows tokens and the widths the wide form takes: mla_rope_cache_write_bf16_queries_only).
+  // fp32 [n, heads, D]. Null: the queries are wanted in bf16 only (q_bf; kKvFuseQueriesBf16Only), q's contents are
+  // unspecified after.
   float* q_abs = nullptr;
 };
-// Whether a call with q_abs null is accepted for these shapes and pointers (the wide form of the queries).
-bool mla_rope_cache_write_bf16_queries_only(const MlaRopeCacheWrite& a);
 Status mla_rope_cache_write(const MlaRopeCacheWrite& a, StreamHandle stream);
 
 }  // namespace kiln::cuda
