@@ -27,7 +27,6 @@
 #include "kernels/cuda/mla_kv_expand_sm90.h"
 #include "kernels/cuda/mla_prefill.h"
 #include "kernels/cuda/moe_experts.h"
-#include "kernels/cuda/moe_gate_terms.h"
 #include "kernels/cuda/moe_gate_gemv.h"
 #include "kernels/cuda/moe_grouped_gemm.h"
 #include "runtime/cuda/mla_prefill_attention.h"
@@ -324,31 +323,6 @@ void bench_moe_prefill(cublasHandle_t blas, double peak) {
     report("grouped", median_ms([&](int) { grouped(); }, iters));
     report("gate_up", median_ms([&](int) { gate_up_only(); }, iters), 2.0 / 3);
     report("down", median_ms([&](int) { down_only(); }, iters), 1.0 / 3);
-    // The gate from the router's three exact bf16 terms (what prefill chunks over 16 tokens run), its hidden
-    // dimension split as the rule picks (gate) and unsplit (gate-s1).
-    if (tokens >= 512) {
-      uint16_t* terms = device_bf16(size_t(3) * experts * hidden, 0.05f, 45);
-      float* scratch = nullptr;
-      float* logits = nullptr;
-      CHECK_CUDA(cudaMalloc(&scratch, size_t(tokens) * hidden * 4));
-      CHECK_CUDA(cudaMalloc(&logits, size_t(tokens) * experts * 4));
-      auto gate = [&]() {
-        CHECK_OK(kiln::cuda::moe_gate_logits_bf16_terms(blas, x, tokens, hidden, terms, 3, experts, scratch,
-                                                        tokens * hidden, logits, nullptr));
-      };
-      const double gate_flops = 2.0 * tokens * 3 * experts * hidden;
-      auto report_gate = [&](const char* what, float ms) {
-        std::printf("%7lld %8s %10.1f %9.1f %7.1f%%\n", (long long)tokens, what, ms * 1e3,
-                    gate_flops / (ms * 1e-3) / 1e12, 100.0 * gate_flops / (ms * 1e-3) / peak);
-      };
-      report_gate("gate", median_ms([&](int) { gate(); }, iters));
-      setenv("KILN_MOE_GATE_SPLITK", "1", 1);
-      report_gate("gate-s1", median_ms([&](int) { gate(); }, iters));
-      unsetenv("KILN_MOE_GATE_SPLITK");
-      CHECK_CUDA(cudaFree(terms));
-      CHECK_CUDA(cudaFree(scratch));
-      CHECK_CUDA(cudaFree(logits));
-    }
     // The same GEMMs in the mma.sync form (what devices other than compute capability 9.0 run).
     setenv("KILN_MOE_GROUPED_SM90", "0", 1);
     report("mmasync", median_ms([&](int) { grouped(); }, iters));

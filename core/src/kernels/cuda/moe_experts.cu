@@ -25,7 +25,6 @@ constexpr int kMaxTokenTiles = 8;  // n8 tiles per pass over a weight tile: up t
 // thousands of pairs stay cheap. Every warp takes a slice where slices · experts ints fit kGroupSmemBudget (64
 // experts: all 32; at 8 slices a 4K-token chunk's 16K pairs took 33 us a layer on an H100, a third of the router).
 constexpr size_t kGroupSmemBudget = 40 * 1024;  // dynamic, beside the scan's static storage (48 KiB in all)
-constexpr int kIdBatch = 8;                     // rounds of 32 pair ids a warp loads at once
 
 int group_slices(int experts) {
   return static_cast<int>(std::clamp<size_t>(kGroupSmemBudget / (sizeof(int) * experts), 1, kMaxExperts / 32));
@@ -49,19 +48,11 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
     const int id = p < slice_end ? ids[p] : -1;
     return id >= 0 && id < experts ? id : -1;  // out-of-range ids are left out
   };
-  // kIdBatch rounds of 32 ids are loaded before any is counted: the loads were a chain of L2 round trips (a 4K
-  // chunk's 16K pairs: 16 rounds a pass, 28 µs a layer on an H100). Same rounds in the same order.
-  for (int64_t base = slice_begin; base < slice_end; base += 32 * kIdBatch) {
-    int batch[kIdBatch];
-#pragma unroll
-    for (int b = 0; b < kIdBatch; ++b) batch[b] = id_at(base + 32 * b + lane);
-#pragma unroll
-    for (int b = 0; b < kIdBatch; ++b) {
-      const int id = batch[b];
-      const unsigned same = __match_any_sync(~0u, id);
-      if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
-      __syncwarp();
-    }
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
   }
   __syncthreads();
 
@@ -92,20 +83,13 @@ __global__ void __launch_bounds__(kMaxExperts) group_kernel(const int32_t* __res
   __syncthreads();
 
   const unsigned lanes_below = (1u << lane) - 1;
-  for (int64_t base = slice_begin; base < slice_end; base += 32 * kIdBatch) {
-    int batch[kIdBatch];
-#pragma unroll
-    for (int b = 0; b < kIdBatch; ++b) batch[b] = id_at(base + 32 * b + lane);
-#pragma unroll
-    for (int b = 0; b < kIdBatch; ++b) {
-      const int id = batch[b];
-      const unsigned same = __match_any_sync(~0u, id);
-      if (id >= 0)
-        d.pair_order[mine[id] + __popc(same & lanes_below)] = static_cast<int32_t>(base + 32 * b + lane);
-      __syncwarp();
-      if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
-      __syncwarp();
-    }
+  for (int64_t base = slice_begin; base < slice_end; base += 32) {
+    const int id = id_at(base + lane);
+    const unsigned same = __match_any_sync(~0u, id);
+    if (id >= 0) d.pair_order[mine[id] + __popc(same & lanes_below)] = static_cast<int32_t>(base + lane);
+    __syncwarp();
+    if (id >= 0 && lane == __ffs(same) - 1) mine[id] += __popc(same);
+    __syncwarp();
   }
 }
 
