@@ -8,23 +8,12 @@
 
 #include <bit>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "device_buffer.h"
 #include "kernels/cpu/half_float.h"
 
 namespace kiln::test {
 namespace {
-
-// Fixes the gate's split of the hidden dimension for a scope (KILN_MOE_GATE_SPLITK; 1: unsplit).
-class SplitK {
- public:
-  explicit SplitK(int s) { setenv("KILN_MOE_GATE_SPLITK", std::to_string(s).c_str(), 1); }
-  ~SplitK() { unsetenv("KILN_MOE_GATE_SPLITK"); }
-  SplitK(const SplitK&) = delete;
-  SplitK& operator=(const SplitK&) = delete;
-};
 
 struct Blas {
   cublasHandle_t h = nullptr;
@@ -63,22 +52,17 @@ TEST(GpuMoeGateTerms, MatchesTheFp32ProductForOneTwoAndThreeTerms) {
           bound[t * s.experts + e] = static_cast<float>(mag * 4 * std::ldexp(1.0, -24) * std::sqrt(double(s.hidden)));
         }
       DeviceBuffer<uint16_t> dx(x.bits), dterms(terms);
-      // Unsplit (scratch of one product) and the hidden dimension split in 2 and 4 (KILN_MOE_GATE_SPLITK).
-      for (const int split : {1, 2, 4}) {
-        const SplitK forced(split);
-        DeviceBuffer<float> scratch(size_t(split) * s.n * used * s.experts), dy(want.size());
-        dy.poison();
-        KILN_STATUS_OK(cuda::moe_gate_logits_bf16_terms(blas.h, dx.get(), s.n, s.hidden, dterms.get(), used,
-                                                        s.experts, scratch.get(), scratch.size(), dy.get(), nullptr));
-        const auto got = dy.download();
-        int bad = 0;
-        for (size_t i = 0; i < want.size() && bad < 5; ++i)
-          if (!(std::abs(double(got[i]) - want[i]) <= bound[i]))
-            ADD_FAILURE() << "n " << s.n << " hidden " << s.hidden << " experts " << s.experts << " terms " << used
-                          << " split " << split << ": logit " << i << " " << got[i] << " vs " << want[i]
-                          << " (bound " << bound[i] << ")",
-                ++bad;
-      }
+      DeviceBuffer<float> scratch(size_t(s.n) * used * s.experts), dy(want.size());
+      dy.poison();
+      KILN_STATUS_OK(cuda::moe_gate_logits_bf16_terms(blas.h, dx.get(), s.n, s.hidden, dterms.get(), used, s.experts,
+                                                      scratch.get(), dy.get(), nullptr));
+      const auto got = dy.download();
+      int bad = 0;
+      for (size_t i = 0; i < want.size() && bad < 5; ++i)
+        if (!(std::abs(double(got[i]) - want[i]) <= bound[i]))
+          ADD_FAILURE() << "n " << s.n << " hidden " << s.hidden << " experts " << s.experts << " terms " << used
+                        << ": logit " << i << " " << got[i] << " vs " << want[i] << " (bound " << bound[i] << ")",
+              ++bad;
     }
   }
 }
@@ -101,40 +85,24 @@ TEST(GpuMoeGateTerms, OneHotInputsGiveTheWeightsExactly) {
     x[t * hidden + hot[t]] = 0x3f80;  // 1.0
   }
   DeviceBuffer<uint16_t> dx(x), dterms(terms);
-  for (const int split : {1, 2, 4}) {  // a split adds zeros to the one exact product
-    const SplitK forced(split);
-    DeviceBuffer<float> scratch(size_t(split) * n * 3 * experts), dy(size_t(n) * experts);
-    dy.poison();
-    KILN_STATUS_OK(cuda::moe_gate_logits_bf16_terms(blas.h, dx.get(), n, hidden, dterms.get(), 3, experts,
-                                                    scratch.get(), scratch.size(), dy.get(), nullptr));
-    const auto got = dy.download();
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t e = 0; e < experts; ++e)
-        ASSERT_EQ(std::bit_cast<uint32_t>(got[t * experts + e]), std::bit_cast<uint32_t>(w[e * hidden + hot[t]]))
-            << "split " << split << " token " << t << " expert " << e;
-  }
-}
-
-// The split rule: 2 or 4 only where the output tiles leave most SMs idle, the slices stay 16-byte aligned and the
-// scratch holds every split's logits; a forced split that does not fit is not taken.
-TEST(GpuMoeGateTerms, SplitsOnlyWhereTilesAreFewAndScratchHoldsThem) {
-  EXPECT_EQ(cuda::moe_gate_terms_splits(4096, 2048, 3, 64, 4096 * 2048, 132), 2);  // 64 tiles on 132 SMs
-  EXPECT_EQ(cuda::moe_gate_terms_splits(1024, 2048, 3, 64, 1024 * 2048, 132), 4);
-  EXPECT_EQ(cuda::moe_gate_terms_splits(16384, 2048, 3, 64, 16384 * 2048, 132), 1);  // 256 tiles: full waves
-  EXPECT_EQ(cuda::moe_gate_terms_splits(4096, 2048, 3, 64, 4096 * 3 * 64, 132), 1);  // scratch for one product
-  EXPECT_EQ(cuda::moe_gate_terms_splits(1024, 516, 3, 12, 1024 * 516, 132), 1);     // 516 / 2 not 16-byte aligned
-  const SplitK forced(4);
-  EXPECT_EQ(cuda::moe_gate_terms_splits(16384, 2048, 3, 64, 16384 * 2048, 132), 4);
-  EXPECT_EQ(cuda::moe_gate_terms_splits(4096, 2048, 3, 64, 4096 * 3 * 64 * 2, 132), 1);
+  DeviceBuffer<float> scratch(size_t(n) * 3 * experts), dy(size_t(n) * experts);
+  dy.poison();
+  KILN_STATUS_OK(cuda::moe_gate_logits_bf16_terms(blas.h, dx.get(), n, hidden, dterms.get(), 3, experts,
+                                                  scratch.get(), dy.get(), nullptr));
+  const auto got = dy.download();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t e = 0; e < experts; ++e)
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[t * experts + e]), std::bit_cast<uint32_t>(w[e * hidden + hot[t]]))
+          << "token " << t << " expert " << e;
 }
 
 TEST(GpuMoeGateTerms, RejectsWhatItCannotRun) {
   Blas blas;
   DeviceBuffer<uint16_t> x(64), w(192);
   DeviceBuffer<float> y(64);
-  EXPECT_FALSE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 1, 8, w.get(), 4, 8, y.get(), 64, y.get(), nullptr).ok());
-  EXPECT_FALSE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 1, 8, w.get(), 3, 8, nullptr, 0, y.get(), nullptr).ok());
-  EXPECT_TRUE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 0, 8, w.get(), 1, 8, nullptr, 0, y.get(), nullptr).ok());
+  EXPECT_FALSE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 1, 8, w.get(), 4, 8, y.get(), y.get(), nullptr).ok());
+  EXPECT_FALSE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 1, 8, w.get(), 3, 8, nullptr, y.get(), nullptr).ok());
+  EXPECT_TRUE(cuda::moe_gate_logits_bf16_terms(blas.h, x.get(), 0, 8, w.get(), 1, 8, nullptr, y.get(), nullptr).ok());
 }
 
 }  // namespace

@@ -14,17 +14,9 @@
 namespace kiln::cuda {
 
 // x bf16 [n, hidden]; terms bf16 [n_terms · experts, hidden] (term-major, n_terms 1..3); logits fp32 [n, experts].
-// With n_terms > 1 the terms' logits go to `scratch` (scratch_floats fp32, at least n · n_terms · experts) first and
-// are summed smallest term first. Where the GEMM's output tiles fill less than half the SMs (a 4K chunk's gate: 64
-// tiles on 132 SMs) and scratch holds it, the hidden dimension is split in 2 or 4 (one strided-batched GEMM) and
-// the sum kernel adds the splits in order, then the terms: another fp32 summation order of the same exact products.
-// KILN_MOE_GATE_SPLITK=1|2|4 fixes the split (A/B; a split that does not fit is not taken). `blas` on `stream`'s
-// device (bound to `stream` here).
+// With n_terms > 1 the terms' logits go to `scratch` fp32 [n, n_terms · experts] first and are summed smallest term
+// first. `blas` on `stream`'s device (bound to `stream` here).
 Status moe_gate_logits_bf16_terms(cublasHandle_t blas, const uint16_t* x, int64_t n, int64_t hidden, const uint16_t* terms,
-                                  int n_terms, int64_t experts, float* scratch, int64_t scratch_floats, float* logits,
-                                  StreamHandle stream);
-
-// The split of the hidden dimension the call above takes for a shape (1, 2 or 4) on a device of `sms` SMs.
-int moe_gate_terms_splits(int64_t n, int64_t hidden, int n_terms, int64_t experts, int64_t scratch_floats, int sms);
+                                  int n_terms, int64_t experts, float* scratch, float* logits, StreamHandle stream);
 
 }  // namespace kiln::cuda

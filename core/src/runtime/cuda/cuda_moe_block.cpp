@@ -87,7 +87,7 @@ Status mlp_block(const StepContext& x, const GpuLayer& w, const NextNorm* next) 
     } else if (w.router_terms > 0 && w.router_terms * E <= Hd && !gate_forced_f32()) {
       // On the tensor cores from the router's exact bf16 terms (moe_gate_terms.h); h32 holds the terms' logits.
       KILN_RETURN_IF_ERROR(moe_gate_logits_bf16_terms(x.I.blas, b.h, N, Hd, w.router_bf16_terms, w.router_terms, E,
-                                                      b.h32, N * Hd, b.router_logits, st)
+                                                      b.h32, b.router_logits, st)
                                .with_context("MoE router"));
     } else {
       KILN_RETURN_IF_ERROR(bf16_to_f32(b.h, N * Hd, b.h32, st));
