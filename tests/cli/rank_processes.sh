@@ -165,11 +165,14 @@ echo "ok: ranks from the environment: rank 0 names the rank that could not load,
 
 # kiln serve.
 start_server() {
+  # The redirect below runs in the background child: until it truncates the file, the previous server's log (and its
+  # URL) would still be there for the grep. Removed here, in this shell, first.
+  rm -f "$work/serve.log"
   "$kiln" serve "$tiny" --port 0 "$@" > "$work/serve.log" 2>&1 &
   pid=$!
   url=""
   for _ in $(seq 1 300); do
-    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" | head -1)
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/serve.log" 2>/dev/null | head -1)
     [ -n "$url" ] && return
     kill -0 "$pid" 2>/dev/null || { cat "$work/serve.log" >> "$log"; die "kiln serve exited"; }
     sleep 0.1

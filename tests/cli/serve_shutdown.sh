@@ -20,11 +20,14 @@ die() {
 }
 
 start_server() {
+  # The redirect below runs in the background child: until it truncates the file, the previous server's log (and its
+  # URL) would still be there for the grep. Removed here, in this shell, first.
+  rm -f "$log"
   "$kiln" serve "$recipe" --port 0 "$@" > "$log" 2>&1 &
   pid=$!
   url=""
   for _ in $(seq 1 100); do
-    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" | head -1)
+    url=$(grep -o 'http://127.0.0.1:[0-9]*' "$log" 2>/dev/null | head -1)
     [ -n "$url" ] && return
     kill -0 "$pid" 2>/dev/null || die "kiln serve exited"
     sleep 0.1
