@@ -7,12 +7,14 @@
 #include "runtime/cuda/model_glue_kernels.h"
 
 namespace kiln::cuda {
+bool env_is(const char* name, std::string_view value) {
+  const char* e = std::getenv(name);
+  return e && std::string_view(e) == value;
+}
+
 namespace {
 bool queries_forced_f32() {
-  static const bool forced = [] {
-    const char* e = std::getenv("KILN_MLA_QUERIES");
-    return e && std::string_view(e) == "f32";
-  }();
+  static const bool forced = env_is("KILN_MLA_QUERIES", "f32");
   return forced;
 }
 }  // namespace

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -237,6 +238,9 @@ struct StepContext {
 
 // y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).
 Status run_linear(const StepContext& x, const Linear& l, const void* in, int64_t n, void* out, DType out_dtype);
+
+// Whether environment variable `name` is set to `value` (the blocks' A/B switches read it once, into a static).
+bool env_is(const char* name, std::string_view value);
 
 // Tensor parallelism (x.I.sharded()): full [n, units · width] (row stride units · width) from every rank's local
 // [n, (its units) · width] in unit order — each rank's block padded to the largest part so that one all_gather

@@ -1,7 +1,5 @@
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/moe_gate_gemv.h"
@@ -44,10 +42,7 @@ Status dense_mlp(const StepContext& x, const Linear& gate_up, const Linear& down
 }
 
 bool gate_forced_f32() {
-  static const bool forced = [] {
-    const char* e = std::getenv("KILN_MOE_GATE");
-    return e && std::string_view(e) == "f32";
-  }();
+  static const bool forced = env_is("KILN_MOE_GATE", "f32");
   return forced;
 }
 
