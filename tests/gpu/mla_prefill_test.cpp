@@ -343,6 +343,89 @@ TEST(GpuMlaPrefill, EachHeadIsBitwiseTheSameOnATensorParallelRank) {
   run_head_shard_case({{20, 192, 64, 256}, 512, 64, {{2000, 2000}}}, 25);
 }
 
+// Layer-major prefill (cuda_mla_moe_model.cpp): one prompt's rows [start, end) in tiles whose boundaries are multiples
+// of `tile`, each call over one workspace laid out for `end` keys, the first gathering and expanding keys 0 .. its end
+// and each later one only its own keys (keys_ready). Each tile's rows must match one call over the whole prompt (the
+// same arithmetic, the expansion GEMMs' shapes aside: within kTolerance; the bitwise differences are reported).
+void run_tiled_case(const Dims& d, int64_t L, int64_t bs, int64_t start, int64_t end, int64_t tile, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t H = d.heads, qk = d.nope + d.rope, D = L + d.rope, rows = end - start;
+  const int64_t max_blocks = (end + bs - 1) / bs;
+  std::vector<int32_t> tables(max_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  const Bf16Data cache = random_bf16(size_t(max_blocks * bs * D), rng);
+  const Bf16Data kv_b = random_bf16(size_t(H * (d.nope + d.v) * L), rng, -0.1f, 0.1f);
+  const Bf16Data q_data = random_bf16(size_t(rows * H * qk), rng);
+  const cuda::MlaPrefillDims dims{H, d.nope, d.rope, d.v, L};
+  const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(1, end, dims);
+  DeviceBuffer<uint16_t> dcache(cache.bits), dkv_b(kv_b.bits), dq(q_data.bits);
+  DeviceBuffer<int32_t> dtables(tables);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  auto layout = bf16_layout(L, d.rope, bs);
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  auto call = [&](std::vector<cuda::MlaPrefillSequence> seqs, int64_t ready, uint16_t* out) {
+    cuda::MlaPrefillArgs a;
+    a.seqs = seqs, a.dims = dims, a.q = dq.get(), a.layout = layout.get(), a.pages = dcache.get(), a.block_size = bs;
+    a.stream = Stream{Device::cuda(0), nullptr};
+    a.block_tables = dtables.get(), a.max_blocks = max_blocks, a.kv_b = dkv_b.get(), a.scale = 0.3f, a.out = out;
+    a.workspace = ws.get(), a.workspace_bytes = ws_bytes, a.key_capacity = end, a.keys_ready = ready;
+    return cuda::mla_prefill_attention(a, blas, nullptr);
+  };
+  DeviceBuffer<uint16_t> whole_out(size_t(rows * H * d.v)), tiled_out(size_t(rows * H * d.v));
+  whole_out.poison();
+  tiled_out.poison();
+  ws.poison();
+  KILN_STATUS_OK(call({{0, rows, end, 0}}, 0, whole_out.get()));
+  ws.poison();  // the tiles must not lean on what the whole call left
+  int64_t tiles = 0;
+  for (int64_t r = 0; r < rows; ++tiles) {
+    const int64_t stop = std::min(end, ((start + r) / tile + 1) * tile) - start;
+    KILN_STATUS_OK(call({{r, stop - r, start + stop, 0}}, r > 0 ? start + r : 0, tiled_out.get()));
+    r = stop;
+  }
+  cudaDeviceSynchronize();
+  cublasDestroy(blas);
+  const std::vector<uint16_t> w = whole_out.download(), t = tiled_out.download();
+  std::vector<float> want(w.size());
+  int64_t differ = 0;
+  for (size_t i = 0; i < w.size(); ++i) want[i] = cpu::bf16_to_float(w[i]), differ += w[i] != t[i];
+  const double err = compare_rows(t, want, {{rows, end}}, {0}, rows, H * d.v);
+  std::printf("  tiled H=%lld L=%lld keys %lld..%lld in %lld tiles of %lld: rel err %.3g, %lld of %zu values differ "
+              "bitwise\n", (long long)H, (long long)L, (long long)start, (long long)end, (long long)tiles, (long long)tile,
+              err, (long long)differ, w.size());
+  EXPECT_GT(tiles, 2);
+  EXPECT_LT(err, kTolerance);
+}
+
+TEST(GpuMlaPrefill, TilesOverOneWorkspaceMatchOneCall) {
+  run_tiled_case({20, 192, 64, 256}, 512, 64, 64, 764, 256, 31);  // GLM-4.7-Flash, one cached block first
+  run_tiled_case({8, 128, 64, 128}, 512, 16, 0, 300, 96, 32);     // DeepSeek-V3
+  run_tiled_case({4, 16, 8, 16}, 32, 16, 16, 130, 48, 33);        // the tiny fixtures' dims, a short last tile
+}
+
+TEST(GpuMlaPrefill, RejectsTilesItCannotContinue) {
+  const cuda::MlaPrefillDims dims{4, 16, 8, 16, 32};
+  const size_t ws_bytes = cuda::mla_prefill_workspace_bytes(2, 64, dims);
+  DeviceBuffer<unsigned char> ws(ws_bytes);
+  DeviceBuffer<uint16_t> q(40 * 4 * 24), pages(64 * 40), kv_b(4 * 32 * 32), out(40 * 4 * 16);
+  DeviceBuffer<int32_t> tables(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  auto layout = bf16_layout(32, 8, 8);
+  auto call = [&](std::vector<cuda::MlaPrefillSequence> seqs, int64_t capacity, int64_t ready) {
+    cuda::MlaPrefillArgs a;
+    a.seqs = seqs, a.dims = dims, a.q = q.get(), a.layout = layout.get(), a.pages = pages.get(), a.block_size = 8;
+    a.block_tables = tables.get(), a.stream = Stream{Device::cuda(0), nullptr}, a.max_blocks = 8;
+    a.kv_b = kv_b.get(), a.out = out.get(), a.workspace = ws.get(), a.workspace_bytes = ws_bytes;
+    a.key_capacity = capacity, a.keys_ready = ready;
+    return cuda::mla_prefill_attention(a, nullptr, nullptr).code();
+  };
+  EXPECT_EQ(call({{0, 20, 40, 0}}, 32, 0), StatusCode::kInvalidArgument);           // capacity below the keys
+  EXPECT_EQ(call({{0, 20, 40, 0}}, 64, 12), StatusCode::kInvalidArgument);          // not a whole block
+  EXPECT_EQ(call({{0, 20, 40, 0}}, 64, 40), StatusCode::kInvalidArgument);          // nothing left to add
+  EXPECT_EQ(call({{0, 8, 16, 0}, {8, 8, 16, 0}}, 64, 8), StatusCode::kInvalidArgument);  // two sequences
+}
+
 TEST(GpuMlaPrefill, RejectsSmallWorkspace) {
   const std::vector<cuda::MlaPrefillSequence> seqs{{0, 4, 10, 0}};
   const cuda::MlaPrefillDims dims{4, 16, 8, 16, 32};

@@ -6,6 +6,7 @@
 #include "engine/instance_runner.h"
 #include "engine/speculative_drafter.h"
 #include "kiln/log.h"
+#include "model/batch_invariance.h"
 #include "plugin/registry.h"
 #include "recipe/drafter_settings.h"
 #ifdef KILN_WITH_CUDA
@@ -43,11 +44,19 @@ uint64_t checkpoint_bytes(const LoadedModel& m) {
 // fp32 activations of one step of max_num_batched_tokens tokens: the residual stream and the widest
 // intermediates of attention and the MoE block come to a few dozen hidden-widths per token; plus one logits
 // row per running sequence. An estimate: the point is to leave room, not to account to the byte.
-uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e) {
+uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e, int64_t tile_rows) {
   const uint64_t per_token =
       static_cast<uint64_t>(32 * c.hidden_size + c.num_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
-  return 4 * (static_cast<uint64_t>(e.max_num_batched_tokens) * per_token +
+  const uint64_t rows = static_cast<uint64_t>(e.max_num_batched_tokens);
+  const uint64_t tiled = tile_rows > 0 && rows > static_cast<uint64_t>(tile_rows) ? static_cast<uint64_t>(tile_rows) : rows;
+  // A tiled step's rows keep their residual stream, block input, normed and hidden rows: 4 hidden-widths of fp32.
+  return 4 * (tiled * per_token + (rows - tiled) * 4 * static_cast<uint64_t>(c.hidden_size) +
               static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
+}
+
+int64_t lone_prompt_tile_rows(const ModelInfo& info, const EngineConfig& config, bool mtp_steps, int64_t decode_context) {
+  if (config.max_num_seqs != 1 || mtp_steps || info.index_head_dim > 0 || decode_context > 1) return 0;
+  return cuda_prefill_tile_rows();
 }
 
 ModelLoadOptions model_load_options(const Recipe& recipe) {
@@ -94,7 +103,10 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
       steps.max_num_batched_tokens = std::max<int64_t>(
           1, std::min({config.max_num_batched_tokens, bound.rows, bound.logit_rows}));
   }
-  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps);
+  const int64_t tile = m.on_gpu() ? lone_prompt_tile_rows(m.info, steps, caps.needs_target_mtp,
+                                                         recipe.section("parallel").get_int("decode_context", 1))
+                                  : 0;
+  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps, tile);
   // State slots (and their snapshots) for every sequence that may run come off the top.
   budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
   budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());

@@ -52,8 +52,16 @@ Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, c
 Result<EnginePlan> plan_recipe(const LoadedModel& model, const Recipe& recipe);
 
 // What the pool rule sets aside for one step's activations (max_num_batched_tokens tokens, max_num_seqs logit
-// rows) when the caller gives no workspace_bytes; the memory model (memory_model.h) reads it too.
-uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config);
+// rows) when the caller gives no workspace_bytes; the memory model (memory_model.h) reads it too. tile_rows > 0: a
+// step past that many tokens runs in tiles of it (lone_prompt_tile_rows), its activations one tile's but for a few
+// hidden-widths a token.
+uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config, int64_t tile_rows = 0);
+
+// The CUDA runner's layer-major prefill tile (model/batch_invariance.h's cuda_prefill_tile_rows) where every step
+// longer than it is one prompt's — one sequence at a time (max_num_seqs 1), no MTP layers run over the prompt, no DSA
+// indexer, no context split over ranks — so the pool rule and the memory model may price a step's activations at one
+// tile; else 0.
+int64_t lone_prompt_tile_rows(const ModelInfo& info, const EngineConfig& config, bool mtp_steps, int64_t decode_context);
 
 // The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
 // (MTP) layers, so those are loaded too.

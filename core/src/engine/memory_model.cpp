@@ -335,8 +335,11 @@ WeightEstimate approximate_weights(const ModelInfo& i, int64_t mtp_layers) {
 // S sequences: per-token buffers, the expert workspace, the logits, plus `prefill_keys` keys expanded for the
 // prefill kernel and the split-KV partials of the decode kernel; with decode-context parallelism over `context`
 // GPU ranks, the split attention's buffers (runtime/cuda/cuda_split_context.cpp) too.
+// tile_rows > 0: a step of more rows is one prompt run layer by layer in tiles (model/batch_invariance.h's
+// kCudaPrefillTileRows): the rows' token arrays, residual stream, block inputs, final-normed and hidden rows and taps
+// are the step's, everything else one tile's.
 uint64_t step_scratch_bytes(const ModelConfig& c, int64_t N, int64_t R, int64_t S, int64_t max_blocks,
-                            int64_t prefill_keys, int64_t taps, int64_t context = 1) {
+                            int64_t prefill_keys, int64_t taps, int64_t context = 1, int64_t tile_rows = 0) {
   const double Hd = static_cast<double>(c.hidden_size), H = static_cast<double>(c.num_attention_heads);
   const double L = static_cast<double>(c.kv_lora_rank), Rr = static_cast<double>(c.qk_rope_head_dim);
   const double qk = static_cast<double>(c.qk_head_dim()), D = L + Rr, vd = static_cast<double>(c.v_head_dim);
@@ -354,10 +357,14 @@ uint64_t step_scratch_bytes(const ModelConfig& c, int64_t N, int64_t R, int64_t 
                                          c.index_topk) +
                  4 * static_cast<double>(c.index_topk) /* score row, at least */;
   const double Nd = static_cast<double>(N);
-  double total = Nd * per_token + static_cast<double>(S * max_blocks) * 4 +
+  // What every row of the step keeps: ids, query_seq, kv_len, positions, slots; residual (fp32), block input, normed
+  // and hidden rows; taps.
+  const double full_row = 28 + 4 * Hd + 2 * Hd + 2 * Hd + 4 * Hd + 4 * Hd * static_cast<double>(taps);
+  const double tiled = tile_rows > 0 && N > tile_rows ? static_cast<double>(tile_rows) : Nd;
+  double total = Nd * full_row + tiled * (per_token - full_row) + static_cast<double>(S * max_blocks) * 4 +
                  static_cast<double>(R) * (2 * Hd + 4 * static_cast<double>(c.vocab_size));
   // Decode attention's split-KV partials: up to 64 splits for ≤ 32 rows (split by length), a few beyond.
-  total += 4.0 * 64 * static_cast<double>(std::min<int64_t>(N, 32)) * H * (L + 1) + 4.0 * 2 * Nd * H * (L + 1);
+  total += 4.0 * 64 * static_cast<double>(std::min<int64_t>(N, 32)) * H * (L + 1) + 4.0 * 2 * tiled * H * (L + 1);
   total += static_cast<double>(prefill_keys) * (2 * D + 2 * H * (static_cast<double>(c.qk_nope_head_dim) + vd));
   // The expansion's cuBLASLt workspace (kernels/cuda/head_batched_gemm.h, kHeadBatchedGemmWorkspaceBytes: 32 MiB).
   if (prefill_keys > 0) total += 32.0 * kMiB;
@@ -772,7 +779,10 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   if (draft_row_high > 0) in.cache_allocations += 2 * static_cast<int64_t>(draft_row_high > 0);
   const uint64_t state_per_seq = cache.bytes_per_sequence();
   const uint64_t state = 2 * static_cast<uint64_t>(S) * state_per_seq;
-  in.rule_workspace_bytes = workspace_estimate(info, config) + state;
+  // The CUDA runner's layer-major prefill (lone_prompt_tile_rows): the rule and the activations term price a step at
+  // one tile where every long step is one prompt's.
+  const int64_t lone_tile = in.cuda ? lone_prompt_tile_rows(info, config, mtp_cached > 0, context) : 0;
+  in.rule_workspace_bytes = workspace_estimate(info, config, lone_tile) + state;
   if (draft_row_low != draft_row_high)
     in.notes.push_back("the KV pool is sized at the drafter's fp32 rows (the larger case)");
 
@@ -899,8 +909,8 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       const int64_t split = in.stored_per_block > 0 && in.stored_per_block < in.block_size
                                 ? in.block_size / in.stored_per_block
                                 : 1;  // GPU ranks of a decode-context group
-      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps, split);
-      const uint64_t hi = scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps, split),
+      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps, split, lone_tile);
+      const uint64_t hi = scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps, split, lone_tile),
                                 kScratchHeadroom);
       in.terms.push_back(term("activations", lo, hi, MemoryWhere::kDevice, MemoryWhen::kRun,
                               "scheduler.max_num_batched_tokens",

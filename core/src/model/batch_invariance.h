@@ -13,6 +13,8 @@
 // prefix cache).
 #pragma once
 
+#include <cstdlib>
+
 #include <cstdint>
 #include <limits>
 
@@ -36,6 +38,25 @@ inline constexpr int64_t kCudaBatchInvariantMaxRows = 32;
 // by FLOPs the absorbed form is the cheaper one below ~350 new tokens anyway (expanding a cached key through kv_b
 // costs about what ~350 queries attending to it in latent space do).
 inline constexpr int64_t kExpandedPrefillMinTokens = 33;
+
+// Layer-major prefill: the CUDA runner runs a step that is one prompt's chunk of more than this many tokens layer by
+// layer in tiles of this many rows (runtime/cuda/cuda_mla_moe_model.h), so its step buffers are one tile's but for the
+// rows' token arrays, residual stream and block inputs, and each cached key is expanded through kv_b once per layer.
+// 8192: a 32K prompt in 8K tiles ran as fast as in chunks of 16K without their re-expansion (bench/RESULTS.md).
+inline constexpr int64_t kCudaPrefillTileRows = 8192;
+
+// kCudaPrefillTileRows, or the environment's KILN_PREFILL_TILE (rows; 0 turns the tiling off): an A/B switch the
+// runner and the memory model read alike.
+inline int64_t cuda_prefill_tile_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("KILN_PREFILL_TILE");
+    if (!v || !*v) return kCudaPrefillTileRows;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return *end == '\0' && n >= 0 ? static_cast<int64_t>(n) : kCudaPrefillTileRows;
+  }();
+  return rows;
+}
 
 // The longest prompt chunk the CUDA runner computes on the decode path: chunk_rows of its bound.
 inline constexpr int64_t kCudaBatchInvariantChunkRows =

@@ -19,7 +19,7 @@ Status lt_status(cublasStatus_t s, const char* what) {
 }
 
 // cuBLASLt's column-major view of the row-major product: D (m × n, ld m) = Aᵀ · B with A = w_h (k × m, ld k) and
-// B = x (k × n, ld x_ld), batch strides m·k, 0 (every head reads the same rows) and n·m.
+// B = x (k × n, ld x_ld), batch strides m·k, 0 (every head reads the same rows) and y_stride (≥ n·m).
 struct Layouts {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   Layouts() = default;
@@ -29,11 +29,11 @@ struct Layouts {
     for (cublasLtMatrixLayout_t l : {a, b, d})
       if (l) cublasLtMatrixLayoutDestroy(l);
   }
-  Status make(int64_t n, int64_t k, int64_t x_ld, int64_t m, int32_t heads) {
+  Status make(int64_t n, int64_t k, int64_t x_ld, int64_t m, int32_t heads, int64_t y_stride) {
     KILN_RETURN_IF_ERROR(lt_status(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, m, k), "A layout"));
     KILN_RETURN_IF_ERROR(lt_status(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, n, x_ld), "B layout"));
     KILN_RETURN_IF_ERROR(lt_status(cublasLtMatrixLayoutCreate(&d, CUDA_R_16BF, m, n, m), "D layout"));
-    const int64_t strides[3] = {m * k, 0, n * m};
+    const int64_t strides[3] = {m * k, 0, y_stride};
     cublasLtMatrixLayout_t all[3] = {a, b, d};
     for (int i = 0; i < 3; ++i) {
       KILN_RETURN_IF_ERROR(lt_status(
@@ -69,8 +69,8 @@ struct Desc {
 constexpr size_t kMaxAlgos = 4096;
 struct Problem {
   int device;
-  int64_t n, k, x_ld, m;
-  auto tie() const { return std::tie(device, n, k, x_ld, m); }
+  int64_t n, k, x_ld, m, y_stride;
+  auto tie() const { return std::tie(device, n, k, x_ld, m, y_stride); }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };
 
@@ -97,7 +97,7 @@ Result<cublasLtMatmulAlgo_t> algo_for(cublasLtHandle_t h, const Desc& desc, cons
   auto it = g_algos->find(p);
   if (it != g_algos->end()) return it->second;
   Layouts one;
-  KILN_RETURN_IF_ERROR(one.make(p.n, p.k, p.x_ld, p.m, kProbeBatch));
+  KILN_RETURN_IF_ERROR(one.make(p.n, p.k, p.x_ld, p.m, kProbeBatch, p.y_stride));
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_RETURN_IF_ERROR(lt_status(cublasLtMatmulPreferenceCreate(&pref), "preference"));
   const uint64_t workspace = kHeadBatchedGemmWorkspaceBytes;
@@ -118,9 +118,11 @@ Result<cublasLtMatmulAlgo_t> algo_for(cublasLtHandle_t h, const Desc& desc, cons
 }  // namespace
 
 Status head_batched_gemm_bf16(const uint16_t* x, int64_t n, int64_t k, int64_t x_ld, const uint16_t* w, int64_t m,
-                              int64_t heads, uint16_t* y, void* workspace, StreamHandle stream) {
-  if (n <= 0 || k <= 0 || m <= 0 || heads <= 0 || x_ld < k || !workspace)
-    return invalid_argument(std::string(kName) + ": need n, k, m, heads > 0, x_ld ≥ k and a workspace");
+                              int64_t heads, uint16_t* y, void* workspace, StreamHandle stream,
+                              int64_t y_head_stride) {
+  if (y_head_stride == 0) y_head_stride = n * m;
+  if (n <= 0 || k <= 0 || m <= 0 || heads <= 0 || x_ld < k || !workspace || y_head_stride < n * m)
+    return invalid_argument(std::string(kName) + ": need n, k, m, heads > 0, x_ld ≥ k, y_head_stride ≥ n·m and a workspace");
   if (n > INT32_MAX || k > INT32_MAX || m > INT32_MAX || heads > INT32_MAX)
     return out_of_range(std::string(kName) + ": shapes past 32-bit dimensions");
   int device = 0;
@@ -128,10 +130,10 @@ Status head_batched_gemm_bf16(const uint16_t* x, int64_t n, int64_t k, int64_t x
   Desc desc;
   KILN_RETURN_IF_ERROR(desc.make());
   Layouts all;
-  KILN_RETURN_IF_ERROR(all.make(n, k, x_ld, m, static_cast<int32_t>(heads)));
+  KILN_RETURN_IF_ERROR(all.make(n, k, x_ld, m, static_cast<int32_t>(heads), y_head_stride));
   std::lock_guard<std::mutex> lock(g_mu);  // the maps; cuBLASLt calls on one handle from several threads are safe
   KILN_ASSIGN_OR_RETURN(cublasLtHandle_t h, handle_for(device));
-  KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, algo_for(h, desc, Problem{device, n, k, x_ld, m}));
+  KILN_ASSIGN_OR_RETURN(cublasLtMatmulAlgo_t algo, algo_for(h, desc, Problem{device, n, k, x_ld, m, y_head_stride}));
   cublasLtMatmulHeuristicResult_t check{};
   KILN_RETURN_IF_ERROR(
       lt_status(cublasLtMatmulAlgoCheck(h, desc.desc, all.a, all.b, all.d, all.d, &algo, &check), "algorithm check"));

@@ -20,10 +20,12 @@ namespace kiln::cuda {
 inline constexpr size_t kHeadBatchedGemmWorkspaceBytes = size_t{32} << 20;
 
 // For h < heads, row-major bf16: y_h [n][m] = x [n][k] · w_hᵀ, w_h [m][k] = w + h·m·k, x rows x_ld apart (shared
-// by every head), y_h = y + h·n·m. fp32 accumulation, bf16 output; `workspace` holds kHeadBatchedGemmWorkspaceBytes
+// by every head), y_h = y + h·y_head_stride (0: n·m, the heads packed; larger: each head's rows inside a wider
+// block, as chunk after chunk of a prompt's keys fill one workspace). fp32 accumulation, bf16 output; `workspace` holds kHeadBatchedGemmWorkspaceBytes
 // (stream-ordered: not used by another stream meanwhile). kUnimplemented (nothing written) where cuBLASLt has no
 // algorithm for the problem within that workspace; the caller may then run one GEMM per head.
 Status head_batched_gemm_bf16(const uint16_t* x, int64_t n, int64_t k, int64_t x_ld, const uint16_t* w, int64_t m,
-                              int64_t heads, uint16_t* y, void* workspace, StreamHandle stream);
+                              int64_t heads, uint16_t* y, void* workspace, StreamHandle stream,
+                              int64_t y_head_stride = 0);
 
 }  // namespace kiln::cuda

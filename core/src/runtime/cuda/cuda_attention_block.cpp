@@ -150,6 +150,7 @@ Status attention_block(const StepContext& x, const GpuLayer& w, void* pages, voi
     p.block_tables = b.tables, p.max_blocks = x.shape.max_blocks;
     p.kv_b = w.kv_b_dense, p.scale = scale, p.out = attn;
     p.workspace = b.prefill_workspace, p.workspace_bytes = x.shape.prefill_workspace;
+    p.key_capacity = x.prefill_key_capacity, p.keys_ready = x.prefill_keys_ready;  // layer-major prefill's tiles
     if (I.context.split()) p.gather_rows = [&](uint16_t* latent) { return split_context_rows(x, pages, latent); };
     KILN_RETURN_IF_ERROR(mla_prefill_attention(p, I.blas, st));
     I.timer.mark("attention: prefill kernel (expanded form)");

@@ -1,7 +1,9 @@
 #include "runtime/cuda/cuda_mla_moe_model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/half_float.h"
 #include "kernels/cpu/rope.h"
@@ -9,6 +11,7 @@
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/topk.h"
 #include "kiln/drafter.h"
+#include "model/batch_invariance.h"
 #include "model/rope_setup.h"
 #include "model/sharded_weight_source.h"
 #include "model/tensor_parallel_instance.h"
@@ -27,10 +30,24 @@ int64_t tap_key(const std::vector<int>& taps) {
   return static_cast<int64_t>(h);
 }
 
+// A layer-major step's tiles: rows [row, row + n) of the step, boundaries at positions that are multiples of `tile`.
+struct PrefillTile {
+  int64_t row = 0, n = 0;
+};
+std::vector<PrefillTile> prefill_tiles(int64_t start, int64_t rows, int64_t tile) {
+  std::vector<PrefillTile> tiles;
+  for (int64_t r = 0; r < rows;) {
+    const int64_t end = std::min(start + rows, ((start + r) / tile + 1) * tile) - start;
+    tiles.push_back({r, end - r});
+    r = end;
+  }
+  return tiles;
+}
+
 }  // namespace
 
 CudaMlaMoeModel::CudaMlaMoeModel(ModelConfig config, CudaDeviceContext& dev)
-    : config_(std::move(config)), impl_(std::make_unique<Impl>(dev)) {}
+    : config_(std::move(config)), impl_(std::make_unique<Impl>(dev)), prefill_tile_rows_(cuda_prefill_tile_rows()) {}
 CudaMlaMoeModel::~CudaMlaMoeModel() = default;
 
 Device CudaMlaMoeModel::device() const { return impl_->dev.device(); }
@@ -137,8 +154,17 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
                                std::to_string(I.layout->geometry().block_size * I.context.world) + " tokens, got " +
                                std::to_string(caches.block_size));
   KILN_RETURN_IF_ERROR(build_step_layout(steps, caches, c, lay, first_row, I.context));
+  // Layer-major prefill (set_prefill_tile_rows): a lone prompt chunk longer than a tile, tiles on whole KV blocks (a
+  // tile's first key must start a block: mla_prefill_attention gathers from there). Not under split context, whose
+  // prefill gathers every rank's rows through collectives sized per step.
+  const int64_t tile = prefill_tile_rows_ >= caches.block_size ? prefill_tile_rows_ / caches.block_size * caches.block_size : 0;
+  const bool tiled = !mtp && tile > 0 && steps.size() == 1 && lay.prefill.size() == 1 && lay.tokens() > tile &&
+                     !I.context.split();
+  const std::vector<PrefillTile> tiles =
+      tiled ? prefill_tiles(steps[0].start_position, lay.tokens(), tile) : std::vector<PrefillTile>{};
   StepShape sh;
-  sh.N = lay.tokens(), sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
+  sh.N = tiled ? tile : lay.tokens(), sh.full_rows = tiled ? lay.tokens() : 0;
+  sh.R = lay.logit_rows(), sh.S = static_cast<int64_t>(steps.size()), sh.max_blocks = lay.max_blocks;
   sh.max_kv = lay.max_kv;
   // Up to kBatchInvariantMaxRows rows each row's attention must not depend on the others (see that constant).
   // Split context: each rank attends every head over its own tokens (kv_len counts those).
@@ -161,7 +187,8 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   sh.taps = static_cast<int64_t>(std::count_if(taps.begin(), taps.end(), [](int t) { return t >= 0; }));
   // The MTP layer's hidden output is its residual stream, read straight from b.resid.
   sh.want_hidden = !mtp && (options.want_hidden || std::count(taps.begin(), taps.end(), kTapFinalNormed) > 0);
-  const int64_t N = sh.N, R = sh.R;
+  // N: rows a block runs at once (a tile's, in a layer-major step); F: the step's rows.
+  const int64_t N = sh.N, R = sh.R, F = std::max(sh.full_rows, N);
 
   StepBuffers& b = I.buffers;
   b = StepBuffers{};
@@ -193,7 +220,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   auto tap_slot = [&](int layer) -> float* {
     int64_t i = 0;
     for (int t : taps) {
-      if (t == layer) return b.taps + i * N * Hd;
+      if (t == layer) return b.taps + i * F * Hd;
       if (t >= 0) ++i;
     }
     return nullptr;
@@ -214,23 +241,32 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   };
   // Embedding rows of the step's ids into `out`: under tensor parallelism each rank gathers its vocabulary rows
   // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
-  auto embed_rows = [&](uint16_t* out) -> Status {
-    if (!I.sharded()) return embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, b.ids, N, out, st);
-    return rank_embedding_rows(I, c, weights_.embed_tokens, b.ids, N, b.ids_local, out);
+  // Rows [r0, r0 + n) of the step (ids: row r0's) into out[0 .. n).
+  auto embed_rows = [&](const int32_t* ids, int64_t n, uint16_t* out) -> Status {
+    if (!I.sharded()) return embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, ids, n, out, st);
+    return rank_embedding_rows(I, c, weights_.embed_tokens, ids, n, b.ids_local, out);
+  };
+  // Media rows over their placeholders' embeddings in rows [r0, r0 + n) of the step (out: row r0's), rounded to
+  // bf16 as the table's rows are. From pageable memory: the copy has taken the rows when it returns (such steps are
+  // prompt chunks, never graphed).
+  auto place_media = [&](int64_t r0, int64_t n, uint16_t* out) -> Status {
+    for (const auto& [row, m] : media) {
+      const int64_t lo = std::max(row, r0), hi = std::min(row + m->count, r0 + n);
+      if (lo >= hi) continue;
+      media_rows_.resize(static_cast<size_t>((hi - lo) * Hd));
+      const float* src = m->embeddings + (lo - row) * Hd;
+      for (int64_t i = 0; i < (hi - lo) * Hd; ++i) media_rows_[i] = cpu::float_to_bf16(src[i]);
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(out + (lo - r0) * Hd, media_rows_.data(), media_rows_.size() * 2,
+                                                   cudaMemcpyHostToDevice, I.stream),
+                                   "media rows"));
+    }
+    return ok_status();
   };
   // Everything from the embedding to the logits, on the stream: run directly, or captured into a graph.
   // The residual stream stays fp32; every block's input is add_rmsnorm(previous block's output).
   auto enqueue_trunk = [&]() -> Status {
-    KILN_RETURN_IF_ERROR(embed_rows(b.y));
-    // Media rows over their placeholders' embeddings, rounded to bf16 as the table's rows are. From pageable memory:
-    // the copy has taken the rows when it returns (such steps are prompt chunks, never graphed).
-    for (const auto& [row, m] : media) {
-      media_rows_.resize(static_cast<size_t>(m->count * Hd));
-      for (int64_t i = 0; i < m->count * Hd; ++i) media_rows_[i] = cpu::float_to_bf16(m->embeddings[i]);
-      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(b.y + row * Hd, media_rows_.data(), media_rows_.size() * 2,
-                                                   cudaMemcpyHostToDevice, I.stream),
-                                   "media rows"));
-    }
+    KILN_RETURN_IF_ERROR(embed_rows(b.ids, N, b.y));
+    KILN_RETURN_IF_ERROR(place_media(0, N, b.y));
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.resid, 0, N * Hd * sizeof(float), I.stream), "residual clear"));
     timer.mark("embedding");
     const int64_t layers = c.num_hidden_layers;
@@ -246,11 +282,66 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     }
     return ok_status();
   };
+  // The same trunk over a lone prompt chunk in tiles, layer by layer (set_prefill_tile_rows): each tile a StepContext
+  // of its own over its rows of the step's full-row arrays (ids, positions, slots, residual stream, block inputs,
+  // final-normed rows) and the one-tile buffers for the rest; its attention keeps the layer's gathered and expanded
+  // keys in the shared prefill workspace for the tiles after it. Every row goes through the kernels the untiled step
+  // runs (the tiles' row counts pick their GEMM shapes, as chunk steps of those sizes would).
+  auto enqueue_tiled_trunk = [&]() -> Status {
+    const size_t count = tiles.size();
+    const int64_t s0 = steps[0].start_position, capacity = lay.prefill_keys;
+    std::vector<StepShape> shapes(count, sh);
+    std::vector<StepBuffers> bufs(count, b);
+    std::vector<MlaPrefillSequence> seqs(count);
+    std::vector<StepContext> xs;
+    xs.reserve(count);
+    for (size_t t = 0; t < count; ++t) {
+      const int64_t r0 = tiles[t].row, n = tiles[t].n;
+      shapes[t].N = n, shapes[t].full_rows = 0;
+      StepBuffers& tb = bufs[t];
+      tb.ids += r0, tb.query_seq += r0, tb.kv_len += r0, tb.positions += r0, tb.slots += r0;
+      tb.resid += r0 * Hd, tb.h += r0 * Hd, tb.normed += r0 * Hd;
+      seqs[t] = MlaPrefillSequence{0, n, s0 + r0 + n, lay.prefill[0].table_row};
+      xs.push_back(StepContext{c, I, shapes[t], tb, caches.block_size, {&seqs[t], 1}, nullptr, capacity,
+                               r0 > 0 ? s0 + r0 : 0});
+    }
+    // Embedding rows (media rows over their placeholders) into the tile's b.y, then the first block's input norm.
+    for (size_t t = 0; t < count; ++t) {
+      const int64_t r0 = tiles[t].row, n = tiles[t].n;
+      const StepBuffers& tb = bufs[t];
+      KILN_RETURN_IF_ERROR(embed_rows(tb.ids, n, b.y));
+      KILN_RETURN_IF_ERROR(place_media(r0, n, b.y));
+      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(tb.resid, 0, n * Hd * sizeof(float), I.stream), "residual clear"));
+      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, tb.resid, weights_.layers[0].input_norm, n, Hd, eps, tb.h, st));
+    }
+    timer.mark("embedding");
+    const int64_t layers = c.num_hidden_layers;
+    for (int64_t l = 0; l < layers; ++l) {
+      const GpuLayer& w = weights_.layers[l];
+      for (size_t t = 0; t < count; ++t) {
+        const StepContext& xt = xs[t];
+        const StepBuffers& tb = bufs[t];
+        const int64_t n = tiles[t].n;
+        KILN_RETURN_IF_ERROR(attention_block(xt, w, caches.entry(l, 0), caches.entry(l, 1))
+                                 .with_context("layer " + std::to_string(l) + " attention (GPU, prompt tile " +
+                                               std::to_string(t) + ")"));
+        KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, tb.resid, w.post_attention_norm, n, Hd, eps, tb.h, st));
+        timer.mark("residual add + RMSNorm");
+        const NextNorm next = l + 1 < layers ? NextNorm{weights_.layers[l + 1].input_norm, eps, tb.h}
+                                             : NextNorm{weights_.final_norm, eps, tb.normed};
+        KILN_RETURN_IF_ERROR(mlp_block(xt, w, &next).with_context("layer " + std::to_string(l) + " mlp (GPU)"));
+      }
+      if (float* t = tap_slot(static_cast<int>(l)))
+        KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(t, b.resid, F * Hd * sizeof(float), cudaMemcpyDeviceToDevice, I.stream),
+                                     "layer tap"));
+    }
+    return ok_status();
+  };
   // x = eh_proj(cat(enorm(embed(t)), hnorm(h))) in fp32 straight into the residual stream (the first
   // add_rmsnorm then adds a zero block output), one decoder layer, the head norm.
   auto enqueue_mtp = [&]() -> Status {
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(b.y, 0, N * Hd * sizeof(uint16_t), I.stream), "MTP zero block"));
-    KILN_RETURN_IF_ERROR(embed_rows(b.h));
+    KILN_RETURN_IF_ERROR(embed_rows(b.ids, N, b.h));
     KILN_RETURN_IF_ERROR(rmsnorm_bf16(b.h, mtp->enorm, N, Hd, eps, b.normed, st));
     KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.prev, mtp->hnorm, N, Hd, eps, b.h, st));  // prev += 0: unchanged
     const size_t row = Hd * sizeof(uint16_t);
@@ -262,10 +353,10 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     return decoder_layer(mtp->layer, c.num_hidden_layers + mtp_index, false, NextNorm{mtp->head_norm, eps, b.normed});
   };
   auto enqueue = [&]() -> Status {
-    KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : enqueue_trunk());
-    if (sh.want_hidden) KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, N * Hd, b.hidden, st));
+    KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : tiled ? enqueue_tiled_trunk() : enqueue_trunk());
+    if (sh.want_hidden) KILN_RETURN_IF_ERROR(bf16_to_f32(b.normed, F * Hd, b.hidden, st));
     // Logits only for the rows asked for (gathered with the embedding kernel, the normed states as the table).
-    KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, N, Hd, b.rows, R, b.row_states, st));
+    KILN_RETURN_IF_ERROR(embedding_gather_bf16(b.normed, F, Hd, b.rows, R, b.row_states, st));
     const Linear& head = mtp ? *mtp->head : *weights_.lm_head;
     if (I.sharded()) {  // this rank's vocabulary rows, then every rank's gathered
       KILN_RETURN_IF_ERROR(run_linear(x, head, b.row_states, R, b.logits_local, DType::kF32));
@@ -309,7 +400,8 @@ Status CudaMlaMoeModel::step(std::span<const SequenceStep> steps, std::span<cons
                             std::to_string(steps.size()) + " steps");
   KILN_RETURN_IF_ERROR(run_step(-1, steps, nullptr, caches, options, out.first_row));
   const StepBuffers& b = I.buffers;
-  const int64_t N = I.shape.N, R = I.shape.R, Hd = config_.hidden_size, V = config_.vocab_size;
+  const int64_t N = std::max(I.shape.full_rows, I.shape.N), R = I.shape.R, Hd = config_.hidden_size;
+  const int64_t V = config_.vocab_size;
   out.taps.clear();
   for (int64_t t = 0, i = 0; t < static_cast<int64_t>(options.tap_layers.size()); ++t) {
     const int layer = options.tap_layers[t];

@@ -73,6 +73,15 @@ class CudaMlaMoeModel final : public ModelInstance {
   int64_t profiled_steps() const override;
   void clear_step_profile() override;
 
+  // Layer-major prefill: a step that is one prompt's chunk of more than this many rows runs each layer over the chunk
+  // in tiles of it (tile boundaries at multiples of it, rounded down to whole KV blocks) before the next layer, so
+  // the tiles' step buffers are one tile's while each cached key is gathered and expanded through kv_b once per
+  // layer — the tiles' keys accumulate in one prefill workspace — instead of once per chunk as chunk-by-chunk steps
+  // do. 0: off. Default cuda_prefill_tile_rows() (model/batch_invariance.h: 8192, or KILN_PREFILL_TILE for A/B
+  // measurements); tests set small tiles.
+  void set_prefill_tile_rows(int64_t rows) { prefill_tile_rows_ = rows; }
+  int64_t prefill_tile_rows() const { return prefill_tile_rows_; }
+
   // Device state shared by the step's building blocks (cuda_model_step.h); not for use outside runtime/cuda.
   struct Impl;
 
@@ -86,6 +95,7 @@ class CudaMlaMoeModel final : public ModelInstance {
   GpuWeights weights_;
   std::unique_ptr<Impl> impl_;
   bool graphs_ = true;
+  int64_t prefill_tile_rows_ = 0;  // set_prefill_tile_rows (the constructor reads the default)
   DeviceTokenSelection selection_;
   std::vector<uint16_t> media_rows_;  // a step's media rows in bf16 on their way to the device
   std::unique_ptr<WeightSource> rank_source_;  // a tensor-parallel rank's view of the checkpoint (create_rank)

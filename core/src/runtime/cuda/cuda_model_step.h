@@ -99,6 +99,10 @@ struct StepShape {
   size_t extra_gather_staging = 0;  // an architecture's own gathers' staging bytes (glm5_next's KDA heads)
   DecodeContextShard context;       // decode-context parallelism (Impl::context); world 1: none
   int64_t context_rows = 0;         // StepLayout::context_rows
+  // Rows of the whole step where a lone prompt runs layer by layer in tiles of N rows (layer-major prefill,
+  // cuda_mla_moe_model.cpp): its token arrays, residual stream, block inputs, final-normed rows, hidden states and
+  // taps hold all of them, every other buffer one tile. 0: the step is one tile (N rows).
+  int64_t full_rows = 0;
 };
 
 // One step's device buffers (see CudaMlaMoeModel::forward for what each holds).
@@ -234,6 +238,10 @@ struct StepContext {
   // A DSA layer without a lightning indexer of its own calls this (when set) after its KV append, to fill
   // b.selected: an architecture's own selection (glm5_next's pooled indexer), which may read b.q_res_n.
   const std::function<Status()>* select = nullptr;
+  // Layer-major prefill (one prompt in tiles): the prefill workspace's key capacity, and the keys this layer's
+  // earlier tiles left gathered and expanded in it (mla_prefill_attention's key_capacity / keys_ready).
+  int64_t prefill_key_capacity = 0;
+  int64_t prefill_keys_ready = 0;
 };
 
 // y = x · Wᵀ through a Linear of the recipe's weight format (bf16 x; y bf16 or fp32).

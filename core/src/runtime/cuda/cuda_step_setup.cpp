@@ -92,11 +92,13 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   const int64_t E = std::max<int64_t>(c.n_routed_experts, 1), topk = std::max<int64_t>(c.num_experts_per_tok, 1);
   const int64_t moe_I = c.moe_intermediate_size;
   const int64_t dense_I = std::max(c.intermediate_size, moe_I * c.n_shared_experts);
-  b.ids = sc.carve<int32_t>(N), b.query_seq = sc.carve<int32_t>(N), b.kv_len = sc.carve<int32_t>(N);
+  // F: rows of the whole step (layer-major prefill runs it in tiles of N rows; the arrays of all rows are these).
+  const int64_t F = std::max(sh.full_rows, N);
+  b.ids = sc.carve<int32_t>(F), b.query_seq = sc.carve<int32_t>(F), b.kv_len = sc.carve<int32_t>(F);
   b.tables = sc.carve<int32_t>(S * sh.max_blocks), b.rows = sc.carve<int32_t>(R);
-  b.positions = sc.carve<int64_t>(N), b.slots = sc.carve<int64_t>(N);
-  b.resid = sc.carve<float>(N * Hd);
-  b.h = sc.carve<uint16_t>(N * Hd), b.y = sc.carve<uint16_t>(N * Hd);
+  b.positions = sc.carve<int64_t>(F), b.slots = sc.carve<int64_t>(F);
+  b.resid = sc.carve<float>(F * Hd);
+  b.h = sc.carve<uint16_t>(F * Hd), b.y = sc.carve<uint16_t>(N * Hd);
   b.qkv_a = sc.carve<float>(N * (std::max<int64_t>(c.q_lora_rank, 0) + D));
   b.q_res_n = sc.carve<uint16_t>(N * std::max<int64_t>(c.q_lora_rank, 1));
   b.q = sc.carve<float>(N * H * qk), b.q_bf = sc.carve<uint16_t>(N * H * qk);
@@ -109,9 +111,9 @@ void carve_step_buffers(const ModelConfig& c, const StepShape& sh, StepScratch& 
   b.order = sc.carve<int32_t>(N * topk);
   b.expert_workspace = sh.expert_workspace ? sc.carve<char>(sh.expert_workspace) : nullptr;
   b.moe_y = sc.carve<float>(N * (topk + 1) * Hd);  // + N rows: a shared expert folded into the routed launches
-  b.normed = sc.carve<uint16_t>(N * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
-  b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = sh.want_hidden ? sc.carve<float>(N * Hd) : nullptr;
-  b.taps = sh.taps ? sc.carve<float>(sh.taps * N * Hd) : nullptr;
+  b.normed = sc.carve<uint16_t>(F * Hd), b.row_states = sc.carve<uint16_t>(R * Hd);
+  b.logits = sc.carve<float>(R * c.vocab_size), b.hidden = sh.want_hidden ? sc.carve<float>(F * Hd) : nullptr;
+  b.taps = sh.taps ? sc.carve<float>(sh.taps * F * Hd) : nullptr;
   const bool dsa = c.has_indexer();
   b.idx_q = dsa ? sc.carve<float>(N * c.index_n_heads * c.index_head_dim) : nullptr;
   b.idx_k = dsa ? sc.carve<float>(N * c.index_head_dim) : nullptr;

@@ -105,7 +105,21 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     max_kv_len = std::max(max_kv_len, s.kv_len);
   }
   if (total_keys > INT32_MAX) return out_of_range("mla_prefill_attention: more than 2^31 keys in one batch");
-  const Layout l = layout(n, total_keys, d);
+  // Keys laid out for (the heads' stride), and the first key this call gathers and expands.
+  const int64_t capacity = a.key_capacity > 0 ? a.key_capacity : total_keys;
+  const int64_t ready = a.keys_ready;
+  if (capacity < total_keys || capacity > INT32_MAX)
+    return invalid_argument("mla_prefill_attention: key_capacity " + std::to_string(capacity) + " below the batch's " +
+                            std::to_string(total_keys) + " keys");
+  if (ready < 0 || (ready > 0 && (n != 1 || ready >= total_keys || ready % a.block_size != 0 || a.gather_rows)))
+    return invalid_argument("mla_prefill_attention: keys_ready " + std::to_string(ready) +
+                            " needs one sequence, a whole number of blocks below its kv_len and the layout's gather");
+  if (ready > 0) {  // the sequence's blocks from position `ready` on: its table row read from that block
+    gather_seqs[0].key_start = static_cast<int32_t>(ready);
+    gather_seqs[0].kv_len = static_cast<int32_t>(total_keys - ready);
+  }
+  const int64_t fresh = total_keys - ready;  // keys gathered and expanded by this call
+  const Layout l = layout(n, capacity, d);
   if (a.workspace_bytes < l.total)
     return invalid_argument("mla_prefill_attention: workspace holds " + std::to_string(a.workspace_bytes) +
                             " bytes, needs " + std::to_string(l.total));
@@ -126,8 +140,8 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     KILN_RETURN_IF_ERROR(a.gather_rows(latent).with_context("mla_prefill_attention: gathering cached rows"));
   } else {
     KvGatherArgs g;
-    g.pages = a.pages, g.block_tables = a.block_tables, g.max_blocks = a.max_blocks;
-    g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len, g.out = latent;
+    g.pages = a.pages, g.block_tables = a.block_tables + ready / a.block_size, g.max_blocks = a.max_blocks;
+    g.seqs = d_gather, g.num_seqs = n, g.max_kv_len = max_kv_len - ready, g.out = latent;
     KILN_RETURN_IF_ERROR(a.layout->gather(g, a.stream).with_context("mla_prefill_attention: gathering cached rows"));
   }
 
@@ -140,27 +154,29 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   // runs (KILN_MLA_KV_EXPAND): `heads`, one cuBLAS call per head (the form before it, and the fallback where
   // cuBLASLt has no such algorithm); `sm90`, mla_kv_expand_sm90's one launch (measured slower).
   const int64_t hw = d.nope_dim + d.v_dim, L = d.latent_dim;
-  if (hw > INT32_MAX || row_width > INT32_MAX || total_keys * hw > INT64_MAX / d.num_heads)
+  if (hw > INT32_MAX || row_width > INT32_MAX || capacity * hw > INT64_MAX / d.num_heads)
     return out_of_range("mla_prefill_attention: kv_b too large");
+  const uint16_t* const fresh_latent = latent + ready * row_width;
+  uint16_t* const fresh_kv = kv + ready * hw;
   SkinnyStrides sk;
   sk.batches = d.num_heads, sk.x_row = row_width, sk.x_batch = 0, sk.w_batch = hw * L, sk.y_row = hw,
-  sk.y_batch = total_keys * hw;
-  if (total_keys <= kSkinnyGemmLimit && d.num_heads <= 65535 && row_width % 8 == 0 &&
-      skinny_gemm_supported(latent, total_keys, L, a.kv_b)) {
+  sk.y_batch = capacity * hw;
+  if (fresh <= kSkinnyGemmLimit && d.num_heads <= 65535 && row_width % 8 == 0 &&
+      skinny_gemm_supported(fresh_latent, fresh, L, a.kv_b)) {
     int sms = 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a.stream.device.index) != cudaSuccess) sms = 1;
-    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(latent, total_keys, L, a.kv_b, hw, kv, DType::kBF16, sk,
-                                                          false, sms, stream)
+    KILN_RETURN_IF_ERROR(skinny_gemm_strided_batched_bf16(fresh_latent, fresh, L, a.kv_b, hw, fresh_kv, DType::kBF16,
+                                                          sk, false, sms, stream)
                              .with_context("mla_prefill_attention: kv_b expansion"));
-  } else if (mla_kv_expand_sm90_applies(L, row_width, hw, latent, a.kv_b, kv)) {
+  } else if (capacity == fresh && mla_kv_expand_sm90_applies(L, row_width, hw, latent, a.kv_b, kv)) {
     KILN_RETURN_IF_ERROR(mla_kv_expand_sm90(latent, total_keys, row_width, L, a.kv_b, d.num_heads, hw, kv, stream)
                              .with_context("mla_prefill_attention: kv_b expansion"));
   } else {
     const char* form = std::getenv("KILN_MLA_KV_EXPAND");
     bool expanded = false;
     if (!(form && std::strcmp(form, "heads") == 0)) {
-      const Status batched =
-          head_batched_gemm_bf16(latent, total_keys, L, row_width, a.kv_b, hw, d.num_heads, kv, ws + l.blas, stream);
+      const Status batched = head_batched_gemm_bf16(fresh_latent, fresh, L, row_width, a.kv_b, hw, d.num_heads,
+                                                    fresh_kv, ws + l.blas, stream, capacity * hw);
       if (!batched.ok() && batched.code() != StatusCode::kUnimplemented)
         return batched.with_context("mla_prefill_attention: kv_b expansion");
       expanded = batched.ok();
@@ -168,9 +184,9 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
     const float one = 1.0f, zero = 0.0f;
     cublasStatus_t bs = expanded ? CUBLAS_STATUS_SUCCESS : cublasSetStream(blas, stream);
     for (int64_t h = 0; h < d.num_heads && !expanded && bs == CUBLAS_STATUS_SUCCESS; ++h)
-      bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(hw), static_cast<int>(total_keys),
-                        static_cast<int>(L), &one, a.kv_b + h * hw * L, CUDA_R_16BF, static_cast<int>(L), latent,
-                        CUDA_R_16BF, static_cast<int>(row_width), &zero, kv + h * total_keys * hw, CUDA_R_16BF,
+      bs = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(hw), static_cast<int>(fresh),
+                        static_cast<int>(L), &one, a.kv_b + h * hw * L, CUDA_R_16BF, static_cast<int>(L), fresh_latent,
+                        CUDA_R_16BF, static_cast<int>(row_width), &zero, fresh_kv + h * capacity * hw, CUDA_R_16BF,
                         static_cast<int>(hw), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (bs != CUBLAS_STATUS_SUCCESS)
       return internal_error(std::string("mla_prefill_attention: kv_b expansion GEMM: ") + cublasGetStatusString(bs));
@@ -179,9 +195,9 @@ Status mla_prefill_attention(const MlaPrefillArgs& a, cublasContext* blas, Strea
   // k_rope is the latent rows' tail.
   MlaPrefillParams p;
   p.q = a.q, p.q_row_stride = d.num_heads * (d.nope_dim + d.rope_dim);
-  p.k_nope = kv, p.k_nope_key_stride = hw, p.k_nope_head_stride = total_keys * hw;
+  p.k_nope = kv, p.k_nope_key_stride = hw, p.k_nope_head_stride = capacity * hw;
   p.k_rope = latent + d.latent_dim, p.k_rope_key_stride = row_width;
-  p.v = kv + d.nope_dim, p.v_key_stride = hw, p.v_head_stride = total_keys * hw;
+  p.v = kv + d.nope_dim, p.v_key_stride = hw, p.v_head_stride = capacity * hw;
   p.out = a.out, p.out_row_stride = d.num_heads * d.v_dim;
   p.seqs = d_seqs, p.num_seqs = n, p.max_q_len = max_q_len, p.total_keys = total_keys;
   p.num_heads = d.num_heads, p.nope_dim = d.nope_dim, p.rope_dim = d.rope_dim, p.v_dim = d.v_dim;

@@ -54,6 +54,14 @@ struct MlaPrefillArgs {
   uint16_t* out = nullptr;         // device bf16 [rows, H, v]; only the sequences' rows are written
   void* workspace = nullptr;       // device, mla_prefill_workspace_bytes(...) bytes
   size_t workspace_bytes = 0;
+  // One long prompt in tiles, layer by layer (cuda_mla_moe_model.cpp's layer-major prefill): the workspace keeps what
+  // the layer's earlier tiles gathered and expanded, so each cached key goes through kv_b once per layer, not once
+  // per tile. key_capacity: the keys the workspace was laid out for (its heads' stride; ≥ Σ kv_len; 0: Σ kv_len).
+  // keys_ready > 0 (one sequence, a multiple of block_size, below kv_len, no gather_rows): keys 0 .. keys_ready − 1
+  // are in the workspace already, laid out for the same key_capacity; only keys_ready .. kv_len − 1 are gathered and
+  // expanded.
+  int64_t key_capacity = 0;
+  int64_t keys_ready = 0;
   // Optional: writes the sequences' rows [Σ kv_len, latent + rope] (bf16, sequence after sequence in `seqs` order)
   // instead of the layout's gather over `pages` — decode-context parallelism, whose rows are spread over ranks.
   std::function<Status(uint16_t* latent)> gather_rows;
