@@ -346,6 +346,58 @@ TEST(BatchEngine, DecodesKeepGoingWhileALongPromptPrefillsInChunks) {
   EXPECT_GE(chunk_steps, 20);
 }
 
+// scheduler.lone_prompt_tokens: a prompt alone in the engine goes in steps of up to that many tokens (the CUDA
+// runner runs them layer by layer in tiles); once a second request waits or runs, steps are back to
+// max_num_batched_tokens. The tokens are the same either way.
+TEST(BatchEngine, ALonePromptTakesLonePromptTokensAStepAndSharedStepsDoNot) {
+  EngineConfig config = small_config(1024);
+  config.max_num_batched_tokens = 16;
+  config.lone_prompt_tokens = 100;
+  config.max_model_len = 1024;
+  auto t = make_engine(config);
+  std::mt19937 rng(9);
+  Collector c;
+  RequestParams a;
+  a.prompt = random_prompt(rng, 250, kVocab);
+  a.max_tokens = 30;
+  ASSERT_TRUE(t.engine->submit(a, c.sink(0)).ok());
+  ASSERT_TRUE(c.wait(0));
+  EXPECT_EQ(c.get(0).tokens, reference_tokens(a.prompt, 30, {}, kVocab));
+  std::vector<int64_t> alone;
+  for (const auto& call : t.runner->records())
+    if (call.size() == 1 && call.front().tokens > 1) alone.push_back(call.front().tokens);
+  EXPECT_EQ(alone, (std::vector<int64_t>{100, 100, 50})) << "a lone 250-token prompt in steps of lone_prompt_tokens";
+
+  // Two prompts at once: no step beyond max_num_batched_tokens while both are in the engine.
+  t.runner->close_gate();
+  RequestParams b = a, d;
+  b.prompt = random_prompt(rng, 120, kVocab);
+  d.prompt = random_prompt(rng, 90, kVocab);
+  d.max_tokens = 10;
+  ASSERT_TRUE(t.engine->submit(b, c.sink(1)).ok());
+  ASSERT_TRUE(t.engine->submit(d, c.sink(2)).ok());
+  const size_t before = t.runner->records().size();
+  t.runner->open_gate();
+  ASSERT_TRUE(c.wait(1));
+  ASSERT_TRUE(c.wait(2));
+  EXPECT_EQ(c.get(1).tokens, reference_tokens(b.prompt, 30, {}, kVocab));
+  EXPECT_EQ(c.get(2).tokens, reference_tokens(d.prompt, 10, {}, kVocab));
+  const auto records = t.runner->records();
+  int64_t shared_steps = 0;
+  for (size_t i = before; i < records.size(); ++i) {
+    int64_t total = 0;
+    for (const auto& st : records[i]) total += st.tokens;
+    if (records[i].size() > 1) {
+      ++shared_steps;
+      EXPECT_LE(total, 16) << "step " << i << " ran several sequences beyond max_num_batched_tokens";
+    }
+  }
+  EXPECT_GT(shared_steps, 0);
+  const EngineMetrics m = wait_idle(*t.engine);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  EXPECT_TRUE(t.runner->violations().empty()) << t.runner->violations().front();
+}
+
 TEST(BatchEngine, ReportsPrefillProgressOnlyWhenAsked) {
   EngineConfig config = small_config(512);
   config.max_num_batched_tokens = 16;

@@ -128,6 +128,44 @@ TEST(MemoryModel, BatchInvariantCudaStepsArePricedAtTheRunnersBound) {
   EXPECT_FALSE(says(plain_notes));
 }
 
+// The CUDA runner's layer-major prefill (model/batch_invariance.h): a lone prompt's step past the 8,192-row tile keeps
+// only a few hidden-widths a token beyond one tile's buffers. GLM-4.7-Flash's shapes at 128K tokens a step: one
+// sequence at a time prices its steps in tiles (below a quarter of the same step of several sequences, which runs
+// whole), and scheduler.lone_prompt_tokens adds a lone prompt's tiled step to a server of small steps — more than
+// the small steps alone, far less than whole steps of that size. The pool rule's workspace follows the same way.
+TEST(MemoryModel, LonePromptStepsArePricedInPrefillTiles) {
+  struct Priced {
+    uint64_t high = 0, rule = 0;
+  };
+  auto priced = [](std::vector<std::string> sets) {
+    sets.push_back("scheduler.max_model_len=131072");
+    auto recipe = load_recipe(std::string(KILN_SOURCE_DIR) + "/configs/glm-4.7-flash-dummy.toml", sets, global_registry());
+    EXPECT_TRUE(recipe.ok()) << recipe.status().to_string();
+    if (!recipe.ok()) return Priced{};
+    ScreenOptions o;
+    o.memory_bytes = 141ull << 30;
+    auto in = memory_inputs(*recipe, global_registry(), o);
+    EXPECT_TRUE(in.ok()) << in.status().to_string();
+    if (!in.ok()) return Priced{};
+    for (const MemoryTerm& t : in->terms)
+      if (t.name == "activations") return Priced{t.high, in->rule_workspace_bytes};
+    ADD_FAILURE() << "no activations term";
+    return Priced{};
+  };
+  const Priced lone = priced({"scheduler.max_num_seqs=1", "scheduler.max_num_batched_tokens=131072"});
+  const Priced whole = priced({"scheduler.max_num_seqs=2", "scheduler.max_num_batched_tokens=131072"});
+  const Priced small = priced({"scheduler.max_num_seqs=16", "scheduler.max_num_batched_tokens=2048"});
+  const Priced small_lone = priced({"scheduler.max_num_seqs=16", "scheduler.max_num_batched_tokens=2048",
+                                    "scheduler.lone_prompt_tokens=131072"});
+  ASSERT_GT(lone.high, 0u);
+  EXPECT_LT(lone.high * 4, whole.high) << lone.high << " vs " << whole.high;
+  EXPECT_LT(lone.rule * 4, whole.rule) << lone.rule << " vs " << whole.rule;
+  EXPECT_GT(small_lone.high, small.high);
+  EXPECT_GT(small_lone.rule, small.rule);
+  EXPECT_LT(small_lone.high * 2, whole.high);
+  EXPECT_LT(small_lone.rule * 4, whole.rule);
+}
+
 // Decode-context parallelism on GPU ranks: each step also holds every head's q, the rank's partial attention and
 // every rank's gathered partials, and (prefill) the context rows each rank sends and receives: priced above the same
 // tensor-parallel recipe without the split.

@@ -708,6 +708,50 @@ TEST(CudaModelEngine, BatchedServingMatchesSingleSequenceGenerationOnTheGpu) {
   started->engine->drain();
 }
 
+// scheduler.lone_prompt_tokens on the GPU: requests one after another, each prompt alone in the engine, go in one
+// step (more than max_num_batched_tokens) that the runner takes layer by layer in tiles of 24 rows — the tokens are
+// those of the same one-step prefill outside the engine.
+TEST(CudaModelEngine, LonePromptsGoInOneTiledStepThroughTheEngine) {
+  auto recipe = load_recipe("", {"model.path=" + model_dir("glm4_moe_lite-tiny").string(), "kv.layout=bf16",
+                                 "kv.block_size=4", "model.device=cuda", "scheduler.max_model_len=160",
+                                 "scheduler.max_num_seqs=4", "scheduler.max_num_batched_tokens=16",
+                                 "scheduler.lone_prompt_tokens=128"},
+                            global_registry());
+  ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+  auto loaded = load_model(*recipe, global_registry());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  LoadedModel& m = *loaded;
+  ASSERT_TRUE(m.on_gpu());
+  auto* cm = dynamic_cast<cuda::CudaMlaMoeModel*>(m.model.get());
+  ASSERT_NE(cm, nullptr);
+  cm->set_prefill_tile_rows(24);
+  constexpr int64_t kNew = 8;
+  auto started = start_engine(m, *recipe);
+  ASSERT_TRUE(started.ok()) << started.status().to_string();
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 70 + 40 * i; ++t) prompt.push_back((37 * t + 101 * i + 3) % 4000 + 2);
+    std::vector<int32_t> expected;
+    gpu_decode_rows(m, prompt, kNew, expected, true, m.info.vocab_size);
+    std::vector<int32_t> got;
+    std::promise<FinishReason> done;
+    RequestParams rp;
+    rp.prompt = prompt;
+    rp.max_tokens = kNew;
+    auto id = started->engine->submit(rp, [&](const TokenEvent& e) {
+      if (e.token >= 0) got.push_back(e.token);
+      if (e.finished) done.set_value(e.finish_reason);
+      return true;
+    });
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    auto f = done.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    EXPECT_EQ(f.get(), FinishReason::kLength);
+    EXPECT_EQ(got, expected) << "prompt of " << prompt.size();
+  }
+  started->engine->drain();
+}
+
 // With the production attention widths (latent 512 + rope 64, so the tensor-core decode kernel runs), decode
 // steps replayed from captured CUDA graphs give the logits of the same steps launched one kernel at a time.
 // A two-layer model with the tensor-core decode kernel's widths (latent 512 + rope 64), dummy weights.

@@ -19,6 +19,7 @@ Result<EngineConfig> apply_batch_invariance(const EngineConfig& config, const Ba
     return invalid_argument("scheduler.batch_invariant: the model runner promises no batch-invariant rows (its "
                             "weight format's kernels follow the batch), so no step could keep it");
   c.max_num_batched_tokens = std::min(c.max_num_batched_tokens, rows);
+  c.lone_prompt_tokens = 0;  // a lone prompt's step keeps the bound too
   c.max_chunk_tokens = c.max_chunk_tokens > 0 ? std::min(c.max_chunk_tokens, bound.chunk_rows) : bound.chunk_rows;
   if (c.max_num_seqs > c.max_num_batched_tokens)
     return invalid_argument("scheduler.batch_invariant: the model runner's steps are batch-invariant up to " +

@@ -17,6 +17,7 @@ Status EngineConfig::validate() const {
   KILN_RETURN_IF_ERROR(positive(block_size, "block_size"));
   if (lookahead_slots < 0) return invalid_argument("engine: lookahead_slots must not be negative");
   if (max_chunk_tokens < 0) return invalid_argument("engine: max_chunk_tokens must not be negative");
+  if (lone_prompt_tokens < 0) return invalid_argument("engine: lone_prompt_tokens must not be negative");
   // Decodes are scheduled before anything else and never split; a step must fit one token per sequence.
   if (max_num_batched_tokens < max_num_seqs)
     return invalid_argument("scheduler.max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
@@ -39,6 +40,10 @@ Result<EngineConfig> engine_config_from_recipe(const RecipeSection& s, int64_t m
   c.prefix_caching = s.get_bool("prefix_caching", c.prefix_caching);
   c.max_waiting = s.get_int("max_waiting", c.max_waiting);
   c.batch_invariant = s.get_bool("batch_invariant", c.batch_invariant);
+  c.lone_prompt_tokens = s.get_int("lone_prompt_tokens", c.lone_prompt_tokens);
+  if (c.lone_prompt_tokens > c.max_model_len)
+    return s.error("lone_prompt_tokens", std::to_string(c.lone_prompt_tokens) + " is beyond max_model_len (" +
+                                             std::to_string(c.max_model_len) + "): no prompt is that long");
   if (c.max_num_batched_tokens < c.max_num_seqs)
     return s.error("max_num_batched_tokens", std::to_string(c.max_num_batched_tokens) + " is below max_num_seqs (" +
                                                  std::to_string(c.max_num_seqs) +

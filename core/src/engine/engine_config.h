@@ -18,6 +18,11 @@ struct EngineConfig {
   // (max_num_batched_tokens and max_chunk_tokens lowered to it); a runner without a bound is invariant already.
   bool batch_invariant = false;
   int64_t max_chunk_tokens = 0;  // prompt tokens a sequence may bring to one step (0: no limit beyond the step's)
+  // A prompt alone in the engine (no other sequence running or waiting) may bring up to this many tokens to one step
+  // instead of max_num_batched_tokens (0 or less than it: no difference). Such a step computes nothing per chunk again:
+  // on CUDA it runs layer by layer in tiles (model/batch_invariance.h's kCudaPrefillTileRows), expanding each cached
+  // key once a layer instead of once a chunk, in one tile's buffers. A request arriving meanwhile waits for the step.
+  int64_t lone_prompt_tokens = 0;
   bool prefix_caching = true;
   int64_t lookahead_slots = 0;  // extra KV positions reserved per running sequence (speculative decoding)
   int64_t speculative_depth = 0;  // draft tokens per decode step (K); needs a drafter and lookahead_slots ≥ K

@@ -47,15 +47,19 @@ uint64_t checkpoint_bytes(const LoadedModel& m) {
 uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e, int64_t tile_rows) {
   const uint64_t per_token =
       static_cast<uint64_t>(32 * c.hidden_size + c.num_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
-  const uint64_t rows = static_cast<uint64_t>(e.max_num_batched_tokens);
-  const uint64_t tiled = tile_rows > 0 && rows > static_cast<uint64_t>(tile_rows) ? static_cast<uint64_t>(tile_rows) : rows;
+  const uint64_t logits = static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size);
+  const uint64_t mixed = static_cast<uint64_t>(e.max_num_batched_tokens);
+  const uint64_t lone = std::max(mixed, static_cast<uint64_t>(e.lone_prompt_tokens));
+  const uint64_t tiled = tile_rows > 0 && lone > static_cast<uint64_t>(tile_rows) ? static_cast<uint64_t>(tile_rows) : lone;
   // A tiled step's rows keep their residual stream, block input, normed and hidden rows: 4 hidden-widths of fp32.
-  return 4 * (tiled * per_token + (rows - tiled) * 4 * static_cast<uint64_t>(c.hidden_size) +
-              static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size));
+  const uint64_t lone_bytes = tiled * per_token + (lone - tiled) * 4 * static_cast<uint64_t>(c.hidden_size);
+  // With one sequence every step of more rows than a tile is a lone prompt's; with several, any step may be whole.
+  const uint64_t step = e.max_num_seqs == 1 ? lone_bytes : std::max(lone_bytes, mixed * per_token);
+  return 4 * (step + logits);
 }
 
-int64_t lone_prompt_tile_rows(const ModelInfo& info, const EngineConfig& config, bool mtp_steps, int64_t decode_context) {
-  if (config.max_num_seqs != 1 || mtp_steps || info.index_head_dim > 0 || decode_context > 1) return 0;
+int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context) {
+  if (mtp_steps || info.index_head_dim > 0 || decode_context > 1) return 0;
   return cuda_prefill_tile_rows();
 }
 
@@ -99,11 +103,13 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
   EngineConfig steps = config;
   if (config.batch_invariant) {
     const BatchInvariance bound = m.model->batch_invariance();
-    if (bound.bounded())
+    if (bound.bounded()) {
       steps.max_num_batched_tokens = std::max<int64_t>(
           1, std::min({config.max_num_batched_tokens, bound.rows, bound.logit_rows}));
+      steps.lone_prompt_tokens = 0;
+    }
   }
-  const int64_t tile = m.on_gpu() ? lone_prompt_tile_rows(m.info, steps, caps.needs_target_mtp,
+  const int64_t tile = m.on_gpu() ? prefill_tile_rows_for(m.info, caps.needs_target_mtp,
                                                          recipe.section("parallel").get_int("decode_context", 1))
                                   : 0;
   budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps, tile);

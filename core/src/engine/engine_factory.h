@@ -51,17 +51,17 @@ Result<EnginePlan> plan_engine(const LoadedModel& model, const Recipe& recipe, c
 // reports and start_engine would use.
 Result<EnginePlan> plan_recipe(const LoadedModel& model, const Recipe& recipe);
 
-// What the pool rule sets aside for one step's activations (max_num_batched_tokens tokens, max_num_seqs logit
-// rows) when the caller gives no workspace_bytes; the memory model (memory_model.h) reads it too. tile_rows > 0: a
-// step past that many tokens runs in tiles of it (lone_prompt_tile_rows), its activations one tile's but for a few
-// hidden-widths a token.
+// What the pool rule sets aside for the largest step's activations when the caller gives no workspace_bytes: one of
+// max_num_batched_tokens tokens of several sequences (max_num_seqs logit rows), or a lone prompt's of up to
+// max(max_num_batched_tokens, lone_prompt_tokens) — with tile_rows > 0 run in tiles of that many rows (the CUDA
+// runner's layer-major prefill, prefill_tile_rows_for), its activations one tile's but for a few hidden-widths a token.
+// The memory model (memory_model.h) reads it too.
 uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config, int64_t tile_rows = 0);
 
-// The CUDA runner's layer-major prefill tile (model/batch_invariance.h's cuda_prefill_tile_rows) where every step
-// longer than it is one prompt's — one sequence at a time (max_num_seqs 1), no MTP layers run over the prompt, no DSA
-// indexer, no context split over ranks — so the pool rule and the memory model may price a step's activations at one
-// tile; else 0.
-int64_t lone_prompt_tile_rows(const ModelInfo& info, const EngineConfig& config, bool mtp_steps, int64_t decode_context);
+// The CUDA runner's layer-major prefill tile (model/batch_invariance.h's cuda_prefill_tile_rows) for a lone prompt's
+// steps — unless MTP layers run over the prompt too (their steps are not tiled), the model has a DSA indexer (its
+// prompts attend through the selection, not the tiled prefill kernel) or the context is split over ranks; else 0.
+int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context);
 
 // The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
 // (MTP) layers, so those are loaded too.

@@ -696,6 +696,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
                        ", and no prompt chunk reaches the prefill kernel");
     config.max_num_batched_tokens = kCudaBatchInvariantMaxRows;
   }
+  if (invariant_steps) config.lone_prompt_tokens = 0;  // BatchEngine keeps a lone prompt inside the bound too
   in.host_memory_bytes = options.host_memory_bytes ? options.host_memory_bytes : physical_memory_bytes();
   if (in.cuda) {
     in.memory_bytes = options.memory_bytes ? options.memory_bytes
@@ -779,10 +780,10 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   if (draft_row_high > 0) in.cache_allocations += 2 * static_cast<int64_t>(draft_row_high > 0);
   const uint64_t state_per_seq = cache.bytes_per_sequence();
   const uint64_t state = 2 * static_cast<uint64_t>(S) * state_per_seq;
-  // The CUDA runner's layer-major prefill (lone_prompt_tile_rows): the rule and the activations term price a step at
-  // one tile where every long step is one prompt's.
-  const int64_t lone_tile = in.cuda ? lone_prompt_tile_rows(info, config, mtp_cached > 0, context) : 0;
-  in.rule_workspace_bytes = workspace_estimate(info, config, lone_tile) + state;
+  // The CUDA runner's layer-major prefill (prefill_tile_rows_for): the rule and the activations term price a lone
+  // prompt's step at one tile.
+  const int64_t prefill_tile = in.cuda ? prefill_tile_rows_for(info, mtp_cached > 0, context) : 0;
+  in.rule_workspace_bytes = workspace_estimate(info, config, prefill_tile) + state;
   if (draft_row_low != draft_row_high)
     in.notes.push_back("the KV pool is sized at the drafter's fp32 rows (the larger case)");
 
@@ -909,17 +910,28 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
       const int64_t split = in.stored_per_block > 0 && in.stored_per_block < in.block_size
                                 ? in.block_size / in.stored_per_block
                                 : 1;  // GPU ranks of a decode-context group
-      const uint64_t lo = step_scratch_bytes(*mla, N, std::min(R, N), S, 1, keys_low, taps, split, lone_tile);
-      const uint64_t hi = scale(step_scratch_bytes(*mla, N, std::min(R, N), S, max_blocks, keys_high, taps, split, lone_tile),
-                                kScratchHeadroom);
+      // The largest step: a lone prompt's of Lp tokens (scheduler.lone_prompt_tokens), in tiles where the runner tiles
+      // it; with several sequences also a step of N rows of any mix, whole.
+      const int64_t Lp = std::max(N, config.lone_prompt_tokens);
+      auto largest = [&](int64_t blocks, int64_t keys) {
+        const uint64_t lone = step_scratch_bytes(*mla, Lp, std::min(R, Lp), S, blocks, keys, taps, split, prefill_tile);
+        if (S == 1) return lone;
+        return std::max(lone, step_scratch_bytes(*mla, N, std::min(R, N), S, blocks, keys, taps, split));
+      };
+      const uint64_t lo = largest(1, keys_low);
+      const uint64_t hi = scale(largest(max_blocks, keys_high), kScratchHeadroom);
       in.terms.push_back(term("activations", lo, hi, MemoryWhere::kDevice, MemoryWhen::kRun,
                               "scheduler.max_num_batched_tokens",
                               invariant_steps
                                   ? "one batch-invariant step of " + std::to_string(N) +
                                         " tokens (scheduler.batch_invariant: decode kernels only)"
-                                  : "one step of max_num_batched_tokens = " + std::to_string(N) +
-                                        " tokens; high: a prompt chunk at max_model_len keys through the prefill "
-                                        "kernel"));
+                                  : "one step of max_num_batched_tokens = " + std::to_string(N) + " tokens" +
+                                        (Lp > N ? " or a lone prompt's of lone_prompt_tokens = " + std::to_string(Lp)
+                                                : std::string()) +
+                                        (prefill_tile > 0 && Lp > prefill_tile
+                                             ? " (a lone prompt's in tiles of " + std::to_string(prefill_tile) + ")"
+                                             : std::string()) +
+                                        "; high: a prompt chunk at max_model_len keys through the prefill kernel"));
     } else {
       const uint64_t ws = workspace_estimate(info, config);
       in.terms.push_back(term("activations", ws / 2, ws * 4, MemoryWhere::kDevice, MemoryWhen::kRun,

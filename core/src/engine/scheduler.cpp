@@ -109,10 +109,17 @@ bool Scheduler::admit(Sequence* seq, int64_t& budget, ScheduledStep& step) {
   return true;
 }
 
+int64_t Scheduler::step_budget() const {
+  const int64_t budget = config_.max_num_batched_tokens;
+  if (config_.lone_prompt_tokens <= budget || running_.size() + waiting_.size() != 1) return budget;
+  const Sequence* seq = running_.empty() ? waiting_.front() : running_.front();
+  return !running_.empty() && seq->pending() <= 1 ? budget : config_.lone_prompt_tokens;
+}
+
 ScheduledStep Scheduler::schedule() {
   ++step_;
   ScheduledStep step;
-  int64_t budget = config_.max_num_batched_tokens;
+  int64_t budget = step_budget();
 
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = running_[i];
@@ -158,7 +165,7 @@ ScheduledStep Scheduler::schedule() {
 
 PassRows Scheduler::forecast_prompt_chunks(int64_t decoding) const {
   PassRows chunks;
-  int64_t budget = config_.max_num_batched_tokens - decoding;
+  int64_t budget = step_budget() - decoding;
   auto take = [&](const Sequence* seq) {
     const int64_t n = chunk_of(*seq, budget);
     chunks.rows += n;

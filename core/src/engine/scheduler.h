@@ -66,6 +66,9 @@ class Scheduler {
   bool admit(Sequence* seq, int64_t& budget, ScheduledStep& step);
   // The tokens of `seq` a step with `budget` tokens left runs: what is pending, within config.max_chunk_tokens.
   int64_t chunk_of(const Sequence& seq, int64_t budget) const;
+  // Tokens the next step may compute: max_num_batched_tokens, or config.lone_prompt_tokens where one sequence is all
+  // the engine holds and it is still in its prompt (running or about to be admitted).
+  int64_t step_budget() const;
   void preempt(Sequence* seq);
 
   // Frees the sequence's blocks and state slot.
