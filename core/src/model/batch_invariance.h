@@ -42,7 +42,8 @@ inline constexpr int64_t kExpandedPrefillMinTokens = 33;
 // Layer-major prefill: the CUDA runner runs a step that is one prompt's chunk of more than this many tokens layer by
 // layer in tiles of this many rows (runtime/cuda/cuda_mla_moe_model.h), so its step buffers are one tile's but for the
 // rows' token arrays, residual stream and block inputs, and each cached key is expanded through kv_b once per layer.
-// 8192: a 32K prompt in 8K tiles ran as fast as in chunks of 16K without their re-expansion (bench/RESULTS.md).
+// 8192: the scheduler-style chunk the prefill benchmarks have run at (a 32K prompt at 66-68 % of the cuBLAS rate in
+// 8K chunks, 69 % in 16K ones, which needed twice the step buffers); tiles of other sizes are not measured yet.
 inline constexpr int64_t kCudaPrefillTileRows = 8192;
 
 // kCudaPrefillTileRows, or the environment's KILN_PREFILL_TILE (rows; 0 turns the tiling off): an A/B switch the
