@@ -228,20 +228,23 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   // A layer's MLP block ends with the residual add + RMSNorm that makes the next block's input (`next`: the next
   // layer's input norm into b.h, or the final / head norm into b.normed) — on MoE layers fused into the combine
   // kernel. So a layer's own input norm runs only where no block precedes it (`input_normed` false).
-  auto decoder_layer = [&](const GpuLayer& w, int64_t kv_layer, bool input_normed, const NextNorm& next) -> Status {
+  // Over the rows of `xc` (the step's, or a layer-major step's tile).
+  auto decoder_layer = [&](const StepContext& xc, const GpuLayer& w, int64_t kv_layer, bool input_normed,
+                           const NextNorm& next) -> Status {
+    const StepBuffers& xb = xc.b;
+    const int64_t n = xc.shape.N;
     if (!input_normed) {
-      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.input_norm, N, Hd, eps, b.h, st));
+      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(xb.y, xb.resid, w.input_norm, n, Hd, eps, xb.h, st));
       timer.mark("residual add + RMSNorm");
     }
-    KILN_RETURN_IF_ERROR(attention_block(x, w, caches.entry(kv_layer, 0), caches.entry(kv_layer, 1))
+    KILN_RETURN_IF_ERROR(attention_block(xc, w, caches.entry(kv_layer, 0), caches.entry(kv_layer, 1))
                              .with_context("layer " + std::to_string(kv_layer) + " attention (GPU)"));
-    KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, b.resid, w.post_attention_norm, N, Hd, eps, b.h, st));
+    KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(xb.y, xb.resid, w.post_attention_norm, n, Hd, eps, xb.h, st));
     timer.mark("residual add + RMSNorm");
-    return mlp_block(x, w, &next).with_context("layer " + std::to_string(kv_layer) + " mlp (GPU)");
+    return mlp_block(xc, w, &next).with_context("layer " + std::to_string(kv_layer) + " mlp (GPU)");
   };
-  // Embedding rows of the step's ids into `out`: under tensor parallelism each rank gathers its vocabulary rows
+  // Embedding rows `ids` (n of them) into `out`: under tensor parallelism each rank gathers its vocabulary rows
   // (zero rows for the others' ids) and the group sums them, each row's one owner giving its exact value.
-  // Rows [r0, r0 + n) of the step (ids: row r0's) into out[0 .. n).
   auto embed_rows = [&](const int32_t* ids, int64_t n, uint16_t* out) -> Status {
     if (!I.sharded()) return embedding_gather_bf16(weights_.embed_tokens, c.vocab_size, Hd, ids, n, out, st);
     return rank_embedding_rows(I, c, weights_.embed_tokens, ids, n, b.ids_local, out);
@@ -273,7 +276,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     for (int64_t l = 0; l < layers; ++l) {
       const NextNorm next = l + 1 < layers ? NextNorm{weights_.layers[l + 1].input_norm, eps, b.h}
                                            : NextNorm{weights_.final_norm, eps, b.normed};
-      KILN_RETURN_IF_ERROR(decoder_layer(weights_.layers[l], l, l > 0, next));
+      KILN_RETURN_IF_ERROR(decoder_layer(x, weights_.layers[l], l, l > 0, next));
       // A tap of layer l is its output: the residual stream once the next block's add has run (the MLP block ends
       // with it), so the copy follows the block.
       if (float* t = tap_slot(static_cast<int>(l)))
@@ -305,31 +308,22 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
       xs.push_back(StepContext{c, I, shapes[t], tb, caches.block_size, {&seqs[t], 1}, nullptr, capacity,
                                r0 > 0 ? s0 + r0 : 0});
     }
-    // Embedding rows (media rows over their placeholders) into the tile's b.y, then the first block's input norm.
-    for (size_t t = 0; t < count; ++t) {
-      const int64_t r0 = tiles[t].row, n = tiles[t].n;
-      const StepBuffers& tb = bufs[t];
-      KILN_RETURN_IF_ERROR(embed_rows(tb.ids, n, b.y));
-      KILN_RETURN_IF_ERROR(place_media(r0, n, b.y));
-      KILN_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(tb.resid, 0, n * Hd * sizeof(float), I.stream), "residual clear"));
-      KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, tb.resid, weights_.layers[0].input_norm, n, Hd, eps, tb.h, st));
-    }
-    timer.mark("embedding");
     const int64_t layers = c.num_hidden_layers;
     for (int64_t l = 0; l < layers; ++l) {
-      const GpuLayer& w = weights_.layers[l];
       for (size_t t = 0; t < count; ++t) {
-        const StepContext& xt = xs[t];
         const StepBuffers& tb = bufs[t];
-        const int64_t n = tiles[t].n;
-        KILN_RETURN_IF_ERROR(attention_block(xt, w, caches.entry(l, 0), caches.entry(l, 1))
-                                 .with_context("layer " + std::to_string(l) + " attention (GPU, prompt tile " +
-                                               std::to_string(t) + ")"));
-        KILN_RETURN_IF_ERROR(add_rmsnorm_bf16(b.y, tb.resid, w.post_attention_norm, n, Hd, eps, tb.h, st));
-        timer.mark("residual add + RMSNorm");
+        const int64_t r0 = tiles[t].row, n = tiles[t].n;
+        if (l == 0) {  // the tile's embedding rows (media rows over their placeholders) into b.y, as the untiled step
+          KILN_RETURN_IF_ERROR(embed_rows(tb.ids, n, b.y));
+          KILN_RETURN_IF_ERROR(place_media(r0, n, b.y));
+          KILN_RETURN_IF_ERROR(
+              cuda_ok(cudaMemsetAsync(tb.resid, 0, n * Hd * sizeof(float), I.stream), "residual clear"));
+          timer.mark("embedding");
+        }
         const NextNorm next = l + 1 < layers ? NextNorm{weights_.layers[l + 1].input_norm, eps, tb.h}
                                              : NextNorm{weights_.final_norm, eps, tb.normed};
-        KILN_RETURN_IF_ERROR(mlp_block(xt, w, &next).with_context("layer " + std::to_string(l) + " mlp (GPU)"));
+        KILN_RETURN_IF_ERROR(decoder_layer(xs[t], weights_.layers[l], l, l > 0, next)
+                                 .with_context("prompt tile " + std::to_string(t)));
       }
       if (float* t = tap_slot(static_cast<int>(l)))
         KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(t, b.resid, F * Hd * sizeof(float), cudaMemcpyDeviceToDevice, I.stream),
@@ -350,7 +344,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
     KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpy2DAsync(b.cat + Hd, 2 * row, b.h, row, row, N, cudaMemcpyDeviceToDevice, I.stream),
                                  "MTP concat"));
     KILN_RETURN_IF_ERROR(run_linear(x, *mtp->eh_proj, b.cat, N, b.resid, DType::kF32));
-    return decoder_layer(mtp->layer, c.num_hidden_layers + mtp_index, false, NextNorm{mtp->head_norm, eps, b.normed});
+    return decoder_layer(x, mtp->layer, c.num_hidden_layers + mtp_index, false, NextNorm{mtp->head_norm, eps, b.normed});
   };
   auto enqueue = [&]() -> Status {
     KILN_RETURN_IF_ERROR(mtp ? enqueue_mtp() : tiled ? enqueue_tiled_trunk() : enqueue_trunk());
