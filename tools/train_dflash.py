@@ -240,7 +240,7 @@ def drafter_config(target: dict, mask_id: int, args) -> dict:
         "num_target_layers": L,
         "tie_word_embeddings": False,
         "dflash_config": {
-            "target_layer_ids": default_taps(args.layers, L),
+            "target_layer_ids": args.taps if args.taps else default_taps(args.layers, L),
             "mask_token_id": mask_id,
             "block_size": args.block,
             "conv_kernel_size": 2,
@@ -409,6 +409,10 @@ def main() -> int:
     ap.add_argument("--anchors", type=int, default=32, help="anchor blocks per window")
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--taps", type=lambda s: [int(t) for t in s.split(",")], default=None,
+                    help="target layers tapped, e.g. 1,3,5 (default: the published spread over the target, which for "
+                         "a 6-layer target is 1,3; the last layer's tap is its output after the final norm, as HF's "
+                         "hidden_states[L] is)")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--intermediate", type=int, default=512)
@@ -451,8 +455,21 @@ def main() -> int:
     if args.init:
         from safetensors.torch import load_file
 
-        drafter.load_state_dict({k: v.float() for k, v in load_file(str(args.init / "model.safetensors")).items()})
-        print(f"starting from {args.init}")
+        state = {k: v.float() for k, v in load_file(str(args.init / "model.safetensors")).items()}
+        init_taps = json.loads((args.init / "config.json").read_text())["dflash_config"]["target_layer_ids"]
+        taps = c["dflash_config"]["target_layer_ids"]
+        if init_taps != taps:
+            # Different taps: fc's columns follow the taps (one target-hidden-wide slice each); a tap the init had
+            # keeps its trained slice, a new one starts at zero so the drafter begins as the init.
+            Ht = c["target_hidden_size"]
+            fc = torch.zeros(state["fc.weight"].shape[0], len(taps) * Ht)
+            for j, t in enumerate(taps):
+                if t in init_taps:
+                    i = init_taps.index(t)
+                    fc[:, j * Ht:(j + 1) * Ht] = state["fc.weight"][:, i * Ht:(i + 1) * Ht]
+            state["fc.weight"] = fc
+        drafter.load_state_dict(state)
+        print(f"starting from {args.init} (taps {init_taps})")
     drafter = drafter.to(device)
     n_params = sum(p.numel() for p in drafter.parameters())
     print(f"corpus {train_ids.numel()} train / {val_ids.numel()} val tokens; drafter {n_params / 1e6:.2f} M params, "

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kiln/drafter.h"
+
 namespace kiln::dflash {
 namespace {
 
@@ -96,7 +98,10 @@ Result<DflashConfig> read_config(const std::string& dir, bool expect_v2, int64_t
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= target_layers)
         return bad(c.path, "dflash_config.target_layer_ids holds " + id.dump() + ", not a layer of the target (0.." +
                                std::to_string(target_layers - 1) + ")");
-      c.target_layers.push_back(id.get<int>());
+      // The references tap HF's hidden_states[id + 1]: a layer's residual output, except for the last layer,
+      // whose entry HF records after the final norm — so a drafter tapping the last layer gets kTapFinalNormed.
+      const int layer = id.get<int>();
+      c.target_layers.push_back(layer == target_layers - 1 ? kTapFinalNormed : layer);
     }
   } else if (c.layers == 1) {
     c.target_layers = {static_cast<int>(target_layers / 2)};

@@ -21,7 +21,7 @@ struct DflashConfig {
   int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   double rms_eps = 1e-6, rope_theta = 10000.0;
   std::vector<LayerAttention> attention;  // per layer
-  std::vector<int> target_layers;         // tapped target layer outputs, in fc's input order
+  std::vector<int> target_layers;         // tapped target layer outputs, in fc's input order (the last: kTapFinalNormed)
   int32_t mask_token = 0;
   int64_t block_size = 0;
   int64_t conv_taps = 0, conv_group = 0, selector_rank = 0, selector_top_k = 0;  // v2

@@ -149,6 +149,20 @@ TEST(DflashCheckpoint, TargetMismatchIsNamedWithTheConfig) {
   EXPECT_NE(refusal(t.write("taps")).find("target_layer_ids holds 6, not a layer of the target (0..5)"), std::string::npos);
 }
 
+// HF's hidden_states[L] — what the references tap for the last layer — is the output after the final norm, not the
+// residual: a drafter tapping the last layer asks the target for kTapFinalNormed.
+TEST(Dflash2, TappingTheLastLayerAsksForTheFinalNormedOutput) {
+  RandomCheckpoint c(true);
+  c.config["dflash_config"]["target_layer_ids"] = {1, 5};
+  const fs::path dir = c.write("last-tap");
+  {
+    Fixture f("dflash2", dir);
+    ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+    EXPECT_EQ((*f.drafter)->capabilities().tap_layers, (std::vector<int>{1, kTapFinalNormed}));
+  }
+  expect_same_as_plain(recipe_for("dflash2", dir, 3), 3);  // the engine hands that tap through verification
+}
+
 TEST(DflashCheckpoint, ArchitectureMustMatchTheDrafter) {
   const std::string m = refusal(kDrafter, "dflash");
   EXPECT_NE(m.find("this is a DFlash2DraftModel checkpoint: select `dflash2`"), std::string::npos) << m;
