@@ -398,6 +398,39 @@ TEST(BatchEngine, ALonePromptTakesLonePromptTokensAStepAndSharedStepsDoNot) {
   EXPECT_TRUE(t.runner->violations().empty()) << t.runner->violations().front();
 }
 
+// With max_num_seqs = 1 a request that waits cannot start before the running prompt ends, so that prompt keeps its
+// lone_prompt_tokens steps; the one waiting then takes them too.
+TEST(BatchEngine, WithOneSeatAWaitingRequestDoesNotShrinkTheRunningPromptsSteps) {
+  EngineConfig config = small_config(1024);
+  config.max_num_seqs = 1;
+  config.max_num_batched_tokens = 16;
+  config.lone_prompt_tokens = 100;
+  config.max_model_len = 1024;
+  auto t = make_engine(config);
+  std::mt19937 rng(11);
+  Collector c;
+  RequestParams a, b;
+  a.prompt = random_prompt(rng, 250, kVocab);
+  a.max_tokens = 5;
+  b.prompt = random_prompt(rng, 120, kVocab);
+  b.max_tokens = 5;
+  t.runner->close_gate();
+  ASSERT_TRUE(t.engine->submit(a, c.sink(0)).ok());
+  ASSERT_TRUE(t.engine->submit(b, c.sink(1)).ok());
+  t.runner->open_gate();
+  ASSERT_TRUE(c.wait(0));
+  ASSERT_TRUE(c.wait(1));
+  EXPECT_EQ(c.get(0).tokens, reference_tokens(a.prompt, 5, {}, kVocab));
+  EXPECT_EQ(c.get(1).tokens, reference_tokens(b.prompt, 5, {}, kVocab));
+  std::vector<int64_t> prompt_steps;
+  for (const auto& call : t.runner->records())
+    if (call.size() == 1 && call.front().tokens > 1) prompt_steps.push_back(call.front().tokens);
+  EXPECT_EQ(prompt_steps, (std::vector<int64_t>{100, 100, 50, 100, 20}));
+  const EngineMetrics m = wait_idle(*t.engine);
+  EXPECT_EQ(m.kv_blocks_used, 0);
+  EXPECT_TRUE(t.runner->violations().empty()) << t.runner->violations().front();
+}
+
 TEST(BatchEngine, ReportsPrefillProgressOnlyWhenAsked) {
   EngineConfig config = small_config(512);
   config.max_num_batched_tokens = 16;

@@ -135,7 +135,7 @@ TEST(MemoryModel, BatchInvariantCudaStepsArePricedAtTheRunnersBound) {
 // the small steps alone, far less than whole steps of that size. The pool rule's workspace follows the same way.
 TEST(MemoryModel, LonePromptStepsArePricedInPrefillTiles) {
   struct Priced {
-    uint64_t high = 0, rule = 0;
+    uint64_t low = 0, high = 0, rule = 0;
   };
   auto priced = [](std::vector<std::string> sets) {
     sets.push_back("scheduler.max_model_len=131072");
@@ -148,7 +148,7 @@ TEST(MemoryModel, LonePromptStepsArePricedInPrefillTiles) {
     EXPECT_TRUE(in.ok()) << in.status().to_string();
     if (!in.ok()) return Priced{};
     for (const MemoryTerm& t : in->terms)
-      if (t.name == "activations") return Priced{t.high, in->rule_workspace_bytes};
+      if (t.name == "activations") return Priced{t.low, t.high, in->rule_workspace_bytes};
     ADD_FAILURE() << "no activations term";
     return Priced{};
   };
@@ -164,6 +164,10 @@ TEST(MemoryModel, LonePromptStepsArePricedInPrefillTiles) {
   EXPECT_GT(small_lone.rule, small.rule);
   EXPECT_LT(small_lone.high * 2, whole.high);
   EXPECT_LT(small_lone.rule * 4, whole.rule);
+  // The rule sets aside at least the least the tiled step takes: every row's residual, block input, normed and
+  // hidden rows and every key's slot in the prefill workspace, not only one tile's buffers.
+  EXPECT_GE(lone.rule, lone.low) << "a lone 128K prompt's tiled step";
+  EXPECT_GE(small_lone.rule, small_lone.low);
 }
 
 // Decode-context parallelism on GPU ranks: each step also holds every head's q, the rank's partial attention and

@@ -44,23 +44,28 @@ uint64_t checkpoint_bytes(const LoadedModel& m) {
 // fp32 activations of one step of max_num_batched_tokens tokens: the residual stream and the widest
 // intermediates of attention and the MoE block come to a few dozen hidden-widths per token; plus one logits
 // row per running sequence. An estimate: the point is to leave room, not to account to the byte.
-uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e, int64_t tile_rows) {
+uint64_t workspace_estimate(const ModelInfo& c, const EngineConfig& e, int64_t tile_rows, int64_t taps) {
   const uint64_t per_token =
       static_cast<uint64_t>(32 * c.hidden_size + c.num_heads * (c.kv_lora_rank + c.qk_rope_head_dim));
   const uint64_t logits = static_cast<uint64_t>(e.max_num_seqs) * static_cast<uint64_t>(c.vocab_size);
   const uint64_t mixed = static_cast<uint64_t>(e.max_num_batched_tokens);
   const uint64_t lone = std::max(mixed, static_cast<uint64_t>(e.lone_prompt_tokens));
   const uint64_t tiled = tile_rows > 0 && lone > static_cast<uint64_t>(tile_rows) ? static_cast<uint64_t>(tile_rows) : lone;
-  // A tiled step's rows keep their residual stream, block input, normed and hidden rows: 4 hidden-widths of fp32.
-  const uint64_t lone_bytes = tiled * per_token + (lone - tiled) * 4 * static_cast<uint64_t>(c.hidden_size);
+  // A tiled step's rows keep their fp32 residual stream and hidden row, bf16 block input and normed row (3
+  // hidden-widths of fp32) and the drafter's taps; the layer's keys stay in the prefill workspace for the tiles after
+  // (a bf16 latent + rope row and every head's expanded K nope and V: half as many fp32 words).
+  const uint64_t past_tile_row =
+      static_cast<uint64_t>((3 + std::max<int64_t>(taps, 0)) * c.hidden_size) +
+      static_cast<uint64_t>(c.kv_lora_rank + c.qk_rope_head_dim + c.num_heads * (c.qk_nope_head_dim + c.v_head_dim) + 1) / 2;
+  const uint64_t lone_bytes = tiled * per_token + (lone - tiled) * past_tile_row;
   // With one sequence every step of more rows than a tile is a lone prompt's; with several, any step may be whole.
   const uint64_t step = e.max_num_seqs == 1 ? lone_bytes : std::max(lone_bytes, mixed * per_token);
   return 4 * (step + logits);
 }
 
-int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context) {
+int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context, int64_t block_size) {
   if (mtp_steps || info.index_head_dim > 0 || decode_context > 1) return 0;
-  return cuda_prefill_tile_rows();
+  return effective_prefill_tile_rows(cuda_prefill_tile_rows(), block_size);
 }
 
 ModelLoadOptions model_load_options(const Recipe& recipe) {
@@ -110,9 +115,13 @@ Result<EnginePlan> plan_engine(const LoadedModel& m, const Recipe& recipe, const
     }
   }
   const int64_t tile = m.on_gpu() ? prefill_tile_rows_for(m.info, caps.needs_target_mtp,
-                                                         recipe.section("parallel").get_int("decode_context", 1))
+                                                         recipe.section("parallel").get_int("decode_context", 1),
+                                                         scheduler_block_size(m))
                                   : 0;
-  budget.workspace_bytes = memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps, tile);
+  const int64_t taps = static_cast<int64_t>(std::count_if(caps.tap_layers.begin(), caps.tap_layers.end(),
+                                                          [](int t) { return t != kTapFinalNormed; }));
+  budget.workspace_bytes =
+      memory.workspace_bytes != 0 ? memory.workspace_bytes : workspace_estimate(m.info, steps, tile, taps);
   // State slots (and their snapshots) for every sequence that may run come off the top.
   budget.workspace_bytes += 2 * static_cast<uint64_t>(config.max_num_seqs) * plan.spec.bytes_per_sequence();
   budget.bytes_per_token = plan.spec.bytes_per_token(m.layout->bytes_per_token());

@@ -54,14 +54,16 @@ Result<EnginePlan> plan_recipe(const LoadedModel& model, const Recipe& recipe);
 // What the pool rule sets aside for the largest step's activations when the caller gives no workspace_bytes: one of
 // max_num_batched_tokens tokens of several sequences (max_num_seqs logit rows), or a lone prompt's of up to
 // max(max_num_batched_tokens, lone_prompt_tokens) — with tile_rows > 0 run in tiles of that many rows (the CUDA
-// runner's layer-major prefill, prefill_tile_rows_for), its activations one tile's but for a few hidden-widths a token.
+// runner's layer-major prefill, prefill_tile_rows_for), its activations one tile's but for what every row keeps (a few
+// hidden-widths, `taps` more for a drafter's tapped layers) and each key's slot in the prefill workspace.
 // The memory model (memory_model.h) reads it too.
-uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config, int64_t tile_rows = 0);
+uint64_t workspace_estimate(const ModelInfo& info, const EngineConfig& config, int64_t tile_rows = 0, int64_t taps = 0);
 
 // The CUDA runner's layer-major prefill tile (model/batch_invariance.h's cuda_prefill_tile_rows) for a lone prompt's
 // steps — unless MTP layers run over the prompt too (their steps are not tiled), the model has a DSA indexer (its
 // prompts attend through the selection, not the tiled prefill kernel) or the context is split over ranks; else 0.
-int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context);
+// Rounded to whole KV blocks of block_size tokens as the runner rounds it (effective_prefill_tile_rows).
+int64_t prefill_tile_rows_for(const ModelInfo& info, bool mtp_steps, int64_t decode_context, int64_t block_size);
 
 // The model-loading options a recipe implies: drafters other than `none` may run the checkpoint's next-n
 // (MTP) layers, so those are loaded too.

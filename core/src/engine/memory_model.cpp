@@ -749,6 +749,9 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   const std::string draft_model = drafting ? spec.get_string("draft_model", "") : "";
   const int64_t depth = drafting ? spec.get_int("depth", 0) : 0;
   uint64_t draft_row_low = 0, draft_row_high = 0;
+  // Tapped layers a drafter other than MTP reads (each an fp32 row per step row): the checkpoint's
+  // dflash_config.target_layer_ids but the last layer (its tap is the final-normed row every step has), else 4.
+  int64_t draft_taps = drafting && method != "mtp" ? 4 : 0;
   if (!draft_model.empty()) {
     const fs::path ddir = draft_model;
     if (!fs::is_directory(ddir))
@@ -763,6 +766,12 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
     // On CUDA the drafter's floats become bf16 (half an fp32 file); on the CPU they are mapped.
     in.terms.push_back(term("drafter weights", in.cuda ? bytes / 2 : bytes, scale(bytes, 1.05), main, MemoryWhen::kLoad,
                             "speculative.draft_model", ddir.string() + "'s safetensors (" + size_text(bytes) + ")"));
+    if (dj.is_object() && dj.contains("dflash_config") && dj["dflash_config"].is_object() &&
+        dj["dflash_config"].contains("target_layer_ids") && dj["dflash_config"]["target_layer_ids"].is_array()) {
+      draft_taps = 0;
+      for (const nlohmann::json& id : dj["dflash_config"]["target_layer_ids"])
+        draft_taps += !(id.is_number_integer() && id.get<int64_t>() == info.num_layers - 1);
+    }
     if (dj.is_object()) {
       const int64_t layers = dj.value("num_hidden_layers", 0), kv_heads = dj.value("num_key_value_heads", 0);
       const int64_t head_dim = dj.value(
@@ -782,8 +791,8 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   const uint64_t state = 2 * static_cast<uint64_t>(S) * state_per_seq;
   // The CUDA runner's layer-major prefill (prefill_tile_rows_for): the rule and the activations term price a lone
   // prompt's step at one tile.
-  const int64_t prefill_tile = in.cuda ? prefill_tile_rows_for(info, mtp_cached > 0, context) : 0;
-  in.rule_workspace_bytes = workspace_estimate(info, config, prefill_tile) + state;
+  const int64_t prefill_tile = in.cuda ? prefill_tile_rows_for(info, mtp_cached > 0, context, in.block_size) : 0;
+  in.rule_workspace_bytes = workspace_estimate(info, config, prefill_tile, draft_taps) + state;
   if (draft_row_low != draft_row_high)
     in.notes.push_back("the KV pool is sized at the drafter's fp32 rows (the larger case)");
 
@@ -900,7 +909,7 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
   // Activations of the largest step.
   const int64_t max_blocks = (config.max_model_len + in.block_size - 1) / std::max<int64_t>(in.block_size, 1);
   const int64_t R = S * (1 + depth);  // logit rows: every sequence, every draft row in verification
-  const int64_t taps = drafting && method != "mtp" ? 4 : 0;
+  const int64_t taps = draft_taps;
   if (in.cuda) {
     if (mla) {
       // Low: a full step of N tokens from short contexts. High: one sequence prefilling its last chunk at

@@ -67,7 +67,8 @@ class Scheduler {
   // The tokens of `seq` a step with `budget` tokens left runs: what is pending, within config.max_chunk_tokens.
   int64_t chunk_of(const Sequence& seq, int64_t budget) const;
   // Tokens the next step may compute: max_num_batched_tokens, or config.lone_prompt_tokens where one sequence is all
-  // the engine holds and it is still in its prompt (running or about to be admitted).
+  // the engine holds and it is still in its prompt (running or about to be admitted) — or, with max_num_seqs = 1, the
+  // one running or next admitted is in its prompt (those waiting cannot start before it ends).
   int64_t step_budget() const;
   void preempt(Sequence* seq);
 

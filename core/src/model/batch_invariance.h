@@ -59,6 +59,12 @@ inline int64_t cuda_prefill_tile_rows() {
   return rows;
 }
 
+// The tile the runner uses for KV blocks of block_size tokens: whole blocks (a tile's first key gathers from a block
+// boundary), none when the tile is smaller than a block. The memory model prices this one, not the raw setting.
+inline int64_t effective_prefill_tile_rows(int64_t tile, int64_t block_size) {
+  return block_size > 0 && tile >= block_size ? tile / block_size * block_size : 0;
+}
+
 // The longest prompt chunk the CUDA runner computes on the decode path: chunk_rows of its bound.
 inline constexpr int64_t kCudaBatchInvariantChunkRows =
     kExpandedPrefillMinTokens - 1 < kCudaBatchInvariantMaxRows ? kExpandedPrefillMinTokens - 1 : kCudaBatchInvariantMaxRows;

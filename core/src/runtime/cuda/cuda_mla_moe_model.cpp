@@ -157,7 +157,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   // Layer-major prefill (set_prefill_tile_rows): a lone prompt chunk longer than a tile, tiles on whole KV blocks (a
   // tile's first key must start a block: mla_prefill_attention gathers from there). Not under split context, whose
   // prefill gathers every rank's rows through collectives sized per step.
-  const int64_t tile = prefill_tile_rows_ >= caches.block_size ? prefill_tile_rows_ / caches.block_size * caches.block_size : 0;
+  const int64_t tile = effective_prefill_tile_rows(prefill_tile_rows_, caches.block_size);
   const bool tiled = !mtp && tile > 0 && steps.size() == 1 && lay.prefill.size() == 1 && lay.tokens() > tile &&
                      !I.context.split();
   const std::vector<PrefillTile> tiles =
