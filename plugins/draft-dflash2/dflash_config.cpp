@@ -23,6 +23,18 @@ Result<int64_t> positive(const json& j, const std::string& key, const std::strin
   return v;
 }
 
+// A key of the given JSON type when present and not null: nlohmann's value() throws on another type, which a corrupt
+// config must not turn into a crash. get_or then reads it (null or absent: the fallback).
+Status typed_if_present(const json& j, const std::string& key, json::value_t type, const char* what, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null() || j[key].type() == type) return Status();
+  return bad(path, "`" + key + "` must be " + what + ", got " + j[key].dump());
+}
+
+template <class T>
+T get_or(const json& j, const std::string& key, T fallback) {
+  return j.contains(key) && !j[key].is_null() ? j[key].get<T>() : fallback;
+}
+
 double number_or(const json& j, const std::string& key, double fallback) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
 }
@@ -72,8 +84,11 @@ Result<DflashConfig> read_config(const std::string& dir, bool expect_v2, int64_t
     return bad(c.path, "num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
                            std::to_string(c.kv_heads));
   if (c.head_dim % 2 != 0) return bad(c.path, "head_dim must be even (rotate-half RoPE)");
-  if (j.value("hidden_act", std::string("silu")) != "silu") return bad(c.path, "hidden_act must be \"silu\"");
-  if (j.value("tie_word_embeddings", false)) return bad(c.path, "tie_word_embeddings must be false (the target's lm_head is used)");
+  KILN_RETURN_IF_ERROR(typed_if_present(j, "hidden_act", json::value_t::string, "a string", c.path));
+  KILN_RETURN_IF_ERROR(typed_if_present(j, "tie_word_embeddings", json::value_t::boolean, "a boolean", c.path));
+  KILN_RETURN_IF_ERROR(typed_if_present(j, "use_sliding_window", json::value_t::boolean, "a boolean", c.path));
+  if (get_or<std::string>(j, "hidden_act", "silu") != "silu") return bad(c.path, "hidden_act must be \"silu\"");
+  if (get_or<bool>(j, "tie_word_embeddings", false)) return bad(c.path, "tie_word_embeddings must be false (the target's lm_head is used)");
   c.rms_eps = number_or(j, "rms_norm_eps", 1e-6);
   c.rope_theta = number_or(j, "rope_theta", 10000.0);
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
@@ -144,7 +159,7 @@ Result<DflashConfig> read_config(const std::string& dir, bool expect_v2, int64_t
     return bad(c.path, "layer_types must list num_hidden_layers (" + std::to_string(c.layers) + ") entries");
   const int64_t window = j.contains("sliding_window") && j["sliding_window"].is_number_integer()
                              ? j["sliding_window"].get<int64_t>() : 0;
-  const bool use_window = j.value("use_sliding_window", true);
+  const bool use_window = get_or<bool>(j, "use_sliding_window", true);
   for (int64_t i = 0; i < c.layers; ++i) {
     const bool sliding = !types.empty() && types[i] == "sliding_attention";
     LayerAttention a;

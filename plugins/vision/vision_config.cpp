@@ -38,7 +38,8 @@ Status read_size(const nlohmann::json& j, const char* key, int64_t& out) {
 
 Result<VisionConfig> parse_vision_config(const nlohmann::json& config) {
   if (!config.is_object()) return invalid_argument("config.json is not a JSON object");
-  const std::string type = config.value("model_type", "");
+  const std::string type =
+      config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
   if (type != "glm5_next")
     return failed_precondition("the image modality runs glm5_next's vision tower; this checkpoint is `" + type + "`");
   if (!config.contains("vision_config") || !config["vision_config"].is_object())
@@ -58,10 +59,14 @@ Result<VisionConfig> parse_vision_config(const nlohmann::json& config) {
   KILN_RETURN_IF_ERROR(read_field(v, "attention_bias", c.attention_bias));
   KILN_RETURN_IF_ERROR(read_field(v, "rms_norm_eps", c.rms_norm_eps));
   KILN_RETURN_IF_ERROR(read_field(v, "swiglu_limit", c.swiglu_limit));
+  if (v.contains("hidden_act") && !v["hidden_act"].is_string())
+    return invalid_argument("vision_config.hidden_act must be a string, got " + v["hidden_act"].dump());
   const std::string act = v.value("hidden_act", "silu");
   if (act != "silu") return unimplemented("vision_config.hidden_act `" + act + "`: the tower implements silu");
   if (v.contains("rope_parameters") && v["rope_parameters"].is_object()) {
     const nlohmann::json& rope = v["rope_parameters"];
+    if (rope.contains("rope_type") && !rope["rope_type"].is_string())
+      return invalid_argument("vision_config.rope_parameters.rope_type must be a string, got " + rope["rope_type"].dump());
     const std::string rope_type = rope.value("rope_type", "axial");
     if (rope_type != "axial")
       return unimplemented("vision_config.rope_parameters.rope_type `" + rope_type + "`: glm5_next's tower is axial");

@@ -62,6 +62,11 @@ TEST(TokenizerErrors, AddedTokenFarPastTheVocabularyIsRefused) {
                {"far.json", "added_tokens[0].id", "2000000000"});
 }
 
+TEST(TokenizerErrors, FlagOfTheWrongTypeIsNamed) {
+  expect_error(load_patched({{"model", {{"fuse_unk", "yes"}}}}), StatusCode::kDataLoss, {"patched.json", "fuse_unk"});
+  EXPECT_TRUE(load_patched({{"model", {{"fuse_unk", nullptr}}}}).ok());
+}
+
 TEST(TokenizerErrors, MergeNamingAnUnknownToken) {
   Json json = base_json();
   json["model"]["merges"][3] = Json::array({"Ġ", "NOT_A_TOKEN"});

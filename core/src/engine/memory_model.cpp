@@ -773,10 +773,15 @@ Result<MemoryInputs> memory_inputs(const Recipe& recipe, const Registry& registr
         draft_taps += !(id.is_number_integer() && id.get<int64_t>() == info.num_layers - 1);
     }
     if (dj.is_object()) {
-      const int64_t layers = dj.value("num_hidden_layers", 0), kv_heads = dj.value("num_key_value_heads", 0);
-      const int64_t head_dim = dj.value(
-          "head_dim",
-          kv_heads > 0 ? dj.value("hidden_size", 0) / std::max<int64_t>(dj.value("num_attention_heads", 1), 1) : 0);
+      // The drafter's loader refuses a malformed config with its reasons; here such a key only counts as absent.
+      auto dim = [&](const char* key, int64_t fallback) {
+        const bool ok = dj.contains(key) && dj[key].is_number_integer() && dj[key].get<int64_t>() >= 0 &&
+                        dj[key].get<int64_t>() <= (int64_t{1} << 20);
+        return ok ? dj[key].get<int64_t>() : fallback;
+      };
+      const int64_t layers = dim("num_hidden_layers", 0), kv_heads = dim("num_key_value_heads", 0);
+      const int64_t head_dim =
+          dim("head_dim", kv_heads > 0 ? dim("hidden_size", 0) / std::max<int64_t>(dim("num_attention_heads", 1), 1) : 0);
       draft_row_low = static_cast<uint64_t>(layers * 2 * kv_heads * head_dim) * 2;  // K and V rows, bf16 .. fp32
       draft_row_high = draft_row_low * 2;
       in.notes.push_back("the drafter's own KV: " + std::to_string(layers) + " layers × K and V of " +

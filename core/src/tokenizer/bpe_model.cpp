@@ -94,7 +94,9 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& json, const st
     model->unk_id_ = model->token_to_id(json["unk_token"].get<std::string>());
     if (!model->unk_id_) return malformed(field + ".unk_token", "token is not in " + field + ".vocab");
   }
-  model->fuse_unk_ = json.value("fuse_unk", false);
+  if (json.contains("fuse_unk") && !json["fuse_unk"].is_boolean() && !json["fuse_unk"].is_null())
+    return malformed(field + ".fuse_unk", "must be a boolean");
+  model->fuse_unk_ = json.contains("fuse_unk") && json["fuse_unk"].is_boolean() && json["fuse_unk"].get<bool>();
   model->ignore_merges_ =
       json.contains("ignore_merges") && json["ignore_merges"].is_boolean() && json["ignore_merges"].get<bool>();
   return model;

@@ -396,7 +396,7 @@ Result<std::vector<PromptPiece>> JinjaChatTemplate::render_pieces(const ChatRend
     ChatRenderInput escaped = input;
     bool any = escape_json(escaped.tools, specials) | escape_json(escaped.kwargs, specials);
     for (auto& m : escaped.messages) {
-      if (skip_assistant && m.is_object() && m.value("role", "") == "assistant") continue;
+      if (skip_assistant && m.is_object() && m.contains("role") && m["role"] == "assistant") continue;
       any |= escape_json(m, specials);
     }
     if (!any) {

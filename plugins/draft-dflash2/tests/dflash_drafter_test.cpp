@@ -24,6 +24,7 @@
 #include "common/test_model.h"
 #include "engine/engine_draft_services.h"
 #include "engine/engine_factory.h"
+#include "engine/memory_model.h"
 #include "engine/speculative_drafter.h"
 #include "engine_harness.h"
 #include "kernels/cpu/sampling.h"
@@ -161,6 +162,37 @@ TEST(Dflash2, TappingTheLastLayerAsksForTheFinalNormedOutput) {
     EXPECT_EQ((*f.drafter)->capabilities().tap_layers, (std::vector<int>{1, kTapFinalNormed}));
   }
   expect_same_as_plain(recipe_for("dflash2", dir, 3), 3);  // the engine hands that tap through verification
+}
+
+// A corrupt config (keys of the wrong JSON type) is refused with the key named, never thrown; null is "absent".
+TEST(DflashCheckpoint, KeysOfTheWrongTypeAreNamed) {
+  RandomCheckpoint act(true);
+  act.config["hidden_act"] = 5;
+  EXPECT_NE(refusal(act.write("act-type")).find("`hidden_act` must be a string, got 5"), std::string::npos);
+  RandomCheckpoint tie(true);
+  tie.config["tie_word_embeddings"] = "no";
+  EXPECT_NE(refusal(tie.write("tie-type")).find("`tie_word_embeddings` must be a boolean"), std::string::npos);
+  RandomCheckpoint layers(true);
+  layers.config["num_hidden_layers"] = "1";
+  EXPECT_NE(refusal(layers.write("layers-type")).find("needs an integer `num_hidden_layers`"), std::string::npos);
+  RandomCheckpoint nulls(true);
+  nulls.config["use_sliding_window"] = nullptr;
+  nulls.config["hidden_act"] = nullptr;
+  Fixture f("dflash2", nulls.write("nulls"));
+  EXPECT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+}
+
+// `kiln recipe show` / the memory screen read the drafter's config before the drafter does: a corrupt one is priced
+// as "unknown", not thrown (the drafter's loader then names what is wrong).
+TEST(DflashCheckpoint, TheMemoryModelReadsACorruptConfigWithoutThrowing) {
+  RandomCheckpoint c(true);
+  c.config["num_hidden_layers"] = "2";
+  c.config["num_key_value_heads"] = -4;
+  c.config["head_dim"] = 1e30;
+  c.config["dflash_config"]["target_layer_ids"] = "1,3";
+  const Recipe recipe = recipe_for("dflash2", c.write("memory-corrupt"), 3);
+  const auto in = memory_inputs(recipe, global_registry());
+  EXPECT_TRUE(in.ok()) << in.status().to_string();
 }
 
 TEST(DflashCheckpoint, ArchitectureMustMatchTheDrafter) {

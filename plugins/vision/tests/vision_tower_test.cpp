@@ -129,6 +129,16 @@ TEST(VisionConfigParse, RefusesWhatTheTowerCannotRun) {
   auto act = base;
   act["vision_config"]["hidden_act"] = "gelu";
   EXPECT_NE(parse_vision_config(act).status().message().find("hidden_act"), std::string::npos);
+  // Keys of the wrong JSON type are refused, not thrown.
+  auto typed = base;
+  typed["model_type"] = 5;
+  EXPECT_FALSE(parse_vision_config(typed).ok());
+  typed = base;
+  typed["vision_config"]["hidden_act"] = 7;
+  EXPECT_NE(parse_vision_config(typed).status().message().find("hidden_act"), std::string::npos);
+  typed = base;
+  typed["vision_config"]["rope_parameters"] = {{"rope_type", nullptr}, {"rope_theta", 10000.0}};
+  EXPECT_NE(parse_vision_config(typed).status().message().find("rope_type"), std::string::npos);
   auto heads = base;
   heads["vision_config"]["num_heads"] = 3;  // 32 / 3
   EXPECT_FALSE(parse_vision_config(heads).ok());

@@ -129,11 +129,15 @@ std::vector<WeightItem> glm5_next_vision_inventory(const nlohmann::json& config)
   std::vector<WeightItem> items;
   if (!config.is_object() || !config.contains("vision_config") || !config["vision_config"].is_object()) return items;
   const nlohmann::json& v = config["vision_config"];
+  // An estimate for the memory model: a value no tower has (negative, past 2^20) counts as absent, so a hostile
+  // config cannot make it loop or overflow (the tower's loader refuses such a config with its reasons).
   auto get = [&](const char* key, int64_t fallback) {
     if (!v.contains(key)) return fallback;
     const nlohmann::json& x = v[key];  // patch sizes may be given as [n, n]
-    if (x.is_array() && !x.empty() && x[0].is_number_integer()) return x[0].get<int64_t>();
-    return x.is_number_integer() ? x.get<int64_t>() : fallback;
+    const nlohmann::json& n = x.is_array() && !x.empty() ? x[0] : x;
+    if (!n.is_number_integer()) return fallback;
+    const int64_t value = n.get<int64_t>();
+    return value >= 0 && value <= (int64_t{1} << 20) ? value : fallback;
   };
   const int64_t depth = get("depth", 24), h = get("hidden_size", 1024), heads = get("num_heads", 16);
   const int64_t inter = get("intermediate_size", 4096), out = get("out_hidden_size", 1536);
