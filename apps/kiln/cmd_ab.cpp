@@ -355,7 +355,7 @@ int cmd_ab(int argc, char** argv) {
   j["ratio_b_over_a"] = {{"decode", ratio_decode}, {"output", ratio_output}};
   md << memory_section(arms, j);
   std::ofstream(out_prefix + ".md") << md.str();
-  std::ofstream(out_prefix + ".json") << j.dump(2) << "\n";
+  std::ofstream(out_prefix + ".json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   std::cout << md.str();
   return 0;
 }

@@ -94,7 +94,7 @@ void print_header(const std::string& title, const BenchTarget& t, const std::str
 int write_json(const std::string& path, const nlohmann::json& report) {
   if (path.empty()) return 0;
   std::ofstream f(path);
-  f << report.dump(2) << "\n";
+  f << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return f ? 0 : fail("cannot write " + path);
 }
 

@@ -161,7 +161,7 @@ int cmd_generate(int argc, char** argv) {
   load_plugins(common);
 
   // --model DIR is a recipe of one key.
-  if (!model_dir.empty()) sets.insert(sets.begin(), "model.path=" + nlohmann::json(std::filesystem::absolute(model_dir).string()).dump());
+  if (!model_dir.empty()) sets.insert(sets.begin(), "model.path=" + nlohmann::json(std::filesystem::absolute(model_dir).string()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   // One request: an engine of one sequence (the same decode loop `kiln serve` runs).
   sets.push_back("scheduler.max_num_seqs=1");
   auto recipe = load_recipe(recipe_file, sets, global_registry());

@@ -133,14 +133,17 @@ QualifyRun run_qualification(const std::string& label, const std::string& recipe
 
   JsonReply models = get_json(server, "/v1/models", 30);
   if (models.status != 200 || !models.body.is_object() || !models.body.contains("data") ||
-      models.body["data"].empty()) {
+      !models.body["data"].is_array() || models.body["data"].empty() || !models.body["data"][0].is_object()) {
     run.error =
         "GET http://" + server.host + ":" + std::to_string(server.port) + "/v1/models: " + reply_failure(models);
     if (child) run.server_exit = child->stop();
     return abandoned(run);
   }
-  run.model = models.body["data"][0].value("id", "");
-  run.max_model_len = models.body["data"][0].value("max_model_len", int64_t{0});
+  const nlohmann::json& listed = models.body["data"][0];  // the server's reply: typed reads only
+  run.model = listed.contains("id") && listed["id"].is_string() ? listed["id"].get<std::string>() : "";
+  run.max_model_len = listed.contains("max_model_len") && listed["max_model_len"].is_number_integer()
+                          ? listed["max_model_len"].get<int64_t>()
+                          : 0;
   if (run.max_model_len <= 0) run.max_model_len = recipe->section("scheduler").get_int("max_model_len");
   run.capacity = child ? child->log_line("KV cache: ") : capacity_from_metrics(server, run.max_model_len);
   if (run.capacity.empty()) run.capacity = "not reported";

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -110,11 +111,11 @@ Status prepare_partial(const QuantizeJob& job, const fs::path& partial) {
   if (fs::exists(file)) {
     KILN_ASSIGN_OR_RETURN(Json old, read_json(file));
     if (old != identity)
-      return failed_precondition(file.string() + " records another job (" + old.dump() + ", now " + identity.dump() +
+      return failed_precondition(file.string() + " records another job (" + old.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + ", now " + identity.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                                  "): remove " + partial.string() + " to start over, or rerun with the same options");
     return ok_status();
   }
-  return write_text(file, identity.dump(2) + "\n");
+  return write_text(file, identity.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 Result<std::vector<Planned>> plan(const QuantizeJob& job, const Checkpoint& ckpt) {
@@ -271,7 +272,14 @@ Result<QuantizeReport> run_quantize_job(const QuantizeJob& job, Quantizer& quant
       if (!existing.ok()) return existing.status();
     }
     const auto& meta = existing->metadata();
-    const double rel = meta.count("relative_error") ? std::stod(meta.at("relative_error")) : -1.0;
+    // A resumed shard's metadata is a file's: a value that is not a number counts as absent (std::stod would throw).
+    double rel = -1.0;
+    if (meta.count("relative_error")) {
+      const std::string& text = meta.at("relative_error");
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (end != text.c_str() && *end == '\0' && std::isfinite(v)) rel = v;
+    }
     const double n = static_cast<double>(p.view.numel());
     if (rel >= 0) {
       auto& stat = report.errors[p.bits];

@@ -42,8 +42,11 @@ std::string first_model(const ServerAddress& server) {
   auto res = cli.Get("/v1/models", auth(server));
   if (!res || res->status != 200) return "";
   auto j = nlohmann::json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || !j.contains("data") || j["data"].empty()) return "";
-  return j["data"][0].value("id", "");
+  // A server's reply is input: any shape but the expected one is "no model", never a throw.
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() || !j["data"][0].is_object())
+    return "";
+  const nlohmann::json& id = j["data"][0].contains("id") ? j["data"][0]["id"] : nlohmann::json();
+  return id.is_string() ? id.get<std::string>() : "";
 }
 
 namespace {
@@ -80,11 +83,15 @@ StreamTiming timed_stream(const ServerAddress& server, const std::string& path, 
       if (payload == "[DONE]") continue;
       auto j = nlohmann::json::parse(payload, nullptr, false);
       if (j.is_discarded()) continue;
+      if (!j.is_object()) continue;
       if (j.contains("usage") && j["usage"].is_object()) {
-        t.prompt_tokens = j["usage"].value("prompt_tokens", 0);
-        t.completion_tokens = j["usage"].value("completion_tokens", 0);
+        const nlohmann::json& u = j["usage"];
+        if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer())
+          t.prompt_tokens = u["prompt_tokens"].get<int64_t>();
+        if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer())
+          t.completion_tokens = u["completion_tokens"].get<int64_t>();
       }
-      if (!j.contains("choices") || j["choices"].empty()) continue;
+      if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) continue;
       if (chunk_text(j["choices"][0]).empty()) continue;
       auto now = Clock::now();
       if (first) {

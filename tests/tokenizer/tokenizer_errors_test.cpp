@@ -67,6 +67,29 @@ TEST(TokenizerErrors, FlagOfTheWrongTypeIsNamed) {
   EXPECT_TRUE(load_patched({{"model", {{"fuse_unk", nullptr}}}}).ok());
 }
 
+// The normalizer reader recurses into nested "Sequence" entries: a file nested 100,000 deep is refused at parse
+// time with the limit named, not read until the stack overflows.
+TEST(TokenizerErrors, NestingPastTheBoundIsRefused) {
+  std::string text = base_json().dump();
+  const std::string key = "\"normalizer\":";
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos);
+  std::string nested;
+  const int depth = 100000;
+  for (int i = 0; i < depth; ++i) nested += "{\"type\":\"Sequence\",\"normalizers\":[";
+  nested += "{\"type\":\"NFC\"}";
+  for (int i = 0; i < depth; ++i) nested += "]}";
+  // Replace the normalizer's value (whatever it is) by the nested one: parse, patch, re-dump would recurse too.
+  Json patched = base_json();
+  patched["normalizer"] = nullptr;
+  text = patched.dump();
+  const size_t null_at = text.find(key + "null");
+  ASSERT_NE(null_at, std::string::npos);
+  text.replace(null_at + key.size(), 4, nested);
+  expect_error(Tokenizer::from_json_text(text, "deep.json").status(), StatusCode::kDataLoss,
+               {"deep.json", "nested deeper than"});
+}
+
 TEST(TokenizerErrors, MergeNamingAnUnknownToken) {
   Json json = base_json();
   json["model"]["merges"][3] = Json::array({"Ġ", "NOT_A_TOKEN"});
