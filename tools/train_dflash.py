@@ -22,13 +22,16 @@ cosine decay, clip 1.0. Identity inits of the convs (base tap 0 = 1, projections
 Reports (validation text, at the end): teacher-forced top-1 per block position, and greedy acceptance as kiln
 measures it, simulated: over the target's own greedy continuations of validation prompts, every position as an
 anchor, the walk's drafts 1..K against the target's next tokens (mean accepted length at K = block − 1 and
-per-position acceptance).
+per-position acceptance); then the acceptance `kiln ab` would report at K5 on its built-in prompts, predicted with
+this file's forward (--ab-acceptance; within ~0.05 of kiln's CPU run for the shipped drafter: 2.09 vs 2.05).
 
   python3 tools/train_dflash.py --out models/tiny-glm-dflash2                 # one H200: well under 10 minutes
   nice -n 10 python3 tools/train_dflash.py --out /tmp/d --device cpu --max-minutes 12   # CPU, what ships
   python3 tools/train_dflash.py --out /tmp/d --quick                           # CPU smoke test (a minute or two)
   python3 tools/train_dflash.py --out /tmp/d --init models/tiny-glm-dflash2 --self-distill 8192
       # on the target's own greedy continuations (what a greedy run drafts against), from the shipped drafter
+  python3 tools/train_dflash.py --out /tmp/d --taps 1,3,5                     # other target layers (5: final-normed)
+  python3 tools/train_dflash.py --out models/tiny-glm-dflash2 --ab-acceptance 5   # predict kiln ab's K5 acceptance
 """
 
 from __future__ import annotations
@@ -371,6 +374,51 @@ def export(drafter: Drafter, out: Path, info: dict) -> None:
     (out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+# `kiln ab`'s built-in prompts (apps/kiln/cmd_ab.cpp): what its acceptance columns are measured on.
+AB_PROMPTS = ["The socket module provides", "Return a new list", "This module implements", "Raise an exception if",
+              "The default value is", "Create a new thread", "Read the file and", "If the argument is"]
+
+
+@torch.no_grad()
+def ab_acceptance(drafter_dir: Path, target_dir: Path, depth: int, new: int = 128) -> dict:
+    """Greedy acceptance as `kiln ab --max-tokens 128` reports it, predicted on the CPU with this file's forward: the
+    target's greedy continuation of each built-in prompt, run as the speculative loop runs it (the first anchor is
+    the first generated token; after a step accepting a drafts, the next anchor is a + 1 tokens on), the drafts
+    taken from the full block and cut at `depth`. Per-position acceptance = the share of steps accepting at least
+    that many; mean acceptance length = 1 + accepted per step (the bonus token counted)."""
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer as Tok
+
+    c = json.loads((drafter_dir / "config.json").read_text())
+    drafter = Drafter(c)
+    drafter.load_state_dict({k: v.float() for k, v in load_file(str(drafter_dir / "model.safetensors")).items()})
+    drafter.eval()
+    target = Target(target_dir, c["dflash_config"]["target_layer_ids"], torch.device("cpu"))
+    tok = Tok.from_file(str(target_dir / "tokenizer.json"))
+    dc = c["dflash_config"]
+    bs = dc["block_size"]
+    assert 1 <= depth <= bs - 1, f"depth {depth} outside 1..{bs - 1}"
+    reached, steps = torch.zeros(depth), 0
+    for text in AB_PROMPTS:
+        ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
+        P = ids.shape[1]
+        seq = target.model.generate(ids, max_new_tokens=new + bs, do_sample=False, min_new_tokens=new + bs)
+        anchors = torch.arange(P, P + new).view(1, -1)
+        h = drafter(target.tapped(seq), seq, anchors, target.embed)[:, :, 1:]
+        drafts = walk(drafter, h[0], target.lm_head(h)[0], seq[0, anchors[0]], dc["selector_top_k"])
+        truth = seq[0, anchors[0][:, None] + torch.arange(1, bs)]
+        ok = (drafts == truth).long().cumprod(1)[:, :depth]
+        a = P
+        while a < P + new - 1:
+            acc = int(ok[a - P].sum())
+            reached[:acc] += 1
+            steps += 1
+            a += acc + 1
+    per_pos = (reached / steps).tolist()
+    return {"depth": depth, "prompts": len(AB_PROMPTS), "max_tokens": new, "steps": steps,
+            "per_position": [round(x, 3) for x in per_pos], "mean_acceptance_length": round(1 + sum(per_pos), 3)}
+
+
 @torch.no_grad()
 def write_reference(drafter_dir: Path, target_dir: Path, out: Path) -> None:
     """Greedy drafts of the exported drafter (its bf16 values in fp32) for a few anchors of the target's greedy
@@ -427,11 +475,19 @@ def main() -> int:
     ap.add_argument("--self-distill", type=int, default=0, metavar="N",
                     help="train on N windows of the target's greedy continuations of text prompts instead of the text")
     ap.add_argument("--distill-prompt", type=int, default=32, help="prompt tokens of each self-distilled window")
+    ap.add_argument("--ab-acceptance", type=int, metavar="K", default=0,
+                    help="instead of training: predict kiln ab's greedy acceptance at depth K for the drafter in --out "
+                         "(its built-in prompts, 128 tokens, the speculative loop's anchors) on the CPU")
     ap.add_argument("--reference", type=Path, metavar="JSON",
                     help="instead of training: write the greedy drafts of the drafter in --out (exported) to JSON")
     args = ap.parse_args()
     if args.reference:
         write_reference(args.out, args.target, args.reference)
+        return 0
+    if args.ab_acceptance:
+        r = ab_acceptance(args.out, args.target, args.ab_acceptance)
+        print(f"{args.out}: predicted kiln ab acceptance at K{r['depth']} ({r['steps']} steps): mean length "
+              f"{r['mean_acceptance_length']:.2f}, per position " + " ".join(f"{x:.2f}" for x in r["per_position"]))
         return 0
     if args.quick:
         args.device, args.max_minutes, args.seq_len, args.anchors = "cpu", min(args.max_minutes, 1.0), 128, 8
@@ -523,6 +579,11 @@ def main() -> int:
             "simulated_greedy_acceptance": {"K": args.block - 1, "mean_accepted": round(mean_len, 3),
                                             "per_position": [round(a, 3) for a in per_pos]}}
     export(drafter.cpu(), args.out, info)
+    ab = ab_acceptance(args.out, args.target, min(5, args.block - 1))
+    info["predicted_kiln_ab_acceptance"] = ab
+    (args.out / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(f"predicted kiln ab acceptance at K{ab['depth']}: mean length {ab['mean_acceptance_length']:.2f}, "
+          "per position " + " ".join(f"{x:.2f}" for x in ab["per_position"]), flush=True)
     print(f"wrote {args.out} ({(args.out / 'model.safetensors').stat().st_size / 1e6:.1f} MB); total "
           f"{time.time() - t0:.0f} s")
     return 0
