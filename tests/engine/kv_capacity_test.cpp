@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "engine/engine_config.h"
 
 namespace kiln {
@@ -108,6 +110,23 @@ TEST(EngineConfig, ReadsTheSchedulerSection) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("scheduler.max_model_len` (configs/x.toml:3)"), std::string::npos)
       << c.status().message();
+}
+
+// A checkpoint stating max_position_embeddings past 32-bit positions (hostile or careless) is named, not sized into
+// a pool of no blocks.
+TEST(EngineConfig, PositionsPast32BitsAreRefusedWithTheirSource) {
+  RecipeSection s("scheduler");
+  s.set("max_model_len", int64_t{0});
+  auto c = engine_config_from_recipe(s, std::numeric_limits<int64_t>::max());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("the model's max_position_embeddings"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("set it lower"), std::string::npos) << c.status().message();
+  s.set("max_model_len", int64_t{1} << 32);
+  c = engine_config_from_recipe(s, 0);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("4294967296 is beyond"), std::string::npos) << c.status().message();
+  s.set("max_model_len", int64_t{1} << 20);
+  EXPECT_TRUE(engine_config_from_recipe(s, 0).ok());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "engine/engine_config.h"
 
+#include <limits>
 #include <string>
 
 namespace kiln {
@@ -35,6 +36,13 @@ Result<EngineConfig> engine_config_from_recipe(const RecipeSection& s, int64_t m
                                         std::to_string(model_max_len) + " positions (max_position_embeddings)");
   if (c.max_model_len <= 0)
     return s.error("max_model_len", "is 0 and the model does not state max_position_embeddings; set it");
+  // Positions, block tables and slots are 32-bit on every path (the kernels' int32 positions).
+  constexpr int64_t kMaxPositions = std::numeric_limits<int32_t>::max();
+  if (c.max_model_len > kMaxPositions)
+    return s.error("max_model_len", std::to_string(c.max_model_len) + (s.get_int("max_model_len", 0) == 0
+                                                                           ? " (the model's max_position_embeddings)"
+                                                                           : std::string()) +
+                                        " is beyond the 2,147,483,647 positions kiln addresses; set it lower");
   c.max_num_seqs = s.get_int("max_num_seqs", c.max_num_seqs);
   c.max_num_batched_tokens = s.get_int("max_num_batched_tokens", c.max_num_batched_tokens);
   c.prefix_caching = s.get_bool("prefix_caching", c.prefix_caching);
