@@ -1,11 +1,13 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <fstream>
 #include <sstream>
 
 #include "recipe/closest_match.h"
 #include "recipe/core_schema.h"
 #include "recipe/recipe.h"
+#include "recipe/toml_key_depth.h"
 
 namespace kiln {
 namespace fs = std::filesystem;
@@ -112,9 +114,15 @@ Status read_layer(const fs::path& file, std::vector<fs::path>& stack, RawRecipe&
   if (!fs::exists(file, ec)) return not_found("recipe file " + file.string() + " does not exist");
   const std::string name = file.string();
 
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return not_found("recipe file " + name + " cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string content = text.str();
+  KILN_RETURN_IF_ERROR(check_toml_key_depth(content, name));
   toml::table root;
   try {
-    root = toml::parse_file(name);
+    root = toml::parse(content, name);
   } catch (const toml::parse_error& e) {
     return invalid_argument(at(name, e.source()) + ":" + std::to_string(e.source().begin.column) +
                             ": invalid TOML: " + std::string(e.description()));
@@ -167,6 +175,7 @@ Status apply_override(const std::string& arg, RawRecipe& out) {
   std::string origin = "--set " + arg;
   // The value is read as TOML (3, 0.5, true, "x", {A="1"}); anything that is not valid TOML is a bare string.
   RawValue raw;
+  KILN_RETURN_IF_ERROR(check_toml_key_depth("v = " + text, origin));  // a value may hold newlines and a deep header
   try {
     toml::table t = toml::parse("v = " + text);
     KILN_ASSIGN_OR_RETURN(raw, convert(*t.get("v"), key, origin));
