@@ -3,15 +3,12 @@
 namespace kiln {
 namespace {
 
-using Json = nlohmann::ordered_json;
-
 struct TooDeep {};
 
-}  // namespace
-
-bool parse_bounded_json(std::string_view text, Json& out, std::string& error) {
+template <class Json>
+bool parse_bounded(std::string_view text, Json& out, std::string& error) {
   // The callback sees each container open with `depth` = the number of containers around it.
-  const Json::parser_callback_t limit = [](int depth, Json::parse_event_t event, Json&) {
+  const typename Json::parser_callback_t limit = [](int depth, typename Json::parse_event_t event, Json&) {
     if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
         depth >= kMaxJsonNesting) {
       throw TooDeep{};
@@ -23,11 +20,21 @@ bool parse_bounded_json(std::string_view text, Json& out, std::string& error) {
     return true;
   } catch (const TooDeep&) {
     error = "JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels";
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
+  } catch (const typename Json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     error = e.what();
   }
   out = Json();
   return false;
+}
+
+}  // namespace
+
+bool parse_bounded_json(std::string_view text, nlohmann::ordered_json& out, std::string& error) {
+  return parse_bounded(text, out, error);
+}
+
+bool parse_bounded_json(std::string_view text, nlohmann::json& out, std::string& error) {
+  return parse_bounded(text, out, error);
 }
 
 }  // namespace kiln

@@ -17,5 +17,7 @@ inline constexpr int kMaxJsonNesting = 128;
 // JSON (it may quote a partial UTF-8 sequence: serialise it with error_handler_t::replace), or one naming the
 // nesting limit.
 bool parse_bounded_json(std::string_view text, nlohmann::ordered_json& out, std::string& error);
+// The same into an unordered value (files such as tokenizer.json, whose readers recurse into nested entries).
+bool parse_bounded_json(std::string_view text, nlohmann::json& out, std::string& error);
 
 }  // namespace kiln

@@ -74,20 +74,8 @@ Result<Tokenizer> Tokenizer::from_json_text(std::string_view json_text, const st
   Json json;
   // Bounded nesting (bounded_json.h): the normalizer and pre-tokenizer readers recurse into nested "Sequence"
   // entries, so a hostile file nested thousands deep would overflow the stack where no catch helps.
-  struct TooDeep {};
-  const Json::parser_callback_t limit = [](int depth, Json::parse_event_t event, Json&) {
-    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
-        depth >= kMaxJsonNesting)
-      throw TooDeep{};
-    return true;
-  };
-  try {
-    json = Json::parse(json_text, limit);
-  } catch (const TooDeep&) {
-    return data_loss(source_name + ": JSON nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
-  } catch (const Json::exception& e) {
-    return data_loss(source_name + ": not valid JSON: " + e.what());
-  }
+  std::string error;
+  if (!parse_bounded_json(json_text, json, error)) return data_loss(source_name + ": not valid JSON: " + error);
   try {
     auto impl = build(json);
     if (!impl.ok()) return impl.status().with_context(source_name);
