@@ -5,16 +5,8 @@
 set -u
 kiln=$1 recipe=$2 fake=$3 out=$4
 rm -f "$out".*
-python3 "$fake" > "$out.fake.log" 2>&1 &
-fpid=$!
-trap 'kill $fpid 2>/dev/null' EXIT
-url=""
-for _ in $(seq 1 100); do
-  url=$(grep -o 'http://127.0.0.1:[0-9]*' "$out.fake.log" | head -1)
-  [ -n "$url" ] && break
-  sleep 0.1
-done
-[ -n "$url" ] || { echo "FAIL: the fake server did not start"; cat "$out.fake.log"; exit 1; }
+. "$(dirname "$0")/fake_server.sh"
+start_fake_server "$fake" "$out.fake.log"
 "$kiln" qualify "$recipe" --base-url "$url" --out "$out" --json-requests 6 --tool-requests 10 --depths 500,2000 \
   --sweep-depths 200 --concurrency 1,2 --output-len 8 > /dev/null 2> "$out.stderr"
 rc=$?
