@@ -125,8 +125,8 @@ std::vector<CoreSection> build() {
                  integer("max_num_seqs", 16, "sequences running at once", 1, 4096),
                  integer("max_num_batched_tokens", 2048, "tokens per engine step (bounds prefill chunks)", 1),
                  integer("lone_prompt_tokens", 0,
-                         "tokens one step may take of a prompt alone in the engine (nothing else running or waiting) "
-                         "instead of max_num_batched_tokens; 0: no exception. On CUDA such a step runs each layer over "
+                         "tokens one step may take of a prompt alone in the engine (nothing else running or waiting; "
+                         "with `max_num_seqs` 1, the one running — those waiting cannot start before it ends) instead of max_num_batched_tokens; 0: no exception. On CUDA such a step runs each layer over "
                          "tiles of 8,192 rows, expanding every cached key once a layer, not once a chunk; requests "
                          "arriving meanwhile wait for it",
                          0),
