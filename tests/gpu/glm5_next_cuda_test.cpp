@@ -692,6 +692,8 @@ TEST_P(Glm5NextCudaMtp, LogitsMatchTheCpuNextNLayer) {
     std::vector<float> logits(n * kVocab);
     if (!ran.ok()) return logits;
     if (m.on_gpu()) {
+      // The model's stream is non-blocking: cudaMemcpy on the legacy stream does not wait for the next-n layer.
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(cudaMemcpy(logits.data(), out.logits, logits.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     } else {
       std::copy_n(out.logits, logits.size(), logits.begin());

@@ -99,6 +99,10 @@ void run_collectives(const std::string& mode, bool graph) {
     bc.put(ints);
     ASSERT_EQ(cudaMemset(gout.p, 0, gout.bytes), cudaSuccess);
     ASSERT_EQ(cudaMemset(sout.p, 0, sout.bytes), cudaSuccess);
+    // put() and cudaMemset run on the legacy default stream, which a non-blocking stream does not wait for (and
+    // cudaMemset returns before it has run): without this the collectives could read or write around them — seen
+    // on an H100 shared with other processes, where all_gather's output was then overwritten by the zeros.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     if (graph)
       ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
     else
