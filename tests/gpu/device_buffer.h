@@ -35,9 +35,19 @@ class DeviceBuffer {
 
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
-  void upload(const std::vector<T>& host) { cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice); }
+  // upload() and poison() run on the legacy default stream and may return before they have landed (a pageable
+  // cudaMemcpy before its DMA, cudaMemset at all). A non-blocking stream (the device context's, a test's own) does
+  // not wait for that stream, so its kernels could read the old bytes or have their output overwritten by the
+  // poison: both wait for the device before returning.
+  void upload(const std::vector<T>& host) {
+    cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+  }
   // Every byte 0xff: NaN for fp32 and bf16, −1 for integers.
-  void poison() { cudaMemset(ptr_, 0xff, n_ * sizeof(T)); }
+  void poison() {
+    cudaMemset(ptr_, 0xff, n_ * sizeof(T));
+    cudaDeviceSynchronize();
+  }
   std::vector<T> download() const {
     std::vector<T> host(n_);
     cudaDeviceSynchronize();

@@ -296,6 +296,8 @@ TEST(GpuSkinnyGemm, BackToBackCallsReadTheirPredecessorsOutput) {
   uint64_t seed = 970;
   for (DeviceBuffer<uint16_t>* w : {&w0, &w1, &wg, &w3, &w4, &w5})
     KILN_STATUS_OK(cuda::fill_uniform_bf16(w->get(), w->size(), 0.05f, seed++, nullptr));
+  // The fills ran on the legacy default stream, which the non-blocking stream below does not wait for.
+  KILN_CUDA_OK(cudaDeviceSynchronize());
   cudaStream_t stream = nullptr;
   KILN_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int64_t n : {1, 3, 8, 17, 32}) {

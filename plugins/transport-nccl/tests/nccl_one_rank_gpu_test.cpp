@@ -166,6 +166,7 @@ TEST(NcclOneRank, AHungCallIsAbortedAndTheNextCommunicatorWorks) {
     const Stream stream{Device::cuda(0), s};
     DeviceBuffer b(4096);
     ASSERT_EQ(cudaMemset(b.p, 0, b.bytes), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memset is on the legacy stream, which `s` does not wait for
     // A healthy call completes and is retired: no abort.
     ASSERT_TRUE(c->all_reduce(b.p, 1024, DType::kF32, ReduceOp::kSum, stream).ok());
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
