@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "engine/engine_factory.h"
 #include "engine/memory_model.h"
+#include "json_text.h"
 #include "memory_screen_gate.h"
 #include "model/model_loader.h"
 #include "recipe/recipe.h"
@@ -355,7 +356,7 @@ int cmd_ab(int argc, char** argv) {
   j["ratio_b_over_a"] = {{"decode", ratio_decode}, {"output", ratio_output}};
   md << memory_section(arms, j);
   std::ofstream(out_prefix + ".md") << md.str();
-  std::ofstream(out_prefix + ".json") << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::ofstream(out_prefix + ".json") << json_text(j, 2) << "\n";
   std::cout << md.str();
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "json_text.h"
 #include "serve_client.h"
 #include "serve_sweeps.h"
 
@@ -93,7 +94,7 @@ int bench_serve(int argc, char** argv) {
     if (!r.first_error.empty()) std::fprintf(stderr, "concurrency %lld: %s\n", static_cast<long long>(c), r.first_error.c_str());
     report["levels"].push_back(level_json(r));
   }
-  if (!out_file.empty()) std::ofstream(out_file) << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  if (!out_file.empty()) std::ofstream(out_file) << json_text(report, 2) << "\n";
   return 0;
 }
 
@@ -141,7 +142,7 @@ int bench_depth(int argc, char** argv) {
     std::fflush(stdout);
     report["depths"].push_back(depth_json(t));
   }
-  if (!out_file.empty()) std::ofstream(out_file) << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  if (!out_file.empty()) std::ofstream(out_file) << json_text(report, 2) << "\n";
   // A sweep with a hole in it is not a result a script should carry on with.
   if (failed > 0) return fail(std::to_string(failed) + " of the depths failed (see above)");
   if (report["depths"].empty()) return fail("no depth was measured (all above --max-depth?)");

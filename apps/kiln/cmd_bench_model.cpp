@@ -11,6 +11,7 @@
 #include "bench_model.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "json_text.h"
 #include "memory_screen_gate.h"
 #include "model/model_cost.h"
 
@@ -94,7 +95,7 @@ void print_header(const std::string& title, const BenchTarget& t, const std::str
 int write_json(const std::string& path, const nlohmann::json& report) {
   if (path.empty()) return 0;
   std::ofstream f(path);
-  f << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  f << json_text(report, 2) << "\n";
   return f ? 0 : fail("cannot write " + path);
 }
 

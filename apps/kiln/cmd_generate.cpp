@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "json_text.h"
 #include "rank_launcher.h"
 #include "engine/engine_factory.h"
 #include "engine/memory_model.h"
@@ -161,7 +162,8 @@ int cmd_generate(int argc, char** argv) {
   load_plugins(common);
 
   // --model DIR is a recipe of one key.
-  if (!model_dir.empty()) sets.insert(sets.begin(), "model.path=" + nlohmann::json(std::filesystem::absolute(model_dir).string()).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  if (!model_dir.empty())
+    sets.insert(sets.begin(), "model.path=" + json_text(std::filesystem::absolute(model_dir).string()));
   // One request: an engine of one sequence (the same decode loop `kiln serve` runs).
   sets.push_back("scheduler.max_num_seqs=1");
   auto recipe = load_recipe(recipe_file, sets, global_registry());

@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "json_text.h"
 #include "qualify_card.h"
 #include "qualify_evidence.h"
 #include "qualify_run.h"
@@ -138,8 +139,7 @@ int cmd_qualify(int argc, char** argv) {
   artifacts.insert(artifacts.end(), cand.files.begin(), cand.files.end());
   artifacts.insert(artifacts.end(), inc.files.begin(), inc.files.end());
   // Replace, not throw: a server's text can hold bytes that are not UTF-8, and the manifest must still be written.
-  const std::string manifest =
-      evidence_manifest(report, artifacts).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string manifest = json_text(evidence_manifest(report, artifacts), 2);
   if (!(std::ofstream(manifest_path) << manifest << "\n"))
     return fail("cannot write " + manifest_path);
   std::cout << card;

@@ -1,6 +1,7 @@
 // GateClient (qualify_gates.h): the requests every gate sends, each logged to the transcript.
 #include <chrono>
 
+#include "json_text.h"
 #include "qualify_gates.h"
 #include "serve_sweeps.h"
 
@@ -35,7 +36,7 @@ JsonReply GateClient::call(const std::string& gate, const std::string& path, nlo
     line["events"] = r.events;
   else if (!r.body.is_discarded())
     line["response"] = r.body;
-  transcript_ << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  transcript_ << json_text(line) << "\n";
   transcript_.flush();
   return r;
 }

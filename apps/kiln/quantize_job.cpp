@@ -1,3 +1,4 @@
+#include "json_text.h"
 #include "quantize_job.h"
 
 #include <chrono>
@@ -111,11 +112,12 @@ Status prepare_partial(const QuantizeJob& job, const fs::path& partial) {
   if (fs::exists(file)) {
     KILN_ASSIGN_OR_RETURN(Json old, read_json(file));
     if (old != identity)
-      return failed_precondition(file.string() + " records another job (" + old.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + ", now " + identity.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-                                 "): remove " + partial.string() + " to start over, or rerun with the same options");
+      return failed_precondition(file.string() + " records another job (" + json_text(old) + ", now " +
+                                 json_text(identity) + "): remove " + partial.string() +
+                                 " to start over, or rerun with the same options");
     return ok_status();
   }
-  return write_text(file, identity.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return write_text(file, json_text(identity, 2) + "\n");
 }
 
 Result<std::vector<Planned>> plan(const QuantizeJob& job, const Checkpoint& ckpt) {

@@ -114,7 +114,8 @@ int64_t Scheduler::step_budget() const {
   if (config_.lone_prompt_tokens <= budget) return budget;
   // Alone: nothing else in the engine, or max_num_seqs = 1 (one runs at a time: whoever waits cannot start before it
   // finishes, so smaller steps would only delay everyone).
-  const bool alone = running_.size() + waiting_.size() == 1 || (config_.max_num_seqs <= 1 && !(running_.empty() && waiting_.empty()));
+  const size_t held = running_.size() + waiting_.size();
+  const bool alone = held == 1 || (held > 1 && config_.max_num_seqs <= 1);
   if (!alone) return budget;
   const Sequence* seq = running_.empty() ? waiting_.front() : running_.front();
   return !running_.empty() && seq->pending() <= 1 ? budget : config_.lone_prompt_tokens;

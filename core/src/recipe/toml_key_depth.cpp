@@ -26,7 +26,7 @@ class KeyDepthScan {
       while (i_ < text_.size() && text_[i_] != '\n') {
         if (opens_multiline()) break;
         if (text_[i_] == '"' || text_[i_] == '\'') {
-          skip_string();
+          i_ = string_end(i_);
           continue;
         }
         if (text_[i_] == '#') {
@@ -52,11 +52,12 @@ class KeyDepthScan {
     return false;
   }
 
-  // Skips a one-line string at i_ (a basic string's escapes included); stops at the end of the line.
-  void skip_string() {
-    const char q = text_[i_++];
-    while (i_ < text_.size() && text_[i_] != '\n' && text_[i_] != q) i_ += q == '"' && text_[i_] == '\\' ? 2 : 1;
-    if (i_ < text_.size() && text_[i_] == q) ++i_;
+  // Where the one-line string opening at `pos` ends (a basic string's escapes included): after its closing quote,
+  // or at the end of the line.
+  size_t string_end(size_t pos) const {
+    const char q = text_[pos++];
+    while (pos < text_.size() && text_[pos] != '\n' && text_[pos] != q) pos += q == '"' && text_[pos] == '\\' ? 2 : 1;
+    return pos < text_.size() && text_[pos] == q ? pos + 1 : pos;
   }
 
   // Counts the parts of the key that starts the line at i_, leaving i_ after it (at `=` or `]`), or where nothing
@@ -70,11 +71,7 @@ class KeyDepthScan {
       const char c = text_[j];
       if (c == '"' || c == '\'') {
         if (text_.substr(j, 3) == "\"\"\"" || text_.substr(j, 3) == "'''") break;  // a value's multi-line string
-        const size_t save = i_;
-        i_ = j;
-        skip_string();
-        j = i_;
-        i_ = save;
+        j = string_end(j);
         continue;
       }
       if (c == '.') ++dots;
