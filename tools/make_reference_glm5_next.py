@@ -322,7 +322,17 @@ def compute_references(fixture: Fixture, model) -> dict[str, torch.Tensor]:
         refs["greedy_ids"], refs["decode_logits"] = greedy_with_cache(model, prompt)
         refs["prompt2_ids"] = prompt2.to(torch.int32)
         refs["prompt2_logits"] = model(input_ids=prompt2[None], use_cache=False).logits[0]
+        refs["layer_outputs"] = layer_outputs(model, prompt)
     return {k: v.contiguous().clone() for k, v in refs.items()}
+
+
+def layer_outputs(model, prompt: torch.Tensor) -> torch.Tensor:
+    """[L, S, D]: what a drafter tapping layer i (DFlash's target_layer_ids, "HF hidden_states[i + 1]") conditions
+    on. transformers records each layer's hyper-connected streams [S, hc, D] unreduced; the serving ports that run
+    DFlash drafters on this architecture (SGLang's glm5_next, vLLM's mHC notes) contract them by the plain mean of
+    the streams, as the final norm's input is. The last entry is hidden_states[L], already the final-normed [S, D]."""
+    hs = model(input_ids=prompt[None], use_cache=False, output_hidden_states=True).hidden_states
+    return torch.stack([h[0].mean(dim=1) if h.dim() == 4 else h[0] for h in hs[1:]])
 
 
 # ----------------------------------------------------------------------------- decision gaps
@@ -455,14 +465,22 @@ def generate(fixture: Fixture) -> None:
 
 
 def check(fixture: Fixture) -> bool:
-    """Recompute the references as generate() does and compare them exactly; check the written checkpoint too."""
+    """Recompute the references as generate() does and compare them: token ids exactly, values within 1e-5 of each
+    tensor's largest (another CPU's BLAS sums in another order: ~3e-6 measured); check the written checkpoint too."""
     path = kFixtureRoot / fixture.name
     saved = load_file(str(path / "reference.safetensors"))
     built = build_model(fixture)
     fresh = compute_references(fixture, saved_and_reloaded(built))
     ok = saved.keys() == fresh.keys()
     for key in sorted(saved.keys() & fresh.keys()):
-        if saved[key].shape != fresh[key].shape or not torch.equal(saved[key], fresh[key]):
+        a, b = saved[key], fresh[key]
+        if a.shape != b.shape:
+            same = False
+        elif a.is_floating_point():
+            same = bool((a - b).abs().max() <= 1e-5 * a.abs().max())
+        else:
+            same = torch.equal(a, b)
+        if not same:
             print(f"{fixture.name}: {key} differs")
             ok = False
     try:

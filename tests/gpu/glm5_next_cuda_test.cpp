@@ -585,6 +585,55 @@ TEST(Glm5NextCuda, EachLayerKindAloneAgainstTheCpuInBf16Precision) {
   }
 }
 
+// A drafter's taps (DFlash's target_layer_ids): layer l's output as the mean of its hyper-connection streams, and
+// the final-normed rows, on the GPU as the CPU model in bf16 precision computes them — one 150-token prefill step
+// (tapped layers out of order, one twice), each tap within 3e-2 of its largest value (the layer-kind test's closeness
+// of logits); and the taps are different layers' (a tap that returned the wrong layer would be far off).
+TEST(Glm5NextCuda, LayerTapsMatchTheCpuModelInBf16Precision) {
+  LoadedModel& gpu = gpu_model(kDenseTopK);
+  LoadedModel& cpu = cpu_bf16_model(kDenseTopK);
+  const std::vector<int32_t> prompt = random_prompt(150, 17);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  StepOptions o;
+  o.tap_layers = {3, 0, kTapFinalNormed, 5, 3};
+  auto taps = [&](LoadedModel& m) {
+    Pool pool(m, 160, 1);
+    SequenceStep s{prompt, 0, &pool.tables[0], false, 0};
+    StepOutput out;
+    const Status ran = m.model->step({&s, 1}, {}, pool.caches->views(), o, out);
+    EXPECT_TRUE(ran.ok()) << ran.to_string();
+    std::vector<std::vector<float>> rows;
+    if (!ran.ok() || out.taps.size() != o.tap_layers.size()) return rows;
+    for (const TensorView& t : out.taps) {
+      EXPECT_EQ(t.numel(), n * kHidden);
+      std::vector<float> v(n * kHidden);
+      if (m.on_gpu()) {
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(v.data(), t.data, v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      } else {
+        std::copy_n(static_cast<const float*>(t.data), v.size(), v.begin());
+      }
+      rows.push_back(std::move(v));
+    }
+    return rows;
+  };
+  const auto want = taps(cpu), got = taps(gpu);
+  ASSERT_EQ(want.size(), o.tap_layers.size());
+  ASSERT_EQ(got.size(), o.tap_layers.size());
+  auto error = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float scale = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) scale = std::max(scale, std::fabs(b[i])), diff = std::max(diff, std::fabs(a[i] - b[i]));
+    return static_cast<double>(diff / scale);
+  };
+  for (size_t t = 0; t < o.tap_layers.size(); ++t) {
+    const double e = error(got[t], want[t]);
+    std::printf("tap %zu (layer %d): GPU vs CPU bf16 max|Δ| / max|ref| = %.3g\n", t, o.tap_layers[t], e);
+    EXPECT_LT(e, 3e-2) << "tap " << t << " (layer " << o.tap_layers[t] << ")";
+  }
+  EXPECT_EQ(got[0], got[4]) << "the same layer tapped twice";
+  EXPECT_GT(error(want[1], want[0]), 0.1) << "layers 0 and 3 tap the same rows";
+}
+
 // Media rows (what the image modality makes) replace their placeholder tokens' embeddings on the GPU as on the CPU:
 // a prompt whose positions 20..31 carry rows, through the CUDA runner and the CPU in bf16 precision, row by row
 // within the layer-kind test's measured closeness (≤ 3e-2 of the largest logit); and the rows matter (the last row

@@ -8,6 +8,7 @@
 
 #include "common/glm5_next_test_model.h"
 #include "kernels/cpu/half_float.h"
+#include "kiln/drafter.h"
 
 namespace kiln {
 namespace {
@@ -123,6 +124,48 @@ TEST_P(Glm5NextReference, BatchOfSequencesEqualsEachAlone) {
       relative_error(out.logits.data() + out.first_row[0] * vocab, l1.data() + 10 * vocab, (p1.size() - 10) * vocab),
       1e-4);
   EXPECT_LT(relative_error(out.logits.data() + out.first_row[1] * vocab, l2.data(), p2.size() * vocab), 1e-4);
+}
+
+// A drafter's taps (DFlash's target_layer_ids, "HF hidden_states[i + 1]"): layer i's output as the plain mean of its
+// hyper-connection streams (transformers records the streams unreduced; the fixtures' `layer_outputs` reduce them
+// so, as the serving ports that run DFlash on this architecture do), and the final-normed rows for the last entry
+// (hidden_states[L]). fp32 KV and precision: every layer within max|Δ| / max|ref| < 1e-4 as the logits are, the
+// final-normed rows within 1e-2 (the CPU model rounds them to bf16, where the GPU keeps them). Taps in any order,
+// one layer twice, from a step that is the prompt's second chunk (rows of that chunk only).
+TEST_P(Glm5NextReference, LayerTapsAreTheStreamMeansTransformersRecords) {
+  Reference ref = load_reference(GetParam());
+  LoadedModel m = load_glm5_next(GetParam());
+  const auto prompt = ref.ids("prompt_ids");
+  const auto layers = ref.floats("layer_outputs");
+  const int64_t n = static_cast<int64_t>(prompt.size()), hd = m.model->hidden_size(), L = static_cast<int64_t>(layers.size()) / (n * hd);
+  ASSERT_EQ(static_cast<int64_t>(layers.size()), L * n * hd);
+  StepOptions o;
+  for (int64_t l = L - 2; l >= 0; --l) o.tap_layers.push_back(static_cast<int>(l));
+  o.tap_layers.push_back(kTapFinalNormed);
+  o.tap_layers.push_back(0);
+  Glm5NextCache cache(m, 256, 1);
+  std::vector<int32_t> table = cache.table(n);
+  const int64_t first = 30;  // the first chunk's rows are not this step's
+  StepOutput out;
+  SequenceStep head{std::span<const int32_t>(prompt.data(), first), 0, &table, false, 0};
+  ASSERT_TRUE(glm5_next_model(m).forward({&head, 1}, cache.views(), {}, out).ok());
+  SequenceStep rest{std::span<const int32_t>(prompt.data() + first, n - first), first, &table, false, 0};
+  ASSERT_TRUE(glm5_next_model(m).forward({&rest, 1}, cache.views(), o, out).ok());
+  ASSERT_EQ(out.taps.size(), o.tap_layers.size());
+  for (size_t t = 0; t < o.tap_layers.size(); ++t) {
+    const int tap = o.tap_layers[t];
+    const int64_t l = tap == kTapFinalNormed ? L - 1 : tap;
+    ASSERT_EQ(out.taps[t].numel(), (n - first) * hd);
+    const double err = relative_error(static_cast<const float*>(out.taps[t].data), layers.data() + (l * n + first) * hd,
+                                      (n - first) * hd);
+    std::printf("%s: tap of %s: max|Δ| / max|ref| = %.3g\n", GetParam().c_str(),
+                tap == kTapFinalNormed ? "the final norm" : ("layer " + std::to_string(tap)).c_str(), err);
+    EXPECT_LT(err, tap == kTapFinalNormed ? 1e-2 : 1e-4) << "tap " << t << " (layer " << tap << ")";
+  }
+  StepOptions beyond;
+  beyond.tap_layers = {static_cast<int>(L)};
+  SequenceStep again{std::span<const int32_t>(prompt.data(), 1), 0, &table, false, 0};
+  EXPECT_EQ(glm5_next_model(m).forward({&again, 1}, cache.views(), beyond, out).code(), StatusCode::kOutOfRange);
 }
 
 // A slot that held another sequence starts clean: position 0 zeroes the KDA state.

@@ -92,6 +92,52 @@ TEST_P(CudaGreedyDflash, OutputEqualsNoDrafting) {
 }
 INSTANTIATE_TEST_SUITE_P(Depths, CudaGreedyDflash, ::testing::Range(1, 8));
 
+// DFlash2 for a GLM-5.3-Flash-shaped target on the GPU (the transformers fixture glm5_next-tiny: KDA and DSA layers,
+// four hyper-connection streams; its CUDA runner's taps are the streams' means and the final-normed rows): greedy
+// output with a drafter tapping layers 1, 4 and the last equals the same engine without drafting, K = 3 and 5.
+TEST(CudaDflash2, DraftsLosslesslyForAHyperConnectedTarget) {
+  DraftTarget t;
+  t.hidden = 32, t.vocab = 512, t.layers = 8, t.taps = {1, 4, 7}, t.mask_token = 511;
+  t.heads = 2, t.kv_heads = 1, t.head_dim = 16;
+  load_plugin();
+  const fs::path dir = RandomCheckpoint(true, 2, false, t).write("gpu-glm5-next");
+  const std::vector<std::string> settings = {
+      "model.path=" + (fs::path(KILN_SOURCE_DIR) / "tests/data/models/glm5_next-tiny").string(), "model.device=cuda",
+      "kv.layout=bf16", "kv.block_size=16", "scheduler.max_model_len=160", "scheduler.max_num_seqs=3",
+      "scheduler.max_num_batched_tokens=8"};
+  std::mt19937 rng(92);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 3 + 9 * i, 500)), lengths.push_back(6 + 11 * i);
+  auto outputs = [&](const Recipe& recipe, EngineMetrics& metrics) {
+    LoadedModel m = load(recipe);
+    std::vector<std::vector<int32_t>> tokens;
+    EXPECT_TRUE(m.on_gpu());
+    auto started = start_engine(m, recipe);
+    EXPECT_TRUE(started.ok()) << started.status().to_string();
+    if (!started.ok()) return tokens;
+    for (const Outcome& o : run_requests(*started->engine, prompts, lengths)) tokens.push_back(o.tokens);
+    metrics = wait_idle(*started->engine);
+    started->engine->drain();
+    return tokens;
+  };
+  auto plain_recipe = load_recipe("", settings, global_registry());
+  ASSERT_TRUE(plain_recipe.ok()) << plain_recipe.status().to_string();
+  EngineMetrics plain_metrics;
+  const auto plain = outputs(*plain_recipe, plain_metrics);
+  ASSERT_EQ(plain.size(), prompts.size());
+  for (int depth : {3, 5}) {
+    std::vector<std::string> drafted = settings;
+    drafted.insert(drafted.end(), {"speculative.method=dflash2", "speculative.depth=" + std::to_string(depth),
+                                   "speculative.draft_model=" + dir.string()});
+    auto recipe = load_recipe("", drafted, global_registry());
+    ASSERT_TRUE(recipe.ok()) << recipe.status().to_string();
+    EngineMetrics metrics;
+    EXPECT_EQ(outputs(*recipe, metrics), plain) << "K = " << depth;
+    EXPECT_GT(metrics.spec_draft_tokens, 0) << "K = " << depth;
+  }
+}
+
 TEST(CudaDflash2, Fp8DraftKvStaysLossless) {
   expect_same_as_plain(gpu_recipe("dflash2", kDrafter, 5, {"speculative.draft_kv_dtype=fp8"}), 5);
 }

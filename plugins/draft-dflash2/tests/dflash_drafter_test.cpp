@@ -50,13 +50,13 @@ Recipe recipe_for(const std::string& method, const fs::path& draft, int depth, c
 }
 
 // Concurrent requests through the engine against plain greedy generation; returns the engine's metrics.
-EngineMetrics expect_same_as_plain(const Recipe& recipe, int depth) {
+EngineMetrics expect_same_as_plain(const Recipe& recipe, int depth, int32_t vocab = 4000) {
   LoadedModel m = load(recipe);
   std::mt19937 rng(300 + depth);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> lengths;
   for (int i = 0; i < 4; ++i) {
-    prompts.push_back(random_prompt(rng, 3 + 9 * i, 4000));
+    prompts.push_back(random_prompt(rng, 3 + 9 * i, vocab));
     lengths.push_back(6 + 11 * i);  // 6 .. 39 tokens: budgets shorter than K, and many passes
   }
   std::vector<std::vector<int32_t>> expected;
@@ -165,6 +165,50 @@ TEST(Dflash2, TappingTheLastLayerAsksForTheFinalNormedOutput) {
 }
 
 // A corrupt config (keys of the wrong JSON type) is refused with the key named, never thrown; null is "absent".
+// DFlash2 for a GLM-5.3-Flash-shaped target (glm5_next: KDA and DSA layers, four hyper-connection streams; the
+// transformers fixture glm5_next-tiny): a drafter tapping two inner layers (each the mean of its streams) and the
+// last (its final-normed output) asks for those taps and drafts losslessly through the engine at K = 3 and 5.
+TEST(Dflash2, DraftsLosslesslyForAHyperConnectedTarget) {
+  DraftTarget t;
+  t.hidden = 32, t.vocab = 512, t.layers = 8, t.taps = {1, 4, 7}, t.mask_token = 511;
+  t.heads = 2, t.kv_heads = 1, t.head_dim = 16;
+  const fs::path dir = RandomCheckpoint(true, 2, false, t).write("glm5-next");
+  const std::string target = "model.path=" + (fs::path(KILN_SOURCE_DIR) / "tests/data/models/glm5_next-tiny").string();
+  {
+    Fixture f("dflash2", dir, 3, {target});
+    ASSERT_TRUE(f.drafter.ok()) << f.drafter.status().to_string();
+    EXPECT_EQ((*f.drafter)->capabilities().tap_layers, (std::vector<int>{1, 4, kTapFinalNormed}));
+  }
+  // The reference: the same engine without drafting (greedy_reference steps without the state slot KDA needs).
+  std::mt19937 rng(91);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 3 + 9 * i, 500)), lengths.push_back(6 + 11 * i);
+  auto outputs = [&](const Recipe& recipe, EngineMetrics& metrics) {
+    LoadedModel m = load(recipe);
+    std::vector<std::vector<int32_t>> tokens;
+    auto started = start_engine(m, recipe);
+    EXPECT_TRUE(started.ok()) << started.status().to_string();
+    if (!started.ok()) return tokens;
+    for (const Outcome& o : run_requests(*started->engine, prompts, lengths)) tokens.push_back(o.tokens);
+    metrics = wait_idle(*started->engine);
+    return tokens;
+  };
+  EngineMetrics plain_metrics;
+  auto plain_recipe = load_recipe("", {target, "kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=160",
+                                        "scheduler.max_num_seqs=4", "scheduler.max_num_batched_tokens=32"},
+                                  global_registry());
+  ASSERT_TRUE(plain_recipe.ok()) << plain_recipe.status().to_string();
+  const auto plain = outputs(*plain_recipe, plain_metrics);
+  ASSERT_EQ(plain.size(), prompts.size());
+  for (size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(plain[i].size(), static_cast<size_t>(lengths[i]));
+  for (int depth : {3, 5}) {
+    EngineMetrics metrics;
+    EXPECT_EQ(outputs(recipe_for("dflash2", dir, depth, {target}), metrics), plain) << "K = " << depth;
+    EXPECT_GT(metrics.spec_draft_tokens, 0) << "K = " << depth;
+  }
+}
+
 TEST(DflashCheckpoint, KeysOfTheWrongTypeAreNamed) {
   RandomCheckpoint act(true);
   act.config["hidden_act"] = 5;

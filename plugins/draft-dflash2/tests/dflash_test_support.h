@@ -77,20 +77,29 @@ inline void write_safetensors(const std::filesystem::path& file, const std::map<
   for (const auto& [name, v] : t) out.write(reinterpret_cast<const char*>(v.second.data()), static_cast<std::streamsize>(v.second.size() * 4));
 }
 
-// A random DFlash (v1, or v2 with identity convs) checkpoint for the tiny target: hidden 256, `layers` layers.
+// The target a random checkpoint drafts for: the tiny target (models/tiny-glm) unless a test names another.
+struct DraftTarget {
+  int64_t hidden = 256, vocab = 4096, layers = 6;
+  std::vector<int> taps = {1, 4};
+  int64_t mask_token = 4061;
+  int64_t heads = 4, kv_heads = 2, head_dim = 64;  // the drafter's attention (hidden = the target's)
+};
+
+// A random DFlash (v1, or v2 with identity convs) checkpoint: `layers` layers for `target` (default the tiny target).
 struct RandomCheckpoint {
   nlohmann::json config;
   std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
 
-  RandomCheckpoint(bool v2, int layers = 1, bool model_prefix = false) {
-    const int64_t H = 256, I = 256, nh = 4, nkv = 2, hd = 64, V = 4096, T = 2, G = H / 16, R = 16;
+  RandomCheckpoint(bool v2, int layers = 1, bool model_prefix = false, const DraftTarget& target = {}) {
+    const int64_t H = target.hidden, I = target.hidden, nh = target.heads, nkv = target.kv_heads, hd = target.head_dim,
+                  V = target.vocab, T = 2, G = H / 16, R = 16, taps = static_cast<int64_t>(target.taps.size());
     config = {{"architectures", {v2 ? "DFlash2DraftModel" : "DFlashDraftModel"}},
               {"hidden_size", H}, {"intermediate_size", I}, {"num_hidden_layers", layers},
               {"num_attention_heads", nh}, {"num_key_value_heads", nkv}, {"head_dim", hd}, {"hidden_act", "silu"},
-              {"rms_norm_eps", 1e-6}, {"vocab_size", V}, {"rope_theta", 10000.0}, {"num_target_layers", 6},
+              {"rms_norm_eps", 1e-6}, {"vocab_size", V}, {"rope_theta", 10000.0}, {"num_target_layers", target.layers},
               {"tie_word_embeddings", false},
               {"layer_types", nlohmann::json::array()}, {"sliding_window", 6}, {"use_sliding_window", true}, {"is_causal", false},
-              {"dflash_config", {{"target_layer_ids", {1, 4}}, {"mask_token_id", 4061}, {"block_size", 8}}}};
+              {"dflash_config", {{"target_layer_ids", target.taps}, {"mask_token_id", target.mask_token}, {"block_size", 8}}}};
     for (int i = 0; i < layers; ++i) config["layer_types"].push_back("sliding_attention");
     if (v2) {
       config["dflash_config"]["conv_kernel_size"] = T;
@@ -108,7 +117,7 @@ struct RandomCheckpoint {
       for (float& x : v) x = std::isnan(fill) ? nd(rng) : fill;
       tensors[pre + name] = {shape, v};
     };
-    add("fc.weight", {H, 2 * H});
+    add("fc.weight", {H, taps * H});
     add("hidden_norm.weight", {H}, 1.0f);
     add("norm.weight", {H}, 1.0f);
     for (int i = 0; i < layers; ++i) {

@@ -23,13 +23,6 @@
 namespace kiln::cuda {
 namespace {
 
-// Identifies the tapped layers in a graph key (a captured step copies exactly those).
-int64_t tap_key(const std::vector<int>& taps) {
-  uint64_t h = taps.size();
-  for (int t : taps) h = h * 1000003u + static_cast<uint64_t>(t + 2);
-  return static_cast<int64_t>(h);
-}
-
 // A layer-major step's tiles: rows [row, row + n) of the step, boundaries at positions that are multiples of `tile`.
 struct PrefillTile {
   int64_t row = 0, n = 0;

@@ -169,6 +169,13 @@ struct GraphKey {
   bool operator==(const GraphKey&) const = default;
 };
 
+// GraphKey::taps: identifies the tapped layers (a captured step copies exactly those).
+inline int64_t tap_key(const std::vector<int>& taps) {
+  uint64_t h = taps.size();
+  for (int t : taps) h = h * 1000003u + static_cast<uint64_t>(t + 2);
+  return static_cast<int64_t>(h);
+}
+
 // Captured steps, replayed by shape; at most kMaxGraphs (the oldest goes first), all dropped when the scratch moves.
 class StepGraphs {
  public:

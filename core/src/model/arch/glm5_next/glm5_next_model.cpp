@@ -335,9 +335,9 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
                               StepOutput& out) const {
   const Glm5NextConfig& c = config_;
   for (int tap : options.tap_layers)
-    if (tap != kTapFinalNormed)
-      return unimplemented("glm5_next hands drafters only its final-normed output (kTapFinalNormed), not layer " +
-                           std::to_string(tap) + "'s");
+    if (tap != kTapFinalNormed && (tap < 0 || tap >= c.num_hidden_layers))
+      return out_of_range("tap layer " + std::to_string(tap) + " does not exist (" + std::to_string(c.num_hidden_layers) +
+                          " layers)");
   TokenLayout tl;
   const bool state =
       std::find(c.attention.begin(), c.attention.end(), AttentionKind::kKda) != c.attention.end();
@@ -361,9 +361,17 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
   if (options.record_router_margin) out.router_margin.assign(n, std::numeric_limits<float>::infinity());
   float* margin = options.record_router_margin ? out.router_margin.data() : nullptr;
   // A shared DSA layer reuses the selection of the full layer just before it.
+  // A drafter's tap of layer l (DFlash's target_layer_ids) is the layer's output as one row a token: the plain mean
+  // of its hyper-connection streams, as the final norm's input is (transformers records the streams unreduced; the
+  // serving ports that run DFlash on this architecture contract them so). kTapFinalNormed: the final-normed row.
+  const size_t taps = options.tap_layers.size();
+  tap_storage_.assign(taps * n * hd, 0.0f);
   std::vector<int32_t> selected;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, caches, x.data(), selected, margin));
+    for (size_t i = 0; i < taps; ++i)
+      if (options.tap_layers[i] == l) mean_of_streams(x.data(), n, s, hd, tap_storage_.data() + i * n * hd);
+  }
 
   std::vector<float> normed(n * hd);
   mean_of_streams(x.data(), n, s, hd, normed.data());
@@ -371,11 +379,13 @@ Status Glm5NextModel::forward(std::span<const SequenceStep> steps, const CacheVi
   cpu::rmsnorm(normed.data(), weights_.final_norm.data(), n, hd, static_cast<float>(c.rms_norm_eps), normed.data());
   round_bf16(normed.data(), n * hd);
   KILN_RETURN_IF_ERROR(logits(tl, normed.data(), *weights_.lm_head, out));
+  for (size_t i = 0; i < taps; ++i)
+    if (options.tap_layers[i] == kTapFinalNormed) std::copy_n(normed.data(), n * hd, tap_storage_.data() + i * n * hd);
   out.hidden.clear();
   out.taps.clear();
-  if (options.want_hidden || !options.tap_layers.empty()) out.hidden = std::move(normed);
-  for (size_t i = 0; i < options.tap_layers.size(); ++i)
-    out.taps.push_back(TensorView::contiguous(out.hidden.data(), DType::kF32, {n, hd}));
+  if (options.want_hidden) out.hidden = std::move(normed);
+  for (size_t i = 0; i < taps; ++i)
+    out.taps.push_back(TensorView::contiguous(tap_storage_.data() + i * n * hd, DType::kF32, {n, hd}));
   return ok_status();
 }
 

@@ -114,6 +114,9 @@ class Glm5NextModel {
   Status routed_experts(const MoeWeights& moe, const float* h, int64_t n, const int32_t* ids, const float* route,
                         float* out) const;
 
+  // The last forward's tapped layer outputs ([taps, N, hidden]: StepOutput::taps point here until the next step).
+  mutable std::vector<float> tap_storage_;
+
   bool sharded() const { return collective_ && weights_.shard.sharded(); }
   // Only one rank writes each KV / indexer row the ranks share: rank 0 (every rank unsharded or with its own pages);
   // with decode-context parallelism the first group's ranks, each its own tokens' (the later groups' ranks own the

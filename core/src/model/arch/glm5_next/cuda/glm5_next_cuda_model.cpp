@@ -193,9 +193,9 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   const int64_t Hd = c.hidden_size, hc = c.hc_mult, bs = caches.block_size, pool = c.index_kpool;
   if (!caches.layout || bs <= 0) return invalid_argument("the CUDA model got no cache memory");
   for (int tap : options.tap_layers)
-    if (tap != kTapFinalNormed)
-      return unimplemented("glm5_next on CUDA taps only the final-normed hidden states (asked for layer " +
-                           std::to_string(tap) + ")");
+    if (tap != kTapFinalNormed && (tap < 0 || tap >= c.num_hidden_layers))
+      return out_of_range("tap layer " + std::to_string(tap) + " does not exist (" + std::to_string(c.num_hidden_layers) +
+                          " layers)");
   // The modality path: media rows (an image's embeddings) replace their placeholder tokens' embeddings.
   std::vector<std::pair<int64_t, const MediaRows*>> media;
   {
@@ -312,7 +312,11 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     if (w->block.experts)
       sh.expert_workspace =
           std::max(sh.expert_workspace, w->block.experts->workspace_bytes(N, static_cast<int>(c.num_experts_per_tok)));
-  sh.want_hidden = !mtp && (options.want_hidden || !options.tap_layers.empty());
+  // A drafter's tap of layer l: the mean of the layer's output streams in fp32 (the CPU model's tap); kTapFinalNormed:
+  // the final-normed rows (b.hidden).
+  const std::vector<int>& taps = mtp ? std::vector<int>{} : options.tap_layers;
+  sh.taps = static_cast<int64_t>(std::count_if(taps.begin(), taps.end(), [](int t) { return t >= 0; }));
+  sh.want_hidden = !mtp && (options.want_hidden || std::count(taps.begin(), taps.end(), kTapFinalNormed) > 0);
   sh.mtp = mtp != nullptr;
   sh.shard = I.shard;
   // The KDA heads' gather goes through the same staging as the MLA + MoE blocks' gathers.
@@ -515,7 +519,14 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
     }
     KILN_RETURN_IF_ERROR(hc_broadcast(b.y, N, hc, Hd, G.x, st));
     timer.mark("embedding");
-    for (const auto& [w, l] : layers) KILN_RETURN_IF_ERROR(run_layer(*w, l));
+    for (const auto& [w, l] : layers) {
+      KILN_RETURN_IF_ERROR(run_layer(*w, l));
+      for (int64_t t = 0, i = 0; t < static_cast<int64_t>(taps.size()); ++t) {
+        if (taps[t] < 0) continue;
+        if (taps[t] == l) KILN_RETURN_IF_ERROR(hc_mean_f32(G.x, N, hc, Hd, b.taps + i * N * Hd, st));
+        ++i;
+      }
+    }
     KILN_RETURN_IF_ERROR(hc_mean_bf16(G.x, N, hc, Hd, b.y, st));
     KILN_RETURN_IF_ERROR(kc::rmsnorm_bf16(b.y, weights_.final_norm, N, Hd, eps, b.normed, st));
     if (sh.want_hidden) KILN_RETURN_IF_ERROR(kc::bf16_to_f32(b.normed, N * Hd, b.hidden, st));
@@ -567,8 +578,17 @@ Status Glm5NextCudaModel::run_step(int64_t mtp_index, std::span<const SequenceSt
   // directly.
   const bool capturable = !I.sharded() || collective_capturable(*I.collective);
   if (graphs_ && capturable && N == S && media.empty()) {
-    kc::GraphKey key{mtp_index, S, R, sh.max_blocks, sh.scores_kv, 0, sh.attend, sh.want_hidden, I.scratch.base(),
-                     caches.entry(0, 0), static_cast<int64_t>(P.hash)};
+    kc::GraphKey key{mtp_index,
+                     S,
+                     R,
+                     sh.max_blocks,
+                     sh.scores_kv,
+                     kc::tap_key(taps),
+                     sh.attend,
+                     sh.want_hidden,
+                     I.scratch.base(),
+                     caches.entry(0, 0),
+                     static_cast<int64_t>(P.hash)};
     return I.graphs.run(key, I.stream, enqueue);
   }
   timer.begin(I.stream);
@@ -587,8 +607,10 @@ Status Glm5NextCudaModel::step(std::span<const SequenceStep> steps, std::span<co
   const kc::StepBuffers& b = I.buffers;
   const int64_t N = I.shape.N, R = I.shape.R, Hd = config_.hidden_size, V = config_.vocab_size;
   out.taps.clear();
-  for (size_t t = 0; t < options.tap_layers.size(); ++t)
-    out.taps.push_back(TensorView::contiguous(b.hidden, DType::kF32, {N, Hd}, I.dev.device()));
+  for (int64_t t = 0, i = 0; t < static_cast<int64_t>(options.tap_layers.size()); ++t) {
+    float* data = options.tap_layers[t] == kTapFinalNormed ? b.hidden : b.taps + (i++) * N * Hd;
+    out.taps.push_back(TensorView::contiguous(data, DType::kF32, {N, Hd}, I.dev.device()));
+  }
   out.hidden.clear();
   if (options.want_hidden) {
     out.hidden.resize(N * Hd);
