@@ -110,16 +110,7 @@ TEST(CudaDflash2, DraftsLosslesslyForAHyperConnectedTarget) {
   std::vector<int64_t> lengths;
   for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 3 + 9 * i, 500)), lengths.push_back(6 + 11 * i);
   auto outputs = [&](const Recipe& recipe, EngineMetrics& metrics) {
-    LoadedModel m = load(recipe);
-    std::vector<std::vector<int32_t>> tokens;
-    EXPECT_TRUE(m.on_gpu());
-    auto started = start_engine(m, recipe);
-    EXPECT_TRUE(started.ok()) << started.status().to_string();
-    if (!started.ok()) return tokens;
-    for (const Outcome& o : run_requests(*started->engine, prompts, lengths)) tokens.push_back(o.tokens);
-    metrics = wait_idle(*started->engine);
-    started->engine->drain();
-    return tokens;
+    return engine_outputs(recipe, prompts, lengths, metrics);
   };
   auto plain_recipe = load_recipe("", settings, global_registry());
   ASSERT_TRUE(plain_recipe.ok()) << plain_recipe.status().to_string();

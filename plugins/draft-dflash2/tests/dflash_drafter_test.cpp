@@ -185,14 +185,7 @@ TEST(Dflash2, DraftsLosslesslyForAHyperConnectedTarget) {
   std::vector<int64_t> lengths;
   for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 3 + 9 * i, 500)), lengths.push_back(6 + 11 * i);
   auto outputs = [&](const Recipe& recipe, EngineMetrics& metrics) {
-    LoadedModel m = load(recipe);
-    std::vector<std::vector<int32_t>> tokens;
-    auto started = start_engine(m, recipe);
-    EXPECT_TRUE(started.ok()) << started.status().to_string();
-    if (!started.ok()) return tokens;
-    for (const Outcome& o : run_requests(*started->engine, prompts, lengths)) tokens.push_back(o.tokens);
-    metrics = wait_idle(*started->engine);
-    return tokens;
+    return engine_outputs(recipe, prompts, lengths, metrics);
   };
   EngineMetrics plain_metrics;
   auto plain_recipe = load_recipe("", {target, "kv.layout=fp32", "kv.block_size=4", "scheduler.max_model_len=160",

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine_factory.h"
+#include "engine_harness.h"
 #include "model/model_loader.h"
 #include "plugin/plugin_loader.h"
 #include "plugin/registry.h"
@@ -58,6 +59,22 @@ inline LoadedModel load(const Recipe& recipe) {
   auto m = load_model(recipe, global_registry(), model_load_options(recipe));
   EXPECT_TRUE(m.ok()) << m.status().to_string();
   return std::move(m).value();
+}
+
+// The tokens each request generates through an engine started from `recipe` (on its model's device), and the
+// engine's metrics once idle.
+inline std::vector<std::vector<int32_t>> engine_outputs(const Recipe& recipe,
+                                                        const std::vector<std::vector<int32_t>>& prompts,
+                                                        const std::vector<int64_t>& lengths, EngineMetrics& metrics) {
+  LoadedModel m = load(recipe);
+  std::vector<std::vector<int32_t>> tokens;
+  auto started = start_engine(m, recipe);
+  EXPECT_TRUE(started.ok()) << started.status().to_string();
+  if (!started.ok()) return tokens;
+  for (const Outcome& o : run_requests(*started->engine, prompts, lengths)) tokens.push_back(o.tokens);
+  metrics = wait_idle(*started->engine);
+  started->engine->drain();
+  return tokens;
 }
 
 // A safetensors file of fp32 tensors.
