@@ -163,7 +163,7 @@ int cmd_generate(int argc, char** argv) {
 
   // --model DIR is a recipe of one key.
   if (!model_dir.empty())
-    sets.insert(sets.begin(), "model.path=" + json_text(std::filesystem::absolute(model_dir).string()));
+    sets.insert(sets.begin(), "model.path=" + json_text(nlohmann::json(std::filesystem::absolute(model_dir).string())));
   // One request: an engine of one sequence (the same decode loop `kiln serve` runs).
   sets.push_back("scheduler.max_num_seqs=1");
   auto recipe = load_recipe(recipe_file, sets, global_registry());

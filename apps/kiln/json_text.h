@@ -7,8 +7,10 @@
 
 namespace kiln::cli {
 
-inline std::string json_text(const nlohmann::json& j, int indent = -1) {
-  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+// Any nlohmann JSON type as it is: an ordered_json converted to json would come out with its keys sorted.
+template <class Json>
+std::string json_text(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
 }  // namespace kiln::cli

@@ -1,4 +1,3 @@
-#include "json_text.h"
 #include "quantize_job.h"
 
 #include <chrono>
@@ -12,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "kernels/cpu/half_float.h"
 #include "model/checkpoint.h"
 #include "quantize_progress.h"
