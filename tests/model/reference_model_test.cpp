@@ -9,6 +9,7 @@
 
 #include "common/reference_fixture.h"
 #include "common/test_model.h"
+#include "kiln/drafter.h"
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
 #include "plugin/registry.h"
@@ -55,6 +56,42 @@ TEST_P(ReferenceModel, PrefillLogitsMatchTransformers) {
     ASSERT_EQ(out.logits.size(), expected.size());
     EXPECT_LT(relative_error(out.logits.data(), expected.data(), expected.size()), 1e-4)
         << (form == MlaForm::kExpanded ? "expanded" : "absorbed");
+  }
+}
+
+// A drafter's taps against transformers' hidden_states: layer l's output (hidden_states[l + 1]; the last layer's
+// before the final norm: last_layer_prenorm) and the final-normed rows (hidden_states[L]), asked out of order and one
+// layer twice (each copy filled), from the prompt's second chunk (that chunk's rows). fp32: within 1e-4 as the logits.
+TEST_P(ReferenceModel, LayerTapsAreTheHiddenStatesTransformersRecords) {
+  Reference ref = load_reference(GetParam());
+  LoadedModel m = load(GetParam(), "fp32");
+  const auto prompt = ref.ids("prompt_ids");
+  const auto hidden = ref.floats("hidden_states"), prenorm = ref.floats("last_layer_prenorm");
+  const int64_t n = static_cast<int64_t>(prompt.size()), hd = m.model->hidden_size();
+  const int64_t L = static_cast<int64_t>(hidden.size()) / (n * hd) - 1;
+  ASSERT_EQ(static_cast<int64_t>(hidden.size()), (L + 1) * n * hd);
+  StepOptions o;
+  for (int64_t l = L - 1; l >= 0; --l) o.tap_layers.push_back(static_cast<int>(l));
+  o.tap_layers.push_back(kTapFinalNormed);
+  o.tap_layers.push_back(0);
+  auto kv = make_kv_cache(m, 64);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv->reserve(table, n).ok());
+  const int64_t first = n / 3;
+  StepOutput out;
+  SequenceStep head{std::span<const int32_t>(prompt.data(), first), 0, &table, false};
+  ASSERT_TRUE(cpu_model(m).forward({&head, 1}, kv->views(), {}, out).ok());
+  SequenceStep rest{std::span<const int32_t>(prompt.data() + first, n - first), first, &table, false};
+  ASSERT_TRUE(cpu_model(m).forward({&rest, 1}, kv->views(), o, out).ok());
+  ASSERT_EQ(out.taps.size(), o.tap_layers.size());
+  for (size_t t = 0; t < o.tap_layers.size(); ++t) {
+    const int tap = o.tap_layers[t];
+    const float* want = tap == kTapFinalNormed ? hidden.data() + (L * n + first) * hd
+                        : tap == L - 1        ? prenorm.data() + first * hd
+                                              : hidden.data() + ((tap + 1) * n + first) * hd;
+    ASSERT_EQ(out.taps[t].numel(), (n - first) * hd);
+    EXPECT_LT(relative_error(static_cast<const float*>(out.taps[t].data), want, (n - first) * hd), 1e-4)
+        << "tap " << t << " (layer " << tap << ")";
   }
 }
 

@@ -551,11 +551,13 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, const CacheView
   // Tap buffers: one [N, hidden] block per tapped layer, in out.hidden after the normed states (host memory).
   const size_t taps = options.tap_layers.size();
   tap_storage_.assign(taps * N * Hd, 0.0f);
-  auto tap_of = [&](int layer) -> float* {
+  // Copies `rows` (layer `layer`'s output) into each of its tap blocks (a layer may be asked for twice).
+  auto copy_taps = [&](int layer, const float* rows) {
     for (size_t i = 0; i < taps; ++i)
-      if (options.tap_layers[i] == layer) return tap_storage_.data() + i * N * Hd;
-    return nullptr;
+      if (options.tap_layers[i] == layer) std::copy_n(rows, N * Hd, tap_storage_.data() + i * N * Hd);
   };
+  const bool final_tap =
+      std::find(options.tap_layers.begin(), options.tap_layers.end(), kTapFinalNormed) != options.tap_layers.end();
 
   // DSA "shared" layers reuse the previous indexer layer's selection, so it lives across layers.
   std::vector<int32_t> selected;
@@ -565,16 +567,15 @@ Status MlaMoeModel::forward(std::span<const SequenceStep> steps, const CacheView
   float* margin = options.record_router_margin ? out.router_margin.data() : nullptr;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     KILN_RETURN_IF_ERROR(run_layer(weights_.layers[l], l, tl, caches, x.data(), selected, selected_width, margin));
-    if (float* t = tap_of(static_cast<int>(l))) std::copy_n(x.data(), N * Hd, t);
+    copy_taps(static_cast<int>(l), x.data());
   }
 
   std::vector<float> normed;
-  float* final_tap = tap_of(kTapFinalNormed);
   if (options.want_hidden || final_tap) {
     normed.resize(N * Hd);
     cpu::rmsnorm(x.data(), weights_.final_norm.data(), N, Hd, static_cast<float>(c.rms_norm_eps), normed.data());
     round_bf16(normed.data(), N * Hd);
-    if (final_tap) std::copy_n(normed.data(), N * Hd, final_tap);
+    copy_taps(kTapFinalNormed, normed.data());
   }
   out.hidden.clear();
   if (options.want_hidden) out.hidden = std::move(normed);

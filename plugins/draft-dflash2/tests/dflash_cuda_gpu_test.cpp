@@ -26,6 +26,7 @@
 #include "engine/engine_factory.h"
 #include "engine/speculative_drafter.h"
 #include "engine_harness.h"
+#include "gpu/glm5_next_gpu_checkpoint.h"
 #include "recipe/recipe.h"
 
 namespace kiln::testing {
@@ -92,17 +93,17 @@ TEST_P(CudaGreedyDflash, OutputEqualsNoDrafting) {
 }
 INSTANTIATE_TEST_SUITE_P(Depths, CudaGreedyDflash, ::testing::Range(1, 8));
 
-// DFlash2 for a GLM-5.3-Flash-shaped target on the GPU (the transformers fixture glm5_next-tiny: KDA and DSA layers,
-// four hyper-connection streams; its CUDA runner's taps are the streams' means and the final-normed rows): greedy
-// output with a drafter tapping layers 1, 4 and the last equals the same engine without drafting, K = 3 and 5.
+// DFlash2 for a GLM-5.3-Flash-shaped target on the GPU (a random glm5_next checkpoint at the CUDA runner's shapes:
+// KDA and DSA layers, four hyper-connection streams; its taps are the streams' means and the final-normed rows):
+// greedy output with a drafter tapping layers 1, 4 and the last equals the same engine without drafting, K = 3 and 5.
 TEST(CudaDflash2, DraftsLosslesslyForAHyperConnectedTarget) {
   DraftTarget t;
-  t.hidden = 32, t.vocab = 512, t.layers = 8, t.taps = {1, 4, 7}, t.mask_token = 511;
+  t.hidden = glm5_gpu::kHidden, t.vocab = glm5_gpu::kVocab, t.layers = 6, t.taps = {1, 4, 5}, t.mask_token = 511;
   t.heads = 2, t.kv_heads = 1, t.head_dim = 64;  // the CUDA forward takes head_dim in multiples of 64
   load_plugin();
   const fs::path dir = RandomCheckpoint(true, 2, false, t).write("gpu-glm5-next");
   const std::vector<std::string> settings = {
-      "model.path=" + (fs::path(KILN_SOURCE_DIR) / "tests/data/models/glm5_next-tiny").string(), "model.device=cuda",
+      "model.path=" + glm5_gpu::write_checkpoint(glm5_gpu::kDenseTopK).string(), "model.device=cuda",
       "kv.layout=bf16", "kv.block_size=16", "scheduler.max_model_len=160", "scheduler.max_num_seqs=3",
       "scheduler.max_num_batched_tokens=8"};
   std::mt19937 rng(92);

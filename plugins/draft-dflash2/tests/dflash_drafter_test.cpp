@@ -50,13 +50,13 @@ Recipe recipe_for(const std::string& method, const fs::path& draft, int depth, c
 }
 
 // Concurrent requests through the engine against plain greedy generation; returns the engine's metrics.
-EngineMetrics expect_same_as_plain(const Recipe& recipe, int depth, int32_t vocab = 4000) {
+EngineMetrics expect_same_as_plain(const Recipe& recipe, int depth) {
   LoadedModel m = load(recipe);
   std::mt19937 rng(300 + depth);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int64_t> lengths;
   for (int i = 0; i < 4; ++i) {
-    prompts.push_back(random_prompt(rng, 3 + 9 * i, vocab));
+    prompts.push_back(random_prompt(rng, 3 + 9 * i, 4000));
     lengths.push_back(6 + 11 * i);  // 6 .. 39 tokens: budgets shorter than K, and many passes
   }
   std::vector<std::vector<int32_t>> expected;
@@ -164,7 +164,6 @@ TEST(Dflash2, TappingTheLastLayerAsksForTheFinalNormedOutput) {
   expect_same_as_plain(recipe_for("dflash2", dir, 3), 3);  // the engine hands that tap through verification
 }
 
-// A corrupt config (keys of the wrong JSON type) is refused with the key named, never thrown; null is "absent".
 // DFlash2 for a GLM-5.3-Flash-shaped target (glm5_next: KDA and DSA layers, four hyper-connection streams; the
 // transformers fixture glm5_next-tiny): a drafter tapping two inner layers (each the mean of its streams) and the
 // last (its final-normed output) asks for those taps and drafts losslessly through the engine at K = 3 and 5.
@@ -202,6 +201,7 @@ TEST(Dflash2, DraftsLosslesslyForAHyperConnectedTarget) {
   }
 }
 
+// A corrupt config (keys of the wrong JSON type) is refused with the key named, never thrown; null is "absent".
 TEST(DflashCheckpoint, KeysOfTheWrongTypeAreNamed) {
   RandomCheckpoint act(true);
   act.config["hidden_act"] = 5;

@@ -210,13 +210,18 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
   const StepContext x{c, I, sh, b, caches.block_size, lay.prefill, nullptr};
   const float eps = static_cast<float>(c.rms_norm_eps);
   StepTimer& timer = I.timer;
-  auto tap_slot = [&](int layer) -> float* {
+  // Copies `rows` rows of layer `layer`'s output (the residual stream) into each of its tap slots (a layer may be
+  // asked for twice).
+  auto copy_taps = [&](int layer, int64_t rows) -> Status {
     int64_t i = 0;
     for (int t : taps) {
-      if (t == layer) return b.taps + i * F * Hd;
+      if (t == layer)
+        KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(b.taps + i * F * Hd, b.resid, rows * Hd * sizeof(float),
+                                                     cudaMemcpyDeviceToDevice, I.stream),
+                                     "layer tap"));
       if (t >= 0) ++i;
     }
-    return nullptr;
+    return ok_status();
   };
   // A layer's MLP block ends with the residual add + RMSNorm that makes the next block's input (`next`: the next
   // layer's input norm into b.h, or the final / head norm into b.normed) — on MoE layers fused into the combine
@@ -272,9 +277,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
       KILN_RETURN_IF_ERROR(decoder_layer(x, weights_.layers[l], l, l > 0, next));
       // A tap of layer l is its output: the residual stream once the next block's add has run (the MLP block ends
       // with it), so the copy follows the block.
-      if (float* t = tap_slot(static_cast<int>(l)))
-        KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(t, b.resid, N * Hd * sizeof(float), cudaMemcpyDeviceToDevice, I.stream),
-                                     "layer tap"));
+      KILN_RETURN_IF_ERROR(copy_taps(static_cast<int>(l), N));
     }
     return ok_status();
   };
@@ -318,9 +321,7 @@ Status CudaMlaMoeModel::run_step(int64_t mtp_index, std::span<const SequenceStep
         KILN_RETURN_IF_ERROR(decoder_layer(xs[t], weights_.layers[l], l, l > 0, next)
                                  .with_context("prompt tile " + std::to_string(t)));
       }
-      if (float* t = tap_slot(static_cast<int>(l)))
-        KILN_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(t, b.resid, F * Hd * sizeof(float), cudaMemcpyDeviceToDevice, I.stream),
-                                     "layer tap"));
+      KILN_RETURN_IF_ERROR(copy_taps(static_cast<int>(l), F));
     }
     return ok_status();
   };

@@ -67,9 +67,9 @@ class Glm5NextModel {
   }
 
   // Runs all steps as one batch: updates their caches and state slots, and returns the logits rows they ask for
-  // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden or a
-  // kTapFinalNormed tap (out.taps views into out.hidden; no other tap is offered), and with
-  // record_router_margin each token's smallest MoE routing margin.
+  // (out.logits / out.first_row), the final-normed hidden state of every token with want_hidden (out.hidden), the
+  // tapped layers' outputs (out.taps, views into tap_storage_: layer i's the mean of its hyper-connection streams,
+  // kTapFinalNormed's the final-normed rows), and with record_router_margin each token's smallest MoE routing margin.
   Status forward(std::span<const SequenceStep> steps, const CacheViews& caches, const StepOptions& options,
                  StepOutput& out) const;
   // Next-n layer `mtp_index` (weights().mtp) over steps whose token i is t_{p+1} for position p = start_position + i,
